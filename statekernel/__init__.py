@@ -1,0 +1,3 @@
+"""statekernel: a durable run loop for LLM agents."""
+
+from __future__ import annotations

@@ -1,0 +1,128 @@
+"""The one cattrs converter: records to JSON-able data and back, with schema migrations."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import cattrs
+from cattrs.gen import make_dict_unstructure_fn, override
+from cattrs.strategies import configure_tagged_union
+
+from statekernel._messages import (
+    ContentPart,
+    ImagePart,
+    ReasoningPart,
+    TextPart,
+    ToolCall,
+    ToolResult,
+)
+from statekernel._run import SCHEMA_VERSION, Run
+from statekernel.errors import CorruptCheckpoint
+
+__all__ = [
+    "converter",
+    "dumps",
+    "loads",
+    "register_migration",
+    "structure",
+    "structure_run",
+    "unstructure",
+]
+
+T = TypeVar("T")
+
+_PART_TAGS: dict[type, str] = {
+    TextPart: "text",
+    ImagePart: "image",
+    ReasoningPart: "reasoning",
+    ToolCall: "tool_call",
+    ToolResult: "tool_result",
+}
+
+converter = cattrs.Converter(omit_if_default=True, forbid_extra_keys=True)
+"""The converter used for every stored record."""
+
+converter.register_unstructure_hook(datetime, lambda d: d.isoformat())
+converter.register_structure_hook(datetime, lambda v, _: _parse_datetime(v))
+converter.register_unstructure_hook(
+    Run,
+    make_dict_unstructure_fn(
+        Run, converter, _cattrs_omit_if_default=True, schema_version=override(omit_if_default=False)
+    ),
+)
+configure_tagged_union(
+    ContentPart,  # type: ignore[arg-type]
+    converter,
+    tag_generator=lambda cls: _PART_TAGS[cls],
+    tag_name="type",
+)
+
+
+def _parse_datetime(value: object) -> datetime:
+    if not isinstance(value, str):
+        raise TypeError(f"expected an ISO datetime string, got {type(value).__name__}")
+    return datetime.fromisoformat(value)
+
+
+_Migration = Callable[[dict[str, Any]], dict[str, Any]]
+_MIGRATIONS: dict[int, _Migration] = {}
+
+
+def register_migration(from_version: int, fn: _Migration) -> None:
+    """Register ``fn`` to upgrade stored run data from ``from_version`` to the next version."""
+    _MIGRATIONS[from_version] = fn
+
+
+def unstructure(obj: Any) -> Any:
+    """A record as JSON-able data."""
+    return converter.unstructure(obj)
+
+
+def structure(data: Any, cls: type[T], *, what: str = "record") -> T:
+    """Data back into a record; any mismatch raises ``CorruptCheckpoint``."""
+    try:
+        return converter.structure(data, cls)
+    except Exception as exc:
+        detail = "; ".join(cattrs.transform_error(exc)) if isinstance(exc, Exception) else ""
+        raise CorruptCheckpoint(f"invalid {what}: {detail or exc}") from exc
+
+
+def upgrade(data: Any, *, what: str = "run") -> dict[str, Any]:
+    """Check ``schema_version`` of stored run data and apply registered migrations."""
+    if not isinstance(data, dict):
+        raise CorruptCheckpoint(f"invalid {what}: expected an object, got {type(data).__name__}")
+    version = data.get("schema_version", SCHEMA_VERSION)
+    if not isinstance(version, int) or version > SCHEMA_VERSION or version < 1:
+        raise CorruptCheckpoint(f"invalid {what}: unknown schema_version {version!r}")
+    while version < SCHEMA_VERSION:
+        migrate = _MIGRATIONS.get(version)
+        if migrate is None:
+            raise CorruptCheckpoint(f"invalid {what}: no migration from schema_version {version}")
+        data = migrate(dict(data))
+        version += 1
+        data["schema_version"] = version
+    return data
+
+
+def structure_run(data: Any, *, what: str = "run") -> Run:
+    """Stored run data (any known schema version) back into a ``Run``."""
+    return structure(upgrade(data, what=what), Run, what=what)
+
+
+def dumps(obj: Any) -> str:
+    """A record as compact JSON text."""
+    return json.dumps(unstructure(obj), separators=(",", ":"), ensure_ascii=False)
+
+
+def loads(text: str | bytes, cls: type[T], *, what: str = "record") -> T:
+    """JSON text back into a record; bad JSON or data raises ``CorruptCheckpoint``."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise CorruptCheckpoint(f"invalid {what}: not JSON ({exc})") from exc
+    if cls is Run:
+        return structure_run(data, what=what)  # type: ignore[return-value]
+    return structure(data, cls, what=what)

@@ -1,0 +1,183 @@
+"""The model provider protocol, the provider-neutral stream parts and their assembly."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterable
+from typing import Protocol, TypeAlias, runtime_checkable
+
+import attrs
+
+from statekernel._messages import (
+    FinishReason,
+    Message,
+    ModelRequest,
+    ModelResult,
+    ReasoningPart,
+    TextPart,
+    ToolCall,
+    Usage,
+)
+
+__all__ = [
+    "Finish",
+    "ModelProvider",
+    "ReasoningDelta",
+    "ResultBuilder",
+    "StreamPart",
+    "TextDelta",
+    "ToolCallDelta",
+    "ToolCallDone",
+    "UsageUpdate",
+    "assemble",
+]
+
+
+@attrs.frozen
+class TextDelta:
+    """A piece of answer text."""
+
+    text: str
+
+
+@attrs.frozen
+class ReasoningDelta:
+    """A piece of reasoning text; ``signature`` arrives with the last piece of a block."""
+
+    text: str
+    signature: str | None = None
+
+
+@attrs.frozen
+class ToolCallDelta:
+    """A fragment of a tool call's argument JSON, keyed by the call's position ``index``."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@attrs.frozen
+class ToolCallDone:
+    """A complete tool call (providers that deliver calls whole, or after assembly)."""
+
+    call: ToolCall
+
+
+@attrs.frozen
+class UsageUpdate:
+    """Token usage reported by the provider; later reports replace earlier ones field-wise."""
+
+    usage: Usage
+
+
+@attrs.frozen
+class Finish:
+    """The end of the stream with a normalized finish reason."""
+
+    reason: FinishReason
+    model: str | None = None
+
+
+StreamPart: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | ToolCallDone | UsageUpdate | Finish
+
+
+@runtime_checkable
+class ModelProvider(Protocol):
+    """Streams a ``ModelRequest`` as provider-neutral parts.
+
+    The stream ends with a ``Finish``. Failures raise the ``ProviderError`` tree.
+    """
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[StreamPart]:
+        """Send ``request`` and yield its parts as they arrive."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the provider's HTTP client or server."""
+        ...
+
+
+class ResultBuilder:
+    """Assembles stream parts into a ``ModelResult`` (tool calls from split deltas)."""
+
+    def __init__(self) -> None:
+        self._text: list[str] = []
+        self._reasoning: list[ReasoningPart] = []
+        self._reasoning_text: list[str] = []
+        self._calls: dict[int, list[str | None]] = {}
+        self._args: dict[int, list[str]] = {}
+        self._done: list[ToolCall] = []
+        self._usage = Usage()
+        self._finish: FinishReason | None = None
+        self._model: str | None = None
+
+    def add(self, part: StreamPart) -> None:
+        """Fold one part into the result."""
+        if isinstance(part, TextDelta):
+            self._text.append(part.text)
+        elif isinstance(part, ReasoningDelta):
+            self._reasoning_text.append(part.text)
+            if part.signature is not None:
+                self._close_reasoning(part.signature)
+        elif isinstance(part, ToolCallDelta):
+            slot = self._calls.setdefault(part.index, [None, None])
+            if part.id:
+                slot[0] = part.id
+            if part.name and not slot[1]:
+                slot[1] = part.name
+            self._args.setdefault(part.index, []).append(part.arguments)
+        elif isinstance(part, ToolCallDone):
+            self._done.append(part.call)
+        elif isinstance(part, UsageUpdate):
+            self._usage = _merge_usage(self._usage, part.usage)
+        elif isinstance(part, Finish):
+            self._finish = part.reason
+            self._model = part.model or self._model
+
+    def _close_reasoning(self, signature: str | None) -> None:
+        if self._reasoning_text or signature:
+            self._reasoning.append(ReasoningPart("".join(self._reasoning_text), signature))
+        self._reasoning_text = []
+
+    def result(self) -> ModelResult:
+        """The assembled result; tool calls ordered by index, then whole calls."""
+        self._close_reasoning(None)
+        calls = [
+            ToolCall(
+                id=slot[0] or f"call_{index}",
+                name=slot[1] or "",
+                arguments="".join(self._args.get(index, [])),
+            )
+            for index, slot in sorted(self._calls.items())
+        ]
+        calls.extend(self._done)
+        text = "".join(self._text)
+        content = (*self._reasoning, *((TextPart(text),) if text else ()), *calls)
+        finish = self._finish or ("tool_calls" if calls else "stop")
+        if calls and finish == "stop":
+            finish = "tool_calls"
+        return ModelResult(Message("assistant", content), self._usage, finish, self._model)
+
+
+def _merge_usage(old: Usage, new: Usage) -> Usage:
+    return Usage(
+        *(
+            n if n else o
+            for o, n in zip(attrs.astuple(old), attrs.astuple(new), strict=True)
+        )
+    )
+
+
+def assemble(parts: Iterable[StreamPart]) -> ModelResult:
+    """A ``ModelResult`` from a complete sequence of stream parts."""
+    builder = ResultBuilder()
+    for part in parts:
+        builder.add(part)
+    return builder.result()
+
+
+def tool_call_arguments_json(arguments: object) -> str:
+    """Arguments given as an object (Anthropic, Ollama) as compact JSON text."""
+    return json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)

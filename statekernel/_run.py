@@ -1,0 +1,148 @@
+"""The durable run records: ``Run``, ``Turn``, ``ToolCallRecord``, pause and failure info."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Literal, TypeAlias
+
+import attrs
+
+from statekernel._messages import JSON, Message, ModelRequest, ModelResult, Usage
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "STATE_IDS",
+    "FailureInfo",
+    "PauseInfo",
+    "Run",
+    "StateId",
+    "ToolCallRecord",
+    "Turn",
+    "utcnow",
+]
+
+SCHEMA_VERSION = 1
+"""The version of the stored record layout written by this release."""
+
+StateId: TypeAlias = Literal[
+    "init",
+    "preparing_turn",
+    "calling_model",
+    "dispatching_tools",
+    "paused",
+    "failed",
+    "completed",
+]
+
+STATE_IDS: tuple[StateId, ...] = (
+    "init",
+    "preparing_turn",
+    "calling_model",
+    "dispatching_tools",
+    "paused",
+    "failed",
+    "completed",
+)
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+@attrs.frozen
+class ToolCallRecord:
+    """One tool call through dispatch: pending -> in flight -> completed.
+
+    ``input`` is the parsed (or hook-rewritten) arguments, None when the model's
+    arguments were not valid JSON. A completed record has ``output`` or ``error``.
+    """
+
+    id: str
+    name: str
+    arguments: str
+    input: JSON = None
+    output: JSON = None
+    error: str | None = None
+    attempt: int = 0
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+@attrs.frozen
+class Turn:
+    """One model round trip and the tool calls it asked for."""
+
+    index: int
+    request: ModelRequest
+    result: ModelResult | None = None
+    model_attempts: int = 0
+    pending: tuple[ToolCallRecord, ...] = ()
+    in_flight: tuple[ToolCallRecord, ...] = ()
+    completed: tuple[ToolCallRecord, ...] = ()
+
+    def call(self, call_id: str) -> ToolCallRecord | None:
+        """The record of one tool call of this turn, wherever it is."""
+        for rec in (*self.pending, *self.in_flight, *self.completed):
+            if rec.id == call_id:
+                return rec
+        return None
+
+
+@attrs.frozen
+class PauseInfo:
+    """Why a run is paused and the state it returns to on ``resume``."""
+
+    reason: str
+    resume_to: StateId
+    metadata: JSON = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class FailureInfo:
+    """What failed (error type and message) and the state a ``retry`` returns to."""
+
+    error: str
+    message: str
+    failed_in: StateId
+
+
+@attrs.frozen
+class Run:
+    """The whole durable state of one agent run at one revision.
+
+    Runs are immutable; every transition builds the next one with ``attrs.evolve``.
+    ``messages`` and ``turns`` only grow by appending, so revisions share them.
+    """
+
+    run_id: str
+    model: str
+    revision: int = 0
+    state: StateId = "init"
+    context: JSON = attrs.field(factory=dict)
+    messages: tuple[Message, ...] = ()
+    turns: tuple[Turn, ...] = ()
+    current_turn: Turn | None = None
+    pause: PauseInfo | None = None
+    failure: FailureInfo | None = None
+    usage: Usage = Usage()
+    max_turns: int | None = None
+    resume_value: JSON = None
+    created_at: datetime = attrs.field(factory=utcnow)
+    updated_at: datetime = attrs.field(factory=utcnow)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def turn_count(self) -> int:
+        """Completed turns plus the one in progress."""
+        return len(self.turns) + (1 if self.current_turn is not None else 0)
+
+    @property
+    def last_message(self) -> Message | None:
+        """The newest message of the transcript, if any."""
+        return self.messages[-1] if self.messages else None
+
+    @property
+    def is_terminal(self) -> bool:
+        """True when nothing runs until someone acts (paused, failed or completed)."""
+        return self.state in ("paused", "failed", "completed")

@@ -1,0 +1,130 @@
+"""The checkpoint store protocol: what the kernel needs from any store.
+
+A commit is atomic and guarded by compare-and-set on the revision: the new head,
+the parts that are new since the previous revision (messages, completed turns)
+and the events of the transition land together or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from statekernel._events import Event
+from statekernel._run import Run, StateId
+
+__all__ = ["Checkpoint", "CheckpointStore", "RunPage", "RunSummary"]
+
+
+@attrs.frozen
+class Checkpoint:
+    """One commit: the new head ``run`` and what is new since ``run.revision - 1``.
+
+    ``new_messages`` counts the messages at the end of ``run.messages`` that the
+    previous revision did not have; when ``transcript_replaced`` is True the whole
+    transcript was rewritten (by a hook or an edit) and every message is new.
+    ``new_turns`` counts the turns at the end of ``run.turns`` that are new.
+    A checkpoint at revision 0 creates the run and must not find one.
+    """
+
+    run: Run
+    events: tuple[Event, ...] = ()
+    new_messages: int = 0
+    new_turns: int = 0
+    transcript_replaced: bool = False
+
+    @property
+    def expected_revision(self) -> int:
+        """The revision the store must hold for this commit to land (-1: no run yet)."""
+        return self.run.revision - 1
+
+    @classmethod
+    def between(cls, previous: Run | None, run: Run, events: Sequence[Event] = ()) -> Checkpoint:
+        """The checkpoint that moves a store from ``previous`` to ``run``.
+
+        The transcript counts as appended when ``previous.messages`` is a prefix of
+        ``run.messages`` by identity (revisions share their message objects).
+        """
+        if previous is None:
+            return cls(run, tuple(events), len(run.messages), len(run.turns), True)
+        old, new = previous.messages, run.messages
+        appended = len(new) >= len(old) and (not old or new[len(old) - 1] is old[-1])
+        if appended and len(old) > 1:
+            appended = all(a is b for a, b in zip(old, new, strict=False))
+        return cls(
+            run,
+            tuple(events),
+            new_messages=len(new) - len(old) if appended else len(new),
+            new_turns=len(run.turns) - len(previous.turns),
+            transcript_replaced=not appended,
+        )
+
+
+@attrs.frozen
+class RunSummary:
+    """A line of a run listing."""
+
+    run_id: str
+    state: StateId
+    revision: int
+    model: str
+    turns: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@attrs.frozen
+class RunPage:
+    """One page of a run listing; pass ``next_cursor`` back to get the next page."""
+
+    runs: tuple[RunSummary, ...]
+    next_cursor: str | None = None
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    """Durable storage of runs: heads, append-only parts and events.
+
+    Implementations: ``memory://``, ``file://``, ``sqlite://``, ``redis://``
+    (see ``statekernel.stores.open_store``). All methods are coroutines and
+    raise only ``statekernel.errors`` exceptions.
+    """
+
+    async def load(self, run_id: str, *, revision: int | None = None) -> Run:
+        """The run at its latest revision, or at ``revision``; raises ``RunNotFound``."""
+        ...
+
+    async def commit(self, checkpoint: Checkpoint) -> None:
+        """Land a checkpoint atomically if the head is ``checkpoint.expected_revision``.
+
+        Raises ``ConflictError`` when the head moved (or, at revision 0, when the run exists).
+        """
+        ...
+
+    async def events(
+        self, run_id: str, *, after_revision: int = -1, limit: int | None = None
+    ) -> list[Event]:
+        """Persisted events of revisions greater than ``after_revision``, in ``seq`` order."""
+        ...
+
+    async def list_runs(
+        self,
+        *,
+        state: StateId | None = None,
+        updated_after: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """Runs, newest update first, optionally filtered by state and update time."""
+        ...
+
+    async def delete(self, run_id: str) -> bool:
+        """Remove a run with all its revisions, parts and events; False if there was none."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections and files."""
+        ...

@@ -1,0 +1,114 @@
+"""The one exception tree of statekernel.
+
+Every error the library raises on purpose derives from :class:`StatekernelError`.
+Errors from sqlite3, redis and httpx are re-raised as one of these, ``from`` the
+original, so callers never need to catch a driver's exception types.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthenticationFailed",
+    "BadRequest",
+    "ConfigError",
+    "ConflictError",
+    "CorruptCheckpoint",
+    "InvalidTransition",
+    "ProviderError",
+    "ProviderUnavailable",
+    "RateLimited",
+    "RunNotFound",
+    "StatekernelError",
+    "StoreError",
+    "ToolError",
+]
+
+
+class StatekernelError(Exception):
+    """Base class of every error statekernel raises."""
+
+
+class ConflictError(StatekernelError):
+    """A commit expected a revision that is no longer the head of the run.
+
+    Another writer committed first; this writer must stop (reload to continue).
+    """
+
+    def __init__(self, run_id: str, expected: int, actual: int | None) -> None:
+        self.run_id = run_id
+        self.expected = expected
+        self.actual = actual
+        found = "no run" if actual is None else f"revision {actual}"
+        super().__init__(
+            f"run {run_id!r}: commit expected revision {expected}, store has {found}"
+        )
+
+
+class CorruptCheckpoint(StatekernelError):
+    """Stored data cannot be read back as a valid record (garbled, truncated, unknown version)."""
+
+
+class RunNotFound(StatekernelError, LookupError):
+    """No run with this id (or not at the requested revision) exists in the store."""
+
+    def __init__(self, run_id: str, detail: str = "") -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id!r} not found" + (f": {detail}" if detail else ""))
+
+
+class InvalidTransition(StatekernelError):
+    """An event was sent that the run's lifecycle does not allow in its current state."""
+
+    def __init__(self, event: str, state: str, detail: str = "") -> None:
+        self.event = event
+        self.state = state
+        msg = f"event {event!r} is not allowed in state {state!r}"
+        super().__init__(msg + (f": {detail}" if detail else ""))
+
+
+class StoreError(StatekernelError):
+    """A checkpoint store could not be reached, opened or written."""
+
+
+class ConfigError(StatekernelError):
+    """Configuration (store URL, provider settings, model string) is invalid."""
+
+
+class ToolError(StatekernelError):
+    """Raised by a tool (or middleware) to report a failure as an error result to the model."""
+
+
+class ProviderError(StatekernelError):
+    """A model provider failed; ``status`` is the HTTP status when there was one."""
+
+    def __init__(self, message: str, *, status: int | None = None, provider: str = "") -> None:
+        self.status = status
+        self.provider = provider
+        super().__init__(message)
+
+
+class RateLimited(ProviderError):
+    """The provider refused the request for rate or quota reasons (HTTP 429)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = 429,
+        provider: str = "",
+        retry_after: float | None = None,
+    ) -> None:
+        self.retry_after = retry_after
+        super().__init__(message, status=status, provider=provider)
+
+
+class AuthenticationFailed(ProviderError):
+    """The provider rejected the credentials (HTTP 401/403)."""
+
+
+class BadRequest(ProviderError):
+    """The provider rejected the request as malformed (HTTP 400/404/422); retrying will not help."""
+
+
+class ProviderUnavailable(ProviderError):
+    """The provider is down, overloaded or unreachable (5xx, overload, connection errors)."""

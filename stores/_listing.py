@@ -1,0 +1,59 @@
+"""Run listing shared by the stores: summaries, filtering and cursor pagination."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from statekernel._run import Run, StateId
+from statekernel._storage import RunPage, RunSummary
+from statekernel.errors import StoreError
+
+__all__ = ["decode_cursor", "encode_cursor", "page_of", "summary_of"]
+
+
+def summary_of(run: Run) -> RunSummary:
+    """The listing line of a run head."""
+    return RunSummary(
+        run.run_id, run.state, run.revision, run.model, run.turn_count, run.created_at, run.updated_at
+    )
+
+
+def encode_cursor(summary: RunSummary) -> str:
+    """An opaque cursor positioned after ``summary`` in newest-first order."""
+    return f"{summary.updated_at.isoformat()}|{summary.run_id}"
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """The (updated_at, run_id) position of a cursor; a bad cursor raises ``StoreError``."""
+    stamp, sep, run_id = cursor.partition("|")
+    try:
+        if not sep:
+            raise ValueError("no separator")
+        return datetime.fromisoformat(stamp), run_id
+    except ValueError as exc:
+        raise StoreError(f"invalid listing cursor {cursor!r}") from exc
+
+
+def page_of(
+    summaries: Iterable[RunSummary],
+    *,
+    state: StateId | None,
+    updated_after: datetime | None,
+    limit: int,
+    cursor: str | None,
+) -> RunPage:
+    """Filter, sort newest first (ties by run id) and cut one page."""
+    rows = [
+        s
+        for s in summaries
+        if (state is None or s.state == state)
+        and (updated_after is None or s.updated_at > updated_after)
+    ]
+    rows.sort(key=lambda s: (s.updated_at, s.run_id), reverse=True)
+    if cursor is not None:
+        position = decode_cursor(cursor)
+        rows = [s for s in rows if (s.updated_at, s.run_id) < position]
+    page = tuple(rows[:limit])
+    more = len(rows) > limit
+    return RunPage(page, encode_cursor(page[-1]) if more and page else None)

@@ -1,0 +1,39 @@
+"""``open_store(url)``: pick a store implementation by URL scheme."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+from statekernel._storage import CheckpointStore
+from statekernel.errors import ConfigError
+
+__all__ = ["open_store", "redact_url"]
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``, safe to print or log."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+
+
+def open_store(url: str) -> CheckpointStore:
+    """The store for ``url``; an unknown scheme or malformed URL raises ``ConfigError``.
+
+    Opening is lazy: connections and files are opened on first use.
+    """
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigError(f"not a store URL: {redact_url(str(url))!r} (expected scheme://...)")
+    scheme = url.split("://", 1)[0].lower()
+    if scheme == "memory":
+        from statekernel.stores._memory import MemoryStore
+
+        return MemoryStore(url.split("://", 1)[1])
+    raise ConfigError(
+        f"unknown store URL scheme {scheme!r} in {redact_url(url)!r} "
+        "(known: memory, file, sqlite, redis, rediss)"
+    )
