@@ -113,6 +113,8 @@ class Run:
 
     Runs are immutable; every transition builds the next one with ``attrs.evolve``.
     ``messages`` and ``turns`` only grow by appending, so revisions share them.
+    ``event_count`` is the number of persisted events up to this revision (the next
+    event's ``seq``); ``resume_value`` is what the latest ``resume`` handed in.
     """
 
     run_id: str
@@ -128,6 +130,7 @@ class Run:
     usage: Usage = Usage()
     max_turns: int | None = None
     resume_value: JSON = None
+    event_count: int = 0
     created_at: datetime = attrs.field(factory=utcnow)
     updated_at: datetime = attrs.field(factory=utcnow)
     schema_version: int = SCHEMA_VERSION
