@@ -1,0 +1,241 @@
+"""Pure transition actions: (run, payload) -> (next run, events to persist).
+
+No I/O here. The lifecycle chart calls these from its transition callbacks; the
+chart itself moves ``Run.state``. Each function returns the run *without* the new
+state, revision or event count, which the lifecycle sets once the chart accepted
+the transition.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import attrs
+
+from statekernel._messages import JSON, Message, ModelRequest, ModelResult
+from statekernel._run import FailureInfo, PauseInfo, Run, ToolCallRecord, Turn
+
+__all__ = ["Effects", "tool_result_text"]
+
+Effects = tuple[Run, list[tuple[str, dict[str, Any]]]]
+"""A transition's outcome: the next run and the (type, data) of its events."""
+
+NOT_RUN = "not run: {why}"
+
+
+def tool_result_text(record: ToolCallRecord) -> str:
+    """The text fed back to the model for a completed call."""
+    if record.error is not None:
+        return record.error
+    if isinstance(record.output, str):
+        return record.output
+    return json.dumps(record.output, ensure_ascii=False, separators=(",", ":"))
+
+
+def _turn(run: Run) -> Turn:
+    if run.current_turn is None:
+        raise ValueError("no turn in progress")
+    return run.current_turn
+
+
+def _parse(arguments: str) -> JSON:
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def start(run: Run, at: datetime) -> Effects:
+    """init -> preparing_turn."""
+    return run, [("run_started", {"model": run.model})]
+
+
+def turn_prepared(run: Run, request: ModelRequest, at: datetime) -> Effects:
+    """preparing_turn -> calling_model: the exact request of a new turn is fixed."""
+    index = len(run.turns)
+    turn = Turn(index=index, request=request)
+    data = {"index": index, "model": request.model, "messages": len(request.messages)}
+    data["tools"] = [t.name for t in request.tools]
+    return attrs.evolve(run, current_turn=turn), [
+        ("turn_started", {"index": index}),
+        ("turn_prepared", data),
+    ]
+
+
+def model_started(run: Run, at: datetime) -> Effects:
+    """calling_model self-transition: the intent to call the model is committed."""
+    turn = _turn(run)
+    kind = "model_restarted" if turn.model_attempts else "model_started"
+    turn = attrs.evolve(turn, model_attempts=turn.model_attempts + 1)
+    data = {"index": turn.index, "attempt": turn.model_attempts}
+    return attrs.evolve(run, current_turn=turn), [(kind, data)]
+
+
+def model_completed(run: Run, result: ModelResult, finish: str | None, at: datetime) -> Effects:
+    """calling_model -> dispatching_tools | preparing_turn | completed."""
+    turn = _turn(run)
+    pending = tuple(
+        ToolCallRecord(id=c.id, name=c.name, arguments=c.arguments, input=_parse(c.arguments))
+        for c in result.tool_calls
+    )
+    turn = attrs.evolve(turn, result=result, pending=pending)
+    run = attrs.evolve(
+        run, messages=(*run.messages, result.message), usage=run.usage + result.usage
+    )
+    calls = [{"id": c.id, "name": c.name} for c in result.tool_calls]
+    events: list[tuple[str, dict[str, Any]]] = [
+        (
+            "model_completed",
+            {"index": turn.index, "finish_reason": result.finish_reason, "tool_calls": calls},
+        )
+    ]
+    if pending:
+        return attrs.evolve(run, current_turn=turn), events
+    return _close_turn(run, turn, events, finish)
+
+
+def _close_turn(
+    run: Run, turn: Turn, events: list[tuple[str, dict[str, Any]]], finish: str | None
+) -> Effects:
+    run = attrs.evolve(run, turns=(*run.turns, turn), current_turn=None)
+    events.append(("turn_completed", {"index": turn.index}))
+    if finish is not None:
+        events.append(("run_completed", {"reason": finish}))
+    return run, events
+
+
+def _move(
+    turn: Turn, ids: Sequence[str], sources: Sequence[str]
+) -> tuple[Turn, list[ToolCallRecord]]:
+    """Take the records with ``ids`` out of the ``sources`` lists of ``turn``."""
+    wanted = set(ids)
+    moved: list[ToolCallRecord] = []
+    lists: dict[str, tuple[ToolCallRecord, ...]] = {}
+    for name in sources:
+        records: tuple[ToolCallRecord, ...] = getattr(turn, name)
+        moved.extend(r for r in records if r.id in wanted)
+        lists[name] = tuple(r for r in records if r.id not in wanted)
+    if not wanted or len(moved) != len(wanted):
+        missing = wanted - {r.id for r in moved}
+        raise ValueError(f"unknown or already finished tool calls: {sorted(missing)}")
+    return attrs.evolve(turn, **lists), moved
+
+
+def tool_call_started(
+    run: Run, call_ids: Sequence[str], call_input: JSON, at: datetime
+) -> Effects:
+    """dispatching_tools self-transition: the intent to run these calls is committed.
+
+    ``call_ids`` are one call and its identical duplicates; they run once, together.
+    Calls come from ``pending``, or from ``in_flight`` when an idempotent call re-runs.
+    """
+    turn = _turn(run)
+    turn, moved = _move(turn, call_ids, ("pending", "in_flight"))
+    moved = [
+        attrs.evolve(r, input=call_input, attempt=r.attempt + 1, started_at=at) for r in moved
+    ]
+    turn = attrs.evolve(turn, in_flight=(*turn.in_flight, *moved))
+    events = [
+        ("tool_call_started", {"call_id": r.id, "name": r.name, "attempt": r.attempt})
+        for r in moved
+    ]
+    return attrs.evolve(run, current_turn=turn), events
+
+
+def tool_call_completed(
+    run: Run, call_ids: Sequence[str], output: JSON, error: str | None, at: datetime
+) -> Effects:
+    """dispatching_tools self-transition: calls finished (or were skipped) with a result."""
+    turn = _turn(run)
+    turn, moved = _move(turn, call_ids, ("in_flight", "pending"))
+    moved = [attrs.evolve(r, output=output, error=error, finished_at=at) for r in moved]
+    turn = attrs.evolve(turn, completed=(*turn.completed, *moved))
+    events = [
+        ("tool_call_completed", {"call_id": r.id, "name": r.name, "is_error": error is not None})
+        for r in moved
+    ]
+    return attrs.evolve(run, current_turn=turn), events
+
+
+def _result_messages(turn: Turn) -> tuple[Message, ...]:
+    done = {r.id: r for r in turn.completed}
+    order = turn.result.tool_calls if turn.result is not None else ()
+    return tuple(
+        Message.tool(c.id, c.name, tool_result_text(done[c.id]), is_error=done[c.id].error is not None)
+        for c in order
+    )
+
+
+def tools_completed(run: Run, finish: str | None, at: datetime) -> Effects:
+    """dispatching_tools -> preparing_turn | completed: results go back in call order."""
+    turn = _turn(run)
+    if turn.pending or turn.in_flight:
+        raise ValueError("tool calls are still pending or in flight")
+    run = attrs.evolve(run, messages=(*run.messages, *_result_messages(turn)))
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("tools_completed", {"index": turn.index, "calls": len(turn.completed)})
+    ]
+    return _close_turn(run, turn, events, finish)
+
+
+def pause(run: Run, reason: str, metadata: JSON, at: datetime) -> Effects:
+    """An active state -> paused, remembering where to return."""
+    info = PauseInfo(reason=reason, resume_to=run.state, metadata=metadata or {})
+    data = {"reason": reason, "resume_to": run.state, "metadata": info.metadata}
+    return attrs.evolve(run, pause=info, resume_value=None), [("run_paused", data)]
+
+
+def resume(run: Run, value: JSON, max_turns: int | None, at: datetime) -> Effects:
+    """paused -> the saved state."""
+    if run.pause is None:
+        raise ValueError("paused run without pause info")
+    budget = run.max_turns if max_turns is None else max_turns
+    data = {"reason": run.pause.reason, "resume_to": run.pause.resume_to}
+    if max_turns is not None:
+        data["max_turns"] = max_turns
+    nxt = attrs.evolve(run, pause=None, resume_value=value, max_turns=budget)
+    return nxt, [("run_resumed", data)]
+
+
+def fail(run: Run, error: str, message: str, at: datetime) -> Effects:
+    """An active state -> failed, remembering where a retry returns."""
+    info = FailureInfo(error=error, message=message, failed_in=run.state)
+    data = {"error": error, "message": message, "failed_in": run.state}
+    return attrs.evolve(run, failure=info), [("run_failed", data)]
+
+
+def retry(run: Run, at: datetime) -> Effects:
+    """failed -> the state it failed in."""
+    if run.failure is None:
+        raise ValueError("failed run without failure info")
+    data = {"error": run.failure.error, "resume_to": run.failure.failed_in}
+    return attrs.evolve(run, failure=None), [("run_retried", data)]
+
+
+def input_received(run: Run, messages: Sequence[Message], at: datetime) -> Effects:
+    """completed | paused -> preparing_turn with new input appended.
+
+    A turn interrupted by a pause is closed first: calls that never finished get an
+    error result saying so, so the transcript stays valid for every provider.
+    """
+    events: list[tuple[str, dict[str, Any]]] = []
+    turn = run.current_turn
+    if turn is not None and turn.result is not None:
+        why = NOT_RUN.format(why="the run received new input")
+        closed = tuple(
+            attrs.evolve(r, error=why, finished_at=at) for r in (*turn.pending, *turn.in_flight)
+        )
+        turn = attrs.evolve(turn, pending=(), in_flight=(), completed=(*turn.completed, *closed))
+        run = attrs.evolve(run, messages=(*run.messages, *_result_messages(turn)))
+        run, events = _close_turn(run, turn, events, None)
+    elif turn is not None:
+        run = attrs.evolve(run, current_turn=None)
+    run = attrs.evolve(
+        run, messages=(*run.messages, *messages), pause=None, failure=None, resume_value=None
+    )
+    roles = [m.role for m in messages]
+    return run, [*events, ("input_received", {"messages": len(messages), "roles": roles})]
