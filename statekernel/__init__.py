@@ -1,3 +1,87 @@
-"""statekernel: a durable run loop for LLM agents."""
+"""statekernel: a durable run loop for LLM agents.
+
+The run lifecycle is an explicit statechart; every transition is committed to a
+checkpoint store before the next effect starts, so a run survives any crash and
+resumes where it stopped without repeating a side effect that must not repeat.
+"""
 
 from __future__ import annotations
+
+from statekernel import errors
+from statekernel._dispatch import DispatchPolicy
+from statekernel._events import LIVE_EVENTS, PERSISTED_EVENTS, Event
+from statekernel._hooks import Continue, Decision, Finish, Hooks, Pause, Rewrite, Skip
+from statekernel._kernel import Kernel
+from statekernel._lifecycle import Lifecycle, RunLifecycle
+from statekernel._messages import (
+    ContentPart,
+    ImagePart,
+    Message,
+    ModelRequest,
+    ModelResult,
+    ReasoningPart,
+    TextPart,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    Usage,
+)
+from statekernel._middleware import Middleware, ModelCall, ToolInvocation
+from statekernel._run import STATE_IDS, FailureInfo, PauseInfo, Run, StateId, ToolCallRecord, Turn
+from statekernel._tools import Tool, ToolContext, tool
+from statekernel.errors import (
+    ConflictError,
+    CorruptCheckpoint,
+    InvalidTransition,
+    ProviderError,
+    RunNotFound,
+    StatekernelError,
+)
+
+__all__ = [
+    "LIVE_EVENTS",
+    "PERSISTED_EVENTS",
+    "STATE_IDS",
+    "ConflictError",
+    "ContentPart",
+    "Continue",
+    "CorruptCheckpoint",
+    "Decision",
+    "DispatchPolicy",
+    "Event",
+    "FailureInfo",
+    "Finish",
+    "Hooks",
+    "ImagePart",
+    "InvalidTransition",
+    "Kernel",
+    "Lifecycle",
+    "Message",
+    "Middleware",
+    "ModelCall",
+    "ModelRequest",
+    "ModelResult",
+    "Pause",
+    "PauseInfo",
+    "ProviderError",
+    "ReasoningPart",
+    "Rewrite",
+    "Run",
+    "RunLifecycle",
+    "RunNotFound",
+    "Skip",
+    "StateId",
+    "StatekernelError",
+    "TextPart",
+    "Tool",
+    "ToolCall",
+    "ToolCallRecord",
+    "ToolContext",
+    "ToolInvocation",
+    "ToolResult",
+    "ToolSpec",
+    "Turn",
+    "Usage",
+    "errors",
+    "tool",
+]

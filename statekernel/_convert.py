@@ -54,7 +54,7 @@ converter.register_unstructure_hook(
     ),
 )
 configure_tagged_union(
-    ContentPart,  # type: ignore[arg-type]
+    ContentPart,
     converter,
     tag_generator=lambda cls: _PART_TAGS[cls],
     tag_name="type",
@@ -94,17 +94,19 @@ def upgrade(data: Any, *, what: str = "run") -> dict[str, Any]:
     """Check ``schema_version`` of stored run data and apply registered migrations."""
     if not isinstance(data, dict):
         raise CorruptCheckpoint(f"invalid {what}: expected an object, got {type(data).__name__}")
-    version = data.get("schema_version", SCHEMA_VERSION)
+    version = data.get("schema_version")
+    if version is None:
+        raise CorruptCheckpoint(f"invalid {what}: no schema_version")
     if not isinstance(version, int) or version > SCHEMA_VERSION or version < 1:
         raise CorruptCheckpoint(f"invalid {what}: unknown schema_version {version!r}")
     while version < SCHEMA_VERSION:
         migrate = _MIGRATIONS.get(version)
         if migrate is None:
             raise CorruptCheckpoint(f"invalid {what}: no migration from schema_version {version}")
-        data = migrate(dict(data))
+        data = dict(migrate(dict(data)))
         version += 1
         data["schema_version"] = version
-    return data
+    return dict(data)
 
 
 def structure_run(data: Any, *, what: str = "run") -> Run:

@@ -34,7 +34,9 @@ PERSISTED_EVENTS: Final = frozenset(
 )
 """Event types written with their commit (``seq`` >= 0)."""
 
-LIVE_EVENTS: Final = frozenset({"text_delta", "reasoning_delta", "tool_call_delta", "tool_output", "usage"})
+LIVE_EVENTS: Final = frozenset(
+    {"text_delta", "reasoning_delta", "tool_call_delta", "tool_output", "usage"}
+)
 """Event types yielded to the caller but never stored (``seq`` is -1)."""
 
 

@@ -17,7 +17,7 @@ from statemachine.exceptions import TransitionNotAllowed
 from statekernel import _transitions as tr
 from statekernel._events import Event
 from statekernel._messages import JSON, Message, ModelRequest, ModelResult
-from statekernel._run import STATE_IDS, Run, StateId, utcnow
+from statekernel._run import STATE_IDS, PauseInfo, Run, StateId, utcnow
 from statekernel.errors import CorruptCheckpoint, InvalidTransition
 
 __all__ = ["EVENTS", "Lifecycle", "RunLifecycle"]
@@ -45,7 +45,7 @@ class _Cell:
         self.run = attrs.evolve(self.run, state=value)
 
 
-class RunLifecycle(StateChart):  # type: ignore[misc]
+class RunLifecycle(StateChart[_Cell]):
     """Init -> PreparingTurn -> CallingModel -> DispatchingTools -> ... -> Completed.
 
     Paused and Failed remember the state to return to in the run's data.
@@ -66,20 +66,18 @@ class RunLifecycle(StateChart):  # type: ignore[misc]
 
     start = init.to(preparing_turn)
     turn_prepared = preparing_turn.to(calling_model)
-    model_started = calling_model.to.itself(internal=True)
+    model_started = calling_model.to.itself(internal=True)  # type: ignore[no-untyped-call]
     model_completed = (
         calling_model.to(dispatching_tools, cond="has_tool_calls")
         | calling_model.to(completed, cond="finishing")
         | calling_model.to(preparing_turn)
     )
-    tool_call_started = dispatching_tools.to.itself(internal=True)
-    tool_call_completed = dispatching_tools.to.itself(internal=True)
+    tool_call_started = dispatching_tools.to.itself(internal=True)  # type: ignore[no-untyped-call]
+    tool_call_completed = dispatching_tools.to.itself(internal=True)  # type: ignore[no-untyped-call]
     tools_completed = dispatching_tools.to(completed, cond="finishing") | dispatching_tools.to(
         preparing_turn
     )
-    pause = (
-        preparing_turn.to(paused) | calling_model.to(paused) | dispatching_tools.to(paused)
-    )
+    pause = preparing_turn.to(paused) | calling_model.to(paused) | dispatching_tools.to(paused)
     resume = (
         paused.to(preparing_turn, cond="pause_returns_to_preparing_turn")
         | paused.to(calling_model, cond="pause_returns_to_calling_model")
@@ -98,8 +96,8 @@ class RunLifecycle(StateChart):  # type: ignore[misc]
     def has_tool_calls(self, result: ModelResult) -> bool:
         return bool(result.tool_calls)
 
-    def finishing(self, finish: str | None) -> bool:
-        return finish is not None
+    def finishing(self, finish: str | None, then_pause: PauseInfo | None) -> bool:
+        return finish is not None and then_pause is None
 
     def _pause_to(self, target: str) -> bool:
         pause = self.model.run.pause
@@ -141,8 +139,10 @@ class RunLifecycle(StateChart):  # type: ignore[misc]
     def on_model_started(self, at: Any) -> None:
         self._stage(tr.model_started(self.model.run, at))
 
-    def on_model_completed(self, result: ModelResult, finish: str | None, at: Any) -> None:
-        self._stage(tr.model_completed(self.model.run, result, finish, at))
+    def on_model_completed(
+        self, result: ModelResult, finish: str | None, then_pause: PauseInfo | None, at: Any
+    ) -> None:
+        self._stage(tr.model_completed(self.model.run, result, finish, then_pause, at))
 
     def on_tool_call_started(self, call_ids: list[str], call_input: JSON, at: Any) -> None:
         self._stage(tr.tool_call_started(self.model.run, call_ids, call_input, at))
@@ -152,8 +152,8 @@ class RunLifecycle(StateChart):  # type: ignore[misc]
     ) -> None:
         self._stage(tr.tool_call_completed(self.model.run, call_ids, output, error, at))
 
-    def on_tools_completed(self, finish: str | None, at: Any) -> None:
-        self._stage(tr.tools_completed(self.model.run, finish, at))
+    def on_tools_completed(self, finish: str | None, then_pause: PauseInfo | None, at: Any) -> None:
+        self._stage(tr.tools_completed(self.model.run, finish, then_pause, at))
 
     def on_pause(self, reason: str, metadata: JSON, at: Any) -> None:
         self._stage(tr.pause(self.model.run, reason, metadata, at))
@@ -175,10 +175,10 @@ EVENTS: dict[str, frozenset[str]] = {
     "start": frozenset(),
     "turn_prepared": frozenset({"request"}),
     "model_started": frozenset(),
-    "model_completed": frozenset({"result", "finish"}),
+    "model_completed": frozenset({"result", "finish", "then_pause"}),
     "tool_call_started": frozenset({"call_ids", "call_input"}),
     "tool_call_completed": frozenset({"call_ids", "output", "error"}),
-    "tools_completed": frozenset({"finish"}),
+    "tools_completed": frozenset({"finish", "then_pause"}),
     "pause": frozenset({"reason", "metadata"}),
     "resume": frozenset({"value", "max_turns"}),
     "fail": frozenset({"error", "message"}),

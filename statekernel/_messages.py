@@ -92,6 +92,18 @@ def _parts(value: Sequence[ContentPart]) -> tuple[ContentPart, ...]:
     return tuple(value)
 
 
+def _messages(value: Sequence[Message]) -> tuple[Message, ...]:
+    return tuple(value)
+
+
+def _specs(value: Sequence[ToolSpec]) -> tuple[ToolSpec, ...]:
+    return tuple(value)
+
+
+def _strings(value: Sequence[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
 @attrs.frozen
 class Message:
     """One message of the transcript: a role and a tuple of content parts."""
@@ -161,7 +173,10 @@ class Usage:
     def total_tokens(self) -> int:
         """Input (including cache) plus output tokens."""
         return (
-            self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_write_tokens
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_tokens
+            + self.cache_write_tokens
         )
 
 
@@ -179,12 +194,12 @@ class ModelRequest:
     """Exactly what is sent to a model. ``model`` is ``"provider/name"``; no credentials."""
 
     model: str
-    messages: tuple[Message, ...] = attrs.field(converter=tuple, default=())
-    tools: tuple[ToolSpec, ...] = attrs.field(converter=tuple, default=())
+    messages: tuple[Message, ...] = attrs.field(converter=_messages, default=())
+    tools: tuple[ToolSpec, ...] = attrs.field(converter=_specs, default=())
     tool_choice: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
-    stop: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    stop: tuple[str, ...] = attrs.field(converter=_strings, default=())
     options: JSON = attrs.field(factory=dict)
 
     @property
@@ -203,7 +218,7 @@ class ModelResult:
     """What a model answered: the assistant message, usage and a normalized finish reason."""
 
     message: Message
-    usage: Usage = Usage()
+    usage: Usage = attrs.field(factory=Usage)
     finish_reason: FinishReason = "stop"
     model: str | None = None
 

@@ -42,10 +42,15 @@ class TextDelta:
 
 @attrs.frozen
 class ReasoningDelta:
-    """A piece of reasoning text; ``signature`` arrives with the last piece of a block."""
+    """A piece of reasoning text; ``signature`` arrives with the last piece of a block.
+
+    A ``redacted`` delta is a whole block the provider keeps encrypted: its opaque
+    data is the ``signature`` and must be sent back unchanged.
+    """
 
     text: str
     signature: str | None = None
+    redacted: bool = False
 
 
 @attrs.frozen
@@ -80,7 +85,9 @@ class Finish:
     model: str | None = None
 
 
-StreamPart: TypeAlias = TextDelta | ReasoningDelta | ToolCallDelta | ToolCallDone | UsageUpdate | Finish
+StreamPart: TypeAlias = (
+    TextDelta | ReasoningDelta | ToolCallDelta | ToolCallDone | UsageUpdate | Finish
+)
 
 
 @runtime_checkable
@@ -118,6 +125,10 @@ class ResultBuilder:
         if isinstance(part, TextDelta):
             self._text.append(part.text)
         elif isinstance(part, ReasoningDelta):
+            if part.redacted:
+                self._close_reasoning(None)
+                self._reasoning.append(ReasoningPart(part.text, part.signature, redacted=True))
+                return
             self._reasoning_text.append(part.text)
             if part.signature is not None:
                 self._close_reasoning(part.signature)
@@ -138,7 +149,7 @@ class ResultBuilder:
 
     def _close_reasoning(self, signature: str | None) -> None:
         if self._reasoning_text or signature:
-            self._reasoning.append(ReasoningPart("".join(self._reasoning_text), signature))
+            self._reasoning.append(ReasoningPart("".join(self._reasoning_text), signature or None))
         self._reasoning_text = []
 
     def result(self) -> ModelResult:
@@ -163,10 +174,7 @@ class ResultBuilder:
 
 def _merge_usage(old: Usage, new: Usage) -> Usage:
     return Usage(
-        *(
-            n if n else o
-            for o, n in zip(attrs.astuple(old), attrs.astuple(new), strict=True)
-        )
+        *(n if n else o for o, n in zip(attrs.astuple(old), attrs.astuple(new), strict=True))
     )
 
 

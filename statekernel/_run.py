@@ -114,7 +114,9 @@ class Run:
     Runs are immutable; every transition builds the next one with ``attrs.evolve``.
     ``messages`` and ``turns`` only grow by appending, so revisions share them.
     ``event_count`` is the number of persisted events up to this revision (the next
-    event's ``seq``); ``resume_value`` is what the latest ``resume`` handed in.
+    event's ``seq``); ``resume_value`` is what the latest ``resume`` handed in;
+    ``pending_pause`` is a pause a hook asked for at the end of a turn, taken
+    before the next turn starts.
     """
 
     run_id: str
@@ -127,9 +129,10 @@ class Run:
     current_turn: Turn | None = None
     pause: PauseInfo | None = None
     failure: FailureInfo | None = None
-    usage: Usage = Usage()
+    usage: Usage = attrs.field(factory=Usage)
     max_turns: int | None = None
     resume_value: JSON = None
+    pending_pause: PauseInfo | None = None
     event_count: int = 0
     created_at: datetime = attrs.field(factory=utcnow)
     updated_at: datetime = attrs.field(factory=utcnow)

@@ -75,7 +75,9 @@ def model_started(run: Run, at: datetime) -> Effects:
     return attrs.evolve(run, current_turn=turn), [(kind, data)]
 
 
-def model_completed(run: Run, result: ModelResult, finish: str | None, at: datetime) -> Effects:
+def model_completed(
+    run: Run, result: ModelResult, finish: str | None, then_pause: PauseInfo | None, at: datetime
+) -> Effects:
     """calling_model -> dispatching_tools | preparing_turn | completed."""
     turn = _turn(run)
     pending = tuple(
@@ -95,15 +97,19 @@ def model_completed(run: Run, result: ModelResult, finish: str | None, at: datet
     ]
     if pending:
         return attrs.evolve(run, current_turn=turn), events
-    return _close_turn(run, turn, events, finish)
+    return _close_turn(run, turn, events, finish, then_pause)
 
 
 def _close_turn(
-    run: Run, turn: Turn, events: list[tuple[str, dict[str, Any]]], finish: str | None
+    run: Run,
+    turn: Turn,
+    events: list[tuple[str, dict[str, Any]]],
+    finish: str | None,
+    then_pause: PauseInfo | None = None,
 ) -> Effects:
-    run = attrs.evolve(run, turns=(*run.turns, turn), current_turn=None)
+    run = attrs.evolve(run, turns=(*run.turns, turn), current_turn=None, pending_pause=then_pause)
     events.append(("turn_completed", {"index": turn.index}))
-    if finish is not None:
+    if finish is not None and then_pause is None:
         events.append(("run_completed", {"reason": finish}))
     return run, events
 
@@ -122,12 +128,10 @@ def _move(
     if not wanted or len(moved) != len(wanted):
         missing = wanted - {r.id for r in moved}
         raise ValueError(f"unknown or already finished tool calls: {sorted(missing)}")
-    return attrs.evolve(turn, **lists), moved
+    return attrs.evolve(turn, **lists), moved  # type: ignore[arg-type]
 
 
-def tool_call_started(
-    run: Run, call_ids: Sequence[str], call_input: JSON, at: datetime
-) -> Effects:
+def tool_call_started(run: Run, call_ids: Sequence[str], call_input: JSON, at: datetime) -> Effects:
     """dispatching_tools self-transition: the intent to run these calls is committed.
 
     ``call_ids`` are one call and its identical duplicates; they run once, together.
@@ -135,9 +139,7 @@ def tool_call_started(
     """
     turn = _turn(run)
     turn, moved = _move(turn, call_ids, ("pending", "in_flight"))
-    moved = [
-        attrs.evolve(r, input=call_input, attempt=r.attempt + 1, started_at=at) for r in moved
-    ]
+    moved = [attrs.evolve(r, input=call_input, attempt=r.attempt + 1, started_at=at) for r in moved]
     turn = attrs.evolve(turn, in_flight=(*turn.in_flight, *moved))
     events = [
         ("tool_call_started", {"call_id": r.id, "name": r.name, "attempt": r.attempt})
@@ -165,12 +167,16 @@ def _result_messages(turn: Turn) -> tuple[Message, ...]:
     done = {r.id: r for r in turn.completed}
     order = turn.result.tool_calls if turn.result is not None else ()
     return tuple(
-        Message.tool(c.id, c.name, tool_result_text(done[c.id]), is_error=done[c.id].error is not None)
+        Message.tool(
+            c.id, c.name, tool_result_text(done[c.id]), is_error=done[c.id].error is not None
+        )
         for c in order
     )
 
 
-def tools_completed(run: Run, finish: str | None, at: datetime) -> Effects:
+def tools_completed(
+    run: Run, finish: str | None, then_pause: PauseInfo | None, at: datetime
+) -> Effects:
     """dispatching_tools -> preparing_turn | completed: results go back in call order."""
     turn = _turn(run)
     if turn.pending or turn.in_flight:
@@ -179,14 +185,15 @@ def tools_completed(run: Run, finish: str | None, at: datetime) -> Effects:
     events: list[tuple[str, dict[str, Any]]] = [
         ("tools_completed", {"index": turn.index, "calls": len(turn.completed)})
     ]
-    return _close_turn(run, turn, events, finish)
+    return _close_turn(run, turn, events, finish, then_pause)
 
 
 def pause(run: Run, reason: str, metadata: JSON, at: datetime) -> Effects:
     """An active state -> paused, remembering where to return."""
     info = PauseInfo(reason=reason, resume_to=run.state, metadata=metadata or {})
     data = {"reason": reason, "resume_to": run.state, "metadata": info.metadata}
-    return attrs.evolve(run, pause=info, resume_value=None), [("run_paused", data)]
+    nxt = attrs.evolve(run, pause=info, resume_value=None, pending_pause=None)
+    return nxt, [("run_paused", data)]
 
 
 def resume(run: Run, value: JSON, max_turns: int | None, at: datetime) -> Effects:
@@ -194,7 +201,7 @@ def resume(run: Run, value: JSON, max_turns: int | None, at: datetime) -> Effect
     if run.pause is None:
         raise ValueError("paused run without pause info")
     budget = run.max_turns if max_turns is None else max_turns
-    data = {"reason": run.pause.reason, "resume_to": run.pause.resume_to}
+    data: dict[str, Any] = {"reason": run.pause.reason, "resume_to": run.pause.resume_to}
     if max_turns is not None:
         data["max_turns"] = max_turns
     nxt = attrs.evolve(run, pause=None, resume_value=value, max_turns=budget)

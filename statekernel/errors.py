@@ -13,6 +13,7 @@ __all__ = [
     "ConfigError",
     "ConflictError",
     "CorruptCheckpoint",
+    "InvalidArgument",
     "InvalidTransition",
     "ProviderError",
     "ProviderUnavailable",
@@ -39,9 +40,7 @@ class ConflictError(StatekernelError):
         self.expected = expected
         self.actual = actual
         found = "no run" if actual is None else f"revision {actual}"
-        super().__init__(
-            f"run {run_id!r}: commit expected revision {expected}, store has {found}"
-        )
+        super().__init__(f"run {run_id!r}: commit expected revision {expected}, store has {found}")
 
 
 class CorruptCheckpoint(StatekernelError):
@@ -64,6 +63,10 @@ class InvalidTransition(StatekernelError):
         self.state = state
         msg = f"event {event!r} is not allowed in state {state!r}"
         super().__init__(msg + (f": {detail}" if detail else ""))
+
+
+class InvalidArgument(StatekernelError, ValueError):
+    """A caller passed a value the API cannot accept (bad run id, conflicting options...)."""
 
 
 class StoreError(StatekernelError):

@@ -1,0 +1,66 @@
+"""Which pending tool calls may start now, and which calls are the same call."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+import attrs
+
+from statekernel._run import ToolCallRecord
+from statekernel._tools import Tool
+
+__all__ = ["DispatchPolicy", "identical_group", "next_startable"]
+
+
+@attrs.frozen
+class DispatchPolicy:
+    """How the tool calls of one turn run.
+
+    ``max_concurrent``: at most this many calls at once (0 = unlimited). Tools with
+    ``concurrency_safe=False`` run alone. Identical calls (same tool, same
+    arguments) in one turn run once and share the result. Results always go back
+    to the model in the order the model asked for them.
+    """
+
+    max_concurrent: int = 4
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_concurrent < 0:
+            raise ValueError("max_concurrent must be >= 0")
+
+
+def _safe(tools: Mapping[str, Tool], name: str) -> bool:
+    tool = tools.get(name)
+    return tool is None or tool.concurrency_safe
+
+
+def next_startable(
+    pending: Sequence[ToolCallRecord],
+    running: Collection[str],
+    tools: Mapping[str, Tool],
+    policy: DispatchPolicy,
+) -> ToolCallRecord | None:
+    """The first pending call (in call order) allowed to start while ``running`` run."""
+    if not pending:
+        return None
+    if policy.max_concurrent and len(running) >= policy.max_concurrent:
+        return None
+    if any(not _safe(tools, name) for name in running):
+        return None
+    first = pending[0]
+    if running and not _safe(tools, first.name):
+        return None
+    return first
+
+
+def identical_group(record: ToolCallRecord, pending: Sequence[ToolCallRecord]) -> list[str]:
+    """Ids of ``record`` and the pending calls identical to it (same tool and arguments)."""
+    same = [
+        r.id
+        for r in pending
+        if r.id != record.id
+        and r.name == record.name
+        and r.input == record.input
+        and r.input is not None
+    ]
+    return [record.id, *same]

@@ -1,0 +1,453 @@
+"""Drives one run: each ``advance`` performs the effect a state needs, then exactly
+one committed transition (see the design note at the top of ``_kernel``).
+
+A driver remembers the intents *it* committed (``model_started``, and the tool
+calls it started and still runs). An intent found in the store that no live driver
+owns is a crash remnant: the model is called again (``model_restarted``),
+idempotent tools re-run, any other in-flight call pauses the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from statekernel import _hooks as hk
+from statekernel._dispatch import identical_group, next_startable
+from statekernel._events import Event
+from statekernel._lifecycle import Lifecycle
+from statekernel._messages import JSON, ModelRequest, ModelResult
+from statekernel._middleware import ModelCall, ToolInvocation, chain
+from statekernel._model import ReasoningDelta, ResultBuilder, TextDelta, ToolCallDelta, UsageUpdate
+from statekernel._run import PauseInfo, Run, ToolCallRecord, Turn
+from statekernel._storage import Checkpoint
+from statekernel._tools import ToolContext
+from statekernel.errors import InvalidTransition, ToolError
+
+if TYPE_CHECKING:
+    from statekernel._kernel import Kernel
+
+__all__ = ["RunDriver"]
+
+NOT_RUN_FINISHED = "not run: the run finished ({reason})"
+UNCERTAIN = "uncertain_tool_calls"
+
+
+class _HookFailed(Exception):
+    def __init__(self, original: BaseException) -> None:
+        self.original = original
+
+
+@attrs.define
+class _Outcome:
+    ids: tuple[str, ...]
+    output: JSON = None
+    error: str | None = None
+
+
+class RunDriver:
+    """One run's machine, its committed intents and its running tool calls."""
+
+    def __init__(self, kernel: Kernel, run: Run) -> None:
+        self.kernel = kernel
+        self.lc = Lifecycle(run)
+        self.lock = asyncio.Lock()
+        self.model_claim: int | None = None
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.names: dict[str, str] = {}
+        self.outcomes: list[_Outcome] = []
+        self.queue: asyncio.Queue[Event | None] = asyncio.Queue()
+
+    @property
+    def run(self) -> Run:
+        """The run at its last committed revision."""
+        return self.lc.run
+
+    @property
+    def busy(self) -> bool:
+        """True while the driver holds intents a later ``step`` must finish."""
+        return bool(self.tasks or self.outcomes or self.model_claim is not None)
+
+    def reset(self, run: Run) -> None:
+        """Point at a newer head loaded from the store; intents of older revisions lapse."""
+        if run.revision != self.lc.run.revision:
+            self.lc.reset(run)
+            self.model_claim = None
+            self.cancel_tasks()
+
+    def cancel_tasks(self) -> None:
+        """Cancel running tool calls (their intents stay committed: resume decides)."""
+        for task in self.tasks.values():
+            task.cancel()
+        self.tasks.clear()
+        self.outcomes.clear()
+
+    # -- commits ---------------------------------------------------------------
+
+    async def commit(self, event: str, **payload: Any) -> tuple[Event, ...]:
+        """Apply one transition and commit it; on any failure the run stays as it was."""
+        previous = self.lc.run
+        run, events = self.lc.apply(event, **payload)
+        try:
+            await self.kernel.store.commit(Checkpoint.between(previous, run, events))
+        except BaseException:
+            self.lc.reset(previous)
+            raise
+        return events
+
+    async def commit_data(self, run: Run, kind: str, data: dict[str, Any]) -> Event:
+        """Commit a change of data that is not a lifecycle transition (same state)."""
+        previous = self.lc.run
+        at = run.updated_at
+        event = Event(kind, run.run_id, previous.revision + 1, previous.event_count, data, at)
+        run = attrs.evolve(
+            run, revision=previous.revision + 1, event_count=previous.event_count + 1
+        )
+        await self.kernel.store.commit(Checkpoint.between(previous, run, (event,)))
+        self.lc.reset(run)
+        return event
+
+    async def _fail(self, exc: BaseException) -> tuple[Event, ...]:
+        return await self.commit("fail", error=type(exc).__name__, message=str(exc))
+
+    # -- one transition ----------------------------------------------------------
+
+    async def advance(self) -> AsyncIterator[Event]:
+        """Perform the next effect and commit exactly one transition (nothing if at rest).
+
+        Yields live events while the effect runs, then the committed events.
+        """
+        state = self.run.state
+        self._committed = ()
+        try:
+            if state == "init":
+                self._committed = await self.commit("start")
+            elif state == "preparing_turn":
+                self._committed = await self._prepare()
+            elif state == "calling_model":
+                async for live in self._call_model():
+                    yield live
+            elif state == "dispatching_tools":
+                async for live in self._dispatch():
+                    yield live
+        except _HookFailed as failed:
+            self._committed = (*self._committed, *await self._fail(failed.original))
+        committed, self._committed = self._committed, ()
+        for event in committed:
+            yield event
+
+    _committed: tuple[Event, ...] = ()
+
+    async def _hook(self, name: str, *args: Any) -> Any:
+        try:
+            return await hk.call_hook(self.kernel.hooks, name, *args)
+        except Exception as exc:
+            raise _HookFailed(exc) from exc
+
+    async def _prepare(self) -> tuple[Event, ...]:
+        run = self.run
+        if run.pending_pause is not None:
+            info = run.pending_pause
+            return await self.commit("pause", reason=info.reason, metadata=info.metadata)
+        if run.max_turns is not None and len(run.turns) >= run.max_turns:
+            meta = {"max_turns": run.max_turns, "turns": len(run.turns)}
+            return await self.commit("pause", reason="max_turns", metadata=meta)
+        request = ModelRequest(model=run.model, messages=run.messages, tools=self.kernel.tool_specs)
+        hooked = await self._hook("on_turn_prepared", run, request)
+        if hooked is not None:
+            if not isinstance(hooked, ModelRequest):
+                raise _HookFailed(TypeError("on_turn_prepared must return a ModelRequest or None"))
+            request = hooked
+        return await self.commit("turn_prepared", request=request)
+
+    # -- the model ---------------------------------------------------------------
+
+    async def _call_model(self) -> AsyncIterator[Event]:
+        if self.model_claim != self.run.revision:
+            self._committed = await self.commit("model_started")
+            self.model_claim = self.run.revision
+            return
+        run = self.run
+        turn = _turn(run)
+        holder: list[ModelResult] = []
+        try:
+            async for live in self._pump(self._model_result(run, turn, holder)):
+                yield live
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except _HookFailed:
+            raise
+        except Exception as exc:
+            self.model_claim = None
+            self._committed = await self._fail(exc)
+            return
+        result = holder[0]
+        finish, then_pause = None, None
+        if not result.tool_calls:
+            finish, then_pause = await self._turn_decision(
+                attrs.evolve(turn, result=result), default=result.finish_reason
+            )
+        self.model_claim = None
+        self._committed = await self.commit(
+            "model_completed", result=result, finish=finish, then_pause=then_pause
+        )
+
+    async def _model_result(self, run: Run, turn: Turn, holder: list[ModelResult]) -> None:
+        emit = self.queue.put_nowait
+        registry = self.kernel.registry
+
+        async def terminal(call: ModelCall) -> ModelResult:
+            provider = registry.get(call.request.model)
+            builder = ResultBuilder()
+            stream = provider.stream(call.request)
+            try:
+                async for part in stream:
+                    builder.add(part)
+                    live = _live_event(run, turn, part)
+                    if live is not None:
+                        emit(live)
+            finally:
+                aclose = getattr(stream, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            return builder.result()
+
+        result = await chain(self.kernel.middleware, terminal)(ModelCall(run, turn.request))
+        if not isinstance(result, ModelResult):
+            raise TypeError(f"model middleware returned {type(result).__name__}, not ModelResult")
+        hooked = await self._hook("on_model_completed", run, result)
+        if hooked is not None:
+            if not isinstance(hooked, ModelResult):
+                raise _HookFailed(TypeError("on_model_completed must return a ModelResult or None"))
+            result = hooked
+        holder.append(result)
+
+    async def _turn_decision(self, turn: Turn, default: str) -> tuple[str | None, PauseInfo | None]:
+        decision = await self._hook("on_turn_completed", self.run, turn)
+        if decision is None:
+            return default, None
+        if isinstance(decision, hk.Continue):
+            return None, None
+        if isinstance(decision, hk.Finish):
+            return decision.reason, None
+        if isinstance(decision, hk.Pause):
+            return None, PauseInfo(decision.reason, "preparing_turn", decision.metadata)
+        raise _HookFailed(TypeError(f"on_turn_completed cannot return {decision!r}"))
+
+    async def _pump(self, work: Awaitable[None]) -> AsyncIterator[Event]:
+        """Run ``work`` while yielding the live events it puts on the queue."""
+        task = asyncio.ensure_future(work)
+        task.add_done_callback(lambda _: self.queue.put_nowait(None))
+        try:
+            while True:
+                item = await self.queue.get()
+                if item is None:
+                    if task.done():
+                        break
+                    continue
+                yield item
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        while not self.queue.empty():
+            item = self.queue.get_nowait()
+            if item is not None:
+                yield item
+        task.result()
+
+    # -- tools -------------------------------------------------------------------
+
+    async def _dispatch(self) -> AsyncIterator[Event]:
+        if self.outcomes:
+            self._committed = await self._complete(self.outcomes.pop(0))
+            return
+        turn = _turn(self.run)
+        unowned = [r for r in turn.in_flight if r.id not in self.names]
+        if unowned and not self.tasks:
+            self._committed = await self._recover(unowned)
+            return
+        record = next_startable(
+            turn.pending,
+            [self.names[i] for i in self.tasks],
+            self.kernel.tools,
+            self.kernel.dispatch,
+        )
+        if record is not None:
+            self._committed = await self._start(record, turn)
+            return
+        if self.tasks:
+            async for live in self._wait():
+                yield live
+            if self.outcomes:
+                self._committed = await self._complete(self.outcomes.pop(0))
+            return
+        if turn.pending or turn.in_flight:
+            raise InvalidTransition("tools_completed", self.run.state, "calls remain")
+        finished = [
+            r for r in turn.completed if (r.error or "").startswith("not run: the run finished")
+        ]
+        default = None
+        if finished:
+            default = (finished[0].error or "")[len("not run: the run finished (") : -1]
+        finish, then_pause = await self._turn_decision(turn, default="stop")
+        if default is not None and then_pause is None:
+            finish = default
+        elif finish == "stop" and then_pause is None:
+            finish = None
+        self._committed = await self.commit("tools_completed", finish=finish, then_pause=then_pause)
+
+    async def _start(self, record: ToolCallRecord, turn: Turn) -> tuple[Event, ...]:
+        decision = await self._hook("on_tool_call_started", self.run, record)
+        ids = identical_group(record, turn.pending)
+        call_input = record.input
+        if isinstance(decision, hk.Skip):
+            return await self._complete(_Outcome(tuple(ids), decision.result, decision.error))
+        if isinstance(decision, hk.Pause):
+            return await self.commit("pause", reason=decision.reason, metadata=decision.metadata)
+        if isinstance(decision, hk.Finish):
+            why = NOT_RUN_FINISHED.format(reason=decision.reason)
+            return await self._complete(_Outcome(tuple(r.id for r in turn.pending), None, why))
+        if isinstance(decision, hk.Rewrite):
+            call_input = decision.input
+        elif decision is not None and not isinstance(decision, hk.Continue):
+            raise _HookFailed(TypeError(f"on_tool_call_started cannot return {decision!r}"))
+        problem = self._precheck(record, call_input)
+        if problem is not None:
+            return await self._complete(_Outcome(tuple(ids), None, problem))
+        events = await self.commit("tool_call_started", call_ids=ids, call_input=call_input)
+        self._spawn(ids, call_input)
+        return events
+
+    def _precheck(self, record: ToolCallRecord, call_input: JSON) -> str | None:
+        tool = self.kernel.tools.get(record.name)
+        if tool is None:
+            known = ", ".join(sorted(self.kernel.tools)) or "none"
+            return f"unknown tool {record.name!r} (available: {known})"
+        if call_input is None:
+            return f"invalid arguments for {record.name}: not a JSON object: {record.arguments!r}"
+        try:
+            tool.validate(call_input)
+        except ToolError as exc:
+            return str(exc)
+        return None
+
+    async def _recover(self, unowned: list[ToolCallRecord]) -> tuple[Event, ...]:
+        resolutions = self.run.resume_value if isinstance(self.run.resume_value, dict) else {}
+        resolutions = resolutions.get("resolutions", {}) if isinstance(resolutions, dict) else {}
+        uncertain = []
+        for record in unowned:
+            resolution = resolutions.get(record.id)
+            tool = self.kernel.tools.get(record.name)
+            if isinstance(resolution, dict) and not resolution.get("rerun"):
+                outcome = _Outcome((record.id,), resolution.get("output"), resolution.get("error"))
+                return await self._complete(outcome)
+            if resolution is not None or (tool is not None and tool.idempotent):
+                ids = [record.id]
+                events = await self.commit(
+                    "tool_call_started", call_ids=ids, call_input=record.input
+                )
+                self._spawn(ids, record.input)
+                return events
+            uncertain.append(record)
+        calls = [
+            {"id": r.id, "name": r.name, "input": r.input, "attempt": r.attempt} for r in uncertain
+        ]
+        return await self.commit("pause", reason=UNCERTAIN, metadata={"calls": calls})
+
+    def _spawn(self, ids: list[str], call_input: JSON) -> None:
+        run = self.run
+        record = _turn(run).call(ids[0])
+        assert record is not None
+        for call_id in ids:
+            self.names[call_id] = record.name
+        task = asyncio.ensure_future(self._execute(run, record, tuple(ids), call_input))
+        self.tasks[ids[0]] = task
+
+    async def _execute(
+        self, run: Run, record: ToolCallRecord, ids: tuple[str, ...], call_input: JSON
+    ) -> None:
+        tool = self.kernel.tools[record.name]
+        queue = self.queue
+
+        def report(data: JSON) -> None:
+            queue.put_nowait(
+                Event(
+                    "tool_output",
+                    run.run_id,
+                    run.revision,
+                    -1,
+                    {"call_id": record.id, "data": data},
+                )
+            )
+
+        ctx = ToolContext(run.run_id, record.id, record.attempt, run.context, report)
+
+        async def terminal(invocation: ToolInvocation) -> JSON:
+            return await tool.invoke(invocation.input, ctx)
+
+        invocation = ToolInvocation(run, record, call_input, tool.idempotent)
+        try:
+            output = await chain(self.kernel.middleware, terminal)(invocation)
+            outcome = _Outcome(ids, output, None)
+        except asyncio.CancelledError:
+            raise
+        except ToolError as exc:
+            outcome = _Outcome(ids, None, str(exc))
+        except Exception as exc:
+            outcome = _Outcome(ids, None, f"{type(exc).__name__}: {exc}")
+        self.tasks.pop(ids[0], None)
+        self.outcomes.append(outcome)
+        queue.put_nowait(None)
+
+    async def _wait(self) -> AsyncIterator[Event]:
+        while not self.outcomes and self.tasks:
+            item = await self.queue.get()
+            if item is not None:
+                yield item
+
+    async def _complete(self, outcome: _Outcome) -> tuple[Event, ...]:
+        events = await self.commit(
+            "tool_call_completed",
+            call_ids=list(outcome.ids),
+            output=outcome.output,
+            error=outcome.error,
+        )
+        self._committed = events
+        for call_id in outcome.ids:
+            self.names.pop(call_id, None)
+        record = _turn(self.run).call(outcome.ids[0])
+        await self._hook("on_tool_call_completed", self.run, record)
+        return events
+
+
+def _turn(run: Run) -> Turn:
+    if run.current_turn is None:
+        raise InvalidTransition("advance", run.state, "no turn in progress")
+    return run.current_turn
+
+
+def _live_event(run: Run, turn: Turn, part: object) -> Event | None:
+    kind: str
+    data: dict[str, Any]
+    if isinstance(part, TextDelta):
+        kind, data = "text_delta", {"text": part.text}
+    elif isinstance(part, ReasoningDelta):
+        kind, data = "reasoning_delta", {"text": part.text}
+    elif isinstance(part, ToolCallDelta):
+        kind = "tool_call_delta"
+        data = {"index": part.index, "id": part.id, "name": part.name, "arguments": part.arguments}
+    elif isinstance(part, UsageUpdate):
+        kind, data = (
+            "usage",
+            {"input_tokens": part.usage.input_tokens, "output_tokens": part.usage.output_tokens},
+        )
+    else:
+        return None
+    data["turn"] = turn.index
+    return Event(kind, run.run_id, run.revision, -1, data)

@@ -1,0 +1,102 @@
+"""Hooks: the product's say at each point of a turn, and the decisions they return.
+
+Every hook is optional and may be sync or async. A hook that raises moves the run
+to ``failed`` with the state it failed in; ``retry`` calls it again.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, TypeAlias
+
+import attrs
+
+from statekernel._messages import JSON, ModelRequest, ModelResult
+from statekernel._run import Run, ToolCallRecord, Turn
+
+__all__ = [
+    "Continue",
+    "Decision",
+    "Finish",
+    "Hooks",
+    "Pause",
+    "Rewrite",
+    "Skip",
+    "call_hook",
+]
+
+
+@attrs.frozen
+class Continue:
+    """Go on as the kernel would anyway (after a turn: take another turn)."""
+
+
+@attrs.frozen
+class Rewrite:
+    """Run the tool call with this input instead of the model's arguments."""
+
+    input: JSON
+
+
+@attrs.frozen
+class Skip:
+    """Do not run the tool; record ``result`` (or ``error``) as its outcome."""
+
+    result: JSON = None
+    error: str | None = None
+
+
+@attrs.frozen
+class Pause:
+    """Pause the run here (for approval, budget, ...); ``resume`` comes back to this point."""
+
+    reason: str
+    metadata: JSON = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Finish:
+    """Complete the run (tool calls that did not run get a 'not run' error result)."""
+
+    reason: str = "finished"
+
+
+Decision: TypeAlias = Continue | Rewrite | Skip | Pause | Finish
+
+
+class Hooks:
+    """Base class with the default behaviour; override what you need.
+
+    Any object with some of these methods works as ``Kernel(hooks=...)`` too.
+    """
+
+    def on_turn_prepared(self, run: Run, request: ModelRequest) -> ModelRequest | None:
+        """Return the exact request to send (None keeps the default: the whole transcript)."""
+        return None
+
+    def on_model_completed(self, run: Run, result: ModelResult) -> ModelResult | None:
+        """Inspect or replace the model's result before it enters the run."""
+        return None
+
+    def on_tool_call_started(self, run: Run, call: ToolCallRecord) -> Decision | None:
+        """Decide about one tool call: Continue, Rewrite, Skip, Pause or Finish."""
+        return None
+
+    def on_tool_call_completed(self, run: Run, call: ToolCallRecord) -> None:
+        """Observe a finished tool call (its output or error)."""
+        return None
+
+    def on_turn_completed(self, run: Run, turn: Turn) -> Decision | None:
+        """After a turn: None (default), Continue, Pause or Finish."""
+        return None
+
+
+async def call_hook(hooks: object, name: str, *args: Any) -> Any:
+    """Call ``hooks.name(*args)`` if it exists, awaiting it when it is async."""
+    method = getattr(hooks, name, None)
+    if method is None:
+        return None
+    result = method(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result

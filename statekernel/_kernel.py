@@ -1,0 +1,344 @@
+"""The kernel: drive runs through their lifecycle, one committed transition at a time.
+
+Design: load -> transition -> effect -> commit
+----------------------------------------------
+Every step of a run follows the same order::
+
+    load      the head revision r of the run from the store (or keep the driver's copy)
+    effect    do what the state needs: call a hook, the model or a tool
+    transition  feed the effect's result to the lifecycle chart as an event payload;
+              a pure action builds the run at r+1 (no I/O inside)
+    commit    compare-and-set r -> r+1 in the store, with the transition's events
+
+Where a crash can land, and what resume does:
+
+* before a commit: nothing of this step is stored; resume redoes the effect.
+  Effects that must not repeat are preceded by an *intent* commit instead:
+  ``model_started`` before the model call and ``tool_call_started`` before a tool
+  runs (write-ahead, compare-and-set on the revision, so two processes racing on
+  one run can never both execute a call: one of them gets ``ConflictError``).
+* after ``model_started``, before ``model_completed``: the model is called again
+  and ``model_restarted`` is recorded.
+* after ``tool_call_started``, before ``tool_call_completed``: the side effect may
+  or may not have happened. Idempotent tools re-run with the same idempotency key;
+  any other call pauses the run (``uncertain_tool_calls``) until
+  ``resolve_tool_call`` says what happened.
+* during a commit: the store lands all of it or none of it; the driver then
+  reloads the head before it goes on.
+
+Cancellation (task cancel, closing the ``run`` generator) stops between or inside
+effects; the transition in progress is not committed and no ``failed`` is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import inspect
+import re
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from statekernel._dispatch import DispatchPolicy
+from statekernel._driver import UNCERTAIN, RunDriver
+from statekernel._events import Event
+from statekernel._hooks import Hooks
+from statekernel._messages import JSON, Message
+from statekernel._middleware import Middleware
+from statekernel._model import ModelProvider
+from statekernel._run import Run, utcnow
+from statekernel._storage import Checkpoint, CheckpointStore
+from statekernel._tools import Tool, tools_by_name
+from statekernel.errors import ConfigError, ConflictError, InvalidArgument, InvalidTransition
+
+if TYPE_CHECKING:
+    from statekernel.providers import ProviderRegistry
+
+__all__ = ["Kernel"]
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_MISSING: Any = object()
+
+
+def _resolve_store(store: CheckpointStore | str | None) -> tuple[CheckpointStore, bool]:
+    from statekernel.stores import open_store
+
+    if store is None:
+        from statekernel._config import default_store_url
+
+        return open_store(default_store_url()), True
+    if isinstance(store, str):
+        return open_store(store), True
+    if not isinstance(store, CheckpointStore):
+        raise ConfigError(f"not a checkpoint store or URL: {store!r}")
+    return store, False
+
+
+class Kernel:
+    """Runs agents durably: every lifecycle transition is committed before the next effect.
+
+    ``store``: a URL or a ``CheckpointStore`` (None: ``STATEKERNEL_STORE``, config
+    files, then ``sqlite:///.statekernel/runs.db``). ``providers`` adds to or
+    overrides the built-in providers by name. Middleware wraps model and tool calls,
+    the first one outermost. ``max_turns`` is the default budget of new runs.
+    """
+
+    def __init__(
+        self,
+        store: CheckpointStore | str | None = None,
+        *,
+        tools: Iterable[Tool] = (),
+        providers: Mapping[str, ModelProvider] | ProviderRegistry | None = None,
+        hooks: object | None = None,
+        middleware: Sequence[Middleware] = (),
+        dispatch: DispatchPolicy | None = None,
+        max_turns: int | None = 20,
+    ) -> None:
+        from statekernel.providers import ProviderRegistry
+
+        if max_turns is not None and max_turns < 1:
+            raise InvalidArgument("max_turns must be at least 1 (or None for no limit)")
+        self.store, self._owns_store = _resolve_store(store)
+        self.tools: dict[str, Tool] = tools_by_name(list(tools))
+        self.tool_specs = tuple(t.spec for t in self.tools.values())
+        self.registry = (
+            providers if isinstance(providers, ProviderRegistry) else ProviderRegistry(providers)
+        )
+        self.hooks: object = hooks if hooks is not None else Hooks()
+        self.middleware: tuple[Middleware, ...] = tuple(middleware)
+        self.dispatch = dispatch if dispatch is not None else DispatchPolicy()
+        self.max_turns = max_turns
+        self._drivers: dict[str, RunDriver] = {}
+
+    async def __aenter__(self) -> Kernel:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Cancel background tool calls, close built-in providers and a store opened by URL."""
+        for driver in self._drivers.values():
+            driver.cancel_tasks()
+        self._drivers.clear()
+        await self.registry.aclose()
+        if self._owns_store:
+            await self.store.aclose()
+
+    # -- creating runs -----------------------------------------------------------
+
+    async def start(
+        self,
+        *,
+        model: str,
+        messages: Iterable[Message | str] = (),
+        context: JSON = None,
+        run_id: str | None = None,
+        max_turns: int | None = _MISSING,
+    ) -> Run:
+        """Create a run at ``init`` (revision 0). Nothing runs until ``run`` is iterated."""
+        provider, sep, name = model.partition("/")
+        if not (provider and sep and name):
+            raise ConfigError(f"model must look like 'provider/name', got {model!r}")
+        run_id = run_id if run_id is not None else uuid.uuid4().hex
+        _check_run_id(run_id)
+        budget = self.max_turns if max_turns is _MISSING else max_turns
+        now = utcnow()
+        run = Run(
+            run_id=run_id,
+            model=model,
+            context=context if context is not None else {},
+            messages=_as_messages(messages),
+            max_turns=budget,
+            created_at=now,
+            updated_at=now,
+        )
+        await self.store.commit(Checkpoint.between(None, run))
+        return run
+
+    async def fork(
+        self, run_id: str, *, at_revision: int | None = None, new_run_id: str | None = None
+    ) -> Run:
+        """A new, independent run starting from ``run_id`` as it was at ``at_revision``."""
+        source = await self.store.load(run_id, revision=at_revision)
+        new_id = new_run_id if new_run_id is not None else uuid.uuid4().hex
+        _check_run_id(new_id)
+        now = utcnow()
+        data = {"from_run_id": run_id, "from_revision": source.revision}
+        event = Event("run_forked", new_id, 0, 0, data, now)
+        run = attrs.evolve(
+            source, run_id=new_id, revision=0, event_count=1, created_at=now, updated_at=now
+        )
+        await self.store.commit(Checkpoint.between(None, run, (event,)))
+        return run
+
+    # -- driving -----------------------------------------------------------------
+
+    async def run(self, run_id: str) -> AsyncIterator[Event]:
+        """Drive the run until it is paused, failed or completed, yielding its events.
+
+        Starts a new run or resumes one from its last commit. Live events
+        (``text_delta`` ...) are yielded as they happen, persisted ones after their
+        commit. Closing the generator or cancelling the task stops the run cleanly.
+        """
+        async with self._driver(run_id) as driver:
+            try:
+                while not driver.run.is_terminal:
+                    async for event in driver.advance():
+                        yield event
+            finally:
+                driver.cancel_tasks()
+                driver.model_claim = None
+
+    async def step(self, run_id: str) -> list[Event]:
+        """Perform the next effect and commit exactly one transition; returns its events.
+
+        Tool calls started by a step keep running in the background; a later step
+        commits their results.
+        """
+        async with self._driver(run_id) as driver:
+            return [event async for event in driver.advance()]
+
+    @contextlib.asynccontextmanager
+    async def _driver(self, run_id: str) -> AsyncIterator[RunDriver]:
+        driver = self._drivers.get(run_id)
+        if driver is None:
+            loaded = await self.store.load(run_id)
+            driver = self._drivers.setdefault(run_id, RunDriver(self, loaded))
+        async with driver.lock:
+            try:
+                driver.reset(await self.store.load(run_id))
+                yield driver
+            finally:
+                if not driver.busy and self._drivers.get(run_id) is driver:
+                    del self._drivers[run_id]
+
+    # -- acting on a run ---------------------------------------------------------
+
+    async def get(self, run_id: str) -> Run:
+        """The run at its last committed revision."""
+        return await self.store.load(run_id)
+
+    async def events(self, run_id: str, *, after_revision: int = -1) -> list[Event]:
+        """The run's persisted events after ``after_revision``."""
+        return await self.store.events(run_id, after_revision=after_revision)
+
+    async def send(self, run_id: str, *messages: Message | str) -> Run:
+        """New input (a string is a user message) to a completed or paused run."""
+        if not messages:
+            raise InvalidArgument("send needs at least one message")
+        async with self._driver(run_id) as driver:
+            await driver.commit("input", messages=_as_messages(messages))
+            return driver.run
+
+    async def resume(self, run_id: str, *, value: JSON = None, max_turns: int | None = None) -> Run:
+        """Resume a paused run; ``value`` reaches hooks as ``run.resume_value``.
+
+        ``max_turns`` raises the turn budget (a run paused for ``max_turns`` needs it).
+        """
+        async with self._driver(run_id) as driver:
+            await driver.commit("resume", value=value, max_turns=max_turns)
+            return driver.run
+
+    async def retry(self, run_id: str) -> Run:
+        """Return a failed run to the state it failed in."""
+        async with self._driver(run_id) as driver:
+            await driver.commit("retry")
+            return driver.run
+
+    async def resolve_tool_call(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        output: JSON = _MISSING,
+        error: str | None = None,
+        rerun: bool = False,
+    ) -> Run:
+        """Say what happened to a call left in flight by a crash: exactly one of
+        ``output=``, ``error=`` or ``rerun=True``. When every uncertain call of the
+        pause is resolved, the run resumes.
+        """
+        given = (output is not _MISSING) + (error is not None) + bool(rerun)
+        if given != 1:
+            raise InvalidArgument("give exactly one of output=, error= or rerun=True")
+        resolution: dict[str, JSON] = (
+            {"rerun": True}
+            if rerun
+            else {"error": error}
+            if error is not None
+            else {"output": output}
+        )
+        async with self._driver(run_id) as driver:
+            run = driver.run
+            pause = run.pause
+            if run.state != "paused" or pause is None or pause.reason != UNCERTAIN:
+                raise InvalidTransition("resolve_tool_call", run.state, "no uncertain tool calls")
+            uncertain = {c["id"] for c in pause.metadata.get("calls", [])}
+            if call_id not in uncertain:
+                raise InvalidArgument(f"{call_id!r} is not an uncertain call of run {run_id!r}")
+            resolutions = {**pause.metadata.get("resolutions", {}), call_id: resolution}
+            if set(resolutions) >= uncertain:
+                await driver.commit("resume", value={"resolutions": resolutions}, max_turns=None)
+            else:
+                metadata = {**pause.metadata, "resolutions": resolutions}
+                updated = attrs.evolve(
+                    run, pause=attrs.evolve(pause, metadata=metadata), updated_at=utcnow()
+                )
+                data = {"call_id": call_id, "resolution": resolution}
+                await driver.commit_data(updated, "tool_call_resolved", data)
+            return driver.run
+
+    async def update_context(
+        self, run_id: str, fn: Callable[[JSON], Any], *, attempts: int = 5
+    ) -> Run:
+        """Replace the run's context with ``fn(context)`` (sync or async), compare-and-set.
+
+        ``fn`` gets a deep copy; on a concurrent commit it is called again on the
+        newer context, up to ``attempts`` times, then ``ConflictError`` is raised.
+        """
+        for attempt in range(attempts):
+            async with self._driver(run_id) as driver:
+                run = driver.run
+                new = fn(copy.deepcopy(run.context))
+                if inspect.isawaitable(new):
+                    new = await new
+                updated = attrs.evolve(run, context=new, updated_at=utcnow())
+                try:
+                    await driver.commit_data(updated, "context_updated", {})
+                except ConflictError:
+                    if attempt == attempts - 1:
+                        raise
+                    await asyncio.sleep(0)
+                    continue
+                return driver.run
+        raise AssertionError("unreachable")
+
+
+def _as_messages(messages: Iterable[Message | str]) -> tuple[Message, ...]:
+    out = []
+    for m in messages:
+        if isinstance(m, str):
+            out.append(Message.user(m))
+        elif isinstance(m, Message):
+            out.append(m)
+        else:
+            raise InvalidArgument(f"not a message: {m!r}")
+    return tuple(out)
+
+
+def _check_run_id(run_id: str) -> None:
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        raise InvalidArgument(
+            f"invalid run id {run_id!r}: 1-128 characters of letters, digits, '.', '_', ':', '-'"
+        )

@@ -1,0 +1,131 @@
+"""JSON schemas from Python type hints, and strict argument structuring with cattrs.
+
+Model output is data: arguments are parsed JSON, checked against the annotations
+(no coercion of ``"3"`` to ``3`` or ``"false"`` to ``True``), never evaluated.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Union, get_args, get_origin
+
+import attrs
+import cattrs
+
+__all__ = ["parse_docstring", "schema_for", "strict_converter"]
+
+_PRIMITIVES: dict[type, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+def schema_for(tp: Any) -> dict[str, Any]:
+    """The JSON schema of a type hint."""
+    if tp is Any or tp is inspect.Parameter.empty:
+        return {}
+    if tp is None or tp is type(None):
+        return {"type": "null"}
+    if tp in _PRIMITIVES:
+        return {"type": _PRIMITIVES[tp]}
+    origin = get_origin(tp)
+    args = get_args(tp)
+    if origin is Literal:
+        return {"enum": list(args)}
+    if origin in (Union, types.UnionType):
+        options = [schema_for(a) for a in args]
+        return {"anyOf": options}
+    if origin in (list, Sequence, tuple, set, frozenset) or tp in (list, tuple):
+        item = args[0] if args else Any
+        return {"type": "array", "items": schema_for(item)}
+    if origin in (dict, Mapping) or tp is dict:
+        value = args[1] if len(args) == 2 else Any
+        return {"type": "object", "additionalProperties": schema_for(value)}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return {"enum": [m.value for m in tp]}
+    if attrs.has(tp):
+        hints = typing.get_type_hints(tp)
+        fields = attrs.fields(tp)
+        return {
+            "type": "object",
+            "properties": {f.name: schema_for(hints.get(f.name, Any)) for f in fields},
+            "required": [f.name for f in fields if f.default is attrs.NOTHING],
+            "additionalProperties": False,
+        }
+    raise TypeError(f"no JSON schema for type {tp!r}")
+
+
+_ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters):\s*$")
+_SECTION = re.compile(r"^\s*[A-Z][A-Za-z ]*:\s*$")
+_PARAM = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
+
+
+def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """The description (text before any section) and Google-style ``Args:`` descriptions."""
+    lines = inspect.cleandoc(doc or "").splitlines()
+    description: list[str] = []
+    params: dict[str, str] = {}
+    current: str | None = None
+    in_args = False
+    for line in lines:
+        if _ARGS_HEADER.match(line):
+            in_args = True
+            continue
+        if in_args and _SECTION.match(line) and not line.startswith(" "):
+            in_args = False
+        if not in_args:
+            if not params and not _SECTION.match(line):
+                description.append(line)
+            continue
+        match = _PARAM.match(line)
+        if match and (len(line) - len(line.lstrip())) <= 4:
+            current = match.group(1).lstrip("*")
+            params[current] = match.group(3).strip()
+        elif current and line.strip():
+            params[current] = f"{params[current]} {line.strip()}".strip()
+    return " ".join(line.strip() for line in description if line.strip()), params
+
+
+def _strict(kind: type | tuple[type, ...], label: str) -> Any:
+    def hook(value: Any, _: Any) -> Any:
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise TypeError(f"expected {label}, got a boolean")
+        if not isinstance(value, kind):
+            raise TypeError(f"expected {label}, got {type(value).__name__}")
+        return float(value) if label == "number" else value  # type: ignore[arg-type]
+
+    return hook
+
+
+def _is_sequence(tp: Any) -> bool:
+    return get_origin(tp) in (list, Sequence, tuple, set, frozenset)
+
+
+def strict_converter() -> cattrs.Converter:
+    """A converter that structures JSON into annotated types without coercion."""
+    conv = cattrs.Converter(forbid_extra_keys=True)
+    conv.register_structure_hook(str, _strict(str, "string"))
+    conv.register_structure_hook(int, _strict(int, "integer"))
+    conv.register_structure_hook(float, _strict((int, float), "number"))
+    conv.register_structure_hook(bool, _strict(bool, "boolean"))
+    conv.register_structure_hook(Any, lambda v, _: v)
+
+    def sequence_hook(tp: Any) -> Any:
+        args = get_args(tp)
+        item = args[0] if args else Any
+        origin = get_origin(tp)
+
+        def hook(value: Any, _: Any) -> Any:
+            if not isinstance(value, list):
+                raise TypeError(f"expected array, got {type(value).__name__}")
+            items = [conv.structure(v, item) for v in value]
+            if origin is tuple:
+                return tuple(items)
+            return set(items) if origin in (set, frozenset) else items
+
+        return hook
+
+    conv.register_structure_hook_factory(_is_sequence, sequence_hook)
+    return conv

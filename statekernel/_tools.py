@@ -1,0 +1,199 @@
+"""``@statekernel.tool``: typed Python functions as tools the model can call."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, overload
+
+import attrs
+import cattrs
+
+from statekernel._convert import converter as record_converter
+from statekernel._messages import JSON, ToolSpec
+from statekernel._schema import parse_docstring, schema_for, strict_converter
+from statekernel.errors import ConfigError, ToolError
+
+__all__ = ["Tool", "ToolContext", "tool"]
+
+_ARGS = strict_converter()
+
+
+@attrs.frozen
+class ToolContext:
+    """What a tool may know about the call it serves (add a ``ctx: ToolContext`` parameter).
+
+    ``idempotency_key`` is ``f"{run_id}:{call_id}"``: the same on every attempt of one
+    call, so an idempotent tool can pass it to the service it calls.
+    """
+
+    run_id: str
+    call_id: str
+    attempt: int
+    context: JSON
+    report: Callable[[JSON], None] = attrs.field(repr=False, default=lambda _: None)
+
+    @property
+    def idempotency_key(self) -> str:
+        """A key stable across re-runs of this call."""
+        return f"{self.run_id}:{self.call_id}"
+
+
+@attrs.frozen
+class Tool:
+    """A callable tool: its spec for the model, its validator and its dispatch flags."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    fn: Callable[..., Any] = attrs.field(repr=False)
+    arguments_type: type = attrs.field(repr=False)
+    context_param: str | None = None
+    idempotent: bool = False
+    concurrency_safe: bool = True
+    timeout: float | None = None
+
+    @property
+    def spec(self) -> ToolSpec:
+        """The tool as the model sees it."""
+        return ToolSpec(self.name, self.description, self.parameters)
+
+    def validate(self, arguments: JSON) -> dict[str, Any]:
+        """Check and structure the model's arguments; raises ``ToolError`` explaining why not."""
+        if not isinstance(arguments, dict):
+            raise ToolError(f"arguments for {self.name} must be a JSON object")
+        try:
+            structured: Any = _ARGS.structure(arguments, self.arguments_type)
+        except cattrs.BaseValidationError as exc:
+            problems = "; ".join(cattrs.transform_error(exc))
+            raise ToolError(f"invalid arguments for {self.name}: {problems}") from exc
+        except (TypeError, ValueError) as exc:
+            raise ToolError(f"invalid arguments for {self.name}: {exc}") from exc
+        return {f.name: getattr(structured, f.name) for f in attrs.fields(self.arguments_type)}
+
+    async def invoke(self, arguments: JSON, ctx: ToolContext) -> JSON:
+        """Validate, call (with ``timeout``) and return JSON-able output."""
+        kwargs = self.validate(arguments)
+        if self.context_param:
+            kwargs[self.context_param] = ctx
+        try:
+            async with asyncio.timeout(self.timeout):
+                result = self.fn(**kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+        except TimeoutError as exc:
+            raise ToolError(f"{self.name} timed out after {self.timeout} s") from exc
+        return _jsonable(self.name, result)
+
+
+def _jsonable(name: str, value: Any) -> JSON:
+    data = record_converter.unstructure(value)
+    try:
+        json.dumps(data)
+    except (TypeError, ValueError) as exc:
+        raise ToolError(f"{name} returned a value that is not JSON-serializable: {exc}") from exc
+    return data
+
+
+def _build(
+    fn: Callable[..., Any],
+    name: str | None,
+    description: str | None,
+    idempotent: bool,
+    concurrency_safe: bool,
+    timeout: float | None,
+) -> Tool:
+    hints = typing.get_type_hints(fn)
+    summary, docs = parse_docstring(fn.__doc__)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    fields: dict[str, Any] = {}
+    optional: dict[str, Any] = {}
+    context_param = None
+    for pname, param in inspect.signature(fn).parameters.items():
+        hint = hints.get(pname, Any)
+        if hint is ToolContext:
+            context_param = pname
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ConfigError(f"tool {fn.__name__}: *args/**kwargs cannot be described to a model")
+        schema = schema_for(hint)
+        if pname in docs:
+            schema = {**schema, "description": docs[pname]}
+        properties[pname] = schema
+        if param.default is param.empty:
+            required.append(pname)
+            fields[pname] = attrs.field(type=hint)
+        else:
+            optional[pname] = attrs.field(type=hint, default=param.default)
+    arguments_type = attrs.make_class(
+        f"{fn.__name__}_arguments", {**fields, **optional}, frozen=True
+    )
+    parameters: dict[str, Any] = {"type": "object", "properties": properties}
+    parameters["required"] = required
+    parameters["additionalProperties"] = False
+    return Tool(
+        name=name or fn.__name__,
+        description=description if description is not None else summary,
+        parameters=parameters,
+        fn=fn,
+        arguments_type=arguments_type,
+        context_param=context_param,
+        idempotent=idempotent,
+        concurrency_safe=concurrency_safe,
+        timeout=timeout,
+    )
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    idempotent: bool = False,
+    concurrency_safe: bool = True,
+    timeout: float | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    idempotent: bool = False,
+    concurrency_safe: bool = True,
+    timeout: float | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Turn a (sync or async) function into a ``Tool``.
+
+    The JSON schema comes from the type hints, the description and parameter
+    descriptions from the docstring (Google style ``Args:``). ``idempotent`` tools
+    are re-run on resume; ``concurrency_safe=False`` tools run alone; ``timeout``
+    (seconds) turns a slow call into an error result.
+    """
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return _build(f, name, description, idempotent, concurrency_safe, timeout)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def tools_by_name(tools: Mapping[str, Tool] | list[Tool] | tuple[Tool, ...]) -> dict[str, Tool]:
+    """Tools keyed by name; a duplicate name raises ``ConfigError``."""
+    found: dict[str, Tool] = {}
+    for t in tools.values() if isinstance(tools, Mapping) else tools:
+        if not isinstance(t, Tool):
+            raise ConfigError(f"not a tool: {t!r} (decorate it with @statekernel.tool)")
+        if t.name in found:
+            raise ConfigError(f"two tools are named {t.name!r}")
+        found[t.name] = t
+    return found

@@ -1,0 +1,13 @@
+"""Testing helpers for users' own agents and stores: a scripted model, conformance
+suites and crash/resume fuzzing."""
+
+from __future__ import annotations
+
+from statekernel.testing._scripted import Fail, Reply, ScriptedProvider, call
+
+__all__ = [
+    "Fail",
+    "Reply",
+    "ScriptedProvider",
+    "call",
+]

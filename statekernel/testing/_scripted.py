@@ -1,0 +1,141 @@
+"""``ScriptedProvider``: a deterministic model for tests, demos and benchmarks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TypeAlias
+
+import attrs
+
+from statekernel._messages import FinishReason, ModelRequest, ToolCall, Usage
+from statekernel._model import (
+    Finish,
+    ReasoningDelta,
+    StreamPart,
+    TextDelta,
+    ToolCallDelta,
+    UsageUpdate,
+)
+from statekernel.errors import ProviderError
+
+__all__ = ["Fail", "Reply", "ScriptedProvider", "call"]
+
+
+def call(name: str, arguments: object = None, *, id: str | None = None) -> ToolCall:
+    """A tool call for a script; ``arguments`` is JSON-encoded unless it is a string."""
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
+    return ToolCall(id=id or "", name=name, arguments=text)
+
+
+def _calls(value: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class Reply:
+    """One scripted answer (text, reasoning, tool calls), streamed in ``chunk``-sized deltas."""
+
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = attrs.field(converter=_calls, default=())
+    reasoning: str = ""
+    usage: Usage = attrs.field(factory=lambda: Usage(input_tokens=10, output_tokens=5))
+    finish_reason: FinishReason | None = None
+    chunk: int = 0
+    delay: float = 0.0
+
+
+@attrs.frozen
+class Fail:
+    """Raise ``error`` on the first ``times`` calls for this turn, then answer ``then``."""
+
+    error: Exception
+    times: int = 1
+    then: Reply | None = None
+
+
+ScriptItem: TypeAlias = (
+    "Reply | Fail | str | ToolCall | Sequence[ToolCall] | Callable[[ModelRequest], Reply]"
+)
+
+
+def _as_reply(item: object, request: ModelRequest) -> Reply:
+    if isinstance(item, Reply):
+        return item
+    if isinstance(item, str):
+        return Reply(text=item)
+    if isinstance(item, ToolCall):
+        return Reply(tool_calls=(item,))
+    if isinstance(item, list | tuple) and all(isinstance(c, ToolCall) for c in item):
+        return Reply(tool_calls=tuple(item))
+    if callable(item):
+        return _as_reply(item(request), request)
+    raise TypeError(f"not a script item: {item!r}")
+
+
+def _chunks(text: str, size: int) -> list[str]:
+    if not text:
+        return []
+    if size <= 0:
+        return [text]
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+class ScriptedProvider:
+    """Answers from a script, deterministically.
+
+    The answer to a request is chosen by how many assistant messages its transcript
+    already holds: item 0 answers the first turn, item 1 the second, and so on. A
+    re-sent request (after a crash, a retry or a fork) therefore gets the same
+    answer. Past the end of the script the last item repeats when ``repeat_last``,
+    else the provider raises ``ProviderError``. Tool call ids left empty become
+    ``call_<turn>_<index>``. ``requests`` records every request received.
+    """
+
+    def __init__(self, script: Sequence[object], *, repeat_last: bool = False) -> None:
+        self.script = list(script)
+        self.repeat_last = repeat_last
+        self.requests: list[ModelRequest] = []
+        self._failures: dict[int, int] = {}
+
+    def _item(self, request: ModelRequest) -> tuple[int, object]:
+        turn = sum(1 for m in request.messages if m.role == "assistant")
+        if turn >= len(self.script):
+            if not self.repeat_last or not self.script:
+                raise ProviderError(
+                    f"script has no answer for turn {turn} ({len(self.script)} items)",
+                    provider="scripted",
+                )
+            return turn, self.script[-1]
+        return turn, self.script[turn]
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamPart]:
+        """Stream the scripted answer for ``request`` as deltas."""
+        self.requests.append(request)
+        turn, item = self._item(request)
+        if isinstance(item, Fail):
+            seen = self._failures.get(turn, 0)
+            if seen < item.times:
+                self._failures[turn] = seen + 1
+                raise item.error
+            item = item.then if item.then is not None else Reply(text="")
+        reply = _as_reply(item, request)
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        for piece in _chunks(reply.reasoning, reply.chunk):
+            yield ReasoningDelta(piece)
+        for piece in _chunks(reply.text, reply.chunk):
+            yield TextDelta(piece)
+        for index, tc in enumerate(reply.tool_calls):
+            call_id = tc.id or f"call_{turn}_{index}"
+            pieces = _chunks(tc.arguments, reply.chunk) or [""]
+            yield ToolCallDelta(index, call_id, tc.name, pieces[0])
+            for piece in pieces[1:]:
+                yield ToolCallDelta(index, None, None, piece)
+        yield UsageUpdate(reply.usage)
+        default: FinishReason = "tool_calls" if reply.tool_calls else "stop"
+        yield Finish(reply.finish_reason or default, model=request.model_name)
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
