@@ -13,7 +13,28 @@ BUILTIN_NAMES = ("anthropic", "local", "ollama", "openai")
 
 
 def builtin_provider(name: str) -> ModelProvider:
-    """A built-in provider configured from the environment; unknown names raise ``ConfigError``."""
+    """A built-in provider configured from the environment; unknown names raise ``ConfigError``.
+
+    ``openai`` reads ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL``, ``anthropic`` reads
+    ``ANTHROPIC_API_KEY`` (and ``ANTHROPIC_BASE_URL``), ``ollama`` reads ``OLLAMA_HOST``;
+    ``local`` runs llama.cpp in-process (extra ``statekernel[local]``).
+    """
+    if name == "openai":
+        from statekernel.providers._openai import OpenAIProvider
+
+        return OpenAIProvider()
+    if name == "anthropic":
+        from statekernel.providers._anthropic import AnthropicProvider
+
+        return AnthropicProvider()
+    if name == "ollama":
+        from statekernel.providers._ollama import OllamaProvider
+
+        return OllamaProvider()
+    if name == "local":
+        from statekernel.providers._local import LocalProvider
+
+        return LocalProvider()
     raise ConfigError(f"unknown model provider {name!r} (built in: {', '.join(BUILTIN_NAMES)})")
 
 
@@ -36,7 +57,7 @@ class ProviderRegistry:
         return self._created[name]
 
     async def aclose(self) -> None:
-        """Close the built-in providers this registry created (explicit ones belong to the caller)."""
+        """Close the built-in providers this registry created (explicit ones are the caller's)."""
         created, self._created = self._created, {}
         for provider in created.values():
             await provider.aclose()

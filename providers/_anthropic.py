@@ -1,0 +1,313 @@
+"""Anthropic messages API: ``POST {base_url}/v1/messages``.
+
+Streams SSE events (``message_start``, ``content_block_start/delta/stop``,
+``message_delta``, ``message_stop``, ``ping``, ``error``). Thinking blocks become
+``ReasoningDelta`` with their signature; ``tool_use`` blocks become ``ToolCallDelta``
+numbered by their order among the tool calls; prompt-cache usage is kept apart.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping
+from typing import Any
+
+import httpx
+from httpx_sse import EventSource
+
+from statekernel._messages import (
+    FinishReason,
+    ImagePart,
+    Message,
+    ModelRequest,
+    ReasoningPart,
+    TextPart,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
+from statekernel._model import (
+    Finish,
+    ReasoningDelta,
+    StreamPart,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallDone,
+    UsageUpdate,
+    tool_call_arguments_json,
+)
+from statekernel.errors import ConfigError, ProviderUnavailable
+from statekernel.providers._errors import error_for_type
+from statekernel.providers._http import HTTPProvider
+
+__all__ = ["AnthropicProvider", "anthropic_messages", "anthropic_usage"]
+
+OFFICIAL_BASE_URL = "https://api.anthropic.com"
+API_VERSION = "2023-06-01"
+DEFAULT_MAX_TOKENS = 4096
+
+_FINISH: dict[str, FinishReason] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "refusal": "content_filter",
+}
+
+
+def anthropic_usage(data: Mapping[str, Any]) -> Usage:
+    """An Anthropic ``usage`` object (input tokens already exclude cache reads and writes)."""
+    return Usage(
+        input_tokens=int(data.get("input_tokens") or 0),
+        output_tokens=int(data.get("output_tokens") or 0),
+        cache_read_tokens=int(data.get("cache_read_input_tokens") or 0),
+        cache_write_tokens=int(data.get("cache_creation_input_tokens") or 0),
+    )
+
+
+class AnthropicProvider(HTTPProvider):
+    """The ``anthropic`` provider.
+
+    ``api_key`` and ``base_url`` default to ``ANTHROPIC_API_KEY`` and
+    ``ANTHROPIC_BASE_URL``. ``max_tokens`` is required by the API: requests without
+    one use ``default_max_tokens``. Keys in ``request.options`` (for instance
+    ``thinking``, ``top_k``, ``metadata``; not ``stream``) are added to the payload.
+    """
+
+    name = "anthropic"
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        beta: Iterable[str] = (),
+        **kwargs: Any,
+    ) -> None:
+        base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or OFFICIAL_BASE_URL
+        api_key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
+        if not api_key and base_url.rstrip("/") == OFFICIAL_BASE_URL:
+            raise ConfigError("the anthropic provider needs ANTHROPIC_API_KEY (or api_key=...)")
+        super().__init__(base_url=base_url, **kwargs)
+        self._api_key = api_key or None
+        self.default_max_tokens = default_max_tokens
+        self._beta = ",".join(beta)
+
+    def _secrets(self) -> Iterable[str]:
+        return (self._api_key,) if self._api_key else ()
+
+    def _endpoint(self, request: ModelRequest, streaming: bool) -> str:
+        return f"{self.base_url}/v1/messages"
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"anthropic-version": API_VERSION}
+        if self._api_key:
+            headers["x-api-key"] = self._api_key
+        if self._beta:
+            headers["anthropic-beta"] = self._beta
+        return headers
+
+    def _payload(self, request: ModelRequest, streaming: bool) -> dict[str, Any]:
+        system, messages = anthropic_messages(request.messages)
+        payload: dict[str, Any] = {
+            "model": request.model_name,
+            "max_tokens": request.max_tokens or self.default_max_tokens,
+            "messages": messages,
+        }
+        if system:
+            payload["system"] = system
+        if streaming:
+            payload["stream"] = True
+        if request.tools:
+            payload["tools"] = [
+                {"name": t.name, "description": t.description, "input_schema": t.parameters}
+                for t in request.tools
+            ]
+        if request.tool_choice:
+            payload["tool_choice"] = _tool_choice(request.tool_choice)
+        if request.temperature is not None:
+            payload["temperature"] = request.temperature
+        if request.stop:
+            payload["stop_sequences"] = list(request.stop)
+        options = request.options if isinstance(request.options, Mapping) else {}
+        payload.update({k: v for k, v in options.items() if k != "stream"})
+        return payload
+
+    async def _parse_stream(
+        self, response: httpx.Response, request: ModelRequest
+    ) -> AsyncGenerator[StreamPart, None]:
+        state = _StreamState()
+        async for sse in EventSource(response).aiter_sse():
+            if not sse.data:
+                continue
+            data = self._json(sse.data)
+            if not isinstance(data, dict):
+                continue
+            kind = data.get("type") or sse.event
+            if kind == "error":
+                error = data.get("error") or {}
+                raise error_for_type(
+                    self.name,
+                    error.get("type"),
+                    str(error.get("message", "")),
+                    secrets=self._secrets(),
+                )
+            for part in state.feed(kind, data):
+                yield part
+            if state.stopped:
+                break
+        if not state.stopped:
+            raise ProviderUnavailable(
+                f"{self.name}: stream ended before message_stop", provider=self.name
+            )
+        yield Finish(state.finish, state.model)
+
+    def _parse_body(self, data: Any, request: ModelRequest) -> Iterable[StreamPart]:
+        if not isinstance(data, dict):
+            raise ProviderUnavailable(f"{self.name}: unexpected response body", provider=self.name)
+        if data.get("type") == "error":
+            error = data.get("error") or {}
+            raise error_for_type(self.name, error.get("type"), str(error.get("message", "")))
+        parts: list[StreamPart] = []
+        for block in data.get("content") or ():
+            parts.extend(_whole_block(block))
+        if data.get("usage"):
+            parts.append(UsageUpdate(anthropic_usage(data["usage"])))
+        parts.append(Finish(_FINISH.get(data.get("stop_reason") or "", "other"), data.get("model")))
+        return parts
+
+
+def _whole_block(block: dict[str, Any]) -> Iterator[StreamPart]:
+    kind = block.get("type")
+    if kind == "text" and block.get("text"):
+        yield TextDelta(block["text"])
+    elif kind == "thinking":
+        yield ReasoningDelta(block.get("thinking") or "", block.get("signature") or "")
+    elif kind == "redacted_thinking":
+        yield ReasoningDelta("", block.get("data") or "", redacted=True)
+    elif kind == "tool_use":
+        arguments = tool_call_arguments_json(block.get("input") or {})
+        yield ToolCallDone(ToolCall(block.get("id") or "", block.get("name") or "", arguments))
+
+
+class _StreamState:
+    """Folds Anthropic stream events into stream parts."""
+
+    def __init__(self) -> None:
+        self.model: str | None = None
+        self.finish: FinishReason = "other"
+        self.stopped = False
+        self._tool_index: dict[int, int] = {}  # content block index -> tool call ordinal
+
+    def feed(self, kind: str, data: dict[str, Any]) -> Iterator[StreamPart]:
+        if kind == "message_start":
+            message = data.get("message") or {}
+            self.model = message.get("model")
+            if message.get("usage"):
+                yield UsageUpdate(anthropic_usage(message["usage"]))
+        elif kind == "content_block_start":
+            yield from self._block_start(int(data.get("index", 0)), data.get("content_block") or {})
+        elif kind == "content_block_delta":
+            yield from self._block_delta(int(data.get("index", 0)), data.get("delta") or {})
+        elif kind == "message_delta":
+            reason = (data.get("delta") or {}).get("stop_reason")
+            if reason:
+                self.finish = _FINISH.get(reason, "other")
+            if data.get("usage"):
+                yield UsageUpdate(anthropic_usage(data["usage"]))
+        elif kind == "message_stop":
+            self.stopped = True
+        # ping, content_block_stop and unknown events carry nothing to yield
+
+    def _block_start(self, index: int, block: dict[str, Any]) -> Iterator[StreamPart]:
+        kind = block.get("type")
+        if kind == "tool_use":
+            ordinal = self._tool_index.setdefault(index, len(self._tool_index))
+            yield ToolCallDelta(ordinal, id=block.get("id"), name=block.get("name"))
+        elif kind == "redacted_thinking":
+            yield ReasoningDelta("", block.get("data") or "", redacted=True)
+        elif kind == "text" and block.get("text"):
+            yield TextDelta(block["text"])
+        elif kind == "thinking" and block.get("thinking"):
+            yield ReasoningDelta(block["thinking"])
+
+    def _block_delta(self, index: int, delta: dict[str, Any]) -> Iterator[StreamPart]:
+        kind = delta.get("type")
+        if kind == "text_delta":
+            yield TextDelta(delta.get("text") or "")
+        elif kind == "input_json_delta":
+            ordinal = self._tool_index.setdefault(index, len(self._tool_index))
+            yield ToolCallDelta(ordinal, arguments=delta.get("partial_json") or "")
+        elif kind == "thinking_delta":
+            yield ReasoningDelta(delta.get("thinking") or "")
+        elif kind == "signature_delta":
+            yield ReasoningDelta("", delta.get("signature") or "")
+
+
+def _tool_choice(choice: str) -> dict[str, Any]:
+    if choice in ("auto", "none", "any"):
+        return {"type": choice}
+    if choice == "required":
+        return {"type": "any"}
+    return {"type": "tool", "name": choice}
+
+
+def anthropic_messages(messages: Iterable[Message]) -> tuple[str, list[dict[str, Any]]]:
+    """The system text and the messages as Anthropic turns.
+
+    Tool results become ``tool_result`` blocks in a user turn; consecutive turns of one
+    role (several tool messages, then maybe user text) are merged into one turn.
+    """
+    system: list[str] = []
+    turns: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role == "system":
+            system.append(message.text)
+            continue
+        role = "assistant" if message.role == "assistant" else "user"
+        blocks = [b for part in message.content if (b := _block(part)) is not None]
+        if not blocks:
+            continue
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+    return "\n\n".join(s for s in system if s), turns
+
+
+def _block(part: object) -> dict[str, Any] | None:
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text} if part.text else None
+    if isinstance(part, ImagePart):
+        if part.url:
+            return {"type": "image", "source": {"type": "url", "url": part.url}}
+        source = {"type": "base64", "media_type": part.media_type or "image/png", "data": part.data}
+        return {"type": "image", "source": source}
+    if isinstance(part, ToolCall):
+        return {"type": "tool_use", "id": part.id, "name": part.name, "input": _input(part)}
+    if isinstance(part, ToolResult):
+        block: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": part.tool_call_id,
+            "content": part.content,
+        }
+        if part.is_error:
+            block["is_error"] = True
+        return block
+    if isinstance(part, ReasoningPart):
+        if part.redacted:
+            return {"type": "redacted_thinking", "data": part.signature or ""}
+        if part.signature:  # unsigned reasoning (from another provider) cannot be sent back
+            return {"type": "thinking", "thinking": part.text, "signature": part.signature}
+    return None
+
+
+def _input(call: ToolCall) -> Any:
+    """The call's arguments as an object; text that is not a JSON object is kept visible."""
+    try:
+        value = call.parsed_arguments()
+    except ValueError:
+        return {"invalid_json": call.arguments}
+    return value if isinstance(value, dict) else {"value": value}

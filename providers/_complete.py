@@ -1,0 +1,18 @@
+"""Run one request to its end and assemble the result."""
+
+from __future__ import annotations
+
+from statekernel._messages import ModelRequest, ModelResult
+from statekernel._model import ModelProvider, ResultBuilder
+from statekernel.providers._http import closing_stream
+
+__all__ = ["complete"]
+
+
+async def complete(provider: ModelProvider, request: ModelRequest) -> ModelResult:
+    """Stream ``request`` from ``provider`` to its end and return the assembled result."""
+    builder = ResultBuilder()
+    async with closing_stream(provider.stream(request)) as parts:
+        async for part in parts:
+            builder.add(part)
+    return builder.result()

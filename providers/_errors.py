@@ -1,0 +1,155 @@
+"""HTTP failures mapped to the ``ProviderError`` tree, with the vendor's own message."""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import re
+from collections.abc import Callable, Iterable
+
+import httpx
+
+from statekernel.errors import (
+    AuthenticationFailed,
+    BadRequest,
+    ProviderError,
+    ProviderUnavailable,
+    RateLimited,
+)
+
+__all__ = [
+    "error_for_status",
+    "error_for_type",
+    "error_from_exception",
+    "redact",
+    "retry_after_seconds",
+    "vendor_message",
+]
+
+_TITLE = re.compile(rb"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_MAX_MESSAGE = 500
+
+# Vendor error types (Anthropic's ``error.type``, OpenAI's ``error.type``/``code``).
+_TYPE_TO_ERROR: dict[str, type[ProviderError]] = {
+    "overloaded_error": ProviderUnavailable,
+    "api_error": ProviderUnavailable,
+    "server_error": ProviderUnavailable,
+    "timeout_error": ProviderUnavailable,
+    "rate_limit_error": RateLimited,
+    "rate_limit_exceeded": RateLimited,
+    "insufficient_quota": RateLimited,
+    "authentication_error": AuthenticationFailed,
+    "permission_error": AuthenticationFailed,
+    "invalid_api_key": AuthenticationFailed,
+    "invalid_request_error": BadRequest,
+    "not_found_error": BadRequest,
+    "request_too_large": BadRequest,
+}
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret replaced by ``***`` (a vendor may echo a key back)."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def vendor_message(body: bytes) -> tuple[str, str | None]:
+    """The human message and the error type found in an error body, JSON or not."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return _text_message(body), None
+    if isinstance(data, dict):
+        error = data.get("error", data)
+        if isinstance(error, str):
+            return error[:_MAX_MESSAGE], None
+        if isinstance(error, dict):
+            message = error.get("message") or error.get("detail") or json.dumps(error)
+            kind = error.get("type") or error.get("code")
+            return str(message)[:_MAX_MESSAGE], str(kind) if kind else None
+    return _text_message(body), None
+
+
+def _text_message(body: bytes) -> str:
+    head = body[:4096]
+    if b"<html" in head.lower() or b"<!doctype" in head.lower():
+        match = _TITLE.search(head)
+        title = match.group(1).decode("utf-8", "replace").strip() if match else ""
+        return f"HTML error page{': ' + title if title else ''}"
+    text = body.decode("utf-8", "replace").strip()
+    return text[:_MAX_MESSAGE] or "empty response body"
+
+
+def retry_after_seconds(headers: httpx.Headers, clock: Callable[[], float]) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date)."""
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        try:
+            return max(float(millis) / 1000.0, 0.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(when.timestamp() - clock(), 0.0)
+
+
+def error_for_status(
+    provider: str,
+    response: httpx.Response,
+    body: bytes,
+    *,
+    clock: Callable[[], float],
+    secrets: Iterable[str] = (),
+) -> ProviderError:
+    """The typed error for an HTTP error response, carrying the vendor's message."""
+    status = response.status_code
+    message, kind = vendor_message(body)
+    label = f" {kind}" if kind else ""
+    text = redact(f"{provider}: HTTP {status}{label}: {message}", secrets)
+    if status == 429:
+        retry_after = retry_after_seconds(response.headers, clock)
+        return RateLimited(text, status=status, provider=provider, retry_after=retry_after)
+    cls: type[ProviderError]
+    if status in (401, 403):
+        cls = AuthenticationFailed
+    elif status == 408 or status >= 500:
+        cls = ProviderUnavailable
+    elif status >= 400:
+        cls = _TYPE_TO_ERROR.get(kind or "", BadRequest)
+    else:
+        cls = ProviderError
+    return cls(text, status=status, provider=provider)
+
+
+def error_for_type(
+    provider: str, kind: str | None, message: str, *, secrets: Iterable[str] = ()
+) -> ProviderError:
+    """The typed error for an error reported inside a stream (no HTTP status)."""
+    cls = _TYPE_TO_ERROR.get(kind or "", ProviderError)
+    label = f" {kind}" if kind else ""
+    text = redact(f"{provider}: stream error{label}: {message}", secrets)
+    if cls is RateLimited:
+        return RateLimited(text, status=None, provider=provider)
+    return cls(text, provider=provider)
+
+
+def error_from_exception(provider: str, exc: httpx.HTTPError) -> ProviderError:
+    """An httpx failure (connect, timeout, dropped connection) as a typed error."""
+    if isinstance(exc, httpx.TimeoutException):
+        return ProviderUnavailable(
+            f"{provider}: timed out ({type(exc).__name__})", provider=provider
+        )
+    if isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError):
+        return BadRequest(f"{provider}: {exc}", provider=provider)
+    return ProviderUnavailable(f"{provider}: {type(exc).__name__}: {exc}", provider=provider)

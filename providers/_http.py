@@ -1,0 +1,226 @@
+"""What every HTTP provider shares: one client, timeouts, bounded retries, error mapping.
+
+A request is retried (exponential backoff with jitter, honouring ``Retry-After``) only
+until its stream has yielded a first part. After that a failure raises
+``ProviderUnavailable``: the caller decides whether to call the model again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import aclosing, asynccontextmanager
+from typing import Any, TypeVar
+
+import attrs
+import httpx
+
+from statekernel._messages import ModelRequest
+from statekernel._model import StreamPart
+from statekernel.errors import ProviderError, ProviderUnavailable, RateLimited
+from statekernel.providers._errors import error_for_status, error_from_exception, redact
+
+__all__ = ["DEFAULT_TIMEOUT", "HTTPProvider", "RetryPolicy", "Sleep", "closing_stream"]
+
+T = TypeVar("T")
+
+Sleep = Callable[[float], Awaitable[None]]
+Parser = Callable[[httpx.Response, ModelRequest], AsyncGenerator[StreamPart, None]]
+
+DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=10.0)
+"""Connect quickly; allow long silences while a model thinks before its first token."""
+
+
+@attrs.frozen
+class RetryPolicy:
+    """Bounded retries on 429, 5xx, overload and connection failures.
+
+    ``max_attempts`` counts the first try. The n-th retry waits
+    ``min(max_delay, initial_delay * 2**(n-1))`` less up to ``jitter`` of it, or exactly
+    what the server's ``Retry-After`` asks; a ``Retry-After`` above ``max_retry_after``
+    is not waited for (the ``RateLimited`` error is raised with its ``retry_after``).
+    """
+
+    max_attempts: int = 4
+    initial_delay: float = 0.5
+    max_delay: float = 20.0
+    jitter: float = 0.25
+    max_retry_after: float = 60.0
+
+    def delay(self, attempt: int, error: ProviderError, rng: random.Random) -> float | None:
+        """Seconds to wait before attempt ``attempt + 1``, or None to give up."""
+        if attempt >= self.max_attempts or not isinstance(error, RateLimited | ProviderUnavailable):
+            return None
+        retry_after = error.retry_after if isinstance(error, RateLimited) else None
+        if retry_after is not None:
+            return retry_after if retry_after <= self.max_retry_after else None
+        backoff = min(self.max_delay, self.initial_delay * 2.0 ** (attempt - 1))
+        return backoff * (1.0 - self.jitter * rng.random())
+
+
+@asynccontextmanager
+async def closing_stream(stream: AsyncIterator[T]) -> AsyncGenerator[AsyncIterator[T], None]:
+    """Use ``stream`` and close it on exit (also on cancellation) if it can be closed."""
+    try:
+        yield stream
+    finally:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+class HTTPProvider:
+    """Base of the httpx providers: subclasses build payloads and parse responses.
+
+    ``client`` is shared by every request of the provider; one passed in belongs to
+    the caller (its own timeouts apply and ``aclose`` leaves it open). ``sleep``,
+    ``clock`` and ``rng`` are injectable so tests never really wait.
+    """
+
+    name = "http"
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        client: httpx.AsyncClient | None = None,
+        timeout: httpx.Timeout | float | None = None,
+        retry: RetryPolicy | None = None,
+        streaming: bool = True,
+        sleep: Sleep = asyncio.sleep,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retry = retry or RetryPolicy()
+        self.streaming = streaming
+        self._owns_client = client is None
+        self._client = client or httpx.AsyncClient(timeout=timeout or DEFAULT_TIMEOUT)
+        self._timeout = timeout
+        self._sleep = sleep
+        self._clock = clock
+        self._rng = rng or random.Random()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(base_url={self.base_url!r})"
+
+    # -- subclass hooks -------------------------------------------------------------
+
+    def _secrets(self) -> Iterable[str]:
+        return ()
+
+    def _endpoint(self, request: ModelRequest, streaming: bool) -> str:
+        raise NotImplementedError
+
+    def _headers(self) -> dict[str, str]:
+        return {}
+
+    def _payload(self, request: ModelRequest, streaming: bool) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _parse_stream(
+        self, response: httpx.Response, request: ModelRequest
+    ) -> AsyncGenerator[StreamPart, None]:
+        raise NotImplementedError
+
+    def _parse_body(self, data: Any, request: ModelRequest) -> Iterable[StreamPart]:
+        raise NotImplementedError
+
+    # -- the protocol -----------------------------------------------------------------
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamPart]:
+        """Send ``request`` and yield its parts; ``options["stream"]`` may turn streaming off."""
+        options = request.options if isinstance(request.options, Mapping) else {}
+        streaming = bool(options.get("stream", self.streaming))
+        payload = self._payload(request, streaming)
+        parse = self._parse_stream if streaming else self._parse_whole
+        url = self._endpoint(request, streaming)
+        async with aclosing(self._send(url, payload, request, parse)) as parts:
+            async for part in parts:
+                yield part
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this provider created it."""
+        if self._owns_client:
+            await self._client.aclose()
+
+    # -- machinery --------------------------------------------------------------------
+
+    async def _parse_whole(
+        self, response: httpx.Response, request: ModelRequest
+    ) -> AsyncGenerator[StreamPart, None]:
+        data = self._json(await response.aread())
+        for part in self._parse_body(data, request):
+            yield part
+
+    def _json(self, raw: bytes | str) -> Any:
+        """Parse a JSON body or chunk; garbage is a (retryable) ``ProviderUnavailable``."""
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            snippet = raw[:200] if isinstance(raw, str) else raw[:200].decode("utf-8", "replace")
+            raise ProviderUnavailable(
+                f"{self.name}: malformed JSON from server: {snippet!r}", provider=self.name
+            ) from exc
+
+    def _check_json_fallback(self, response: httpx.Response) -> bool:
+        """True when a server answered a streaming request with one JSON body."""
+        content_type = response.headers.get("content-type", "")
+        return "application/json" in content_type
+
+    async def _send(
+        self, url: str, payload: dict[str, Any], request: ModelRequest, parse: Parser
+    ) -> AsyncGenerator[StreamPart, None]:
+        attempt = 1
+        while True:
+            started = False
+            try:
+                async with self._open(url, payload) as response:
+                    await self._raise_for_status(response)
+                    if parse != self._parse_whole and self._check_json_fallback(response):
+                        parse = self._parse_whole
+                    async with aclosing(parse(response, request)) as parts:
+                        async for part in parts:
+                            started = True
+                            yield part
+                return
+            except httpx.HTTPError as exc:
+                error = error_from_exception(self.name, exc)
+                error.__cause__ = exc
+            except ProviderError as exc:
+                error = exc
+            if started:
+                raise self._interrupted(error)
+            delay = self.retry.delay(attempt, error, self._rng)
+            if delay is None:
+                raise error
+            await self._sleep(delay)
+            attempt += 1
+
+    def _open(self, url: str, payload: dict[str, Any]) -> Any:
+        headers = {"content-type": "application/json", **self._headers()}
+        content = json.dumps(payload, ensure_ascii=False).encode()
+        if self._timeout is not None:
+            return self._client.stream(
+                "POST", url, content=content, headers=headers, timeout=self._timeout
+            )
+        return self._client.stream("POST", url, content=content, headers=headers)
+
+    async def _raise_for_status(self, response: httpx.Response) -> None:
+        if response.status_code < 400:
+            return
+        body = await response.aread()
+        raise error_for_status(
+            self.name, response, body, clock=self._clock, secrets=self._secrets()
+        )
+
+    def _interrupted(self, error: ProviderError) -> ProviderError:
+        if not isinstance(error, RateLimited | ProviderUnavailable):
+            return error
+        message = redact(f"{error} (the stream had already started)", self._secrets())
+        interrupted = ProviderUnavailable(message, status=error.status, provider=self.name)
+        interrupted.__cause__ = error
+        return interrupted

@@ -1,0 +1,335 @@
+"""OpenAI chat completions, and every server that speaks it (Ollama ``/v1``, vLLM, llama.cpp,
+LM Studio, Groq, Together...).
+
+Streaming uses SSE (``httpx-sse``) with ``stream_options.include_usage``; tool calls arrive
+as ``ToolCallDelta`` fragments keyed by the wire's ``index``; ``reasoning_content`` (or
+``reasoning``) deltas become ``ReasoningDelta``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping
+from typing import Any
+
+import httpx
+from httpx_sse import EventSource
+
+from statekernel._messages import (
+    FinishReason,
+    ImagePart,
+    Message,
+    ModelRequest,
+    TextPart,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    Usage,
+)
+from statekernel._model import (
+    Finish,
+    ReasoningDelta,
+    StreamPart,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallDone,
+    UsageUpdate,
+    tool_call_arguments_json,
+)
+from statekernel.errors import ConfigError, ProviderUnavailable
+from statekernel.providers._errors import error_for_type
+from statekernel.providers._http import HTTPProvider
+
+__all__ = ["OpenAIProvider", "image_url", "openai_finish_reason", "openai_messages", "openai_usage"]
+
+OFFICIAL_BASE_URL = "https://api.openai.com/v1"
+
+_FINISH: dict[str, FinishReason] = {
+    "stop": "stop",
+    "eos": "stop",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "length": "length",
+    "content_filter": "content_filter",
+    "error": "error",
+}
+
+
+def openai_finish_reason(value: str | None) -> FinishReason:
+    """A chat-completions ``finish_reason`` as a normalized finish reason."""
+    return _FINISH.get(value or "", "other")
+
+
+def openai_usage(data: Mapping[str, Any]) -> Usage:
+    """A chat-completions ``usage`` object; cached prompt tokens are counted apart."""
+    prompt = int(data.get("prompt_tokens") or 0)
+    prompt_details = data.get("prompt_tokens_details") or {}
+    output_details = data.get("completion_tokens_details") or {}
+    cached = int(prompt_details.get("cached_tokens") or 0)
+    return Usage(
+        input_tokens=max(prompt - cached, 0),
+        output_tokens=int(data.get("completion_tokens") or 0),
+        cache_read_tokens=cached,
+        reasoning_tokens=int(output_details.get("reasoning_tokens") or 0),
+    )
+
+
+class OpenAIProvider(HTTPProvider):
+    """The ``openai`` provider: ``POST {base_url}/chat/completions``.
+
+    ``api_key`` and ``base_url`` default to ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL``.
+    A compatible server without authentication needs no key. ``max_tokens_field`` is
+    ``max_completion_tokens`` on the official API and ``max_tokens`` elsewhere unless
+    given. Keys in ``request.options`` (except ``stream``) are added to the payload.
+    """
+
+    name = "openai"
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        organization: str | None = None,
+        max_tokens_field: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        base_url = base_url or os.environ.get("OPENAI_BASE_URL") or OFFICIAL_BASE_URL
+        api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        official = base_url.rstrip("/") == OFFICIAL_BASE_URL
+        if official and not api_key:
+            raise ConfigError("the openai provider needs OPENAI_API_KEY (or api_key=...)")
+        super().__init__(base_url=base_url, **kwargs)
+        self._api_key = api_key or None
+        self._organization = organization
+        self.max_tokens_field = max_tokens_field or (
+            "max_completion_tokens" if official else "max_tokens"
+        )
+
+    def _secrets(self) -> Iterable[str]:
+        return (self._api_key,) if self._api_key else ()
+
+    def _endpoint(self, request: ModelRequest, streaming: bool) -> str:
+        return f"{self.base_url}/chat/completions"
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"accept": "application/json, text/event-stream"}
+        if self._api_key:
+            headers["authorization"] = f"Bearer {self._api_key}"
+        if self._organization:
+            headers["openai-organization"] = self._organization
+        return headers
+
+    def _payload(self, request: ModelRequest, streaming: bool) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "model": request.model_name,
+            "messages": openai_messages(request.messages),
+        }
+        if streaming:
+            payload["stream"] = True
+            payload["stream_options"] = {"include_usage": True}
+        if request.tools:
+            payload["tools"] = [_tool(spec) for spec in request.tools]
+        if request.tool_choice:
+            payload["tool_choice"] = _tool_choice(request.tool_choice)
+        if request.max_tokens is not None:
+            payload[self.max_tokens_field] = request.max_tokens
+        if request.temperature is not None:
+            payload["temperature"] = request.temperature
+        if request.stop:
+            payload["stop"] = list(request.stop)
+        options = request.options if isinstance(request.options, Mapping) else {}
+        payload.update({k: v for k, v in options.items() if k != "stream"})
+        return payload
+
+    async def _parse_stream(
+        self, response: httpx.Response, request: ModelRequest
+    ) -> AsyncGenerator[StreamPart, None]:
+        state = _StreamState()
+        async for sse in EventSource(response).aiter_sse():
+            if sse.data == "[DONE]":
+                state.done = True
+                break
+            if not sse.data:
+                continue
+            for part in state.feed(self._chunk(sse.data)):
+                yield part
+        if not (state.done or state.finish):
+            raise ProviderUnavailable(
+                f"{self.name}: stream ended before the answer was complete", provider=self.name
+            )
+        yield Finish(openai_finish_reason(state.finish), state.model)
+
+    def _chunk(self, raw: str) -> dict[str, Any]:
+        data = self._json(raw)
+        if not isinstance(data, dict):
+            raise ProviderUnavailable(f"{self.name}: unexpected chunk {raw[:200]!r}")
+        error = data.get("error")
+        if error:
+            message = error.get("message", str(error)) if isinstance(error, dict) else str(error)
+            kind = (error.get("type") or error.get("code")) if isinstance(error, dict) else None
+            raise error_for_type(
+                self.name, str(kind) if kind else None, str(message), secrets=self._secrets()
+            )
+        return data
+
+    def _parse_body(self, data: Any, request: ModelRequest) -> Iterable[StreamPart]:
+        if not isinstance(data, dict):
+            raise ProviderUnavailable(f"{self.name}: unexpected response body", provider=self.name)
+        choices = data.get("choices") or [{}]
+        choice = choices[0]
+        message = choice.get("message") or {}
+        parts: list[StreamPart] = []
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        if reasoning:
+            parts.append(ReasoningDelta(str(reasoning)))
+        if message.get("content"):
+            parts.append(TextDelta(str(message["content"])))
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            parts.append(
+                ToolCallDone(
+                    ToolCall(
+                        id=call.get("id") or _new_call_id(),
+                        name=function.get("name") or "",
+                        arguments=_arguments_text(function.get("arguments")),
+                    )
+                )
+            )
+        if data.get("usage"):
+            parts.append(UsageUpdate(openai_usage(data["usage"])))
+        parts.append(Finish(openai_finish_reason(choice.get("finish_reason")), data.get("model")))
+        return parts
+
+
+class _StreamState:
+    """Folds chat-completion chunks into stream parts."""
+
+    def __init__(self) -> None:
+        self.finish: str | None = None
+        self.model: str | None = None
+        self.done = False
+        self._ids: dict[int, str] = {}
+
+    def feed(self, data: dict[str, Any]) -> Iterator[StreamPart]:
+        if self.model is None and data.get("model"):
+            self.model = data["model"]
+        for choice in data.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if reasoning:
+                yield ReasoningDelta(reasoning)
+            content = delta.get("content")
+            if content:
+                yield TextDelta(content)
+            for call in delta.get("tool_calls") or ():
+                yield self._call_delta(call)
+            if choice.get("finish_reason"):
+                self.finish = choice["finish_reason"]
+        usage = data.get("usage")
+        if usage:
+            yield UsageUpdate(openai_usage(usage))
+
+    def _call_delta(self, call: dict[str, Any]) -> ToolCallDelta:
+        index = int(call.get("index", 0))
+        function = call.get("function") or {}
+        call_id = call.get("id")
+        if index not in self._ids:
+            self._ids[index] = call_id = call_id or _new_call_id()
+        return ToolCallDelta(
+            index=index,
+            id=call_id or None,
+            name=function.get("name") or None,
+            arguments=_arguments_text(function.get("arguments")),
+        )
+
+
+def _arguments_text(arguments: Any) -> str:
+    if arguments is None:
+        return ""
+    if isinstance(arguments, str):
+        return arguments
+    return tool_call_arguments_json(arguments)
+
+
+def _new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _tool(spec: ToolSpec) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": spec.name, "parameters": spec.parameters}
+    if spec.description:
+        function["description"] = spec.description
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: str) -> Any:
+    if choice in ("auto", "none", "required"):
+        return choice
+    if choice == "any":
+        return "required"
+    return {"type": "function", "function": {"name": choice}}
+
+
+def image_url(image: ImagePart) -> str:
+    """The URL of an image, or a ``data:`` URL for inline data."""
+    if image.url:
+        return image.url
+    return f"data:{image.media_type or 'image/png'};base64,{image.data or ''}"
+
+
+def openai_messages(messages: Iterable[Message]) -> list[dict[str, Any]]:
+    """Neutral messages as chat-completions messages (one ``tool`` message per result)."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role == "tool":
+            out.extend(
+                _tool_message(part) for part in message.content if isinstance(part, ToolResult)
+            )
+        elif message.role == "assistant":
+            out.append(_assistant_message(message))
+        else:
+            out.append(_plain_message(message))
+    return out
+
+
+def _plain_message(message: Message) -> dict[str, Any]:
+    images = [p for p in message.content if isinstance(p, ImagePart)]
+    content: Any
+    if images:
+        content = []
+        for part in message.content:
+            if isinstance(part, TextPart):
+                content.append({"type": "text", "text": part.text})
+            elif isinstance(part, ImagePart):
+                content.append({"type": "image_url", "image_url": {"url": image_url(part)}})
+    else:
+        content = message.text
+    out: dict[str, Any] = {"role": message.role, "content": content}
+    if message.name:
+        out["name"] = message.name
+    return out
+
+
+def _assistant_message(message: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": "assistant", "content": message.text or None}
+    calls = message.tool_calls
+    if calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments or "{}"},
+            }
+            for call in calls
+        ]
+    if message.name:
+        out["name"] = message.name
+    return out
+
+
+def _tool_message(result: ToolResult) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": result.tool_call_id, "content": result.content}
