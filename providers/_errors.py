@@ -135,8 +135,12 @@ def error_for_status(
 def error_for_type(
     provider: str, kind: str | None, message: str, *, secrets: Iterable[str] = ()
 ) -> ProviderError:
-    """The typed error for an error reported inside a stream (no HTTP status)."""
-    cls = _TYPE_TO_ERROR.get(kind or "", ProviderError)
+    """The typed error for an error reported inside a stream (no HTTP status).
+
+    An error of unknown type is ``ProviderUnavailable``: the server accepted the
+    request and failed while answering.
+    """
+    cls = _TYPE_TO_ERROR.get(kind or "", ProviderUnavailable)
     label = f" {kind}" if kind else ""
     text = redact(f"{provider}: stream error{label}: {message}", secrets)
     if cls is RateLimited:

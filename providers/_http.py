@@ -19,7 +19,7 @@ import attrs
 import httpx
 
 from statekernel._messages import ModelRequest
-from statekernel._model import StreamPart
+from statekernel._model import StreamPart, UsageUpdate
 from statekernel.errors import ProviderError, ProviderUnavailable, RateLimited
 from statekernel.providers._errors import error_for_status, error_from_exception, redact
 
@@ -182,10 +182,19 @@ class HTTPProvider:
                     await self._raise_for_status(response)
                     if parse != self._parse_whole and self._check_json_fallback(response):
                         parse = self._parse_whole
+                    held: list[StreamPart] = []  # usage before any content: keeps retry safe
                     async with aclosing(parse(response, request)) as parts:
                         async for part in parts:
+                            if not started and isinstance(part, UsageUpdate):
+                                held.append(part)
+                                continue
                             started = True
+                            for early in held:
+                                yield early
+                            held.clear()
                             yield part
+                for early in held:
+                    yield early
                 return
             except httpx.HTTPError as exc:
                 error = error_from_exception(self.name, exc)

@@ -47,16 +47,19 @@ _TOP_LEVEL_OPTIONS = frozenset({"format", "keep_alive", "think", "options"})
 
 
 def ollama_host(value: str | None) -> str:
-    """``OLLAMA_HOST``-style values (``host``, ``host:port``, URLs) as a base URL."""
+    """``OLLAMA_HOST``-style values as a base URL.
+
+    A bare ``host`` or ``host:port`` is plain HTTP on port 11434 by default; a URL with a
+    scheme keeps that scheme's default port. ``0.0.0.0`` (a listen address) means this host.
+    """
     if not value:
         return DEFAULT_HOST
-    if "://" not in value:
-        value = f"http://{value}"
-    scheme, _, rest = value.partition("://")
+    bare = "://" not in value
+    scheme, _, rest = value.partition("://") if not bare else ("http", "", value)
     hostport, slash, path = rest.partition("/")
     if hostport.startswith("0.0.0.0"):
         hostport = "127.0.0.1" + hostport[len("0.0.0.0") :]
-    if ":" not in hostport.rsplit("]", 1)[-1]:
+    if bare and ":" not in hostport.rsplit("]", 1)[-1]:
         hostport += ":11434"
     return f"{scheme}://{hostport}{slash}{path}".rstrip("/")
 

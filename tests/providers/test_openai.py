@@ -62,17 +62,37 @@ TOOL_STREAM = [
     chunk({"role": "assistant", "content": None, "refusal": None}),
     chunk({"content": "Checking"}),
     chunk({"content": " both."}),
-    chunk({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
-                           "function": {"name": "get_weather", "arguments": ""}}]}),
-    chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{\"ci"}}]}),
-    chunk({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
-                           "function": {"name": "get_weather", "arguments": "{\"city\""}}]}),
-    chunk({"tool_calls": [{"index": 0, "function": {"arguments": "ty\": \"Par"}}]}),
-    chunk({"tool_calls": [{"index": 1, "function": {"arguments": ": \"Rome\"}"}}]}),
-    chunk({"tool_calls": [{"index": 0, "function": {"arguments": "is\"}"}}]}),
+    chunk(
+        {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": "call_a",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": ""},
+                }
+            ]
+        }
+    ),
+    chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"ci'}}]}),
+    chunk(
+        {
+            "tool_calls": [
+                {
+                    "index": 1,
+                    "id": "call_b",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city"'},
+                }
+            ]
+        }
+    ),
+    chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Par'}}]}),
+    chunk({"tool_calls": [{"index": 1, "function": {"arguments": ': "Rome"}'}}]}),
+    chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'is"}'}}]}),
     chunk({}, "tool_calls"),
     usage_chunk(120, 40, cached=100, reasoning=8),
-]  # fmt: skip
+]
 
 
 def request(**kw: Any) -> ModelRequest:
@@ -119,9 +139,14 @@ async def test_request_payload(wire, provider):
         Message.tool("c2", "get_weather", "boom", is_error=True),
     ]
     req = request(
-        messages=messages, tools=[WEATHER], tool_choice="get_weather",
-        max_tokens=50, temperature=0.2, stop=["END"], options={"top_p": 0.5},
-    )  # fmt: skip
+        messages=messages,
+        tools=[WEATHER],
+        tool_choice="get_weather",
+        max_tokens=50,
+        temperature=0.2,
+        stop=["END"],
+        options={"top_p": 0.5},
+    )
     await collect(provider, req)
     seen = wire.requests[0]
     assert seen.path == "/chat/completions"
@@ -206,9 +231,14 @@ async def test_reasoning_content_deltas(wire, provider):
 
 @pytest.mark.parametrize(
     ("wire_reason", "neutral"),
-    [("stop", "stop"), ("length", "length"), ("content_filter", "content_filter"),
-     ("tool_calls", "tool_calls"), ("something_new", "other")],
-)  # fmt: skip
+    [
+        ("stop", "stop"),
+        ("length", "length"),
+        ("content_filter", "content_filter"),
+        ("tool_calls", "tool_calls"),
+        ("something_new", "other"),
+    ],
+)
 async def test_finish_reasons_normalized(wire, provider, wire_reason, neutral):
     wire.sse([chunk({"content": "x"}), chunk({}, wire_reason)], done=True)
     parts = await collect(provider, request())
@@ -218,12 +248,22 @@ async def test_finish_reasons_normalized(wire, provider, wire_reason, neutral):
 async def test_invalid_tool_arguments_pass_through_as_raw_text(wire, provider):
     wire.sse(
         [
-            chunk({"tool_calls": [{"index": 0, "id": "call_x", "type": "function",
-                                   "function": {"name": "f", "arguments": "{city: Par"}}]}),
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": "call_x",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{city: Par"},
+                        }
+                    ]
+                }
+            ),
             chunk({}, "tool_calls"),
         ],
         done=True,
-    )  # fmt: skip
+    )
     result = await complete(provider, request())
     (call,) = result.tool_calls
     assert call.arguments == "{city: Par"
@@ -259,8 +299,12 @@ async def test_truncated_stream_is_unavailable_without_retry(wire, provider, sle
 
 
 async def test_error_chunk_mid_stream(wire, provider):
-    wire.sse([chunk({"content": "hi"}), {"error": {"message": "The server had an error",
-                                                    "type": "server_error"}}])  # fmt: skip
+    wire.sse(
+        [
+            chunk({"content": "hi"}),
+            {"error": {"message": "The server had an error", "type": "server_error"}},
+        ]
+    )
     with pytest.raises(ProviderUnavailable, match="The server had an error"):
         await complete(provider, request())
     assert len(wire.requests) == 1
@@ -306,19 +350,31 @@ async def test_server_answering_json_to_a_streaming_request(wire, provider):
     wire.json(
         {
             "model": MODEL,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"},
-                         "finish_reason": "stop"}],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "hello"},
+                    "finish_reason": "stop",
+                }
+            ],
         }
-    )  # fmt: skip
+    )
     result = await complete(provider, request())
     assert result.text == "hello"
 
 
 async def test_repr_and_errors_hide_the_key(wire, provider):
     assert "sk-test-1234" not in repr(provider)
-    wire.json({"error": {"message": "Incorrect API key provided: sk-test-1234.",
-                         "type": "invalid_request_error", "code": "invalid_api_key"}},
-              status=401)  # fmt: skip
+    wire.json(
+        {
+            "error": {
+                "message": "Incorrect API key provided: sk-test-1234.",
+                "type": "invalid_request_error",
+                "code": "invalid_api_key",
+            }
+        },
+        status=401,
+    )
     with pytest.raises(AuthenticationFailed) as info:
         await complete(provider, request())
     assert "sk-test-1234" not in str(info.value)

@@ -1,0 +1,255 @@
+"""One neutral request, three vendors' wire formats, one neutral result."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import pytest
+
+from statekernel._messages import Message, ModelRequest, ModelResult, ToolSpec, Usage
+from statekernel.errors import ProviderUnavailable
+from statekernel.providers import (
+    AnthropicProvider,
+    Finish,
+    ModelProvider,
+    OllamaProvider,
+    OpenAIProvider,
+    complete,
+)
+
+WEATHER = ToolSpec("get_weather", "Weather.", {"type": "object", "properties": {}})
+ARGS = {"city": "Paris", "days": 2}
+ARGS_TEXT = json.dumps(ARGS)
+
+
+def openai_wire(wire, text: str, call: bool) -> None:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+
+    events = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"content": piece}) for piece in _pieces(text)]
+    if call:
+        events.append(
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": ""},
+                        }
+                    ]
+                }
+            )
+        )
+        events += [
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
+            for piece in _pieces(ARGS_TEXT)
+        ]
+    events.append(chunk({}, "tool_calls" if call else "stop"))
+    events.append(
+        {
+            "id": "c",
+            "object": "chat.completion.chunk",
+            "model": "m",
+            "choices": [],
+            "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+        }
+    )
+    wire.sse(events, done=True)
+
+
+def anthropic_wire(wire, text: str, call: bool) -> None:
+    usage = {"input_tokens": 11, "output_tokens": 1}
+    events: list[Any] = [
+        (
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg",
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [],
+                    "model": "m",
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": usage,
+                },
+            },
+        ),
+        (
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+        ),
+        ("ping", {"type": "ping"}),
+    ]
+    events += [
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": piece},
+            },
+        )
+        for piece in _pieces(text)
+    ]
+    events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
+    if call:
+        events.append(
+            (
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": 1,
+                    "content_block": {
+                        "type": "tool_use",
+                        "id": "call_1",
+                        "name": "get_weather",
+                        "input": {},
+                    },
+                },
+            )
+        )
+        events += [
+            (
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": 1,
+                    "delta": {"type": "input_json_delta", "partial_json": piece},
+                },
+            )
+            for piece in _pieces(ARGS_TEXT)
+        ]
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": 1}))
+    events.append(
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "tool_use" if call else "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": 7},
+            },
+        )
+    )
+    events.append(("message_stop", {"type": "message_stop"}))
+    wire.sse(events)
+
+
+def ollama_wire(wire, text: str, call: bool) -> None:
+    def line(**message: Any) -> dict[str, Any]:
+        return {
+            "model": "m",
+            "created_at": "2025-01-01T00:00:00Z",
+            "message": {"role": "assistant", "content": "", **message},
+            "done": False,
+        }
+
+    lines = [line(content=piece) for piece in _pieces(text)]
+    if call:
+        lines.append(
+            line(
+                tool_calls=[
+                    {"id": "call_1", "function": {"name": "get_weather", "arguments": ARGS}}
+                ]
+            )
+        )
+    lines.append(
+        {**line(), "done": True, "done_reason": "stop", "prompt_eval_count": 11, "eval_count": 7}
+    )
+    wire.ndjson(lines)
+
+
+def _pieces(text: str, size: int = 4) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+VENDORS: dict[str, tuple[Callable[..., ModelProvider], Callable[..., None]]] = {
+    "openai": (lambda url, **kw: OpenAIProvider(base_url=url, **kw), openai_wire),
+    "anthropic": (lambda url, **kw: AnthropicProvider(base_url=url, **kw), anthropic_wire),
+    "ollama": (lambda url, **kw: OllamaProvider(host=url, **kw), ollama_wire),
+}
+
+
+@pytest.fixture(params=sorted(VENDORS))
+async def vendor(request, wire, sleeps):
+    make, script = VENDORS[request.param]
+    provider = make(wire.url, sleep=sleeps)
+    yield request.param, provider, lambda *a: script(wire, *a)
+    await provider.aclose()
+
+
+def neutral(vendor_name: str, **kw: Any) -> ModelRequest:
+    return ModelRequest(model=f"{vendor_name}/m", messages=[Message.user("Weather?")], **kw)
+
+
+def without_model(result: ModelResult) -> ModelResult:
+    return attrs.evolve(result, model=None)
+
+
+async def test_plain_answer(vendor):
+    name, provider, script = vendor
+    script("It is sunny in Paris today.", False)
+    result = await complete(provider, neutral(name))
+    assert without_model(result) == ModelResult(
+        Message.assistant("It is sunny in Paris today."), Usage(11, 7), "stop"
+    )
+
+
+async def test_tool_call(vendor):
+    name, provider, script = vendor
+    script("Checking.", True)
+    result = await complete(provider, neutral(name, tools=[WEATHER]))
+    assert result.text == "Checking."
+    assert result.finish_reason == "tool_calls"
+    assert result.usage == Usage(11, 7)
+    (call,) = result.tool_calls
+    assert (call.id, call.name, call.parsed_arguments()) == ("call_1", "get_weather", ARGS)
+
+
+async def test_stream_ends_with_exactly_one_finish(vendor):
+    name, provider, script = vendor
+    script("Hi.", False)
+    parts = [part async for part in provider.stream(neutral(name))]
+    assert [type(p) for p in parts].count(Finish) == 1
+    assert isinstance(parts[-1], Finish)
+
+
+async def test_truncated_stream_is_unavailable(vendor, wire):
+    name, provider, script = vendor
+    script("Hello there, this is long.", False)
+    wire.replies[-1].drop_after = 5  # after some text was yielded
+    with pytest.raises(ProviderUnavailable):
+        await complete(provider, neutral(name))
+    assert len(wire.requests) == 1
+
+
+async def test_truncated_before_any_content_is_retried(vendor, wire, sleeps):
+    name, provider, script = vendor
+    script("Hello.", False)
+    wire.replies[-1].drop_after = 0  # headers only: nothing reached the caller
+    script("Hello.", False)
+    result = await complete(provider, neutral(name))
+    assert result.text == "Hello."
+    assert len(wire.requests) == 2
+    assert len(sleeps.delays) == 1
+
+
+def test_providers_implement_the_protocol(vendor):
+    _, provider, _ = vendor
+    assert isinstance(provider, ModelProvider)

@@ -1,0 +1,249 @@
+"""Failures over real HTTP: each ends in the right retry count or typed error."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+import httpx
+import pytest
+
+from statekernel._messages import Message, ModelRequest
+from statekernel.errors import (
+    AuthenticationFailed,
+    BadRequest,
+    ProviderUnavailable,
+    RateLimited,
+)
+from statekernel.providers import (
+    AnthropicProvider,
+    OllamaProvider,
+    OpenAIProvider,
+    RetryPolicy,
+    complete,
+)
+from statekernel.providers._errors import retry_after_seconds
+
+OK_STREAM = [
+    {"model": "m", "choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": None}]},
+    {"model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+]
+HTML_502 = (
+    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+    b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n"
+    b"</body>\r\n</html>\r\n"
+)
+REQUEST = ModelRequest(model="openai/m", messages=[Message.user("hi")])
+
+
+@pytest.fixture
+async def provider(wire, sleeps, fast_retry):
+    p = OpenAIProvider(
+        base_url=wire.url, api_key="sk-abc", sleep=sleeps, retry=fast_retry, rng=random.Random(1)
+    )
+    yield p
+    await p.aclose()
+
+
+async def test_401_is_not_retried(wire, provider, sleeps):
+    wire.json({"error": {"message": "Invalid token", "type": "invalid_request_error"}}, 401)
+    with pytest.raises(AuthenticationFailed, match="HTTP 401 invalid_request_error: Invalid token"):
+        await complete(provider, REQUEST)
+    assert len(wire.requests) == 1
+    assert sleeps.delays == []
+
+
+async def test_400_carries_the_vendor_message(wire, provider):
+    message = "Invalid value for 'temperature': must be between 0 and 2."
+    wire.json({"error": {"message": message, "type": "invalid_request_error", "param": "t"}}, 400)
+    with pytest.raises(BadRequest) as info:
+        await complete(provider, REQUEST)
+    assert message in str(info.value)
+    assert info.value.status == 400
+    assert info.value.provider == "openai"
+    assert len(wire.requests) == 1
+
+
+async def test_429_honours_retry_after(wire, provider, sleeps):
+    wire.json(
+        {"error": {"message": "Rate limit reached", "type": "requests"}},
+        429,
+        headers={"retry-after": "7"},
+    )
+    wire.sse(OK_STREAM, done=True)
+    result = await complete(provider, REQUEST)
+    assert result.text == "fine"
+    assert sleeps.delays == [7.0]
+    assert len(wire.requests) == 2
+
+
+async def test_429_retry_after_ms_and_http_date():
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    headers = httpx.Headers({"retry-after": format_datetime(now + timedelta(seconds=30))})
+    assert retry_after_seconds(headers, clock=now.timestamp) == 30.0
+    headers = httpx.Headers({"retry-after-ms": "1500", "retry-after": "9"})
+    assert retry_after_seconds(headers, clock=now.timestamp) == 1.5
+    assert retry_after_seconds(httpx.Headers({"retry-after": "soon"}), clock=now.timestamp) is None
+
+
+async def test_429_with_a_long_retry_after_is_raised(wire, provider, sleeps):
+    wire.json({"error": {"message": "quota"}}, 429, headers={"retry-after": "3600"})
+    with pytest.raises(RateLimited) as info:
+        await complete(provider, REQUEST)
+    assert info.value.retry_after == 3600.0
+    assert sleeps.delays == []
+
+
+async def test_429_gives_up_after_max_attempts(wire, provider, sleeps):
+    for _ in range(3):
+        wire.json({"error": {"message": "slow down"}}, 429, headers={"retry-after": "1"})
+    with pytest.raises(RateLimited, match="slow down"):
+        await complete(provider, REQUEST)
+    assert len(wire.requests) == 3
+    assert sleeps.delays == [1.0, 1.0]
+
+
+async def test_html_502_is_retried_with_backoff_then_raised(wire, provider, sleeps):
+    for _ in range(3):
+        wire.reply(502, HTML_502, headers={"content-type": "text/html"})
+    with pytest.raises(ProviderUnavailable, match="HTTP 502: HTML error page: 502 Bad Gateway"):
+        await complete(provider, REQUEST)
+    assert len(wire.requests) == 3
+    first, second = sleeps.delays
+    assert 0.375 <= first <= 0.5  # 0.5 less up to 25 % jitter
+    assert 0.75 <= second <= 1.0
+
+
+async def test_non_json_error_body(wire, provider, sleeps):
+    wire.reply(500, b"upstream exploded", headers={"content-type": "text/plain"})
+    wire.sse(OK_STREAM, done=True)
+    assert (await complete(provider, REQUEST)).text == "fine"
+    assert len(sleeps.delays) == 1
+    wire.reply(418, b"I'm a teapot", headers={"content-type": "text/plain"})
+    with pytest.raises(BadRequest, match="HTTP 418: I'm a teapot"):
+        await complete(provider, REQUEST)
+
+
+async def test_connection_dropped_mid_stream_is_not_retried(wire, provider, sleeps):
+    wire.sse([*OK_STREAM[:1], *OK_STREAM[:1], *OK_STREAM[1:]], done=True, drop_after=2)
+    parts: list = []
+    with pytest.raises(ProviderUnavailable, match="already started"):
+        await drain(provider.stream(REQUEST), parts)
+    assert len(parts) == 2
+    assert len(wire.requests) == 1
+    assert sleeps.delays == []
+
+
+async def test_connection_dropped_before_any_output_is_retried(wire, provider, sleeps):
+    wire.sse(OK_STREAM, done=True, drop_after=0)
+    wire.sse(OK_STREAM, done=True)
+    assert (await complete(provider, REQUEST)).text == "fine"
+    assert len(wire.requests) == 2
+    assert len(sleeps.delays) == 1
+
+
+async def test_connection_refused(sleeps):
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    provider = OpenAIProvider(
+        base_url=f"http://127.0.0.1:{port}", sleep=sleeps, retry=RetryPolicy(max_attempts=2)
+    )
+    with pytest.raises(ProviderUnavailable, match="ConnectError"):
+        await complete(provider, REQUEST)
+    assert len(sleeps.delays) == 1
+    await provider.aclose()
+
+
+async def test_read_timeout_between_chunks(wire, sleeps):
+    provider = OpenAIProvider(
+        base_url=wire.url,
+        sleep=sleeps,
+        timeout=httpx.Timeout(1.0, read=0.2),
+        retry=RetryPolicy(max_attempts=1),
+    )
+    wire.sse(OK_STREAM, done=True, delay=1.0)
+    with pytest.raises(ProviderUnavailable, match="timed out"):
+        await complete(provider, REQUEST)
+    await provider.aclose()
+
+
+async def test_cancellation_closes_the_stream(wire, provider):
+    wire.sse([OK_STREAM[0]] * 50, done=True, delay=0.05)
+    first = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in provider.stream(REQUEST):
+            first.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(first.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(wire.disconnected.wait(), 5)
+
+
+async def test_breaking_out_early_closes_the_stream(wire, provider):
+    wire.sse([OK_STREAM[0]] * 50, done=True, delay=0.05)
+    stream = provider.stream(REQUEST)
+    async for _ in stream:
+        break
+    await stream.aclose()  # type: ignore[attr-defined]
+    await asyncio.wait_for(wire.disconnected.wait(), 5)
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [
+        (401, AuthenticationFailed),
+        (403, AuthenticationFailed),
+        (400, BadRequest),
+        (404, BadRequest),
+        (422, BadRequest),
+        (429, RateLimited),
+        (500, ProviderUnavailable),
+        (503, ProviderUnavailable),
+        (529, ProviderUnavailable),
+    ],
+)
+@pytest.mark.parametrize("vendor", ["openai", "anthropic", "ollama"])
+async def test_status_mapping_for_every_provider(wire, sleeps, vendor, status, error):
+    retry = RetryPolicy(max_attempts=1)
+    provider = {
+        "openai": lambda: OpenAIProvider(base_url=wire.url, sleep=sleeps, retry=retry),
+        "anthropic": lambda: AnthropicProvider(base_url=wire.url, sleep=sleeps, retry=retry),
+        "ollama": lambda: OllamaProvider(host=wire.url, sleep=sleeps, retry=retry),
+    }[vendor]()
+    wire.json({"type": "error", "error": {"type": "x", "message": "vendor says no"}}, status)
+    with pytest.raises(error, match="vendor says no") as info:
+        await complete(provider, ModelRequest(model=f"{vendor}/m", messages=[Message.user("x")]))
+    assert info.value.status == status
+    assert info.value.provider == vendor
+    await provider.aclose()
+
+
+async def test_injected_client_is_shared_and_left_open(wire):
+    async with httpx.AsyncClient() as client:
+        provider = OpenAIProvider(base_url=wire.url, client=client)
+        wire.sse(OK_STREAM, done=True)
+        await complete(provider, REQUEST)
+        await provider.aclose()
+        assert not client.is_closed
+
+
+def test_retry_policy_backoff_is_bounded():
+    policy = RetryPolicy(max_attempts=10, initial_delay=1.0, max_delay=8.0, jitter=0.0)
+    error = ProviderUnavailable("x")
+    rng = random.Random(0)
+    assert [policy.delay(n, error, rng) for n in range(1, 7)] == [1, 2, 4, 8, 8, 8]
+    assert policy.delay(10, error, rng) is None
+    assert policy.delay(1, BadRequest("x"), rng) is None
+
+
+async def drain(stream, parts: list) -> None:
+    async for part in stream:
+        parts.append(part)
