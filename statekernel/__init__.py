@@ -39,9 +39,6 @@ from statekernel.errors import (
 )
 
 __all__ = [
-    "LIVE_EVENTS",
-    "PERSISTED_EVENTS",
-    "STATE_IDS",
     "ConflictError",
     "ContentPart",
     "Continue",
@@ -55,12 +52,14 @@ __all__ = [
     "ImagePart",
     "InvalidTransition",
     "Kernel",
+    "LIVE_EVENTS",
     "Lifecycle",
     "Message",
     "Middleware",
     "ModelCall",
     "ModelRequest",
     "ModelResult",
+    "PERSISTED_EVENTS",
     "Pause",
     "PauseInfo",
     "ProviderError",
@@ -69,6 +68,7 @@ __all__ = [
     "Run",
     "RunLifecycle",
     "RunNotFound",
+    "STATE_IDS",
     "Skip",
     "StateId",
     "StatekernelError",

@@ -93,7 +93,7 @@ class RunDriver:
         previous = self.lc.run
         run, events = self.lc.apply(event, **payload)
         try:
-            await self.kernel.store.commit(Checkpoint.between(previous, run, events))
+            await self.kernel.store.commit(Checkpoint.appended(previous, run, events))
         except BaseException:
             self.lc.reset(previous)
             raise

@@ -26,23 +26,23 @@ __all__ = ["EVENTS", "Lifecycle", "RunLifecycle"]
 class _Cell:
     """The machine's mutable model around an immutable ``Run``.
 
-    ``state`` reads and evolves ``Run.state``; transition actions stage the next
-    run in ``run`` and their events in ``events``.
+    ``state`` is the machine's view of ``Run.state``: the chart sets it when it
+    enters a state, and ``Lifecycle.apply`` folds it into the next run together
+    with the revision (one ``evolve`` per transition). Transition actions stage the
+    next run in ``run`` and their events in ``events``.
     """
 
-    __slots__ = ("events", "run")
+    __slots__ = ("events", "run", "state")
 
     def __init__(self, run: Run) -> None:
         self.run = run
+        self.state: str = run.state
         self.events: list[tuple[str, dict[str, Any]]] = []
 
-    @property
-    def state(self) -> str:
-        return self.run.state
-
-    @state.setter
-    def state(self, value: StateId) -> None:
-        self.run = attrs.evolve(self.run, state=value)
+    def reset(self, run: Run) -> None:
+        self.run = run
+        self.state = run.state
+        self.events = []
 
 
 class RunLifecycle(StateChart[_Cell]):
@@ -210,7 +210,7 @@ class Lifecycle:
     def reset(self, run: Run) -> None:
         """Point the machine at ``run`` (a reload, or undoing a transition whose commit failed)."""
         _check_state(run)
-        self._cell.run = run
+        self._cell.reset(run)
 
     def allowed_events(self) -> list[str]:
         """Events the chart accepts from the current state (guards not evaluated)."""
@@ -230,10 +230,10 @@ class Lifecycle:
         try:
             self._machine.send(event, at=at, **payload)
         except TransitionNotAllowed as exc:
-            self._cell.run = before
+            self._cell.reset(before)
             raise InvalidTransition(event, before.state) from exc
         except (ValueError, TypeError, AttributeError) as exc:
-            self._cell.run = before
+            self._cell.reset(before)
             raise InvalidTransition(event, before.state, str(exc)) from exc
         staged, self._cell.events = self._cell.events, []
         revision = before.revision + 1
@@ -243,7 +243,11 @@ class Lifecycle:
             for i, (kind, data) in enumerate(staged)
         )
         run = attrs.evolve(
-            self._cell.run, revision=revision, updated_at=at, event_count=seq + len(events)
+            self._cell.run,
+            state=self._cell.state,
+            revision=revision,
+            updated_at=at,
+            event_count=seq + len(events),
         )
         self._cell.run = run
         return run, events

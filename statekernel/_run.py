@@ -10,11 +10,11 @@ import attrs
 from statekernel._messages import JSON, Message, ModelRequest, ModelResult, Usage
 
 __all__ = [
-    "SCHEMA_VERSION",
-    "STATE_IDS",
     "FailureInfo",
     "PauseInfo",
     "Run",
+    "SCHEMA_VERSION",
+    "STATE_IDS",
     "StateId",
     "ToolCallRecord",
     "Turn",

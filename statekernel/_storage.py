@@ -42,6 +42,22 @@ class Checkpoint:
         return self.run.revision - 1
 
     @classmethod
+    def appended(
+        cls, previous: Run, run: Run, events: Sequence[Event] = ()
+    ) -> Checkpoint:
+        """The checkpoint from ``previous`` to ``run`` when ``run`` only appended.
+
+        Lifecycle transitions never rewrite the transcript or completed turns, so
+        the kernel uses this O(1) form; ``between`` checks instead of assuming.
+        """
+        return cls(
+            run,
+            tuple(events),
+            new_messages=len(run.messages) - len(previous.messages),
+            new_turns=len(run.turns) - len(previous.turns),
+        )
+
+    @classmethod
     def between(cls, previous: Run | None, run: Run, events: Sequence[Event] = ()) -> Checkpoint:
         """The checkpoint that moves a store from ``previous`` to ``run``.
 

@@ -115,12 +115,15 @@ def _build(
     context_param = None
     for pname, param in inspect.signature(fn).parameters.items():
         hint = hints.get(pname, Any)
-        if hint is ToolContext:
+        if ToolContext in (hint, *typing.get_args(hint)):
             context_param = pname
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ConfigError(f"tool {fn.__name__}: *args/**kwargs cannot be described to a model")
-        schema = schema_for(hint)
+        try:
+            schema = schema_for(hint)
+        except TypeError as exc:
+            raise ConfigError(f"tool {fn.__name__}, parameter {pname!r}: {exc}") from exc
         if pname in docs:
             schema = {**schema, "description": docs[pname]}
         properties[pname] = schema

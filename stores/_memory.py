@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime
 
 import attrs
 
 from statekernel._events import Event
-from statekernel._run import Run, StateId
+from statekernel._messages import Message
+from statekernel._run import Run, StateId, Turn
 from statekernel._storage import Checkpoint, RunPage
 from statekernel.errors import ConflictError, RunNotFound
 from statekernel.stores._listing import page_of, summary_of
@@ -17,15 +17,28 @@ __all__ = ["MemoryStore"]
 
 
 @attrs.define
+class _Head:
+    run: Run  # without messages and turns
+    message_start: int
+    message_count: int
+    turn_count: int
+
+
+@attrs.define
 class _Entry:
-    heads: list[Run]
+    heads: list[_Head]
+    messages: list[Message]
+    turns: list[Turn]
     events: list[Event]
 
 
 class MemoryStore:
-    """Keeps every revision of every run in memory (records are immutable and shared).
+    """Keeps every revision of every run in memory, laid out like the durable stores.
 
-    Stores opened with the same ``memory://NAME`` URL in one process share their data.
+    Heads are kept per revision without their transcript; messages and completed
+    turns live once in append-only lists the heads point into, so memory grows
+    with the change, not with the number of revisions times the transcript.
+    Stores opened with the same ``memory://NAME`` URL in one process share data.
     """
 
     _named: dict[str, dict[str, _Entry]] = {}  # noqa: RUF012
@@ -33,7 +46,6 @@ class MemoryStore:
     def __init__(self, name: str = "") -> None:
         self.url = f"memory://{name}"
         self._runs: dict[str, _Entry] = self._named.setdefault(name, {}) if name else {}
-        self._lock = asyncio.Lock()
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision``."""
@@ -41,21 +53,40 @@ class MemoryStore:
         if entry is None:
             raise RunNotFound(run_id)
         if revision is None:
-            return entry.heads[-1]
-        if not 0 <= revision < len(entry.heads):
+            head = entry.heads[-1]
+        elif 0 <= revision < len(entry.heads):
+            head = entry.heads[revision]
+        else:
             raise RunNotFound(run_id, f"no revision {revision}")
-        return entry.heads[revision]
+        start = head.message_start
+        return attrs.evolve(
+            head.run,
+            messages=tuple(entry.messages[start : start + head.message_count]),
+            turns=tuple(entry.turns[: head.turn_count]),
+        )
 
     async def commit(self, checkpoint: Checkpoint) -> None:
-        """Append the new head and events if the head is the expected revision."""
+        """Append the new head, parts and events if the head is the expected revision."""
         run = checkpoint.run
         entry = self._runs.get(run.run_id)
-        actual = None if entry is None else entry.heads[-1].revision
-        if actual != (checkpoint.expected_revision if checkpoint.run.revision > 0 else None):
+        actual = None if entry is None else entry.heads[-1].run.revision
+        expected = checkpoint.expected_revision if run.revision > 0 else None
+        if actual != expected or (entry is None and run.revision != 0):
             raise ConflictError(run.run_id, checkpoint.expected_revision, actual)
         if entry is None:
-            entry = self._runs[run.run_id] = _Entry([], [])
-        entry.heads.append(run)
+            entry = self._runs[run.run_id] = _Entry([], [], [], [])
+            start = 0
+        else:
+            start = entry.heads[-1].message_start
+        if checkpoint.transcript_replaced:
+            start = len(entry.messages)
+            entry.messages.extend(run.messages)
+        elif checkpoint.new_messages:
+            entry.messages.extend(run.messages[len(run.messages) - checkpoint.new_messages :])
+        if checkpoint.new_turns:
+            entry.turns.extend(run.turns[len(run.turns) - checkpoint.new_turns :])
+        bare = attrs.evolve(run, messages=(), turns=())
+        entry.heads.append(_Head(bare, start, len(run.messages), len(run.turns)))
         entry.events.extend(checkpoint.events)
 
     async def events(
@@ -77,9 +108,13 @@ class MemoryStore:
         cursor: str | None = None,
     ) -> RunPage:
         """Runs, newest update first."""
-        heads = [e.heads[-1] for e in self._runs.values()]
-        summaries = [summary_of(r) for r in heads]
-        return page_of(summaries, state=state, updated_after=updated_after, limit=limit, cursor=cursor)
+        summaries = [
+            attrs.evolve(summary_of(h.run), turns=h.turn_count + (h.run.current_turn is not None))
+            for h in (e.heads[-1] for e in self._runs.values())
+        ]
+        return page_of(
+            summaries, state=state, updated_after=updated_after, limit=limit, cursor=cursor
+        )
 
     async def delete(self, run_id: str) -> bool:
         """Forget a run entirely."""

@@ -1,0 +1,65 @@
+"""Kernel overhead per turn and per transition on the memory store.
+
+Each turn: the scripted model returns one tool call with ~200 bytes of arguments,
+the tool returns ~1 KB, the last turn returns text. Prints medians over repeats.
+Run: ``python bench/kernel_overhead.py [--repeats 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import statistics
+import time
+
+import statekernel as sk
+from statekernel.testing import ScriptedProvider, call
+
+ARGUMENT = "x" * 180
+OUTPUT = "y" * 1024
+
+
+@sk.tool
+def work(payload: str) -> str:
+    """Do some work and return about 1 KB."""
+    return OUTPUT
+
+
+def script(turns: int) -> list[object]:
+    items: list[object] = [call("work", {"payload": ARGUMENT}) for _ in range(turns - 1)]
+    return [*items, "done"]
+
+
+async def one_run(turns: int) -> tuple[float, int]:
+    provider = ScriptedProvider(script(turns))
+    kernel = sk.Kernel("memory://", tools=[work], providers={"scripted": provider}, max_turns=None)
+    run = await kernel.start(model="scripted/bench", messages=["go"])
+    gc.collect()
+    began = time.perf_counter()
+    async for _ in kernel.run(run.run_id):
+        pass
+    elapsed = time.perf_counter() - began
+    final = await kernel.get(run.run_id)
+    assert final.state == "completed" and len(final.turns) == turns
+    return elapsed, final.revision
+
+
+async def main(repeats: int) -> None:
+    print(f"{'turns':>6} {'us/turn':>10} {'us/transition':>14} {'transitions':>12}")
+    per_turn_by_n: dict[int, float] = {}
+    for turns in (10, 100, 1000):
+        samples = [await one_run(turns) for _ in range(repeats)]
+        transitions = samples[0][1]
+        per_turn = statistics.median(s / turns for s, _ in samples) * 1e6
+        per_transition = statistics.median(s / transitions for s, _ in samples) * 1e6
+        per_turn_by_n[turns] = per_turn
+        print(f"{turns:>6} {per_turn:>10.0f} {per_transition:>14.0f} {transitions:>12}")
+    flat = per_turn_by_n[1000] / per_turn_by_n[10]
+    print(f"per-turn cost at N=1000 / N=10: {flat:.2f} (1.0 = flat in N); target <= 1000 us/turn")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=5)
+    asyncio.run(main(parser.parse_args().repeats))

@@ -1,0 +1,177 @@
+"""Cancellation and resume: nothing half-committed, no `failed`, resumable from the last commit."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import statekernel as sk
+from statekernel.testing import Reply, call
+
+from .conftest import MakeKernel, RecordingStore, drain, start
+
+EFFECTS: list[tuple[str, str]] = []
+GATE: dict[str, asyncio.Event] = {}
+
+
+def setup_function() -> None:
+    EFFECTS.clear()
+    GATE.clear()
+
+
+@sk.tool
+async def charge(amount: int, ctx: sk.ToolContext) -> str:
+    """Charge a card (not idempotent)."""
+    EFFECTS.append(("charge", ctx.idempotency_key))
+    await GATE.setdefault("tool", asyncio.Event()).wait()
+    return f"charged {amount}"
+
+
+@sk.tool(idempotent=True)
+async def lookup(key: str, ctx: sk.ToolContext) -> str:
+    """Look something up (idempotent)."""
+    EFFECTS.append(("lookup", ctx.idempotency_key))
+    await GATE.setdefault("tool", asyncio.Event()).wait()
+    return f"value of {key}"
+
+
+async def run_until(kernel: sk.Kernel, run_id: str, event_type: str) -> list[sk.Event]:
+    """Iterate until ``event_type`` is yielded, then close the generator."""
+    seen = []
+    gen = kernel.run(run_id)
+    async for event in gen:
+        seen.append(event)
+        if event.type == event_type:
+            break
+    await gen.aclose()
+    return seen
+
+
+async def cancel_when(kernel: sk.Kernel, run_id: str, ready: Any) -> None:
+    task = asyncio.create_task(drain(kernel, run_id))
+    while not ready():
+        await asyncio.sleep(0.001)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def no_failed(store: RecordingStore, run_id: str) -> None:
+    assert "failed" not in store.states(run_id)
+
+
+async def test_cancel_during_the_model_call(make_kernel: MakeKernel) -> None:
+    kernel, store, provider = make_kernel([Reply(text="slow answer", delay=30)])
+    run = await start(kernel)
+    await cancel_when(kernel, run.run_id, lambda: provider.requests)
+    head = await kernel.get(run.run_id)
+    assert head.state == "calling_model"
+    assert head == store.checkpoints[-1].run  # the last commit is intact
+    no_failed(store, run.run_id)
+    kernel2 = sk.Kernel(store, providers={"scripted": sk.testing.ScriptedProvider(["fast"])})
+    events = await drain(kernel2, run.run_id)
+    kinds = [e.type for e in events if e.persisted]
+    assert kinds[0] == "model_restarted"
+    assert (await kernel2.get(run.run_id)).messages[-1].text == "fast"
+
+
+async def test_closing_the_generator_stops_cleanly(make_kernel: MakeKernel) -> None:
+    kernel, store, _ = make_kernel([Reply(text="abcdef", chunk=1)])
+    run = await start(kernel)
+    seen = await run_until(kernel, run.run_id, "text_delta")
+    head = await kernel.get(run.run_id)
+    assert head.revision == seen[-2].revision  # model_started is the last commit
+    assert head.state == "calling_model"
+    no_failed(store, run.run_id)
+    await drain(kernel, run.run_id)
+    assert (await kernel.get(run.run_id)).state == "completed"
+
+
+async def test_cancel_during_a_non_idempotent_tool_pauses_until_resolved(
+    make_kernel: MakeKernel,
+) -> None:
+    kernel, store, _ = make_kernel([call("charge", {"amount": 5}), "paid"], tools=[charge])
+    run = await start(kernel)
+    await cancel_when(kernel, run.run_id, lambda: EFFECTS)
+    head = await kernel.get(run.run_id)
+    assert head.state == "dispatching_tools"
+    assert head.current_turn is not None
+    assert [r.id for r in head.current_turn.in_flight] == ["call_0_0"]
+    no_failed(store, run.run_id)
+
+    GATE["tool"].set()
+    events = await drain(kernel, run.run_id)
+    assert [e.type for e in events] == ["run_paused"]
+    paused = await kernel.get(run.run_id)
+    assert paused.pause is not None
+    assert paused.pause.reason == "uncertain_tool_calls"
+    assert paused.pause.metadata["calls"] == [
+        {"id": "call_0_0", "name": "charge", "input": {"amount": 5}, "attempt": 1}
+    ]
+    assert len(EFFECTS) == 1  # never re-run on its own
+
+    with pytest.raises(sk.errors.InvalidArgument):
+        await kernel.resolve_tool_call(run.run_id, "call_0_0")
+    await kernel.resolve_tool_call(run.run_id, "call_0_0", output="charged 5 (confirmed)")
+    await drain(kernel, run.run_id)
+    final = await kernel.get(run.run_id)
+    assert final.state == "completed"
+    assert final.turns[0].completed[0].output == "charged 5 (confirmed)"
+    assert len(EFFECTS) == 1
+
+
+async def test_resolve_with_rerun_runs_the_call_again(make_kernel: MakeKernel) -> None:
+    kernel, _, _ = make_kernel([call("charge", {"amount": 5}), "paid"], tools=[charge])
+    run = await start(kernel)
+    await cancel_when(kernel, run.run_id, lambda: EFFECTS)
+    GATE["tool"].set()
+    await drain(kernel, run.run_id)
+    await kernel.resolve_tool_call(run.run_id, "call_0_0", rerun=True)
+    await drain(kernel, run.run_id)
+    final = await kernel.get(run.run_id)
+    assert final.state == "completed"
+    assert final.turns[0].completed[0].attempt == 2
+    assert EFFECTS == [("charge", f"{run.run_id}:call_0_0")] * 2
+
+
+async def test_in_flight_idempotent_tools_rerun_with_the_same_key(make_kernel: MakeKernel) -> None:
+    kernel, store, _ = make_kernel([call("lookup", {"key": "k"}), "found"], tools=[lookup])
+    run = await start(kernel)
+    await cancel_when(kernel, run.run_id, lambda: EFFECTS)
+    no_failed(store, run.run_id)
+    GATE["tool"].set()
+    await drain(kernel, run.run_id)
+    final = await kernel.get(run.run_id)
+    assert final.state == "completed"
+    assert EFFECTS == [("lookup", f"{run.run_id}:call_0_0")] * 2
+    assert final.turns[0].completed[0].attempt == 2
+
+
+async def test_resolve_needs_an_uncertain_call(make_kernel: MakeKernel) -> None:
+    kernel, _, _ = make_kernel(["x"])
+    run = await start(kernel)
+    with pytest.raises(sk.InvalidTransition):
+        await kernel.resolve_tool_call(run.run_id, "c", output=1)
+
+
+async def test_partial_resolution_waits_for_every_uncertain_call(make_kernel: MakeKernel) -> None:
+    calls = [call("charge", {"amount": 1}), call("charge", {"amount": 2})]
+    kernel, _, _ = make_kernel([calls, "ok"], tools=[charge])
+    run = await start(kernel)
+    await cancel_when(kernel, run.run_id, lambda: len(EFFECTS) == 2)
+    GATE["tool"].set()
+    await drain(kernel, run.run_id)
+    paused = await kernel.get(run.run_id)
+    assert [c["id"] for c in paused.pause.metadata["calls"]] == ["call_0_0", "call_0_1"]  # type: ignore[union-attr]
+    still = await kernel.resolve_tool_call(run.run_id, "call_0_0", error="card declined")
+    assert still.state == "paused"
+    done = await kernel.resolve_tool_call(run.run_id, "call_0_1", output="ok")
+    assert done.state == "dispatching_tools"
+    await drain(kernel, run.run_id)
+    final = await kernel.get(run.run_id)
+    by_id = {r.id: r for r in final.turns[0].completed}
+    assert by_id["call_0_0"].error == "card declined"
+    assert by_id["call_0_1"].output == "ok"
+    assert len(EFFECTS) == 2

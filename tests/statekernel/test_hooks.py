@@ -1,0 +1,208 @@
+"""Each hook and each decision it can return."""
+
+from __future__ import annotations
+
+import attrs
+
+import statekernel as sk
+from statekernel.testing import call
+
+from .conftest import MakeKernel, drain, start
+
+CALLS: list[dict[str, object]] = []
+
+
+@sk.tool
+def record(item: str) -> str:
+    """Record an item (a side effect the tests can see)."""
+    CALLS.append({"item": item})
+    return f"recorded {item}"
+
+
+def setup_function() -> None:
+    CALLS.clear()
+
+
+class Deciding(sk.Hooks):
+    def __init__(self, decision: sk.Decision | None) -> None:
+        self.decision = decision
+
+    def on_tool_call_started(self, run: sk.Run, call: sk.ToolCallRecord) -> sk.Decision | None:
+        return self.decision
+
+
+async def run_with(make_kernel: MakeKernel, hooks: object, script: list[object]) -> sk.Run:
+    kernel, _, _ = make_kernel(script, tools=[record], hooks=hooks)
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    return await kernel.get(run.run_id)
+
+
+def tool_results(run: sk.Run) -> list[tuple[str, bool]]:
+    return [
+        (p.content, p.is_error)
+        for m in run.messages
+        if m.role == "tool"
+        for p in m.content
+        if isinstance(p, sk.ToolResult)
+    ]
+
+
+async def test_continue_runs_the_tool(make_kernel: MakeKernel) -> None:
+    run = await run_with(make_kernel, Deciding(sk.Continue()), [call("record", {"item": "a"}), "ok"])
+    assert CALLS == [{"item": "a"}]
+    assert tool_results(run) == [("recorded a", False)]
+    assert run.state == "completed"
+
+
+async def test_rewrite_changes_the_input(make_kernel: MakeKernel) -> None:
+    hooks = Deciding(sk.Rewrite({"item": "safe"}))
+    run = await run_with(make_kernel, hooks, [call("record", {"item": "rm -rf"}), "ok"])
+    assert CALLS == [{"item": "safe"}]
+    turn = run.turns[0]
+    assert turn.completed[0].input == {"item": "safe"}
+    assert turn.completed[0].arguments == '{"item": "rm -rf"}'
+
+
+async def test_skip_records_a_result_without_running(make_kernel: MakeKernel) -> None:
+    run = await run_with(make_kernel, Deciding(sk.Skip({"cached": 1})), [call("record", {"item": "a"}), "ok"])
+    assert CALLS == []
+    assert tool_results(run) == [('{"cached":1}', False)]
+    assert run.turns[0].completed[0].attempt == 0  # never started
+    skipped = await run_with(
+        make_kernel, Deciding(sk.Skip(error="denied")), [call("record", {"item": "a"}), "ok"]
+    )
+    assert tool_results(skipped) == [("denied", True)]
+
+
+async def test_pause_decision_pauses_before_the_side_effect(make_kernel: MakeKernel) -> None:
+    run = await run_with(make_kernel, Deciding(sk.Pause("approve?", {"risk": "high"})), [call("record", {"item": "a"}), "ok"])
+    assert CALLS == []
+    assert run.state == "paused"
+    assert run.pause == sk.PauseInfo("approve?", "dispatching_tools", {"risk": "high"})
+
+
+async def test_finish_completes_without_running_remaining_calls(make_kernel: MakeKernel) -> None:
+    script = [[call("record", {"item": "a"}), call("record", {"item": "b"})], "never"]
+    run = await run_with(make_kernel, Deciding(sk.Finish("enough")), script)
+    assert CALLS == []
+    assert run.state == "completed"
+    assert [e for e, _ in tool_results(run)] == ["not run: the run finished (enough)"] * 2
+    assert len(run.turns) == 1
+
+
+async def test_turn_prepared_hook_sets_the_exact_request(make_kernel: MakeKernel) -> None:
+    class System(sk.Hooks):
+        def on_turn_prepared(self, run: sk.Run, request: sk.ModelRequest) -> sk.ModelRequest:
+            msgs = (sk.Message.system("be brief"), *request.messages)
+            return attrs.evolve(request, messages=msgs, max_tokens=50)
+
+    kernel, _, provider = make_kernel(["ok"], hooks=System())
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    sent = provider.requests[0]
+    assert sent.messages[0] == sk.Message.system("be brief")
+    assert sent.max_tokens == 50
+    stored = await kernel.get(run.run_id)
+    assert stored.turns[0].request == sent
+
+
+async def test_model_completed_hook_can_replace_the_result(make_kernel: MakeKernel) -> None:
+    class Redact(sk.Hooks):
+        async def on_model_completed(self, run: sk.Run, result: sk.ModelResult) -> sk.ModelResult:
+            return attrs.evolve(result, message=sk.Message.assistant("[redacted]"))
+
+    kernel, _, _ = make_kernel(["secret"], hooks=Redact())
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    assert (await kernel.get(run.run_id)).messages[-1].text == "[redacted]"
+
+
+async def test_turn_completed_decisions(make_kernel: MakeKernel) -> None:
+    class AfterTurn(sk.Hooks):
+        def __init__(self, decision: sk.Decision | None) -> None:
+            self.decision = decision
+            self.turns: list[int] = []
+
+        def on_turn_completed(self, run: sk.Run, turn: sk.Turn) -> sk.Decision | None:
+            self.turns.append(turn.index)
+            decision, self.decision = self.decision, None
+            return decision
+
+    script = [call("record", {"item": "a"}), "text", "more"]
+    hooks = AfterTurn(sk.Finish("stop early"))
+    run = await run_with(make_kernel, hooks, script)
+    assert run.state == "completed"
+    assert len(run.turns) == 1
+
+    hooks = AfterTurn(sk.Pause("review"))
+    kernel, _, _ = make_kernel(script, tools=[record], hooks=hooks)
+    started = await start(kernel)
+    await drain(kernel, started.run_id)
+    paused = await kernel.get(started.run_id)
+    assert paused.state == "paused"
+    assert paused.pause == sk.PauseInfo("review", "preparing_turn", {})
+    assert len(paused.turns) == 1
+    await kernel.resume(started.run_id)
+    await drain(kernel, started.run_id)
+    assert (await kernel.get(started.run_id)).state == "completed"
+
+    # Continue after a text-only turn takes another turn
+    hooks = AfterTurn(None)
+    kernel, _, _ = make_kernel(["first", "second"], hooks=hooks)
+    hooks.decision = sk.Continue()
+    started = await start(kernel)
+    await drain(kernel, started.run_id)
+    final = await kernel.get(started.run_id)
+    assert [m.text for m in final.messages] == ["hi", "first", "second"]
+    assert hooks.turns == [0, 1]
+
+
+async def test_tool_call_completed_hook_sees_the_output(make_kernel: MakeKernel) -> None:
+    seen: list[tuple[str, object]] = []
+
+    class Observe(sk.Hooks):
+        def on_tool_call_completed(self, run: sk.Run, call: sk.ToolCallRecord) -> None:
+            seen.append((call.id, call.output))
+
+    await run_with(make_kernel, Observe(), [call("record", {"item": "z"}), "ok"])
+    assert seen == [("call_0_0", "recorded z")]
+
+
+async def test_a_raising_hook_fails_the_run_and_retry_completes(make_kernel: MakeKernel) -> None:
+    class Flaky(sk.Hooks):
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def on_tool_call_started(self, run: sk.Run, call: sk.ToolCallRecord) -> None:
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("policy service down")
+
+    kernel, _, _ = make_kernel([call("record", {"item": "a"}), "ok"], tools=[record], hooks=Flaky())
+    run = await start(kernel)
+    events = await drain(kernel, run.run_id)
+    assert events[-1].type == "run_failed"
+    failed = await kernel.get(run.run_id)
+    assert failed.state == "failed"
+    assert failed.failure == sk.FailureInfo("RuntimeError", "policy service down", "dispatching_tools")
+    assert CALLS == []
+    await kernel.retry(run.run_id)
+    await drain(kernel, run.run_id)
+    final = await kernel.get(run.run_id)
+    assert final.state == "completed"
+    assert CALLS == [{"item": "a"}]
+
+
+async def test_a_raising_prepare_hook_fails_in_preparing_turn(make_kernel: MakeKernel) -> None:
+    class Broken(sk.Hooks):
+        def on_turn_prepared(self, run: sk.Run, request: sk.ModelRequest) -> None:
+            raise KeyError("memory")
+
+    kernel, _, _ = make_kernel(["ok"], hooks=Broken())
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    failed = await kernel.get(run.run_id)
+    assert failed.failure is not None
+    assert failed.failure.failed_in == "preparing_turn"
+    assert failed.failure.error == "KeyError"

@@ -1,0 +1,254 @@
+"""The kernel loop: commits, persisted events, pause/resume, input, max_turns, fork."""
+
+from __future__ import annotations
+
+import pytest
+
+import statekernel as sk
+from statekernel.errors import ConflictError, InvalidArgument, InvalidTransition, RunNotFound
+from statekernel.testing import Fail, Reply, call
+
+from .conftest import MakeKernel, drain, start
+
+
+@sk.tool
+def echo(text: str) -> str:
+    """Echo the text back.
+
+    Args:
+        text: What to echo.
+    """
+    return f"echo: {text}"
+
+
+DECLARED_PAIRS = {
+    (t.source.value, t.target.value) for s in sk.RunLifecycle.states for t in s.transitions
+}
+
+
+async def test_one_tool_turn_persists_exactly_the_documented_events(make_kernel: MakeKernel) -> None:
+    kernel, store, _ = make_kernel([call("echo", {"text": "a"}), "done"], tools=[echo])
+    run = await start(kernel)
+    events = await drain(kernel, run.run_id)
+    persisted = [e.type for e in events if e.persisted]
+    assert persisted == [
+        "run_started",
+        "turn_started",
+        "turn_prepared",
+        "model_started",
+        "model_completed",
+        "tool_call_started",
+        "tool_call_completed",
+        "tools_completed",
+        "turn_completed",
+        "turn_started",
+        "turn_prepared",
+        "model_started",
+        "model_completed",
+        "turn_completed",
+        "run_completed",
+    ]
+    stored = await store.events(run.run_id)
+    assert [e.type for e in stored] == persisted
+    assert [e.seq for e in stored] == list(range(len(stored)))
+    final = await kernel.get(run.run_id)
+    assert final.state == "completed"
+    assert final.messages[-1].text == "done"
+    tool_msg = final.messages[2]
+    assert tool_msg.role == "tool"
+    assert tool_msg.content[0].content == "echo: a"  # type: ignore[union-attr]
+
+
+async def test_every_commit_is_one_declared_transition(make_kernel: MakeKernel) -> None:
+    script = [[call("echo", {"text": "a"}), call("echo", {"text": "b"})], "ok"]
+    kernel, store, _ = make_kernel(script, tools=[echo])
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    cps = [c for c in store.checkpoints if c.run.run_id == run.run_id]
+    assert [c.run.revision for c in cps] == list(range(len(cps)))
+    assert all(c.run.state in sk.STATE_IDS for c in cps)
+    for before, after in zip(cps, cps[1:], strict=False):
+        assert (before.run.state, after.run.state) in DECLARED_PAIRS
+        assert all(e.revision == after.run.revision for e in after.events)
+        assert after.run.event_count == before.run.event_count + len(after.events)
+    # the transcript is appended, never rewritten, and only new parts are sent
+    assert not any(c.transcript_replaced for c in cps[1:])
+    assert sum(c.new_messages for c in cps) == len(cps[-1].run.messages)
+    assert sum(c.new_turns for c in cps) == len(cps[-1].run.turns) == 2
+
+
+async def test_live_events_stream_before_their_commit(make_kernel: MakeKernel) -> None:
+    kernel, _, _ = make_kernel([Reply(text="hello world", chunk=3)])
+    run = await start(kernel)
+    events = await drain(kernel, run.run_id)
+    deltas = [e.data["text"] for e in events if e.type == "text_delta"]
+    assert deltas == ["hel", "lo ", "wor", "ld"]
+    kinds = [e.type for e in events]
+    assert kinds.index("text_delta") < kinds.index("model_completed")
+    assert all(not e.persisted for e in events if e.type in sk.LIVE_EVENTS)
+
+
+async def test_pause_then_resume_with_a_value(make_kernel: MakeKernel) -> None:
+    seen: list[object] = []
+
+    class Approve(sk.Hooks):
+        def on_tool_call_started(self, run: sk.Run, call: sk.ToolCallRecord) -> sk.Decision:
+            seen.append(run.resume_value)
+            if run.resume_value is None:
+                return sk.Pause("approval", {"call": call.id})
+            return sk.Continue()
+
+    kernel, _, _ = make_kernel([call("echo", {"text": "x"}), "ok"], tools=[echo], hooks=Approve())
+    run = await start(kernel)
+    events = await drain(kernel, run.run_id)
+    assert events[-1].type == "run_paused"
+    paused = await kernel.get(run.run_id)
+    assert paused.state == "paused"
+    assert paused.pause == sk.PauseInfo("approval", "dispatching_tools", {"call": "call_0_0"})
+    assert await drain(kernel, run.run_id) == []  # a paused run waits
+    resumed = await kernel.resume(run.run_id, value={"approved": True})
+    assert resumed.state == "dispatching_tools"
+    events = await drain(kernel, run.run_id)
+    assert events[-1].type == "run_completed"
+    assert seen == [None, {"approved": True}]
+
+
+async def test_input_sent_to_a_completed_run_continues_it(make_kernel: MakeKernel) -> None:
+    kernel, _, provider = make_kernel(["first", "second"])
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    after = await kernel.send(run.run_id, "and then?")
+    assert after.state == "preparing_turn"
+    events = await drain(kernel, run.run_id)
+    assert "input_received" not in [e.type for e in events]  # committed by send itself
+    final = await kernel.get(run.run_id)
+    assert [m.text for m in final.messages] == ["hi", "first", "and then?", "second"]
+    assert len(provider.requests[-1].messages) == 3
+    with pytest.raises(InvalidArgument):
+        await kernel.send(run.run_id)
+
+
+async def test_input_is_rejected_while_the_run_is_active(make_kernel: MakeKernel) -> None:
+    kernel, _, _ = make_kernel(["x"])
+    run = await start(kernel)
+    await kernel.step(run.run_id)  # init -> preparing_turn
+    with pytest.raises(InvalidTransition):
+        await kernel.send(run.run_id, "too early")
+    assert (await kernel.get(run.run_id)).revision == 1
+
+
+async def test_max_turns_pauses_and_a_raised_budget_resumes(make_kernel: MakeKernel) -> None:
+    script = [call("echo", {"text": str(i)}) for i in range(3)] + ["done"]
+    kernel, _, _ = make_kernel(script, tools=[echo], max_turns=2)
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    paused = await kernel.get(run.run_id)
+    assert paused.state == "paused"
+    assert paused.pause is not None
+    assert paused.pause.reason == "max_turns"
+    assert len(paused.turns) == 2
+    await kernel.resume(run.run_id, max_turns=10)
+    await drain(kernel, run.run_id)
+    final = await kernel.get(run.run_id)
+    assert final.state == "completed"
+    assert len(final.turns) == 4
+    assert final.max_turns == 10
+
+
+async def test_model_error_fails_the_run_and_retry_completes_it(make_kernel: MakeKernel) -> None:
+    error = sk.errors.ProviderUnavailable("overloaded", provider="scripted")
+    kernel, _, _ = make_kernel([Fail(error, times=1, then=Reply(text="fine"))])
+    run = await start(kernel)
+    events = await drain(kernel, run.run_id)
+    assert events[-1].type == "run_failed"
+    failed = await kernel.get(run.run_id)
+    assert failed.failure == sk.FailureInfo("ProviderUnavailable", "overloaded", "calling_model")
+    await kernel.retry(run.run_id)
+    events = await drain(kernel, run.run_id)
+    kinds = [e.type for e in events if e.persisted]
+    assert kinds[0] == "model_restarted"
+    assert kinds[-1] == "run_completed"
+
+
+async def test_step_commits_one_transition_at_a_time(make_kernel: MakeKernel) -> None:
+    kernel, store, _ = make_kernel([call("echo", {"text": "a"}), "done"], tools=[echo])
+    run = await start(kernel)
+    revisions = []
+    while (await kernel.get(run.run_id)).state != "completed":
+        await kernel.step(run.run_id)
+        revisions.append((await kernel.get(run.run_id)).revision)
+    assert revisions == list(range(1, len(revisions) + 1))
+    assert await kernel.step(run.run_id) == []
+    assert len(store.states(run.run_id)) == len(revisions) + 1
+
+
+async def test_fork_from_a_past_revision_is_independent(make_kernel: MakeKernel) -> None:
+    kernel, _, _ = make_kernel(["one", "two", "three"])
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    original = await kernel.get(run.run_id)
+    fork = await kernel.fork(run.run_id, at_revision=2)
+    assert fork.run_id != run.run_id
+    assert fork.revision == 0
+    assert fork.state == "calling_model"
+    await drain(kernel, fork.run_id)
+    forked = await kernel.get(fork.run_id)
+    assert forked.state == "completed"
+    assert [m.text for m in forked.messages] == ["hi", "one"]
+    await kernel.send(fork.run_id, "again")
+    await drain(kernel, fork.run_id)
+    assert (await kernel.get(run.run_id)) == original
+    events = await kernel.events(fork.run_id)
+    assert events[0].type == "run_forked"
+    assert events[0].data == {"from_run_id": run.run_id, "from_revision": 2}
+    with pytest.raises(RunNotFound):
+        await kernel.fork(run.run_id, at_revision=999)
+
+
+async def test_update_context_is_compare_and_set(make_kernel: MakeKernel) -> None:
+    kernel, _, _ = make_kernel(["x"])
+    run = await start(kernel, context={"n": 1})
+    updated = await kernel.update_context(run.run_id, lambda c: {**c, "n": c["n"] + 1})
+    assert updated.context == {"n": 2}
+    assert updated.revision == 1
+    assert updated.state == "init"
+    events = await kernel.events(run.run_id)
+    assert [e.type for e in events] == ["context_updated"]
+
+
+async def test_two_kernels_racing_on_one_run_conflict(make_kernel: MakeKernel) -> None:
+    kernel, store, provider = make_kernel(["x"])
+    other = sk.Kernel(store, providers={"scripted": provider})
+    run = await start(kernel)
+    await kernel.step(run.run_id)
+    stale = await kernel.get(run.run_id)
+    await other.step(run.run_id)  # other moves the run on
+    driver_run = await store.load(run.run_id)
+    assert driver_run.revision == stale.revision + 1
+    from statekernel._driver import RunDriver
+
+    loser = RunDriver(kernel, stale)
+    with pytest.raises(ConflictError):
+        await loser.commit("turn_prepared", request=sk.ModelRequest("scripted/test"))
+    assert loser.run is stale
+    assert (await store.load(run.run_id)) == driver_run
+
+
+async def test_bad_input_gets_typed_errors(make_kernel: MakeKernel) -> None:
+    kernel, _, _ = make_kernel(["x"])
+    with pytest.raises(sk.errors.ConfigError):
+        await kernel.start(model="no-provider", messages=["x"])
+    with pytest.raises(InvalidArgument):
+        await kernel.start(model="scripted/x", run_id="../../etc")
+    with pytest.raises(RunNotFound):
+        await kernel.get("missing")
+    with pytest.raises(RunNotFound):
+        await drain(kernel, "missing")
+    run = await start(kernel, run_id="fixed")
+    with pytest.raises(ConflictError):
+        await start(kernel, run_id="fixed")
+    assert (await kernel.get("fixed")) == run
+    with pytest.raises(InvalidArgument):
+        sk.Kernel("memory://", max_turns=0)
+    with pytest.raises(sk.errors.ConfigError):
+        sk.Kernel("bogus://x")

@@ -1,0 +1,215 @@
+"""The lifecycle chart alone: no kernel, no I/O."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import attrs
+import pytest
+
+from statekernel import (
+    STATE_IDS,
+    Lifecycle,
+    Message,
+    ModelRequest,
+    ModelResult,
+    PauseInfo,
+    Run,
+    RunLifecycle,
+    ToolCall,
+    ToolCallRecord,
+    Turn,
+)
+from statekernel._lifecycle import EVENTS
+from statekernel.errors import CorruptCheckpoint, InvalidTransition
+
+ACTIVE = ("preparing_turn", "calling_model", "dispatching_tools")
+RETURNABLE = ACTIVE
+
+# The contract of DESIGN.md, written out by hand: (state, event) -> possible targets.
+DECLARED: dict[tuple[str, str], set[str]] = {
+    ("init", "start"): {"preparing_turn"},
+    ("preparing_turn", "turn_prepared"): {"calling_model"},
+    ("calling_model", "model_started"): {"calling_model"},
+    ("calling_model", "model_completed"): {"dispatching_tools", "preparing_turn", "completed"},
+    ("dispatching_tools", "tool_call_started"): {"dispatching_tools"},
+    ("dispatching_tools", "tool_call_completed"): {"dispatching_tools"},
+    ("dispatching_tools", "tools_completed"): {"preparing_turn", "completed"},
+    ("paused", "resume"): set(RETURNABLE),
+    ("failed", "retry"): set(RETURNABLE),
+    ("completed", "input"): {"preparing_turn"},
+    ("paused", "input"): {"preparing_turn"},
+    **{(s, "pause"): {"paused"} for s in ACTIVE},
+    **{(s, "fail"): {"failed"} for s in ACTIVE},
+}
+
+CALL = ToolCall("c1", "echo", '{"x": 1}')
+REQUEST = ModelRequest("scripted/x", (Message.user("hi"),))
+
+
+def run_in(state: str, *, returns_to: str = "dispatching_tools") -> Run:
+    """A consistent run resting in ``state``."""
+    run = Run("r1", "scripted/x", state=state, messages=(Message.user("hi"),))  # type: ignore[arg-type]
+    turn = Turn(0, REQUEST)
+    if state == "calling_model":
+        return attrs.evolve(run, current_turn=turn)
+    if state in ("dispatching_tools", "paused", "failed"):
+        result = ModelResult(Message.assistant(tool_calls=[CALL]), finish_reason="tool_calls")
+        record = ToolCallRecord("c1", "echo", CALL.arguments, {"x": 1})
+        turn = attrs.evolve(turn, result=result, pending=(record,))
+        run = attrs.evolve(run, current_turn=turn, messages=(*run.messages, result.message))
+    if state == "paused":
+        run = attrs.evolve(run, pause=PauseInfo("approval", returns_to))  # type: ignore[arg-type]
+    if state == "failed":
+        from statekernel import FailureInfo
+
+        run = attrs.evolve(run, failure=FailureInfo("E", "boom", returns_to))  # type: ignore[arg-type]
+    return run
+
+
+def payload(event: str, run: Run) -> dict[str, Any]:
+    """A valid payload for ``event``."""
+    return {
+        "start": {},
+        "turn_prepared": {"request": REQUEST},
+        "model_started": {},
+        "model_completed": {
+            "result": ModelResult(Message.assistant("done")),
+            "finish": "stop",
+            "then_pause": None,
+        },
+        "tool_call_started": {"call_ids": ["c1"], "call_input": {"x": 1}},
+        "tool_call_completed": {"call_ids": ["c1"], "output": "ok", "error": None},
+        "tools_completed": {"finish": None, "then_pause": None},
+        "pause": {"reason": "wait", "metadata": {}},
+        "resume": {"value": None, "max_turns": None},
+        "fail": {"error": "E", "message": "m"},
+        "retry": {},
+        "input": {"messages": [Message.user("more")]},
+    }[event]
+
+
+def ready(state: str, event: str) -> Run:
+    run = run_in(state)
+    if (state, event) == ("dispatching_tools", "tools_completed"):
+        lc = Lifecycle(run)
+        run, _ = lc.apply("tool_call_completed", call_ids=["c1"], output="ok", error=None)
+    return run
+
+
+def test_chart_declares_exactly_the_contract() -> None:
+    got: dict[tuple[str, str], set[str]] = {}
+    for s in RunLifecycle.states:
+        for t in s.transitions:
+            for e in t.events:
+                got.setdefault((t.source.value, str(e)), set()).add(t.target.value)
+    assert got == DECLARED
+
+
+@pytest.mark.parametrize(("state", "event"), sorted(DECLARED))
+def test_every_declared_transition_applies(state: str, event: str) -> None:
+    run = ready(state, event)
+    lc = Lifecycle(run)
+    nxt, events = lc.apply(event, **payload(event, run))
+    assert nxt.state in DECLARED[(state, event)]
+    assert nxt.revision == run.revision + 1
+    assert events, "every transition persists at least one event"
+    assert [e.seq for e in events] == list(range(run.event_count, run.event_count + len(events)))
+    assert all(e.revision == nxt.revision for e in events)
+    assert nxt.event_count == run.event_count + len(events)
+
+
+UNDECLARED = [
+    (s, e) for s, e in itertools.product(STATE_IDS, sorted(EVENTS)) if (s, e) not in DECLARED
+]
+
+
+@pytest.mark.parametrize(("state", "event"), UNDECLARED)
+def test_every_undeclared_event_is_rejected_and_changes_nothing(state: str, event: str) -> None:
+    run = run_in(state)
+    lc = Lifecycle(run)
+    with pytest.raises(InvalidTransition) as info:
+        lc.apply(event, **payload(event, run))
+    assert info.value.state == state
+    assert lc.run is run
+
+
+@pytest.mark.parametrize("target", RETURNABLE)
+def test_resume_and_retry_return_to_the_saved_state(target: str) -> None:
+    for state, event in (("paused", "resume"), ("failed", "retry")):
+        run = run_in(state, returns_to=target)
+        nxt, _ = Lifecycle(run).apply(event, **payload(event, run))
+        assert nxt.state == target
+        assert nxt.pause is None
+        assert nxt.failure is None
+
+
+def test_model_completed_picks_its_target_by_guard() -> None:
+    run = run_in("calling_model")
+    with_tools = ModelResult(Message.assistant(tool_calls=[CALL]), finish_reason="tool_calls")
+    text = ModelResult(Message.assistant("hello"))
+    cases = [
+        (with_tools, "stop", None, "dispatching_tools"),
+        (text, "stop", None, "completed"),
+        (text, None, None, "preparing_turn"),
+        (text, "stop", PauseInfo("later", "preparing_turn"), "preparing_turn"),
+    ]
+    for result, finish, then_pause, expected in cases:
+        nxt, events = Lifecycle(run).apply(
+            "model_completed", result=result, finish=finish, then_pause=then_pause
+        )
+        assert nxt.state == expected
+        assert nxt.pending_pause == then_pause
+        kinds = [e.type for e in events]
+        assert ("run_completed" in kinds) == (expected == "completed")
+
+
+def test_a_failing_action_leaves_the_run_unchanged() -> None:
+    run = run_in("dispatching_tools")
+    lc = Lifecycle(run)
+    with pytest.raises(InvalidTransition, match="unknown or already finished"):
+        lc.apply("tool_call_started", call_ids=["nope"], call_input={})
+    assert lc.run is run
+    with pytest.raises(InvalidTransition, match="still pending"):
+        lc.apply("tools_completed", finish=None, then_pause=None)
+    assert lc.run is run
+    # the machine still works afterwards
+    nxt, _ = lc.apply("tool_call_started", call_ids=["c1"], call_input={"x": 1})
+    assert nxt.current_turn is not None
+    assert [r.id for r in nxt.current_turn.in_flight] == ["c1"]
+
+
+def test_payloads_are_validated_by_name() -> None:
+    run = run_in("init")
+    lc = Lifecycle(run)
+    with pytest.raises(InvalidTransition, match="payload"):
+        lc.apply("start", state="completed")
+    with pytest.raises(InvalidTransition, match="unknown event"):
+        lc.apply("explode")
+    assert lc.run is run
+
+
+@pytest.mark.parametrize("state", STATE_IDS)
+def test_restore_into_any_state_runs_no_callbacks(state: str) -> None:
+    run = run_in(state)
+    lc = Lifecycle(run)
+    assert lc.run is run
+    assert lc.run.revision == 0
+    assert lc.run.event_count == 0
+
+
+def test_restore_rejects_an_unknown_state() -> None:
+    run = attrs.evolve(run_in("init"), state="exploded")  # type: ignore[arg-type]
+    with pytest.raises(CorruptCheckpoint, match="exploded"):
+        Lifecycle(run)
+
+
+def test_input_closes_an_interrupted_turn_with_not_run_results() -> None:
+    run = run_in("paused")
+    nxt, events = Lifecycle(run).apply("input", messages=[Message.user("forget it")])
+    assert nxt.state == "preparing_turn"
+    assert nxt.current_turn is None
+    assert [m.role for m in nxt.messages] == ["user", "assistant", "tool", "user"]
+    assert nxt.messages[2].content[0].is_error  # type: ignore[union-attr]
+    assert [e.type for e in events] == ["turn_completed", "input_received"]

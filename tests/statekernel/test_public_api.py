@@ -1,0 +1,58 @@
+"""``__all__`` stays honest: sorted, resolvable, complete, documented."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+import pytest
+
+import statekernel
+
+PUBLIC_MODULES = [
+    "statekernel",
+    "statekernel.errors",
+    "statekernel.testing",
+    "statekernel.stores",
+    "statekernel.providers",
+]
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_all_is_sorted_unique_and_resolvable(name: str) -> None:
+    module = importlib.import_module(name)
+    exported = list(module.__all__)
+    assert exported == sorted(exported), f"{name}.__all__ is not sorted"
+    assert len(exported) == len(set(exported))
+    for attr in exported:
+        assert hasattr(module, attr), f"{name}.__all__ names missing {attr!r}"
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_every_public_class_and_function_is_exported_and_documented(name: str) -> None:
+    module = importlib.import_module(name)
+    for attr, value in vars(module).items():
+        if attr.startswith("_") or inspect.ismodule(value):
+            continue
+        if not (inspect.isclass(value) or inspect.isfunction(value)):
+            continue
+        if not getattr(value, "__module__", "").startswith("statekernel"):
+            continue
+        assert attr in module.__all__, f"{name}.{attr} is public but not in __all__"
+        assert inspect.getdoc(value), f"{name}.{attr} has no docstring"
+
+
+def test_every_error_derives_from_the_one_root() -> None:
+    from statekernel import errors
+
+    for attr in errors.__all__:
+        cls = getattr(errors, attr)
+        assert issubclass(cls, errors.StatekernelError)
+
+
+def test_private_modules_declare_all() -> None:
+    for info in pkgutil.iter_modules(statekernel.__path__, "statekernel."):
+        module = importlib.import_module(info.name)
+        if info.name.rsplit(".", 1)[1].startswith("_") and info.name != "statekernel.__main__":
+            assert hasattr(module, "__all__"), f"{info.name} has no __all__"

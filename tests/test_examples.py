@@ -1,0 +1,28 @@
+"""The README's examples run as written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quickstart_runs_offline(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "It is sunny in Paris, 21 C." in out
+    lines = [line for line in out.splitlines() if line.startswith("[r")]
+    assert lines[0] == "[r1] run_started"
+    assert lines[-1].endswith("run_completed")
+    assert "tool_call_completed" in out
+    assert out.strip().splitlines()[-1].endswith("completed after 10 commits")
