@@ -51,7 +51,7 @@ _TAGS: dict[type, str] = {
 }
 _parts = cattrs.Converter(omit_if_default=True, forbid_extra_keys=True)
 configure_tagged_union(
-    StreamPart,  # type: ignore[arg-type]
+    StreamPart,
     _parts,
     tag_generator=lambda cls: _TAGS[cls],
     tag_name="type",
@@ -135,7 +135,7 @@ class Cassette:
         stream = provider.stream(request)
         try:
             async for part in stream:
-                recording.parts.append(_parts.unstructure(part, StreamPart))  # type: ignore[arg-type]
+                recording.parts.append(_parts.unstructure(part, StreamPart))
                 yield part
         except ProviderError as exc:
             recording.error = _error_data(exc)
