@@ -1,0 +1,308 @@
+"""The stored encoding shared by the persistent stores (file, SQLite, Redis).
+
+A run is stored as append-only parts plus a small mutable head:
+
+* the **message log**: every message once, in order; the transcript of a revision
+  is a range ``[m0, m0 + n)`` of it (``"$m"`` in the head). A transcript rewritten
+  by a hook is appended again at the end, so older revisions keep their range;
+* the **turn log**: every completed turn once (``"$t"`` in the head);
+* **blobs**: long strings and large JSON values, once per run, by content hash;
+* the **head**: the run without its messages and turns (a few hundred bytes);
+* the **commit log**: one entry per revision with the head as a patch of the
+  previous head (a full head every ``SNAPSHOT_EVERY`` revisions) and the events of
+  that commit, so every revision stays loadable and events are read by revision.
+
+After every commit the transcript ends at the end of the message log and the
+completed turns at the end of the turn log, so a store knows where to append from
+the head alone. Decoding gives records equal to the ones committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from statekernel._codec_base import (
+    SNAPSHOT_EVERY,
+    BlobReader,
+    apply_patch,
+    blob_refs,
+    corrupt,
+    dec_time,
+    diff,
+    dump_bytes,
+    enc_time,
+    escape,
+)
+from statekernel._codec_records import Reader, Writer, state_id
+from statekernel._events import Event
+from statekernel._messages import Message
+from statekernel._run import SCHEMA_VERSION, Run, Turn
+from statekernel._storage import Checkpoint
+from statekernel.errors import CorruptCheckpoint
+
+__all__ = [
+    "SNAPSHOT_EVERY",
+    "EncodedCommit",
+    "decode_events",
+    "decode_run",
+    "encode_commit",
+    "log_ends",
+    "replay",
+    "snapshot_of",
+]
+
+EVENT_CODES = (
+    "run_started", "turn_started", "turn_prepared", "model_started", "model_restarted",
+    "model_completed", "tool_call_started", "tool_call_completed", "tools_completed",
+    "turn_completed", "run_paused", "run_resumed", "input_received", "run_failed",
+    "run_retried", "run_completed", "run_forked",
+)  # fmt: skip
+"""Stored event types as small integers. Append only: positions are stored."""
+
+_CODE_OF = {name: i for i, name in enumerate(EVENT_CODES)}
+_DECODE_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError)
+
+
+@attrs.frozen
+class EncodedCommit:
+    """What a store writes for one commit.
+
+    ``messages`` go to positions ``first_message...`` of the message log and
+    ``turns`` to ``first_turn...`` of the turn log; ``blobs`` are new blobs (a store
+    keeps the first copy of a key); ``entry`` is the commit log entry of the revision.
+    """
+
+    head: dict[str, Any]
+    entry: dict[str, Any]
+    first_message: int
+    messages: tuple[bytes, ...]
+    first_turn: int
+    turns: tuple[bytes, ...]
+    blobs: dict[str, bytes]
+
+
+def log_ends(head: Mapping[str, Any]) -> tuple[int, int]:
+    """Lengths of the message log and the turn log as of ``head``."""
+    try:
+        m0, mn = head["$m"]
+        t0, tn = head["$t"]
+        return int(m0) + int(mn), int(t0) + int(tn)
+    except _DECODE_ERRORS as exc:
+        raise corrupt("run head", exc) from exc
+
+
+def _spans(cp: Checkpoint, prior: dict[str, Any] | None) -> tuple[int, int, int, int]:
+    """(m0, first new message, t0, first new turn) for this commit."""
+    run = cp.run
+    if prior is None:
+        return 0, 0, 0, 0
+    m_end, t_end = log_ends(prior)
+    pm0, pmn = prior["$m"]
+    pt0, ptn = prior["$t"]
+    n_msg, n_turn = len(run.messages), len(run.turns)
+    if cp.transcript_replaced or cp.new_messages < 0 or pmn + cp.new_messages != n_msg:
+        m0 = m_end
+    else:
+        m0 = pm0
+    t0 = t_end if cp.new_turns < 0 or ptn + cp.new_turns != n_turn else pt0
+    return m0, m_end, t0, t_end
+
+
+def encode_commit(cp: Checkpoint, prior: dict[str, Any] | None) -> EncodedCommit:
+    """Encode ``cp`` on top of ``prior``, the stored head at ``cp.expected_revision``."""
+    run = cp.run
+    m0, m_end, t0, t_end = _spans(cp, prior)
+    writer = Writer(blob_refs(prior) if prior else frozenset(), run.messages, m0)
+    new_messages = run.messages[m_end - m0 :]
+    new_turns = run.turns[t_end - t0 :]
+    messages = tuple(dump_bytes(writer.message(m)) for m in new_messages)
+    turns = tuple(dump_bytes(writer.turn(t)) for t in new_turns)
+    head = _encode_head(run, writer, m0, t0)
+    if prior is None or run.revision % SNAPSHOT_EVERY == 0:
+        entry: dict[str, Any] = {"f": head}
+    else:
+        entry = {"p": diff(prior, head)}
+    if cp.events:
+        first = cp.events[0].seq
+        entry["q"] = first
+        entry["e"] = [_encode_event(e, run, first + i) for i, e in enumerate(cp.events)]
+    return EncodedCommit(head, entry, m_end, messages, t_end, turns, writer.blobs)
+
+
+def _encode_head(run: Run, w: Writer, m0: int, t0: int) -> dict[str, Any]:
+    doc: dict[str, Any] = {"id": run.run_id, "M": run.model, "r": run.revision, "s": run.state}
+    if not (type(run.context) is dict and not run.context):
+        doc["c"] = w.json(run.context)
+    if run.current_turn is not None:
+        doc["T"] = w.turn(run.current_turn)
+    if run.pause is not None:
+        doc["P"] = w.pause(run.pause)
+    if run.failure is not None:
+        doc["F"] = w.failure(run.failure)
+    usage = w.usage(run.usage)
+    if usage:
+        doc["U"] = usage
+    if run.max_turns is not None:
+        doc["x"] = run.max_turns
+    if run.resume_value is not None:
+        doc["v"] = w.json(run.resume_value)
+    if run.pending_pause is not None:
+        doc["pp"] = w.pause(run.pending_pause)
+    if run.event_count:
+        doc["ec"] = run.event_count
+    doc["ca"] = enc_time(run.created_at)
+    doc["ua"] = enc_time(run.updated_at)
+    doc["sv"] = run.schema_version
+    doc["$m"] = [m0, len(run.messages)]
+    doc["$t"] = [t0, len(run.turns)]
+    return doc
+
+
+def _check_version(head: Mapping[str, Any], what: str) -> int:
+    version = head.get("sv")
+    if type(version) is not int or not 1 <= version <= SCHEMA_VERSION:
+        raise CorruptCheckpoint(f"invalid {what}: unknown schema_version {version!r}")
+    if version != SCHEMA_VERSION:
+        raise CorruptCheckpoint(
+            f"invalid {what}: no stored-format migration from schema_version {version}"
+        )
+    return version
+
+
+def decode_run(
+    head: Mapping[str, Any],
+    message_docs: Sequence[Any],
+    turn_docs: Sequence[Any],
+    blobs: Mapping[str, bytes],
+    *,
+    what: str = "run",
+) -> Run:
+    """The run a head describes, given its logs (from position 0) and blobs."""
+    if not isinstance(head, Mapping):
+        raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
+    version = _check_version(head, what)
+    try:
+        return _decode_run(head, message_docs, turn_docs, blobs, version)
+    except _DECODE_ERRORS as exc:
+        raise corrupt(what, exc) from exc
+
+
+def _decode_run(
+    head: Mapping[str, Any],
+    message_docs: Sequence[Any],
+    turn_docs: Sequence[Any],
+    blobs: Mapping[str, bytes],
+    version: int,
+) -> Run:
+    decoded: list[Message | None] = [None] * len(message_docs)
+
+    def message_at(pos: int) -> Message:
+        found = decoded[pos]
+        if found is None:
+            found = decoded[pos] = reader.message(message_docs[pos])
+        return found
+
+    reader = Reader(blobs, message_at)
+    m0, mn = head["$m"]
+    t0, tn = head["$t"]
+    if m0 + mn > len(message_docs) or t0 + tn > len(turn_docs):
+        raise ValueError("the head references parts that are not stored")
+    turns: tuple[Turn, ...] = tuple(reader.turn(turn_docs[i]) for i in range(t0, t0 + tn))
+    return Run(
+        run_id=_text(head["id"]),
+        model=_text(head["M"]),
+        revision=_int(head["r"]),
+        state=state_id(head["s"]),
+        context=reader.json(head["c"]) if "c" in head else {},
+        messages=tuple(message_at(i) for i in range(m0, m0 + mn)),
+        turns=turns,
+        current_turn=reader.turn(head["T"]) if "T" in head else None,
+        pause=reader.pause(head["P"]) if "P" in head else None,
+        failure=reader.failure(head["F"]) if "F" in head else None,
+        usage=reader.usage(head.get("U", [])),
+        max_turns=head.get("x"),
+        resume_value=reader.json(head.get("v")),
+        pending_pause=reader.pause(head["pp"]) if "pp" in head else None,
+        event_count=_int(head.get("ec", 0)),
+        created_at=dec_time(head["ca"]),
+        updated_at=dec_time(head["ua"]),
+        schema_version=version,
+    )
+
+
+def _text(value: Any) -> str:
+    if type(value) is not str:
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def snapshot_of(revision: int) -> int:
+    """The revision whose commit log entry holds the full head needed for ``revision``."""
+    return revision - revision % SNAPSHOT_EVERY
+
+
+def replay(entries: Sequence[tuple[int, Any]], *, what: str = "run history") -> dict[str, Any]:
+    """The head at the last of ``entries`` (revisions from a snapshot on, in order)."""
+    try:
+        doc: dict[str, Any] = dict(entries[0][1]["f"])
+        for _, entry in entries[1:]:
+            doc = apply_patch(doc, entry["p"])
+        doc["r"] = entries[-1][0]
+        return doc
+    except _DECODE_ERRORS as exc:
+        raise corrupt(what, exc) from exc
+
+
+def _encode_event(event: Event, run: Run, seq: int) -> list[Any]:
+    doc: list[Any] = [_CODE_OF.get(event.type, event.type), enc_time(event.at)]
+    extra: dict[str, Any] = {}
+    if event.run_id != run.run_id:
+        extra["id"] = event.run_id
+    if event.revision != run.revision:
+        extra["r"] = event.revision
+    if event.seq != seq:
+        extra["s"] = event.seq
+    if extra or not (type(event.data) is dict and not event.data):
+        doc.append(escape(event.data))
+    if extra:
+        doc.append(extra)
+    return doc
+
+
+_EVENT_READER = BlobReader({})
+
+
+def decode_events(
+    entries: Iterable[tuple[int, Any]], run_id: str, *, what: str = "events"
+) -> list[Event]:
+    """The events of commit log entries, given as (revision, entry) pairs."""
+    events: list[Event] = []
+    try:
+        for revision, entry in entries:
+            first = entry.get("q", 0)
+            for i, doc in enumerate(entry.get("e", ())):
+                kind = EVENT_CODES[doc[0]] if type(doc[0]) is int else _text(doc[0])
+                data = _EVENT_READER.json(doc[2]) if len(doc) > 2 else {}
+                extra = doc[3] if len(doc) > 3 else {}
+                events.append(
+                    Event(
+                        kind,
+                        extra.get("id", run_id),
+                        extra.get("r", revision),
+                        extra.get("s", first + i),
+                        data,
+                        dec_time(doc[1]),
+                    )
+                )
+    except _DECODE_ERRORS as exc:
+        raise corrupt(what, exc) from exc
+    return events

@@ -1,0 +1,317 @@
+"""Building blocks of the stored encoding: blobs, JSON values, times, head patches.
+
+Stored documents are compact JSON. Long strings and large JSON values are stored
+once per run as *blobs* keyed by a hash of their text and referenced by a marker,
+so a tool output that appears in a tool call record, a tool message and a head
+revision is written once. Markers are one-key (or two-key) objects whose first key
+starts with ``$``; a user object that has a key starting with ``$`` is wrapped as
+``{"$e": {...}}`` so it can never be read back as a marker.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from statekernel.errors import CorruptCheckpoint
+
+__all__ = [
+    "BLOB_MIN",
+    "SNAPSHOT_EVERY",
+    "BlobReader",
+    "BlobWriter",
+    "apply_patch",
+    "blob_refs",
+    "canonical",
+    "corrupt",
+    "dec_time",
+    "diff",
+    "dump_bytes",
+    "enc_time",
+    "load_json",
+]
+
+BLOB_MIN = 96
+"""Strings (and JSON texts of values) at least this long are stored as blobs."""
+
+SNAPSHOT_EVERY = 32
+"""Every revision divisible by this is logged as a full head, the others as patches."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICRO = timedelta(microseconds=1)
+_BLOB_CODES = ("$b", "$v")
+
+
+def corrupt(what: str, exc: BaseException | str) -> CorruptCheckpoint:
+    """A ``CorruptCheckpoint`` naming what could not be read and why."""
+    detail = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+    return CorruptCheckpoint(f"invalid {what}: {detail}")
+
+
+def canonical(value: Any) -> str:
+    """The compact JSON text of a value (the form tool results are fed back in)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def dump_bytes(doc: Any) -> bytes:
+    """A document as UTF-8 JSON; text with lone surrogates falls back to ASCII escapes."""
+    try:
+        return canonical(doc).encode()
+    except UnicodeEncodeError:
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def load_json(data: bytes | str, what: str) -> Any:
+    """Parse stored JSON; anything unreadable raises ``CorruptCheckpoint``."""
+    try:
+        return json.loads(data)
+    except (ValueError, TypeError) as exc:
+        raise corrupt(what, exc) from exc
+
+
+def blob_key(text: str) -> str:
+    """The key of a blob: 128 bits of BLAKE2b over its UTF-8 text, base64url."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def blob_bytes(text: str) -> bytes:
+    """How a blob is stored: UTF-8, or NUL + a JSON string when UTF-8 cannot hold it."""
+    if not text.startswith("\x00"):
+        try:
+            return text.encode()
+        except UnicodeEncodeError:
+            pass
+    return b"\x00" + json.dumps(text).encode()
+
+
+def blob_text(data: bytes) -> str:
+    """The text of a stored blob (inverse of ``blob_bytes``)."""
+    if data[:1] == b"\x00":
+        text = json.loads(data[1:])
+        if not isinstance(text, str):
+            raise ValueError("blob escape is not a JSON string")
+        return text
+    return data.decode()
+
+
+def enc_time(value: datetime) -> int | str:
+    """UTC times as integer microseconds since the epoch, any other as ISO text."""
+    if value.tzinfo is UTC:
+        return (value - _EPOCH) // _MICRO
+    return value.isoformat()
+
+
+def dec_time(value: Any) -> datetime:
+    """The inverse of ``enc_time``."""
+    if type(value) is int:
+        return _EPOCH + value * _MICRO
+    if type(value) is str:
+        return datetime.fromisoformat(value)
+    raise TypeError(f"expected a time, got {type(value).__name__}")
+
+
+def escape(value: Any) -> Any:
+    if type(value) is dict:
+        out = {k: escape(v) for k, v in value.items()}
+        if any(type(k) is str and k[:1] == "$" for k in out):
+            return {"$e": out}
+        return out
+    if isinstance(value, list | tuple):
+        return [escape(v) for v in value]
+    return value
+
+
+class BlobWriter:
+    """Encodes strings and JSON values, collecting the blobs that must be written.
+
+    ``known`` holds keys already stored for the run; they are not written again.
+    """
+
+    def __init__(self, known: frozenset[str] = frozenset()) -> None:
+        self.known = known
+        self.blobs: dict[str, bytes] = {}
+
+    def _put(self, text: str) -> str:
+        key = _cached_key(text)
+        if key not in self.known and key not in self.blobs:
+            self.blobs[key] = blob_bytes(text)
+        return key
+
+    def s(self, text: str) -> Any:
+        """A string field: itself, or a blob marker when long."""
+        if len(text) < BLOB_MIN:
+            return text
+        return {"$b": self._put(text)}
+
+    def opt(self, text: str | None) -> Any:
+        """An optional string field."""
+        return None if text is None else self.s(text)
+
+    def json(self, value: Any) -> Any:
+        """A JSON value owned by the caller (context, tool input and output, event data)."""
+        if type(value) is str:
+            return self.s(value)
+        if isinstance(value, dict | list | tuple):
+            text = canonical(value)
+            if len(text) >= BLOB_MIN:
+                return {"$v": self._put(text)}
+            return escape(value)
+        return value
+
+
+class BlobReader:
+    """Decodes what ``BlobWriter`` wrote, given the run's blobs."""
+
+    def __init__(self, blobs: Mapping[str, bytes]) -> None:
+        self._blobs = blobs
+        self._texts: dict[str, str] = {}
+
+    def text(self, key: Any) -> str:
+        """The text of the blob ``key``."""
+        text = self._texts.get(key)
+        if text is None:
+            data = self._blobs.get(key)
+            if data is None:
+                raise KeyError(f"missing blob {key!r}")
+            text = self._texts[key] = blob_text(data)
+        return text
+
+    def s(self, value: Any) -> str:
+        """A string field."""
+        if type(value) is str:
+            return value
+        if type(value) is dict and len(value) == 1 and "$b" in value:
+            return self.text(value["$b"])
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+
+    def opt(self, value: Any) -> str | None:
+        """An optional string field."""
+        return None if value is None else self.s(value)
+
+    def json(self, value: Any) -> Any:
+        """A JSON value."""
+        kind = type(value)
+        if kind is list:
+            return [self.json(v) for v in value]
+        if kind is not dict:
+            return value
+        if len(value) == 1:
+            key = next(iter(value))
+            if key == "$b":
+                return self.text(value[key])
+            if key == "$v":
+                return json.loads(self.text(value[key]))
+            if key == "$e":
+                inner = value[key]
+                if type(inner) is not dict:
+                    raise TypeError("escaped object is not an object")
+                return {k: self.json(v) for k, v in inner.items()}
+        for k in value:
+            if k[:1] == "$":
+                raise ValueError(f"unknown marker {k!r}")
+        return {k: self.json(v) for k, v in value.items()}
+
+
+_KEY_CACHE: dict[int, tuple[str, str]] = {}
+
+
+def _cached_key(text: str) -> str:
+    """``blob_key`` with a small identity cache for big strings re-encoded per commit."""
+    if len(text) < 4096:
+        return blob_key(text)
+    hit = _KEY_CACHE.get(id(text))
+    if hit is not None and hit[0] is text:
+        return hit[1]
+    key = blob_key(text)
+    if len(_KEY_CACHE) >= 64:
+        _KEY_CACHE.pop(next(iter(_KEY_CACHE)))
+    _KEY_CACHE[id(text)] = (text, key)
+    return key
+
+
+def blob_refs(doc: Any) -> frozenset[str]:
+    """Keys of every blob a document references."""
+    found: set[str] = set()
+    _collect(doc, found.add)
+    return frozenset(found)
+
+
+def _collect(doc: Any, add: Callable[[str], None]) -> None:
+    if type(doc) is list:
+        for v in doc:
+            _collect(v, add)
+    elif type(doc) is dict:
+        if len(doc) == 1:
+            key = next(iter(doc))
+            if key in _BLOB_CODES:
+                add(doc[key])
+                return
+            if key == "$e" and type(doc[key]) is dict:
+                doc = doc[key]
+        for v in doc.values():
+            _collect(v, add)
+
+
+# -- head patches -----------------------------------------------------------------
+
+_NESTED = frozenset({"T", "q", "a"})
+_NOT_LOGGED = "r"
+_MISSING = object()
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equality of JSON values that also tells ``1``, ``1.0`` and ``True`` apart."""
+    if a is b:
+        return True
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is dict:
+        return a.keys() == b.keys() and all(same(v, b[k]) for k, v in a.items())
+    if kind is list:
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def diff(old: dict[str, Any], new: dict[str, Any], *, top: bool = True) -> dict[str, Any]:
+    """A patch turning head document ``old`` into ``new`` (revision excluded).
+
+    ``{key: value}`` sets, ``{"-": [keys]}`` deletes, ``{"~key": patch}`` patches a
+    nested record document (the current turn, its request and result).
+    """
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        if top and key == _NOT_LOGGED:
+            continue
+        prior = old.get(key, _MISSING)
+        if prior is value:
+            continue
+        if key in _NESTED and type(prior) is dict and type(value) is dict:
+            sub = diff(prior, value, top=False)
+            if sub:
+                patch["~" + key] = sub
+        elif not same(prior, value):
+            patch[key] = value
+    gone = [k for k in old if k not in new and not (top and k == _NOT_LOGGED)]
+    if gone:
+        patch["-"] = gone
+    return patch
+
+
+def apply_patch(doc: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with ``patch`` applied (``doc`` is not modified)."""
+    out = dict(doc)
+    for key, value in patch.items():
+        if key == "-":
+            for gone in value:
+                out.pop(gone, None)
+        elif key[:1] == "~":
+            out[key[1:]] = apply_patch(out[key[1:]], value)
+        else:
+            out[key] = value
+    return out

@@ -1,0 +1,255 @@
+"""Hypothesis strategies for statekernel's records (needs ``hypothesis`` installed).
+
+``runs()`` builds runs that look like real ones (requests that are prefixes of the
+transcript, results that are in it, tool call records matching the model's calls)
+but also odd ones, so both the common and the rare shapes round-trip.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import attrs
+from hypothesis import strategies as st
+
+from statekernel._events import PERSISTED_EVENTS, Event
+from statekernel._messages import (
+    ContentPart,
+    ImagePart,
+    Message,
+    ModelRequest,
+    ModelResult,
+    ReasoningPart,
+    TextPart,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    Usage,
+)
+from statekernel._run import STATE_IDS, FailureInfo, PauseInfo, Run, ToolCallRecord, Turn
+
+__all__ = [
+    "checkpoints_for",
+    "content_parts",
+    "datetimes",
+    "events",
+    "json_values",
+    "messages",
+    "model_requests",
+    "model_results",
+    "runs",
+    "texts",
+    "tool_call_records",
+    "turns",
+    "usages",
+]
+
+_IDS = st.text(st.characters(codec="utf-8"), min_size=1, max_size=12)
+_STATES = st.sampled_from(STATE_IDS)
+
+
+def texts(max_size: int = 40) -> st.SearchStrategy[str]:
+    """Text of any Unicode (no lone surrogates), sometimes long enough to be stored apart."""
+    short = st.text(st.characters(codec="utf-8"), max_size=max_size)
+    long = st.builds(lambda s, n: (s or "x") * n, short, st.integers(10, 60))
+    return st.one_of(short, short, long)
+
+
+def datetimes() -> st.SearchStrategy[datetime]:
+    """Aware datetimes, mostly UTC, sometimes with another offset."""
+    plain = st.datetimes(
+        min_value=datetime(1950, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC)
+    )
+    offset = st.builds(
+        lambda d, m: d.replace(tzinfo=timezone(timedelta(minutes=m))),
+        st.datetimes(min_value=datetime(1950, 1, 1), max_value=datetime(2200, 1, 1)),
+        st.integers(-900, 900),
+    )
+    return st.one_of(plain, plain, offset)
+
+
+_KEYS = st.one_of(st.text(max_size=8), st.sampled_from(["$b", "$v", "$e", "$r", "$", "a"]))
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63),
+    st.floats(allow_nan=False),
+    texts(),
+)
+
+
+def json_values(max_leaves: int = 12) -> st.SearchStrategy[Any]:
+    """JSON values (dicts with str keys, lists), including keys that look like markers."""
+    return st.recursive(
+        _SCALARS,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4), st.dictionaries(_KEYS, inner, max_size=4)
+        ),
+        max_leaves=max_leaves,
+    )
+
+
+def _arguments() -> st.SearchStrategy[str]:
+    as_json = st.dictionaries(st.text(max_size=6), json_values(4), max_size=3).map(json.dumps)
+    return st.one_of(as_json, as_json, texts(), st.just(""), st.just("[1, 2"))
+
+
+def content_parts() -> st.SearchStrategy[ContentPart]:
+    """Every kind of content part."""
+    opt = st.none() | texts()
+    return st.one_of(
+        st.builds(TextPart, texts()),
+        st.builds(ImagePart, opt, opt, st.none() | st.sampled_from(["image/png", "image/jpeg"])),
+        st.builds(ReasoningPart, texts(), opt, st.booleans()),
+        st.builds(ToolCall, _IDS, _IDS, _arguments()),
+        st.builds(ToolResult, _IDS, _IDS, texts(), st.booleans()),
+    )
+
+
+def messages() -> st.SearchStrategy[Message]:
+    """Messages of every role with 0-3 parts."""
+    roles = st.sampled_from(["system", "user", "assistant", "tool"])
+    return st.builds(
+        Message, roles, st.lists(content_parts(), max_size=3).map(tuple), st.none() | _IDS
+    )
+
+
+def usages() -> st.SearchStrategy[Usage]:
+    """Token counts."""
+    n = st.integers(0, 10**9)
+    return st.one_of(st.just(Usage()), st.builds(Usage, n, n, n, n, n))
+
+
+def model_requests(transcript: tuple[Message, ...] = ()) -> st.SearchStrategy[ModelRequest]:
+    """Requests whose messages are mostly a prefix of ``transcript``."""
+    prefix = st.integers(0, len(transcript)).map(lambda n: transcript[:n])
+    extra = st.lists(messages(), max_size=2).map(tuple)
+    msgs = st.one_of(prefix, prefix, st.builds(lambda a, b: a + b, prefix, extra), extra)
+    tools = st.lists(st.builds(ToolSpec, _IDS, texts(), json_values(6)), max_size=3).map(tuple)
+    return st.builds(
+        ModelRequest,
+        st.sampled_from(["scripted/test", "openai/gpt-4o-mini"]),
+        msgs,
+        tools,
+        st.none() | st.sampled_from(["auto", "none"]),
+        st.none() | st.integers(1, 4096),
+        st.none() | st.floats(0, 2),
+        st.lists(texts(8), max_size=2).map(tuple),
+        st.one_of(st.just({}), json_values(4)),
+    )
+
+
+def model_results(transcript: tuple[Message, ...] = ()) -> st.SearchStrategy[ModelResult]:
+    """Results whose message is sometimes taken from ``transcript``."""
+    msg = st.sampled_from(transcript) | messages() if transcript else messages()
+    reasons = st.sampled_from(["stop", "tool_calls", "length", "content_filter", "error", "other"])
+    return st.builds(ModelResult, msg, usages(), reasons, st.none() | st.just("m/x"))
+
+
+def tool_call_records(call: ToolCall | None = None) -> st.SearchStrategy[ToolCallRecord]:
+    """Records, for ``call`` when given (input parsed from its arguments when it parses)."""
+    base = st.just(call) if call is not None else st.builds(ToolCall, _IDS, _IDS, _arguments())
+
+    def parsed(c: ToolCall) -> Any:
+        try:
+            return c.parsed_arguments()
+        except ValueError:
+            return None
+
+    def build(c: ToolCall, use_parsed: bool, other: Any, **kw: Any) -> ToolCallRecord:
+        return ToolCallRecord(c.id, c.name, c.arguments, parsed(c) if use_parsed else other, **kw)
+
+    opt_time = st.none() | datetimes()
+    return st.builds(
+        build,
+        base,
+        st.booleans(),
+        json_values(4),
+        output=json_values(6),
+        error=st.none() | texts(),
+        attempt=st.integers(0, 5),
+        started_at=opt_time,
+        finished_at=opt_time,
+    )
+
+
+@st.composite
+def turns(draw: st.DrawFn, transcript: tuple[Message, ...] = (), index: int = 0) -> Turn:
+    """A turn (completed or in progress) against ``transcript``."""
+    request = draw(model_requests(transcript))
+    result = draw(st.none() | model_results(transcript))
+    calls = list(result.tool_calls) if result is not None else []
+    records = [draw(tool_call_records(c)) for c in calls]
+    records += draw(st.lists(tool_call_records(), max_size=1))
+    split = sorted(draw(st.lists(st.integers(0, len(records)), min_size=2, max_size=2)))
+    return Turn(
+        index=index,
+        request=request,
+        result=result,
+        model_attempts=draw(st.integers(0, 3)),
+        pending=tuple(records[: split[0]]),
+        in_flight=tuple(records[split[0] : split[1]]),
+        completed=tuple(records[split[1] :]),
+    )
+
+
+@st.composite
+def runs(draw: st.DrawFn, run_id: str | None = None) -> Run:
+    """A run at some revision with a transcript, completed turns and maybe a turn in flight."""
+    transcript = tuple(draw(st.lists(messages(), max_size=6)))
+    n_turns = draw(st.integers(0, 3))
+    done = tuple(draw(turns(transcript, i)) for i in range(n_turns))
+    current = draw(st.none() | turns(transcript, n_turns))
+    state = draw(_STATES)
+    pause = st.builds(PauseInfo, texts(), _STATES, st.one_of(st.just({}), json_values(4)))
+    return Run(
+        run_id=run_id if run_id is not None else draw(_IDS),
+        model=draw(st.sampled_from(["scripted/test", "openai/gpt-4o-mini"])),
+        revision=draw(st.integers(0, 3)),
+        state=state,
+        context=draw(st.one_of(st.just({}), st.dictionaries(_KEYS, json_values(6), max_size=4))),
+        messages=transcript,
+        turns=done,
+        current_turn=current,
+        pause=draw(st.none() | pause),
+        failure=draw(st.none() | st.builds(FailureInfo, _IDS, texts(), _STATES)),
+        usage=draw(usages()),
+        max_turns=draw(st.none() | st.integers(1, 100)),
+        resume_value=draw(json_values(4)),
+        pending_pause=draw(st.none() | pause),
+        event_count=draw(st.integers(0, 5)),
+        created_at=draw(datetimes()),
+        updated_at=draw(datetimes()),
+    )
+
+
+def events(run_id: str, revision: int, first_seq: int) -> st.SearchStrategy[list[Event]]:
+    """Persisted events of one commit, numbered from ``first_seq``."""
+    kinds = st.sampled_from(sorted(PERSISTED_EVENTS)) | st.just("custom_event")
+    data = st.one_of(st.just({}), st.dictionaries(_KEYS, json_values(4), max_size=3))
+    one = st.tuples(kinds, data, datetimes())
+    return st.lists(one, max_size=3).map(
+        lambda items: [
+            Event(k, run_id, revision, first_seq + i, d, at) for i, (k, d, at) in enumerate(items)
+        ]
+    )
+
+
+def checkpoints_for(run: Run) -> list[Run]:
+    """Revisions 0..n of a run growing to ``run``: one message or turn more per revision."""
+    steps: list[Run] = []
+    n_msg, n_turn = len(run.messages), len(run.turns)
+    total = max(n_msg, n_turn)
+    for rev in range(total + 1):
+        steps.append(
+            attrs.evolve(
+                run,
+                revision=rev,
+                messages=run.messages[: min(rev, n_msg)],
+                turns=run.turns[: min(rev, n_turn)],
+                current_turn=run.current_turn if rev == total else None,
+            )
+        )
+    return steps
