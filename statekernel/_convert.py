@@ -47,17 +47,18 @@ converter = cattrs.Converter(omit_if_default=True, forbid_extra_keys=True)
 
 converter.register_unstructure_hook(datetime, lambda d: d.isoformat())
 converter.register_structure_hook(datetime, lambda v, _: _parse_datetime(v))
-converter.register_unstructure_hook(
-    Run,
-    make_dict_unstructure_fn(
-        Run, converter, _cattrs_omit_if_default=True, schema_version=override(omit_if_default=False)
-    ),
-)
 configure_tagged_union(
     ContentPart,
     converter,
     tag_generator=lambda cls: _PART_TAGS[cls],
     tag_name="type",
+)
+# Registered after the union hook, so the generated function uses it.
+converter.register_unstructure_hook(
+    Run,
+    make_dict_unstructure_fn(
+        Run, converter, _cattrs_omit_if_default=True, schema_version=override(omit_if_default=False)
+    ),
 )
 
 
