@@ -1,0 +1,151 @@
+"""What every ``statekernel`` command shares: the store option, JSON output, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import IO, Any, TypeVar
+
+import attrs
+import click
+from rich.console import Console
+
+from statekernel._convert import unstructure
+from statekernel._storage import CheckpointStore
+from statekernel.errors import StatekernelError
+
+__all__ = [
+    "EXIT_USER_ERROR",
+    "Output",
+    "UserError",
+    "common_options",
+    "one_line",
+    "open_cli_store",
+    "run_async",
+    "store_url",
+]
+
+EXIT_USER_ERROR = 2
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)[^@\s]+@")
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line, with any password inside a URL hidden."""
+    text = " ".join(str(message).split())
+    return _PASSWORD.sub(r"\g<head>***@", text)
+
+
+class UserError(click.ClickException):
+    """A mistake the user can fix: printed as one line on stderr, exit status 2."""
+
+    exit_code = EXIT_USER_ERROR
+
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        """Print ``error: <message>`` on stderr."""
+        click.echo(f"error: {self.message}", file=file or sys.stderr)
+
+
+def run_async(coro: Awaitable[T]) -> T:
+    """Run a coroutine; library errors become ``UserError`` (one line, exit 2)."""
+
+    async def wrapped() -> T:
+        return await coro
+
+    try:
+        return asyncio.run(wrapped())
+    except StatekernelError as exc:
+        raise UserError(str(exc) or type(exc).__name__) from exc
+
+
+def store_url(explicit: str | None) -> str:
+    """The ``--store`` URL, else the configured store (``STATEKERNEL_STORE``, config files,
+    then the embedded SQLite default)."""
+    if explicit:
+        return explicit
+    from statekernel._config import default_store_url
+
+    return default_store_url()
+
+
+@contextlib.asynccontextmanager
+async def open_cli_store(url: str | None) -> AsyncIterator[CheckpointStore]:
+    """Open the store named by ``--store`` (or the configured one), closed on exit."""
+    from statekernel.stores import open_store
+
+    store = open_store(store_url(url))
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+def common_options(fn: F) -> F:
+    """Add ``--store URL`` and ``--json`` to a command."""
+    fn = click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="Print machine-readable JSON instead of tables.",
+    )(fn)
+    fn = click.option(
+        "--store",
+        "store",
+        metavar="URL",
+        default=None,
+        help="Checkpoint store URL (default: STATEKERNEL_STORE, config, "
+        "then sqlite:///.statekernel/runs.db).",
+    )(fn)
+    return fn
+
+
+def _jsonable(value: Any) -> Any:
+    if attrs.has(type(value)):
+        return unstructure(value)
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+def _console(*, stderr: bool = False) -> Console:
+    console = Console(highlight=False, stderr=stderr)
+    if not console.is_terminal:
+        console = Console(highlight=False, stderr=stderr, width=max(console.width, 160))
+    return console
+
+
+@attrs.define
+class Output:
+    """Where a command writes: rich for people, JSON for scripts."""
+
+    as_json: bool = False
+    console: Console = attrs.field(factory=_console)
+    errors: Console = attrs.field(factory=lambda: _console(stderr=True))
+
+    def json(self, value: Any, *, lines: bool = False) -> None:
+        """Print ``value`` (records are unstructured) as JSON; one line when ``lines``."""
+        data = _jsonable(value)
+        text = json.dumps(data, ensure_ascii=False, indent=None if lines else 2, default=str)
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+    def note(self, message: str) -> None:
+        """A message for people (stderr when printing JSON, so stdout stays parseable)."""
+        (self.errors if self.as_json else self.console).print(message)
+
+
+def debug_enabled() -> bool:
+    """True when ``STATEKERNEL_DEBUG`` asks for tracebacks of unexpected errors."""
+    return os.environ.get("STATEKERNEL_DEBUG", "") not in ("", "0")

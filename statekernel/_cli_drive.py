@@ -1,0 +1,144 @@
+"""Driving a run from the command line: the live view, crash simulation and resume."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+
+import attrs
+
+from statekernel._cli_common import Output, UserError
+from statekernel._cli_view import EventPrinter, short
+from statekernel._demo import demo_kernel, is_demo_run
+from statekernel._driver import UNCERTAIN
+from statekernel._kernel import Kernel
+from statekernel._run import Run
+from statekernel._storage import CheckpointStore
+
+__all__ = ["CrashPoint", "drive", "kernel_for_run", "resume_run"]
+
+
+@attrs.frozen
+class CrashPoint:
+    """Kill the process right after the ``nth`` persisted event of type ``event``."""
+
+    event: str
+    nth: int = 1
+
+
+def _crash(event_type: str, run_id: str, revision: int, hint: str, out: Output) -> None:
+    out.console.print()
+    out.errors.print(
+        f"[bold red]crash:[/bold red] killing this process right after {event_type} "
+        f"(run {run_id}, revision {revision}).\nFinish the run with: {hint}"
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if hasattr(signal, "SIGKILL"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(137)
+
+
+async def drive(
+    kernel: Kernel,
+    run_id: str,
+    out: Output,
+    *,
+    crash: CrashPoint | None = None,
+    crash_hint: str = "",
+) -> Run:
+    """Run ``run_id`` until it rests, showing its events; returns the run at rest."""
+    printer = EventPrinter(out.console)
+    seen = 0
+    async for event in kernel.run(run_id):
+        if out.as_json:
+            out.json(event, lines=True)
+        else:
+            printer.show(event)
+        if crash is not None and event.persisted and event.type == crash.event:
+            seen += 1
+            if seen == crash.nth:
+                _crash(event.type, run_id, event.revision, crash_hint, out)
+    printer.close()
+    return await kernel.get(run_id)
+
+
+def _tools_of(run: Run) -> list[str]:
+    turns = (*run.turns, *([run.current_turn] if run.current_turn else []))
+    return sorted({spec.name for turn in turns for spec in turn.request.tools})
+
+
+def kernel_for_run(run: Run, store: CheckpointStore) -> Kernel:
+    """A kernel able to drive ``run`` from here: the demo's for demo runs, else one with
+    the built-in providers and no tools (only runs that use no tools qualify)."""
+    if is_demo_run(run):
+        kernel = demo_kernel(store)
+    else:
+        tools = _tools_of(run)
+        if tools:
+            raise UserError(
+                f"run {run.run_id} uses tools ({', '.join(tools)}) defined by the application "
+                "that started it; resume it there with Kernel.run()"
+            )
+        kernel = Kernel(store)
+    if run.model.startswith("local/") and importlib.util.find_spec("xllamacpp") is None:
+        raise UserError(f"run {run.run_id} runs on {run.model}: pip install 'statekernel[local]'")
+    kernel.registry.get(run.model)  # an unknown provider fails here, before the run moves
+    return kernel
+
+
+def _check_resumable(run: Run) -> None:
+    if run.state == "completed":
+        raise UserError(
+            f"run {run.run_id} is completed: nothing to resume (fork it, or send new input)"
+        )
+    pause = run.pause
+    if run.state == "paused" and pause is not None and pause.reason == UNCERTAIN:
+        calls = pause.metadata.get("calls", []) if isinstance(pause.metadata, dict) else []
+        done = pause.metadata.get("resolutions", {}) if isinstance(pause.metadata, dict) else {}
+        open_calls = [f"{c['id']} ({c['name']})" for c in calls if c["id"] not in done]
+        raise UserError(
+            f"run {run.run_id} is paused on tool calls that may or may not have run: "
+            f"{', '.join(open_calls)}; say what happened with: statekernel runs resolve "
+            f"{run.run_id} CALL_ID --output JSON | --error TEXT | --rerun"
+        )
+
+
+async def resume_run(
+    store: CheckpointStore, run_id: str, out: Output, *, max_turns: int | None = None
+) -> Run:
+    """Resume a paused run, retry a failed one or continue an interrupted one, to rest."""
+    run = await store.load(run_id)
+    _check_resumable(run)
+    kernel = kernel_for_run(run, store)
+    try:
+        if run.state == "paused":
+            await kernel.resume(run_id, max_turns=max_turns)
+        elif run.state == "failed":
+            await kernel.retry(run_id)
+        elif max_turns is not None:
+            raise UserError("--max-turns applies to paused runs only")
+        what = "demo run" if is_demo_run(run) else "run"
+        out.note(f"resuming {what} {run_id} from {run.state} (revision {run.revision})")
+        return await drive(kernel, run_id, out)
+    finally:
+        await kernel.aclose()
+
+
+def summary_line(run: Run) -> str:
+    """One line saying where a run came to rest."""
+    line = f"run {run.run_id}: {run.state} at revision {run.revision}"
+    if run.pause is not None:
+        line += f" ({run.pause.reason})"
+        if run.pause.reason == UNCERTAIN:
+            line += (
+                f"\n  say what happened: statekernel runs resolve {run.run_id} CALL_ID "
+                "--output JSON | --error TEXT | --rerun"
+            )
+    if run.failure is not None:
+        line += f" ({run.failure.error}: {short(run.failure.message, 100)})"
+    if run.state == "completed" and run.last_message is not None and run.last_message.text:
+        line += f"\n  answer: {short(run.last_message.text, 300)}"
+    return line

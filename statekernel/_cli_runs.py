@@ -1,0 +1,299 @@
+"""``statekernel runs ...``: list, inspect, follow, resume, resolve, fork, delete, diagram."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from statekernel._cli_common import Output, UserError, common_options, open_cli_store, run_async
+from statekernel._cli_drive import resume_run, summary_line
+from statekernel._cli_view import EventPrinter, run_details, runs_table
+from statekernel._diagram import FORMATS, render
+from statekernel._kernel import Kernel
+from statekernel._run import STATE_IDS, Run, StateId
+from statekernel._storage import RunSummary
+from statekernel._trace import trace_events
+from statekernel.errors import RunNotFound
+
+__all__ = ["runs"]
+
+
+@click.group()
+def runs() -> None:
+    """Inspect and act on stored runs."""
+
+
+def _exit_for(run: Run) -> None:
+    if run.state == "failed":
+        sys.exit(1)
+
+
+# -- list / show -------------------------------------------------------------------
+
+
+@runs.command("list")
+@click.option("--state", type=click.Choice(STATE_IDS), help="Only runs in this state.")
+@click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
+@common_options
+def list_runs(state: StateId | None, limit: int, store: str | None, as_json: bool) -> None:
+    """List runs, most recently updated first."""
+
+    async def go() -> list[RunSummary]:
+        async with open_cli_store(store) as s:
+            rows: list[RunSummary] = []
+            cursor = None
+            while len(rows) < limit:
+                page = await s.list_runs(state=state, limit=limit - len(rows), cursor=cursor)
+                rows.extend(page.runs)
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+            return rows
+
+    rows = run_async(go())
+    out = Output(as_json)
+    if as_json:
+        out.json(rows)
+    elif rows:
+        out.console.print(runs_table(rows))
+    else:
+        out.console.print("no runs" + (f" in state {state}" if state else ""))
+
+
+@runs.command("show")
+@click.argument("run_id")
+@click.option("--revision", type=click.IntRange(0), help="Show the run as it was at this revision.")
+@click.option("--full", is_flag=True, help="Do not shorten long messages.")
+@common_options
+def show(run_id: str, revision: int | None, full: bool, store: str | None, as_json: bool) -> None:
+    """Show a run: state, context, transcript, tool calls in progress, usage."""
+
+    async def go() -> Run:
+        async with open_cli_store(store) as s:
+            return await s.load(run_id, revision=revision)
+
+    run = run_async(go())
+    out = Output(as_json)
+    if as_json:
+        out.json(run)
+    else:
+        out.console.print(run_details(run, limit=1_000_000 if full else 300))
+
+
+# -- events ------------------------------------------------------------------------
+
+
+@runs.command("events")
+@click.argument("run_id")
+@click.option("--after", type=int, default=-1, help="Only events of revisions after this one.")
+@click.option(
+    "--follow", "-f", is_flag=True, help="Keep printing new events until the run comes to rest."
+)
+@click.option("--interval", type=click.FloatRange(0.01), default=0.5, show_default=True)
+@common_options
+def events(
+    run_id: str, after: int, follow: bool, interval: float, store: str | None, as_json: bool
+) -> None:
+    """Print a run's persisted events (JSON lines with --json)."""
+    out = Output(as_json)
+    printer = EventPrinter(out.console, live=False)
+
+    async def go() -> None:
+        nonlocal after
+        async with open_cli_store(store) as s:
+            while True:
+                for event in await s.events(run_id, after_revision=after):
+                    if as_json:
+                        out.json(event, lines=True)
+                    else:
+                        printer.show(event)
+                    after = max(after, event.revision)
+                if not follow:
+                    return
+                run = await s.load(run_id)
+                if run.is_terminal and run.revision <= after:
+                    return
+                await asyncio.sleep(interval)
+
+    run_async(go())
+
+
+# -- resume / resolve --------------------------------------------------------------
+
+
+@runs.command("resume")
+@click.argument("run_id")
+@click.option("--max-turns", type=click.IntRange(1), help="Raise the turn budget of a paused run.")
+@common_options
+def resume(run_id: str, max_turns: int | None, store: str | None, as_json: bool) -> None:
+    """Continue a run from its last commit until it is paused, failed or completed.
+
+    A paused run is resumed, a failed one retried, an interrupted one (the process
+    died) picked up where it stopped. Demo runs get the demo's tools and model;
+    other runs need a configured built-in provider and must use no tools.
+    """
+    out = Output(as_json)
+
+    async def go() -> Run:
+        async with open_cli_store(store) as s:
+            return await resume_run(s, run_id, out, max_turns=max_turns)
+
+    run = run_async(go())
+    out.note(summary_line(run))
+    _exit_for(run)
+
+
+def _parse_output(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@runs.command("resolve")
+@click.argument("run_id")
+@click.argument("call_id")
+@click.option("--output", "output", metavar="JSON", help="The call ran and returned this.")
+@click.option("--error", "error", metavar="TEXT", help="The call failed with this error.")
+@click.option("--rerun", is_flag=True, help="Run the call again.")
+@common_options
+def resolve(
+    run_id: str,
+    call_id: str,
+    output: str | None,
+    error: str | None,
+    rerun: bool,
+    store: str | None,
+    as_json: bool,
+) -> None:
+    """Say what happened to a tool call a crash left uncertain.
+
+    ``--output`` is parsed as JSON when it is valid JSON, else taken as a string.
+    When every uncertain call is resolved the run leaves ``paused``; continue it
+    with ``statekernel runs resume``.
+    """
+    if (output is not None) + (error is not None) + rerun != 1:
+        raise UserError("give exactly one of --output, --error or --rerun")
+
+    async def go() -> Run:
+        async with open_cli_store(store) as s:
+            kernel = Kernel(s)
+            try:
+                if output is not None:
+                    return await kernel.resolve_tool_call(
+                        run_id, call_id, output=_parse_output(output)
+                    )
+                return await kernel.resolve_tool_call(run_id, call_id, error=error, rerun=rerun)
+            finally:
+                await kernel.aclose()
+
+    run = run_async(go())
+    out = Output(as_json)
+    if as_json:
+        out.json(run)
+    elif run.state == "paused":
+        out.console.print(f"resolved {call_id}; run {run_id} still waits for other calls")
+    else:
+        out.console.print(
+            f"resolved {call_id}; run {run_id} is back in {run.state}: "
+            f"continue it with: statekernel runs resume {run_id}"
+        )
+
+
+# -- fork / delete -----------------------------------------------------------------
+
+
+@runs.command("fork")
+@click.argument("run_id")
+@click.option("--at", "at", type=click.IntRange(0), help="Revision to fork from (default: head).")
+@common_options
+def fork(run_id: str, at: int | None, store: str | None, as_json: bool) -> None:
+    """Start a new, independent run from a run as it was at a revision."""
+
+    async def go() -> Run:
+        async with open_cli_store(store) as s:
+            kernel = Kernel(s)
+            try:
+                return await kernel.fork(run_id, at_revision=at)
+            finally:
+                await kernel.aclose()
+
+    run = run_async(go())
+    out = Output(as_json)
+    if as_json:
+        out.json({"run_id": run.run_id, "from_run_id": run_id, "state": run.state})
+    else:
+        out.console.print(f"forked {run_id} -> {run.run_id} ({run.state})")
+        out.console.print(f"continue it with: statekernel runs resume {run.run_id}")
+
+
+@runs.command("delete")
+@click.argument("run_id")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@common_options
+def delete(run_id: str, yes: bool, store: str | None, as_json: bool) -> None:
+    """Delete a run with all its revisions and events."""
+    if not yes and not as_json and sys.stdin.isatty():
+        click.confirm(f"delete run {run_id} and all its data?", abort=True)
+
+    async def go() -> bool:
+        async with open_cli_store(store) as s:
+            return await s.delete(run_id)
+
+    if not run_async(go()):
+        raise UserError(str(RunNotFound(run_id)))
+    out = Output(as_json)
+    if as_json:
+        out.json({"run_id": run_id, "deleted": True})
+    else:
+        out.console.print(f"deleted run {run_id}")
+
+
+# -- diagram -----------------------------------------------------------------------
+
+
+@runs.command("diagram")
+@click.argument("run_id")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="File to write (.svg, .dot or .mmd; '-' for stdout). Default: RUN_ID.svg.",
+)
+@common_options
+def diagram(run_id: str, output: str | None, store: str | None, as_json: bool) -> None:
+    """Draw the lifecycle with the states and transitions this run went through."""
+    target = output or f"{run_id}.svg"
+    fmt = "svg" if target == "-" else Path(target).suffix.lstrip(".").lower()
+    if fmt not in FORMATS:
+        raise UserError(f"cannot tell the format of {target!r}: use .svg, .dot or .mmd")
+
+    async def go() -> bytes:
+        async with open_cli_store(store) as s:
+            run = await s.load(run_id)
+            try:
+                initial = (await s.load(run_id, revision=0)).state
+            except RunNotFound:
+                initial = "init"
+            title = f"run {run_id}: {run.state} at revision {run.revision}"
+            trace = trace_events(
+                await s.events(run_id), initial=initial, current=run.state, title=title
+            )
+            return render(fmt, trace)
+
+    data = run_async(go())
+    if target == "-":
+        sys.stdout.buffer.write(data)
+        return
+    Path(target).write_bytes(data)
+    out = Output(as_json)
+    if as_json:
+        out.json({"run_id": run_id, "path": target, "format": fmt})
+    else:
+        out.console.print(f"wrote {target}")

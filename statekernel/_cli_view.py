@@ -1,0 +1,212 @@
+"""How the ``statekernel`` command shows events and runs to people (rich)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import datetime
+
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from statekernel._events import Event
+from statekernel._messages import (
+    JSON,
+    Message,
+    ReasoningPart,
+    TextPart,
+    ToolCall,
+    ToolResult,
+)
+from statekernel._run import Run, ToolCallRecord
+from statekernel._storage import RunSummary
+
+__all__ = ["EventPrinter", "run_details", "runs_table", "short", "state_text"]
+
+STATE_STYLES = {
+    "init": "white",
+    "preparing_turn": "cyan",
+    "calling_model": "cyan",
+    "dispatching_tools": "cyan",
+    "paused": "yellow",
+    "failed": "red",
+    "completed": "green",
+}
+
+_EVENT_STYLES = {
+    "run_completed": "bold green",
+    "run_failed": "bold red",
+    "run_paused": "bold yellow",
+    "run_resumed": "yellow",
+    "run_retried": "yellow",
+    "tool_call_started": "magenta",
+    "tool_call_completed": "magenta",
+    "model_started": "blue",
+    "model_restarted": "bold blue",
+    "model_completed": "blue",
+}
+
+
+def short(value: JSON, limit: int = 120) -> str:
+    """Compact one-line JSON (or the string itself), cut to ``limit`` characters."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def state_text(state: str) -> Text:
+    """A state id, coloured."""
+    return Text(state, style=STATE_STYLES.get(state, ""))
+
+
+def _clock(at: datetime) -> str:
+    return at.astimezone().strftime("%H:%M:%S")
+
+
+def _event_data(event: Event) -> str:
+    data = event.data if isinstance(event.data, dict) else {"data": event.data}
+    return " ".join(f"{k}={short(v, 60)}" for k, v in data.items())
+
+
+class EventPrinter:
+    """Prints a run's events as they come: persisted ones as lines, live text inline.
+
+    ``live=False`` (``runs events``) prints persisted events only, with their time.
+    """
+
+    def __init__(self, console: Console, *, live: bool = True) -> None:
+        self.console = console
+        self.live = live
+        self._inline = False
+
+    def _end_inline(self) -> None:
+        if self._inline:
+            self.console.print()
+            self._inline = False
+
+    def show(self, event: Event) -> None:
+        """Print one event."""
+        if event.persisted:
+            self._end_inline()
+            style = _EVENT_STYLES.get(event.type, "")
+            head = f"[dim]{_clock(event.at)} r{event.revision:<3} #{event.seq:<4}[/dim]"
+            line = f"{head} [{style}]{event.type}[/{style}] " if style else f"{head} {event.type} "
+            self.console.print(line + escape(_event_data(event)), soft_wrap=True)
+        elif self.live:
+            self._show_live(event)
+
+    def _show_live(self, event: Event) -> None:
+        data = event.data if isinstance(event.data, dict) else {}
+        if event.type in ("text_delta", "reasoning_delta"):
+            if not self._inline:
+                self.console.print("[dim]   \u2502[/dim] ", end="")
+                self._inline = True
+            style = "italic dim" if event.type == "reasoning_delta" else "bold"
+            text = Text(str(data.get("text", "")), style=style)
+            self.console.print(text, end="", soft_wrap=True)
+        elif event.type == "tool_output":
+            self._end_inline()
+            out = escape(short(data.get("data"), 100))
+            self.console.print(f"[dim]   \u2502 {data.get('call_id')}: {out}[/dim]", soft_wrap=True)
+
+    def close(self) -> None:
+        """End a line of streamed text."""
+        self._end_inline()
+
+
+def runs_table(rows: Iterable[RunSummary]) -> Table:
+    """The ``runs list`` table."""
+    table = Table(show_edge=False, header_style="bold")
+    for name in ("run id", "state", "turns", "rev", "model", "updated"):
+        table.add_column(name, justify="right" if name in ("turns", "rev") else "left")
+    for s in rows:
+        updated = s.updated_at.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(
+            s.run_id, state_text(s.state), str(s.turns), str(s.revision), s.model, updated
+        )
+    return table
+
+
+def _message_lines(message: Message, limit: int) -> list[Text]:
+    lines = []
+    role = Text(f"{message.role:>9} ", style="bold")
+    for part in message.content:
+        if isinstance(part, TextPart) and part.text:
+            lines.append(role + Text(short(part.text, limit)))
+        elif isinstance(part, ReasoningPart):
+            lines.append(role + Text(short(part.text, limit), style="italic dim"))
+        elif isinstance(part, ToolCall):
+            lines.append(role + Text(f"\u2192 {part.name}({short(part.arguments, limit)})"))
+            lines[-1].append(f"  [{part.id}]", style="dim")
+        elif isinstance(part, ToolResult):
+            style = "red" if part.is_error else ""
+            text = Text(f"\u2190 {part.name}: {short(part.content, limit)}", style=style)
+            lines.append(role + text)
+        role = Text(" " * 10)
+    return lines or [role + Text("(empty)", style="dim")]
+
+
+def _calls_table(title: str, records: Iterable[ToolCallRecord]) -> Table | None:
+    records = list(records)
+    if not records:
+        return None
+    table = Table(title=title, title_justify="left", show_edge=False, header_style="bold")
+    for name in ("call id", "tool", "input", "attempt", "result"):
+        table.add_column(name)
+    for r in records:
+        result = r.error if r.error is not None else short(r.output, 60) if r.finished_at else ""
+        table.add_row(r.id, r.name, short(r.input, 60), str(r.attempt), result or "")
+    return table
+
+
+def _header(run: Run) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("run", run.run_id)
+    grid.add_row("state", state_text(run.state))
+    grid.add_row("revision", str(run.revision))
+    grid.add_row("model", run.model)
+    grid.add_row("turns", f"{run.turn_count}" + (f" / {run.max_turns}" if run.max_turns else ""))
+    grid.add_row("created", run.created_at.astimezone().isoformat(timespec="seconds"))
+    grid.add_row("updated", run.updated_at.astimezone().isoformat(timespec="seconds"))
+    if run.pause is not None:
+        detail = f"{run.pause.reason} (resumes to {run.pause.resume_to})"
+        grid.add_row("paused", Text(detail, style="yellow"))
+        if run.pause.metadata:
+            grid.add_row("", short(run.pause.metadata, 200))
+    if run.failure is not None:
+        f = run.failure
+        grid.add_row("failed", Text(f"{f.error}: {f.message} (in {f.failed_in})", style="red"))
+    u = run.usage
+    usage = f"input {u.input_tokens}, output {u.output_tokens}"
+    if u.cache_read_tokens or u.cache_write_tokens:
+        usage += f", cache read {u.cache_read_tokens}, cache write {u.cache_write_tokens}"
+    if u.reasoning_tokens:
+        usage += f", reasoning {u.reasoning_tokens}"
+    grid.add_row("usage", usage + f" (total {u.total_tokens})")
+    grid.add_row("context", short(run.context, 200))
+    return grid
+
+
+def run_details(run: Run, *, limit: int = 300) -> Group:
+    """The ``runs show`` view: header, transcript and the current turn's tool calls."""
+    transcript = [line for m in run.messages for line in _message_lines(m, limit)]
+    parts: list[object] = [
+        _header(run),
+        Panel(Group(*transcript) if transcript else Text("(empty)"), title="transcript"),
+    ]
+    turn = run.current_turn
+    if turn is not None:
+        for title, records in (
+            ("pending tool calls", turn.pending),
+            ("in-flight tool calls", turn.in_flight),
+            ("completed tool calls (this turn)", turn.completed),
+        ):
+            table = _calls_table(title, records)
+            if table is not None:
+                parts.append(table)
+    return Group(*parts)  # type: ignore[arg-type]
