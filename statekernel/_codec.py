@@ -19,7 +19,7 @@ the head alone. Decoding gives records equal to the ones committed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -40,7 +40,7 @@ from statekernel._codec_records import Reader, Writer, state_id
 from statekernel._events import Event
 from statekernel._messages import Message
 from statekernel._run import SCHEMA_VERSION, Run, Turn
-from statekernel._storage import Checkpoint
+from statekernel._storage import Checkpoint, RunSummary
 from statekernel.errors import CorruptCheckpoint
 
 __all__ = [
@@ -49,6 +49,8 @@ __all__ = [
     "decode_events",
     "decode_run",
     "encode_commit",
+    "head_summary",
+    "iter_history",
     "log_ends",
     "replay",
     "snapshot_of",
@@ -176,61 +178,97 @@ def decode_run(
     head: Mapping[str, Any],
     message_docs: Sequence[Any],
     turn_docs: Sequence[Any],
-    blobs: Mapping[str, bytes],
+    blobs: Mapping[str, bytes | str],
     *,
     what: str = "run",
 ) -> Run:
     """The run a head describes, given its logs (from position 0) and blobs."""
-    if not isinstance(head, Mapping):
-        raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
-    version = _check_version(head, what)
-    try:
-        return _decode_run(head, message_docs, turn_docs, blobs, version)
-    except _DECODE_ERRORS as exc:
-        raise corrupt(what, exc) from exc
+    return _Decoder(message_docs, turn_docs, blobs).run(head, what)
 
 
-def _decode_run(
-    head: Mapping[str, Any],
+def iter_history(
+    entries: Iterable[tuple[int, Any]],
     message_docs: Sequence[Any],
     turn_docs: Sequence[Any],
-    blobs: Mapping[str, bytes],
-    version: int,
-) -> Run:
-    decoded: list[Message | None] = [None] * len(message_docs)
+    blobs: Mapping[str, bytes | str],
+    run_id: str,
+    *,
+    what: str = "run history",
+) -> Iterator[tuple[Run, list[Event]]]:
+    """Every revision of a run with the events of its commit, from its whole commit log.
 
-    def message_at(pos: int) -> Message:
-        found = decoded[pos]
+    Revisions share their message and turn objects, as they did when committed.
+    """
+    decoder = _Decoder(message_docs, turn_docs, blobs)
+    head: dict[str, Any] = {}
+    for revision, entry in entries:
+        try:
+            head = dict(entry["f"]) if "f" in entry else apply_patch(head, entry["p"])
+        except _DECODE_ERRORS as exc:
+            raise corrupt(what, exc) from exc
+        head["r"] = revision
+        yield decoder.run(head, what), decode_events([(revision, entry)], run_id, what=what)
+
+
+class _Decoder:
+    """Decodes heads against one run's logs; messages and turns are decoded once."""
+
+    def __init__(
+        self, message_docs: Sequence[Any], turn_docs: Sequence[Any], blobs: Mapping[str, Any]
+    ) -> None:
+        self.message_docs = message_docs
+        self.turn_docs = turn_docs
+        self.messages: list[Message | None] = [None] * len(message_docs)
+        self.turns: dict[int, Turn] = {}
+        self.reader = Reader(blobs, self.message_at)
+
+    def message_at(self, pos: int) -> Message:
+        found = self.messages[pos]
         if found is None:
-            found = decoded[pos] = reader.message(message_docs[pos])
+            found = self.messages[pos] = self.reader.message(self.message_docs[pos])
         return found
 
-    reader = Reader(blobs, message_at)
-    m0, mn = head["$m"]
-    t0, tn = head["$t"]
-    if m0 + mn > len(message_docs) or t0 + tn > len(turn_docs):
-        raise ValueError("the head references parts that are not stored")
-    turns: tuple[Turn, ...] = tuple(reader.turn(turn_docs[i]) for i in range(t0, t0 + tn))
-    return Run(
-        run_id=_text(head["id"]),
-        model=_text(head["M"]),
-        revision=_int(head["r"]),
-        state=state_id(head["s"]),
-        context=reader.json(head["c"]) if "c" in head else {},
-        messages=tuple(message_at(i) for i in range(m0, m0 + mn)),
-        turns=turns,
-        current_turn=reader.turn(head["T"]) if "T" in head else None,
-        pause=reader.pause(head["P"]) if "P" in head else None,
-        failure=reader.failure(head["F"]) if "F" in head else None,
-        usage=reader.usage(head.get("U", [])),
-        max_turns=head.get("x"),
-        resume_value=reader.json(head.get("v")),
-        pending_pause=reader.pause(head["pp"]) if "pp" in head else None,
-        event_count=_int(head.get("ec", 0)),
-        created_at=dec_time(head["ca"]),
-        updated_at=dec_time(head["ua"]),
-        schema_version=version,
-    )
+    def turn_at(self, pos: int) -> Turn:
+        found = self.turns.get(pos)
+        if found is None:
+            found = self.turns[pos] = self.reader.turn(self.turn_docs[pos])
+        return found
+
+    def run(self, head: Mapping[str, Any], what: str) -> Run:
+        if not isinstance(head, Mapping):
+            raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
+        version = _check_version(head, what)
+        try:
+            return self._run(head, version)
+        except _DECODE_ERRORS as exc:
+            raise corrupt(what, exc) from exc
+
+    def _run(self, head: Mapping[str, Any], version: int) -> Run:
+        reader = self.reader
+        m0, mn = head["$m"]
+        t0, tn = head["$t"]
+        if m0 + mn > len(self.message_docs) or t0 + tn > len(self.turn_docs):
+            raise ValueError("the head references parts that are not stored")
+        return Run(
+            run_id=_text(head["id"]),
+            model=_text(head["M"]),
+            revision=_int(head["r"]),
+            state=state_id(head["s"]),
+            context=reader.json(head["c"]) if "c" in head else {},
+            messages=tuple(self.message_at(i) for i in range(m0, m0 + mn)),
+            turns=tuple(self.turn_at(i) for i in range(t0, t0 + tn)),
+            current_turn=reader.turn(head["T"]) if "T" in head else None,
+            pause=reader.pause(head["P"]) if "P" in head else None,
+            failure=reader.failure(head["F"]) if "F" in head else None,
+            usage=reader.usage(head.get("U", [])),
+            max_turns=head.get("x"),
+            resume_value=reader.json(head.get("v")),
+            pending_pause=reader.pause(head["pp"]) if "pp" in head else None,
+            event_count=_int(head.get("ec", 0)),
+            created_at=dec_time(head["ca"]),
+            updated_at=dec_time(head["ua"]),
+            schema_version=version,
+        )
 
 
 def _text(value: Any) -> str:
@@ -243,6 +281,23 @@ def _int(value: Any) -> int:
     if type(value) is not int:
         raise TypeError(f"expected an integer, got {type(value).__name__}")
     return value
+
+
+def head_summary(head: Mapping[str, Any], *, what: str = "run head") -> RunSummary:
+    """The listing line of a stored head, without reading its parts."""
+    try:
+        turns = head["$t"][1] + (1 if "T" in head else 0)
+        return RunSummary(
+            _text(head["id"]),
+            state_id(head["s"]),
+            _int(head["r"]),
+            _text(head["M"]),
+            _int(turns),
+            dec_time(head["ca"]),
+            dec_time(head["ua"]),
+        )
+    except _DECODE_ERRORS as exc:
+        raise corrupt(what, exc) from exc
 
 
 def snapshot_of(revision: int) -> int:

@@ -167,7 +167,7 @@ class BlobWriter:
 class BlobReader:
     """Decodes what ``BlobWriter`` wrote, given the run's blobs."""
 
-    def __init__(self, blobs: Mapping[str, bytes]) -> None:
+    def __init__(self, blobs: Mapping[str, bytes | str]) -> None:
         self._blobs = blobs
         self._texts: dict[str, str] = {}
 
@@ -178,7 +178,7 @@ class BlobReader:
             data = self._blobs.get(key)
             if data is None:
                 raise KeyError(f"missing blob {key!r}")
-            text = self._texts[key] = blob_text(data)
+            text = self._texts[key] = data if isinstance(data, str) else blob_text(data)
         return text
 
     def s(self, value: Any) -> str:

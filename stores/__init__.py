@@ -7,15 +7,23 @@
 from __future__ import annotations
 
 from statekernel._storage import Checkpoint, CheckpointStore, RunPage, RunSummary
+from statekernel.stores._file import FileStore
 from statekernel.stores._memory import MemoryStore
+from statekernel.stores._migrate import migrate
 from statekernel.stores._open import open_store, redact_url
+from statekernel.stores._redis import RedisStore
+from statekernel.stores._sqlite import SQLiteStore
 
 __all__ = [
     "Checkpoint",
     "CheckpointStore",
+    "FileStore",
     "MemoryStore",
+    "RedisStore",
     "RunPage",
     "RunSummary",
+    "SQLiteStore",
+    "migrate",
     "open_store",
     "redact_url",
 ]

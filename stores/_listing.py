@@ -15,7 +15,13 @@ __all__ = ["decode_cursor", "encode_cursor", "page_of", "summary_of"]
 def summary_of(run: Run) -> RunSummary:
     """The listing line of a run head."""
     return RunSummary(
-        run.run_id, run.state, run.revision, run.model, run.turn_count, run.created_at, run.updated_at
+        run.run_id,
+        run.state,
+        run.revision,
+        run.model,
+        run.turn_count,
+        run.created_at,
+        run.updated_at,
     )
 
 

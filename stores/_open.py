@@ -33,6 +33,18 @@ def open_store(url: str) -> CheckpointStore:
         from statekernel.stores._memory import MemoryStore
 
         return MemoryStore(url.split("://", 1)[1])
+    if scheme == "sqlite":
+        from statekernel.stores._sqlite import SQLiteStore
+
+        return SQLiteStore(url)
+    if scheme == "file":
+        from statekernel.stores._file import FileStore
+
+        return FileStore(url)
+    if scheme in ("redis", "rediss"):
+        from statekernel.stores._redis import RedisStore
+
+        return RedisStore(url)
     raise ConfigError(
         f"unknown store URL scheme {scheme!r} in {redact_url(url)!r} "
         "(known: memory, file, sqlite, redis, rediss)"

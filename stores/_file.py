@@ -1,0 +1,199 @@
+"""``file:///path/dir``: one folder per run, append-only JSON lines and an atomic head.
+
+A run's folder (0700) holds ``log.jsonl`` (messages, turns, blobs and commit log
+entries, one JSON array per line, appended and fsynced) and ``head.json`` (the
+head plus the byte length of the log it covers), replaced atomically: temp file,
+fsync, rename, fsync of the folder. The rename is the commit point; bytes of the
+log past the length in ``head.json`` are the torn tail of a commit that never
+happened and are ignored (and cut off by the next commit). A ``lock`` file taken
+with ``flock`` serializes committers across processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from statekernel._codec import (
+    decode_events,
+    decode_run,
+    encode_commit,
+    head_summary,
+    iter_history,
+    log_ends,
+    replay,
+    snapshot_of,
+)
+from statekernel._codec_base import blob_text, dump_bytes
+from statekernel._events import Event
+from statekernel._run import Run, StateId
+from statekernel._storage import Checkpoint, RunPage, RunSummary
+from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
+from statekernel.stores._common import check_head, check_revision
+from statekernel.stores._file_io import LAYOUT_VERSION, RunFolder, read_head, write_head
+from statekernel.stores._listing import page_of
+
+__all__ = ["FileStore"]
+
+_PLAIN = re.compile(r"[a-z0-9_-][a-z0-9._-]{0,99}")
+
+
+def folder_name(run_id: str) -> str:
+    """A safe folder name for a run id (lowercase ids as is, others hashed after a ``~``)."""
+    if _PLAIN.fullmatch(run_id):
+        return run_id
+    return (
+        "~" + hashlib.blake2b(run_id.encode("utf-8", "surrogatepass"), digest_size=20).hexdigest()
+    )
+
+
+class FileStore:
+    """Runs as folders of append-only files under one directory."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.netloc not in ("", "localhost") or not parts.path or parts.query:
+            raise ConfigError(f"bad file store URL {url!r}: expected file:///path/to/dir")
+        self.url = url
+        self.root = Path(unquote(parts.path))
+
+    def _folder(self, run_id: str) -> RunFolder:
+        return RunFolder(self.root / folder_name(run_id), self.url)
+
+    async def load(self, run_id: str, *, revision: int | None = None) -> Run:
+        """The run at its head, or at ``revision``."""
+        return await asyncio.to_thread(self._load, run_id, revision)
+
+    def _load(self, run_id: str, revision: int | None) -> Run:
+        folder = self._folder(run_id)
+        with folder.snapshot() as snap:
+            if snap is None:
+                raise RunNotFound(run_id)
+            head = _own_head(snap.head, run_id, folder)
+            wanted = check_revision(run_id, revision, head["r"])
+            if wanted != head["r"]:
+                entries = [(r, e) for r, e in snap.commits(snapshot_of(wanted)) if r <= wanted]
+                head = replay(entries, what=f"history of {folder.path}")
+            m_end, t_end = log_ends(head)
+            messages, turns, blobs = snap.parts(m_end, t_end)
+        return decode_run(head, messages, turns, blobs, what=f"run in {folder.path}")
+
+    async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
+        """Every revision with the events of its commit, oldest first (for copying runs)."""
+        items = await asyncio.to_thread(lambda: list(self._history(run_id)))
+        for item in items:
+            yield item
+
+    def _history(self, run_id: str) -> Iterator[tuple[Run, list[Event]]]:
+        folder = self._folder(run_id)
+        with folder.snapshot() as snap:
+            if snap is None:
+                raise RunNotFound(run_id)
+            m_end, t_end = log_ends(_own_head(snap.head, run_id, folder))
+            entries = snap.commits(0)
+            messages, turns, blobs = snap.parts(m_end, t_end)
+        what = f"history in {folder.path}"
+        yield from iter_history(entries, messages, turns, blobs, run_id, what=what)
+
+    async def commit(self, checkpoint: Checkpoint) -> None:
+        """Append the parts, then replace the head, under the run's lock."""
+        await asyncio.to_thread(self._commit, checkpoint)
+
+    def _commit(self, cp: Checkpoint) -> None:
+        run = cp.run
+        folder = self._folder(run.run_id)
+        with folder.locked(create=run.revision == 0) as state:
+            prior = None if state is None else _own_head(state.head, run.run_id, folder)
+            check_head(cp, None if prior is None else prior["r"])
+            enc = encode_commit(cp, prior)
+            lines = [dump_bytes(["b", k, blob_text(v)]) + b"\n" for k, v in enc.blobs.items()]
+            lines += _numbered("m", enc.first_message, enc.messages)
+            lines += _numbered("t", enc.first_turn, enc.turns)
+            lines.append(dump_bytes(["c", run.revision, enc.entry]) + b"\n")
+            size = folder.append(0 if state is None else state.size, b"".join(lines))
+            write_head(folder, {"v": LAYOUT_VERSION, "sz": size, "head": enc.head})
+
+    async def events(
+        self, run_id: str, *, after_revision: int = -1, limit: int | None = None
+    ) -> list[Event]:
+        """Persisted events of the revisions after ``after_revision``."""
+        return await asyncio.to_thread(self._events, run_id, after_revision, limit)
+
+    def _events(self, run_id: str, after: int, limit: int | None) -> list[Event]:
+        folder = self._folder(run_id)
+        with folder.snapshot() as snap:
+            if snap is None:
+                raise RunNotFound(run_id)
+            _own_head(snap.head, run_id, folder)
+            found = decode_events(snap.commits(after + 1), run_id, what=f"events in {folder.path}")
+        return found if limit is None else found[:limit]
+
+    async def list_runs(
+        self,
+        *,
+        state: StateId | None = None,
+        updated_after: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """Runs, newest update first (reads every run's head)."""
+        summaries = await asyncio.to_thread(lambda: list(self._summaries()))
+        return page_of(
+            summaries, state=state, updated_after=updated_after, limit=limit, cursor=cursor
+        )
+
+    def _summaries(self) -> Iterator[RunSummary]:
+        try:
+            names = sorted(os.listdir(self.root))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StoreError(f"file store {str(self.root)!r}: {exc}") from exc
+        for name in names:
+            if name.startswith("."):
+                continue
+            folder = RunFolder(self.root / name, self.url)
+            doc = read_head(folder)
+            if doc is not None:
+                yield head_summary(doc["head"], what=f"head in {folder.path}")
+
+    async def delete(self, run_id: str) -> bool:
+        """Remove the run's folder (renamed aside under its lock, then deleted)."""
+        return await asyncio.to_thread(self._delete, run_id)
+
+    def _delete(self, run_id: str) -> bool:
+        folder = self._folder(run_id)
+        grave = self.root / f".deleted-{uuid.uuid4().hex}"
+        with folder.locked(create=False) as state:
+            if state is None:
+                return False
+            try:
+                os.rename(folder.path, grave)
+            except OSError as exc:
+                raise StoreError(f"cannot delete {str(folder.path)!r}: {exc}") from exc
+        shutil.rmtree(grave, ignore_errors=True)
+        return True
+
+    async def aclose(self) -> None:
+        """Nothing stays open between calls."""
+
+
+def _own_head(doc: dict[str, Any], run_id: str, folder: RunFolder) -> dict[str, Any]:
+    head = doc.get("head")
+    if not isinstance(head, dict) or head.get("id") != run_id or type(head.get("r")) is not int:
+        raise CorruptCheckpoint(f"invalid head in {folder.path}: not a head of run {run_id!r}")
+    return head
+
+
+def _numbered(kind: str, first: int, docs: tuple[bytes, ...]) -> list[bytes]:
+    prefix = f'["{kind}",'.encode()
+    return [b"%s%d,%s]\n" % (prefix, first + i, d) for i, d in enumerate(docs)]

@@ -1,0 +1,241 @@
+"""Crash-safe file operations of the file store: lock, append, atomic head, snapshot reads."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from statekernel._codec_base import dump_bytes, load_json
+from statekernel.errors import CorruptCheckpoint, StoreError
+
+__all__ = ["Locked", "RunFolder", "Snapshot", "read_head", "write_head"]
+
+HEAD = "head.json"
+LOG = "log.jsonl"
+LOCK = "lock"
+LAYOUT_VERSION = 1
+
+
+@attrs.frozen
+class Locked:
+    """A run's stored head document (``{"v", "sz", "head"}``) read under its lock."""
+
+    head: dict[str, Any]
+    size: int
+
+
+@attrs.define
+class Snapshot:
+    """The head and the committed part of the log of one run, read together."""
+
+    head: dict[str, Any]
+    log: bytes
+    where: str
+
+    def _lines(self, kind: bytes) -> Iterator[bytes]:
+        prefix = b'["' + kind + b'",'
+        for line in self.log.split(b"\n"):
+            if line.startswith(prefix):
+                yield line
+
+    def _parse(self, lines: list[bytes], what: str) -> list[Any]:
+        parsed = load_json(b"[" + b",".join(lines) + b"]", f"{what} in {self.where}")
+        return parsed  # type: ignore[no-any-return]
+
+    def commits(self, first: int) -> list[tuple[int, Any]]:
+        """Commit log entries of revisions ``first`` and later, in order."""
+        chosen = [ln for ln in self._lines(b"c") if _revision(ln) >= first]
+        return [(rev, entry) for _, rev, entry in self._parse(chosen, "commit log")]
+
+    def parts(self, m_end: int, t_end: int) -> tuple[list[Any], list[Any], dict[str, Any]]:
+        """Messages and turns (positions from 0) and the blobs of the run."""
+        messages = self._numbered(b"m", m_end, "messages")
+        turns = self._numbered(b"t", t_end, "turns")
+        blobs: dict[str, Any] = {}
+        for _, key, text in self._parse(list(self._lines(b"b")), "blobs"):
+            blobs.setdefault(key, text)
+        return messages, turns, blobs
+
+    def _numbered(self, kind: bytes, end: int, what: str) -> list[Any]:
+        rows = self._parse(list(self._lines(kind)), what)[:end]
+        if [pos for _, pos, _ in rows] != list(range(end)):
+            raise CorruptCheckpoint(f"invalid {what} in {self.where}: positions do not match")
+        return [doc for _, _, doc in rows]
+
+
+def _revision(line: bytes) -> int:
+    end = line.index(b",", 5)
+    return int(line[5:end])
+
+
+def _opener(dir_fd: int) -> Any:
+    return lambda name, flags: os.open(name, flags, dir_fd=dir_fd)
+
+
+@attrs.frozen
+class RunFolder:
+    """The folder of one run."""
+
+    path: Path
+    url: str
+
+    def _fail(self, what: str, exc: OSError) -> StoreError:
+        return StoreError(f"file store {str(self.path)!r}: cannot {what}: {exc}")
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[Snapshot | None]:
+        """The head and the log it covers, or None when there is no run here."""
+        try:
+            dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            yield None
+            return
+        except OSError as exc:
+            raise self._fail("open the run folder", exc) from exc
+        try:
+            doc = read_head(self, dir_fd=dir_fd)
+            if doc is None:
+                yield None
+                return
+            yield Snapshot(doc, self._read_log(dir_fd, doc["sz"]), str(self.path))
+        finally:
+            os.close(dir_fd)
+
+    def _read_log(self, dir_fd: int, size: int) -> bytes:
+        try:
+            with open(LOG, "rb", opener=_opener(dir_fd)) as f:
+                data = f.read(size)
+        except FileNotFoundError:
+            data = b""
+        except OSError as exc:
+            raise self._fail("read the log", exc) from exc
+        if len(data) != size or (data and not data.endswith(b"\n")):
+            raise CorruptCheckpoint(
+                f"invalid log {str(self.path / LOG)!r}: {len(data)} of {size} committed bytes"
+            )
+        return data
+
+    @contextlib.contextmanager
+    def locked(self, *, create: bool) -> Iterator[Locked | None]:
+        """Hold the run's lock; yields its stored head, or None when there is no run."""
+        while True:
+            if create:
+                self._make_folder()
+            try:
+                fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+            except FileNotFoundError:
+                if create:
+                    continue
+                yield None
+                return
+            except OSError as exc:
+                raise self._fail("open the lock", exc) from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if not self._still_here(fd):
+                    if create:
+                        continue
+                    yield None
+                    return
+                doc = read_head(self)
+                yield None if doc is None else Locked(doc, doc["sz"])
+                return
+            finally:
+                os.close(fd)
+
+    def _still_here(self, fd: int) -> bool:
+        try:
+            return os.stat(self.path / LOCK).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            return False
+
+    def _make_folder(self) -> None:
+        try:
+            if not self.path.parent.is_dir():
+                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not self.path.is_dir():
+                self.path.mkdir(mode=0o700, exist_ok=True)
+                _fsync_dir(self.path.parent)
+        except OSError as exc:
+            raise self._fail("create the run folder", exc) from exc
+
+    def append(self, committed: int, data: bytes) -> int:
+        """Cut the log to its committed length, append ``data``, fsync; the new length."""
+        try:
+            fd = os.open(self.path / LOG, os.O_WRONLY | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise self._fail("open the log", exc) from exc
+        try:
+            size = os.fstat(fd).st_size
+            if size < committed:
+                raise CorruptCheckpoint(
+                    f"invalid log {str(self.path / LOG)!r}: {size} of {committed} committed bytes"
+                )
+            if size > committed:
+                os.ftruncate(fd, committed)
+            end = _write_all(fd, data, committed)
+            os.fsync(fd)
+            return end
+        except OSError as exc:
+            raise self._fail("append to the log", exc) from exc
+        finally:
+            os.close(fd)
+
+
+def read_head(folder: RunFolder, *, dir_fd: int | None = None) -> dict[str, Any] | None:
+    """The stored head document of a run folder, or None when it has none."""
+    path = folder.path / HEAD
+    try:
+        if dir_fd is None:
+            data = path.read_bytes()
+        else:
+            with open(HEAD, "rb", opener=_opener(dir_fd)) as f:
+                data = f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise StoreError(f"file store {str(path)!r}: cannot read the head: {exc}") from exc
+    doc = load_json(data, f"head file {str(path)!r}")
+    if not isinstance(doc, dict) or type(doc.get("sz")) is not int or "head" not in doc:
+        raise CorruptCheckpoint(f"invalid head file {str(path)!r}: not a run head")
+    if doc.get("v") != LAYOUT_VERSION:
+        raise StoreError(f"head file {str(path)!r}: unknown file store layout {doc.get('v')!r}")
+    return doc
+
+
+def write_head(folder: RunFolder, doc: dict[str, Any]) -> None:
+    """Replace ``head.json`` atomically: temp file, fsync, rename, fsync of the folder."""
+    tmp = folder.path / (HEAD + ".tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            _write_all(fd, dump_bytes(doc), 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, folder.path / HEAD)
+        _fsync_dir(folder.path)
+    except OSError as exc:
+        raise StoreError(f"file store {str(folder.path)!r}: cannot write the head: {exc}") from exc
+
+
+def _write_all(fd: int, data: bytes, offset: int) -> int:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+    return offset
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,326 @@
+"""``redis://host:port/db`` (and ``rediss://``): runs in Redis, one Lua script per commit.
+
+Keys of a run share the hash tag ``{run}`` (Cluster-ready): ``<prefix>:{run}:head``
+(hash: revision and head document), ``:c`` (list: commit log entry per revision),
+``:m`` and ``:t`` (lists: message and turn logs), ``:b`` (hash: blobs). The commit
+script checks the head and the log lengths, then writes the head and appends the
+parts and the commit log entry, all or nothing. The run index ``<prefix>:runs`` (a
+sorted set by update time) is updated right after each commit. Options in the
+query: ``prefix=...`` (default ``statekernel``); AUTH and TLS as in ``redis-py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+from collections.abc import AsyncIterator, Awaitable
+from datetime import datetime
+from typing import Any, NoReturn, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import attrs
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from statekernel._codec import (
+    decode_events,
+    decode_run,
+    encode_commit,
+    head_summary,
+    iter_history,
+    log_ends,
+    replay,
+    snapshot_of,
+)
+from statekernel._codec_base import dump_bytes, load_json
+from statekernel._events import Event
+from statekernel._run import Run, StateId
+from statekernel._storage import Checkpoint, RunPage, RunSummary
+from statekernel.errors import ConflictError, CorruptCheckpoint, RunNotFound, StoreError
+from statekernel.stores._common import check_head, check_revision, micros
+from statekernel.stores._listing import decode_cursor, encode_cursor
+from statekernel.stores._open import redact_url
+
+__all__ = ["RedisStore"]
+
+T = TypeVar("T")
+_PLAIN_TAG = re.compile(r"[^{}]{1,200}")
+
+COMMIT_SCRIPT = """
+local stored = redis.call('HGET', KEYS[1], 'r')
+local expected = tonumber(ARGV[1])
+if expected < 0 then
+  if stored then return {1, tonumber(stored)} end
+else
+  if not stored then return {1, -1} end
+  if tonumber(stored) ~= expected then return {1, tonumber(stored)} end
+  if redis.sha1hex(redis.call('HGET', KEYS[1], 'doc')) ~= ARGV[3] then
+    return {1, tonumber(stored)}
+  end
+end
+local n_m, n_t, n_b = tonumber(ARGV[7]), tonumber(ARGV[9]), tonumber(ARGV[10])
+if redis.call('LLEN', KEYS[2]) ~= tonumber(ARGV[2])
+    or redis.call('LLEN', KEYS[3]) ~= tonumber(ARGV[6])
+    or redis.call('LLEN', KEYS[4]) ~= tonumber(ARGV[8]) then
+  return {2, 0}
+end
+redis.call('HSET', KEYS[1], 'r', ARGV[2], 'doc', ARGV[4])
+redis.call('RPUSH', KEYS[2], ARGV[5])
+local i = 11
+for _ = 1, n_m do redis.call('RPUSH', KEYS[3], ARGV[i]); i = i + 1 end
+for _ = 1, n_t do redis.call('RPUSH', KEYS[4], ARGV[i]); i = i + 1 end
+for _ = 1, n_b do redis.call('HSETNX', KEYS[5], ARGV[i], ARGV[i + 1]); i = i + 2 end
+return {0, 0}
+"""
+
+
+@attrs.frozen
+class _Known:
+    """The head this client last wrote for a run (saves a read before the next commit)."""
+
+    revision: int
+    doc: bytes
+    head: dict[str, Any]
+
+
+def _split_url(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    prefix = next((v for k, v in query if k == "prefix"), "statekernel")
+    rest = urlencode([(k, v) for k, v in query if k != "prefix"])
+    return urlunsplit(parts._replace(query=rest)), prefix
+
+
+class RedisStore:
+    """Runs in Redis (standalone; run keys are Cluster-ready)."""
+
+    def __init__(self, url: str, *, client: aioredis.Redis | None = None) -> None:
+        self.url = url
+        target, self.prefix = _split_url(url)
+        self._password = urlsplit(url).password
+        try:
+            self._client = client or aioredis.from_url(target, decode_responses=False)
+        except (ValueError, RedisError) as exc:
+            raise StoreError(f"bad Redis URL {redact_url(url)!r}: {self._clean(exc)}") from exc
+        self._script = self._client.register_script(COMMIT_SCRIPT)
+        self._known: dict[str, _Known] = {}
+
+    def _clean(self, exc: BaseException) -> str:
+        text = f"{type(exc).__name__}: {exc}"
+        return text.replace(self._password, "***") if self._password else text
+
+    def _fail(self, exc: BaseException) -> NoReturn:
+        raise StoreError(f"Redis store {redact_url(self.url)!r}: {self._clean(exc)}") from exc
+
+    async def _call(self, work: Awaitable[T]) -> T:
+        try:
+            return await work
+        except (RedisError, OSError) as exc:
+            self._fail(exc)
+
+    def _keys(self, run_id: str) -> list[str]:
+        tag = run_id if _PLAIN_TAG.fullmatch(run_id) else "~" + _digest(run_id)
+        base = f"{self.prefix}:{{{tag}}}:"
+        return [base + "head", base + "c", base + "m", base + "t", base + "b"]
+
+    @property
+    def _index(self) -> str:
+        return f"{self.prefix}:runs"
+
+    async def load(self, run_id: str, *, revision: int | None = None) -> Run:
+        """The run at its head, or at ``revision`` (one transaction)."""
+        head_key, c_key, m_key, t_key, b_key = self._keys(run_id)
+        what = f"run {run_id!r} in {redact_url(self.url)}"
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hget(head_key, "doc")
+        pipe.lrange(m_key, 0, -1)
+        pipe.lrange(t_key, 0, -1)
+        pipe.hgetall(b_key)
+        if revision is not None and revision >= 0:
+            pipe.lrange(c_key, snapshot_of(revision), revision)
+        doc, messages, turns, blobs, *history = await self._call(pipe.execute())
+        if doc is None:
+            raise RunNotFound(run_id)
+        head = load_json(doc, what)
+        wanted = check_revision(run_id, revision, _revision(head, what))
+        if wanted != head["r"]:
+            first = snapshot_of(wanted)
+            entries = [(first + i, load_json(e, what)) for i, e in enumerate(history[0])]
+            head = replay(entries, what=what)
+        m_end, t_end = log_ends(head)
+        msg_docs = _parse_list(messages[:m_end], what)
+        turn_docs = _parse_list(turns[:t_end], what)
+        blob_map = {k.decode(): v for k, v in blobs.items()}
+        return decode_run(head, msg_docs, turn_docs, blob_map, what=what)
+
+    async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
+        """Every revision with the events of its commit, oldest first (for copying runs)."""
+        head_key, c_key, m_key, t_key, b_key = self._keys(run_id)
+        what = f"history of {run_id!r} in {redact_url(self.url)}"
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hget(head_key, "doc")
+        pipe.lrange(c_key, 0, -1)
+        pipe.lrange(m_key, 0, -1)
+        pipe.lrange(t_key, 0, -1)
+        pipe.hgetall(b_key)
+        doc, entries, messages, turns, blobs = await self._call(pipe.execute())
+        if doc is None:
+            raise RunNotFound(run_id)
+        m_end, t_end = log_ends(load_json(doc, what))
+        parsed = [(i, load_json(e, what)) for i, e in enumerate(entries)]
+        msg_docs = _parse_list(messages[:m_end], what)
+        turn_docs = _parse_list(turns[:t_end], what)
+        blob_map = {k.decode(): v for k, v in blobs.items()}
+        for item in iter_history(parsed, msg_docs, turn_docs, blob_map, run_id, what=what):
+            yield item
+
+    async def _prior(self, run_id: str, head_key: str) -> _Known | None:
+        doc = await self._call(self._client.hget(head_key, "doc"))
+        if doc is None:
+            return None
+        head = load_json(doc, f"head of {run_id!r} in {redact_url(self.url)}")
+        return _Known(_revision(head, "run head"), _bytes(doc), head)
+
+    async def commit(self, checkpoint: Checkpoint) -> None:
+        """Run the commit script, then move the run in the index."""
+        run = checkpoint.run
+        keys = self._keys(run.run_id)
+        known = self._known.get(run.run_id) if run.revision > 0 else None
+        if known is None or known.revision != checkpoint.expected_revision:
+            known = await self._prior(run.run_id, keys[0]) if run.revision > 0 else None
+        check_head(checkpoint, None if known is None else known.revision)
+        enc = encode_commit(checkpoint, None if known is None else known.head)
+        doc = dump_bytes(enc.head)
+        score = micros(run.updated_at)
+        if run.revision == 0:
+            await self._call(self._client.zadd(self._index, {run.run_id: score}, nx=True))
+        args: list[Any] = [
+            checkpoint.expected_revision if run.revision > 0 else -1,
+            run.revision,
+            hashlib.sha1(known.doc).hexdigest() if known is not None else "",
+            doc,
+            dump_bytes(enc.entry),
+            enc.first_message,
+            len(enc.messages),
+            enc.first_turn,
+            len(enc.turns),
+            len(enc.blobs),
+            *enc.messages,
+            *enc.turns,
+        ]
+        for key, value in enc.blobs.items():
+            args += [key, value]
+        status, actual = await self._call(self._script(keys=keys, args=args))
+        if status == 1:
+            self._known.pop(run.run_id, None)
+            raise ConflictError(
+                run.run_id, checkpoint.expected_revision, None if actual < 0 else actual
+            )
+        if status != 0:
+            raise CorruptCheckpoint(
+                f"invalid run {run.run_id!r} in {redact_url(self.url)}: logs do not match its head"
+            )
+        self._known[run.run_id] = _Known(run.revision, doc, enc.head)
+        await self._call(self._client.zadd(self._index, {run.run_id: score}, gt=True))
+
+    async def events(
+        self, run_id: str, *, after_revision: int = -1, limit: int | None = None
+    ) -> list[Event]:
+        """Persisted events of the revisions after ``after_revision``."""
+        head_key, c_key, *_ = self._keys(run_id)
+        if not await self._call(self._client.exists(head_key)):
+            raise RunNotFound(run_id)
+        what = f"events of {run_id!r} in {redact_url(self.url)}"
+        found: list[Event] = []
+        start = max(after_revision + 1, 0)
+        while limit is None or len(found) < limit:
+            chunk = await self._call(self._client.lrange(c_key, start, start + 255))
+            if not chunk:
+                break
+            entries = [(start + i, load_json(e, what)) for i, e in enumerate(chunk)]
+            found += decode_events(entries, run_id, what=what)
+            start += len(chunk)
+        return found if limit is None else found[:limit]
+
+    async def list_runs(
+        self,
+        *,
+        state: StateId | None = None,
+        updated_after: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """Runs, newest update first, from the run index."""
+        top: tuple[int, str] | None = None
+        if cursor is not None:
+            at, after_id = decode_cursor(cursor)
+            top = (micros(at), after_id)
+        low = f"({micros(updated_after)}" if updated_after is not None else "-inf"
+        high = str(top[0]) if top else "+inf"
+        found: list[RunSummary] = []
+        offset = 0
+        while len(found) <= limit:
+            batch: list[Any] = await self._call(
+                self._client.zrevrangebyscore(self._index, high, low, offset, 200, withscores=True)
+            )
+            if not batch:
+                break
+            offset += len(batch)
+            scored = [(m.decode(), int(s)) for m, s in batch]
+            scored = [(m, s) for m, s in scored if top is None or (s, m) < top]
+            summaries = await self._summaries(scored)
+            found += [s for s in summaries if state is None or s.state == state]
+        page = tuple(found[:limit])
+        more = len(found) > limit and bool(page)
+        return RunPage(page, encode_cursor(page[-1]) if more else None)
+
+    async def _summaries(self, scored: list[tuple[str, int]]) -> list[RunSummary]:
+        """Summaries from the heads (the truth); index entries that lag are repaired."""
+        pipe = self._client.pipeline(transaction=False)
+        for run_id, _ in scored:
+            pipe.hget(self._keys(run_id)[0], "doc")
+        docs = await self._call(pipe.execute())
+        what = f"run head in {redact_url(self.url)}"
+        found: list[RunSummary] = []
+        for (run_id, score), doc in zip(scored, docs, strict=True):
+            if doc is None:
+                continue
+            summary = head_summary(load_json(doc, what))
+            if micros(summary.updated_at) != score:
+                fixed = {run_id: micros(summary.updated_at)}
+                await self._call(self._client.zadd(self._index, fixed, xx=True))
+            found.append(summary)
+        return found
+
+    async def delete(self, run_id: str) -> bool:
+        """Remove the run's keys (head, commit log with events, parts, blobs) and index entry."""
+        removed = await self._call(self._client.delete(*self._keys(run_id)))
+        await self._call(self._client.zrem(self._index, run_id))
+        self._known.pop(run_id, None)
+        return bool(removed)
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        with contextlib.suppress(RedisError, OSError):
+            await self._client.aclose()
+
+
+def _bytes(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else value
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def _revision(head: Any, what: str) -> int:
+    revision = head.get("r") if isinstance(head, dict) else None
+    if type(revision) is not int:
+        raise CorruptCheckpoint(f"invalid {what}: no revision")
+    return revision
+
+
+def _parse_list(items: list[bytes], what: str) -> list[Any]:
+    parsed = load_json(b"[" + b",".join(items) + b"]", what)
+    return parsed  # type: ignore[no-any-return]
