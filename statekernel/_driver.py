@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +61,7 @@ class RunDriver:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.names: dict[str, str] = {}
         self.outcomes: list[_Outcome] = []
+        self.escaped: BaseException | None = None
         self.queue: asyncio.Queue[Event | None] = asyncio.Queue()
 
     @property
@@ -386,7 +388,8 @@ class RunDriver:
                 )
             )
 
-        ctx = ToolContext(run.run_id, record.id, record.attempt, run.context, report)
+        context = copy.deepcopy(run.context)
+        ctx = ToolContext(run.run_id, record.id, record.attempt, context, report)
 
         async def terminal(invocation: ToolInvocation) -> JSON:
             return await tool.invoke(invocation.input, ctx)
@@ -401,15 +404,23 @@ class RunDriver:
             outcome = _Outcome(ids, None, str(exc))
         except Exception as exc:
             outcome = _Outcome(ids, None, f"{type(exc).__name__}: {exc}")
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt, an injected crash
+            self.tasks.pop(ids[0], None)
+            self.escaped = exc
+            queue.put_nowait(None)
+            return
         self.tasks.pop(ids[0], None)
         self.outcomes.append(outcome)
         queue.put_nowait(None)
 
     async def _wait(self) -> AsyncIterator[Event]:
-        while not self.outcomes and self.tasks:
+        while not self.outcomes and self.tasks and self.escaped is None:
             item = await self.queue.get()
             if item is not None:
                 yield item
+        if self.escaped is not None:
+            escaped, self.escaped = self.escaped, None
+            raise escaped
 
     async def _complete(self, outcome: _Outcome) -> tuple[Event, ...]:
         events = await self.commit(

@@ -253,3 +253,38 @@ def checkpoints_for(run: Run) -> list[Run]:
             )
         )
     return steps
+
+
+# -- crash/resume fuzzing: scripted agents and crash schedules ------------------------
+
+
+def agent_scripts(max_turns: int = 4) -> st.SearchStrategy[list[Any]]:
+    """Scripts for ``statekernel.testing.fuzz_agent``: text, single and parallel tool
+    calls (some failing, some invalid), model errors; always ending with a text answer."""
+    from statekernel.errors import ProviderUnavailable
+    from statekernel.testing._scripted import Fail, Reply, call
+
+    def tool_call(kind: str, n: int) -> ToolCall:
+        if kind == "bad":
+            return call("side_effect", '{"key": ')
+        return call(kind, {"key": f"k{n}"})
+
+    kinds = st.sampled_from(["side_effect", "lookup", "explode", "bad"])
+    calls = st.lists(st.tuples(kinds, st.integers(0, 3)), min_size=1, max_size=3).map(
+        lambda items: [tool_call(kind, n) for kind, n in items]
+    )
+    text = texts(20).map(lambda t: Reply(text=t or "ok", chunk=3))
+    error = st.builds(
+        lambda then: Fail(ProviderUnavailable("overloaded", provider="scripted"), 1, then),
+        st.one_of(text, calls.map(lambda cs: Reply(tool_calls=tuple(cs)))),
+    )
+    turn = st.one_of(calls, calls, text, error)
+    return st.builds(lambda body, last: [*body, last], st.lists(turn, max_size=max_turns), text)
+
+
+def crash_schedules(max_crashes: int = 3, max_nth: int = 12) -> st.SearchStrategy[list[Any]]:
+    """Where simulated process deaths land: (point, nth arrival) pairs."""
+    from statekernel.testing._faults import CRASH_POINTS, CrashAt
+
+    one = st.builds(CrashAt, st.sampled_from(CRASH_POINTS), st.integers(1, max_nth))
+    return st.lists(one, max_size=max_crashes, unique=True)

@@ -1,0 +1,153 @@
+"""Fault injection: simulated process deaths at the points where a real one can land."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Any, Literal, TypeAlias
+
+import attrs
+
+from statekernel._events import Event
+from statekernel._messages import ModelRequest
+from statekernel._middleware import Middleware, ToolInvocation
+from statekernel._model import ModelProvider, StreamPart
+from statekernel._run import Run, StateId
+from statekernel._storage import Checkpoint, CheckpointStore, RunPage
+
+__all__ = [
+    "CRASH_POINTS",
+    "Crash",
+    "CrashAt",
+    "CrashPoint",
+    "FaultPlan",
+    "FaultyProvider",
+    "FaultyStore",
+]
+
+CrashPoint: TypeAlias = Literal[
+    "before_commit", "after_commit", "model_call", "mid_stream", "tool_after_effect"
+]
+CRASH_POINTS: tuple[CrashPoint, ...] = (
+    "before_commit",
+    "after_commit",
+    "model_call",
+    "mid_stream",
+    "tool_after_effect",
+)
+
+
+class Crash(BaseException):  # noqa: N818 - it is not an error: the process "died"
+    """A simulated process death. A ``BaseException``, so no ``except Exception`` stops it."""
+
+    def __init__(self, point: CrashPoint, count: int) -> None:
+        self.point = point
+        self.count = count
+        super().__init__(f"crash at {point} #{count}")
+
+
+@attrs.frozen
+class CrashAt:
+    """Crash the ``nth`` time (1-based, counted over the whole plan) ``point`` is reached."""
+
+    point: CrashPoint
+    nth: int
+
+
+class FaultPlan:
+    """Counts arrivals at each crash point and raises ``Crash`` where the schedule says.
+
+    Each scheduled crash fires once. ``fired`` lists the crashes that happened.
+    """
+
+    def __init__(self, schedule: Sequence[CrashAt] = ()) -> None:
+        self.pending = {(c.point, c.nth) for c in schedule}
+        self.counts: Counter[str] = Counter()
+        self.fired: list[CrashAt] = []
+
+    def reach(self, point: CrashPoint) -> None:
+        """Note an arrival at ``point``; raise ``Crash`` if one is scheduled here."""
+        self.counts[point] += 1
+        key = (point, self.counts[point])
+        if key in self.pending:
+            self.pending.discard(key)
+            self.fired.append(CrashAt(*key))
+            raise Crash(point, key[1])
+
+    def middleware(self) -> Middleware:
+        """Middleware that crashes after a tool's side effect, before its result commits."""
+
+        async def crash_after_effect(call: Any, nxt: Any) -> Any:
+            result = await nxt(call)
+            if isinstance(call, ToolInvocation):
+                self.reach("tool_after_effect")
+            return result
+
+        return crash_after_effect
+
+
+class FaultyStore:
+    """A store wrapper that crashes before a commit or after it landed."""
+
+    def __init__(self, inner: CheckpointStore, plan: FaultPlan) -> None:
+        self.inner = inner
+        self.plan = plan
+
+    async def load(self, run_id: str, *, revision: int | None = None) -> Run:
+        """Delegate."""
+        return await self.inner.load(run_id, revision=revision)
+
+    async def commit(self, checkpoint: Checkpoint) -> None:
+        """Maybe crash before, maybe after the inner commit lands."""
+        self.plan.reach("before_commit")
+        await self.inner.commit(checkpoint)
+        self.plan.reach("after_commit")
+
+    async def events(
+        self, run_id: str, *, after_revision: int = -1, limit: int | None = None
+    ) -> list[Event]:
+        """Delegate."""
+        return await self.inner.events(run_id, after_revision=after_revision, limit=limit)
+
+    async def list_runs(
+        self,
+        *,
+        state: StateId | None = None,
+        updated_after: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """Delegate."""
+        return await self.inner.list_runs(
+            state=state, updated_after=updated_after, limit=limit, cursor=cursor
+        )
+
+    async def delete(self, run_id: str) -> bool:
+        """Delegate."""
+        return await self.inner.delete(run_id)
+
+    async def aclose(self) -> None:
+        """Leave the inner store open: it outlives the simulated process."""
+
+
+class FaultyProvider:
+    """A provider wrapper that crashes as the call starts or after the first part."""
+
+    def __init__(self, inner: ModelProvider, plan: FaultPlan) -> None:
+        self.inner = inner
+        self.plan = plan
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamPart]:
+        """Stream the inner provider's parts, crashing where the plan says."""
+        self.plan.reach("model_call")
+        first = True
+        async for part in self.inner.stream(request):
+            yield part
+            if first:
+                first = False
+                self.plan.reach("mid_stream")
+
+    async def aclose(self) -> None:
+        """Close the inner provider."""
+        await self.inner.aclose()

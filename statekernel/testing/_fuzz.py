@@ -1,0 +1,280 @@
+"""``check_crash_resume``: crash an agent at scheduled points, resume it, check the promise.
+
+The invariants checked (each failure raises ``AssertionError`` saying which):
+
+1. after crashes and resumes the run ends like the uninterrupted run: same state,
+   transcript and tool results (``model_restarted`` events aside);
+2. a non-idempotent tool runs at most once per call id; an idempotent one at least once;
+3. revisions are contiguous, every committed state is declared, each consecutive pair
+   is a declared transition (or a data-only commit), events are numbered without gaps;
+4. nothing acknowledged is lost: after a crash the stored head is never older than the
+   newest revision the caller saw committed;
+6. a crash never writes ``failed``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from statekernel._driver import UNCERTAIN
+from statekernel._kernel import Kernel
+from statekernel._lifecycle import RunLifecycle
+from statekernel._middleware import ToolInvocation
+from statekernel._run import STATE_IDS, Run
+from statekernel._storage import CheckpointStore
+from statekernel._tools import Tool
+from statekernel.errors import RunNotFound
+from statekernel.testing._faults import Crash, CrashAt, FaultPlan, FaultyProvider, FaultyStore
+
+__all__ = [
+    "CrashResumeReport",
+    "Ledger",
+    "check_crash_resume",
+    "fuzz_agent",
+    "run_history_ok",
+    "run_outcome",
+]
+
+AgentFactory = Callable[[], Mapping[str, Any]]
+"""Returns fresh ``Kernel`` keyword arguments (tools, hooks, providers, ...), as a new
+process would build them."""
+
+DATA_EVENTS = frozenset({"context_updated", "tool_call_resolved", "run_forked"})
+DECLARED = frozenset(
+    (t.source.value, t.target.value) for s in RunLifecycle.states for t in s.transitions
+)
+
+
+@attrs.define
+class Ledger:
+    """What the tools really did, across every simulated process."""
+
+    executions: dict[str, int] = attrs.Factory(lambda: defaultdict(int))
+    outcomes: dict[str, tuple[bool, Any]] = attrs.Factory(dict)
+
+    def middleware(self) -> Any:
+        """Innermost middleware recording each tool execution and its outcome."""
+
+        async def record(call: Any, nxt: Any) -> Any:
+            if not isinstance(call, ToolInvocation):
+                return await nxt(call)
+            self.executions[call.call.id] += 1
+            try:
+                output = await nxt(call)
+            except Exception as exc:
+                self.outcomes[call.call.id] = (False, exc)
+                raise
+            self.outcomes[call.call.id] = (True, output)
+            return output
+
+        return record
+
+
+@attrs.frozen
+class CrashResumeReport:
+    """What happened: crashes fired, processes used, resolutions made, the final runs."""
+
+    crashes: tuple[CrashAt, ...]
+    processes: int
+    resolutions: int
+    final: Run
+    baseline: Run
+
+
+def run_outcome(run: Run) -> tuple[Any, ...]:
+    """What must be equal between an interrupted and an uninterrupted run.
+
+    Tool calls of a turn are compared by id: concurrent calls finish in any order.
+    """
+    turns = tuple(
+        (t.index, sorted((r.id, r.name, r.input, r.output, r.error) for r in t.completed))
+        for t in run.turns
+    )
+    return run.state, run.messages, turns, run.context
+
+
+async def run_history_ok(store: CheckpointStore, run_id: str) -> None:
+    """Invariant 3 over every stored revision of a run."""
+    head = await store.load(run_id)
+    runs = [await store.load(run_id, revision=r) for r in range(head.revision + 1)]
+    assert [r.revision for r in runs] == list(range(head.revision + 1)), "revisions not contiguous"
+    events = await store.events(run_id)
+    assert [e.seq for e in events] == list(range(len(events))), "event seq has gaps"
+    by_revision: dict[int, list[str]] = defaultdict(list)
+    for event in events:
+        by_revision[event.revision].append(event.type)
+    for before, after in zip(runs, runs[1:], strict=False):
+        assert after.state in STATE_IDS, f"undeclared state {after.state!r}"
+        kinds = by_revision.get(after.revision, [])
+        assert kinds, f"revision {after.revision} committed no events"
+        assert after.event_count - before.event_count == len(kinds), "event count drifted"
+        if set(kinds) <= DATA_EVENTS:
+            assert after.state == before.state, f"data commit changed state at {after.revision}"
+        else:
+            pair = (before.state, after.state)
+            assert pair in DECLARED, f"undeclared transition {pair} at r{after.revision}"
+
+
+async def _settle(kernel: Kernel, run: Run, ledger: Ledger, approve: Any) -> bool:
+    """Act like an operator on a run at rest; False when it is completed."""
+    if run.state == "completed":
+        return False
+    if run.state == "failed":
+        await kernel.retry(run.run_id)
+    elif run.pause is not None and run.pause.reason == UNCERTAIN:
+        for call in run.pause.metadata["calls"]:
+            done = ledger.outcomes.get(call["id"])
+            if done is None:
+                await kernel.resolve_tool_call(run.run_id, call["id"], rerun=True)
+            elif done[0]:
+                await kernel.resolve_tool_call(run.run_id, call["id"], output=done[1])
+            else:
+                error = f"{type(done[1]).__name__}: {done[1]}"
+                await kernel.resolve_tool_call(run.run_id, call["id"], error=error)
+    elif run.pause is not None and run.pause.reason == "max_turns":
+        await kernel.resume(run.run_id, max_turns=(run.max_turns or 0) + 10)
+    else:
+        value = approve(run)
+        await kernel.resume(run.run_id, value=await value if inspect.isawaitable(value) else value)
+    return True
+
+
+def _kernel(
+    agent: AgentFactory, store: CheckpointStore, plan: FaultPlan | None, ledger: Ledger
+) -> Kernel:
+    kwargs = dict(agent())
+    providers = dict(kwargs.pop("providers", {}) or {})
+    middleware = list(kwargs.pop("middleware", ()))
+    if plan is not None:
+        store = FaultyStore(store, plan)
+        providers = {name: FaultyProvider(p, plan) for name, p in providers.items()}
+        middleware.append(plan.middleware())
+    middleware.append(ledger.middleware())
+    return Kernel(store, providers=providers, middleware=middleware, **kwargs)
+
+
+async def _drive(
+    agent: AgentFactory,
+    store: Callable[[], CheckpointStore],
+    start: Mapping[str, Any],
+    plan: FaultPlan | None,
+    ledger: Ledger,
+    approve: Any,
+    max_processes: int,
+) -> tuple[Run, int, int]:
+    processes = resolutions = 0
+    run_id: str = start.get("run_id") or "fuzzed-run"
+    acked = -1
+    while processes < max_processes:
+        processes += 1
+        kernel = _kernel(agent, store(), plan, ledger)
+        try:
+            if acked < 0:
+                try:
+                    await kernel.get(run_id)
+                except RunNotFound:
+                    await kernel.start(**{**start, "run_id": run_id})
+                acked = 0
+            while True:
+                async for event in kernel.run(run_id):
+                    if event.persisted:
+                        acked = max(acked, event.revision)
+                run = await kernel.get(run_id)
+                acked = max(acked, run.revision)
+                if not await _settle(kernel, run, ledger, approve):
+                    return run, processes, resolutions
+                resolutions += 1
+        except Crash:
+            if acked >= 0:
+                head = await store().load(run_id)
+                assert head.revision >= acked, (
+                    f"invariant 4: head r{head.revision} older than acknowledged r{acked}"
+                )
+        finally:
+            await kernel.aclose()
+    raise AssertionError(f"run did not complete within {max_processes} processes")
+
+
+async def check_crash_resume(
+    agent: AgentFactory,
+    *,
+    start: Mapping[str, Any],
+    schedule: Sequence[CrashAt],
+    store: Callable[[], CheckpointStore],
+    baseline_store: Callable[[], CheckpointStore] | None = None,
+    approve: Callable[[Run], Any | Awaitable[Any]] = lambda run: True,
+    max_processes: int = 60,
+) -> CrashResumeReport:
+    """Run ``agent`` uninterrupted, then again crashing per ``schedule``; check invariants.
+
+    ``agent()`` returns fresh ``Kernel`` keyword arguments (a new "process" each time);
+    ``store()`` returns the store a new process opens (the same data each call);
+    ``start`` holds ``kernel.start`` arguments. Paused runs are resumed with
+    ``approve(run)``; uncertain tool calls are resolved with what the tool really did.
+    """
+    from statekernel.stores import MemoryStore
+
+    base_store = MemoryStore()
+    base_ledger, ledger = Ledger(), Ledger()
+    baseline, _, _ = await _drive(
+        agent, baseline_store or (lambda: base_store), start, None, base_ledger, approve, 5
+    )
+    plan = FaultPlan(schedule)
+    final, processes, resolutions = await _drive(
+        agent, store, start, plan, ledger, approve, max_processes
+    )
+    assert run_outcome(final) == run_outcome(baseline), "invariant 1: outcome differs"
+    tools: dict[str, Tool] = {t.name: t for t in agent().get("tools", ())}
+    names = {r.id: r.name for t in final.turns for r in t.completed}
+    for call_id, count in ledger.executions.items():
+        tool = tools.get(names.get(call_id, ""))
+        if tool is not None and not tool.idempotent:
+            assert count <= 1, f"invariant 2: {call_id} ({tool.name}) ran {count} times"
+    for call_id in base_ledger.executions:
+        assert ledger.executions.get(call_id, 0) >= 1, f"invariant 2: {call_id} never ran"
+    inner = store()
+    await run_history_ok(inner, final.run_id)
+    failures = [e for e in await inner.events(final.run_id) if e.type == "run_failed"]
+    assert all(e.data["error"] != "Crash" for e in failures), "invariant 6: a crash wrote failed"
+    return CrashResumeReport(tuple(plan.fired), processes, resolutions, final, baseline)
+
+
+def fuzz_agent(script: Sequence[object], *, max_concurrent: int = 2) -> AgentFactory:
+    """An agent for the fuzzer: a scripted model and three tools with a visible ledger.
+
+    ``side_effect`` is not idempotent, ``lookup`` is, ``explode`` always raises.
+    Their outputs depend only on their input, as the invariants require.
+    """
+    from statekernel._dispatch import DispatchPolicy
+    from statekernel._tools import tool
+    from statekernel.testing._scripted import ScriptedProvider
+
+    @tool
+    def side_effect(key: str) -> str:
+        """Write something somewhere (not idempotent)."""
+        return f"wrote {key}"
+
+    @tool(idempotent=True)
+    def lookup(key: str) -> dict[str, str]:
+        """Read something (idempotent)."""
+        return {"key": key, "value": key.upper()}
+
+    @tool
+    def explode(key: str) -> str:
+        """Always fails."""
+        raise RuntimeError(f"exploded on {key}")
+
+    def make() -> Mapping[str, Any]:
+        return {
+            "tools": [side_effect, lookup, explode],
+            "providers": {"scripted": ScriptedProvider(list(script))},
+            "dispatch": DispatchPolicy(max_concurrent=max_concurrent),
+            "max_turns": None,
+        }
+
+    return make
