@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from statekernel.testing._cassette import Cassette, request_key
 from statekernel.testing._scripted import Fail, Reply, ScriptedProvider, call
+from statekernel.testing._store_check import StoreFactory, check_store
 
 __all__ = [
     "Cassette",
     "Fail",
     "Reply",
     "ScriptedProvider",
+    "StoreFactory",
     "call",
+    "check_store",
     "request_key",
 ]

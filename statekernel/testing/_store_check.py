@@ -1,0 +1,60 @@
+"""``check_store(factory)``: the conformance suite every checkpoint store passes.
+
+No test framework needed: ``await check_store(factory)`` raises ``AssertionError``
+naming the first check that failed. ``factory()`` (sync or async) must return a
+new, empty store each time it is called; each check runs on its own store and
+closes it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+
+from statekernel._storage import CheckpointStore
+from statekernel.testing import _store_cases as c
+
+__all__ = ["StoreFactory", "check_store"]
+
+StoreFactory = Callable[[], CheckpointStore | Awaitable[CheckpointStore]]
+Check = Callable[[CheckpointStore], Awaitable[None]]
+
+
+async def check_store(factory: StoreFactory, *, examples: int = 25) -> list[str]:
+    """Run every conformance check on fresh stores from ``factory``; the checks' names.
+
+    ``examples`` is the number of generated runs round-tripped (needs Hypothesis).
+    """
+    from statekernel.testing._store_props import check_generated_runs
+
+    checks: list[tuple[str, Check]] = [
+        ("round trip of generated runs", lambda s: check_generated_runs(s, examples)),
+        ("missing runs and revisions", c.check_missing),
+        ("compare-and-set", c.check_compare_and_set),
+        ("concurrent committers", c.check_concurrent_committers),
+        ("past revisions", c.check_past_revisions),
+        ("events after a revision", c.check_events),
+        ("10,000 events on one run", c.check_many_events),
+        ("listing", c.check_listing),
+        ("deletion", c.check_deletion),
+        ("many runs are isolated", c.check_isolation),
+        ("10 MB tool output", c.check_large_output),
+        ("non-ASCII text", c.check_non_ascii),
+    ]
+    for name, check in checks:
+        store = await _open(factory)
+        try:
+            await check(store)
+        except AssertionError as exc:
+            raise AssertionError(f"store check {name!r} failed: {exc}") from exc
+        finally:
+            await store.aclose()
+    return [name for name, _ in checks]
+
+
+async def _open(factory: StoreFactory) -> CheckpointStore:
+    store = factory()
+    if inspect.isawaitable(store):
+        store = await store
+    assert isinstance(store, CheckpointStore), f"factory returned {store!r}, not a store"
+    return store
