@@ -142,14 +142,17 @@ class LocalProvider:
 
     def _start(self, path: Path, alias: str, template: str | None) -> Any:
         try:
-            import xllamacpp  # type: ignore[import-untyped, unused-ignore]
+            import xllamacpp
         except ImportError as exc:
             raise ConfigError(
                 "the local provider needs llama.cpp bindings: pip install 'statekernel[local]'"
             ) from exc
         params = xllamacpp.CommonParams()
         params.model.path = str(path)
-        params.model_alias = {alias}
+        try:  # a set of aliases in recent llama.cpp, one string before
+            params.model_alias = {alias}
+        except TypeError:
+            params.model_alias = alias
         params.n_ctx = self.n_ctx
         params.cpuparams.n_threads = self.threads
         params.cpuparams_batch.n_threads = self.threads
