@@ -27,7 +27,20 @@ from statekernel._messages import Message, ModelRequest
 from statekernel.providers import OpenAIProvider, ResultBuilder
 
 MODEL = "gpt-4o-mini-2024-07-18"
-WORDS = "the quick brown fox jumps over a lazy dog while streaming tokens".split()
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "streaming",
+    "tokens",
+]
 
 
 def recorded_stream(chunks: int) -> bytes:
