@@ -28,6 +28,7 @@ from statekernel._cli_common import (
 from statekernel._cli_drive import CrashPoint, drive, summary_line
 from statekernel._cli_runs import runs
 from statekernel._demo import (
+    SCRIPTED_MODEL,
     default_demo_model,
     demo_context,
     demo_kernel,
@@ -36,7 +37,7 @@ from statekernel._demo import (
 from statekernel._diagram import FORMATS, write_diagrams
 from statekernel._events import PERSISTED_EVENTS
 from statekernel._run import Run
-from statekernel.errors import StatekernelError
+from statekernel.errors import ConflictError, StatekernelError
 from statekernel.stores import redact_url
 
 __all__ = ["cli", "main"]
@@ -137,6 +138,12 @@ def demo(
 
     run = run_async(go())
     out.note(summary_line(run))
+    if crash is not None:
+        out.note(
+            f"[yellow]note:[/yellow] the run came to rest before {crash.event} happened "
+            f"{crash.nth} time(s), so nothing was crashed"
+            + ("" if model else f" (try --model {SCRIPTED_MODEL}: it always calls both tools)")
+        )
     if run.state == "failed":
         sys.exit(1)
 
@@ -155,19 +162,27 @@ def migrate(src_url: str, dst_url: str, as_json: bool) -> None:
     from statekernel.stores import migrate as migrate_store
 
     out = Output(as_json)
-    with Progress(console=out.errors, transient=True, disable=as_json) as progress:
+    quiet = as_json or not out.errors.is_terminal
+    with Progress(console=out.errors, transient=True, disable=quiet) as progress:
         task = progress.add_task("migrating runs", total=None)
 
-        def report(done: int, total: int | None = None, *_: object) -> None:
+        def report(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        result = run_async(migrate_store(src_url, dst_url, progress=report))
-    copied = result if isinstance(result, int) else getattr(result, "runs", result)
+        try:
+            copied = run_async(migrate_store(src_url, dst_url, progress=report))
+        except UserError as exc:
+            if isinstance(exc.__cause__, ConflictError):
+                raise UserError(
+                    f"the destination already holds run {exc.__cause__.run_id!r}: "
+                    "migrate into an empty store"
+                ) from exc
+            raise
     src, dst = redact_url(src_url), redact_url(dst_url)
     if as_json:
         out.json({"source": src, "destination": dst, "runs": copied})
     else:
-        out.console.print(f"migrated {copied} runs from {src} to {dst}")
+        out.console.print(f"migrated {copied} run{'' if copied == 1 else 's'} from {src} to {dst}")
 
 
 # -- diagram -----------------------------------------------------------------------

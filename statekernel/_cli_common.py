@@ -109,9 +109,23 @@ def common_options(fn: F) -> F:
     return fn
 
 
+def _fill(data: Any, value: Any) -> Any:
+    """Put back the fields the stored encoding leaves out when they hold their default."""
+    if attrs.has(type(value)) and isinstance(data, dict):
+        for f in attrs.fields(type(value)):
+            field_value = getattr(value, f.name)
+            if f.name in data:
+                data[f.name] = _fill(data[f.name], field_value)
+            else:
+                data[f.name] = _fill(unstructure(field_value), field_value)
+    elif isinstance(value, list | tuple) and isinstance(data, list):
+        return [_fill(d, v) for d, v in zip(data, value, strict=False)]
+    return data
+
+
 def _jsonable(value: Any) -> Any:
     if attrs.has(type(value)):
-        return unstructure(value)
+        return _fill(unstructure(value), value)
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     if isinstance(value, dict):

@@ -1,0 +1,170 @@
+"""``statekernel runs ...`` through the installed console script, on a SQLite store."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+EXE = shutil.which("statekernel")
+pytestmark = pytest.mark.skipif(
+    EXE is None, reason="the statekernel console script is not installed"
+)
+
+
+def sk(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the console script with ``args`` in ``cwd``, capturing its output."""
+    env = {k: v for k, v in os.environ.items() if k != "STATEKERNEL_STORE"}
+    env.update(COLUMNS="200", NO_COLOR="1")
+    return subprocess.run(
+        [str(EXE), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def ok(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A store holding two completed demo runs and one stopped mid-run."""
+    cwd = tmp_path_factory.mktemp("runs")
+    store = f"sqlite:///{cwd / 'runs.db'}"
+    for run_id in ("run-a", "run-b"):
+        ok(sk("demo", "--model", "scripted/demo", "--store", store, "--run-id", run_id, cwd=cwd))
+    sk(
+        "demo", "--model", "scripted/demo", "--store", store, "--run-id", "run-c",
+        "--crash-after", "model_completed", cwd=cwd,
+    )  # fmt: skip
+    return cwd, store
+
+
+def as_json(done: subprocess.CompletedProcess[str]) -> Any:
+    return json.loads(ok(done))
+
+
+def test_list(work: tuple[Path, str]) -> None:
+    cwd, store = work
+    rows = as_json(sk("runs", "list", "--store", store, "--json", cwd=cwd))
+    assert {r["run_id"]: r["state"] for r in rows} == {
+        "run-a": "completed",
+        "run-b": "completed",
+        "run-c": "dispatching_tools",
+    }
+    assert rows[0]["run_id"] == "run-c"  # newest update first
+    table = ok(sk("runs", "list", "--store", store, cwd=cwd))
+    for word in ("run id", "state", "turns", "model", "updated", "run-a", "scripted/demo"):
+        assert word in table
+    only = as_json(sk("runs", "list", "--state", "completed", "--store", store, "--json", cwd=cwd))
+    assert sorted(r["run_id"] for r in only) == ["run-a", "run-b"]
+    limited = as_json(sk("runs", "list", "--limit", "1", "--store", store, "--json", cwd=cwd))
+    assert len(limited) == 1
+
+
+def test_show(work: tuple[Path, str]) -> None:
+    cwd, store = work
+    text = ok(sk("runs", "show", "run-c", "--store", store, cwd=cwd))
+    for word in ("dispatching_tools", "transcript", "pending tool calls", "get_forecast", "usage"):
+        assert word in text
+    assert '{"demo": 1}' in text
+    data = as_json(sk("runs", "show", "run-c", "--store", store, "--json", cwd=cwd))
+    assert data["current_turn"]["pending"][0]["name"] == "get_forecast"
+    old = as_json(
+        sk("runs", "show", "run-a", "--revision", "0", "--store", store, "--json", cwd=cwd)
+    )
+    assert old["state"] == "init"
+
+
+def test_events(work: tuple[Path, str]) -> None:
+    cwd, store = work
+    out = ok(sk("runs", "events", "run-a", "--store", store, "--json", cwd=cwd))
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events[0]["type"] == "run_started"
+    assert events[-1]["type"] == "run_completed"
+    assert [e["seq"] for e in events] == list(range(len(events)))
+    later = ok(sk("runs", "events", "run-a", "--after", "10", "--store", store, "--json", cwd=cwd))
+    assert all(json.loads(line)["revision"] > 10 for line in later.splitlines())
+    text = ok(sk("runs", "events", "run-a", "--follow", "--store", store, cwd=cwd, timeout=10))
+    assert "run_completed" in text  # --follow stops once the run is at rest
+
+
+def test_follow_sees_a_run_finish(work: tuple[Path, str]) -> None:
+    cwd, store = work
+    ok(sk("runs", "fork", "run-c", "--store", store, "--json", cwd=cwd))
+    forked = as_json(sk("runs", "list", "--limit", "1", "--store", store, "--json", cwd=cwd))
+    run_id = forked[0]["run_id"]
+    env = {k: v for k, v in os.environ.items() if k != "STATEKERNEL_STORE"}
+    follow = subprocess.Popen(
+        [
+            str(EXE),
+            "runs",
+            "events",
+            run_id,
+            "-f",
+            "--interval",
+            "0.05",
+            "--json",
+            "--store",
+            store,
+        ],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    ok(sk("runs", "resume", run_id, "--store", store, cwd=cwd))
+    out, _ = follow.communicate(timeout=20)
+    assert follow.returncode == 0
+    types = [json.loads(line)["type"] for line in out.splitlines()]
+    assert types[0] == "run_forked"
+    assert types[-1] == "run_completed"
+
+
+def test_fork_and_resume(work: tuple[Path, str]) -> None:
+    cwd, store = work
+    forked = as_json(sk("runs", "fork", "run-a", "--at", "3", "--store", store, "--json", cwd=cwd))
+    assert forked["from_run_id"] == "run-a"
+    new = forked["run_id"]
+    shown = as_json(sk("runs", "show", new, "--store", store, "--json", cwd=cwd))
+    assert shown["state"] == "calling_model"
+    assert shown["context"] == {"demo": 1}
+    ok(sk("runs", "resume", new, "--store", store, cwd=cwd))
+    assert as_json(sk("runs", "show", new, "--store", store, "--json", cwd=cwd))["state"] == (
+        "completed"
+    )
+
+
+def test_delete(work: tuple[Path, str]) -> None:
+    cwd, store = work
+    forked = as_json(sk("runs", "fork", "run-b", "--store", store, "--json", cwd=cwd))
+    out = ok(sk("runs", "delete", forked["run_id"], "--store", store, cwd=cwd))
+    assert "deleted" in out
+    gone = sk("runs", "show", forked["run_id"], "--store", store, cwd=cwd)
+    assert gone.returncode == 2
+
+
+def test_run_diagram(work: tuple[Path, str]) -> None:
+    cwd, store = work
+    ok(sk("runs", "diagram", "run-a", "-o", "run-a.svg", "--store", store, cwd=cwd))
+    ET.parse(cwd / "run-a.svg")
+    svg = ok(sk("runs", "diagram", "run-a", "-o", "-", "--store", store, cwd=cwd))
+    assert "<svg" in svg  # '-' writes SVG to stdout
+    ok(sk("runs", "diagram", "run-a", "-o", "run-a.dot", "--store", store, cwd=cwd))
+    text = (cwd / "run-a.dot").read_text()
+    assert 'completed [label="Completed \u00d71\\n(current)"' in text
+    assert 'label="tool_call_started \u00d72"' in text
+    assert 'label="turn_prepared \u00d73"' in text
+    ok(sk("runs", "diagram", "run-c", "-o", "run-c.mmd", "--store", store, cwd=cwd))
+    mermaid = (cwd / "run-c.mmd").read_text()
+    assert "class dispatching_tools current" in mermaid
+    assert "class failed unvisited" in mermaid
+    bad = sk("runs", "diagram", "run-a", "-o", "run-a.png", "--store", store, cwd=cwd)
+    assert bad.returncode == 2
