@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 from statekernel._run import Run
 from statekernel._storage import Checkpoint, CheckpointStore
 
 
-def _generate(examples: int) -> list[Run]:
+@functools.lru_cache(maxsize=4)
+def _generate(examples: int) -> tuple[Run, ...]:
+    """Generated runs (deterministic, so one list serves every store)."""
     from hypothesis import HealthCheck, given, settings
 
     from statekernel.testing.strategies import runs
@@ -27,7 +31,7 @@ def _generate(examples: int) -> list[Run]:
         found.append(run)
 
     collect()
-    return found
+    return tuple(found)
 
 
 async def check_generated_runs(store: CheckpointStore, examples: int) -> None:

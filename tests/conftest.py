@@ -1,0 +1,94 @@
+"""Session fixtures shared by every test folder: a real redis-server for the Redis store.
+
+``REDIS_URL`` points the tests at a running server; otherwise one is started on a free
+loopback port with persistence off and stopped at the end. Without a server binary the
+Redis tests are skipped locally but fail in CI (``CI`` set): they must never silently
+not run there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_for(url: str, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    client = redis.Redis.from_url(url)
+    try:
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """The base URL of a redis-server for the tests (``redis://127.0.0.1:PORT``)."""
+    given = os.environ.get("REDIS_URL")
+    if given:
+        yield given.rstrip("/")
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        message = "redis-server not found (install it, or set REDIS_URL)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="statekernel-redis-") as folder:
+        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", folder, "--loglevel", "warning"]
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"redis://127.0.0.1:{port}"
+        try:
+            _wait_for(url, proc)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    """A key prefix of this test alone; its keys are deleted afterwards."""
+    prefix = f"sktest-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    client = redis.Redis.from_url(f"{redis_url}/0")
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start : start + 500])
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def redis_store_url(redis_url: str, redis_prefix: str) -> str:
+    """A Redis store URL whose keys belong to this test."""
+    return f"{redis_url}/0?prefix={redis_prefix}"

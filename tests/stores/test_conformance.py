@@ -1,0 +1,37 @@
+"""Every store passes the conformance suite ``statekernel.testing.check_store``."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from statekernel.stores import CheckpointStore, open_store
+from statekernel.testing import check_store
+
+KINDS = ["memory", "file", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+
+
+def factory_for(kind: str, tmp_path: Path, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    counter = itertools.count()
+
+    def make() -> CheckpointStore:
+        n = next(counter)
+        if kind == "memory":
+            return open_store("memory://")
+        if kind == "file":
+            return open_store(f"file://{tmp_path}/files-{n}")
+        if kind == "sqlite":
+            return open_store(f"sqlite:///{tmp_path}/db-{n}/runs.db")
+        base = request.getfixturevalue("redis_url")
+        prefix = request.getfixturevalue("redis_prefix")
+        return open_store(f"{base}/0?prefix={prefix}-{n}")
+
+    return make
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_store_conformance(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    names = await check_store(factory_for(kind, tmp_path, request), examples=30)
+    assert len(names) == 12
