@@ -14,6 +14,9 @@ import json
 import uuid
 from typing import Any
 
+import attrs
+
+from statekernel._hooks import Hooks
 from statekernel._kernel import Kernel
 from statekernel._messages import JSON, Message, ModelRequest
 from statekernel._run import Run
@@ -37,6 +40,8 @@ DEMO_VERSION = 1
 
 SCRIPTED_MODEL = "scripted/demo"
 LOCAL_MODEL = "local/smollm2"
+MAX_TOKENS = 256
+"""The demo caps each answer, so a small local model cannot ramble for minutes."""
 TOOL_DELAY = 0.2
 """Seconds each demo tool takes, so the live view shows calls in flight."""
 
@@ -152,6 +157,22 @@ def is_demo_run(run: Run) -> bool:
     return isinstance(run.context, dict) and run.context.get("demo") == DEMO_VERSION
 
 
+class DemoHooks(Hooks):
+    """Caps the answer length of every demo turn at ``MAX_TOKENS``."""
+
+    def on_turn_prepared(self, run: Run, request: ModelRequest) -> ModelRequest | None:
+        """The request with ``max_tokens`` set when it has none."""
+        if request.max_tokens is not None:
+            return None
+        return attrs.evolve(request, max_tokens=MAX_TOKENS)
+
+
 def demo_kernel(store: CheckpointStore | str | None) -> Kernel:
     """A kernel with the demo's tools and the scripted model next to the built-in providers."""
-    return Kernel(store, tools=demo_tools(), providers={"scripted": scripted_model()}, max_turns=6)
+    return Kernel(
+        store,
+        tools=demo_tools(),
+        providers={"scripted": scripted_model()},
+        hooks=DemoHooks(),
+        max_turns=6,
+    )

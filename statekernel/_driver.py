@@ -266,6 +266,7 @@ class RunDriver:
     # -- tools -------------------------------------------------------------------
 
     async def _dispatch(self) -> AsyncIterator[Event]:
+        self._raise_escaped()
         if self.outcomes:
             self._committed = await self._complete(self.outcomes.pop(0))
             return
@@ -418,6 +419,10 @@ class RunDriver:
             item = await self.queue.get()
             if item is not None:
                 yield item
+        self._raise_escaped()
+
+    def _raise_escaped(self) -> None:
+        """Re-raise what escaped a tool task (a process-ending exception) in the driver."""
         if self.escaped is not None:
             escaped, self.escaped = self.escaped, None
             raise escaped

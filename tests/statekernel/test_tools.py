@@ -57,11 +57,18 @@ def test_schema_from_hints_and_docstring() -> None:
     assert set(props) == {"place", "days", "unit", "hours", "mode"}  # ctx is not a parameter
     assert props["days"] == {"type": "integer", "description": "How many days ahead, 1 to 7."}
     assert props["unit"] == {"enum": ["celsius", "fahrenheit"], "description": "Temperature unit."}
-    assert props["hours"] == {"anyOf": [{"type": "array", "items": {"type": "integer"}}, {"type": "null"}]}
+    assert props["hours"] == {
+        "anyOf": [{"type": "array", "items": {"type": "integer"}}, {"type": "null"}]
+    }
     assert props["mode"] == {"enum": ["brief", "full"]}
-    assert props["place"]["properties"] == {"city": {"type": "string"}, "country": {"type": "string"}}
+    assert props["place"]["properties"] == {
+        "city": {"type": "string"},
+        "country": {"type": "string"},
+    }
     assert props["place"]["required"] == ["city"]
-    assert forecast.idempotent and forecast.concurrency_safe and forecast.timeout == 5
+    assert forecast.idempotent
+    assert forecast.concurrency_safe
+    assert forecast.timeout == 5
 
 
 async def test_invoke_structures_arguments_and_unstructures_output() -> None:

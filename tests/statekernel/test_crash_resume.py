@@ -1,0 +1,200 @@
+"""Crash/resume invariants, fuzzed with Hypothesis over every store.
+
+Crashes are simulated in-process (``statekernel.testing.Crash`` at the points of
+``CRASH_POINTS``); real SIGKILLs of a process live in ``test_process_kills.py``.
+Select a deeper run with ``HYPOTHESIS_PROFILE=long``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+import statekernel as sk
+from statekernel.stores import CheckpointStore, open_store
+from statekernel.testing import CrashAt, check_crash_resume, fuzz_agent
+from statekernel.testing import strategies as sts
+from statekernel.testing._fuzz import run_history_ok
+from statekernel.testing._scripted import call
+
+STORES = ["memory", "file", "sqlite", "redis"]
+LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
+FUZZ = settings(
+    deadline=None,
+    max_examples=400 if LONG else 50,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+_counter = itertools.count()
+
+
+@pytest.fixture(params=STORES)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], str]:
+    """A factory of fresh store URLs of one kind (one per generated example)."""
+    kind = request.param
+    if kind == "redis":
+        base = request.getfixturevalue("redis_url")
+
+    def fresh() -> str:
+        n = next(_counter)
+        if kind == "memory":
+            return f"memory://fuzz-{uuid.uuid4().hex}"
+        if kind == "file":
+            return f"file://{tmp_path}/files-{n}"
+        if kind == "sqlite":
+            return f"sqlite:///{tmp_path}/db-{n}.db"
+        return base
+
+    return fresh
+
+
+@asynccontextmanager
+async def opened(url: str) -> AsyncIterator[CheckpointStore]:
+    store = open_store(url)
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+def run_case(url: str, script: list[object], schedule: list[CrashAt]) -> None:
+    async def case() -> None:
+        async with opened(url) as store:
+            start = {"model": "scripted/fuzz", "messages": ["go"], "run_id": uuid.uuid4().hex}
+            report = await check_crash_resume(
+                fuzz_agent(script), start=start, schedule=schedule, store=lambda: store
+            )
+            assert report.final.state == "completed"
+            event(f"crashes fired: {len(report.crashes)}")
+            for crash in report.crashes:
+                event(f"crash at {crash.point}")
+
+    asyncio.run(case())
+
+
+@FUZZ
+@given(script=sts.agent_scripts(), schedule=sts.crash_schedules())
+def test_crash_resume_invariants(
+    store_url: Callable[[], str], script: list[object], schedule: list[CrashAt]
+) -> None:
+    run_case(store_url(), script, schedule)
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        [CrashAt("tool_after_effect", 1)],
+        [CrashAt("after_commit", 5), CrashAt("tool_after_effect", 2)],
+        [CrashAt("before_commit", 1), CrashAt("mid_stream", 1), CrashAt("model_call", 3)],
+    ],
+)
+def test_known_schedules(store_url: Callable[[], str], schedule: list[CrashAt]) -> None:
+    script = [[call("side_effect", {"key": "a"}), call("lookup", {"key": "b"})], "done"]
+    run_case(store_url(), script, schedule)
+
+
+# -- invariant 5: two kernels racing on one run ---------------------------------------
+
+
+def test_racing_kernels_never_both_run_a_call(store_url: Callable[[], str]) -> None:
+    executed: list[str] = []
+
+    @sk.tool
+    async def charge(key: str, ctx: sk.ToolContext) -> str:
+        """Not idempotent."""
+        executed.append(ctx.call_id)
+        await asyncio.sleep(0.01)
+        return f"charged {key}"
+
+    script = [[call("charge", {"key": str(i)}) for i in range(3)], "done"]
+
+    async def race() -> None:
+        async with opened(store_url()) as store:
+            kernels = [
+                sk.Kernel(
+                    store,
+                    tools=[charge],
+                    providers={"scripted": sk.testing.ScriptedProvider(script)},
+                )
+                for _ in range(2)
+            ]
+            run = await kernels[0].start(model="scripted/x", messages=["go"])
+
+            async def drive(kernel: sk.Kernel) -> str:
+                try:
+                    async for _ in kernel.run(run.run_id):
+                        await asyncio.sleep(0)
+                except sk.ConflictError:
+                    return "conflict"
+                return "done"
+
+            outcomes = await asyncio.gather(*(drive(k) for k in kernels))
+            assert "conflict" in outcomes
+            assert len(executed) == len(set(executed)), f"a call ran twice: {executed}"
+            head = await store.load(run.run_id)
+            if (
+                head.state == "dispatching_tools"
+                and head.current_turn
+                and head.current_turn.in_flight
+            ):
+                # the loser may have stopped the winner's view; a fresh kernel finishes it
+                pass
+            await run_history_ok(store, run.run_id)
+
+    asyncio.run(race())
+
+
+# -- invariant 6: cancellation at any await point ---------------------------------------
+
+
+@settings(FUZZ, max_examples=100 if LONG else 12)
+@given(cut=st.integers(0, 40), script=sts.agent_scripts(max_turns=2))
+def test_cancellation_anywhere_is_resumable(
+    store_url: Callable[[], str], cut: int, script: list[object]
+) -> None:
+    async def case() -> None:
+        async with opened(store_url()) as store:
+            agent = fuzz_agent(script)
+            kernel = sk.Kernel(store, **agent())
+            run = await kernel.start(model="scripted/fuzz", messages=["go"])
+            task = asyncio.ensure_future(_drain(kernel, run.run_id))
+            for _ in range(cut):
+                await asyncio.sleep(0)
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+            await kernel.aclose()
+            head = await store.load(run.run_id)
+            if head.failure is not None:  # only the script's own model errors fail a run
+                assert head.failure.error == "ProviderUnavailable"
+            events = await store.events(run.run_id)
+            failures = [e.data["error"] for e in events if e.type == "run_failed"]
+            assert set(failures) <= {"ProviderUnavailable"}
+            kernel = sk.Kernel(store, **agent())
+            for _ in range(20):
+                await _drain(kernel, run.run_id)
+                head = await store.load(run.run_id)
+                if head.state == "completed":
+                    break
+                if head.state == "failed":
+                    await kernel.retry(run.run_id)
+                elif head.pause is not None:
+                    for c in head.pause.metadata.get("calls", []):
+                        await kernel.resolve_tool_call(run.run_id, c["id"], rerun=True)
+            assert head.state == "completed"
+            await run_history_ok(store, run.run_id)
+
+    asyncio.run(case())
+
+
+async def _drain(kernel: sk.Kernel, run_id: str) -> None:
+    async for _ in kernel.run(run_id):
+        pass
