@@ -64,7 +64,9 @@ class LocalProvider:
     A name is ``smollm2``, a key of ``models`` (name -> GGUF path) or a path to a
     ``.gguf`` file. Servers start on first use (about half a second for SmolLM2) on a
     free loopback port and stop in ``aclose``. ``template`` overrides the chat template
-    (default: the shipped one for SmolLM2, the model's own otherwise).
+    (default: the shipped one for SmolLM2, the model's own otherwise). ``poll`` is
+    llama.cpp's busy-wait level (0-100): 0 lets idle worker threads sleep, which keeps
+    a shared machine responsive; raise it on a dedicated one.
     """
 
     name = "local"
@@ -76,6 +78,7 @@ class LocalProvider:
         template: str | None = None,
         n_ctx: int = 2048,
         threads: int = 2,
+        poll: int = 0,
         temperature: float = 0.0,
         timeout: httpx.Timeout | float | None = None,
         **provider_kwargs: Any,
@@ -84,6 +87,7 @@ class LocalProvider:
         self.template = template
         self.n_ctx = n_ctx
         self.threads = threads
+        self.poll = poll
         self.temperature = temperature
         self._client = httpx.AsyncClient(timeout=timeout or DEFAULT_TIMEOUT)
         self._provider_kwargs = provider_kwargs
@@ -156,6 +160,8 @@ class LocalProvider:
         params.n_ctx = self.n_ctx
         params.cpuparams.n_threads = self.threads
         params.cpuparams_batch.n_threads = self.threads
+        params.cpuparams.poll = self.poll
+        params.cpuparams_batch.poll = self.poll
         params.use_jinja = True
         params.sampling.temp = self.temperature
         params.verbosity = 0
