@@ -16,6 +16,7 @@ from statekernel._driver import UNCERTAIN
 from statekernel._kernel import Kernel
 from statekernel._run import Run
 from statekernel._storage import CheckpointStore
+from statekernel.errors import ConflictError
 
 __all__ = ["CrashPoint", "drive", "kernel_for_run", "resume_run"]
 
@@ -123,6 +124,11 @@ async def resume_run(
         what = "demo run" if is_demo_run(run) else "run"
         out.note(f"resuming {what} {run_id} from {run.state} (revision {run.revision})")
         return await drive(kernel, run_id, out)
+    except ConflictError as exc:
+        raise UserError(
+            f"run {run_id} moved on in another process (store at revision {exc.actual}): "
+            "someone else is driving it"
+        ) from exc
     finally:
         await kernel.aclose()
 

@@ -173,9 +173,9 @@ def resolve(
 ) -> None:
     """Say what happened to a tool call a crash left uncertain.
 
-    ``--output`` is parsed as JSON when it is valid JSON, else taken as a string.
-    When every uncertain call is resolved the run leaves ``paused``; continue it
-    with ``statekernel runs resume``.
+    --output is parsed as JSON when it is valid JSON, else taken as a string.
+    When every uncertain call is resolved the run leaves 'paused'; continue it
+    with `statekernel runs resume RUN_ID`.
     """
     if (output is not None) + (error is not None) + rerun != 1:
         raise UserError("give exactly one of --output, --error or --rerun")
