@@ -25,7 +25,7 @@ from statekernel._messages import JSON, ModelRequest, ModelResult
 from statekernel._middleware import ModelCall, ToolInvocation, chain
 from statekernel._model import ReasoningDelta, ResultBuilder, TextDelta, ToolCallDelta, UsageUpdate
 from statekernel._run import PauseInfo, Run, ToolCallRecord, Turn
-from statekernel._storage import Checkpoint
+from statekernel._storage import Checkpoint, commit_settled
 from statekernel._tools import ToolContext
 from statekernel.errors import InvalidTransition, ToolError
 
@@ -95,7 +95,7 @@ class RunDriver:
         previous = self.lc.run
         run, events = self.lc.apply(event, **payload)
         try:
-            await self.kernel.store.commit(Checkpoint.appended(previous, run, events))
+            await commit_settled(self.kernel.store, Checkpoint.appended(previous, run, events))
         except BaseException:
             self.lc.reset(previous)
             raise
@@ -109,7 +109,7 @@ class RunDriver:
         run = attrs.evolve(
             run, revision=previous.revision + 1, event_count=previous.event_count + 1
         )
-        await self.kernel.store.commit(Checkpoint.between(previous, run, (event,)))
+        await commit_settled(self.kernel.store, Checkpoint.between(previous, run, (event,)))
         self.lc.reset(run)
         return event
 

@@ -52,7 +52,7 @@ from statekernel._messages import JSON, Message
 from statekernel._middleware import Middleware
 from statekernel._model import ModelProvider
 from statekernel._run import Run, utcnow
-from statekernel._storage import Checkpoint, CheckpointStore
+from statekernel._storage import Checkpoint, CheckpointStore, commit_settled
 from statekernel._tools import Tool, tools_by_name
 from statekernel.errors import ConfigError, ConflictError, InvalidArgument, InvalidTransition
 
@@ -163,7 +163,7 @@ class Kernel:
             created_at=now,
             updated_at=now,
         )
-        await self.store.commit(Checkpoint.between(None, run))
+        await commit_settled(self.store, Checkpoint.between(None, run))
         return run
 
     async def fork(
@@ -179,7 +179,7 @@ class Kernel:
         run = attrs.evolve(
             source, run_id=new_id, revision=0, event_count=1, created_at=now, updated_at=now
         )
-        await self.store.commit(Checkpoint.between(None, run, (event,)))
+        await commit_settled(self.store, Checkpoint.between(None, run, (event,)))
         return run
 
     # -- driving -----------------------------------------------------------------

@@ -7,6 +7,7 @@ and the events of the transition land together or not at all.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -16,7 +17,7 @@ import attrs
 from statekernel._events import Event
 from statekernel._run import Run, StateId
 
-__all__ = ["Checkpoint", "CheckpointStore", "RunPage", "RunSummary"]
+__all__ = ["Checkpoint", "CheckpointStore", "RunPage", "RunSummary", "commit_settled"]
 
 
 @attrs.frozen
@@ -144,3 +145,20 @@ class CheckpointStore(Protocol):
     async def aclose(self) -> None:
         """Release connections and files."""
         ...
+
+
+async def commit_settled(store: CheckpointStore, checkpoint: Checkpoint) -> None:
+    """Commit, and if the caller is cancelled meanwhile, let the commit settle first.
+
+    A store may write in a thread or over a socket; cancelling the await does not
+    stop that write. Waiting for it means that when the cancellation propagates the
+    commit has either landed whole or not at all, and no orphaned write can land
+    under a process that resumes the run right after.
+    """
+    task = asyncio.ensure_future(store.commit(checkpoint))
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            await asyncio.wait([task])
+        raise
