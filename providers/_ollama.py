@@ -77,6 +77,9 @@ class OllamaProvider(HTTPProvider):
     def __init__(self, *, host: str | None = None, **kwargs: Any) -> None:
         super().__init__(base_url=ollama_host(host or os.environ.get("OLLAMA_HOST")), **kwargs)
 
+    def _check_json_fallback(self, response: httpx.Response) -> bool:
+        return False  # one JSON body is also one NDJSON line
+
     def _endpoint(self, request: ModelRequest, streaming: bool) -> str:
         return f"{self.base_url}/api/chat"
 

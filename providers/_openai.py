@@ -81,7 +81,8 @@ class OpenAIProvider(HTTPProvider):
     ``api_key`` and ``base_url`` default to ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL``.
     A compatible server without authentication needs no key. ``max_tokens_field`` is
     ``max_completion_tokens`` on the official API and ``max_tokens`` elsewhere unless
-    given. Keys in ``request.options`` (except ``stream``) are added to the payload.
+    given. ``stream_usage=False`` leaves out ``stream_options`` for servers that refuse
+    it. Keys in ``request.options`` (except ``stream``) are added to the payload.
     """
 
     name = "openai"
@@ -93,6 +94,7 @@ class OpenAIProvider(HTTPProvider):
         base_url: str | None = None,
         organization: str | None = None,
         max_tokens_field: str | None = None,
+        stream_usage: bool = True,
         **kwargs: Any,
     ) -> None:
         base_url = base_url or os.environ.get("OPENAI_BASE_URL") or OFFICIAL_BASE_URL
@@ -103,6 +105,7 @@ class OpenAIProvider(HTTPProvider):
         super().__init__(base_url=base_url, **kwargs)
         self._api_key = api_key or None
         self._organization = organization
+        self.stream_usage = stream_usage
         self.max_tokens_field = max_tokens_field or (
             "max_completion_tokens" if official else "max_tokens"
         )
@@ -128,7 +131,8 @@ class OpenAIProvider(HTTPProvider):
         }
         if streaming:
             payload["stream"] = True
-            payload["stream_options"] = {"include_usage": True}
+            if self.stream_usage:
+                payload["stream_options"] = {"include_usage": True}
         if request.tools:
             payload["tools"] = [_tool(spec) for spec in request.tools]
         if request.tool_choice:

@@ -127,6 +127,22 @@ async def test_non_json_error_body(wire, provider, sleeps):
         await complete(provider, REQUEST)
 
 
+async def test_a_2xx_answer_that_is_no_event_stream(wire, provider, sleeps):
+    for _ in range(3):
+        wire.reply(200, b"<html>captive portal</html>", headers={"content-type": "text/html"})
+    with pytest.raises(ProviderUnavailable, match="text/event-stream"):
+        await complete(provider, REQUEST)
+    assert len(wire.requests) == 3
+
+
+async def test_stream_usage_can_be_left_out(wire):
+    provider = OpenAIProvider(base_url=wire.url, stream_usage=False)
+    wire.sse(OK_STREAM, done=True)
+    await complete(provider, REQUEST)
+    assert "stream_options" not in wire.requests[0].json()
+    await provider.aclose()
+
+
 async def test_connection_dropped_mid_stream_is_not_retried(wire, provider, sleeps):
     wire.sse([*OK_STREAM[:1], *OK_STREAM[:1], *OK_STREAM[1:]], done=True, drop_after=2)
     parts: list = []
