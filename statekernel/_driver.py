@@ -346,8 +346,10 @@ class RunDriver:
         uncertain = []
         for record in unowned:
             resolution = resolutions.get(record.id)
+            if not isinstance(resolution, dict) or resolution.get("attempt") != record.attempt:
+                resolution = None
             tool = self.kernel.tools.get(record.name)
-            if isinstance(resolution, dict) and not resolution.get("rerun"):
+            if resolution is not None and not resolution.get("rerun"):
                 outcome = _Outcome((record.id,), resolution.get("output"), resolution.get("error"))
                 return await self._complete(outcome)
             if resolution is not None or (tool is not None and tool.idempotent):

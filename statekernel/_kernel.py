@@ -284,10 +284,14 @@ class Kernel:
             pause = run.pause
             if run.state != "paused" or pause is None or pause.reason != UNCERTAIN:
                 raise InvalidTransition("resolve_tool_call", run.state, "no uncertain tool calls")
-            uncertain = {c["id"] for c in pause.metadata.get("calls", [])}
-            if call_id not in uncertain:
+            attempts = {c["id"]: c["attempt"] for c in pause.metadata.get("calls", [])}
+            if call_id not in attempts:
                 raise InvalidArgument(f"{call_id!r} is not an uncertain call of run {run_id!r}")
+            # a resolution answers for one attempt: a re-run that is itself interrupted
+            # leaves a new attempt in flight, which needs a new answer
+            resolution["attempt"] = attempts[call_id]
             resolutions = {**pause.metadata.get("resolutions", {}), call_id: resolution}
+            uncertain = set(attempts)
             if set(resolutions) >= uncertain:
                 await driver.commit("resume", value={"resolutions": resolutions}, max_turns=None)
             else:

@@ -53,7 +53,8 @@ DECLARED = frozenset(
 
 @attrs.define
 class Ledger:
-    """What the tools really did, across every simulated process."""
+    """What the tools really did, across every simulated process, by idempotency key
+    (``f"{run_id}:{call_id}"``)."""
 
     executions: dict[str, int] = attrs.Factory(lambda: defaultdict(int))
     outcomes: dict[str, tuple[bool, Any]] = attrs.Factory(dict)
@@ -64,13 +65,14 @@ class Ledger:
         async def record(call: Any, nxt: Any) -> Any:
             if not isinstance(call, ToolInvocation):
                 return await nxt(call)
-            self.executions[call.call.id] += 1
+            key = f"{call.run.run_id}:{call.call.id}"
+            self.executions[key] += 1
             try:
                 output = await nxt(call)
             except Exception as exc:
-                self.outcomes[call.call.id] = (False, exc)
+                self.outcomes[key] = (False, exc)
                 raise
-            self.outcomes[call.call.id] = (True, output)
+            self.outcomes[key] = (True, output)
             return output
 
         return record
@@ -129,7 +131,7 @@ async def _settle(kernel: Kernel, run: Run, ledger: Ledger, approve: Any) -> boo
         await kernel.retry(run.run_id)
     elif run.pause is not None and run.pause.reason == UNCERTAIN:
         for call in run.pause.metadata["calls"]:
-            done = ledger.outcomes.get(call["id"])
+            done = ledger.outcomes.get(f"{run.run_id}:{call['id']}")
             if done is None:
                 await kernel.resolve_tool_call(run.run_id, call["id"], rerun=True)
             elif done[0]:
@@ -231,13 +233,13 @@ async def check_crash_resume(
     )
     assert run_outcome(final) == run_outcome(baseline), "invariant 1: outcome differs"
     tools: dict[str, Tool] = {t.name: t for t in agent().get("tools", ())}
-    names = {r.id: r.name for t in final.turns for r in t.completed}
-    for call_id, count in ledger.executions.items():
-        tool = tools.get(names.get(call_id, ""))
+    names = {f"{final.run_id}:{r.id}": r.name for t in final.turns for r in t.completed}
+    for key, count in ledger.executions.items():
+        tool = tools.get(names.get(key, ""))
         if tool is not None and not tool.idempotent:
-            assert count <= 1, f"invariant 2: {call_id} ({tool.name}) ran {count} times"
-    for call_id in base_ledger.executions:
-        assert ledger.executions.get(call_id, 0) >= 1, f"invariant 2: {call_id} never ran"
+            assert count <= 1, f"invariant 2: {key} ({tool.name}) ran {count} times"
+    for key in base_ledger.executions:
+        assert ledger.executions.get(key, 0) >= 1, f"invariant 2: {key} never ran"
     inner = store()
     await run_history_ok(inner, final.run_id)
     failures = [e for e in await inner.events(final.run_id) if e.type == "run_failed"]

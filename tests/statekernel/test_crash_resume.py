@@ -89,16 +89,29 @@ def test_crash_resume_invariants(
     run_case(store_url(), script, schedule)
 
 
+TWO_CALLS = [[call("side_effect", {"key": "a"}), call("lookup", {"key": "b"})], "done"]
+ONE_CALL = [[call("side_effect", {"key": "k0"})], "ok"]
+
+
 @pytest.mark.parametrize(
-    "schedule",
+    ("script", "schedule"),
     [
-        [CrashAt("tool_after_effect", 1)],
-        [CrashAt("after_commit", 5), CrashAt("tool_after_effect", 2)],
-        [CrashAt("before_commit", 1), CrashAt("mid_stream", 1), CrashAt("model_call", 3)],
+        (TWO_CALLS, [CrashAt("tool_after_effect", 1)]),
+        # regression: a crash escaping one tool task while another call completed was
+        # swallowed, and the driver went on believing it still ran the crashed call
+        (TWO_CALLS, [CrashAt("after_commit", 5), CrashAt("tool_after_effect", 2)]),
+        (
+            TWO_CALLS,
+            [CrashAt("before_commit", 1), CrashAt("mid_stream", 1), CrashAt("model_call", 3)],
+        ),
+        # regression: a "rerun" resolution stayed in force after the re-run was itself
+        # interrupted, so a non-idempotent call ran a third time without asking
+        (ONE_CALL, [CrashAt("after_commit", 6), CrashAt("tool_after_effect", 1)]),
     ],
 )
-def test_known_schedules(store_url: Callable[[], str], schedule: list[CrashAt]) -> None:
-    script = [[call("side_effect", {"key": "a"}), call("lookup", {"key": "b"})], "done"]
+def test_known_schedules(
+    store_url: Callable[[], str], script: list[object], schedule: list[CrashAt]
+) -> None:
     run_case(store_url(), script, schedule)
 
 

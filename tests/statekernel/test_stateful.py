@@ -1,0 +1,206 @@
+"""A Hypothesis state machine over the public API: start, drive until an event, crash,
+cancel, resume, resolve, retry, send input, fork, update context; with the crash/resume
+invariants checked after every step."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import defaultdict
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
+
+import statekernel as sk
+from statekernel.stores import MemoryStore
+from statekernel.testing import CRASH_POINTS, Crash, CrashAt, FaultPlan, FaultyProvider, FaultyStore
+from statekernel.testing import strategies as sts
+from statekernel.testing._fuzz import Ledger, run_history_ok
+from statekernel.testing._scripted import ScriptedProvider
+
+LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
+
+
+class KernelMachine(RuleBasedStateMachine):
+    runs = Bundle("runs")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = MemoryStore()
+        self.ledger = Ledger()
+        self.scripts: dict[str, list[object]] = {}
+        self.acked: dict[str, int] = defaultdict(lambda: -1)
+        self.non_idempotent: set[str] = set()
+        self.reruns: set[str] = set()
+
+    # -- plumbing -----------------------------------------------------------------
+
+    def kernel(self, run_id: str, plan: FaultPlan | None = None) -> sk.Kernel:
+        from statekernel.testing import fuzz_agent
+
+        kwargs = dict(fuzz_agent(self.scripts[run_id])())
+        provider: Any = ScriptedProvider(self.scripts[run_id], repeat_last=True)
+        store: Any = self.store
+        middleware: list[Any] = []
+        if plan is not None:
+            provider, store = FaultyProvider(provider, plan), FaultyStore(store, plan)
+            middleware.append(plan.middleware())
+        middleware.append(self.ledger.middleware())
+        kwargs.update(providers={"scripted": provider}, middleware=middleware)
+        self.non_idempotent = {t.name for t in kwargs["tools"] if not t.idempotent}
+        return sk.Kernel(store, **kwargs)
+
+    def act(self, run_id: str, fn: Any, plan: FaultPlan | None = None) -> Any:
+        async def go() -> Any:
+            kernel = self.kernel(run_id, plan)
+            try:
+                return await fn(kernel)
+            except (Crash, sk.InvalidTransition, sk.ConflictError):
+                return None
+            finally:
+                await kernel.aclose()
+
+        return asyncio.run(go())
+
+    def head(self, run_id: str) -> sk.Run:
+        return asyncio.run(self.store.load(run_id))
+
+    # -- rules --------------------------------------------------------------------
+
+    @rule(target=runs, script=sts.agent_scripts(max_turns=3), text=st.sampled_from(["hi", "go"]))
+    def start(self, script: list[object], text: str) -> str:
+        run_id = f"run{len(self.scripts)}"
+        self.scripts[run_id] = script
+        self.act(run_id, lambda k: k.start(model="scripted/sm", messages=[text], run_id=run_id))
+        self.acked[run_id] = 0
+        return run_id
+
+    @rule(run_id=runs, events=st.integers(1, 30))
+    def drive_until_an_event(self, run_id: str, events: int) -> None:
+        """Drive for a number of events, then close the generator (a cancellation)."""
+
+        async def drive(kernel: sk.Kernel) -> None:
+            seen = 0
+            gen = kernel.run(run_id)
+            try:
+                async for event in gen:
+                    if event.persisted:
+                        self.acked[run_id] = max(self.acked[run_id], event.revision)
+                    seen += 1
+                    if seen >= events:
+                        break
+            finally:
+                await gen.aclose()
+
+        self.act(run_id, drive)
+
+    @rule(run_id=runs, point=st.sampled_from(CRASH_POINTS), nth=st.integers(1, 6))
+    def crash(self, run_id: str, point: str, nth: int) -> None:
+        plan = FaultPlan([CrashAt(point, nth)])  # type: ignore[arg-type]
+
+        async def drive(kernel: sk.Kernel) -> None:
+            async for event in kernel.run(run_id):
+                if event.persisted:
+                    self.acked[run_id] = max(self.acked[run_id], event.revision)
+
+        self.act(run_id, drive, plan)
+
+    @rule(run_id=runs, value=st.none() | st.booleans())
+    def resume(self, run_id: str, value: bool | None) -> None:
+        run = self.head(run_id)
+        if run.state == "paused" and run.pause and run.pause.reason != "uncertain_tool_calls":
+            self.act(run_id, lambda k: k.resume(run_id, value=value))
+
+    @rule(run_id=runs)
+    def resolve(self, run_id: str) -> None:
+        run = self.head(run_id)
+        if run.state != "paused" or not run.pause or run.pause.reason != "uncertain_tool_calls":
+            return
+
+        async def resolve_all(kernel: sk.Kernel) -> None:
+            assert run.pause is not None
+            for c in run.pause.metadata["calls"]:
+                done = self.ledger.outcomes.get(f"{run_id}:{c['id']}")
+                if done is None:
+                    self.reruns.add(f"{run_id}:{c['id']}")
+                    await kernel.resolve_tool_call(run_id, c["id"], rerun=True)
+                elif done[0]:
+                    await kernel.resolve_tool_call(run_id, c["id"], output=done[1])
+                else:
+                    await kernel.resolve_tool_call(run_id, c["id"], error=str(done[1]))
+
+        self.act(run_id, resolve_all)
+
+    @rule(run_id=runs)
+    def retry(self, run_id: str) -> None:
+        if self.head(run_id).state == "failed":
+            self.act(run_id, lambda k: k.retry(run_id))
+
+    @rule(run_id=runs, text=st.sampled_from(["more", "and?"]))
+    def send_input(self, run_id: str, text: str) -> None:
+        if self.head(run_id).state in ("completed", "paused"):
+            self.act(run_id, lambda k: k.send(run_id, text))
+
+    @rule(target=runs, run_id=runs, data=st.data())
+    def fork(self, run_id: str, data: st.DataObject) -> str:
+        head = self.head(run_id)
+        at = data.draw(st.integers(0, head.revision))
+        new_id = f"{run_id}f{at}x{len(self.scripts)}"
+        self.scripts[new_id] = self.scripts[run_id]
+        self.act(run_id, lambda k: k.fork(run_id, at_revision=at, new_run_id=new_id))
+        self.acked[new_id] = 0
+        return new_id
+
+    @rule(run_id=runs, n=st.integers(0, 9))
+    def update_context(self, run_id: str, n: int) -> None:
+        self.act(run_id, lambda k: k.update_context(run_id, lambda c: {**c, "n": n}))
+
+    @rule(run_id=consumes(runs))
+    def delete(self, run_id: str) -> None:
+        deleted = asyncio.run(self.store.delete(run_id))
+        assert deleted
+        self.scripts.pop(run_id)
+
+    # -- invariants ---------------------------------------------------------------
+
+    @invariant()
+    def histories_are_declared_transitions(self) -> None:
+        for run_id in self.scripts:
+            asyncio.run(run_history_ok(self.store, run_id))
+
+    @invariant()
+    def nothing_acknowledged_is_lost(self) -> None:
+        for run_id in self.scripts:
+            assert self.head(run_id).revision >= self.acked[run_id]
+
+    @invariant()
+    def side_effects_at_most_once(self) -> None:
+        """A non-idempotent call runs again only when an operator chose ``rerun``."""
+        for key, count in self.ledger.executions.items():
+            if key in self.reruns:
+                continue
+            run_id, _, call_id = key.rpartition(":")
+            if run_id not in self.scripts:
+                continue
+            head = self.head(run_id)
+            turns = [*head.turns, *([head.current_turn] if head.current_turn else [])]
+            names = {r.id: r.name for t in turns for r in (*t.completed, *t.in_flight)}
+            if names.get(call_id) in self.non_idempotent:
+                assert count <= 1, f"{key} ran {count} times"
+
+    @invariant()
+    def crashes_never_write_failed(self) -> None:
+        for run_id in self.scripts:
+            failure = self.head(run_id).failure
+            assert failure is None or failure.error == "ProviderUnavailable"
+
+
+KernelMachine.TestCase.settings = settings(
+    max_examples=150 if LONG else 25,
+    stateful_step_count=30 if LONG else 15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestKernelMachine = KernelMachine.TestCase
