@@ -41,7 +41,8 @@ async def one_run(turns: int) -> tuple[float, int]:
         pass
     elapsed = time.perf_counter() - began
     final = await kernel.get(run.run_id)
-    assert final.state == "completed" and len(final.turns) == turns
+    assert final.state == "completed"
+    assert len(final.turns) == turns
     return elapsed, final.revision
 
 

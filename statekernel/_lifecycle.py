@@ -36,7 +36,7 @@ class _Cell:
 
     def __init__(self, run: Run) -> None:
         self.run = run
-        self.state: str = run.state
+        self.state: StateId = run.state
         self.events: list[tuple[str, dict[str, Any]]] = []
 
     def reset(self, run: Run) -> None:
