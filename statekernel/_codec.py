@@ -218,15 +218,17 @@ class _Decoder:
     ) -> None:
         self.message_docs = message_docs
         self.turn_docs = turn_docs
-        self.messages: list[Message | None] = [None] * len(message_docs)
         self.turns: dict[int, Turn] = {}
-        self.reader = Reader(blobs, self.message_at)
+        self.reader = Reader(blobs, self.message_at, self.message_range)
+        self.messages = [self.reader.message(doc) for doc in message_docs]
 
     def message_at(self, pos: int) -> Message:
-        found = self.messages[pos]
-        if found is None:
-            found = self.messages[pos] = self.reader.message(self.message_docs[pos])
-        return found
+        return self.messages[pos]
+
+    def message_range(self, start: int, count: int) -> tuple[Message, ...]:
+        if start < 0 or count < 0 or start + count > len(self.messages):
+            raise ValueError(f"bad message range {start}+{count}")
+        return tuple(self.messages[start : start + count])
 
     def turn_at(self, pos: int) -> Turn:
         found = self.turns.get(pos)
@@ -255,7 +257,7 @@ class _Decoder:
             revision=_int(head["r"]),
             state=state_id(head["s"]),
             context=reader.json(head["c"]) if "c" in head else {},
-            messages=tuple(self.message_at(i) for i in range(m0, m0 + mn)),
+            messages=self.message_range(m0, mn),
             turns=tuple(self.turn_at(i) for i in range(t0, t0 + tn)),
             current_turn=reader.turn(head["T"]) if "T" in head else None,
             pause=reader.pause(head["P"]) if "P" in head else None,

@@ -205,9 +205,15 @@ class Writer(BlobWriter):
 class Reader(BlobReader):
     """Decodes records; ``message_at(pos)`` resolves positions in the message log."""
 
-    def __init__(self, blobs: Any, message_at: Callable[[int], Message] | None = None) -> None:
+    def __init__(
+        self,
+        blobs: Any,
+        message_at: Callable[[int], Message] | None = None,
+        message_range: Callable[[int, int], tuple[Message, ...]] | None = None,
+    ) -> None:
         super().__init__(blobs)
         self._message_at = message_at
+        self._message_range = message_range
 
     def at(self, pos: Any) -> Message:
         """The message at ``pos`` of the run's message log."""
@@ -251,7 +257,9 @@ class Reader(BlobReader):
         if type(doc) is list:
             return tuple(self.message(m) for m in doc)
         start, n = doc["$r"]
-        found = tuple(self.at(start + i) for i in range(n))
+        if self._message_range is None or type(start) is not int or type(n) is not int:
+            raise ValueError(f"bad message reference {doc!r}")
+        found = self._message_range(start, n)
         return found + tuple(self.message(m) for m in doc.get("x", ()))
 
     def tools(self, doc: Any) -> tuple[ToolSpec, ...]:

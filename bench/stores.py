@@ -1,0 +1,235 @@
+"""Checkpoint store costs on the kernel's workload, per store and run length.
+
+Each turn: the scripted model returns one tool call with ~200 bytes of arguments,
+the tool returns ~1 KB, the last turn returns text (about 6 commits per turn).
+For memory, file, SQLite and Redis (a temporary redis-server is started) and
+N = 10, 100, 1000 turns it prints the median milliseconds per commit and per turn,
+the bytes stored (payload, and on disk for file and SQLite), the growth exponent of
+the bytes in N, and the time to load the 1000-turn run. It also times a raw
+``sqlite3`` insert of the same bytes per commit with the same journal and sync
+settings, for the ratio. Run: ``python bench/stores.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import math
+import os
+import shutil
+import socket
+import sqlite3
+import statistics
+import subprocess
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import statekernel as sk
+from statekernel._codec import encode_commit
+from statekernel._codec_base import dump_bytes
+from statekernel._events import Event
+from statekernel._run import Run, StateId
+from statekernel._storage import Checkpoint, CheckpointStore, RunPage
+from statekernel.stores import open_store
+from statekernel.testing import ScriptedProvider, call
+
+SIZES = (10, 100, 1000)
+WORDS = "sunny cloudy rain wind light strong north south east west gusts showers".split()
+
+
+def argument(turn: int) -> str:
+    """About 200 bytes of arguments, different in every turn."""
+    return f"Paris, France (turn {turn}); " + " ".join(WORDS[(turn + i) % 12] for i in range(28))
+
+
+@sk.tool
+def get_weather(city: str) -> str:
+    """About 1 KB of forecast, different for every input."""
+    seed = sum(map(ord, city))
+    hours = [
+        {
+            "h": h,
+            "t": (seed * (h + 3)) % 35 - 5,
+            "sky": WORDS[(seed + h) % 12],
+            "wind": (seed + h) % 40,
+        }
+        for h in range(24)
+    ]
+    return json.dumps({"city": city[:40], "hours": hours})[:1024]
+
+
+class Timed:
+    """A store that times its commits and keeps the checkpoints it was given."""
+
+    def __init__(self, inner: CheckpointStore) -> None:
+        self.inner = inner
+        self.times: list[float] = []
+        self.checkpoints: list[Checkpoint] = []
+
+    async def commit(self, checkpoint: Checkpoint) -> None:
+        began = time.perf_counter()
+        await self.inner.commit(checkpoint)
+        self.times.append(time.perf_counter() - began)
+        self.checkpoints.append(checkpoint)
+
+    async def load(self, run_id: str, *, revision: int | None = None) -> Run:
+        return await self.inner.load(run_id, revision=revision)
+
+    async def events(
+        self, run_id: str, *, after_revision: int = -1, limit: int | None = None
+    ) -> list[Event]:
+        return await self.inner.events(run_id, after_revision=after_revision, limit=limit)
+
+    async def list_runs(
+        self,
+        *,
+        state: StateId | None = None,
+        updated_after: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> RunPage:
+        return await self.inner.list_runs(
+            state=state, updated_after=updated_after, limit=limit, cursor=cursor
+        )
+
+    async def delete(self, run_id: str) -> bool:
+        return await self.inner.delete(run_id)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def drive(store: Timed, turns: int) -> tuple[str, float]:
+    """One run of ``turns`` turns through the kernel; (run id, seconds)."""
+    steps: list[object] = [call("get_weather", {"city": argument(i)}) for i in range(turns - 1)]
+    provider = ScriptedProvider([*steps, "It is sunny."])
+    kernel = sk.Kernel(store, tools=[get_weather], providers={"scripted": provider}, max_turns=None)
+    run = await kernel.start(model="scripted/bench", messages=["Weather in Paris?"])
+    began = time.perf_counter()
+    async for _ in kernel.run(run.run_id):
+        pass
+    elapsed = time.perf_counter() - began
+    final = await store.load(run.run_id)
+    assert final.state == "completed" and len(final.turns) == turns, final.state
+    return run.run_id, elapsed
+
+
+def payload_per_commit(checkpoints: list[Checkpoint]) -> list[int]:
+    """Bytes each commit writes in the stored encoding (head, log entry, parts, blobs)."""
+    sizes: list[int] = []
+    prior: dict[str, Any] | None = None
+    for cp in checkpoints:
+        enc = encode_commit(cp, prior)
+        parts = [dump_bytes(enc.head), dump_bytes(enc.entry), *enc.messages, *enc.turns]
+        sizes.append(sum(map(len, parts)) + sum(len(k) + len(v) for k, v in enc.blobs.items()))
+        prior = enc.head
+    return sizes
+
+
+def raw_sqlite_ms(sizes: list[int], folder: Path) -> float:
+    """Median ms of a raw sqlite3 insert of ``size`` bytes per commit (WAL, sync FULL)."""
+    conn = sqlite3.connect(folder / "raw.db", isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("CREATE TABLE raw (id INTEGER PRIMARY KEY, data BLOB NOT NULL)")
+    times = []
+    for size in sizes:
+        data = os.urandom(size)
+        began = time.perf_counter()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO raw (data) VALUES (?)", (data,))
+        conn.execute("COMMIT")
+        times.append(time.perf_counter() - began)
+    conn.close()
+    return statistics.median(times) * 1e3
+
+
+def disk_bytes(kind: str, folder: Path) -> int | None:
+    """Bytes on disk of a file or SQLite store after a checkpoint of the WAL."""
+    if kind == "file":
+        return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    if kind == "sqlite":
+        db = folder / "runs.db"
+        with sqlite3.connect(db) as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return sum(p.stat().st_size for p in folder.glob("runs.db*"))
+    return None
+
+
+def url_for(kind: str, folder: Path, redis_url: str, n: int) -> str:
+    return {
+        "memory": "memory://",
+        "file": f"file://{folder}",
+        "sqlite": f"sqlite:///{folder}/runs.db",
+        "redis": f"{redis_url}/0?prefix=bench{n}",
+    }[kind]
+
+
+async def bench_store(kind: str, redis_url: str) -> None:
+    stored: dict[int, int] = {}
+    for turns in SIZES:
+        folder = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
+        store = Timed(open_store(url_for(kind, folder, redis_url, turns)))
+        run_id, elapsed = await drive(store, turns)
+        payload = payload_per_commit(store.checkpoints)
+        store.checkpoints.clear()
+        stored[turns] = sum(payload)
+        commit_ms = statistics.median(store.times) * 1e3
+        disk = disk_bytes(kind, folder)
+        line = (
+            f"{kind:>7} N={turns:<5} commit {commit_ms:6.3f} ms  turn {elapsed / turns * 1e3:7.3f} ms"
+            f"  payload {sum(payload) / turns:6.0f} B/turn"
+        )
+        if disk is not None:
+            line += f"  on disk {disk / turns:6.0f} B/turn"
+        if kind == "sqlite":
+            raw = raw_sqlite_ms(payload, folder)
+            line += f"  raw insert {raw:6.3f} ms (x{commit_ms / raw:.2f})"
+        if turns == SIZES[-1]:
+            loads = []
+            gc.collect()
+            for _ in range(7):
+                began = time.perf_counter()
+                await store.load(run_id)
+                loads.append(time.perf_counter() - began)
+            line += f"  load {statistics.median(loads) * 1e3:6.2f} ms"
+        print(line, flush=True)
+        await store.aclose()
+        shutil.rmtree(folder, ignore_errors=True)
+    exponent = math.log(stored[SIZES[-1]] / stored[SIZES[-2]]) / math.log(SIZES[-1] / SIZES[-2])
+    print(f"{kind:>7} growth exponent of bytes in N (100 -> 1000): {exponent:.3f}", flush=True)
+
+
+def start_redis() -> tuple[subprocess.Popen[bytes], str, str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    folder = tempfile.mkdtemp(prefix="bench-redis-")
+    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    proc = subprocess.Popen(
+        [*args, "--appendonly", "no", "--dir", folder],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(0.3)
+    return proc, f"redis://127.0.0.1:{port}", folder
+
+
+async def main() -> None:
+    proc, redis_url, folder = start_redis()
+    try:
+        for kind in ("memory", "file", "sqlite", "redis"):
+            await bench_store(kind, redis_url)
+    finally:
+        proc.terminate()
+        proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+    print("targets: SQLite commit <= 1.5x raw insert; <= 2 KB/turn, exponent ~1; load <= 20 ms")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
