@@ -2,7 +2,9 @@
 
 A request is retried (exponential backoff with jitter, honouring ``Retry-After``) only
 until its stream has yielded a first part. After that a failure raises
-``ProviderUnavailable``: the caller decides whether to call the model again.
+``ProviderUnavailable``: the caller decides whether to call the model again. Usage
+reported before any content (Anthropic's ``message_start``) is held back until the
+first content part, so an overload error right after it can still be retried.
 """
 
 from __future__ import annotations
