@@ -38,7 +38,8 @@ from statekernel.stores import open_store
 from statekernel.testing import ScriptedProvider, call
 
 SIZES = (10, 100, 1000)
-WORDS = "sunny cloudy rain wind light strong north south east west gusts showers".split()
+WORDS = ["sunny", "cloudy", "rain", "wind", "light", "strong"]
+WORDS += ["north", "south", "east", "west", "gusts", "showers"]
 
 
 def argument(turn: int) -> str:
@@ -114,7 +115,8 @@ async def drive(store: Timed, turns: int) -> tuple[str, float]:
         pass
     elapsed = time.perf_counter() - began
     final = await store.load(run.run_id)
-    assert final.state == "completed" and len(final.turns) == turns, final.state
+    assert final.state == "completed", final.state
+    assert len(final.turns) == turns
     return run.run_id, elapsed
 
 
@@ -180,10 +182,9 @@ async def bench_store(kind: str, redis_url: str) -> None:
         stored[turns] = sum(payload)
         commit_ms = statistics.median(store.times) * 1e3
         disk = disk_bytes(kind, folder)
-        line = (
-            f"{kind:>7} N={turns:<5} commit {commit_ms:6.3f} ms  turn {elapsed / turns * 1e3:7.3f} ms"
-            f"  payload {sum(payload) / turns:6.0f} B/turn"
-        )
+        per_turn_ms = elapsed / turns * 1e3
+        line = f"{kind:>7} N={turns:<5} commit {commit_ms:6.3f} ms  turn {per_turn_ms:7.3f} ms"
+        line += f"  payload {sum(payload) / turns:6.0f} B/turn"
         if disk is not None:
             line += f"  on disk {disk / turns:6.0f} B/turn"
         if kind == "sqlite":
