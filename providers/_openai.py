@@ -238,9 +238,9 @@ class _StreamState:
             yield UsageUpdate(openai_usage(usage))
 
     def _call_delta(self, call: dict[str, Any]) -> ToolCallDelta:
-        index = int(call.get("index", 0))
         function = call.get("function") or {}
         call_id = call.get("id")
+        index = self._index(call, call_id)
         if index not in self._ids:
             self._ids[index] = call_id = call_id or _new_call_id()
         return ToolCallDelta(
@@ -249,6 +249,15 @@ class _StreamState:
             name=function.get("name") or None,
             arguments=_arguments_text(function.get("arguments")),
         )
+
+    def _index(self, call: dict[str, Any], call_id: str | None) -> int:
+        """The wire's ``index``; servers that omit it start a new call with each new id."""
+        if call.get("index") is not None:
+            return int(call["index"])
+        last = max(self._ids, default=-1)
+        if last < 0 or (call_id and call_id != self._ids[last]):
+            return last + 1
+        return last
 
 
 def _arguments_text(arguments: Any) -> str:

@@ -379,3 +379,27 @@ async def test_repr_and_errors_hide_the_key(wire, provider):
         await complete(provider, request())
     assert "sk-test-1234" not in str(info.value)
     assert "Incorrect API key provided: ***" in str(info.value)
+
+
+async def test_servers_that_omit_the_tool_call_index(wire, provider):
+    def whole(call_id: str, city: str) -> dict:
+        arguments = f'{{"city": "{city}"}}'
+        return {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": "f", "arguments": arguments},
+        }
+
+    wire.sse(
+        [
+            chunk({"tool_calls": [whole("a", "Oslo"), whole("b", "Rome")]}),
+            chunk({"tool_calls": [{"function": {"arguments": ""}}]}),
+            chunk({}, "tool_calls"),
+        ],
+        done=True,
+    )
+    result = await complete(provider, request())
+    assert [(c.id, c.parsed_arguments()["city"]) for c in result.tool_calls] == [
+        ("a", "Oslo"),
+        ("b", "Rome"),
+    ]
