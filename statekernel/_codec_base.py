@@ -35,6 +35,14 @@ __all__ = [
     "load_json",
 ]
 
+_fast_loads: Callable[[bytes | str], Any] | None
+try:
+    from orjson import loads as _orjson_loads
+
+    _fast_loads = _orjson_loads
+except ImportError:  # pragma: no cover - optional speed-up
+    _fast_loads = None
+
 BLOB_MIN = 96
 """Strings (and JSON texts of values) at least this long are stored as blobs."""
 
@@ -66,7 +74,16 @@ def dump_bytes(doc: Any) -> bytes:
 
 
 def load_json(data: bytes | str, what: str) -> Any:
-    """Parse stored JSON; anything unreadable raises ``CorruptCheckpoint``."""
+    """Parse stored JSON; anything unreadable raises ``CorruptCheckpoint``.
+
+    Uses ``orjson`` when it is installed and falls back to ``json`` for what orjson
+    refuses (integers beyond 64 bits, NaN), so the result is the same either way.
+    """
+    if _fast_loads is not None:
+        try:
+            return _fast_loads(data)
+        except ValueError:
+            pass
     try:
         return json.loads(data)
     except (ValueError, TypeError) as exc:
@@ -205,7 +222,7 @@ class BlobReader:
             if key == "$b":
                 return self.text(value[key])
             if key == "$v":
-                return json.loads(self.text(value[key]))
+                return load_json(self.text(value[key]), "stored JSON value")
             if key == "$e":
                 inner = value[key]
                 if type(inner) is not dict:
