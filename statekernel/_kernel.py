@@ -223,6 +223,17 @@ class Kernel:
                 if not driver.busy and self._drivers.get(run_id) is driver:
                     del self._drivers[run_id]
 
+    @contextlib.asynccontextmanager
+    async def _fresh(self, run_id: str) -> AsyncIterator[RunDriver]:
+        """A one-off driver at the stored head, for commands (send, resume, ...).
+
+        Commands do not wait for a ``run`` generator of the same run, which may be
+        suspended at a ``yield`` in the caller's own loop: they commit with
+        compare-and-set, and a driver that was overtaken reloads or gets
+        ``ConflictError``.
+        """
+        yield RunDriver(self, await self.store.load(run_id))
+
     # -- acting on a run ---------------------------------------------------------
 
     async def get(self, run_id: str) -> Run:
@@ -237,7 +248,7 @@ class Kernel:
         """New input (a string is a user message) to a completed or paused run."""
         if not messages:
             raise InvalidArgument("send needs at least one message")
-        async with self._driver(run_id) as driver:
+        async with self._fresh(run_id) as driver:
             await driver.commit("input", messages=_as_messages(messages))
             return driver.run
 
@@ -246,13 +257,13 @@ class Kernel:
 
         ``max_turns`` raises the turn budget (a run paused for ``max_turns`` needs it).
         """
-        async with self._driver(run_id) as driver:
+        async with self._fresh(run_id) as driver:
             await driver.commit("resume", value=value, max_turns=max_turns)
             return driver.run
 
     async def retry(self, run_id: str) -> Run:
         """Return a failed run to the state it failed in."""
-        async with self._driver(run_id) as driver:
+        async with self._fresh(run_id) as driver:
             await driver.commit("retry")
             return driver.run
 
@@ -279,7 +290,7 @@ class Kernel:
             if error is not None
             else {"output": output}
         )
-        async with self._driver(run_id) as driver:
+        async with self._fresh(run_id) as driver:
             run = driver.run
             pause = run.pause
             if run.state != "paused" or pause is None or pause.reason != UNCERTAIN:
@@ -312,7 +323,7 @@ class Kernel:
         newer context, up to ``attempts`` times, then ``ConflictError`` is raised.
         """
         for attempt in range(attempts):
-            async with self._driver(run_id) as driver:
+            async with self._fresh(run_id) as driver:
                 run = driver.run
                 new = fn(copy.deepcopy(run.context))
                 if inspect.isawaitable(new):

@@ -43,9 +43,7 @@ class Checkpoint:
         return self.run.revision - 1
 
     @classmethod
-    def appended(
-        cls, previous: Run, run: Run, events: Sequence[Event] = ()
-    ) -> Checkpoint:
+    def appended(cls, previous: Run, run: Run, events: Sequence[Event] = ()) -> Checkpoint:
         """The checkpoint from ``previous`` to ``run`` when ``run`` only appended.
 
         Lifecycle transitions never rewrite the transcript or completed turns, so

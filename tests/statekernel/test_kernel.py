@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import pytest
@@ -256,3 +257,21 @@ async def test_bad_input_gets_typed_errors(make_kernel: MakeKernel) -> None:
         sk.Kernel("memory://", max_turns=0)
     with pytest.raises(sk.errors.ConfigError):
         sk.Kernel("bogus://x")
+
+
+async def test_commands_inside_the_event_loop_do_not_deadlock(make_kernel: MakeKernel) -> None:
+    class Gate(sk.Hooks):
+        def on_tool_call_started(self, run: sk.Run, call: sk.ToolCallRecord) -> sk.Decision:
+            return sk.Continue() if run.resume_value else sk.Pause("approval")
+
+    kernel, _, _ = make_kernel([call("echo", {"text": "x"}), "ok"], tools=[echo], hooks=Gate())
+    run = await start(kernel)
+    resumed = False
+    async for event in kernel.run(run.run_id):
+        if event.type == "run_paused":
+            await asyncio.wait_for(kernel.resume(run.run_id, value=True), timeout=5)
+            resumed = True
+    assert resumed
+    assert (await kernel.get(run.run_id)).state == "dispatching_tools"
+    await drain(kernel, run.run_id)
+    assert (await kernel.get(run.run_id)).state == "completed"

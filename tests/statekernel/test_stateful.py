@@ -5,6 +5,7 @@ invariants checked after every step."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 from collections import defaultdict
 from typing import Any
@@ -34,6 +35,7 @@ class KernelMachine(RuleBasedStateMachine):
         self.acked: dict[str, int] = defaultdict(lambda: -1)
         self.non_idempotent: set[str] = set()
         self.reruns: set[str] = set()
+        self.ids = itertools.count()
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -71,7 +73,7 @@ class KernelMachine(RuleBasedStateMachine):
 
     @rule(target=runs, script=sts.agent_scripts(max_turns=3), text=st.sampled_from(["hi", "go"]))
     def start(self, script: list[object], text: str) -> str:
-        run_id = f"run{len(self.scripts)}"
+        run_id = f"run{next(self.ids)}"
         self.scripts[run_id] = script
         self.act(run_id, lambda k: k.start(model="scripted/sm", messages=[text], run_id=run_id))
         self.acked[run_id] = 0
@@ -147,7 +149,7 @@ class KernelMachine(RuleBasedStateMachine):
     def fork(self, run_id: str, data: st.DataObject) -> str:
         head = self.head(run_id)
         at = data.draw(st.integers(0, head.revision))
-        new_id = f"{run_id}f{at}x{len(self.scripts)}"
+        new_id = f"{run_id}f{at}x{next(self.ids)}"
         self.scripts[new_id] = self.scripts[run_id]
         self.act(run_id, lambda k: k.fork(run_id, at_revision=at, new_run_id=new_id))
         self.acked[new_id] = 0
