@@ -26,3 +26,18 @@ def test_quickstart_runs_offline(tmp_path: Path) -> None:
     assert lines[-1].endswith("run_completed")
     assert "tool_call_completed" in out
     assert out.strip().splitlines()[-1].endswith("completed after 10 commits")
+
+
+def test_readme_embeds_the_generated_lifecycle_diagram() -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("```mermaid\n", 1)[1].split("```", 1)[0]
+    assert block == (ROOT / "diagrams" / "run_lifecycle.mmd").read_text()
+
+
+def test_readme_leads_with_the_two_commands_ci_runs() -> None:
+    readme = (ROOT / "README.md").read_text()
+    first_block = readme.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert first_block[0].startswith("pip install -e . && statekernel demo")
+    test_command = first_block[1].split("#", 1)[0].strip()
+    assert test_command == "pip install -e '.[test]' && pytest"
+    assert test_command in (ROOT / ".ci" / "run").read_text()
