@@ -13,7 +13,8 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -125,12 +126,13 @@ class Cassette:
                 "record it with mode='auto' or 'record' and a provider",
                 provider="cassette",
             )
-        async for part in self._record(key, request, self.provider):
-            yield part
+        async with aclosing(self._record(key, request, self.provider)) as parts:
+            async for part in parts:
+                yield part
 
     async def _record(
         self, key: str, request: ModelRequest, provider: ModelProvider
-    ) -> AsyncIterator[StreamPart]:
+    ) -> AsyncGenerator[StreamPart, None]:
         recording = _Recording(key, request.model, [])
         stream = provider.stream(request)
         try:
