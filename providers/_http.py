@@ -14,7 +14,7 @@ import json
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from contextlib import aclosing, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from typing import Any, TypeVar
 
 import attrs
@@ -211,7 +211,9 @@ class HTTPProvider:
             await self._sleep(delay)
             attempt += 1
 
-    def _open(self, url: str, payload: dict[str, Any]) -> Any:
+    def _open(
+        self, url: str, payload: dict[str, Any]
+    ) -> AbstractAsyncContextManager[httpx.Response]:
         headers = {"content-type": "application/json", **self._headers()}
         content = json.dumps(payload, ensure_ascii=False).encode()
         if self._timeout is not None:
