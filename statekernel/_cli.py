@@ -127,7 +127,10 @@ def demo(
             try:
                 kernel.registry.get(chosen)
                 run = await kernel.start(
-                    model=chosen, messages=demo_messages(), context=demo_context(), run_id=run_id
+                    model=chosen,
+                    messages=demo_messages(chosen),
+                    context=demo_context(),
+                    run_id=run_id,
                 )
                 where = redact_url(store_url(store))
                 out.note(f"demo run [bold]{run.run_id}[/bold] on {chosen} (store {where})")

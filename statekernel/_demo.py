@@ -18,7 +18,7 @@ import attrs
 
 from statekernel._hooks import Hooks
 from statekernel._kernel import Kernel
-from statekernel._messages import JSON, Message, ModelRequest
+from statekernel._messages import JSON, Message, ModelRequest, ToolCall
 from statekernel._run import Run
 from statekernel._storage import CheckpointStore
 from statekernel._tools import Tool, ToolContext, tool
@@ -142,9 +142,24 @@ def default_demo_model() -> str:
     return LOCAL_MODEL if local_model_installed() else SCRIPTED_MODEL
 
 
-def demo_messages() -> list[Message]:
-    """The demo's opening transcript."""
-    return [Message.system(_SYSTEM), Message.user(_PROMPT)]
+def demo_messages(model: str = SCRIPTED_MODEL) -> list[Message]:
+    """The demo's opening transcript.
+
+    A small local model calls tools only after it has seen one example tool turn, so
+    for ``local/...`` the transcript starts with one (a forecast for Rome).
+    """
+    if not model.startswith("local/"):
+        return [Message.system(_SYSTEM), Message.user(_PROMPT)]
+    example = ToolCall("call_example_0", "get_forecast", '{"city": "Rome", "day": "today"}')
+    forecast = {"city": "Rome", "day": "today", "sky": "dry", "high_c": 24}
+    return [
+        Message.system(_SYSTEM),
+        Message.user("What's the weather in Rome today?"),
+        Message.assistant(tool_calls=[example]),
+        Message.tool(example.id, "get_forecast", json.dumps(forecast)),
+        Message.assistant("Rome is dry today, 24 °C."),
+        Message.user(_PROMPT),
+    ]
 
 
 def demo_context() -> dict[str, JSON]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator, Iterable
 from typing import Protocol, TypeAlias, runtime_checkable
 
@@ -157,7 +158,7 @@ class ResultBuilder:
         self._close_reasoning(None)
         calls = [
             ToolCall(
-                id=slot[0] or f"call_{index}",
+                id=slot[0] or f"call_{uuid.uuid4().hex[:24]}",
                 name=slot[1] or "",
                 arguments="".join(self._args.get(index, [])),
             )
