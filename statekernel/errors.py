@@ -15,6 +15,7 @@ __all__ = [
     "CorruptCheckpoint",
     "InvalidArgument",
     "InvalidTransition",
+    "LeaseLost",
     "ProviderError",
     "ProviderUnavailable",
     "RateLimited",
@@ -41,6 +42,24 @@ class ConflictError(StatekernelError):
         self.actual = actual
         found = "no run" if actual is None else f"revision {actual}"
         super().__init__(f"run {run_id!r}: commit expected revision {expected}, store has {found}")
+
+
+class LeaseLost(ConflictError):
+    """A fenced commit was refused: the committer's lease on the run expired or passed to
+    another worker (its fencing token is no longer the run's current one).
+
+    The committer must stop driving the run: another worker owns it now.
+    """
+
+    def __init__(self, run_id: str, expected: int, token: str = "") -> None:
+        self.run_id = run_id
+        self.expected = expected
+        self.actual = None
+        self.token = token
+        why = f"lease {token!r} is no longer held" if token else "no lease is held"
+        StatekernelError.__init__(
+            self, f"run {run_id!r}: commit at revision {expected + 1} refused: {why}"
+        )
 
 
 class CorruptCheckpoint(StatekernelError):

@@ -7,6 +7,10 @@ script checks the head and the log lengths, then writes the head and appends the
 parts and the commit log entry, all or nothing. The run index ``<prefix>:runs`` (a
 sorted set by update time) is updated right after each commit. Options in the
 query: ``prefix=...`` (default ``statekernel``); AUTH and TLS as in ``redis-py``.
+
+A commit can be fenced (``commit(checkpoint, fence=Fence(key, token))``): the script
+then also checks that ``key``, a key of the run's hash slot (``run_key``), holds
+``token``, and refuses the commit with ``LeaseLost`` otherwise (workers use this).
 """
 
 from __future__ import annotations
@@ -35,9 +39,17 @@ from statekernel._codec import (
 )
 from statekernel._codec_base import dump_bytes, load_json
 from statekernel._events import Event
+from statekernel._fencing import Fence
 from statekernel._run import Run, StateId
 from statekernel._storage import Checkpoint, RunPage, RunSummary
-from statekernel.errors import ConflictError, CorruptCheckpoint, RunNotFound, StoreError
+from statekernel.errors import (
+    ConfigError,
+    ConflictError,
+    CorruptCheckpoint,
+    LeaseLost,
+    RunNotFound,
+    StoreError,
+)
 from statekernel.stores._common import check_head, check_revision, micros
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._open import redact_url
@@ -48,6 +60,7 @@ T = TypeVar("T")
 _PLAIN_TAG = re.compile(r"[^{}]{1,200}")
 
 COMMIT_SCRIPT = """
+if #KEYS > 5 and redis.call('GET', KEYS[6]) ~= ARGV[#ARGV] then return {3, 0} end
 local stored = redis.call('HGET', KEYS[1], 'r')
 local expected = tonumber(ARGV[1])
 if expected < 0 then
@@ -119,10 +132,22 @@ class RedisStore:
         except (RedisError, OSError) as exc:
             self._fail(exc)
 
-    def _keys(self, run_id: str) -> list[str]:
+    def _base(self, run_id: str) -> str:
         tag = run_id if _PLAIN_TAG.fullmatch(run_id) else "~" + _digest(run_id)
-        base = f"{self.prefix}:{{{tag}}}:"
+        return f"{self.prefix}:{{{tag}}}:"
+
+    def _keys(self, run_id: str) -> list[str]:
+        base = self._base(run_id)
         return [base + "head", base + "c", base + "m", base + "t", base + "b"]
+
+    def run_key(self, run_id: str, name: str) -> str:
+        """A key called ``name`` in the hash slot of the run's keys (for leases)."""
+        return self._base(run_id) + name
+
+    @property
+    def client(self) -> aioredis.Redis:
+        """The redis.asyncio client (run queues and leases live on the same server)."""
+        return self._client
 
     @property
     def _index(self) -> str:
@@ -182,10 +207,16 @@ class RedisStore:
         head = load_json(doc, f"head of {run_id!r} in {redact_url(self.url)}")
         return _Known(_revision(head, "run head"), _bytes(doc), head)
 
-    async def commit(self, checkpoint: Checkpoint) -> None:
-        """Run the commit script, then move the run in the index."""
+    async def commit(self, checkpoint: Checkpoint, *, fence: Fence | None = None) -> None:
+        """Run the commit script, then move the run in the index.
+
+        With ``fence``, the commit lands only while ``fence.key`` holds ``fence.token``
+        (checked in the same script); otherwise it raises ``LeaseLost``.
+        """
         run = checkpoint.run
         keys = self._keys(run.run_id)
+        if fence is not None and not fence.key.startswith(self._base(run.run_id)):
+            raise ConfigError(f"fence key {fence.key!r} is not a key of run {run.run_id!r}")
         known = self._known.get(run.run_id) if run.revision > 0 else None
         if known is None or known.revision != checkpoint.expected_revision:
             known = await self._prior(run.run_id, keys[0]) if run.revision > 0 else None
@@ -211,7 +242,12 @@ class RedisStore:
         ]
         for key, value in enc.blobs.items():
             args += [key, value]
+        if fence is not None:
+            keys, args = [*keys, fence.key], [*args, fence.token]
         status, actual = await self._call(self._script(keys=keys, args=args))
+        if status == 3 and fence is not None:
+            self._known.pop(run.run_id, None)
+            raise LeaseLost(run.run_id, checkpoint.expected_revision, fence.token)
         if status == 1:
             self._known.pop(run.run_id, None)
             raise ConflictError(

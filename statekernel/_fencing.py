@@ -1,0 +1,61 @@
+"""Fenced commits: what a store must offer so that workers can own runs through leases.
+
+A worker holds a lease on each run it drives: a Redis key in the run's hash slot whose
+value is the worker's fencing token. A ``Fence`` names that key and token; a store
+that accepts ``commit(checkpoint, fence=...)`` checks, in the same atomic step as the
+revision compare-and-set, that the key still holds the token, and raises
+``LeaseLost`` otherwise. A worker whose lease expired or passed to another worker can
+therefore never commit, even if it wakes up from a long pause mid-transition.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import attrs
+
+from statekernel._storage import Checkpoint, CheckpointStore
+from statekernel.errors import ConfigError
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+__all__ = ["Fence", "RedisBacked", "redis_backed"]
+
+
+@attrs.frozen
+class Fence:
+    """A commit condition: the key ``key`` (in the run's hash slot) must hold ``token``."""
+
+    key: str
+    token: str
+
+
+@runtime_checkable
+class RedisBacked(CheckpointStore, Protocol):
+    """A store that keeps runs in Redis, accepts fenced commits and can host run queues
+    and leases on the same server (``statekernel.stores.RedisStore``)."""
+
+    prefix: str
+
+    @property
+    def client(self) -> aioredis.Redis:
+        """The redis.asyncio client of the store."""
+        ...
+
+    def run_key(self, run_id: str, name: str) -> str:
+        """A key called ``name`` in the hash slot of the run's keys."""
+        ...
+
+    async def commit(self, checkpoint: Checkpoint, *, fence: Fence | None = None) -> None:
+        """Commit; with ``fence``, only while the fence key holds its token."""
+        ...
+
+
+def redis_backed(store: object, what: str) -> RedisBacked:
+    """``store`` as a ``RedisBacked`` store, or ``ConfigError`` saying ``what`` needs one."""
+    if not isinstance(store, RedisBacked):
+        raise ConfigError(
+            f"{what} needs a Redis store (redis:// or rediss://), not {type(store).__name__}"
+        )
+    return store

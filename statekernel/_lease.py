@@ -1,0 +1,151 @@
+"""Leases on runs, and the store a worker's kernel commits through.
+
+A lease is the key ``<prefix>:{run}:lease`` (same hash slot as the run's keys) holding
+the fencing token ``"<generation>/<owner>"``; the generation comes from ``INCR`` on
+``<prefix>:{run}:fence``, so every acquisition of a run's lease gets a new, larger
+token. The lease expires after its time to live unless renewed. Every commit of a
+worker carries its token (``Fence``) and the store's commit script checks it together
+with the revision, so once a lease has expired or moved on, its former holder cannot
+commit anything, however late it wakes up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import attrs
+
+from statekernel._events import Event
+from statekernel._fencing import Fence, RedisBacked
+from statekernel._run import Run, StateId
+from statekernel._storage import Checkpoint, RunPage
+from statekernel.errors import LeaseLost, StoreError
+
+__all__ = ["Lease", "LeasedStore", "Leases"]
+
+# fence counters outlive leases (a new lease must get a larger token), but not forever
+FENCE_KEY_TTL_MS = 30 * 24 * 3600 * 1000
+
+ACQUIRE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+local token = redis.call('INCR', KEYS[2]) .. '/' .. ARGV[1]
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
+return token
+"""
+RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+@attrs.frozen
+class Lease:
+    """A held lease: the run, its lease key and this holder's fencing token."""
+
+    run_id: str
+    key: str
+    token: str
+
+    @property
+    def fence(self) -> Fence:
+        """The commit condition this lease stands for."""
+        return Fence(self.key, self.token)
+
+
+class Leases:
+    """Acquire, renew and release leases on runs for one owner (a worker)."""
+
+    def __init__(self, store: RedisBacked, owner: str, ttl: float) -> None:
+        self.store = store
+        self.owner = owner
+        self.ttl_ms = max(1, round(ttl * 1000))
+        client = store.client
+        self._acquire = client.register_script(ACQUIRE)
+        self._renew = client.register_script(RENEW)
+        self._release = client.register_script(RELEASE)
+
+    async def acquire(self, run_id: str) -> Lease | None:
+        """A new lease on the run, or None while someone holds one."""
+        key = self.store.run_key(run_id, "lease")
+        keys = [key, self.store.run_key(run_id, "fence")]
+        args: list[Any] = [self.owner, self.ttl_ms, FENCE_KEY_TTL_MS]
+        token = await _call(self._acquire(keys=keys, args=args))
+        if token is None:
+            return None
+        return Lease(run_id, key, token.decode() if isinstance(token, bytes) else str(token))
+
+    async def renew(self, leases: Sequence[Lease]) -> list[bool]:
+        """Extend each lease by the time to live; False for those no longer held."""
+        if not leases:
+            return []
+        pipe = self.store.client.pipeline(transaction=False)
+        for lease in leases:
+            await self._renew(keys=[lease.key], args=[lease.token, self.ttl_ms], client=pipe)
+        return [bool(r) for r in await _call(pipe.execute())]
+
+    async def release(self, lease: Lease) -> bool:
+        """Give the lease up (if still held); True if it was."""
+        return bool(await _call(self._release(keys=[lease.key], args=[lease.token])))
+
+
+async def _call(work: Awaitable[Any]) -> Any:
+    from redis.exceptions import RedisError
+
+    try:
+        return await work
+    except (RedisError, OSError) as exc:
+        raise StoreError(f"Redis lease operation failed: {type(exc).__name__}: {exc}") from exc
+
+
+class LeasedStore:
+    """The store a worker's kernel commits through: each commit is fenced by the
+    worker's lease on its run; without one (never taken, lost, released) it raises
+    ``LeaseLost`` before reaching Redis. Reads go straight to the inner store."""
+
+    def __init__(self, inner: RedisBacked, held: Mapping[str, Lease]) -> None:
+        self.inner = inner
+        self.held = held
+
+    async def commit(self, checkpoint: Checkpoint) -> None:
+        """Commit under the run's lease."""
+        lease = self.held.get(checkpoint.run.run_id)
+        if lease is None:
+            raise LeaseLost(checkpoint.run.run_id, checkpoint.expected_revision)
+        await self.inner.commit(checkpoint, fence=lease.fence)
+
+    async def load(self, run_id: str, *, revision: int | None = None) -> Run:
+        """The run, from the inner store."""
+        return await self.inner.load(run_id, revision=revision)
+
+    async def events(
+        self, run_id: str, *, after_revision: int = -1, limit: int | None = None
+    ) -> list[Event]:
+        """Events, from the inner store."""
+        return await self.inner.events(run_id, after_revision=after_revision, limit=limit)
+
+    async def list_runs(
+        self,
+        *,
+        state: StateId | None = None,
+        updated_after: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """Runs, from the inner store."""
+        return await self.inner.list_runs(
+            state=state, updated_after=updated_after, limit=limit, cursor=cursor
+        )
+
+    async def delete(self, run_id: str) -> bool:
+        """Delete in the inner store."""
+        return await self.inner.delete(run_id)
+
+    async def aclose(self) -> None:
+        """Nothing: the worker closes the inner store."""
