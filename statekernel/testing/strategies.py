@@ -282,9 +282,22 @@ def agent_scripts(max_turns: int = 4) -> st.SearchStrategy[list[Any]]:
     return st.builds(lambda body, last: [*body, last], st.lists(turn, max_size=max_turns), text)
 
 
-def crash_schedules(max_crashes: int = 3, max_nth: int = 12) -> st.SearchStrategy[list[Any]]:
-    """Where simulated process deaths land: (point, nth arrival) pairs."""
-    from statekernel.testing._faults import CRASH_POINTS, CrashAt
+def crash_schedules(
+    max_crashes: int = 3, max_commit: int = 24, max_other: int = 6
+) -> st.SearchStrategy[list[Any]]:
+    """Where simulated process deaths land: (point, nth arrival) pairs, at least one.
 
-    one = st.builds(CrashAt, st.sampled_from(CRASH_POINTS), st.integers(1, max_nth))
-    return st.lists(one, max_size=max_crashes, unique=True)
+    Commits happen about six times per turn, model calls and tool effects a few
+    times per run, so their arrival numbers are drawn from different ranges.
+    """
+    from statekernel.testing._faults import CrashAt
+
+    commit = st.builds(
+        CrashAt, st.sampled_from(["before_commit", "after_commit"]), st.integers(1, max_commit)
+    )
+    other = st.builds(
+        CrashAt,
+        st.sampled_from(["model_call", "mid_stream", "tool_after_effect"]),
+        st.integers(1, max_other),
+    )
+    return st.lists(commit | other, min_size=1, max_size=max_crashes, unique=True)

@@ -30,7 +30,7 @@ STORES = ["memory", "file", "sqlite", "redis"]
 LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
 FUZZ = settings(
     deadline=None,
-    max_examples=400 if LONG else 50,
+    max_examples=1500 if LONG else 150,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 _counter = itertools.count()
