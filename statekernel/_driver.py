@@ -282,8 +282,10 @@ class RunDriver:
             self.kernel.dispatch,
         )
         if record is not None:
-            self._committed = await self._start(record, turn)
-            return
+            started = await self._start(record, turn)
+            if started is not None:
+                self._committed = started
+                return
         if self.tasks:
             async for live in self._wait():
                 yield live
@@ -305,13 +307,17 @@ class RunDriver:
             finish = None
         self._committed = await self.commit("tools_completed", finish=finish, then_pause=then_pause)
 
-    async def _start(self, record: ToolCallRecord, turn: Turn) -> tuple[Event, ...]:
+    async def _start(self, record: ToolCallRecord, turn: Turn) -> tuple[Event, ...] | None:
+        """Decide about ``record`` and commit the outcome; None defers a pause until the
+        calls already in flight have finished (so a pause never strands them)."""
         decision = await self._hook("on_tool_call_started", self.run, record)
         ids = identical_group(record, turn.pending)
         call_input = record.input
         if isinstance(decision, hk.Skip):
             return await self._complete(_Outcome(tuple(ids), decision.result, decision.error))
         if isinstance(decision, hk.Pause):
+            if self.tasks:
+                return None
             return await self.commit("pause", reason=decision.reason, metadata=decision.metadata)
         if isinstance(decision, hk.Finish):
             why = NOT_RUN_FINISHED.format(reason=decision.reason)

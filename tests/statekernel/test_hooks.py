@@ -216,3 +216,34 @@ async def test_a_raising_prepare_hook_fails_in_preparing_turn(make_kernel: MakeK
     assert failed.failure is not None
     assert failed.failure.failed_in == "preparing_turn"
     assert failed.failure.error == "KeyError"
+
+
+async def test_a_pause_waits_for_calls_already_in_flight(make_kernel: MakeKernel) -> None:
+    import asyncio
+
+    @sk.tool
+    async def slow(item: str) -> str:
+        """A slow call that is running when the pause is asked for."""
+        await asyncio.sleep(0.05)
+        CALLS.append({"slow": item})
+        return f"slow {item}"
+
+    class ApproveRecord(sk.Hooks):
+        def on_tool_call_started(self, run: sk.Run, call: sk.ToolCallRecord) -> sk.Decision | None:
+            if call.name == "record" and run.resume_value is None:
+                return sk.Pause("approval")
+            return None
+
+    script = [[call("slow", {"item": "a"}), call("record", {"item": "b"})], "ok"]
+    kernel, _, _ = make_kernel(script, tools=[slow, record], hooks=ApproveRecord())
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    paused = await kernel.get(run.run_id)
+    assert paused.state == "paused"
+    assert paused.current_turn is not None
+    assert [r.id for r in paused.current_turn.completed] == ["call_0_0"]  # finished first
+    assert paused.current_turn.in_flight == ()
+    await kernel.resume(run.run_id, value="yes")
+    await drain(kernel, run.run_id)
+    assert (await kernel.get(run.run_id)).state == "completed"
+    assert CALLS == [{"slow": "a"}, {"item": "b"}]  # nothing ran twice, nothing uncertain
