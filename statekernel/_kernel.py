@@ -209,6 +209,15 @@ class Kernel:
         async with self._driver(run_id) as driver:
             return [event async for event in driver.advance()]
 
+    async def submit(self, run_id: str, *, queue: str = "default") -> str:
+        """Hand the run to workers (``statekernel worker``): enqueue it on ``queue``.
+
+        Needs a Redis store (the queue lives next to the runs); returns the entry id.
+        """
+        from statekernel._queue import submit_run
+
+        return await submit_run(self.store, run_id, queue)
+
     @contextlib.asynccontextmanager
     async def _driver(self, run_id: str) -> AsyncIterator[RunDriver]:
         driver = self._drivers.get(run_id)

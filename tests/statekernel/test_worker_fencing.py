@@ -40,7 +40,8 @@ async def test_tokens_grow_and_a_held_lease_is_exclusive(store: RedisStore) -> N
     await started(store)
     a, b = Leases(store, "a", ttl=5), Leases(store, "b", ttl=5)
     first = await a.acquire("r1")
-    assert first is not None and first.token.endswith("/a")
+    assert first is not None
+    assert first.token.endswith("/a")
     assert await b.acquire("r1") is None
     assert await a.acquire("r1") is None, "a lease is not re-entrant"
     assert await a.release(first)
@@ -73,7 +74,8 @@ async def test_stale_holder_cannot_commit_after_its_lease_moved_on(store: RedisS
     assert isinstance(caught.value, ConflictError)
     assert caught.value.token == stale.token
     head = await store.load("r1")
-    assert head.revision == run.revision and head.context == {}
+    assert head.revision == run.revision
+    assert head.context == {}
     await store.commit(touched(run, "fresh"), fence=fresh.fence)
     assert (await store.load("r1")).context == {"note": "fresh"}
 
@@ -112,9 +114,7 @@ async def test_fence_must_be_a_key_of_the_run(store: RedisStore) -> None:
 async def test_kernel_on_a_leased_store_stops_with_lease_lost(store: RedisStore) -> None:
     await started(store)
     held: dict[str, Lease] = {}
-    kernel = sk.Kernel(
-        LeasedStore(store, held), providers={"scripted": ScriptedProvider(["done"])}
-    )
+    kernel = sk.Kernel(LeasedStore(store, held), providers={"scripted": ScriptedProvider(["done"])})
     with pytest.raises(LeaseLost):  # no lease at all: refused before reaching Redis
         await kernel.step("r1")
     a, b = Leases(store, "a", ttl=0.2), Leases(store, "b", ttl=5)
