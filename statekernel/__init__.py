@@ -10,6 +10,7 @@ from __future__ import annotations
 from statekernel import errors
 from statekernel._dispatch import DispatchPolicy
 from statekernel._events import LIVE_EVENTS, PERSISTED_EVENTS, Event
+from statekernel._fencing import Fence
 from statekernel._hooks import Continue, Decision, Finish, Hooks, Pause, Rewrite, Skip
 from statekernel._kernel import Kernel
 from statekernel._lifecycle import Lifecycle, RunLifecycle
@@ -29,6 +30,7 @@ from statekernel._messages import (
 from statekernel._middleware import Middleware, ModelCall, ToolInvocation
 from statekernel._run import STATE_IDS, FailureInfo, PauseInfo, Run, StateId, ToolCallRecord, Turn
 from statekernel._tools import Tool, ToolContext, tool
+from statekernel._worker import Worker, WorkerStats
 from statekernel.errors import (
     ConflictError,
     CorruptCheckpoint,
@@ -47,6 +49,7 @@ __all__ = [
     "DispatchPolicy",
     "Event",
     "FailureInfo",
+    "Fence",
     "Finish",
     "Hooks",
     "ImagePart",
@@ -82,6 +85,8 @@ __all__ = [
     "ToolSpec",
     "Turn",
     "Usage",
+    "Worker",
+    "WorkerStats",
     "errors",
     "tool",
 ]

@@ -27,6 +27,7 @@ from statekernel._cli_common import (
 )
 from statekernel._cli_drive import CrashPoint, drive, summary_line
 from statekernel._cli_runs import runs
+from statekernel._cli_worker import worker
 from statekernel._demo import (
     SCRIPTED_MODEL,
     default_demo_model,
@@ -65,6 +66,7 @@ def cli() -> None:
 
 
 cli.add_command(runs)
+cli.add_command(worker)
 
 
 # -- demo --------------------------------------------------------------------------

@@ -1,0 +1,176 @@
+"""One queue entry in a worker: take the run's lease, drive the run, settle the entry.
+
+Settling follows the run's outcome, always after giving the lease back (a release is
+a check-and-delete, so it also tells whether the lease was still ours):
+
+* at rest (``completed``, ``paused``): acknowledge the entry;
+* ``failed``, or the entry cannot be driven (unknown run, corrupt data, a bug):
+  record it on the dead-letter stream and acknowledge, in one transaction;
+* stopped early (graceful shutdown) or the lease is busy elsewhere: hand the entry
+  back (a new entry replaces it, in one transaction);
+* the lease was lost: nothing; the entry belongs to whoever reclaims it;
+* the store is unreachable: nothing; the entry stays pending and is reclaimed later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, cast
+
+from statekernel._events import Event
+from statekernel._lease import Lease
+from statekernel._queue import Entry
+from statekernel._run import Run
+from statekernel.errors import ConflictError, LeaseLost, StatekernelError, StoreError
+
+if TYPE_CHECKING:
+    from statekernel._worker import Worker
+
+__all__ = ["RunTask"]
+
+log = logging.getLogger("statekernel.worker")
+
+CONFLICT_RETRIES = 3
+_STOPPED = None
+
+
+class RunTask:
+    """Handles one entry for ``worker``."""
+
+    def __init__(self, worker: Worker, entry: Entry) -> None:
+        self.worker = worker
+        self.entry = entry
+        self.run_id = entry.run_id
+
+    async def handle(self) -> None:
+        """Lease, drive, settle; never raises except on cancellation."""
+        w, entry = self.worker, self.entry
+        try:
+            if not self.run_id:
+                await self._dead("malformed", f"entry {entry.id} names no run")
+            elif w.stopping:
+                await self._requeue()
+            else:
+                await self._leased()
+        except StoreError as exc:
+            w.stats.errors += 1
+            log.warning("run %s: store unreachable, entry left pending: %s", self.run_id, exc)
+
+    async def _leased(self) -> None:
+        try:
+            lease = await self._acquire()
+        except asyncio.CancelledError:
+            with contextlib.suppress(StatekernelError):
+                await asyncio.shield(self._requeue())
+            raise
+        if lease is None:
+            await self._requeue()
+            return
+        w = self.worker
+        w.held[self.run_id] = lease
+        w.holding[self.run_id] = self.entry
+        try:
+            outcome = await self._outcome()
+        except LeaseLost:
+            self._lost()
+            return
+        except asyncio.CancelledError:
+            with contextlib.suppress(StatekernelError):
+                await asyncio.shield(self._settle(lease, _STOPPED))
+            raise
+        finally:
+            if w.held.get(self.run_id) is lease:
+                del w.held[self.run_id]
+                del w.holding[self.run_id]
+        await self._settle(lease, outcome)
+
+    async def _acquire(self) -> Lease | None:
+        """The run's lease, waiting a little while another worker (or entry) holds it."""
+        w = self.worker
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + w.lease_wait
+        delay = 0.02
+        while True:
+            lease = await w.leases.acquire(self.run_id)
+            if lease is not None or w.stopping or loop.time() >= deadline:
+                return lease
+            await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+            delay = min(delay * 2, 1.0)
+
+    async def _outcome(self) -> Run | Exception | None:
+        """The run at rest, None when stopped early, or the error that ended the drive."""
+        try:
+            return await self._drive()
+        except (LeaseLost, StoreError):
+            raise
+        except Exception as exc:  # a run that cannot be driven: recorded, not retried
+            return exc
+
+    async def _drive(self) -> Run | None:
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                return await self._drive_once()
+            except LeaseLost:
+                raise
+            except ConflictError:  # a command committed meanwhile: reload and go on
+                log.info("run %s: overtaken by another commit (%d)", self.run_id, attempt + 1)
+        return _STOPPED  # busy with commands: hand it back for later
+
+    async def _drive_once(self) -> Run | None:
+        """Drive until at rest; when stopping, stop at the first commit after which no
+        tool call is in flight and no model call is about to be made."""
+        w = self.worker
+        in_flight: set[object] = set()
+        run = cast("AsyncGenerator[Event, None]", w.kernel.run(self.run_id))
+        async with contextlib.aclosing(run) as events:
+            async for event in events:
+                if not event.persisted:
+                    continue
+                call_id = event.data.get("call_id") if isinstance(event.data, dict) else None
+                if event.type == "tool_call_started":
+                    in_flight.add(call_id)
+                elif event.type == "tool_call_completed":
+                    in_flight.discard(call_id)
+                if w.stopping and not in_flight and event.type != "model_started":
+                    return _STOPPED
+        return await w.kernel.get(self.run_id)
+
+    async def _settle(self, lease: Lease, outcome: Run | Exception | None) -> None:
+        w = self.worker
+        if not await w.leases.release(lease):
+            self._lost()
+            return
+        if outcome is _STOPPED:
+            await self._requeue()
+        elif isinstance(outcome, Exception):
+            await self._dead("error", f"{type(outcome).__name__}: {outcome}")
+        elif outcome.state == "failed":
+            failure = outcome.failure
+            detail = f"{failure.error}: {failure.message}" if failure else "failed"
+            await self._dead("failed", detail)
+        else:
+            await w.queue.ack(self.entry)
+            if outcome.state == "completed":
+                w.stats.completed += 1
+            else:
+                w.stats.paused += 1
+
+    def _lost(self) -> None:
+        self.worker.stats.lost += 1
+        log.info("run %s: lease lost, the entry is left to whoever reclaims it", self.run_id)
+
+    async def _requeue(self) -> None:
+        await self.worker.queue.requeue(self.entry)
+        self.worker.stats.requeued += 1
+
+    async def _dead(self, reason: str, detail: str) -> None:
+        w = self.worker
+        await w.queue.dead(self.entry, reason, detail, w.name)
+        if reason == "failed":
+            w.stats.failed += 1
+        else:
+            w.stats.errors += 1
+        log.warning("run %s: %s: %s", self.run_id or "?", reason, detail)

@@ -1,0 +1,375 @@
+"""``Worker`` in one process: acknowledgement, failures, backpressure, reclaim, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+
+import pytest
+
+import statekernel as sk
+from statekernel._lease import Leases
+from statekernel._queue import GROUP, RunQueue
+from statekernel.errors import ConfigError, InvalidArgument, ProviderError, RunNotFound
+from statekernel.stores import RedisStore
+from statekernel.testing import Fail, Reply, ScriptedProvider, call
+
+pytestmark = pytest.mark.redis
+FAST = {"lease_ttl": 0.6, "block": 0.05, "grace": 5.0}
+
+
+@pytest.fixture
+async def kernel(redis_store_url: str) -> AsyncIterator[sk.Kernel]:
+    k = sk.Kernel(redis_store_url)
+    yield k
+    await k.aclose()
+
+
+def store_of(kernel: sk.Kernel) -> RedisStore:
+    assert isinstance(kernel.store, RedisStore)
+    return kernel.store
+
+
+def agent(
+    script: Sequence[object], *, ran: Counter[str] | None = None, tool_delay: float = 0.0
+) -> Callable[[], Mapping[str, Any]]:
+    """Kernel options: a scripted model and a ``note`` tool counting its executions."""
+    counts = ran if ran is not None else Counter()
+
+    @sk.tool
+    async def note(text: str, ctx: sk.ToolContext) -> str:
+        """Not idempotent."""
+        counts[ctx.idempotency_key] += 1
+        await asyncio.sleep(tool_delay)
+        return f"noted {text}"
+
+    return lambda: {"tools": [note], "providers": {"scripted": ScriptedProvider(script)}}
+
+
+def note_then_done(delay: float = 0.0) -> list[object]:
+    return [
+        Reply(tool_calls=(call("note", {"text": "a"}),), delay=delay),
+        Reply("done", delay=delay),
+    ]
+
+
+async def submit_new(kernel: sk.Kernel, n: int, queue: str = "default") -> list[str]:
+    ids = []
+    for i in range(n):
+        run = await kernel.start(model="scripted/x", messages=["go"], run_id=f"run-{i}")
+        await kernel.submit(run.run_id, queue=queue)
+        ids.append(run.run_id)
+    return ids
+
+
+async def until(predicate: Callable[[], Any], within: float = 15.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not await predicate():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def states(kernel: sk.Kernel, ids: Sequence[str]) -> list[str]:
+    return [(await kernel.get(i)).state for i in ids]
+
+
+async def all_in(kernel: sk.Kernel, ids: Sequence[str], state: str) -> bool:
+    return set(await states(kernel, ids)) == {state}
+
+
+async def queue_empty(q: RunQueue) -> bool:
+    return await q.pending() == 0 and await q.client.xlen(q.key) == 0
+
+
+async def serve(worker: sk.Worker) -> asyncio.Task[sk.WorkerStats]:
+    task = asyncio.create_task(worker.serve())
+    await asyncio.sleep(0)
+    return task
+
+
+async def test_submitted_runs_complete_and_nothing_stays_pending(kernel: sk.Kernel) -> None:
+    ran: Counter[str] = Counter()
+    ids = await submit_new(kernel, 30)
+    worker = sk.Worker(kernel.store, agent=agent(note_then_done(), ran=ran), concurrency=8, **FAST)
+    task = await serve(worker)
+    await until(lambda: all_in(kernel, ids, "completed"))
+    q = RunQueue(store_of(kernel), "default")
+    await until(lambda: queue_empty(q))
+    worker.stop()
+    stats = await task
+    assert (stats.completed, stats.taken, stats.failed, stats.lost) == (30, 30, 0, 0)
+    assert stats.max_in_flight == 8
+    assert set(ran.values()) == {1}
+    assert len(ran) == 30
+    assert worker.held == {}
+    leases = [store_of(kernel).run_key(i, "lease") for i in ids]
+    assert await store_of(kernel).client.exists(*leases) == 0, "leases released"
+    assert await q.pending(worker.name) == 0
+
+
+async def test_never_more_runs_in_flight_than_concurrency(kernel: sk.Kernel) -> None:
+    active: set[str] = set()
+    peak = 0
+
+    async def track(call_: Any, nxt: Any) -> Any:
+        nonlocal peak
+        active.add(call_.run.run_id)
+        peak = max(peak, len(active))
+        try:
+            return await nxt(call_)
+        finally:
+            active.discard(call_.run.run_id)
+
+    base = agent(note_then_done(delay=0.02))
+    ids = await submit_new(kernel, 12)
+    options = lambda: {**base(), "middleware": [track]}  # noqa: E731
+    worker = sk.Worker(kernel.store, agent=options, concurrency=3, **FAST)
+    task = await serve(worker)
+    await until(lambda: all_in(kernel, ids, "completed"))
+    worker.stop()
+    stats = await task
+    assert peak == 3
+    assert stats.max_in_flight == 3
+
+
+async def test_failed_run_is_acknowledged_with_its_failure_recorded(kernel: sk.Kernel) -> None:
+    script = [Fail(ProviderError("model down", provider="scripted"), times=5)]
+    ids = await submit_new(kernel, 1)
+    worker = sk.Worker(kernel.store, agent=agent(script), concurrency=2, **FAST)
+    task = await serve(worker)
+    await until(lambda: all_in(kernel, ids, "failed"))
+    q = RunQueue(store_of(kernel), "default")
+    await until(lambda: queue_empty(q))
+    worker.stop()
+    assert (await task).failed == 1
+    dead = await q.client.xrange(q.dead_key)
+    assert len(dead) == 1
+    fields = {k.decode(): v.decode() for k, v in dead[0][1].items()}
+    assert fields["run"] == ids[0]
+    assert fields["reason"] == "failed"
+    assert "model down" in fields["detail"]
+
+
+async def test_paused_run_is_acknowledged_and_can_be_submitted_again(kernel: sk.Kernel) -> None:
+    class Approve(sk.Hooks):
+        def on_tool_call_started(self, run: sk.Run, call_: Any) -> Any:
+            if run.resume_value != "yes":
+                return sk.Pause("approval", {})
+            return None
+
+    base = agent(note_then_done())
+    ids = await submit_new(kernel, 1)
+    worker = sk.Worker(
+        kernel.store, agent=lambda: {**base(), "hooks": Approve()}, concurrency=2, **FAST
+    )
+    task = await serve(worker)
+    q = RunQueue(store_of(kernel), "default")
+    await until(lambda: all_in(kernel, ids, "paused"))
+    await until(lambda: queue_empty(q))
+    await kernel.resume(ids[0], value="yes")
+    await kernel.submit(ids[0])
+    await until(lambda: all_in(kernel, ids, "completed"))
+    await until(lambda: queue_empty(q))
+    worker.stop()
+    stats = await task
+    assert (stats.paused, stats.completed) == (1, 1)
+
+
+async def test_entry_for_an_unknown_run_goes_to_the_dead_letter_stream(kernel: sk.Kernel) -> None:
+    q = RunQueue(store_of(kernel), "default")
+    await q.submit("no-such-run")
+    worker = sk.Worker(kernel.store, agent=agent(["done"]), **FAST)
+    task = await serve(worker)
+    await until(lambda: queue_empty(q))
+    worker.stop()
+    assert (await task).errors == 1
+    (entry,) = await q.client.xrange(q.dead_key)
+    assert b"RunNotFound" in entry[1][b"detail"]
+
+
+async def test_submit_needs_a_redis_store_an_existing_run_and_a_valid_queue(
+    kernel: sk.Kernel,
+) -> None:
+    memory = sk.Kernel("memory://")
+    run = await memory.start(model="scripted/x", run_id="m1")
+    with pytest.raises(ConfigError, match="Redis store"):
+        await memory.submit(run.run_id)
+    with pytest.raises(RunNotFound):
+        await kernel.submit("missing")
+    await kernel.start(model="scripted/x", run_id="r1")
+    with pytest.raises(InvalidArgument):
+        await kernel.submit("r1", queue="{bad}")
+    with pytest.raises(ConfigError):
+        await sk.Worker("memory://").serve()
+
+
+async def crashed_holder(kernel: sk.Kernel, ttl: float) -> tuple[list[str], RunQueue]:
+    """A worker that took a run, committed the model intent under its lease, and died."""
+    ids = await submit_new(kernel, 1)
+    store = store_of(kernel)
+    q = RunQueue(store, "default")
+    await q.ensure_group()
+    (entry,) = await q.read("dead-worker", 1, 100)
+    lease = await Leases(store, "dead-worker", ttl).acquire(entry.run_id)
+    assert lease is not None
+    held = {entry.run_id: lease}
+    from statekernel._lease import LeasedStore
+
+    dying = sk.Kernel(LeasedStore(store, held), **agent(note_then_done())())
+    for _ in range(3):  # start, turn_prepared, model_started
+        await dying.step(entry.run_id)
+    await dying.aclose()
+    return ids, q
+
+
+async def test_a_crashed_workers_run_is_reclaimed_after_its_lease_expires(
+    kernel: sk.Kernel,
+) -> None:
+    ids, q = await crashed_holder(kernel, ttl=0.6)
+    assert await q.pending("dead-worker") == 1
+    worker = sk.Worker(kernel.store, agent=agent(note_then_done()), **FAST)
+    task = await serve(worker)
+    await until(lambda: all_in(kernel, ids, "completed"))
+    await until(lambda: queue_empty(q))
+    worker.stop()
+    stats = await task
+    assert stats.reclaimed == 1
+    assert stats.completed == 1
+    kinds = [e.type for e in await kernel.events(ids[0])]
+    assert kinds.count("model_restarted") == 1
+    assert kinds.count("run_completed") == 1
+
+
+async def test_an_entry_delivered_too_often_goes_to_the_dead_letter_stream(
+    kernel: sk.Kernel,
+) -> None:
+    ids, q = await crashed_holder(kernel, ttl=0.3)
+    worker = sk.Worker(kernel.store, agent=agent(["done"]), max_deliveries=1, **FAST)
+    task = await serve(worker)
+    await until(lambda: queue_empty(q))
+    worker.stop()
+    assert (await task).errors == 1
+    (entry,) = await q.client.xrange(q.dead_key)
+    assert entry[1][b"reason"] == b"deliveries"
+    assert entry[1][b"run"] == ids[0].encode()
+
+
+async def test_a_live_holder_keeps_its_run_past_the_lease_ttl(kernel: sk.Kernel) -> None:
+    """Leases and entries are refreshed: a slow model call is not reclaimed by a peer."""
+    ran: Counter[str] = Counter()
+    slow = [Reply(tool_calls=(call("note", {"text": "a"}),), delay=1.5), Reply("done")]
+    ids = await submit_new(kernel, 1)
+    first = sk.Worker(kernel.store, agent=agent(slow, ran=ran), name="first", **FAST)
+    task1 = await serve(first)
+    await until(lambda: all_in(kernel, ids, "calling_model"))
+    second = sk.Worker(kernel.store, agent=agent(slow, ran=ran), name="second", **FAST)
+    task2 = await serve(second)
+    await until(lambda: all_in(kernel, ids, "completed"))
+    first.stop()
+    second.stop()
+    s1, s2 = await task1, await task2
+    assert (s1.completed, s1.lost, s2.taken) == (1, 0, 0)
+    kinds = [e.type for e in await kernel.events(ids[0])]
+    assert "model_restarted" not in kinds
+    assert list(ran.values()) == [1]
+
+
+async def test_stop_lets_in_flight_tools_commit_and_hands_runs_back(kernel: sk.Kernel) -> None:
+    ran: Counter[str] = Counter()
+    script = [Reply(tool_calls=(call("note", {"text": "a"}),)), Reply("done", delay=0.3)]
+    ids = await submit_new(kernel, 4)
+    first = sk.Worker(kernel.store, agent=agent(script, ran=ran, tool_delay=0.3), **FAST)
+    task = await serve(first)
+    await until(lambda: _started_tools(kernel, ids, 4))
+    first.stop()
+    stats = await task
+    assert stats.requeued == 4
+    assert stats.completed == 0
+    assert first.held == {}
+    q = RunQueue(store_of(kernel), "default")
+    assert await q.pending() == 0
+    assert await q.client.xlen(q.key) == 4
+    for run_id in ids:  # the tool calls in flight finished and were committed
+        run = await kernel.get(run_id)
+        assert run.current_turn is not None
+        assert not run.current_turn.in_flight
+    second = sk.Worker(kernel.store, agent=agent(script, ran=ran), **FAST)
+    task2 = await serve(second)
+    await until(lambda: all_in(kernel, ids, "completed"))
+    second.stop()
+    assert (await task2).completed == 4
+    assert set(ran.values()) == {1}
+    assert len(ran) == 4
+
+
+async def _started_tools(kernel: sk.Kernel, ids: Sequence[str], n: int) -> bool:
+    started = 0
+    for run_id in ids:
+        started += any(e.type == "tool_call_started" for e in await kernel.events(run_id))
+    return started >= n
+
+
+async def test_duplicate_submissions_drive_a_run_once(kernel: sk.Kernel) -> None:
+    ran: Counter[str] = Counter()
+    ids = await submit_new(kernel, 1)
+    for _ in range(3):
+        await kernel.submit(ids[0])
+    workers = [
+        sk.Worker(kernel.store, agent=agent(note_then_done(0.05), ran=ran), **FAST)
+        for _ in range(2)
+    ]
+    tasks = [await serve(w) for w in workers]
+    q = RunQueue(store_of(kernel), "default")
+    await until(lambda: all_in(kernel, ids, "completed"))
+    await until(lambda: queue_empty(q))
+    for w in workers:
+        w.stop()
+    await asyncio.gather(*tasks)
+    kinds = [e.type for e in await kernel.events(ids[0])]
+    assert kinds.count("run_completed") == 1
+    assert list(ran.values()) == [1]
+    consumers = await q.client.xinfo_consumers(q.key, GROUP)
+    assert consumers == [], "stopped workers leave the group"
+
+
+def test_worker_command_reports_mistakes_in_one_line(kernel: sk.Kernel) -> None:
+    from click.testing import CliRunner
+
+    from statekernel._cli import cli
+
+    runner = CliRunner()
+    done = runner.invoke(cli, ["worker", "--help"])
+    assert done.exit_code == 0
+    assert "--concurrency" in done.output
+    for agent_spec, needle in [
+        ("no_colon", "package.module:function"),
+        ("no_such_module_xyz:make", "cannot load"),
+        ("statekernel:__version__x", "cannot load"),
+    ]:
+        done = runner.invoke(cli, ["worker", "--store", "redis://x", "--agent", agent_spec])
+        assert (done.exit_code, needle in done.output) == (2, True), done.output
+    done = runner.invoke(cli, ["worker", "--store", "memory://"])
+    assert (done.exit_code, "needs a Redis store" in done.output) == (2, True), done.output
+
+
+def test_load_agent_calls_a_factory_or_takes_a_mapping(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click import ClickException
+
+    from statekernel._cli_worker import load_agent
+
+    (tmp_path / "my_agent_options.py").write_text(
+        "OPTIONS = {'max_turns': 3}\n"
+        "def make():\n    return {'max_turns': 4}\n"
+        "def bad():\n    return 5\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_agent(None) == {}
+    assert load_agent("my_agent_options:OPTIONS") == {"max_turns": 3}
+    assert load_agent("my_agent_options:make") == {"max_turns": 4}
+    with pytest.raises(ClickException, match="not a mapping"):
+        load_agent("my_agent_options:bad")
