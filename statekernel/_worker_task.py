@@ -20,6 +20,8 @@ import logging
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, cast
 
+import attrs
+
 from statekernel._events import Event
 from statekernel._lease import Lease
 from statekernel._queue import Entry
@@ -35,6 +37,21 @@ log = logging.getLogger("statekernel.worker")
 
 CONFLICT_RETRIES = 3
 _STOPPED = None
+_REST = {"run_completed": "completed", "run_paused": "paused", "run_failed": "failed"}
+
+
+@attrs.frozen
+class Rest:
+    """Where a drive left the run: its state at rest, and the failure if it failed."""
+
+    state: str
+    detail: str = ""
+
+    @classmethod
+    def of(cls, run: Run) -> Rest:
+        """The rest position of a run loaded from the store."""
+        failure = run.failure
+        return cls(run.state, f"{failure.error}: {failure.message}" if failure else "")
 
 
 class RunTask:
@@ -100,7 +117,7 @@ class RunTask:
             await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
             delay = min(delay * 2, 1.0)
 
-    async def _outcome(self) -> Run | Exception | None:
+    async def _outcome(self) -> Rest | Exception | None:
         """The run at rest, None when stopped early, or the error that ended the drive."""
         try:
             return await self._drive()
@@ -109,7 +126,7 @@ class RunTask:
         except Exception as exc:  # a run that cannot be driven: recorded, not retried
             return exc
 
-    async def _drive(self) -> Run | None:
+    async def _drive(self) -> Rest | None:
         for attempt in range(CONFLICT_RETRIES):
             try:
                 return await self._drive_once()
@@ -119,11 +136,12 @@ class RunTask:
                 log.info("run %s: overtaken by another commit (%d)", self.run_id, attempt + 1)
         return _STOPPED  # busy with commands: hand it back for later
 
-    async def _drive_once(self) -> Run | None:
+    async def _drive_once(self) -> Rest | None:
         """Drive until at rest; when stopping, stop at the first commit after which no
         tool call is in flight and no model call is about to be made."""
         w = self.worker
         in_flight: set[object] = set()
+        rest: Rest | None = None
         run = cast("AsyncGenerator[Event, None]", w.kernel.run(self.run_id))
         async with contextlib.aclosing(run) as events:
             async for event in events:
@@ -134,11 +152,13 @@ class RunTask:
                     in_flight.add(call_id)
                 elif event.type == "tool_call_completed":
                     in_flight.discard(call_id)
+                elif event.type in _REST:
+                    rest = _rest(event)
                 if w.stopping and not in_flight and event.type != "model_started":
-                    return _STOPPED
-        return await w.kernel.get(self.run_id)
+                    return rest or _STOPPED
+        return rest or Rest.of(await w.kernel.get(self.run_id))
 
-    async def _settle(self, lease: Lease, outcome: Run | Exception | None) -> None:
+    async def _settle(self, lease: Lease, outcome: Rest | Exception | None) -> None:
         w = self.worker
         if not await w.leases.release(lease):
             self._lost()
@@ -148,9 +168,7 @@ class RunTask:
         elif isinstance(outcome, Exception):
             await self._dead("error", f"{type(outcome).__name__}: {outcome}")
         elif outcome.state == "failed":
-            failure = outcome.failure
-            detail = f"{failure.error}: {failure.message}" if failure else "failed"
-            await self._dead("failed", detail)
+            await self._dead("failed", outcome.detail or "failed")
         else:
             await w.queue.ack(self.entry)
             if outcome.state == "completed":
@@ -174,3 +192,9 @@ class RunTask:
         else:
             w.stats.errors += 1
         log.warning("run %s: %s: %s", self.run_id or "?", reason, detail)
+
+
+def _rest(event: Event) -> Rest:
+    data = event.data if isinstance(event.data, dict) else {}
+    detail = f"{data.get('error', '')}: {data.get('message', '')}" if data.get("error") else ""
+    return Rest(_REST[event.type], detail)
