@@ -123,6 +123,7 @@ class Worker:
         self._hurry = asyncio.Event()
         self._wake = asyncio.Event()
         self._cursor = "0-0"
+        self._served = False
 
     # -- control -----------------------------------------------------------------
 
@@ -141,7 +142,10 @@ class Worker:
     # -- serving -------------------------------------------------------------------
 
     async def serve(self) -> WorkerStats:
-        """Take and drive runs until ``stop()``; returns what was done."""
+        """Take and drive runs until ``stop()``; returns what was done. Serves once."""
+        if self._served:
+            raise InvalidArgument("a Worker serves once: make a new one")
+        self._served = True
         store, owned = _open(self.store_spec)
         try:
             backed = redis_backed(store, "a worker")
@@ -169,8 +173,12 @@ class Worker:
         renewer = asyncio.create_task(self._renew_loop())
         try:
             await self._take_loop()
-            await self._drain()
+        except BaseException:  # cancelled, or a bug: hand the runs back at once
+            self.stop(now=True)
+            raise
         finally:
+            self.stop()
+            await self._drain()
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
@@ -249,7 +257,7 @@ class Worker:
             await asyncio.sleep(self.lease_ttl / 3)
             try:
                 await self._renew()
-            except StoreError as exc:
+            except Exception as exc:  # leases expire unrenewed: fencing keeps runs safe
                 log.warning("worker %s: renewing leases: %s", self.name, exc)
 
     async def _renew(self) -> None:

@@ -312,6 +312,26 @@ async def _started_tools(kernel: sk.Kernel, ids: Sequence[str], n: int) -> bool:
     return started >= n
 
 
+async def test_cancelling_serve_hands_the_runs_back_at_once(kernel: sk.Kernel) -> None:
+    ids = await submit_new(kernel, 3)
+    worker = sk.Worker(kernel.store, agent=agent([Reply("done", delay=30.0)]), **FAST)
+    task = await serve(worker)
+    await until(lambda: _seen(kernel, ids, "model_started"))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert worker.held == {}
+    q = RunQueue(store_of(kernel), "default")
+    assert await q.pending() == 0
+    assert await q.client.xlen(q.key) == 3
+    with pytest.raises(InvalidArgument, match="serves once"):
+        await worker.serve()
+
+
+async def _seen(kernel: sk.Kernel, ids: Sequence[str], kind: str) -> bool:
+    return all([any(e.type == kind for e in await kernel.events(i)) for i in ids])
+
+
 async def test_duplicate_submissions_drive_a_run_once(kernel: sk.Kernel) -> None:
     ran: Counter[str] = Counter()
     ids = await submit_new(kernel, 1)
