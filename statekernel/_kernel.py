@@ -221,12 +221,16 @@ class Kernel:
     @contextlib.asynccontextmanager
     async def _driver(self, run_id: str) -> AsyncIterator[RunDriver]:
         driver = self._drivers.get(run_id)
+        fresh = driver is None
         if driver is None:
             loaded = await self.store.load(run_id)
             driver = self._drivers.setdefault(run_id, RunDriver(self, loaded))
+            fresh = driver.run is loaded
+        waited = driver.lock.locked()
         async with driver.lock:
             try:
-                driver.reset(await self.store.load(run_id))
+                if not fresh or waited:  # a driver just built from the head needs no reload
+                    driver.reset(await self.store.load(run_id))
                 yield driver
             finally:
                 if not driver.busy and self._drivers.get(run_id) is driver:
