@@ -6,6 +6,8 @@ import importlib.util
 import os
 import signal
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -71,19 +73,22 @@ def _tools_of(run: Run) -> list[str]:
     return sorted({spec.name for turn in turns for spec in turn.request.tools})
 
 
-def kernel_for_run(run: Run, store: CheckpointStore) -> Kernel:
+def kernel_for_run(
+    run: Run, store: CheckpointStore, agent: Mapping[str, Any] | None = None
+) -> Kernel:
     """A kernel able to drive ``run`` from here: the demo's for demo runs, else one with
-    the built-in providers and no tools (only runs that use no tools qualify)."""
-    if is_demo_run(run):
+    the ``agent``'s keyword arguments (tools, hooks, providers) or the built-in
+    providers and no tools; a run whose tools the kernel lacks is refused."""
+    if is_demo_run(run) and not agent:
         kernel = demo_kernel(store)
     else:
-        tools = _tools_of(run)
-        if tools:
+        kernel = Kernel(store, **(agent or {}))
+        missing = [name for name in _tools_of(run) if name not in kernel.tools]
+        if missing:
             raise UserError(
-                f"run {run.run_id} uses tools ({', '.join(tools)}) defined by the application "
-                "that started it; resume it there with Kernel.run()"
+                f"run {run.run_id} uses tools ({', '.join(missing)}) defined by the application "
+                "that started it; pass --agent package.module:function to provide them"
             )
-        kernel = Kernel(store)
     if run.model.startswith("local/") and importlib.util.find_spec("xllamacpp") is None:
         raise UserError(f"run {run.run_id} runs on {run.model}: pip install 'statekernel[local]'")
     kernel.registry.get(run.model)  # an unknown provider fails here, before the run moves
@@ -108,12 +113,17 @@ def _check_resumable(run: Run) -> None:
 
 
 async def resume_run(
-    store: CheckpointStore, run_id: str, out: Output, *, max_turns: int | None = None
+    store: CheckpointStore,
+    run_id: str,
+    out: Output,
+    *,
+    max_turns: int | None = None,
+    agent: Mapping[str, Any] | None = None,
 ) -> Run:
     """Resume a paused run, retry a failed one or continue an interrupted one, to rest."""
     run = await store.load(run_id)
     _check_resumable(run)
-    kernel = kernel_for_run(run, store)
+    kernel = kernel_for_run(run, store, agent)
     try:
         if run.state == "paused":
             await kernel.resume(run_id, max_turns=max_turns)

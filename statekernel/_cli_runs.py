@@ -13,6 +13,7 @@ import click
 from statekernel._cli_common import Output, UserError, common_options, open_cli_store, run_async
 from statekernel._cli_drive import resume_run, summary_line
 from statekernel._cli_view import EventPrinter, run_details, runs_table
+from statekernel._cli_worker import load_agent
 from statekernel._diagram import FORMATS, render
 from statekernel._kernel import Kernel
 from statekernel._run import STATE_IDS, Run, StateId
@@ -129,19 +130,28 @@ def events(
 @runs.command("resume")
 @click.argument("run_id")
 @click.option("--max-turns", type=click.IntRange(1), help="Raise the turn budget of a paused run.")
+@click.option(
+    "--agent",
+    metavar="MODULE:FUNCTION",
+    help="Kernel arguments (tools, hooks, providers) for a run started by your application.",
+)
 @common_options
-def resume(run_id: str, max_turns: int | None, store: str | None, as_json: bool) -> None:
+def resume(
+    run_id: str, max_turns: int | None, agent: str | None, store: str | None, as_json: bool
+) -> None:
     """Continue a run from its last commit until it is paused, failed or completed.
 
     A paused run is resumed, a failed one retried, an interrupted one (the process
-    died) picked up where it stopped. Demo runs get the demo's tools and model;
-    other runs need a configured built-in provider and must use no tools.
+    died) picked up where it stopped. Demo runs get the demo's tools and model; other
+    runs get the tools, hooks and providers of ``--agent package.module:function``
+    (a function returning ``Kernel`` keyword arguments), or run without tools.
     """
     out = Output(as_json)
+    options = load_agent(agent)
 
     async def go() -> Run:
         async with open_cli_store(store) as s:
-            return await resume_run(s, run_id, out, max_turns=max_turns)
+            return await resume_run(s, run_id, out, max_turns=max_turns, agent=options)
 
     run = run_async(go())
     out.note(summary_line(run))

@@ -168,3 +168,66 @@ def test_run_diagram(work: tuple[Path, str]) -> None:
     assert "class failed unvisited" in mermaid
     bad = sk("runs", "diagram", "run-a", "-o", "run-a.png", "--store", store, cwd=cwd)
     assert bad.returncode == 2
+
+
+AGENT_MODULE = '''
+import statekernel as sk
+from statekernel.testing import ScriptedProvider, call
+
+
+@sk.tool
+def shout(text: str) -> str:
+    """Shout the text."""
+    return text.upper()
+
+
+def kernel_options():
+    script = [call("shout", {"text": "hey"}), "done shouting"]
+    return {"tools": [shout], "providers": {"scripted": ScriptedProvider(script)}}
+'''
+
+
+def test_resume_an_application_run_with_its_agent(tmp_path: Path) -> None:
+    import asyncio
+    import sys
+
+    (tmp_path / "my_agent.py").write_text(AGENT_MODULE)
+    store = f"sqlite:///{tmp_path / 'app.db'}"
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import my_agent
+
+        async def start_and_stop() -> None:
+            import statekernel as statek
+
+            async with statek.Kernel(store, **my_agent.kernel_options()) as kernel:
+                await kernel.start(model="scripted/app", messages=["hi"], run_id="app-1")
+                while (await kernel.get("app-1")).state != "dispatching_tools":
+                    await kernel.step("app-1")
+
+        asyncio.run(start_and_stop())
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_agent", None)
+
+    refused = sk("runs", "resume", "app-1", "--store", store, cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "shout" in refused.stderr
+    assert "--agent" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+    env_path = {"PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [str(EXE), "runs", "resume", "app-1", "--agent", "my_agent:kernel_options",
+         "--store", store, "--json"],
+        cwd=tmp_path, env={**os.environ, **env_path}, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    shown = as_json(sk("runs", "show", "app-1", "--store", store, "--json", cwd=tmp_path))
+    assert shown["state"] == "completed"
+    bad = sk(
+        "runs", "resume", "app-1", "--agent", "no_such_module:x", "--store", store, cwd=tmp_path
+    )
+    assert bad.returncode == 2
+    assert "cannot load --agent" in bad.stderr
