@@ -151,8 +151,13 @@ async def commit_settled(store: CheckpointStore, checkpoint: Checkpoint) -> None
     A store may write in a thread or over a socket; cancelling the await does not
     stop that write. Waiting for it means that when the cancellation propagates the
     commit has either landed whole or not at all, and no orphaned write can land
-    under a process that resumes the run right after.
+    under a process that resumes the run right after. A store whose class sets
+    ``settles_on_cancel = True`` (its commit never leaves work running when the
+    await is cancelled) is awaited directly.
     """
+    if getattr(store, "settles_on_cancel", False):
+        await store.commit(checkpoint)  # nothing outlives a cancelled await of this store
+        return
     task = asyncio.ensure_future(store.commit(checkpoint))
     try:
         await asyncio.shield(task)

@@ -42,6 +42,8 @@ class MemoryStore:
     """
 
     _named: dict[str, dict[str, _Entry]] = {}  # noqa: RUF012
+    settles_on_cancel = True
+    """A commit runs without awaiting, so a cancelled caller leaves nothing in flight."""
 
     def __init__(self, name: str = "") -> None:
         self.url = f"memory://{name}"

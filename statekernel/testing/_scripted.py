@@ -98,9 +98,22 @@ class ScriptedProvider:
         self.repeat_last = repeat_last
         self.requests: list[ModelRequest] = []
         self._failures: dict[int, int] = {}
+        self._counted: tuple[int, int, object] = (0, 0, None)
+
+    def _turn_of(self, request: ModelRequest) -> int:
+        """Assistant messages in the request, counted incrementally when the transcript
+        extends the previous request's (the common case), so long runs stay cheap."""
+        messages = request.messages
+        seen, count, last = self._counted
+        if seen and len(messages) >= seen and messages[seen - 1] is last:
+            count += sum(1 for m in messages[seen:] if m.role == "assistant")
+        else:
+            count = sum(1 for m in messages if m.role == "assistant")
+        self._counted = (len(messages), count, messages[-1] if messages else None)
+        return count
 
     def _item(self, request: ModelRequest) -> tuple[int, object]:
-        turn = sum(1 for m in request.messages if m.role == "assistant")
+        turn = self._turn_of(request)
         if turn >= len(self.script):
             if not self.repeat_last or not self.script:
                 raise ProviderError(
