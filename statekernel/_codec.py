@@ -19,14 +19,15 @@ the head alone. Decoding gives records equal to the ones committed.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 
+from statekernel import _convert
 from statekernel._codec_base import (
     SNAPSHOT_EVERY,
-    BlobReader,
     apply_patch,
     blob_refs,
     corrupt,
@@ -34,12 +35,13 @@ from statekernel._codec_base import (
     diff,
     dump_bytes,
     enc_time,
-    escape,
+    paused_gc,
 )
+from statekernel._codec_events import decode_events, encode_events
 from statekernel._codec_records import Reader, Writer, state_id
 from statekernel._events import Event
 from statekernel._messages import Message
-from statekernel._run import SCHEMA_VERSION, Run, Turn
+from statekernel._run import Run, Turn
 from statekernel._storage import Checkpoint, RunSummary
 from statekernel.errors import CorruptCheckpoint
 
@@ -49,6 +51,7 @@ __all__ = [
     "decode_events",
     "decode_run",
     "encode_commit",
+    "entry_head",
     "head_summary",
     "iter_history",
     "log_ends",
@@ -56,16 +59,7 @@ __all__ = [
     "snapshot_of",
 ]
 
-EVENT_CODES = (
-    "run_started", "turn_started", "turn_prepared", "model_started", "model_restarted",
-    "model_completed", "tool_call_started", "tool_call_completed", "tools_completed",
-    "turn_completed", "run_paused", "run_resumed", "input_received", "run_failed",
-    "run_retried", "run_completed", "run_forked",
-)  # fmt: skip
-"""Stored event types as small integers. Append only: positions are stored."""
-
-_CODE_OF = {name: i for i, name in enumerate(EVENT_CODES)}
-_DECODE_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError)
+_DECODE_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError, zlib.error)
 
 
 @attrs.frozen
@@ -84,6 +78,8 @@ class EncodedCommit:
     first_turn: int
     turns: tuple[bytes, ...]
     blobs: dict[str, bytes]
+    refs: frozenset[str]
+    """Keys of the blobs ``head`` references (the ``known`` of the next commit)."""
 
 
 def log_ends(head: Mapping[str, Any]) -> tuple[int, int]:
@@ -113,25 +109,58 @@ def _spans(cp: Checkpoint, prior: dict[str, Any] | None) -> tuple[int, int, int,
     return m0, m_end, t0, t_end
 
 
-def encode_commit(cp: Checkpoint, prior: dict[str, Any] | None) -> EncodedCommit:
-    """Encode ``cp`` on top of ``prior``, the stored head at ``cp.expected_revision``."""
+def encode_commit(
+    cp: Checkpoint, prior: dict[str, Any] | None, known: frozenset[str] | None = None
+) -> EncodedCommit:
+    """Encode ``cp`` on top of ``prior``, the stored head at ``cp.expected_revision``.
+
+    ``known`` are the blobs ``prior`` references (found by walking it when not given).
+    """
     run = cp.run
     m0, m_end, t0, t_end = _spans(cp, prior)
-    writer = Writer(blob_refs(prior) if prior else frozenset(), run.messages, m0)
-    new_messages = run.messages[m_end - m0 :]
-    new_turns = run.turns[t_end - t0 :]
-    messages = tuple(dump_bytes(writer.message(m)) for m in new_messages)
-    turns = tuple(dump_bytes(writer.turn(t)) for t in new_turns)
+    if known is None:
+        known = blob_refs(prior) if prior else frozenset()
+    writer = Writer(known, run.messages, m0)
     head = _encode_head(run, writer, m0, t0)
+    refs = frozenset(writer.refs)
+    messages = tuple([dump_bytes(writer.message(m)) for m in run.messages[m_end - m0 :]])
+    turns = tuple([dump_bytes(writer.turn(t)) for t in run.turns[t_end - t0 :]])
+    entry: dict[str, Any]
     if prior is None or run.revision % SNAPSHOT_EVERY == 0:
-        entry: dict[str, Any] = {"f": head}
+        entry = {"f": head}
     else:
         entry = {"p": diff(prior, head)}
     if cp.events:
-        first = cp.events[0].seq
-        entry["q"] = first
-        entry["e"] = [_encode_event(e, run, first + i) for i, e in enumerate(cp.events)]
-    return EncodedCommit(head, entry, m_end, messages, t_end, turns, writer.blobs)
+        _add_events(entry, cp.events, head)
+    return EncodedCommit(head, entry, m_end, messages, t_end, turns, writer.blobs, refs)
+
+
+def _add_events(entry: dict[str, Any], events: tuple[Event, ...], head: dict[str, Any]) -> None:
+    """Put the events in ``entry``; its patch always carries ``ua`` (the events' usual
+    time), and ``ec`` only when it is not the seq after the last event."""
+    first = events[0].seq
+    entry["q"] = first
+    entry["E"] = encode_events(events, head["id"], head["r"], first, head["ua"])
+    patch = entry.get("p")
+    if patch is not None:
+        patch["ua"] = head["ua"]
+        if head.get("ec", 0) == first + len(events):
+            patch.pop("ec", None)
+        else:
+            patch["ec"] = head.get("ec", 0)
+
+
+def entry_head(head: dict[str, Any] | None, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The head a commit log entry describes, given the head before it (None at a snapshot)."""
+    if "f" in entry:
+        return dict(entry["f"])
+    if head is None:
+        raise ValueError("a patch without the head before it")
+    patch = entry["p"]
+    doc = apply_patch(head, patch)
+    if "E" in entry and "ec" not in patch:
+        doc["ec"] = entry["q"] + len(entry["E"])
+    return doc
 
 
 def _encode_head(run: Run, w: Writer, m0: int, t0: int) -> dict[str, Any]:
@@ -165,13 +194,16 @@ def _encode_head(run: Run, w: Writer, m0: int, t0: int) -> dict[str, Any]:
 
 def _check_version(head: Mapping[str, Any], what: str) -> int:
     version = head.get("sv")
-    if type(version) is not int or not 1 <= version <= SCHEMA_VERSION:
+    if type(version) is not int or not 1 <= version <= _convert.SCHEMA_VERSION:
         raise CorruptCheckpoint(f"invalid {what}: unknown schema_version {version!r}")
-    if version != SCHEMA_VERSION:
-        raise CorruptCheckpoint(
-            f"invalid {what}: no stored-format migration from schema_version {version}"
-        )
     return version
+
+
+def _migrated(run: Run, version: int, what: str) -> Run:
+    """A run stored at an older ``schema_version``, through the registered migrations."""
+    data = _convert.unstructure(run)
+    data["schema_version"] = version
+    return _convert.structure_run(data, what=what)
 
 
 def decode_run(
@@ -200,10 +232,10 @@ def iter_history(
     Revisions share their message and turn objects, as they did when committed.
     """
     decoder = _Decoder(message_docs, turn_docs, blobs)
-    head: dict[str, Any] = {}
+    head: dict[str, Any] | None = None
     for revision, entry in entries:
         try:
-            head = dict(entry["f"]) if "f" in entry else apply_patch(head, entry["p"])
+            head = entry_head(head, entry)
         except _DECODE_ERRORS as exc:
             raise corrupt(what, exc) from exc
         head["r"] = revision
@@ -220,15 +252,23 @@ class _Decoder:
         self.turn_docs = turn_docs
         self.turns: dict[int, Turn] = {}
         self.reader = Reader(blobs, self.message_at, self.message_range)
-        self.messages = [self.reader.message(doc) for doc in message_docs]
+        self._messages: tuple[Message, ...] | None = None
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        if self._messages is None:
+            message = self.reader.message
+            self._messages = tuple([message(doc) for doc in self.message_docs])
+        return self._messages
 
     def message_at(self, pos: int) -> Message:
         return self.messages[pos]
 
     def message_range(self, start: int, count: int) -> tuple[Message, ...]:
-        if start < 0 or count < 0 or start + count > len(self.messages):
+        messages = self.messages
+        if start < 0 or count < 0 or start + count > len(messages):
             raise ValueError(f"bad message range {start}+{count}")
-        return tuple(self.messages[start : start + count])
+        return messages[start : start + count]
 
     def turn_at(self, pos: int) -> Turn:
         found = self.turns.get(pos)
@@ -241,9 +281,13 @@ class _Decoder:
             raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
         version = _check_version(head, what)
         try:
-            return self._run(head, version)
+            with paused_gc():
+                run = self._run(head, version)
         except _DECODE_ERRORS as exc:
             raise corrupt(what, exc) from exc
+        if version < _convert.SCHEMA_VERSION:
+            return _migrated(run, version, what)
+        return run
 
     def _run(self, head: Mapping[str, Any], version: int) -> Run:
         reader = self.reader
@@ -251,6 +295,7 @@ class _Decoder:
         t0, tn = head["$t"]
         if m0 + mn > len(self.message_docs) or t0 + tn > len(self.turn_docs):
             raise ValueError("the head references parts that are not stored")
+        turn_at = self.turn_at
         return Run(
             run_id=_text(head["id"]),
             model=_text(head["M"]),
@@ -258,7 +303,7 @@ class _Decoder:
             state=state_id(head["s"]),
             context=reader.json(head["c"]) if "c" in head else {},
             messages=self.message_range(m0, mn),
-            turns=tuple(self.turn_at(i) for i in range(t0, t0 + tn)),
+            turns=tuple([turn_at(i) for i in range(t0, t0 + tn)]),
             current_turn=reader.turn(head["T"]) if "T" in head else None,
             pause=reader.pause(head["P"]) if "P" in head else None,
             failure=reader.failure(head["F"]) if "F" in head else None,
@@ -310,56 +355,12 @@ def snapshot_of(revision: int) -> int:
 def replay(entries: Sequence[tuple[int, Any]], *, what: str = "run history") -> dict[str, Any]:
     """The head at the last of ``entries`` (revisions from a snapshot on, in order)."""
     try:
-        doc: dict[str, Any] = dict(entries[0][1]["f"])
-        for _, entry in entries[1:]:
-            doc = apply_patch(doc, entry["p"])
+        doc: dict[str, Any] | None = None
+        for _, entry in entries:
+            doc = entry_head(doc, entry)
+        if doc is None:
+            raise ValueError("no commit log entries")
         doc["r"] = entries[-1][0]
         return doc
     except _DECODE_ERRORS as exc:
         raise corrupt(what, exc) from exc
-
-
-def _encode_event(event: Event, run: Run, seq: int) -> list[Any]:
-    doc: list[Any] = [_CODE_OF.get(event.type, event.type), enc_time(event.at)]
-    extra: dict[str, Any] = {}
-    if event.run_id != run.run_id:
-        extra["id"] = event.run_id
-    if event.revision != run.revision:
-        extra["r"] = event.revision
-    if event.seq != seq:
-        extra["s"] = event.seq
-    if extra or not (type(event.data) is dict and not event.data):
-        doc.append(escape(event.data))
-    if extra:
-        doc.append(extra)
-    return doc
-
-
-_EVENT_READER = BlobReader({})
-
-
-def decode_events(
-    entries: Iterable[tuple[int, Any]], run_id: str, *, what: str = "events"
-) -> list[Event]:
-    """The events of commit log entries, given as (revision, entry) pairs."""
-    events: list[Event] = []
-    try:
-        for revision, entry in entries:
-            first = entry.get("q", 0)
-            for i, doc in enumerate(entry.get("e", ())):
-                kind = EVENT_CODES[doc[0]] if type(doc[0]) is int else _text(doc[0])
-                data = _EVENT_READER.json(doc[2]) if len(doc) > 2 else {}
-                extra = doc[3] if len(doc) > 3 else {}
-                events.append(
-                    Event(
-                        kind,
-                        extra.get("id", run_id),
-                        extra.get("r", revision),
-                        extra.get("s", first + i),
-                        data,
-                        dec_time(doc[1]),
-                    )
-                )
-    except _DECODE_ERRORS as exc:
-        raise corrupt(what, exc) from exc
-    return events

@@ -11,9 +11,12 @@ starts with ``$``; a user object that has a key starting with ``$`` is wrapped a
 from __future__ import annotations
 
 import base64
+import contextlib
+import gc
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+import zlib
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,6 +25,7 @@ from statekernel.errors import CorruptCheckpoint
 __all__ = [
     "BLOB_MIN",
     "SNAPSHOT_EVERY",
+    "ZIP_MIN",
     "BlobReader",
     "BlobWriter",
     "apply_patch",
@@ -33,6 +37,7 @@ __all__ = [
     "dump_bytes",
     "enc_time",
     "load_json",
+    "paused_gc",
 ]
 
 _fast_loads: Callable[[bytes | str], Any] | None
@@ -49,6 +54,12 @@ BLOB_MIN = 96
 SNAPSHOT_EVERY = 32
 """Every revision divisible by this is logged as a full head, the others as patches."""
 
+ZIP_MIN = 512
+"""Blobs of at least this many bytes are stored zlib-compressed when that saves a tenth."""
+
+_ZIPPED = b"\x00z"
+_ESCAPED = b"\x00"
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
 _BLOB_CODES = ("$b", "$v")
@@ -60,9 +71,12 @@ def corrupt(what: str, exc: BaseException | str) -> CorruptCheckpoint:
     return CorruptCheckpoint(f"invalid {what}: {detail}")
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def canonical(value: Any) -> str:
     """The compact JSON text of a value (the form tool results are fed back in)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return _ENCODER.encode(value)
 
 
 def dump_bytes(doc: Any) -> bytes:
@@ -97,23 +111,51 @@ def blob_key(text: str) -> str:
 
 
 def blob_bytes(text: str) -> bytes:
-    """How a blob is stored: UTF-8, or NUL + a JSON string when UTF-8 cannot hold it."""
+    """How a blob is stored: UTF-8; or ``NUL z`` + zlib of it when that is a tenth smaller;
+    or NUL + a JSON string when UTF-8 cannot hold the text or it starts with NUL."""
     if not text.startswith("\x00"):
         try:
-            return text.encode()
+            data = text.encode()
         except UnicodeEncodeError:
             pass
-    return b"\x00" + json.dumps(text).encode()
+        else:
+            if len(data) >= ZIP_MIN:
+                packed = zlib.compress(data, 6)
+                if len(packed) + 2 <= len(data) * 0.9:
+                    return _ZIPPED + packed
+            return data
+    return _ESCAPED + json.dumps(text).encode()
 
 
 def blob_text(data: bytes) -> str:
     """The text of a stored blob (inverse of ``blob_bytes``)."""
-    if data[:1] == b"\x00":
+    if data[:1] == _ESCAPED:
+        if data[1:2] == b"z":
+            return zlib.decompress(data[2:]).decode()
         text = json.loads(data[1:])
         if not isinstance(text, str):
             raise ValueError("blob escape is not a JSON string")
         return text
     return data.decode()
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while decoding builds many objects at once.
+
+    Decoding a long run allocates tens of thousands of records and message tuples
+    that all stay alive; letting collections walk them again and again while they
+    are built costs more than the decoding itself. Reference counting still frees
+    everything as usual; the collector resumes (if it was on) when the block ends.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def enc_time(value: datetime) -> int | str:
@@ -152,9 +194,12 @@ class BlobWriter:
     def __init__(self, known: frozenset[str] = frozenset()) -> None:
         self.known = known
         self.blobs: dict[str, bytes] = {}
+        self.refs: set[str] = set()
+        """Keys referenced since this set was last replaced."""
 
     def _put(self, text: str) -> str:
         key = _cached_key(text)
+        self.refs.add(key)
         if key not in self.known and key not in self.blobs:
             self.blobs[key] = blob_bytes(text)
         return key
@@ -238,15 +283,15 @@ _KEY_CACHE: dict[int, tuple[str, str]] = {}
 
 
 def _cached_key(text: str) -> str:
-    """``blob_key`` with a small identity cache for big strings re-encoded per commit."""
-    if len(text) < 4096:
-        return blob_key(text)
+    """``blob_key`` with a small identity cache: the same string objects (a tool output,
+    the tool specs) are encoded again in every commit while their turn is current."""
     hit = _KEY_CACHE.get(id(text))
     if hit is not None and hit[0] is text:
         return hit[1]
     key = blob_key(text)
-    if len(_KEY_CACHE) >= 64:
-        _KEY_CACHE.pop(next(iter(_KEY_CACHE)))
+    if len(_KEY_CACHE) >= 256:
+        with contextlib.suppress(StopIteration, RuntimeError, KeyError):
+            del _KEY_CACHE[next(iter(_KEY_CACHE))]
     _KEY_CACHE[id(text)] = (text, key)
     return key
 
@@ -289,9 +334,20 @@ def same(a: Any, b: Any) -> bool:
     if kind is not type(b):
         return False
     if kind is dict:
-        return a.keys() == b.keys() and all(same(v, b[k]) for k, v in a.items())
+        if len(a) != len(b):
+            return False
+        for key, value in a.items():
+            other = b.get(key, _MISSING)
+            if other is _MISSING or not (value is other or same(value, other)):
+                return False
+        return True
     if kind is list:
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+        if len(a) != len(b):
+            return False
+        for x, y in zip(a, b, strict=True):  # noqa: SIM110 - a plain loop is faster here
+            if x is not y and not same(x, y):
+                return False
+        return True
     return bool(a == b)
 
 

@@ -13,11 +13,21 @@ stored as small patches. References instead of copies:
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from statekernel._codec_base import BlobReader, BlobWriter, dec_time, enc_time, same
+from statekernel._codec_base import (
+    BLOB_MIN,
+    BlobReader,
+    BlobWriter,
+    canonical,
+    dec_time,
+    enc_time,
+    load_json,
+    same,
+)
 from statekernel._messages import (
     ContentPart,
     ImagePart,
@@ -57,12 +67,32 @@ def state_id(value: Any) -> StateId:
     return value  # type: ignore[no-any-return]
 
 
+_TOOLS_TEXT: dict[int, tuple[tuple[ToolSpec, ...], str]] = {}
+_PARSED: dict[int, tuple[str, Any, bool]] = {}
+
+
+def _remember(cache: dict[int, Any], key: int, value: Any) -> None:
+    """Keep ``value`` in a small identity cache (it holds what it is keyed on)."""
+    if len(cache) >= 256:
+        with contextlib.suppress(StopIteration, RuntimeError, KeyError):
+            del cache[next(iter(cache))]
+    cache[key] = value
+
+
 def _parses_to(arguments: str, value: Any) -> bool:
+    """Whether ``arguments`` parse to ``value`` (remembered per pair of objects: a
+    record is encoded again in every commit while its turn is current)."""
+    hit = _PARSED.get(id(value))
+    if hit is not None and hit[0] is arguments and hit[1] is value:
+        return hit[2]
     try:
         parsed = json.loads(arguments) if arguments.strip() else {}
     except ValueError:
-        return False
-    return same(parsed, value)
+        result = False
+    else:
+        result = same(parsed, value)
+    _remember(_PARSED, id(value), (arguments, value, result))
+    return result
 
 
 class Writer(BlobWriter):
@@ -118,8 +148,15 @@ class Writer(BlobWriter):
 
     def tools(self, tools: tuple[ToolSpec, ...]) -> Any:
         """Tool specs, as one blob when large (they repeat in every request)."""
-        raw = [[t.name, t.description, t.parameters] for t in tools]
-        return self.json(raw)
+        hit = _TOOLS_TEXT.get(id(tools))
+        if hit is not None and hit[0] is tools:
+            text = hit[1]
+        else:
+            text = canonical([[t.name, t.description, t.parameters] for t in tools])
+            _remember(_TOOLS_TEXT, id(tools), (tools, text))
+        if len(text) >= BLOB_MIN:
+            return {"$v": self._put(text)}
+        return self.json([[t.name, t.description, t.parameters] for t in tools])
 
     def request(self, req: ModelRequest) -> dict[str, Any]:
         """A model request; its messages by reference where they are the transcript."""
@@ -214,6 +251,8 @@ class Reader(BlobReader):
         super().__init__(blobs)
         self._message_at = message_at
         self._message_range = message_range
+        self._tools: dict[str, tuple[ToolSpec, ...]] = {}
+        self._usages: dict[tuple[int, ...], Usage] = {}
 
     def at(self, pos: Any) -> Message:
         """The message at ``pos`` of the run's message log."""
@@ -246,12 +285,15 @@ class Reader(BlobReader):
             return ImagePart(self.opt(url), self.opt(data), _opt_str(media))
         raise ValueError(f"unknown content part {code!r}")
 
-    @staticmethod
-    def usage(doc: Any) -> Usage:
-        """Token counts."""
+    def usage(self, doc: Any) -> Usage:
+        """Token counts (equal counts share one ``Usage``: it is immutable)."""
         if type(doc) is not list or len(doc) > 5 or any(type(v) is not int for v in doc):
             raise TypeError("usage is not a list of up to five integers")
-        return Usage(*doc)
+        key = tuple(doc)
+        found = self._usages.get(key)
+        if found is None:
+            found = self._usages[key] = Usage(*doc)
+        return found
 
     def _messages(self, doc: Any) -> tuple[Message, ...]:
         if type(doc) is list:
@@ -263,8 +305,17 @@ class Reader(BlobReader):
         return found + tuple(self.message(m) for m in doc.get("x", ()))
 
     def tools(self, doc: Any) -> tuple[ToolSpec, ...]:
-        """Tool specs."""
-        return tuple(ToolSpec(_str(n), _str(d), p) for n, d, p in self.json(doc))
+        """Tool specs; the same stored blob gives the same tuple (requests repeat them)."""
+        key = doc.get("$v") if type(doc) is dict and len(doc) == 1 else None
+        if type(key) is str:
+            found = self._tools.get(key)
+            if found is None:
+                found = self._tools[key] = self._tool_specs(doc)
+            return found
+        return self._tool_specs(doc)
+
+    def _tool_specs(self, doc: Any) -> tuple[ToolSpec, ...]:
+        return tuple([ToolSpec(_str(n), _str(d), p) for n, d, p in self.json(doc)])
 
     def request(self, doc: dict[str, Any]) -> ModelRequest:
         """A model request."""
@@ -295,7 +346,7 @@ class Reader(BlobReader):
             call_id, name, arguments, start = _str(doc[0]), _str(doc[1]), self.s(doc[2]), 3
         raw_input, output, error, attempt, started, finished = _pad(doc, start, _RECORD_DEFAULTS)
         if type(raw_input) is dict and raw_input.keys() == {"$a"}:
-            value = json.loads(arguments) if arguments.strip() else {}
+            value = load_json(arguments, "tool call arguments") if arguments.strip() else {}
         else:
             value = self.json(raw_input)
         return ToolCallRecord(
@@ -308,14 +359,15 @@ class Reader(BlobReader):
         """A turn."""
         result = self.result(doc["a"]) if "a" in doc else None
         calls = result.tool_calls if result is not None else ()
+        record = self.record
         return Turn(
-            index=_int(doc["i"]),
-            request=self.request(doc["q"]),
-            result=result,
-            model_attempts=_int(doc.get("n", 0)),
-            pending=tuple(self.record(r, calls) for r in doc.get("p", ())),
-            in_flight=tuple(self.record(r, calls) for r in doc.get("f", ())),
-            completed=tuple(self.record(r, calls) for r in doc.get("d", ())),
+            _int(doc["i"]),
+            self.request(doc["q"]),
+            result,
+            _int(doc.get("n", 0)),
+            tuple([record(r, calls) for r in doc["p"]]) if "p" in doc else (),
+            tuple([record(r, calls) for r in doc["f"]]) if "f" in doc else (),
+            tuple([record(r, calls) for r in doc["d"]]) if "d" in doc else (),
         )
 
     def pause(self, doc: list[Any]) -> PauseInfo:

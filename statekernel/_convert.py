@@ -23,6 +23,7 @@ from statekernel._run import SCHEMA_VERSION, Run
 from statekernel.errors import CorruptCheckpoint
 
 __all__ = [
+    "SCHEMA_VERSION",
     "converter",
     "dumps",
     "loads",

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from datetime import UTC, datetime, timedelta
+from typing import Any, Generic, TypeVar
+
+import attrs
 
 from statekernel._storage import Checkpoint
 from statekernel.errors import ConflictError, RunNotFound
 
-__all__ = ["check_head", "check_revision", "micros"]
+__all__ = ["HeadCache", "Prior", "check_head", "check_revision", "micros"]
+
+K = TypeVar("K")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -33,3 +39,43 @@ def check_revision(run_id: str, revision: int | None, head: int) -> int:
     if not 0 <= revision <= head:
         raise RunNotFound(run_id, f"no revision {revision} (head is {head})")
     return revision
+
+
+@attrs.frozen
+class Prior(Generic[K]):
+    """A stored head as a store remembers it: ``key`` names it exactly (the store checks
+    the key when it writes), ``refs`` are the blobs it references (None: not known)."""
+
+    key: K
+    head: dict[str, Any]
+    refs: frozenset[str] | None = None
+
+
+class HeadCache(Generic[K]):
+    """The heads a store last wrote or read, per run: the prior of the next commit.
+
+    The newest ``size`` runs are kept.
+    """
+
+    def __init__(self, size: int = 512) -> None:
+        self._size = size
+        self._items: OrderedDict[str, Prior[K]] = OrderedDict()
+
+    def get(self, run_id: str) -> Prior[K] | None:
+        """The remembered head of a run, or None."""
+        return self._items.get(run_id)
+
+    def put(self, run_id: str, prior: Prior[K]) -> None:
+        """Remember the head of a run (as the newest)."""
+        self._items[run_id] = prior
+        self._items.move_to_end(run_id)
+        if len(self._items) > self._size:
+            self._items.popitem(last=False)
+
+    def drop(self, run_id: str) -> None:
+        """Forget a run."""
+        self._items.pop(run_id, None)
+
+    def clear(self) -> None:
+        """Forget every run."""
+        self._items.clear()

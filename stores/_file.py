@@ -33,13 +33,19 @@ from statekernel._codec import (
     replay,
     snapshot_of,
 )
-from statekernel._codec_base import blob_text, dump_bytes
+from statekernel._codec_base import dump_bytes
 from statekernel._events import Event
 from statekernel._run import Run, StateId
 from statekernel._storage import Checkpoint, RunPage, RunSummary
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
 from statekernel.stores._common import check_head, check_revision
-from statekernel.stores._file_io import LAYOUT_VERSION, RunFolder, read_head, write_head
+from statekernel.stores._file_io import (
+    LAYOUT_VERSION,
+    RunFolder,
+    blob_line,
+    read_head,
+    write_head,
+)
 from statekernel.stores._listing import page_of
 
 __all__ = ["FileStore"]
@@ -115,7 +121,7 @@ class FileStore:
             prior = None if state is None else _own_head(state.head, run.run_id, folder)
             check_head(cp, None if prior is None else prior["r"])
             enc = encode_commit(cp, prior)
-            lines = [dump_bytes(["b", k, blob_text(v)]) + b"\n" for k, v in enc.blobs.items()]
+            lines = [blob_line(k, v) for k, v in enc.blobs.items()]
             lines += _numbered("m", enc.first_message, enc.messages)
             lines += _numbered("t", enc.first_turn, enc.turns)
             lines.append(dump_bytes(["c", run.revision, enc.entry]) + b"\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import os
@@ -11,15 +12,17 @@ from typing import Any
 
 import attrs
 
-from statekernel._codec_base import dump_bytes, load_json
+from statekernel._codec_base import blob_text, dump_bytes, load_json
 from statekernel.errors import CorruptCheckpoint, StoreError
 
-__all__ = ["Locked", "RunFolder", "Snapshot", "read_head", "write_head"]
+__all__ = ["Locked", "RunFolder", "Snapshot", "blob_line", "read_head", "write_head"]
 
 HEAD = "head.json"
 LOG = "log.jsonl"
 LOCK = "lock"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
+"""Version 2 adds zlib-compressed blob lines and compact events; version 1 is still read."""
+_READABLE = (1, 2)
 
 
 @attrs.frozen
@@ -30,6 +33,13 @@ class Locked:
     size: int
 
 
+def blob_line(key: str, data: bytes) -> bytes:
+    """The log line of a blob: ``["b", key, text]``, or ``["z", key, base64]`` when zipped."""
+    if data[:2] == b"\x00z":
+        return b'["z","%s","%s"]\n' % (key.encode(), base64.b64encode(data[2:]))
+    return dump_bytes(["b", key, blob_text(data)]) + b"\n"
+
+
 @attrs.define
 class Snapshot:
     """The head and the committed part of the log of one run, read together."""
@@ -37,12 +47,17 @@ class Snapshot:
     head: dict[str, Any]
     log: bytes
     where: str
+    _kinds: dict[bytes, list[bytes]] | None = None
 
-    def _lines(self, kind: bytes) -> Iterator[bytes]:
-        prefix = b'["' + kind + b'",'
-        for line in self.log.split(b"\n"):
-            if line.startswith(prefix):
-                yield line
+    def _lines(self, kind: bytes) -> list[bytes]:
+        """The log lines of one kind (``b"m"``, ``b"t"``, ``b"b"``, ``b"z"``, ``b"c"``)."""
+        if self._kinds is None:
+            kinds: dict[bytes, list[bytes]] = {}
+            for line in self.log.split(b"\n"):
+                if line[:2] == b'["' and line[3:5] == b'",':
+                    kinds.setdefault(line[2:3], []).append(line)
+            self._kinds = kinds
+        return self._kinds.get(kind, [])
 
     def _parse(self, lines: list[bytes], what: str) -> list[Any]:
         parsed = load_json(b"[" + b",".join(lines) + b"]", f"{what} in {self.where}")
@@ -58,12 +73,18 @@ class Snapshot:
         messages = self._numbered(b"m", m_end, "messages")
         turns = self._numbered(b"t", t_end, "turns")
         blobs: dict[str, Any] = {}
-        for _, key, text in self._parse(list(self._lines(b"b")), "blobs"):
+        for _, key, text in self._parse(self._lines(b"b"), "blobs"):
             blobs.setdefault(key, text)
+        try:
+            for _, key, packed in self._parse(self._lines(b"z"), "blobs"):
+                if key not in blobs:
+                    blobs[key] = b"\x00z" + base64.b64decode(packed, validate=True)
+        except (ValueError, TypeError) as exc:
+            raise CorruptCheckpoint(f"invalid blobs in {self.where}: {exc}") from exc
         return messages, turns, blobs
 
     def _numbered(self, kind: bytes, end: int, what: str) -> list[Any]:
-        rows = self._parse(list(self._lines(kind)), what)[:end]
+        rows = self._parse(self._lines(kind), what)[:end]
         if [pos for _, pos, _ in rows] != list(range(end)):
             raise CorruptCheckpoint(f"invalid {what} in {self.where}: positions do not match")
         return [doc for _, _, doc in rows]
@@ -204,7 +225,7 @@ def read_head(folder: RunFolder, *, dir_fd: int | None = None) -> dict[str, Any]
     doc = load_json(data, f"head file {str(path)!r}")
     if not isinstance(doc, dict) or type(doc.get("sz")) is not int or "head" not in doc:
         raise CorruptCheckpoint(f"invalid head file {str(path)!r}: not a run head")
-    if doc.get("v") != LAYOUT_VERSION:
+    if doc.get("v") not in _READABLE:
         raise StoreError(f"head file {str(path)!r}: unknown file store layout {doc.get('v')!r}")
     return doc
 

@@ -13,15 +13,16 @@ import asyncio
 import contextlib
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import parse_qsl, urlsplit
 
 import aiosqlite
 
 from statekernel._codec import (
+    EncodedCommit,
     decode_events,
     decode_run,
     encode_commit,
@@ -31,13 +32,24 @@ from statekernel._codec import (
     replay,
     snapshot_of,
 )
-from statekernel._codec_base import dump_bytes, enc_time, load_json
+from statekernel._codec_base import dump_bytes, enc_time, load_json, paused_gc
 from statekernel._events import Event
 from statekernel._run import Run, StateId
 from statekernel._storage import Checkpoint, RunPage
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
-from statekernel.stores._common import check_head, check_revision, micros
+from statekernel.stores._common import HeadCache, Prior, check_head, check_revision, micros
 from statekernel.stores._listing import decode_cursor, encode_cursor
+from statekernel.stores._sqlite_ops import (
+    CommitRows,
+    Parts,
+    Stored,
+    delete_run,
+    fetch_all,
+    read_events,
+    read_head,
+    read_parts,
+    write_commit,
+)
 from statekernel.stores._sqlite_schema import migrate_schema
 
 __all__ = ["SQLiteStore"]
@@ -69,46 +81,59 @@ class SQLiteStore:
         self.url = url
         self.path, self._sync, self._timeout = parse_sqlite_url(url)
         self._conn: aiosqlite.Connection | None = None
+        self._raw: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
+        self._heads: HeadCache[Stored] = HeadCache()
 
     def _error(self, exc: BaseException) -> StoreError:
         return StoreError(f"SQLite store {self.path!r}: {exc}")
 
-    async def _open(self) -> aiosqlite.Connection:
-        if self._conn is not None:
-            return self._conn
-        try:
-            if self.path != ":memory:":
-                _prepare_file(Path(self.path))
-            conn = await aiosqlite.connect(self.path, isolation_level=None)
-        except (OSError, sqlite3.Error) as exc:
-            raise self._error(exc) from exc
-        try:
-            await conn.execute(f"PRAGMA busy_timeout = {self._timeout}")
-            await conn.execute("PRAGMA journal_mode = WAL")
-            await conn.execute(f"PRAGMA synchronous = {self._sync}")
-            await conn.execute("PRAGMA secure_delete = ON")
-            await migrate_schema(conn)
-        except BaseException:
-            await conn.close()
-            raise
-        self._conn = conn
-        return conn
+    def _connect(self) -> sqlite3.Connection:
+        """Open the database file (runs on the connection's own thread)."""
+        self._raw = sqlite3.connect(self.path, isolation_level=None)
+        return self._raw
 
-    @contextlib.asynccontextmanager
-    async def _transaction(self, begin: str = "BEGIN") -> AsyncIterator[aiosqlite.Connection]:
+    def _setup(self, raw: sqlite3.Connection) -> None:
+        """Pragmas and the store's own schema migrations."""
+        raw.execute(f"PRAGMA busy_timeout = {self._timeout}")
+        raw.execute("PRAGMA journal_mode = WAL")
+        raw.execute(f"PRAGMA synchronous = {self._sync}")
+        raw.execute("PRAGMA secure_delete = ON")
+        migrate_schema(raw)
+
+    async def _open(self) -> aiosqlite.Connection:
         async with self._lock:
+            if self._conn is not None:
+                return self._conn
             try:
-                conn = await self._open()
-                await conn.execute(begin)
-                try:
-                    yield conn
-                except BaseException:
-                    await conn.execute("ROLLBACK")
-                    raise
-                await conn.execute("COMMIT")
-            except sqlite3.Error as exc:
+                if self.path != ":memory:":
+                    _prepare_file(Path(self.path))
+                conn = await aiosqlite.Connection(self._connect, 64)
+            except (OSError, sqlite3.Error) as exc:
                 raise self._error(exc) from exc
+            try:
+                await cast(Any, conn)._execute(self._setup, self._raw)
+            except BaseException as exc:
+                with contextlib.suppress(sqlite3.Error, ValueError):
+                    await conn.close()
+                if isinstance(exc, sqlite3.Error):
+                    raise self._error(exc) from exc
+                raise
+            self._conn = conn
+            return conn
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(connection, *args)`` whole on the connection's thread: one hop.
+
+        aiosqlite runs every call in its connection's thread, one after another;
+        ``_execute`` is how it hands that thread a function (one transaction here).
+        """
+        conn = await self._open()
+        try:
+            result: T = await cast(Any, conn)._execute(fn, self._raw, *args)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+        return result
 
     async def _shielded(self, work: Callable[[], Awaitable[T]]) -> T:
         """Run ``work`` to its end even if the caller is cancelled (no half transactions)."""
@@ -120,52 +145,37 @@ class SQLiteStore:
 
     async def _load(self, run_id: str, revision: int | None) -> Run:
         what = f"run {run_id!r} in {self.url}"
-        async with self._transaction() as conn:
-            row = await _one(conn, "SELECT id, revision, head FROM runs WHERE run_id = ?", run_id)
-            if row is None:
-                raise RunNotFound(run_id)
-            rid, head_rev, head_doc = row
-            wanted = check_revision(run_id, revision, head_rev)
-            if wanted == head_rev:
-                head = load_json(head_doc, what)
-            else:
-                rows = await conn.execute_fetchall(
-                    "SELECT revision, entry FROM commits WHERE rid = ? AND revision BETWEEN ? AND ?"
-                    " ORDER BY revision",
-                    (rid, snapshot_of(wanted), wanted),
-                )
-                head = replay([(r, load_json(e, what)) for r, e in rows], what=what)
-            m_end, t_end = log_ends(head)
-            messages = await _docs(conn, "messages", rid, m_end, what)
-            turns = await _docs(conn, "turns", rid, t_end, what)
-            blob_rows = await conn.execute_fetchall(
-                "SELECT key, data FROM blobs WHERE rid = ?", (rid,)
-            )
-        return decode_run(head, messages, turns, dict(blob_rows), what=what)  # type: ignore[arg-type]
+
+        def first_entry(stored: Stored) -> int | None:
+            wanted = check_revision(run_id, revision, stored.revision)
+            return None if wanted == stored.revision else snapshot_of(wanted)
+
+        def head_of(stored: Stored, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
+            return _head_at(stored, entries, revision, what)
+
+        parts = await self._call(read_parts, run_id, first_entry, head_of, log_ends)
+        if parts is None:
+            raise RunNotFound(run_id)
+        if not parts.entries:
+            self._heads.put(run_id, Prior(parts.stored, parts.head))
+        return _decode(parts, what)
 
     async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
         """Every revision with the events of its commit, oldest first (for copying runs)."""
         what = f"history of {run_id!r} in {self.url}"
 
-        async def work() -> tuple[list[Any], list[Any], list[Any], dict[str, Any]]:
-            async with self._transaction() as conn:
-                row = await _one(conn, "SELECT id, head FROM runs WHERE run_id = ?", run_id)
-                if row is None:
-                    raise RunNotFound(run_id)
-                m_end, t_end = log_ends(load_json(row[1], what))
-                rows = await conn.execute_fetchall(
-                    "SELECT revision, entry FROM commits WHERE rid = ? ORDER BY revision", (row[0],)
-                )
-                messages = await _docs(conn, "messages", row[0], m_end, what)
-                turns = await _docs(conn, "turns", row[0], t_end, what)
-                blobs = await conn.execute_fetchall(
-                    "SELECT key, data FROM blobs WHERE rid = ?", (row[0],)
-                )
-            entries = [(r, load_json(e, what)) for r, e in rows]
-            return entries, messages, turns, dict(blobs)  # type: ignore[arg-type]
+        def head_of(stored: Stored, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
+            return _head_at(stored, [], None, what)
 
-        entries, messages, turns, blobs = await self._shielded(work)
-        for item in iter_history(entries, messages, turns, blobs, run_id, what=what):
+        parts = await self._shielded(
+            lambda: self._call(read_parts, run_id, lambda _: 0, head_of, log_ends)
+        )
+        if parts is None:
+            raise RunNotFound(run_id)
+        entries = [(r, load_json(e, what)) for r, e in parts.entries]
+        messages = _parse(parts.messages, what)
+        turns = _parse(parts.turns, what)
+        for item in iter_history(entries, messages, turns, parts.blobs, run_id, what=what):
             yield item
 
     async def commit(self, checkpoint: Checkpoint) -> None:
@@ -173,75 +183,47 @@ class SQLiteStore:
         await self._shielded(lambda: self._commit(checkpoint))
 
     async def _commit(self, cp: Checkpoint) -> None:
-        run = cp.run
-        async with self._transaction("BEGIN IMMEDIATE") as conn:
-            row = await _one(
-                conn, "SELECT id, revision, head FROM runs WHERE run_id = ?", run.run_id
-            )
-            check_head(cp, None if row is None else row[1])
-            prior = None if row is None else load_json(row[2], f"head of {run.run_id!r}")
-            enc = encode_commit(cp, prior)
-            summary = head_summary(enc.head)
-            columns = (
-                run.revision,
-                run.state,
-                run.model,
-                summary.turns,
-                enc_time(run.created_at),
-                enc_time(run.updated_at),
-                micros(run.updated_at),
-                dump_bytes(enc.head),
-            )
-            if row is None:
-                cursor = await conn.execute(
-                    "INSERT INTO runs (revision, state, model, turns, created_at, updated_at,"
-                    " updated_us, head, run_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (*columns, run.run_id),
-                )
-                rid = int(cursor.lastrowid or 0)
+        run_id = cp.run.run_id
+        known = self._heads.get(run_id) if cp.run.revision > 0 else None
+        if cp.run.revision > 0 and (known is None or known.key.revision != cp.expected_revision):
+            known = self._prior(run_id, await self._call(read_head, run_id))
+        while True:
+            check_head(cp, None if known is None else known.key.revision)
+            if known is None:
+                enc, expect = encode_commit(cp, None), None
             else:
-                rid = row[0]
-                await conn.execute(
-                    "UPDATE runs SET revision = ?, state = ?, model = ?, turns = ?, created_at = ?,"
-                    " updated_at = ?, updated_us = ?, head = ? WHERE id = ?",
-                    (*columns, rid),
-                )
-            await conn.execute(
-                "INSERT INTO commits (rid, revision, entry) VALUES (?, ?, ?)",
-                (rid, run.revision, dump_bytes(enc.entry)),
-            )
-            await _append(conn, "messages", rid, enc.first_message, enc.messages)
-            await _append(conn, "turns", rid, enc.first_turn, enc.turns)
-            if enc.blobs:
-                await conn.executemany(
-                    "INSERT OR IGNORE INTO blobs (rid, key, data) VALUES (?, ?, ?)",
-                    [(rid, k, v) for k, v in enc.blobs.items()],
-                )
+                enc = encode_commit(cp, known.head, known.refs)
+                expect = (known.key.rid, known.key.revision)
+            landed, stored = await self._call(write_commit, run_id, expect, _rows(cp, enc))
+            if landed and stored is not None:
+                self._heads.put(run_id, Prior(stored, enc.head, enc.refs))
+                return
+            known = self._prior(run_id, stored)
+
+    def _prior(self, run_id: str, stored: Stored | None) -> Prior[Stored] | None:
+        return None if stored is None else Prior(stored, self._head(stored, run_id))
+
+    def _head(self, stored: Stored, run_id: str) -> dict[str, Any]:
+        head = load_json(stored.head, f"head of {run_id!r} in {self.url}")
+        if not isinstance(head, dict):
+            raise CorruptCheckpoint(f"invalid head of {run_id!r} in {self.url}: not an object")
+        return head
 
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
     ) -> list[Event]:
         """Persisted events of the revisions after ``after_revision``."""
-        return await self._shielded(lambda: self._events(run_id, after_revision, limit))
-
-    async def _events(self, run_id: str, after: int, limit: int | None) -> list[Event]:
         what = f"events of {run_id!r} in {self.url}"
         found: list[Event] = []
-        async with self._transaction() as conn:
-            row = await _one(conn, "SELECT id FROM runs WHERE run_id = ?", run_id)
-            if row is None:
-                raise RunNotFound(run_id)
-            cursor = await conn.execute(
-                "SELECT revision, entry FROM commits WHERE rid = ? AND revision > ?"
-                " ORDER BY revision",
-                (row[0], after),
-            )
-            while limit is None or len(found) < limit:
-                batch = await cursor.fetchmany(256)
-                if not batch:
-                    break
-                found += decode_events(((r, load_json(e, what)) for r, e in batch), run_id)
-            await cursor.close()
+
+        def collect(batch: list[tuple[int, bytes]]) -> bool:
+            found.extend(decode_events(((r, load_json(e, what)) for r, e in batch), run_id))
+            return limit is not None and len(found) >= limit
+
+        first = max(after_revision + 1, 0)
+        exists = await self._shielded(lambda: self._call(read_events, run_id, first, collect))
+        if not exists:
+            raise RunNotFound(run_id)
         return found if limit is None else found[:limit]
 
     async def list_runs(
@@ -255,12 +237,8 @@ class SQLiteStore:
         """Runs, newest update first."""
         where, params = _filters(state, updated_after, cursor)
         sql = f"SELECT head FROM runs{where} ORDER BY updated_us DESC, run_id DESC LIMIT ?"
-
-        async def work() -> list[Any]:
-            async with self._transaction() as conn:
-                return list(await conn.execute_fetchall(sql, (*params, max(limit, 0) + 1)))
-
-        rows = await self._shielded(work)
+        params.append(max(limit, 0) + 1)
+        rows = await self._shielded(lambda: self._call(fetch_all, sql, params))
         summaries = [head_summary(load_json(h, f"run head in {self.url}")) for (h,) in rows]
         page = tuple(summaries[:limit])
         more = len(summaries) > limit and bool(page)
@@ -268,26 +246,71 @@ class SQLiteStore:
 
     async def delete(self, run_id: str) -> bool:
         """Remove the run with every revision, part, blob and event."""
-
-        async def work() -> bool:
-            async with self._transaction("BEGIN IMMEDIATE") as conn:
-                row = await _one(conn, "SELECT id FROM runs WHERE run_id = ?", run_id)
-                if row is None:
-                    return False
-                for table in ("commits", "messages", "turns", "blobs"):
-                    await conn.execute(f"DELETE FROM {table} WHERE rid = ?", (row[0],))
-                await conn.execute("DELETE FROM runs WHERE id = ?", (row[0],))
-                return True
-
-        return await self._shielded(work)
+        self._heads.drop(run_id)
+        return await self._shielded(lambda: self._call(delete_run, run_id))
 
     async def aclose(self) -> None:
         """Close the connection."""
         async with self._lock:
-            conn, self._conn = self._conn, None
+            conn, self._conn, self._raw = self._conn, None, None
+            self._heads.clear()
             if conn is not None:
                 with contextlib.suppress(sqlite3.Error, ValueError):
                     await conn.close()
+
+
+def _rows(cp: Checkpoint, enc: EncodedCommit) -> CommitRows:
+    run = cp.run
+    turns = enc.head["$t"][1] + (1 if "T" in enc.head else 0)
+    columns = (
+        run.revision,
+        run.state,
+        run.model,
+        turns,
+        enc_time(run.created_at),
+        enc_time(run.updated_at),
+        micros(run.updated_at),
+        dump_bytes(enc.head),
+    )
+    return CommitRows(
+        columns,
+        run.revision,
+        dump_bytes(enc.entry),
+        enc.first_message,
+        enc.messages,
+        enc.first_turn,
+        enc.turns,
+        list(enc.blobs.items()),
+    )
+
+
+def _head_at(
+    stored: Stored, entries: list[tuple[int, bytes]], revision: int | None, what: str
+) -> dict[str, Any]:
+    if not entries:
+        head = load_json(stored.head, what)
+        if not isinstance(head, dict):
+            raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
+        return head
+    chosen = [(r, load_json(e, what)) for r, e in entries if revision is None or r <= revision]
+    return replay(chosen, what=what)
+
+
+def _decode(parts: Parts, what: str) -> Run:
+    with paused_gc():
+        messages = _parse(parts.messages, f"messages of {what}")
+        turns = _parse(parts.turns, f"turns of {what}")
+    m_end, t_end = log_ends(parts.head)
+    if len(messages) != m_end or len(turns) != t_end:
+        raise CorruptCheckpoint(
+            f"invalid {what}: {len(messages)} of {m_end} messages, {len(turns)} of {t_end} turns"
+        )
+    return decode_run(parts.head, messages, turns, parts.blobs, what=what)
+
+
+def _parse(docs: list[bytes], what: str) -> list[Any]:
+    parsed = load_json(b"[" + b",".join(docs) + b"]", what)
+    return parsed  # type: ignore[no-any-return]
 
 
 def _prepare_file(path: Path) -> None:
@@ -297,34 +320,6 @@ def _prepare_file(path: Path) -> None:
         parent.mkdir(mode=0o700, parents=True)
     with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-
-
-async def _one(conn: aiosqlite.Connection, sql: str, *params: Any) -> Any:
-    cursor = await conn.execute(sql, params)
-    row = await cursor.fetchone()
-    await cursor.close()
-    return row
-
-
-async def _docs(conn: aiosqlite.Connection, table: str, rid: int, end: int, what: str) -> list[Any]:
-    if end == 0:
-        return []
-    rows = await conn.execute_fetchall(
-        f"SELECT doc FROM {table} WHERE rid = ? AND pos < ? ORDER BY pos", (rid, end)
-    )
-    docs = [d for (d,) in rows]
-    if len(docs) != end:
-        raise CorruptCheckpoint(f"invalid {what}: {len(docs)} of {end} {table} stored")
-    parsed = load_json(b"[" + b",".join(docs) + b"]", f"{table} of {what}")
-    return parsed  # type: ignore[no-any-return]
-
-
-async def _append(
-    conn: aiosqlite.Connection, table: str, rid: int, first: int, docs: Iterable[bytes]
-) -> None:
-    rows = [(rid, first + i, d) for i, d in enumerate(docs)]
-    if rows:
-        await conn.executemany(f"INSERT INTO {table} (rid, pos, doc) VALUES (?, ?, ?)", rows)
 
 
 def _filters(

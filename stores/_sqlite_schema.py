@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import aiosqlite
+import sqlite3
 
 from statekernel.errors import StoreError
 
 __all__ = ["SCHEMA", "STORE_VERSION", "migrate_schema"]
 
-STORE_VERSION = 1
-"""The layout version of the SQLite store written by this release."""
+STORE_VERSION = 2
+"""The layout version of the SQLite store written by this release.
+
+Version 2 has the tables of version 1; its blobs may be zlib-compressed and its
+commit log entries hold events in the compact form, which releases that read
+version 1 would misread, so they refuse it as newer.
+"""
 
 SCHEMA = """
 CREATE TABLE runs (
@@ -44,20 +49,16 @@ CREATE TABLE blobs (
 );
 """
 
-_MIGRATIONS: dict[int, str] = {}
+_MIGRATIONS: dict[int, str] = {1: ""}
 """SQL that upgrades the store from a version to the next one."""
 
 
-async def migrate_schema(conn: aiosqlite.Connection) -> None:
+def migrate_schema(conn: sqlite3.Connection) -> None:
     """Create the tables in a new database, or upgrade an older layout, in one transaction."""
-    await conn.execute("BEGIN IMMEDIATE")
+    conn.execute("BEGIN IMMEDIATE")
     try:
-        await conn.execute(
-            "CREATE TABLE IF NOT EXISTS statekernel_schema (version INTEGER NOT NULL)"
-        )
-        cursor = await conn.execute("SELECT version FROM statekernel_schema")
-        row = await cursor.fetchone()
-        await cursor.close()
+        conn.execute("CREATE TABLE IF NOT EXISTS statekernel_schema (version INTEGER NOT NULL)")
+        row = conn.execute("SELECT version FROM statekernel_schema").fetchone()
         version = 0 if row is None else int(row[0])
         if version > STORE_VERSION:
             raise StoreError(
@@ -66,18 +67,18 @@ async def migrate_schema(conn: aiosqlite.Connection) -> None:
             )
         if version == 0:
             for statement in _statements(SCHEMA):
-                await conn.execute(statement)
-            await conn.execute("INSERT INTO statekernel_schema (version) VALUES (?)", (1,))
-            version = 1
+                conn.execute(statement)
+            conn.execute("INSERT INTO statekernel_schema (version) VALUES (?)", (STORE_VERSION,))
+            version = STORE_VERSION
         while version < STORE_VERSION:
             for statement in _statements(_MIGRATIONS[version]):
-                await conn.execute(statement)
+                conn.execute(statement)
             version += 1
-            await conn.execute("UPDATE statekernel_schema SET version = ?", (version,))
-        await conn.execute("COMMIT")
+            conn.execute("UPDATE statekernel_schema SET version = ?", (version,))
+        conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
-            await conn.execute("ROLLBACK")
+            conn.execute("ROLLBACK")
         raise
 
 

@@ -1,0 +1,232 @@
+"""The SQLite store's transactions, each a plain function run whole on the connection's thread.
+
+Every store operation is one of these functions, so it costs one hop to the
+database thread: ``BEGIN``, the statements, ``COMMIT`` (or ``ROLLBACK`` on any
+error). A run's row id (``runs.id``, AUTOINCREMENT, never reused) and revision
+name one exact head: a commit checks both under ``BEGIN IMMEDIATE`` before it
+writes, so a head remembered from an earlier call is as good as a fresh read.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import attrs
+
+__all__ = [
+    "CommitRows",
+    "Stored",
+    "Parts",
+    "delete_run",
+    "fetch_all",
+    "read_events",
+    "read_head",
+    "read_parts",
+    "transaction",
+    "write_commit",
+]
+
+T = TypeVar("T")
+
+
+@attrs.frozen
+class Stored:
+    """A run's row id, head revision and head document bytes as stored."""
+
+    rid: int
+    revision: int
+    head: bytes
+
+
+@attrs.frozen
+class CommitRows:
+    """What one commit writes: the ``runs`` columns and the new rows of each table."""
+
+    columns: tuple[Any, ...]
+    revision: int
+    entry: bytes
+    first_message: int
+    messages: Sequence[bytes]
+    first_turn: int
+    turns: Sequence[bytes]
+    blobs: Sequence[tuple[str, bytes]]
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection, begin: str = "BEGIN") -> Iterator[sqlite3.Connection]:
+    """One transaction: committed when the block ends, rolled back when it raises."""
+    conn.execute(begin)
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _stored(conn: sqlite3.Connection, run_id: str) -> Stored | None:
+    row = conn.execute("SELECT id, revision, head FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    return None if row is None else Stored(row[0], row[1], bytes(row[2]))
+
+
+def read_head(conn: sqlite3.Connection, run_id: str) -> Stored | None:
+    """The stored head of a run, or None."""
+    with transaction(conn):
+        return _stored(conn, run_id)
+
+
+def write_commit(
+    conn: sqlite3.Connection, run_id: str, expect: tuple[int, int] | None, rows: CommitRows
+) -> tuple[bool, Stored | None]:
+    """Write ``rows`` if the run's (row id, revision) is ``expect`` (None: no run yet).
+
+    Returns (True, the new head) when the commit landed, else (False, the stored
+    head it found instead), having written nothing.
+    """
+    with transaction(conn, "BEGIN IMMEDIATE"):
+        found = conn.execute("SELECT id, revision FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if (None if found is None else tuple(found)) != expect:
+            return False, _stored(conn, run_id)
+        if found is None:
+            cursor = conn.execute(
+                "INSERT INTO runs (revision, state, model, turns, created_at, updated_at,"
+                " updated_us, head, run_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (*rows.columns, run_id),
+            )
+            rid = int(cursor.lastrowid or 0)
+        else:
+            rid = found[0]
+            conn.execute(
+                "UPDATE runs SET revision = ?, state = ?, model = ?, turns = ?, created_at = ?,"
+                " updated_at = ?, updated_us = ?, head = ? WHERE id = ?",
+                (*rows.columns, rid),
+            )
+        _write_parts(conn, rid, rows)
+    return True, Stored(rid, rows.revision, rows.columns[-1])
+
+
+def _write_parts(conn: sqlite3.Connection, rid: int, rows: CommitRows) -> None:
+    conn.execute(
+        "INSERT INTO commits (rid, revision, entry) VALUES (?, ?, ?)",
+        (rid, rows.revision, rows.entry),
+    )
+    for table, first, docs in (
+        ("messages", rows.first_message, rows.messages),
+        ("turns", rows.first_turn, rows.turns),
+    ):
+        _insert(
+            conn,
+            f"INSERT INTO {table} (rid, pos, doc) VALUES (?, ?, ?)",
+            [(rid, first + i, d) for i, d in enumerate(docs)],
+        )
+    _insert(
+        conn,
+        "INSERT OR IGNORE INTO blobs (rid, key, data) VALUES (?, ?, ?)",
+        [(rid, k, v) for k, v in rows.blobs],
+    )
+
+
+def _insert(conn: sqlite3.Connection, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    if len(rows) == 1:
+        conn.execute(sql, rows[0])
+    elif rows:
+        conn.executemany(sql, rows)
+
+
+@attrs.frozen
+class Parts:
+    """What a load reads in one transaction."""
+
+    stored: Stored
+    head: dict[str, Any]
+    entries: list[tuple[int, bytes]]
+    messages: list[bytes]
+    turns: list[bytes]
+    blobs: dict[str, bytes]
+
+
+def read_parts(
+    conn: sqlite3.Connection,
+    run_id: str,
+    first_entry: Callable[[Stored], int | None],
+    head_of: Callable[[Stored, list[tuple[int, bytes]]], dict[str, Any]],
+    ends: Callable[[dict[str, Any]], tuple[int, int]],
+) -> Parts | None:
+    """A run's stored head, its commit log entries from ``first_entry(stored)`` on (none
+    for None), the head to decode (``head_of``), message and turn documents up to
+    ``ends(head)`` and all its blobs."""
+    with transaction(conn):
+        stored = _stored(conn, run_id)
+        if stored is None:
+            return None
+        rid = stored.rid
+        first = first_entry(stored)
+        entries: list[tuple[int, bytes]] = []
+        if first is not None:
+            entries = conn.execute(
+                "SELECT revision, entry FROM commits WHERE rid = ? AND revision >= ?"
+                " ORDER BY revision",
+                (rid, first),
+            ).fetchall()
+        head = head_of(stored, entries)
+        m_end, t_end = ends(head)
+        return Parts(
+            stored,
+            head,
+            entries,
+            _docs(conn, "messages", rid, m_end),
+            _docs(conn, "turns", rid, t_end),
+            dict(conn.execute("SELECT key, data FROM blobs WHERE rid = ?", (rid,)).fetchall()),
+        )
+
+
+def _docs(conn: sqlite3.Connection, table: str, rid: int, end: int) -> list[bytes]:
+    if end == 0:
+        return []
+    rows = conn.execute(
+        f"SELECT doc FROM {table} WHERE rid = ? AND pos < ? ORDER BY pos", (rid, end)
+    ).fetchall()
+    return [d for (d,) in rows]
+
+
+def read_events(
+    conn: sqlite3.Connection,
+    run_id: str,
+    first: int,
+    collect: Callable[[list[tuple[int, bytes]]], bool],
+) -> bool:
+    """Hand commit log entries from revision ``first`` on to ``collect`` in batches until
+    it returns True or they run out; False when there is no such run."""
+    with transaction(conn):
+        row = conn.execute("SELECT id FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            return False
+        cursor = conn.execute(
+            "SELECT revision, entry FROM commits WHERE rid = ? AND revision >= ? ORDER BY revision",
+            (row[0], first),
+        )
+        while True:
+            batch = cursor.fetchmany(256)
+            if not batch or collect(batch):
+                return True
+
+
+def delete_run(conn: sqlite3.Connection, run_id: str) -> bool:
+    """Remove a run with all its rows; False if there was none."""
+    with transaction(conn, "BEGIN IMMEDIATE"):
+        row = conn.execute("SELECT id FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            return False
+        for table in ("commits", "messages", "turns", "blobs"):
+            conn.execute(f"DELETE FROM {table} WHERE rid = ?", (row[0],))
+        conn.execute("DELETE FROM runs WHERE id = ?", (row[0],))
+        return True
+
+
+def fetch_all(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[Any]:
+    """The rows of one query, in its own read transaction."""
+    with transaction(conn):
+        return conn.execute(sql, params).fetchall()
