@@ -31,6 +31,7 @@ from typing import Any
 import statekernel as sk
 from statekernel._codec import encode_commit
 from statekernel._codec_base import dump_bytes
+from statekernel._codec_dict import dump_entry
 from statekernel._events import Event
 from statekernel._run import Run, StateId
 from statekernel._storage import Checkpoint, CheckpointStore, RunPage
@@ -126,7 +127,7 @@ def payload_per_commit(checkpoints: list[Checkpoint]) -> list[int]:
     prior: dict[str, Any] | None = None
     for cp in checkpoints:
         enc = encode_commit(cp, prior)
-        parts = [dump_bytes(enc.head), dump_bytes(enc.entry), *enc.messages, *enc.turns]
+        parts = [dump_bytes(enc.head), dump_entry(enc.entry), *enc.messages, *enc.turns]
         sizes.append(sum(map(len, parts)) + sum(len(k) + len(v) for k, v in enc.blobs.items()))
         prior = enc.head
     return sizes

@@ -48,7 +48,7 @@ try:
 except ImportError:  # pragma: no cover - optional speed-up
     _fast_loads = None
 
-BLOB_MIN = 96
+BLOB_MIN = 256
 """Strings (and JSON texts of values) at least this long are stored as blobs."""
 
 SNAPSHOT_EVERY = 32

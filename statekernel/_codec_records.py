@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from statekernel._codec_base import (
-    BLOB_MIN,
     BlobReader,
     BlobWriter,
     canonical,
@@ -67,6 +66,8 @@ def state_id(value: Any) -> StateId:
     return value  # type: ignore[no-any-return]
 
 
+_TOOLS_BLOB_MIN = 48
+"""Tool specs repeat in every request of a run: stored as a blob unless tiny."""
 _TOOLS_TEXT: dict[int, tuple[tuple[ToolSpec, ...], str]] = {}
 _PARSED: dict[int, tuple[str, Any, bool]] = {}
 
@@ -154,7 +155,7 @@ class Writer(BlobWriter):
         else:
             text = canonical([[t.name, t.description, t.parameters] for t in tools])
             _remember(_TOOLS_TEXT, id(tools), (tools, text))
-        if len(text) >= BLOB_MIN:
+        if len(text) >= _TOOLS_BLOB_MIN:
             return {"$v": self._put(text)}
         return self.json([[t.name, t.description, t.parameters] for t in tools])
 

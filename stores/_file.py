@@ -33,7 +33,6 @@ from statekernel._codec import (
     replay,
     snapshot_of,
 )
-from statekernel._codec_base import dump_bytes
 from statekernel._events import Event
 from statekernel._run import Run, StateId
 from statekernel._storage import Checkpoint, RunPage, RunSummary
@@ -43,6 +42,7 @@ from statekernel.stores._file_io import (
     LAYOUT_VERSION,
     RunFolder,
     blob_line,
+    entry_line,
     read_head,
     write_head,
 )
@@ -124,7 +124,7 @@ class FileStore:
             lines = [blob_line(k, v) for k, v in enc.blobs.items()]
             lines += _numbered("m", enc.first_message, enc.messages)
             lines += _numbered("t", enc.first_turn, enc.turns)
-            lines.append(dump_bytes(["c", run.revision, enc.entry]) + b"\n")
+            lines.append(entry_line(run.revision, enc.entry))
             size = folder.append(0 if state is None else state.size, b"".join(lines))
             write_head(folder, {"v": LAYOUT_VERSION, "sz": size, "head": enc.head})
 

@@ -13,9 +13,18 @@ from typing import Any
 import attrs
 
 from statekernel._codec_base import blob_text, dump_bytes, load_json
+from statekernel._codec_dict import dump_entry, load_entry
 from statekernel.errors import CorruptCheckpoint, StoreError
 
-__all__ = ["Locked", "RunFolder", "Snapshot", "blob_line", "read_head", "write_head"]
+__all__ = [
+    "Locked",
+    "RunFolder",
+    "Snapshot",
+    "blob_line",
+    "entry_line",
+    "read_head",
+    "write_head",
+]
 
 HEAD = "head.json"
 LOG = "log.jsonl"
@@ -38,6 +47,11 @@ def blob_line(key: str, data: bytes) -> bytes:
     if data[:2] == b"\x00z":
         return b'["z","%s","%s"]\n' % (key.encode(), base64.b64encode(data[2:]))
     return dump_bytes(["b", key, blob_text(data)]) + b"\n"
+
+
+def entry_line(revision: int, entry: dict[str, Any]) -> bytes:
+    """The log line of a commit log entry: ``["c", revision, base64 of the stored entry]``."""
+    return b'["c",%d,"%s"]\n' % (revision, base64.b64encode(dump_entry(entry)))
 
 
 @attrs.define
@@ -66,7 +80,16 @@ class Snapshot:
     def commits(self, first: int) -> list[tuple[int, Any]]:
         """Commit log entries of revisions ``first`` and later, in order."""
         chosen = [ln for ln in self._lines(b"c") if _revision(ln) >= first]
-        return [(rev, entry) for _, rev, entry in self._parse(chosen, "commit log")]
+        what = f"commit log in {self.where}"
+        found: list[tuple[int, Any]] = []
+        for _, rev, entry in self._parse(chosen, "commit log"):
+            if type(entry) is str:
+                try:
+                    entry = load_entry(base64.b64decode(entry, validate=True), what)
+                except ValueError as exc:
+                    raise CorruptCheckpoint(f"invalid {what}: {exc}") from exc
+            found.append((rev, entry))
+        return found
 
     def parts(self, m_end: int, t_end: int) -> tuple[list[Any], list[Any], dict[str, Any]]:
         """Messages and turns (positions from 0) and the blobs of the run."""

@@ -38,6 +38,7 @@ from statekernel._codec import (
     snapshot_of,
 )
 from statekernel._codec_base import dump_bytes, load_json
+from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._events import Event
 from statekernel._fencing import Fence
 from statekernel._run import Run, StateId
@@ -171,7 +172,7 @@ class RedisStore:
         wanted = check_revision(run_id, revision, _revision(head, what))
         if wanted != head["r"]:
             first = snapshot_of(wanted)
-            entries = [(first + i, load_json(e, what)) for i, e in enumerate(history[0])]
+            entries = [(first + i, load_entry(e, what)) for i, e in enumerate(history[0])]
             head = replay(entries, what=what)
         m_end, t_end = log_ends(head)
         msg_docs = _parse_list(messages[:m_end], what)
@@ -193,7 +194,7 @@ class RedisStore:
         if doc is None:
             raise RunNotFound(run_id)
         m_end, t_end = log_ends(load_json(doc, what))
-        parsed = [(i, load_json(e, what)) for i, e in enumerate(entries)]
+        parsed = [(i, load_entry(e, what)) for i, e in enumerate(entries)]
         msg_docs = _parse_list(messages[:m_end], what)
         turn_docs = _parse_list(turns[:t_end], what)
         blob_map = {k.decode(): v for k, v in blobs.items()}
@@ -231,7 +232,7 @@ class RedisStore:
             run.revision,
             hashlib.sha1(known.doc).hexdigest() if known is not None else "",
             doc,
-            dump_bytes(enc.entry),
+            dump_entry(enc.entry),
             enc.first_message,
             len(enc.messages),
             enc.first_turn,
@@ -274,7 +275,7 @@ class RedisStore:
             chunk = await self._call(self._client.lrange(c_key, start, start + 255))
             if not chunk:
                 break
-            entries = [(start + i, load_json(e, what)) for i, e in enumerate(chunk)]
+            entries = [(start + i, load_entry(_bytes(e), what)) for i, e in enumerate(chunk)]
             found += decode_events(entries, run_id, what=what)
             start += len(chunk)
         return found if limit is None else found[:limit]

@@ -33,6 +33,7 @@ from statekernel._codec import (
     snapshot_of,
 )
 from statekernel._codec_base import dump_bytes, enc_time, load_json, paused_gc
+from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._events import Event
 from statekernel._run import Run, StateId
 from statekernel._storage import Checkpoint, RunPage
@@ -172,7 +173,7 @@ class SQLiteStore:
         )
         if parts is None:
             raise RunNotFound(run_id)
-        entries = [(r, load_json(e, what)) for r, e in parts.entries]
+        entries = [(r, load_entry(e, what)) for r, e in parts.entries]
         messages = _parse(parts.messages, what)
         turns = _parse(parts.turns, what)
         for item in iter_history(entries, messages, turns, parts.blobs, run_id, what=what):
@@ -217,7 +218,7 @@ class SQLiteStore:
         found: list[Event] = []
 
         def collect(batch: list[tuple[int, bytes]]) -> bool:
-            found.extend(decode_events(((r, load_json(e, what)) for r, e in batch), run_id))
+            found.extend(decode_events(((r, load_entry(e, what)) for r, e in batch), run_id))
             return limit is not None and len(found) >= limit
 
         first = max(after_revision + 1, 0)
@@ -275,7 +276,7 @@ def _rows(cp: Checkpoint, enc: EncodedCommit) -> CommitRows:
     return CommitRows(
         columns,
         run.revision,
-        dump_bytes(enc.entry),
+        dump_entry(enc.entry),
         enc.first_message,
         enc.messages,
         enc.first_turn,
@@ -292,7 +293,7 @@ def _head_at(
         if not isinstance(head, dict):
             raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
         return head
-    chosen = [(r, load_json(e, what)) for r, e in entries if revision is None or r <= revision]
+    chosen = [(r, load_entry(e, what)) for r, e in entries if revision is None or r <= revision]
     return replay(chosen, what=what)
 
 
