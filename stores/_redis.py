@@ -5,8 +5,9 @@ Keys of a run share the hash tag ``{run}`` (Cluster-ready): ``<prefix>:{run}:hea
 ``:m`` and ``:t`` (lists: message and turn logs), ``:b`` (hash: blobs). The commit
 script checks the head and the log lengths, then writes the head and appends the
 parts and the commit log entry, all or nothing. The run index ``<prefix>:runs`` (a
-sorted set by update time) is updated right after each commit. Options in the
-query: ``prefix=...`` (default ``statekernel``); AUTH and TLS as in ``redis-py``.
+sorted set by update time) is kept right across clients killed mid-commit as
+``_redis_index`` describes. Options in the query: ``prefix=...`` (default
+``statekernel``); AUTH and TLS as in ``redis-py``.
 
 A commit can be fenced (``commit(checkpoint, fence=Fence(key, token))``): the script
 then also checks that ``key``, a key of the run's hash slot (``run_key``), holds
@@ -54,6 +55,7 @@ from statekernel.errors import (
 from statekernel.stores._common import check_head, check_revision, micros
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._open import redact_url
+from statekernel.stores._redis_index import RunIndex, execute_pipeline
 
 __all__ = ["RedisStore"]
 
@@ -119,6 +121,10 @@ class RedisStore:
             raise StoreError(f"bad Redis URL {redact_url(url)!r}: {self._clean(exc)}") from exc
         self._script = self._client.register_script(COMMIT_SCRIPT)
         self._known: dict[str, _Known] = {}
+        self._runs = RunIndex(self._client, self.prefix, self._call)
+
+    def __repr__(self) -> str:
+        return f"RedisStore({redact_url(self.url)!r})"
 
     def _clean(self, exc: BaseException) -> str:
         text = f"{type(exc).__name__}: {exc}"
@@ -225,8 +231,6 @@ class RedisStore:
         enc = encode_commit(checkpoint, None if known is None else known.head)
         doc = dump_bytes(enc.head)
         score = micros(run.updated_at)
-        if run.revision == 0:
-            await self._call(self._client.zadd(self._index, {run.run_id: score}, nx=True))
         args: list[Any] = [
             checkpoint.expected_revision if run.revision > 0 else -1,
             run.revision,
@@ -245,7 +249,7 @@ class RedisStore:
             args += [key, value]
         if fence is not None:
             keys, args = [*keys, fence.key], [*args, fence.token]
-        status, actual = await self._call(self._script(keys=keys, args=args))
+        status, actual = await self._commit_script(run.run_id, run.revision, keys, args)
         if status == 3 and fence is not None:
             self._known.pop(run.run_id, None)
             raise LeaseLost(run.run_id, checkpoint.expected_revision, fence.token)
@@ -259,7 +263,22 @@ class RedisStore:
                 f"invalid run {run.run_id!r} in {redact_url(self.url)}: logs do not match its head"
             )
         self._known[run.run_id] = _Known(run.revision, doc, enc.head)
-        await self._call(self._client.zadd(self._index, {run.run_id: score}, gt=True))
+        await self._runs.landed(run.run_id, score, run.revision)
+
+    async def _commit_script(
+        self, run_id: str, revision: int, keys: list[str], args: list[Any]
+    ) -> tuple[int, int]:
+        """Announce the commit to the run index and run the commit script: one round trip."""
+        for _ in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            self._runs.announce(pipe, run_id, revision)
+            pipe.evalsha(self._script.sha, len(keys), *keys, *args)
+            results = await self._call(execute_pipeline(pipe))
+            if results is not None:
+                status, actual = results[-1]
+                return int(status), int(actual)
+            await self._call(self._client.script_load(COMMIT_SCRIPT))
+        raise StoreError(f"Redis store {redact_url(self.url)!r}: the commit script does not load")
 
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
@@ -288,7 +307,8 @@ class RedisStore:
         limit: int = 100,
         cursor: str | None = None,
     ) -> RunPage:
-        """Runs, newest update first, from the run index."""
+        """Runs, newest update first, from the run index (announced commits repaired first)."""
+        await self._runs.repair(self._head_scores)
         top: tuple[int, str] | None = None
         if cursor is not None:
             at, after_id = decode_cursor(cursor)
@@ -333,9 +353,25 @@ class RedisStore:
     async def delete(self, run_id: str) -> bool:
         """Remove the run's keys (head, commit log with events, parts, blobs) and index entry."""
         removed = await self._call(self._client.delete(*self._keys(run_id)))
-        await self._call(self._client.zrem(self._index, run_id))
+        await self._runs.forget(run_id)
         self._known.pop(run_id, None)
         return bool(removed)
+
+    async def _head_scores(self, run_ids: list[str]) -> list[tuple[int, int] | None]:
+        """(revision, index score) of each run's head; None for a run not stored."""
+        pipe = self._client.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hget(self._keys(run_id)[0], "doc")
+        docs = await self._call(pipe.execute())
+        what = f"run head in {redact_url(self.url)}"
+        found: list[tuple[int, int] | None] = []
+        for doc in docs:
+            if doc is None:
+                found.append(None)
+                continue
+            summary = head_summary(load_json(doc, what))
+            found.append((summary.revision, micros(summary.updated_at)))
+        return found
 
     async def aclose(self) -> None:
         """Close the connection pool."""

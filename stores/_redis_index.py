@@ -1,0 +1,100 @@
+"""The Redis store's run index, kept right when a client dies between its two steps.
+
+The index ``<prefix>:runs`` (a sorted set of run ids by ``updated_at`` in
+microseconds) lives outside the runs' hash slots, so the commit script cannot
+update it. Instead each commit is *announced* first in ``<prefix>:runs:pending``
+(run id -> revision, only ever raised), in the same round trip as the commit
+script; once the commit landed, the index is moved and the announcement settled
+(removed if no later one replaced it). A client killed in between leaves the
+announcement behind, and every listing first repairs the announced runs from
+their heads, which are the truth. So a committed run is never missing from a
+listing nor listed with a stale time, whatever happened to its writer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
+
+__all__ = ["SETTLE_SCRIPT", "RunIndex", "execute_pipeline"]
+
+SETTLE_SCRIPT = """
+local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if s and tonumber(s) <= tonumber(ARGV[2]) then return redis.call('ZREM', KEYS[1], ARGV[1]) end
+return 0
+"""
+"""Remove the announcement of a run if it is for ``ARGV[2]`` or an earlier revision."""
+
+Call = Callable[[Awaitable[Any]], Awaitable[Any]]
+HeadOf = Callable[[list[str]], Awaitable[list[tuple[int, int] | None]]]
+
+
+class RunIndex:
+    """The run index and the pending announcements of one key prefix."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str, call: Call) -> None:
+        self.client = client
+        self.key = f"{prefix}:runs"
+        self.pending = f"{prefix}:runs:pending"
+        self._call = call
+        self._settle = client.register_script(SETTLE_SCRIPT)
+
+    def announce(self, pipe: Any, run_id: str, revision: int) -> None:
+        """Queue the announcement of a commit (before the commit script, same pipeline)."""
+        pipe.zadd(self.pending, {run_id: revision}, gt=True)
+
+    async def landed(self, run_id: str, score: int, revision: int) -> None:
+        """Move the run in the index and settle its announcement (one round trip)."""
+        for _ in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zadd(self.key, {run_id: score}, gt=True)
+            pipe.evalsha(self._settle.sha, 1, self.pending, run_id, revision)
+            if await self._run(pipe):
+                return
+
+    async def repair(self, heads: HeadOf) -> None:
+        """Bring every announced run into the index from its head, then settle it.
+
+        ``heads(run_ids)`` gives each run's (revision, update score), None when
+        the run does not exist (yet): its announcement stays until it does.
+        """
+        pending: list[Any] = await self._call(self.client.zrange(self.pending, 0, -1))
+        if not pending:
+            return
+        run_ids = [m.decode() if isinstance(m, bytes) else str(m) for m in pending]
+        found = await heads(run_ids)
+        for _ in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            for run_id, head in zip(run_ids, found, strict=True):
+                if head is not None:
+                    pipe.zadd(self.key, {run_id: head[1]}, gt=True)
+                    pipe.evalsha(self._settle.sha, 1, self.pending, run_id, head[0])
+            if not len(pipe) or await self._run(pipe):
+                return
+
+    async def forget(self, run_id: str) -> None:
+        """Remove a deleted run from the index and its announcements."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrem(self.key, run_id)
+        pipe.zrem(self.pending, run_id)
+        await self._call(pipe.execute())
+
+    async def _run(self, pipe: Any) -> bool:
+        """Execute ``pipe``; False (after loading it) when the server lost the script."""
+        if await self._call(execute_pipeline(pipe)) is not None:
+            return True
+        await self._call(self.client.script_load(SETTLE_SCRIPT))
+        return False
+
+
+async def execute_pipeline(pipe: Any) -> list[Any] | None:
+    """The results of a pipeline; None when a script in it was unknown to the server
+    (after a restart or ``SCRIPT FLUSH``: load it and execute again)."""
+    try:
+        results: list[Any] = await pipe.execute()
+    except NoScriptError:
+        return None
+    return results

@@ -1,0 +1,231 @@
+"""Redis store: the run index across clients killed mid-commit, AUTH, TLS, no leaked passwords."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import attrs
+import pytest
+import redis as redis_sync
+
+from statekernel.errors import StoreError
+from statekernel.stores import Checkpoint, RedisStore, open_store, redact_url
+from statekernel.testing._store_cases import T0, next_revision, sample_run
+
+pytestmark = pytest.mark.redis
+
+PASSWORD = "pw-RECOGNISABLE-7f3a9c"
+
+
+class ClientKilled(Exception):
+    """Stands for the process dying at this point."""
+
+
+async def _die(*args: object) -> None:
+    raise ClientKilled
+
+
+# -- the run index ---------------------------------------------------------------------
+
+
+async def test_index_survives_a_client_killed_after_its_commit(redis_store_url: str) -> None:
+    writer = open_store(redis_store_url)
+    assert isinstance(writer, RedisStore)
+    run = sample_run("r")
+    await writer.commit(Checkpoint.between(None, run))
+    later = attrs.evolve(next_revision(run), updated_at=T0 + timedelta(hours=2))
+    writer._runs.landed = _die  # type: ignore[method-assign]
+    with pytest.raises(ClientKilled):
+        await writer.commit(Checkpoint.between(run, later))
+    with pytest.raises(ClientKilled):
+        await writer.commit(Checkpoint.between(None, sample_run("fresh", at=T0)))
+    reader = open_store(redis_store_url)
+    recent = await reader.list_runs(updated_after=T0 + timedelta(hours=1))
+    assert [(s.run_id, s.revision, s.updated_at) for s in recent.runs] == [
+        ("r", 1, later.updated_at)
+    ]
+    assert [s.run_id for s in (await reader.list_runs()).runs] == ["r", "fresh"]
+    client = redis_sync.Redis.from_url(redis_store_url.split("?")[0])
+    prefix = redis_store_url.split("prefix=")[1]
+    assert client.zcard(f"{prefix}:runs:pending") == 0, "repaired announcements stay"
+    assert client.zscore(f"{prefix}:runs", "r") == (T0 + timedelta(hours=2)).timestamp() * 1e6
+    client.close()
+    await writer.aclose()
+    await reader.aclose()
+
+
+async def test_index_announcements_settle_after_each_commit(redis_store_url: str) -> None:
+    store = open_store(redis_store_url)
+    run = sample_run("r")
+    await store.commit(Checkpoint.between(None, run))
+    for _ in range(3):
+        nxt = next_revision(run)
+        await store.commit(Checkpoint.between(run, nxt))
+        run = nxt
+    client = redis_sync.Redis.from_url(redis_store_url.split("?")[0])
+    prefix = redis_store_url.split("prefix=")[1]
+    assert client.zcard(f"{prefix}:runs:pending") == 0
+    client.script_flush()
+    nxt = next_revision(run)
+    await store.commit(Checkpoint.between(run, nxt))  # scripts are loaded again
+    assert client.zcard(f"{prefix}:runs:pending") == 0
+    assert await store.load("r") == nxt
+    assert await store.delete("r") is True
+    assert client.zcard(f"{prefix}:runs") == 0
+    client.close()
+    await store.aclose()
+
+
+# -- AUTH and TLS ----------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server not found")
+    return tmp_path_factory.mktemp("redis-extra")
+
+
+def _serve(folder: Path, args: list[str], url: str, **client: object) -> subprocess.Popen[bytes]:
+    base = ["redis-server", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(
+        [*base, "--dir", str(folder), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    conn = redis_sync.Redis.from_url(url, **client)  # type: ignore[arg-type]
+    try:
+        while True:
+            try:
+                conn.ping()
+                return proc
+            except redis_sync.ConnectionError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    raise
+                time.sleep(0.05)
+    finally:
+        conn.close()
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def password_url(server_dir: Path) -> Iterator[str]:
+    """A redis-server that requires ``PASSWORD``; its URL without the password."""
+    port = _free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    args = ["--port", str(port), "--requirepass", PASSWORD]
+    proc = _serve(server_dir, args, url, password=PASSWORD)
+    yield url
+    _stop(proc)
+
+
+async def _round_trip(url: str) -> None:
+    store = open_store(url)
+    run = sample_run("auth")
+    await store.commit(Checkpoint.between(None, run))
+    nxt = next_revision(run)
+    await store.commit(Checkpoint.between(run, nxt))
+    assert await store.load("auth") == nxt
+    assert await store.load("auth", revision=0) == run
+    assert [s.run_id for s in (await store.list_runs()).runs] == ["auth"]
+    assert await store.delete("auth") is True
+    await store.aclose()
+
+
+async def test_redis_with_a_password(password_url: str) -> None:
+    await _round_trip(password_url.replace("redis://", f"redis://:{PASSWORD}@"))
+
+
+@pytest.mark.parametrize("given", ["", ":wrong-RECOGNISABLE-pw@"])
+async def test_redis_refuses_a_wrong_password_without_leaking_it(
+    password_url: str, given: str
+) -> None:
+    url = password_url.replace("redis://", f"redis://{given}")
+    store = open_store(url)
+    with pytest.raises(StoreError) as info:
+        await store.load("auth")
+    text = f"{info.value} {info.value!r} {store!r} {info.value.__cause__!r}"
+    assert "RECOGNISABLE" not in text
+    assert redact_url(url) in str(info.value)
+    await store.aclose()
+
+
+def test_redis_store_repr_hides_the_password() -> None:
+    store = open_store(f"redis://user:{PASSWORD}@127.0.0.1:1/0")
+    assert PASSWORD not in repr(store)
+    assert "***" in repr(store)
+
+
+@pytest.fixture(scope="module")
+def tls_url(server_dir: Path) -> Iterator[tuple[str, Path]]:
+    """A redis-server on TLS only (a throwaway CA and certificate); its URL and CA file."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not found")
+    _certificates(server_dir)
+    port = _free_port()
+    args = ["--port", "0", "--tls-port", str(port), "--tls-auth-clients", "no"]
+    args += ["--tls-cert-file", str(server_dir / "server.crt")]
+    args += ["--tls-key-file", str(server_dir / "server.key")]
+    args += ["--tls-ca-cert-file", str(server_dir / "ca.crt"), "--requirepass", PASSWORD]
+    url = f"rediss://127.0.0.1:{port}/0"
+    ca = str(server_dir / "ca.crt")
+    try:
+        proc = _serve(server_dir, args, url, ssl_ca_certs=ca, password=PASSWORD)
+    except redis_sync.ConnectionError:
+        pytest.skip("this redis-server does not support TLS")
+    yield url, server_dir / "ca.crt"
+    _stop(proc)
+
+
+def _certificates(folder: Path) -> None:
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
+            "-out", "ca.crt", "-days", "1", "-subj", "/CN=statekernel test CA")  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key",
+            "-out", "server.csr", "-subj", "/CN=127.0.0.1")  # fmt: skip
+    (folder / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "server.crt", "-days", "1",
+            "-extfile", "ext.cnf")  # fmt: skip
+
+
+async def test_rediss_with_a_password(tls_url: tuple[str, Path]) -> None:
+    url, ca = tls_url
+    await _round_trip(
+        url.replace("rediss://", f"rediss://:{PASSWORD}@") + f"?ssl_ca_certs={ca}&prefix=tls"
+    )
+
+
+async def test_rediss_with_an_unknown_certificate_fails_without_leaking(
+    tls_url: tuple[str, Path],
+) -> None:
+    url = tls_url[0].replace("rediss://", f"rediss://:{PASSWORD}@")
+    store = open_store(url)
+    with pytest.raises(StoreError) as info:
+        await store.load("x")
+    assert PASSWORD not in f"{info.value} {info.value!r} {store!r}"
+    await store.aclose()
