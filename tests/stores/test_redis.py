@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -18,9 +16,11 @@ from statekernel.errors import StoreError
 from statekernel.stores import Checkpoint, RedisStore, open_store, redact_url
 from statekernel.testing._store_cases import T0, next_revision, sample_run
 
+from .conftest import REDIS_PASSWORD, free_port, serve, stop
+
 pytestmark = pytest.mark.redis
 
-PASSWORD = "pw-RECOGNISABLE-7f3a9c"
+PASSWORD = REDIS_PASSWORD
 
 
 class ClientKilled(Exception):
@@ -85,62 +85,6 @@ async def test_index_announcements_settle_after_each_commit(redis_store_url: str
 # -- AUTH and TLS ----------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def server_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server not found")
-    return tmp_path_factory.mktemp("redis-extra")
-
-
-def _serve(folder: Path, args: list[str], url: str, **client: object) -> subprocess.Popen[bytes]:
-    base = ["redis-server", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen(
-        [*base, "--dir", str(folder), *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 10
-    conn = redis_sync.Redis.from_url(url, **client)  # type: ignore[arg-type]
-    try:
-        while True:
-            try:
-                conn.ping()
-                return proc
-            except redis_sync.ConnectionError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    proc.kill()
-                    raise
-                time.sleep(0.05)
-    finally:
-        conn.close()
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-@pytest.fixture(scope="module")
-def password_url(server_dir: Path) -> Iterator[str]:
-    """A redis-server that requires ``PASSWORD``; its URL without the password."""
-    port = _free_port()
-    url = f"redis://127.0.0.1:{port}/0"
-    args = ["--port", str(port), "--requirepass", PASSWORD]
-    proc = _serve(server_dir, args, url, password=PASSWORD)
-    yield url
-    _stop(proc)
-
-
 async def _round_trip(url: str) -> None:
     store = open_store(url)
     run = sample_run("auth")
@@ -154,15 +98,15 @@ async def _round_trip(url: str) -> None:
     await store.aclose()
 
 
-async def test_redis_with_a_password(password_url: str) -> None:
-    await _round_trip(password_url.replace("redis://", f"redis://:{PASSWORD}@"))
+async def test_redis_with_a_password(redis_password_url: str) -> None:
+    await _round_trip(redis_password_url.replace("redis://", f"redis://:{PASSWORD}@"))
 
 
 @pytest.mark.parametrize("given", ["", ":wrong-RECOGNISABLE-pw@"])
 async def test_redis_refuses_a_wrong_password_without_leaking_it(
-    password_url: str, given: str
+    redis_password_url: str, given: str
 ) -> None:
-    url = password_url.replace("redis://", f"redis://{given}")
+    url = redis_password_url.replace("redis://", f"redis://{given}")
     store = open_store(url)
     with pytest.raises(StoreError) as info:
         await store.load("auth")
@@ -178,13 +122,13 @@ def test_redis_store_repr_hides_the_password() -> None:
     assert "***" in repr(store)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tls_url(server_dir: Path) -> Iterator[tuple[str, Path]]:
     """A redis-server on TLS only (a throwaway CA and certificate); its URL and CA file."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl not found")
     _certificates(server_dir)
-    port = _free_port()
+    port = free_port()
     args = ["--port", "0", "--tls-port", str(port), "--tls-auth-clients", "no"]
     args += ["--tls-cert-file", str(server_dir / "server.crt")]
     args += ["--tls-key-file", str(server_dir / "server.key")]
@@ -192,11 +136,11 @@ def tls_url(server_dir: Path) -> Iterator[tuple[str, Path]]:
     url = f"rediss://127.0.0.1:{port}/0"
     ca = str(server_dir / "ca.crt")
     try:
-        proc = _serve(server_dir, args, url, ssl_ca_certs=ca, password=PASSWORD)
+        proc = serve(server_dir, args, url, ssl_ca_certs=ca, password=PASSWORD)
     except redis_sync.ConnectionError:
         pytest.skip("this redis-server does not support TLS")
     yield url, server_dir / "ca.crt"
-    _stop(proc)
+    stop(proc)
 
 
 def _certificates(folder: Path) -> None:

@@ -1,0 +1,77 @@
+"""Fixtures of the store tests: extra redis-servers (with a password, with TLS)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis as redis_sync
+
+REDIS_PASSWORD = "pw-RECOGNISABLE-7f3a9c"
+"""The password of the ``redis_password_url`` server (tests look for it in stored bytes)."""
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def serve(folder: Path, args: list[str], url: str, **client: object) -> subprocess.Popen[bytes]:
+    """Start a redis-server (persistence off) with ``args``; return once ``url`` answers."""
+    base = ["redis-server", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(
+        [*base, "--dir", str(folder), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    conn = redis_sync.Redis.from_url(url, **client)  # type: ignore[arg-type]
+    try:
+        while True:
+            try:
+                conn.ping()
+                return proc
+            except redis_sync.ConnectionError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    proc.wait()
+                    raise
+                time.sleep(0.05)
+    finally:
+        conn.close()
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a server started by ``serve``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def server_dir(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Path:
+    """A folder for extra servers (needs what ``redis_url`` needs: a redis-server)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server not found (REDIS_URL servers cannot be reconfigured)")
+    return tmp_path_factory.mktemp("redis-extra")
+
+
+@pytest.fixture(scope="session")
+def redis_password_url(server_dir: Path) -> Iterator[str]:
+    """A redis-server that requires ``REDIS_PASSWORD``; its URL without the password."""
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    args = ["--port", str(port), "--requirepass", REDIS_PASSWORD]
+    proc = serve(server_dir, args, url, password=REDIS_PASSWORD)
+    yield url
+    stop(proc)
