@@ -234,7 +234,7 @@ def test_resume_refuses_runs_whose_tools_it_cannot_know(tmp_path: Path, store: s
 
     asyncio.run(make())
     done = sk("runs", "resume", "app-1", "--store", store, cwd=tmp_path)
-    assert_user_error(done, "secret_tool", "Kernel.run()")
+    assert_user_error(done, "secret_tool", "--agent")
 
 
 # -- migrate ---------------------------------------------------------------------------
