@@ -266,7 +266,8 @@ class Reader(BlobReader):
         name = doc[2] if len(doc) > 2 else None
         if name is not None and type(name) is not str:
             raise TypeError("message name is not a string")
-        return Message(_ROLE_OF[doc[0]], [self.part(p) for p in doc[1]], name)
+        part = self.part
+        return Message(_ROLE_OF[doc[0]], tuple([part(p) for p in doc[1]]), name)
 
     def part(self, doc: Any) -> ContentPart:
         """A content part."""
@@ -327,7 +328,7 @@ class Reader(BlobReader):
             tool_choice=_opt_str(doc.get("tc")),
             max_tokens=doc.get("mt"),
             temperature=doc.get("t"),
-            stop=tuple(self.s(s) for s in doc.get("st", ())),
+            stop=tuple([self.s(s) for s in doc["st"]]) if "st" in doc else (),
             options=self.json(doc["o"]) if "o" in doc else {},
         )
 

@@ -38,7 +38,7 @@ from statekernel._codec import (
     replay,
     snapshot_of,
 )
-from statekernel._codec_base import dump_bytes, load_json
+from statekernel._codec_base import dump_bytes, load_json, paused_gc
 from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._events import Event
 from statekernel._fencing import Fence
@@ -181,9 +181,10 @@ class RedisStore:
             entries = [(first + i, load_entry(e, what)) for i, e in enumerate(history[0])]
             head = replay(entries, what=what)
         m_end, t_end = log_ends(head)
-        msg_docs = _parse_list(messages[:m_end], what)
-        turn_docs = _parse_list(turns[:t_end], what)
-        blob_map = {k.decode(): v for k, v in blobs.items()}
+        with paused_gc():
+            msg_docs = _parse_list(messages[:m_end], what)
+            turn_docs = _parse_list(turns[:t_end], what)
+            blob_map = {k.decode(): v for k, v in blobs.items()}
         return decode_run(head, msg_docs, turn_docs, blob_map, what=what)
 
     async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
