@@ -6,15 +6,20 @@ A run is stored as append-only parts plus a small mutable head:
   is a range ``[m0, m0 + n)`` of it (``"$m"`` in the head). A transcript rewritten
   by a hook is appended again at the end, so older revisions keep their range;
 * the **turn log**: every completed turn once (``"$t"`` in the head);
-* **blobs**: long strings and large JSON values, once per run, by content hash;
+* **blobs**: long strings and large JSON values, once per run, by content hash
+  (zlib-compressed when that pays, ``_codec_base.blob_bytes``);
 * the **head**: the run without its messages and turns (a few hundred bytes);
 * the **commit log**: one entry per revision with the head as a patch of the
   previous head (a full head every ``SNAPSHOT_EVERY`` revisions) and the events of
-  that commit, so every revision stays loadable and events are read by revision.
+  that commit (``_codec_events``), so every revision stays loadable and events are
+  read by revision; stores keep entries deflated with a preset dictionary
+  (``_codec_dict``).
 
 After every commit the transcript ends at the end of the message log and the
 completed turns at the end of the turn log, so a store knows where to append from
-the head alone. Decoding gives records equal to the ones committed.
+the head alone. Decoding gives records equal to the ones committed; a head stored
+at an older ``schema_version`` goes through the migrations registered with
+``statekernel._convert.register_migration``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ stored as small patches. References instead of copies:
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -68,32 +67,14 @@ def state_id(value: Any) -> StateId:
 
 _TOOLS_BLOB_MIN = 48
 """Tool specs repeat in every request of a run: stored as a blob unless tiny."""
-_TOOLS_TEXT: dict[int, tuple[tuple[ToolSpec, ...], str]] = {}
-_PARSED: dict[int, tuple[str, Any, bool]] = {}
-
-
-def _remember(cache: dict[int, Any], key: int, value: Any) -> None:
-    """Keep ``value`` in a small identity cache (it holds what it is keyed on)."""
-    if len(cache) >= 256:
-        with contextlib.suppress(StopIteration, RuntimeError, KeyError):
-            del cache[next(iter(cache))]
-    cache[key] = value
 
 
 def _parses_to(arguments: str, value: Any) -> bool:
-    """Whether ``arguments`` parse to ``value`` (remembered per pair of objects: a
-    record is encoded again in every commit while its turn is current)."""
-    hit = _PARSED.get(id(value))
-    if hit is not None and hit[0] is arguments and hit[1] is value:
-        return hit[2]
     try:
         parsed = json.loads(arguments) if arguments.strip() else {}
     except ValueError:
-        result = False
-    else:
-        result = same(parsed, value)
-    _remember(_PARSED, id(value), (arguments, value, result))
-    return result
+        return False
+    return same(parsed, value)
 
 
 class Writer(BlobWriter):
@@ -148,16 +129,12 @@ class Writer(BlobWriter):
         return {"$r": [self.m0, k], "x": inline} if k else inline
 
     def tools(self, tools: tuple[ToolSpec, ...]) -> Any:
-        """Tool specs, as one blob when large (they repeat in every request)."""
-        hit = _TOOLS_TEXT.get(id(tools))
-        if hit is not None and hit[0] is tools:
-            text = hit[1]
-        else:
-            text = canonical([[t.name, t.description, t.parameters] for t in tools])
-            _remember(_TOOLS_TEXT, id(tools), (tools, text))
+        """Tool specs, as one blob unless tiny (they repeat in every request)."""
+        raw = [[t.name, t.description, t.parameters] for t in tools]
+        text = canonical(raw)
         if len(text) >= _TOOLS_BLOB_MIN:
             return {"$v": self._put(text)}
-        return self.json([[t.name, t.description, t.parameters] for t in tools])
+        return self.json(raw)
 
     def request(self, req: ModelRequest) -> dict[str, Any]:
         """A model request; its messages by reference where they are the transcript."""
