@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import attrs
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from statekernel._codec import (
     decode_events,
@@ -55,7 +55,7 @@ from statekernel.errors import (
 from statekernel.stores._common import check_head, check_revision, micros
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._open import redact_url
-from statekernel.stores._redis_index import RunIndex, execute_pipeline
+from statekernel.stores._redis_index import RunIndex
 
 __all__ = ["RedisStore"]
 
@@ -250,7 +250,7 @@ class RedisStore:
             args += [key, value]
         if fence is not None:
             keys, args = [*keys, fence.key], [*args, fence.token]
-        status, actual = await self._commit_script(run.run_id, run.revision, keys, args)
+        status, actual, announced = await self._commit_script(run.run_id, run.revision, keys, args)
         if status == 3 and fence is not None:
             self._known.pop(run.run_id, None)
             raise LeaseLost(run.run_id, checkpoint.expected_revision, fence.token)
@@ -264,21 +264,30 @@ class RedisStore:
                 f"invalid run {run.run_id!r} in {redact_url(self.url)}: logs do not match its head"
             )
         self._known[run.run_id] = _Known(run.revision, doc, enc.head)
-        await self._runs.landed(run.run_id, score, run.revision)
+        self._runs.landed(run.run_id, score, run.revision)
+        if not announced:  # nothing would repair the index: move it now
+            await self._runs.flush()
 
     async def _commit_script(
         self, run_id: str, revision: int, keys: list[str], args: list[Any]
-    ) -> tuple[int, int]:
-        """Announce the commit to the run index and run the commit script: one round trip."""
+    ) -> tuple[int, int, bool]:
+        """Announce the commit to the run index and run the commit script: one round trip
+        (which also carries the index moves of the commits before). (status, revision
+        found, whether the announcement was written)."""
         for _ in range(2):
             pipe = self._client.pipeline(transaction=False)
-            self._runs.announce(pipe, run_id, revision)
+            taken = self._runs.announce(pipe, run_id, revision)
             pipe.evalsha(self._script.sha, len(keys), *keys, *args)
-            results = await self._call(execute_pipeline(pipe))
-            if results is not None:
-                status, actual = results[-1]
-                return int(status), int(actual)
-            await self._call(self._client.script_load(COMMIT_SCRIPT))
+            results = await self._call(pipe.execute(raise_on_error=False))
+            *moves, announced, outcome = results
+            await self._runs.settled(taken, moves, quiet=True)
+            if isinstance(outcome, NoScriptError):
+                await self._call(self._client.script_load(COMMIT_SCRIPT))
+                continue
+            if isinstance(outcome, Exception):
+                self._fail(outcome)
+            status, actual = outcome
+            return int(status), int(actual), not isinstance(announced, Exception)
         raise StoreError(f"Redis store {redact_url(self.url)!r}: the commit script does not load")
 
     async def events(
@@ -353,6 +362,7 @@ class RedisStore:
 
     async def delete(self, run_id: str) -> bool:
         """Remove the run's keys (head, commit log with events, parts, blobs) and index entry."""
+        self._runs.forget_landed(run_id)
         removed = await self._call(self._client.delete(*self._keys(run_id)))
         await self._runs.forget(run_id)
         self._known.pop(run_id, None)
@@ -375,7 +385,9 @@ class RedisStore:
         return found
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
+        """Send the last index moves, close the connection pool."""
+        with contextlib.suppress(StoreError):
+            await self._runs.flush()
         with contextlib.suppress(RedisError, OSError):
             await self._client.aclose()
 

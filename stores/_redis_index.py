@@ -5,7 +5,8 @@ microseconds) lives outside the runs' hash slots, so the commit script cannot
 update it. Instead each commit is *announced* first in ``<prefix>:runs:pending``
 (run id -> revision, only ever raised), in the same round trip as the commit
 script; once the commit landed, the index is moved and the announcement settled
-(removed if no later one replaced it). A client killed in between leaves the
+(removed if no later one replaced it), in the round trip of the client's next
+commit or listing, or when it closes. A client killed in between leaves the
 announcement behind, and every listing first repairs the announced runs from
 their heads, which are the truth. So a committed run is never missing from a
 listing nor listed with a stale time, whatever happened to its writer.
@@ -41,19 +42,47 @@ class RunIndex:
         self.pending = f"{prefix}:runs:pending"
         self._call = call
         self._settle = client.register_script(SETTLE_SCRIPT)
+        self._landed: dict[str, tuple[int, int]] = {}
 
-    def announce(self, pipe: Any, run_id: str, revision: int) -> None:
-        """Queue the announcement of a commit (before the commit script, same pipeline)."""
+    def announce(self, pipe: Any, run_id: str, revision: int) -> dict[str, tuple[int, int]]:
+        """Queue, before a commit script: the index moves of the commits that landed
+        since the last round trip (returned: their results go to ``settled``), then
+        the announcement of this commit."""
+        taken, self._landed = self._landed, {}
+        _queue_moves(pipe, self, taken)
         pipe.zadd(self.pending, {run_id: revision}, gt=True)
+        return taken
 
-    async def landed(self, run_id: str, score: int, revision: int) -> None:
-        """Move the run in the index and settle its announcement (one round trip)."""
-        for _ in range(2):
+    def landed(self, run_id: str, score: int, revision: int) -> None:
+        """Note a commit that landed: its index move goes with the next round trip."""
+        self._landed[run_id] = (score, revision)
+
+    async def settled(
+        self, taken: dict[str, tuple[int, int]], results: list[Any], *, quiet: bool = False
+    ) -> None:
+        """Check the results of the index moves of ``taken``; failed ones are kept for
+        the next round trip (``quiet``: without raising, as a commit that landed must
+        not be reported as failed)."""
+        errors = [r for r in results if isinstance(r, Exception)]
+        if not errors:
+            return
+        for run_id, move in taken.items():
+            self._landed.setdefault(run_id, move)
+        if not all(isinstance(e, NoScriptError) for e in errors) and not quiet:
+            await self._call(_raise(errors[0]))
+        await self._call(self.client.script_load(SETTLE_SCRIPT))
+
+    async def flush(self) -> None:
+        """Send the index moves of commits that landed (before a listing, when closing)."""
+        if self._landed:
+            taken, self._landed = self._landed, {}
             pipe = self.client.pipeline(transaction=False)
-            pipe.zadd(self.key, {run_id: score}, gt=True)
-            pipe.evalsha(self._settle.sha, 1, self.pending, run_id, revision)
-            if await self._run(pipe):
-                return
+            _queue_moves(pipe, self, taken)
+            await self.settled(taken, await self._call(pipe.execute(raise_on_error=False)))
+
+    def forget_landed(self, run_id: str) -> None:
+        """Drop the index move of a run that is being deleted."""
+        self._landed.pop(run_id, None)
 
     async def repair(self, heads: HeadOf) -> None:
         """Bring every announced run into the index from its head, then settle it.
@@ -61,6 +90,7 @@ class RunIndex:
         ``heads(run_ids)`` gives each run's (revision, update score), None when
         the run does not exist (yet): its announcement stays until it does.
         """
+        await self.flush()
         pending: list[Any] = await self._call(self.client.zrange(self.pending, 0, -1))
         if not pending:
             return
@@ -88,6 +118,16 @@ class RunIndex:
             return True
         await self._call(self.client.script_load(SETTLE_SCRIPT))
         return False
+
+
+def _queue_moves(pipe: Any, index: RunIndex, moves: dict[str, tuple[int, int]]) -> None:
+    for run_id, (score, revision) in moves.items():
+        pipe.zadd(index.key, {run_id: score}, gt=True)
+        pipe.evalsha(index._settle.sha, 1, index.pending, run_id, revision)
+
+
+async def _raise(exc: Exception) -> None:
+    raise exc
 
 
 async def execute_pipeline(pipe: Any) -> list[Any] | None:
