@@ -15,6 +15,8 @@ import pytest
 
 from statekernel import _convert
 from statekernel._codec import decode_run, encode_commit
+from statekernel._codec_base import blob_bytes, blob_text
+from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._codec_events import decode_events, encode_events
 from statekernel._events import Event
 from statekernel._messages import (
@@ -222,3 +224,38 @@ async def test_sqlite_layout_version_1_is_upgraded(tmp_path: Path) -> None:
     await store.aclose()
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT version FROM statekernel_schema").fetchone() == (2,)
+
+
+# -- what earlier versions stored is still read ----------------------------------------
+
+
+def test_entries_and_blobs_in_the_earlier_forms_are_read() -> None:
+    old_entry = {
+        "p": {"ua": 5},
+        "q": 3,
+        "e": [[1, 1_000_000, {"index": 2}], ["custom", "2030-01-01T00:00:00+01:00"]],
+    }
+    assert load_entry(json.dumps(old_entry).encode(), "entry") == old_entry
+    events = decode_events([(4, old_entry)], "r")
+    assert [(e.type, e.seq, e.revision, e.data) for e in events] == [
+        ("turn_started", 3, 4, {"index": 2}),
+        ("custom", 4, 4, {}),
+    ]
+    assert events[0].at == datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC)
+    new_entry = {"p": {"ua": 5}, "q": 3, "E": [[1, [2]]]}
+    assert load_entry(dump_entry(new_entry), "entry") == new_entry
+    assert dump_entry(new_entry)[:2] == b"\x00\x01"
+    text = "héllo " * 200
+    assert blob_text(text.encode()) == text  # plain UTF-8
+    assert blob_text(b"\x00" + json.dumps("\x00nul first").encode()) == "\x00nul first"
+    assert blob_bytes(text)[:2] == b"\x00z"
+    assert blob_text(blob_bytes(text)) == text
+    assert blob_bytes("\x00z looks zipped") == b'\x00"\\u0000z looks zipped"'
+
+
+def test_damaged_compressed_parts_are_corrupt_checkpoints() -> None:
+    with pytest.raises(CorruptCheckpoint):
+        load_entry(b"\x00\x01not deflate at all", "entry")
+    packed = dump_entry({"p": {"ua": 1}})
+    with pytest.raises(CorruptCheckpoint):
+        load_entry(packed[:-3], "entry")
