@@ -5,6 +5,12 @@ absolute. Options in the query: ``synchronous=full|normal|extra`` (default full)
 and ``busy_timeout=<ms>`` (default 10000). A commit is one ``BEGIN IMMEDIATE``
 transaction that checks the head revision, writes the head, its commit log entry,
 new messages, turns and blobs.
+
+Every operation is one function run whole on the connection's thread
+(``_sqlite_ops``), so it costs one hop from the event loop. A store remembers the
+head it last wrote or loaded per run; the commit's transaction checks that the
+stored (row id, revision) is still that head before it writes, and when not, the
+commit is encoded again on the head found (or refused with ``ConflictError``).
 """
 
 from __future__ import annotations
