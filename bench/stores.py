@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +40,7 @@ import statekernel as sk
 from statekernel._codec import encode_commit
 from statekernel._codec_base import dump_bytes
 from statekernel._codec_dict import dump_entry
-from statekernel._events import Event
-from statekernel._run import Run, StateId
-from statekernel._storage import Checkpoint, CheckpointStore, RunPage
+from statekernel._storage import Checkpoint, CheckpointStore, StoreWrapper
 from statekernel.stores import open_store
 from statekernel.testing import ScriptedProvider, call
 
@@ -73,11 +70,11 @@ def get_weather(city: str) -> str:
     return json.dumps({"city": city[:40], "hours": hours})[:1024]
 
 
-class Timed:
+class Timed(StoreWrapper):
     """A store that times its commits and keeps the checkpoints it was given."""
 
     def __init__(self, inner: CheckpointStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.times: list[float] = []
         self.checkpoints: list[Checkpoint] = []
 
@@ -86,32 +83,6 @@ class Timed:
         await self.inner.commit(checkpoint)
         self.times.append(time.perf_counter() - began)
         self.checkpoints.append(checkpoint)
-
-    async def load(self, run_id: str, *, revision: int | None = None) -> Run:
-        return await self.inner.load(run_id, revision=revision)
-
-    async def events(
-        self, run_id: str, *, after_revision: int = -1, limit: int | None = None
-    ) -> list[Event]:
-        return await self.inner.events(run_id, after_revision=after_revision, limit=limit)
-
-    async def list_runs(
-        self,
-        *,
-        state: StateId | None = None,
-        updated_after: datetime | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-    ) -> RunPage:
-        return await self.inner.list_runs(
-            state=state, updated_after=updated_after, limit=limit, cursor=cursor
-        )
-
-    async def delete(self, run_id: str) -> bool:
-        return await self.inner.delete(run_id)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 async def drive(store: Timed, turns: int) -> tuple[str, float]:

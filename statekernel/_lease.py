@@ -12,15 +12,12 @@ commit anything, however late it wakes up.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 import attrs
 
-from statekernel._events import Event
 from statekernel._fencing import Fence, RedisBacked
-from statekernel._run import Run, StateId
-from statekernel._storage import Checkpoint, RunPage
+from statekernel._storage import Checkpoint, StoreWrapper
 from statekernel.errors import LeaseLost, StoreError
 
 __all__ = ["Lease", "LeasedStore", "Leases"]
@@ -104,13 +101,14 @@ async def _call(work: Awaitable[Any]) -> Any:
         raise StoreError(f"Redis lease operation failed: {type(exc).__name__}: {exc}") from exc
 
 
-class LeasedStore:
+class LeasedStore(StoreWrapper):
     """The store a worker's kernel commits through: each commit is fenced by the
     worker's lease on its run; without one (never taken, lost, released) it raises
     ``LeaseLost`` before reaching Redis. Reads go straight to the inner store."""
 
     def __init__(self, inner: RedisBacked, held: Mapping[str, Lease]) -> None:
-        self.inner = inner
+        super().__init__(inner)
+        self.fenced = inner
         self.held = held
 
     async def commit(self, checkpoint: Checkpoint) -> None:
@@ -118,34 +116,7 @@ class LeasedStore:
         lease = self.held.get(checkpoint.run.run_id)
         if lease is None:
             raise LeaseLost(checkpoint.run.run_id, checkpoint.expected_revision)
-        await self.inner.commit(checkpoint, fence=lease.fence)
-
-    async def load(self, run_id: str, *, revision: int | None = None) -> Run:
-        """The run, from the inner store."""
-        return await self.inner.load(run_id, revision=revision)
-
-    async def events(
-        self, run_id: str, *, after_revision: int = -1, limit: int | None = None
-    ) -> list[Event]:
-        """Events, from the inner store."""
-        return await self.inner.events(run_id, after_revision=after_revision, limit=limit)
-
-    async def list_runs(
-        self,
-        *,
-        state: StateId | None = None,
-        updated_after: datetime | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-    ) -> RunPage:
-        """Runs, from the inner store."""
-        return await self.inner.list_runs(
-            state=state, updated_after=updated_after, limit=limit, cursor=cursor
-        )
-
-    async def delete(self, run_id: str) -> bool:
-        """Delete in the inner store."""
-        return await self.inner.delete(run_id)
+        await self.fenced.commit(checkpoint, fence=lease.fence)
 
     async def aclose(self) -> None:
         """Nothing: the worker closes the inner store."""

@@ -17,7 +17,14 @@ import attrs
 from statekernel._events import Event
 from statekernel._run import Run, StateId
 
-__all__ = ["Checkpoint", "CheckpointStore", "RunPage", "RunSummary", "commit_settled"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointStore",
+    "RunPage",
+    "RunSummary",
+    "StoreWrapper",
+    "commit_settled",
+]
 
 
 @attrs.frozen
@@ -165,3 +172,49 @@ async def commit_settled(store: CheckpointStore, checkpoint: Checkpoint) -> None
         if not task.done():
             await asyncio.wait([task])
         raise
+
+
+class StoreWrapper:
+    """A ``CheckpointStore`` that forwards every call to ``inner``.
+
+    Subclass it to change one thing (fault injection, fencing, timing) and leave
+    the rest as the wrapped store does it.
+    """
+
+    def __init__(self, inner: CheckpointStore) -> None:
+        self.inner = inner
+
+    async def load(self, run_id: str, *, revision: int | None = None) -> Run:
+        """Forwarded."""
+        return await self.inner.load(run_id, revision=revision)
+
+    async def commit(self, checkpoint: Checkpoint) -> None:
+        """Forwarded."""
+        await self.inner.commit(checkpoint)
+
+    async def events(
+        self, run_id: str, *, after_revision: int = -1, limit: int | None = None
+    ) -> list[Event]:
+        """Forwarded."""
+        return await self.inner.events(run_id, after_revision=after_revision, limit=limit)
+
+    async def list_runs(
+        self,
+        *,
+        state: StateId | None = None,
+        updated_after: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """Forwarded."""
+        return await self.inner.list_runs(
+            state=state, updated_after=updated_after, limit=limit, cursor=cursor
+        )
+
+    async def delete(self, run_id: str) -> bool:
+        """Forwarded."""
+        return await self.inner.delete(run_id)
+
+    async def aclose(self) -> None:
+        """Forwarded."""
+        await self.inner.aclose()

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from statekernel._storage import Checkpoint, CheckpointStore, RunPage, RunSummary
+from statekernel._storage import Checkpoint, CheckpointStore, RunPage, RunSummary, StoreWrapper
 from statekernel.stores._file import FileStore
 from statekernel.stores._memory import MemoryStore
 from statekernel.stores._migrate import migrate
@@ -23,6 +23,7 @@ __all__ = [
     "RunPage",
     "RunSummary",
     "SQLiteStore",
+    "StoreWrapper",
     "migrate",
     "open_store",
     "redact_url",

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
-from datetime import datetime
 from typing import Any, Literal, TypeAlias
 
 import attrs
 
-from statekernel._events import Event
 from statekernel._messages import ModelRequest
 from statekernel._middleware import Middleware, ToolInvocation
 from statekernel._model import ModelProvider, StreamPart
-from statekernel._run import Run, StateId
-from statekernel._storage import Checkpoint, CheckpointStore, RunPage
+from statekernel._storage import Checkpoint, CheckpointStore, StoreWrapper
 
 __all__ = [
     "CRASH_POINTS",
@@ -87,45 +84,18 @@ class FaultPlan:
         return crash_after_effect
 
 
-class FaultyStore:
+class FaultyStore(StoreWrapper):
     """A store wrapper that crashes before a commit or after it landed."""
 
     def __init__(self, inner: CheckpointStore, plan: FaultPlan) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.plan = plan
-
-    async def load(self, run_id: str, *, revision: int | None = None) -> Run:
-        """Delegate."""
-        return await self.inner.load(run_id, revision=revision)
 
     async def commit(self, checkpoint: Checkpoint) -> None:
         """Maybe crash before, maybe after the inner commit lands."""
         self.plan.reach("before_commit")
         await self.inner.commit(checkpoint)
         self.plan.reach("after_commit")
-
-    async def events(
-        self, run_id: str, *, after_revision: int = -1, limit: int | None = None
-    ) -> list[Event]:
-        """Delegate."""
-        return await self.inner.events(run_id, after_revision=after_revision, limit=limit)
-
-    async def list_runs(
-        self,
-        *,
-        state: StateId | None = None,
-        updated_after: datetime | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-    ) -> RunPage:
-        """Delegate."""
-        return await self.inner.list_runs(
-            state=state, updated_after=updated_after, limit=limit, cursor=cursor
-        )
-
-    async def delete(self, run_id: str) -> bool:
-        """Delegate."""
-        return await self.inner.delete(run_id)
 
     async def aclose(self) -> None:
         """Leave the inner store open: it outlives the simulated process."""
