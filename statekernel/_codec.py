@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import attrs
@@ -40,11 +41,13 @@ from statekernel._codec_base import (
     diff,
     dump_bytes,
     enc_time,
+    load_json,
     paused_gc,
 )
 from statekernel._codec_events import decode_events, encode_events
 from statekernel._codec_records import Reader, Writer, state_id
 from statekernel._events import Event
+from statekernel._lazy import Deferred, LazyTuple
 from statekernel._messages import Message
 from statekernel._run import Run, Turn
 from statekernel._storage import Checkpoint, RunSummary
@@ -219,7 +222,12 @@ def decode_run(
     *,
     what: str = "run",
 ) -> Run:
-    """The run a head describes, given its logs (from position 0) and blobs."""
+    """The run a head describes, given its logs (from position 0) and blobs.
+
+    Turn documents may be given as stored JSON (bytes): completed turns are decoded,
+    and then parsed, only when read (``LazyTuple``); a damaged one raises
+    ``CorruptCheckpoint`` then.
+    """
     return _Decoder(message_docs, turn_docs, blobs).run(head, what)
 
 
@@ -254,8 +262,9 @@ class _Decoder:
         self, message_docs: Sequence[Any], turn_docs: Sequence[Any], blobs: Mapping[str, Any]
     ) -> None:
         self.message_docs = message_docs
+        self.message_count = len(message_docs)
         self.turn_docs = turn_docs
-        self.turns: dict[int, Turn] = {}
+        self.turns: dict[int, Deferred[Turn]] = {}
         self.reader = Reader(blobs, self.message_at, self.message_range)
         self._messages: tuple[Message, ...] | None = None
 
@@ -264,6 +273,7 @@ class _Decoder:
         if self._messages is None:
             message = self.reader.message
             self._messages = tuple([message(doc) for doc in self.message_docs])
+            self.message_docs = ()  # decoded: deferred turns need not keep the documents
         return self._messages
 
     def message_at(self, pos: int) -> Message:
@@ -275,11 +285,22 @@ class _Decoder:
             raise ValueError(f"bad message range {start}+{count}")
         return messages[start : start + count]
 
-    def turn_at(self, pos: int) -> Turn:
+    def turn_at(self, pos: int, what: str) -> Deferred[Turn]:
+        """The completed turn at ``pos`` of the turn log, decoded when first read."""
         found = self.turns.get(pos)
         if found is None:
-            found = self.turns[pos] = self.reader.turn(self.turn_docs[pos])
+            found = self.turns[pos] = Deferred(partial(self._turn, self.turn_docs[pos], what))
         return found
+
+    def _turn(self, doc: Any, what: str) -> Turn:
+        what = f"completed turn of {what}"
+        if isinstance(doc, bytes | str):  # stored JSON, parsed only now
+            doc = load_json(doc, what)
+        try:
+            with paused_gc():
+                return self.reader.turn(doc)
+        except _DECODE_ERRORS as exc:
+            raise corrupt(what, exc) from exc
 
     def run(self, head: Mapping[str, Any], what: str) -> Run:
         if not isinstance(head, Mapping):
@@ -287,20 +308,19 @@ class _Decoder:
         version = _check_version(head, what)
         try:
             with paused_gc():
-                run = self._run(head, version)
+                run = self._run(head, version, what)
         except _DECODE_ERRORS as exc:
             raise corrupt(what, exc) from exc
         if version < _convert.SCHEMA_VERSION:
             return _migrated(run, version, what)
         return run
 
-    def _run(self, head: Mapping[str, Any], version: int) -> Run:
+    def _run(self, head: Mapping[str, Any], version: int, what: str) -> Run:
         reader = self.reader
         m0, mn = head["$m"]
         t0, tn = head["$t"]
-        if m0 + mn > len(self.message_docs) or t0 + tn > len(self.turn_docs):
+        if m0 + mn > self.message_count or t0 + tn > len(self.turn_docs):
             raise ValueError("the head references parts that are not stored")
-        turn_at = self.turn_at
         return Run(
             run_id=_text(head["id"]),
             model=_text(head["M"]),
@@ -308,7 +328,7 @@ class _Decoder:
             state=state_id(head["s"]),
             context=reader.json(head["c"]) if "c" in head else {},
             messages=self.message_range(m0, mn),
-            turns=tuple([turn_at(i) for i in range(t0, t0 + tn)]),
+            turns=LazyTuple[Turn]([self.turn_at(i, what) for i in range(t0, t0 + tn)]),
             current_turn=reader.turn(head["T"]) if "T" in head else None,
             pause=reader.pause(head["P"]) if "P" in head else None,
             failure=reader.failure(head["F"]) if "F" in head else None,

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args, get_origin
 
 import cattrs
 from cattrs.gen import make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
+from statekernel._lazy import LazyTuple
 from statekernel._messages import (
     ContentPart,
     ImagePart,
@@ -54,7 +55,22 @@ configure_tagged_union(
     tag_generator=lambda cls: _PART_TAGS[cls],
     tag_name="type",
 )
-# Registered after the union hook, so the generated function uses it.
+
+
+def _is_lazy_tuple(cls: Any) -> bool:
+    return cls is LazyTuple or get_origin(cls) is LazyTuple
+
+
+def _structure_lazy_tuple(value: Any, cls: Any) -> LazyTuple[Any]:
+    (item,) = get_args(cls) or (Any,)
+    return LazyTuple(converter.structure(value, tuple[item, ...]))  # type: ignore[valid-type]
+
+
+converter.register_unstructure_hook_func(
+    _is_lazy_tuple, lambda value: [converter.unstructure(item) for item in value]
+)
+converter.register_structure_hook_func(_is_lazy_tuple, _structure_lazy_tuple)
+# Registered after the union and LazyTuple hooks, so the generated function uses them.
 converter.register_unstructure_hook(
     Run,
     make_dict_unstructure_fn(

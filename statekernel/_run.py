@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Literal, TypeAlias
 
 import attrs
 
+from statekernel._lazy import LazyTuple
 from statekernel._messages import JSON, Message, ModelRequest, ModelResult, Usage
 
 __all__ = [
@@ -89,6 +91,10 @@ class Turn:
         return None
 
 
+def _turn_log(turns: Iterable[Turn]) -> LazyTuple[Turn]:
+    return turns if isinstance(turns, LazyTuple) else LazyTuple(turns)
+
+
 @attrs.frozen
 class PauseInfo:
     """Why a run is paused and the state it returns to on ``resume``."""
@@ -113,6 +119,8 @@ class Run:
 
     Runs are immutable; every transition builds the next one with ``attrs.evolve``.
     ``messages`` and ``turns`` only grow by appending, so revisions share them.
+    ``turns`` is a tuple-like ``LazyTuple`` (any iterable of turns is accepted): in a
+    run loaded from a store, each completed turn is decoded the first time it is read.
     ``event_count`` is the number of persisted events up to this revision (the next
     event's ``seq``); ``resume_value`` is what the latest ``resume`` handed in;
     ``pending_pause`` is a pause a hook asked for at the end of a turn, taken
@@ -125,7 +133,7 @@ class Run:
     state: StateId = "init"
     context: JSON = attrs.field(factory=dict)
     messages: tuple[Message, ...] = ()
-    turns: tuple[Turn, ...] = ()
+    turns: LazyTuple[Turn] = attrs.field(converter=_turn_log, factory=LazyTuple)
     current_turn: Turn | None = None
     pause: PauseInfo | None = None
     failure: FailureInfo | None = None

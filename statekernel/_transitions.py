@@ -107,7 +107,8 @@ def _close_turn(
     finish: str | None,
     then_pause: PauseInfo | None = None,
 ) -> Effects:
-    run = attrs.evolve(run, turns=(*run.turns, turn), current_turn=None, pending_pause=then_pause)
+    turns = run.turns + (turn,)  # noqa: RUF005 (unpacking would decode every stored turn)
+    run = attrs.evolve(run, turns=turns, current_turn=None, pending_pause=then_pause)
     events.append(("turn_completed", {"index": turn.index}))
     if finish is not None and then_pause is None:
         events.append(("run_completed", {"reason": finish}))

@@ -91,9 +91,11 @@ class FileStore:
                 entries = [(r, e) for r, e in snap.commits(snapshot_of(wanted)) if r <= wanted]
                 head = replay(entries, what=f"history of {folder.path}")
             m_end, t_end = log_ends(head)
-            with paused_gc():
+            with paused_gc():  # one collection at the end, after the parsed documents are gone
                 messages, turns, blobs = snap.parts(m_end, t_end)
-        return decode_run(head, messages, turns, blobs, what=f"run in {folder.path}")
+                run = decode_run(head, messages, turns, blobs, what=f"run in {folder.path}")
+                del messages
+        return run
 
     async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
         """Every revision with the events of its commit, oldest first (for copying runs)."""

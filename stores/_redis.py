@@ -181,11 +181,12 @@ class RedisStore:
             entries = [(first + i, load_entry(e, what)) for i, e in enumerate(history[0])]
             head = replay(entries, what=what)
         m_end, t_end = log_ends(head)
-        with paused_gc():
+        with paused_gc():  # one collection at the end, after the parsed documents are gone
             msg_docs = _parse_list(messages[:m_end], what)
-            turn_docs = _parse_list(turns[:t_end], what)
             blob_map = {k.decode(): v for k, v in blobs.items()}
-        return decode_run(head, msg_docs, turn_docs, blob_map, what=what)
+            run = decode_run(head, msg_docs, turns[:t_end], blob_map, what=what)
+            del msg_docs, messages
+        return run
 
     async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
         """Every revision with the events of its commit, oldest first (for copying runs)."""

@@ -304,15 +304,18 @@ def _head_at(
 
 
 def _decode(parts: Parts, what: str) -> Run:
-    with paused_gc():
-        messages = _parse(parts.messages, f"messages of {what}")
-        turns = _parse(parts.turns, f"turns of {what}")
     m_end, t_end = log_ends(parts.head)
-    if len(messages) != m_end or len(turns) != t_end:
-        raise CorruptCheckpoint(
-            f"invalid {what}: {len(messages)} of {m_end} messages, {len(turns)} of {t_end} turns"
-        )
-    return decode_run(parts.head, messages, turns, parts.blobs, what=what)
+    with paused_gc():  # one collection at the end, after the parsed documents are gone
+        messages = _parse(parts.messages, f"messages of {what}")
+        turns = parts.turns  # parsed when a completed turn is read
+        if len(messages) != m_end or len(turns) != t_end:
+            raise CorruptCheckpoint(
+                f"invalid {what}: {len(messages)} of {m_end} messages,"
+                f" {len(turns)} of {t_end} turns"
+            )
+        run = decode_run(parts.head, messages, turns, parts.blobs, what=what)
+        del messages
+    return run
 
 
 def _parse(docs: list[bytes], what: str) -> list[Any]:

@@ -274,7 +274,7 @@ async def check_large_output(store: CheckpointStore) -> None:
     closed = next_revision(
         run,
         messages=(*run.messages, answer, Message.tool(call.id, call.name, big)),
-        turns=(*run.turns, turn),
+        turns=run.turns + (turn,),  # noqa: RUF005 (keeps stored turns deferred)
         current_turn=None,
         state="preparing_turn",
     )

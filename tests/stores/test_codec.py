@@ -19,6 +19,7 @@ from statekernel._codec_base import blob_bytes, blob_text
 from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._codec_events import decode_events, encode_events
 from statekernel._events import Event
+from statekernel._lazy import LazyTuple
 from statekernel._messages import (
     ImagePart,
     Message,
@@ -94,7 +95,7 @@ def _value(kind: Any, tag: str, default: Any) -> Any:
         return _value(options[len(tag) % len(options)], tag, None)
     if origin is Literal:
         return next(a for a in args if a != default)
-    if origin is tuple:
+    if origin in (tuple, LazyTuple):
         item = args[0]
         if get_origin(item) in (typing.Union, types.UnionType):  # one of each kind
             return tuple(_value(a, f"{tag}[{i}]", None) for i, a in enumerate(get_args(item)))
