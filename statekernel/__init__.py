@@ -13,6 +13,7 @@ from statekernel._events import LIVE_EVENTS, PERSISTED_EVENTS, Event
 from statekernel._fencing import Fence
 from statekernel._hooks import Continue, Decision, Finish, Hooks, Pause, Rewrite, Skip
 from statekernel._kernel import Kernel
+from statekernel._lazy import LazyTuple
 from statekernel._lifecycle import Lifecycle, RunLifecycle
 from statekernel._messages import (
     ContentPart,
@@ -56,6 +57,7 @@ __all__ = [
     "InvalidTransition",
     "Kernel",
     "LIVE_EVENTS",
+    "LazyTuple",
     "Lifecycle",
     "Message",
     "Middleware",
