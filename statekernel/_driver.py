@@ -20,7 +20,6 @@ import attrs
 from statekernel import _hooks as hk
 from statekernel._dispatch import identical_group, next_startable
 from statekernel._events import Event
-from statekernel._lifecycle import Lifecycle
 from statekernel._messages import JSON, ModelRequest, ModelResult
 from statekernel._middleware import ModelCall, ToolInvocation, chain
 from statekernel._model import ReasoningDelta, ResultBuilder, TextDelta, ToolCallDelta, UsageUpdate
@@ -55,8 +54,10 @@ class RunDriver:
 
     def __init__(self, kernel: Kernel, run: Run) -> None:
         self.kernel = kernel
-        self.lc = Lifecycle(run)
+        self.lc = kernel.lifecycle(run)
         self.lock = asyncio.Lock()
+        self.users = 0
+        """Drives that hold this driver (the kernel reuses its machine when none does)."""
         self.model_claim: int | None = None
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.names: dict[str, str] = {}

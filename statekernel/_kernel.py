@@ -48,6 +48,7 @@ from statekernel._dispatch import DispatchPolicy
 from statekernel._driver import UNCERTAIN, RunDriver
 from statekernel._events import Event
 from statekernel._hooks import Hooks
+from statekernel._lifecycle import Lifecycle
 from statekernel._messages import JSON, Message
 from statekernel._middleware import Middleware
 from statekernel._model import ModelProvider
@@ -63,6 +64,8 @@ __all__ = ["Kernel"]
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _MISSING: Any = object()
+_MACHINES_KEPT = 64
+"""Lifecycle machines a kernel keeps for reuse (one per run driven at once is plenty)."""
 
 
 def _resolve_store(store: CheckpointStore | str | None) -> tuple[CheckpointStore, bool]:
@@ -114,6 +117,21 @@ class Kernel:
         self.dispatch = dispatch if dispatch is not None else DispatchPolicy()
         self.max_turns = max_turns
         self._drivers: dict[str, RunDriver] = {}
+        self._machines: list[Lifecycle] = []
+
+    def lifecycle(self, run: Run) -> Lifecycle:
+        """A lifecycle machine at ``run``: one that a finished drive gave back, or a new one
+        (building a machine costs more than several transitions)."""
+        if self._machines:
+            machine = self._machines.pop()
+            machine.reset(run)
+            return machine
+        return Lifecycle(run)
+
+    def _give_back(self, driver: RunDriver) -> None:
+        """Keep the machine of a driver that nothing uses any more, for the next drive."""
+        if len(self._machines) < _MACHINES_KEPT:
+            self._machines.append(driver.lc)
 
     async def __aenter__(self) -> Kernel:
         return self
@@ -227,14 +245,20 @@ class Kernel:
             driver = self._drivers.setdefault(run_id, RunDriver(self, loaded))
             fresh = driver.run is loaded
         waited = driver.lock.locked()
-        async with driver.lock:
-            try:
-                if not fresh or waited:  # a driver just built from the head needs no reload
-                    driver.reset(await self.store.load(run_id))
-                yield driver
-            finally:
-                if not driver.busy and self._drivers.get(run_id) is driver:
-                    del self._drivers[run_id]
+        driver.users += 1
+        try:
+            async with driver.lock:
+                try:
+                    if not fresh or waited:  # a driver just built from the head needs no reload
+                        driver.reset(await self.store.load(run_id))
+                    yield driver
+                finally:
+                    if not driver.busy and self._drivers.get(run_id) is driver:
+                        del self._drivers[run_id]
+        finally:
+            driver.users -= 1
+            if not driver.users and not driver.busy and self._drivers.get(run_id) is not driver:
+                self._give_back(driver)
 
     @contextlib.asynccontextmanager
     async def _fresh(self, run_id: str) -> AsyncIterator[RunDriver]:
@@ -245,7 +269,10 @@ class Kernel:
         compare-and-set, and a driver that was overtaken reloads or gets
         ``ConflictError``.
         """
-        yield RunDriver(self, await self.store.load(run_id))
+        driver = RunDriver(self, await self.store.load(run_id))
+        yield driver
+        if not driver.busy:
+            self._give_back(driver)
 
     # -- acting on a run ---------------------------------------------------------
 
