@@ -56,6 +56,7 @@ from statekernel.stores._common import check_head, check_revision, micros
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._open import redact_url
 from statekernel.stores._redis_index import RunIndex
+from statekernel.stores._redis_wire import Command, round_trip
 
 __all__ = ["RedisStore"]
 
@@ -276,10 +277,10 @@ class RedisStore:
         (which also carries the index moves of the commits before). (status, revision
         found, whether the announcement was written)."""
         for _ in range(2):
-            pipe = self._client.pipeline(transaction=False)
-            taken = self._runs.announce(pipe, run_id, revision)
-            pipe.evalsha(self._script.sha, len(keys), *keys, *args)
-            results = await self._call(pipe.execute(raise_on_error=False))
+            commands: list[Command] = []
+            taken = self._runs.announce(commands, run_id, revision)
+            commands.append(("EVALSHA", self._script.sha, len(keys), *keys, *args))
+            results = await self._call(round_trip(self._client, commands))
             *moves, announced, outcome = results
             await self._runs.settled(taken, moves, quiet=True)
             if isinstance(outcome, NoScriptError):

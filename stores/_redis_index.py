@@ -20,6 +20,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
+from statekernel.stores._redis_wire import Command, round_trip
+
 __all__ = ["SETTLE_SCRIPT", "RunIndex", "execute_pipeline"]
 
 SETTLE_SCRIPT = """
@@ -44,14 +46,24 @@ class RunIndex:
         self._settle = client.register_script(SETTLE_SCRIPT)
         self._landed: dict[str, tuple[int, int]] = {}
 
-    def announce(self, pipe: Any, run_id: str, revision: int) -> dict[str, tuple[int, int]]:
-        """Queue, before a commit script: the index moves of the commits that landed
-        since the last round trip (returned: their results go to ``settled``), then
-        the announcement of this commit."""
+    def announce(
+        self, commands: list[Command], run_id: str, revision: int
+    ) -> dict[str, tuple[int, int]]:
+        """Add to ``commands``, before a commit script: the index moves of the commits
+        that landed since the last round trip (returned: their results go to
+        ``settled``), then the announcement of this commit."""
         taken, self._landed = self._landed, {}
-        _queue_moves(pipe, self, taken)
-        pipe.zadd(self.pending, {run_id: revision}, gt=True)
+        commands += self._moves(taken)
+        commands.append(("ZADD", self.pending, "GT", revision, run_id))
         return taken
+
+    def _moves(self, moves: dict[str, tuple[int, int]]) -> list[Command]:
+        """Per run: its index entry at its update time, then its announcement settled."""
+        commands: list[Command] = []
+        for run_id, (score, revision) in moves.items():
+            commands.append(("ZADD", self.key, "GT", score, run_id))
+            commands.append(("EVALSHA", self._settle.sha, 1, self.pending, run_id, revision))
+        return commands
 
     def landed(self, run_id: str, score: int, revision: int) -> None:
         """Note a commit that landed: its index move goes with the next round trip."""
@@ -76,9 +88,8 @@ class RunIndex:
         """Send the index moves of commits that landed (before a listing, when closing)."""
         if self._landed:
             taken, self._landed = self._landed, {}
-            pipe = self.client.pipeline(transaction=False)
-            _queue_moves(pipe, self, taken)
-            await self.settled(taken, await self._call(pipe.execute(raise_on_error=False)))
+            results = await self._call(round_trip(self.client, self._moves(taken)))
+            await self.settled(taken, results)
 
     def forget_landed(self, run_id: str) -> None:
         """Drop the index move of a run that is being deleted."""
@@ -118,12 +129,6 @@ class RunIndex:
             return True
         await self._call(self.client.script_load(SETTLE_SCRIPT))
         return False
-
-
-def _queue_moves(pipe: Any, index: RunIndex, moves: dict[str, tuple[int, int]]) -> None:
-    for run_id, (score, revision) in moves.items():
-        pipe.zadd(index.key, {run_id: score}, gt=True)
-        pipe.evalsha(index._settle.sha, 1, index.pending, run_id, revision)
 
 
 async def _raise(exc: Exception) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -11,9 +12,11 @@ from pathlib import Path
 import attrs
 import pytest
 import redis as redis_sync
+from redis.exceptions import ResponseError
 
 from statekernel.errors import StoreError
 from statekernel.stores import Checkpoint, RedisStore, open_store, redact_url
+from statekernel.stores._redis_wire import round_trip
 from statekernel.testing._store_cases import T0, next_revision, sample_run
 
 from .conftest import REDIS_PASSWORD, free_port, serve, stop
@@ -85,6 +88,38 @@ async def test_index_announcements_settle_on_the_next_round_trip(redis_store_url
     assert await store.delete("r") is True
     assert client.zcard(pending.removesuffix(":pending")) == 0
     client.close()
+    await store.aclose()
+
+
+# -- the commit path's round trip ------------------------------------------------------
+
+
+async def test_round_trip_replies_in_order_with_errors_in_place(redis_store_url: str) -> None:
+    store = RedisStore(redis_store_url)
+    key = store.run_key("wire", "n")
+    commands = [("SET", key, 1), ("HGET", key, "x"), ("INCR", key), ("GET", key)]
+    replies = await round_trip(store.client, commands)
+    assert replies[0] == b"OK"
+    assert isinstance(replies[1], ResponseError), "WRONGTYPE is not in its place"
+    assert replies[2:] == [2, b"2"]
+    await store.aclose()
+
+
+async def test_round_trip_cancelled_or_cut_leaves_no_stale_replies(redis_store_url: str) -> None:
+    store = RedisStore(redis_store_url)
+    client = store.client
+    key = store.run_key("wire", "list")
+    waiting = asyncio.ensure_future(round_trip(client, [("BLPOP", key, 5)]))
+    await asyncio.sleep(0.2)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await client.rpush(key, b"late")  # the cancelled BLPOP's connection is gone: nobody pops
+    assert await round_trip(client, [("LRANGE", key, 0, -1), ("PING",)]) == [[b"late"], b"PONG"]
+    admin = redis_sync.Redis.from_url(redis_store_url.split("?")[0])
+    admin.client_kill_filter(_type="normal", skipme=True)  # the server cuts every connection
+    admin.close()
+    assert await round_trip(client, [("LLEN", key)]) == [1], "a cut connection is not renewed"
     await store.aclose()
 
 
