@@ -2,9 +2,9 @@
 
 A commit sends a few commands (index moves, the announcement, the commit script)
 and reads their replies. ``redis.asyncio``'s ``Pipeline`` does per-command
-bookkeeping (command stack, response callbacks) that costs as much client CPU as
-the rest of the commit; this writes the packed commands once and reads the raw
-replies straight from a pooled connection. Error replies come back as exception
+bookkeeping (command stack, response callbacks, packing in Python) that costs as
+much client CPU as the rest of the commit; this packs the commands with hiredis,
+writes them once and reads the raw replies straight from a pooled connection. Error replies come back as exception
 objects, in place (like ``execute(raise_on_error=False)``). A cancellation or an
 error mid-way drops the connection (its replies would be out of step); a
 connection cut (a server that closed an idle connection, a restart) is retried
@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import hiredis
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -43,7 +44,8 @@ async def _once(client: aioredis.Redis, commands: Sequence[Command]) -> list[Any
     pool = client.connection_pool
     conn = await pool.get_connection()  # type: ignore[no-untyped-call]
     try:
-        await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+        packed = b"".join([hiredis.pack_command(command) for command in commands])
+        await conn.send_packed_command(packed, check_health=False)
         replies: list[Any] = []
         for _ in commands:
             try:
