@@ -84,6 +84,9 @@ def parse_sqlite_url(url: str) -> tuple[str, str, int]:
 class SQLiteStore:
     """Runs in one SQLite database file; several processes may share it."""
 
+    settles_on_cancel = True
+    """A cancelled commit has landed whole or not at all when the cancellation propagates."""
+
     def __init__(self, url: str) -> None:
         self.url = url
         self.path, self._sync, self._timeout = parse_sqlite_url(url)
@@ -143,8 +146,15 @@ class SQLiteStore:
         return result
 
     async def _shielded(self, work: Callable[[], Awaitable[T]]) -> T:
-        """Run ``work`` to its end even if the caller is cancelled (no half transactions)."""
-        return await asyncio.shield(asyncio.ensure_future(work()))
+        """Run ``work`` to its end even if the caller is cancelled (no half transactions),
+        and let it end before the cancellation propagates (nothing left running)."""
+        task = asyncio.ensure_future(work())
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                await asyncio.wait([task])
+            raise
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision``."""
