@@ -4,8 +4,9 @@ A commit sends a few commands (index moves, the announcement, the commit script)
 and reads their replies. ``redis.asyncio``'s ``Pipeline`` does per-command
 bookkeeping (command stack, response callbacks, packing in Python) that costs as
 much client CPU as the rest of the commit; this packs the commands with hiredis,
-writes them once and reads the raw replies straight from a pooled connection. Error replies come back as exception
-objects, in place (like ``execute(raise_on_error=False)``). A cancellation or an
+writes them once and reads the raw replies straight from a pooled connection.
+Error replies come back as exception objects, in place (like
+``execute(raise_on_error=False)``). A cancellation or an
 error mid-way drops the connection (its replies would be out of step); a
 connection cut (a server that closed an idle connection, a restart) is retried
 once on a new connection, as ``redis.asyncio`` does: only commands that are safe
