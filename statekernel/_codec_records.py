@@ -77,6 +77,27 @@ def _parses_to(arguments: str, value: Any) -> bool:
     return same(parsed, value)
 
 
+def _tools_raw(tools: tuple[ToolSpec, ...]) -> list[list[Any]]:
+    return [[t.name, t.description, t.parameters] for t in tools]
+
+
+_TOOLS_TEXT: dict[int, tuple[tuple[ToolSpec, ...], str]] = {}
+
+
+def _tools_text(tools: tuple[ToolSpec, ...]) -> str:
+    """The canonical text of tool specs. The kernel hands the same tuple to every request
+    of every run, and each commit of a turn encodes its request again: that tuple's text
+    is made once (an identity cache; specs are frozen records)."""
+    hit = _TOOLS_TEXT.get(id(tools))
+    if hit is not None and hit[0] is tools:
+        return hit[1]
+    text = canonical(_tools_raw(tools))
+    if len(_TOOLS_TEXT) >= 64:
+        _TOOLS_TEXT.clear()
+    _TOOLS_TEXT[id(tools)] = (tools, text)
+    return text
+
+
 class Writer(BlobWriter):
     """Encodes records; ``transcript`` and ``m0`` place the run's transcript in its log."""
 
@@ -130,11 +151,10 @@ class Writer(BlobWriter):
 
     def tools(self, tools: tuple[ToolSpec, ...]) -> Any:
         """Tool specs, as one blob unless tiny (they repeat in every request)."""
-        raw = [[t.name, t.description, t.parameters] for t in tools]
-        text = canonical(raw)
+        text = _tools_text(tools)
         if len(text) >= _TOOLS_BLOB_MIN:
             return {"$v": self._put(text)}
-        return self.json(raw)
+        return self.json(_tools_raw(tools))
 
     def request(self, req: ModelRequest) -> dict[str, Any]:
         """A model request; its messages by reference where they are the transcript."""

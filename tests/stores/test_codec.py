@@ -260,3 +260,21 @@ def test_damaged_compressed_parts_are_corrupt_checkpoints() -> None:
     packed = dump_entry({"p": {"ua": 1}})
     with pytest.raises(CorruptCheckpoint):
         load_entry(packed[:-3], "entry")
+
+
+def test_tool_specs_are_encoded_from_the_tuple_they_are() -> None:
+    from statekernel._codec_records import Reader, Writer
+    from statekernel._messages import ToolSpec
+
+    def round_trip(tools: tuple[ToolSpec, ...]) -> tuple[ToolSpec, ...]:
+        writer = Writer(frozenset(), (), 0)
+        doc = writer.tools(tools)
+        return Reader({k: v for k, v in writer.blobs.items()}).tools(doc)
+
+    first = (ToolSpec("search", "Search the web " * 5, {"type": "object", "properties": {}}),)
+    assert round_trip(first) == first
+    assert round_trip(first) == first  # served from the cache
+    changed = (ToolSpec("search", "Search the web " * 5, {"type": "object", "required": ["q"]}),)
+    assert round_trip(changed) == changed
+    tiny = (ToolSpec("x", "", {}),)
+    assert round_trip(tiny) == tiny
