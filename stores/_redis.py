@@ -56,7 +56,7 @@ from statekernel.stores._common import check_head, check_revision, micros
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._open import redact_url
 from statekernel.stores._redis_index import RunIndex
-from statekernel.stores._redis_wire import Command, round_trip
+from statekernel.stores._redis_wire import Command, Wire
 
 __all__ = ["RedisStore"]
 
@@ -122,7 +122,8 @@ class RedisStore:
             raise StoreError(f"bad Redis URL {redact_url(url)!r}: {self._clean(exc)}") from exc
         self._script = self._client.register_script(COMMIT_SCRIPT)
         self._known: dict[str, _Known] = {}
-        self._runs = RunIndex(self._client, self.prefix, self._call)
+        self._wire = Wire(self._client)
+        self._runs = RunIndex(self._client, self.prefix, self._call, self._wire)
 
     def __repr__(self) -> str:
         return f"RedisStore({redact_url(self.url)!r})"
@@ -280,7 +281,7 @@ class RedisStore:
             commands: list[Command] = []
             taken = self._runs.announce(commands, run_id, revision)
             commands.append(("EVALSHA", self._script.sha, len(keys), *keys, *args))
-            results = await self._call(round_trip(self._client, commands))
+            results = await self._call(self._wire.round_trip(commands))
             *moves, announced, outcome = results
             await self._runs.settled(taken, moves, quiet=True)
             if isinstance(outcome, NoScriptError):
@@ -391,6 +392,7 @@ class RedisStore:
         with contextlib.suppress(StoreError):
             await self._runs.flush()
         with contextlib.suppress(RedisError, OSError):
+            await self._wire.aclose()
             await self._client.aclose()
 
 

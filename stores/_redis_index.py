@@ -20,7 +20,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
-from statekernel.stores._redis_wire import Command, round_trip
+from statekernel.stores._redis_wire import Command, Wire
 
 __all__ = ["SETTLE_SCRIPT", "RunIndex", "execute_pipeline"]
 
@@ -38,8 +38,9 @@ HeadOf = Callable[[list[str]], Awaitable[list[tuple[int, int] | None]]]
 class RunIndex:
     """The run index and the pending announcements of one key prefix."""
 
-    def __init__(self, client: aioredis.Redis, prefix: str, call: Call) -> None:
+    def __init__(self, client: aioredis.Redis, prefix: str, call: Call, wire: Wire) -> None:
         self.client = client
+        self.wire = wire
         self.key = f"{prefix}:runs"
         self.pending = f"{prefix}:runs:pending"
         self._call = call
@@ -88,7 +89,7 @@ class RunIndex:
         """Send the index moves of commits that landed (before a listing, when closing)."""
         if self._landed:
             taken, self._landed = self._landed, {}
-            results = await self._call(round_trip(self.client, self._moves(taken)))
+            results = await self._call(self.wire.round_trip(self._moves(taken)))
             await self.settled(taken, results)
 
     def forget_landed(self, run_id: str) -> None:

@@ -1,17 +1,18 @@
-"""One round trip of raw Redis commands: the commit path's lean pipeline.
+"""Round trips of raw Redis commands: the commit path's lean pipeline.
 
 A commit sends a few commands (index moves, the announcement, the commit script)
 and reads their replies. ``redis.asyncio``'s ``Pipeline`` does per-command
-bookkeeping (command stack, response callbacks, packing in Python) that costs as
-much client CPU as the rest of the commit; this packs the commands with hiredis,
-writes them once and reads the raw replies straight from a pooled connection.
-Error replies come back as exception objects, in place (like
-``execute(raise_on_error=False)``). A cancellation or an
-error mid-way drops the connection (its replies would be out of step); a
-connection cut (a server that closed an idle connection, a restart) is retried
-once on a new connection, as ``redis.asyncio`` does: only commands that are safe
-to send twice belong here (the commit script compares and sets; index moves only
-ever raise scores).
+bookkeeping (command stack, response callbacks, packing in Python), and its pool
+hands out and takes back a connection with health checks and metrics each time;
+together they cost as much client CPU as the rest of the commit. A ``Wire`` packs
+the commands with hiredis, writes them once and reads the raw replies on a
+connection of its own, kept for the next round trip (as many as round trips run
+at once). Error replies come back as exception objects, in place (like
+``execute(raise_on_error=False)``). A cancellation or an error mid-way drops the
+connection (its replies would be out of step); a connection cut (a server that
+closed an idle connection, a restart) is retried once on a new connection, as
+``redis.asyncio`` does: only commands that are safe to send twice belong here (the
+commit script compares and sets; index moves only ever raise scores).
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import hiredis
-import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["Command", "round_trip"]
+__all__ = ["Command", "Wire"]
 
 Command = tuple[Any, ...]
 """A command and its arguments, e.g. ``("ZADD", key, "GT", score, member)``."""
@@ -33,29 +34,55 @@ Command = tuple[Any, ...]
 _CUT = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
-async def round_trip(client: aioredis.Redis, commands: Sequence[Command]) -> list[Any]:
-    """Send ``commands`` in one write and return their raw replies in order."""
-    try:
-        return await _once(client, commands)
-    except _CUT:
-        return await _once(client, commands)
+class Wire:
+    """Round trips on connections made like the client's own (same server, AUTH, TLS).
 
+    A client without a connection pool (a Cluster client, whose pipeline sends each
+    command to the node of its slot) gets its own pipeline instead.
+    """
 
-async def _once(client: aioredis.Redis, commands: Sequence[Command]) -> list[Any]:
-    pool = client.connection_pool
-    conn = await pool.get_connection()  # type: ignore[no-untyped-call]
-    try:
-        packed = b"".join([hiredis.pack_command(command) for command in commands])
-        await conn.send_packed_command(packed, check_health=False)
-        replies: list[Any] = []
-        for _ in commands:
-            try:
-                replies.append(await conn.read_response())
-            except ResponseError as exc:  # the reply was read whole: the stream is in step
-                replies.append(exc)
-    except BaseException:
-        await conn.disconnect(nowait=True)
-        raise
-    finally:
-        await pool.release(conn)
-    return replies
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._pool: Any = getattr(client, "connection_pool", None)
+        self._idle: list[AbstractConnection] = []
+
+    async def round_trip(self, commands: Sequence[Command]) -> list[Any]:
+        """Send ``commands`` in one write and return their replies in order."""
+        if self._pool is None:
+            pipe = self._client.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+            return replies
+        try:
+            return await self._once(commands, self._idle.pop() if self._idle else None)
+        except _CUT:
+            return await self._once(commands, None)
+
+    async def _once(
+        self, commands: Sequence[Command], conn: AbstractConnection | None
+    ) -> list[Any]:
+        if conn is None:
+            conn = self._pool.make_connection()
+        try:
+            if not conn.is_connected:
+                await conn.connect()
+            packed = b"".join([hiredis.pack_command(command) for command in commands])
+            await conn.send_packed_command(packed, check_health=False)
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(await conn.read_response())
+                except ResponseError as exc:  # the reply was read whole: the stream is in step
+                    replies.append(exc)
+        except BaseException:
+            await conn.disconnect(nowait=True)
+            raise
+        self._idle.append(conn)
+        return replies
+
+    async def aclose(self) -> None:
+        """Close the kept connections."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.disconnect()

@@ -16,7 +16,7 @@ from redis.exceptions import ResponseError
 
 from statekernel.errors import StoreError
 from statekernel.stores import Checkpoint, RedisStore, open_store, redact_url
-from statekernel.stores._redis_wire import round_trip
+from statekernel.stores._redis_wire import Wire
 from statekernel.testing._store_cases import T0, next_revision, sample_run
 
 from .conftest import REDIS_PASSWORD, free_port, serve, stop
@@ -96,30 +96,54 @@ async def test_index_announcements_settle_on_the_next_round_trip(redis_store_url
 
 async def test_round_trip_replies_in_order_with_errors_in_place(redis_store_url: str) -> None:
     store = RedisStore(redis_store_url)
+    wire = Wire(store.client)
     key = store.run_key("wire", "n")
     commands = [("SET", key, 1), ("HGET", key, "x"), ("INCR", key), ("GET", key)]
-    replies = await round_trip(store.client, commands)
+    replies = await wire.round_trip(commands)
     assert replies[0] == b"OK"
     assert isinstance(replies[1], ResponseError), "WRONGTYPE is not in its place"
     assert replies[2:] == [2, b"2"]
+    await wire.aclose()
+    await store.aclose()
+
+
+class _PipelineOnly:
+    """A client with pipelines but no connection pool of its own (like a Cluster client)."""
+
+    def __init__(self, client: object) -> None:
+        self.pipeline = client.pipeline  # type: ignore[attr-defined]
+
+
+async def test_round_trip_through_a_client_without_a_pool(redis_store_url: str) -> None:
+    store = RedisStore(redis_store_url)
+    wire = Wire(_PipelineOnly(store.client))
+    key = store.run_key("wire", "p")
+    replies = await wire.round_trip([("SET", key, 1), ("HGET", key, "x"), ("INCR", key)])
+    assert replies[0] is True
+    assert isinstance(replies[1], ResponseError)
+    assert replies[2] == 2
+    await wire.aclose()
     await store.aclose()
 
 
 async def test_round_trip_cancelled_or_cut_leaves_no_stale_replies(redis_store_url: str) -> None:
     store = RedisStore(redis_store_url)
-    client = store.client
+    client, wire = store.client, Wire(store.client)
     key = store.run_key("wire", "list")
-    waiting = asyncio.ensure_future(round_trip(client, [("BLPOP", key, 5)]))
+    assert await wire.round_trip([("PING",)]) == [b"PONG"]  # a connection is kept
+    waiting = asyncio.ensure_future(wire.round_trip([("BLPOP", key, 5)]))
     await asyncio.sleep(0.2)
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
     await client.rpush(key, b"late")  # the cancelled BLPOP's connection is gone: nobody pops
-    assert await round_trip(client, [("LRANGE", key, 0, -1), ("PING",)]) == [[b"late"], b"PONG"]
+    assert await wire.round_trip([("LRANGE", key, 0, -1), ("PING",)]) == [[b"late"], b"PONG"]
     admin = redis_sync.Redis.from_url(redis_store_url.split("?")[0])
     admin.client_kill_filter(_type="normal", skipme=True)  # the server cuts every connection
     admin.close()
-    assert await round_trip(client, [("LLEN", key)]) == [1], "a cut connection is not renewed"
+    assert await wire.round_trip([("LLEN", key)]) == [1], "a cut connection is not renewed"
+    assert await wire.round_trip([("LLEN", key)]) == [1]
+    await wire.aclose()
     await store.aclose()
 
 
