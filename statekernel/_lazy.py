@@ -90,6 +90,10 @@ class LazyTuple(Sequence[T]):
     def __repr__(self) -> str:
         return f"LazyTuple({tuple(self)!r})"
 
+    def __reduce__(self) -> tuple[type[LazyTuple[T]], tuple[tuple[T, ...]]]:
+        """Pickled and deep-copied with every item built (not with what builds them)."""
+        return (LazyTuple, (tuple(self),))
+
     @property
     def deferred(self) -> int:
         """How many items are not built yet."""

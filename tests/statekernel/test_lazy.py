@@ -80,3 +80,15 @@ def test_a_failing_item_fails_every_read() -> None:
             items[1]
     assert len(attempts) == 2
     assert items.deferred == 1
+
+
+def test_pickled_and_copied_with_items_built() -> None:
+    import copy
+    import pickle
+
+    calls: list[str] = []
+    items = LazyTuple(["a", counted("b", calls)])
+    for clone in (pickle.loads(pickle.dumps(items)), copy.deepcopy(items), copy.copy(items)):
+        assert clone == ("a", "b")
+        assert clone.deferred == 0
+    assert calls == ["b"]

@@ -76,3 +76,15 @@ async def test_damaged_completed_turn_redis(redis_store_url: str, redis_prefix: 
     assert loaded.turns[3] == run.turns[3]
     with pytest.raises(CorruptCheckpoint, match="completed turn of run 'lazy'"):
         loaded.turns[2]
+
+
+async def test_a_loaded_run_pickles_and_deep_copies(tmp_path: Path) -> None:
+    import copy
+    import pickle
+
+    run = await _committed(f"sqlite:///{tmp_path}/runs.db")
+    store = open_store(f"sqlite:///{tmp_path}/runs.db")
+    loaded = await store.load("lazy")
+    await store.aclose()
+    assert pickle.loads(pickle.dumps(loaded)) == run
+    assert copy.deepcopy(loaded) == run
