@@ -27,6 +27,11 @@ class Deferred(Generic[T]):
         self._make: Callable[[], T] | None = make
         self._value: T | None = None
 
+    @property
+    def built(self) -> bool:
+        """True once the value has been built."""
+        return self._make is None
+
     def get(self) -> T:
         """The value (built now if it was not yet); an error of ``make`` propagates."""
         make = self._make
@@ -97,4 +102,4 @@ class LazyTuple(Sequence[T]):
     @property
     def deferred(self) -> int:
         """How many items are not built yet."""
-        return sum(1 for item in self._items if type(item) is Deferred and item._make is not None)
+        return sum(1 for item in self._items if type(item) is Deferred and not item.built)
