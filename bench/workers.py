@@ -84,8 +84,12 @@ async def serve(args: argparse.Namespace) -> None:
     loop.add_signal_handler(signal.SIGTERM, worker.stop)
     store = RedisStore(args.serve)
     await store.client.incr(store.run_key("bench", "ready"))
-    await store.aclose()
-    await worker.serve()
+    began = time.process_time()
+    try:
+        await worker.serve()
+    finally:
+        await store.client.incrbyfloat(store.run_key("bench", "cpu"), time.process_time() - began)
+        await store.aclose()
 
 
 def spawn(url: str, args: argparse.Namespace) -> subprocess.Popen[bytes]:
@@ -104,6 +108,12 @@ async def ready(store: RedisStore, n: int) -> None:
             await asyncio.sleep(0.2)
             return
         await asyncio.sleep(0.05)
+
+
+async def redis_cpu(store: RedisStore) -> float:
+    """CPU seconds the Redis server has used so far."""
+    info = await store.client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 async def drained(store: RedisStore) -> None:
@@ -125,6 +135,7 @@ async def measure(base: str, n: int, args: argparse.Namespace) -> dict[str, floa
     procs = [spawn(url, args) for _ in range(n)]
     try:
         await ready(store, n)
+        cpu_began = (time.process_time(), await redis_cpu(store))
         submitted: dict[str, float] = {}
         for start in range(0, len(ids), 50):
             batch = ids[start : start + 50]
@@ -137,19 +148,26 @@ async def measure(base: str, n: int, args: argparse.Namespace) -> dict[str, floa
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
             proc.wait()
+    driver_cpu = time.process_time() - cpu_began[0]
+    server_cpu = await redis_cpu(store) - cpu_began[1]
+    workers_cpu = float(await store.client.get(store.run_key("bench", "cpu")) or 0)
     page = await store.list_runs(limit=len(ids))
     done = {s.run_id: s.updated_at.timestamp() for s in page.runs if s.state == "completed"}
     latencies = sorted(done[r] - submitted[r] for r in done)
     elapsed = max(done.values()) - min(submitted.values())
+    turns = len(done) * args.turns
     await store.client.flushdb()
     await kernel.aclose()
     await store.aclose()
     return {
         "completed": len(done),
         "runs_s": len(done) / elapsed,
-        "turns_s": len(done) * args.turns / elapsed,
+        "turns_s": turns / elapsed,
         "p50": statistics.median(latencies),
         "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "workers_ms": workers_cpu / turns * 1e3,
+        "redis_ms": server_cpu / turns * 1e3,
+        "driver_ms": driver_cpu / turns * 1e3,
     }
 
 
@@ -172,14 +190,21 @@ async def main(args: argparse.Namespace) -> None:
         f"{os.cpu_count()} cores",
         flush=True,
     )
-    print("workers  completed   runs/s  turns/s  efficiency  p50 ms  p99 ms", flush=True)
+    print(
+        "workers  completed   runs/s  turns/s  efficiency  p50 ms  p99 ms"
+        "   CPU ms/turn: workers  redis  driver  ceiling turns/s",
+        flush=True,
+    )
+    cores = os.cpu_count() or 1
     single = None
     for n in args.workers:
         r = await measure(args.redis, n, args)
         single = single or r["turns_s"] / n
         print(
             f"{n:7}  {r['completed']:9.0f}  {r['runs_s']:7.1f}  {r['turns_s']:7.0f}  "
-            f"{r['turns_s'] / (n * single):9.0%}  {r['p50'] * 1e3:6.0f}  {r['p99'] * 1e3:6.0f}",
+            f"{r['turns_s'] / (n * single):9.0%}  {r['p50'] * 1e3:6.0f}  {r['p99'] * 1e3:6.0f}"
+            f"{r['workers_ms']:21.2f}  {r['redis_ms']:5.2f}  {r['driver_ms']:6.2f}"
+            f"  {cores * 1e3 / (r['workers_ms'] + r['redis_ms'] + r['driver_ms']):15.0f}",
             flush=True,
         )
 
