@@ -91,7 +91,7 @@ class FileStore:
                 entries = [(r, e) for r, e in snap.commits(snapshot_of(wanted)) if r <= wanted]
                 head = replay(entries, what=f"history of {folder.path}")
             m_end, t_end = log_ends(head)
-            with paused_gc():  # one collection at the end, after the parsed documents are gone
+            with paused_gc():  # the collector resumes once the parsed documents are gone
                 messages, turns, blobs = snap.parts(m_end, t_end)
                 run = decode_run(head, messages, turns, blobs, what=f"run in {folder.path}")
                 del messages

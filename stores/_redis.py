@@ -183,7 +183,7 @@ class RedisStore:
             entries = [(first + i, load_entry(e, what)) for i, e in enumerate(history[0])]
             head = replay(entries, what=what)
         m_end, t_end = log_ends(head)
-        with paused_gc():  # one collection at the end, after the parsed documents are gone
+        with paused_gc():  # the collector resumes once the parsed documents are gone
             msg_docs = _parse_list(messages[:m_end], what)
             blob_map = {k.decode(): v for k, v in blobs.items()}
             run = decode_run(head, msg_docs, turns[:t_end], blob_map, what=what)

@@ -315,7 +315,7 @@ def _head_at(
 
 def _decode(parts: Parts, what: str) -> Run:
     m_end, t_end = log_ends(parts.head)
-    with paused_gc():  # one collection at the end, after the parsed documents are gone
+    with paused_gc():  # the collector resumes once the parsed documents are gone
         messages = _parse(parts.messages, f"messages of {what}")
         turns = parts.turns  # parsed when a completed turn is read
         if len(messages) != m_end or len(turns) != t_end:
