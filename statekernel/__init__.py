@@ -37,6 +37,7 @@ from statekernel.errors import (
     CorruptCheckpoint,
     InvalidTransition,
     ProviderError,
+    RunBusy,
     RunNotFound,
     StatekernelError,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "ReasoningPart",
     "Rewrite",
     "Run",
+    "RunBusy",
     "RunLifecycle",
     "RunNotFound",
     "STATE_IDS",

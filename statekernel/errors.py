@@ -19,6 +19,7 @@ __all__ = [
     "ProviderError",
     "ProviderUnavailable",
     "RateLimited",
+    "RunBusy",
     "RunNotFound",
     "StatekernelError",
     "StoreError",
@@ -59,6 +60,22 @@ class LeaseLost(ConflictError):
         why = f"lease {token!r} is no longer held" if token else "no lease is held"
         StatekernelError.__init__(
             self, f"run {run_id!r}: commit at revision {expected + 1} refused: {why}"
+        )
+
+
+class RunBusy(StatekernelError):
+    """Another live drive owns the run: its owner holds the run's lease.
+
+    Raised after waiting ``waited`` seconds (the kernel's ``busy_timeout``) for the
+    owner to finish. The owner's in-flight calls are its own, not crash remnants.
+    """
+
+    def __init__(self, run_id: str, owner: str, waited: float = 0.0) -> None:
+        self.run_id = run_id
+        self.owner = owner
+        self.waited = waited
+        super().__init__(
+            f"run {run_id!r} is driven by {owner} (waited {waited:.1f} s for it to finish)"
         )
 
 
