@@ -40,7 +40,7 @@ import statekernel as sk
 from statekernel._codec import encode_commit
 from statekernel._codec_base import dump_bytes
 from statekernel._codec_dict import dump_entry
-from statekernel._storage import Checkpoint, CheckpointStore, StoreWrapper
+from statekernel._storage import Checkpoint, CheckpointStore, Lease, StoreWrapper
 from statekernel.stores import open_store
 from statekernel.testing import ScriptedProvider, call
 
@@ -78,9 +78,9 @@ class Timed(StoreWrapper):
         self.times: list[float] = []
         self.checkpoints: list[Checkpoint] = []
 
-    async def commit(self, checkpoint: Checkpoint) -> None:
+    async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         began = time.perf_counter()
-        await self.inner.commit(checkpoint)
+        await self.inner.commit(checkpoint, lease=lease)
         self.times.append(time.perf_counter() - began)
         self.checkpoints.append(checkpoint)
 

@@ -47,7 +47,7 @@ __all__ = ["Reader", "Writer"]
 _ROLES: dict[str, str] = {"system": "s", "user": "u", "assistant": "a", "tool": "t"}
 _ROLE_OF: dict[str, Role] = {"s": "system", "u": "user", "a": "assistant", "t": "tool"}
 _STATES = frozenset(STATE_IDS)
-_RECORD_DEFAULTS = (None, None, None, 0, None, None)
+_RECORD_DEFAULTS = (None, None, None, 0, None, None, False)
 
 
 def _trim(items: list[Any], defaults: Sequence[Any]) -> list[Any]:
@@ -207,6 +207,7 @@ class Writer(BlobWriter):
             rec.attempt,
             None if rec.started_at is None else enc_time(rec.started_at),
             None if rec.finished_at is None else enc_time(rec.finished_at),
+            rec.resolved,
         ]
         return head + _trim(tail, _RECORD_DEFAULTS)
 
@@ -343,7 +344,9 @@ class Reader(BlobReader):
             call_id, name, arguments, start = call.id, call.name, call.arguments, 1
         else:
             call_id, name, arguments, start = _str(doc[0]), _str(doc[1]), self.s(doc[2]), 3
-        raw_input, output, error, attempt, started, finished = _pad(doc, start, _RECORD_DEFAULTS)
+        raw_input, output, error, attempt, started, finished, resolved = _pad(
+            doc, start, _RECORD_DEFAULTS
+        )
         if type(raw_input) is dict and raw_input.keys() == {"$a"}:
             value = load_json(arguments, "tool call arguments") if arguments.strip() else {}
         else:
@@ -351,7 +354,7 @@ class Reader(BlobReader):
         return ToolCallRecord(
             call_id, name, arguments, value, self.json(output), self.opt(error), _int(attempt),
             None if started is None else dec_time(started),
-            None if finished is None else dec_time(finished),
+            None if finished is None else dec_time(finished), resolved is True,
         )  # fmt: skip
 
     def turn(self, doc: dict[str, Any]) -> Turn:

@@ -1,10 +1,19 @@
 """Drives one run: each ``advance`` performs the effect a state needs, then exactly
 one committed transition (see the design note at the top of ``_kernel``).
 
-A driver remembers the intents *it* committed (``model_started``, and the tool
-calls it started and still runs). An intent found in the store that no live driver
-owns is a crash remnant: the model is called again (``model_restarted``),
-idempotent tools re-run, any other in-flight call pauses the run.
+A driver holds the run's lease (one owner per run): every commit carries it, and the
+store refuses it once the lease moved on. It remembers the intents *it* committed
+(``model_started``, the tool calls it started and still runs, and those whose intent
+landed but whose effect it never began). Because only the lease holder commits, an
+intent found in the store that this driver does not know is a remnant of a dead or
+departed owner: the model is called again (``model_restarted``), idempotent tools
+re-run, any other in-flight call pauses the run.
+
+A commit whose outcome is ambiguous (the store failed after the write may have
+reached it, or the caller was cancelled while the store worked) is settled before
+anything is decided: the driver reads the head, which under its lease tells exactly
+whether the commit landed. A landed commit is kept; one that did not land is tried
+again with backoff, and results already in hand are never dropped for it.
 """
 
 from __future__ import annotations
@@ -24,9 +33,16 @@ from statekernel._messages import JSON, ModelRequest, ModelResult
 from statekernel._middleware import ModelCall, ToolInvocation, chain
 from statekernel._model import ReasoningDelta, ResultBuilder, TextDelta, ToolCallDelta, UsageUpdate
 from statekernel._run import PauseInfo, Run, ToolCallRecord, Turn
-from statekernel._storage import Checkpoint, commit_settled
+from statekernel._storage import Checkpoint, Lease
 from statekernel._tools import ToolContext
-from statekernel.errors import InvalidTransition, ToolError
+from statekernel.errors import (
+    ConflictError,
+    InvalidTransition,
+    RunNotFound,
+    StatekernelError,
+    StoreError,
+    ToolError,
+)
 
 if TYPE_CHECKING:
     from statekernel._kernel import Kernel
@@ -35,6 +51,8 @@ __all__ = ["RunDriver"]
 
 NOT_RUN_FINISHED = "not run: the run finished ({reason})"
 UNCERTAIN = "uncertain_tool_calls"
+COMMIT_RETRIES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+"""Pauses between attempts of a commit that failed in the store (then ``StoreError``)."""
 
 
 class _HookFailed(Exception):
@@ -47,13 +65,18 @@ class _Outcome:
     ids: tuple[str, ...]
     output: JSON = None
     error: str | None = None
+    resolved: bool = False
 
 
 class RunDriver:
     """One run's machine, its committed intents and its running tool calls."""
 
-    def __init__(self, kernel: Kernel, run: Run) -> None:
+    def __init__(self, kernel: Kernel, run: Run, lease: Lease | None = None) -> None:
         self.kernel = kernel
+        self.lease = lease
+        """The run's lease this driver commits under (None: unfenced, for new runs)."""
+        self.lost = False
+        """True once the lease was found to have moved on: the driver must stop."""
         self.lc = kernel.lifecycle(run)
         self.lock = asyncio.Lock()
         self.users = 0
@@ -61,6 +84,8 @@ class RunDriver:
         self.model_claim: int | None = None
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.names: dict[str, str] = {}
+        self.unstarted: dict[str, tuple[list[str], JSON]] = {}
+        """Intents that landed while the drive was cancelled: their effect never began."""
         self.outcomes: list[_Outcome] = []
         self.escaped: BaseException | None = None
         self.queue: asyncio.Queue[Event | None] = asyncio.Queue()
@@ -73,13 +98,14 @@ class RunDriver:
     @property
     def busy(self) -> bool:
         """True while the driver holds intents a later ``step`` must finish."""
-        return bool(self.tasks or self.outcomes or self.model_claim is not None)
+        return bool(self.tasks or self.outcomes or self.unstarted or self.model_claim is not None)
 
     def reset(self, run: Run) -> None:
         """Point at a newer head loaded from the store; intents of older revisions lapse."""
         if run.revision != self.lc.run.revision:
             self.lc.reset(run)
             self.model_claim = None
+            self.unstarted.clear()
             self.cancel_tasks()
 
     def cancel_tasks(self) -> None:
@@ -92,15 +118,83 @@ class RunDriver:
     # -- commits ---------------------------------------------------------------
 
     async def commit(self, event: str, **payload: Any) -> tuple[Event, ...]:
-        """Apply one transition and commit it; on any failure the run stays as it was."""
+        """Apply one transition and commit it; unless it landed, the run stays as it was."""
         previous = self.lc.run
         run, events = self.lc.apply(event, **payload)
-        try:
-            await commit_settled(self.kernel.store, Checkpoint.appended(previous, run, events))
-        except BaseException:
-            self.lc.reset(previous)
-            raise
+        await self._land(Checkpoint.appended(previous, run, events), previous)
         return events
+
+    async def _land(self, checkpoint: Checkpoint, previous: Run) -> None:
+        """Commit ``checkpoint`` (the driver's copy is already at it): on return it landed.
+
+        A store failure is settled (did it land?), then the commit is tried again with
+        backoff; when every attempt failed, ``StoreError`` is raised. On any way out
+        without a landed commit the copy goes back to ``previous``; a cancellation after
+        the commit landed keeps it.
+        """
+        for pause in (*COMMIT_RETRIES, None):
+            try:
+                if await self._attempt(checkpoint):
+                    return
+            except asyncio.CancelledError:
+                if not await self._landed_anyway(checkpoint):
+                    self.lc.reset(previous)
+                raise
+            except StoreError:
+                try:
+                    landed = await self._settle(checkpoint)
+                except BaseException:
+                    self.lc.reset(previous)
+                    raise
+                if landed:
+                    return
+                if pause is None:
+                    self.lc.reset(previous)
+                    raise
+            except BaseException:
+                self.lc.reset(previous)
+                raise
+            if pause is not None:
+                await asyncio.sleep(pause)
+
+    async def _attempt(self, checkpoint: Checkpoint) -> bool:
+        """One commit attempt, run to its end by the store even if the caller is cancelled
+        (then the cancellation is raised once the store is done, and ``_cancel_landed``
+        says whether the commit landed)."""
+        task = asyncio.ensure_future(self.kernel.store.commit(checkpoint, lease=self.lease))
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                await asyncio.wait([task])
+            self._cancel_landed = not task.cancelled() and task.exception() is None
+            raise
+        return True
+
+    _cancel_landed = False
+
+    async def _landed_anyway(self, checkpoint: Checkpoint) -> bool:
+        """After a cancellation during a commit: whether the commit landed all the same
+        (the store's answer, or the head when the store failed)."""
+        if self._cancel_landed:
+            self._cancel_landed = False
+            return True
+        return bool(await self._settle(checkpoint))
+
+    async def _settle(self, checkpoint: Checkpoint) -> bool | None:
+        """Whether ``checkpoint`` landed, read from the head (exact under the lease: no
+        one else commits); None when the store cannot tell right now."""
+        try:
+            head = await self.kernel.store.load(checkpoint.run.run_id)
+        except RunNotFound:
+            return False
+        except StatekernelError:
+            return None
+        if head.revision == checkpoint.run.revision and self.lease is not None:
+            return True
+        if head.revision == checkpoint.expected_revision:
+            return False
+        raise ConflictError(checkpoint.run.run_id, checkpoint.expected_revision, head.revision)
 
     async def commit_data(self, run: Run, kind: str, data: dict[str, Any]) -> Event:
         """Commit a change of data that is not a lifecycle transition (same state)."""
@@ -110,8 +204,8 @@ class RunDriver:
         run = attrs.evolve(
             run, revision=previous.revision + 1, event_count=previous.event_count + 1
         )
-        await commit_settled(self.kernel.store, Checkpoint.between(previous, run, (event,)))
         self.lc.reset(run)
+        await self._land(Checkpoint.between(previous, run, (event,)), previous)
         return event
 
     async def _fail(self, exc: BaseException) -> tuple[Event, ...]:
@@ -268,9 +362,12 @@ class RunDriver:
 
     async def _dispatch(self) -> AsyncIterator[Event]:
         self._raise_escaped()
-        if self.outcomes:
-            self._committed = await self._complete(self.outcomes.pop(0))
+        if self.outcomes:  # results in hand go first; each leaves the list once it landed
+            self._committed = await self._complete(self.outcomes[0])
             return
+        for ids, call_input in list(self.unstarted.values()):
+            del self.unstarted[ids[0]]
+            self._spawn(ids, call_input)
         turn = _turn(self.run)
         unowned = [r for r in turn.in_flight if r.id not in self.names]
         if unowned and not self.tasks:
@@ -291,7 +388,7 @@ class RunDriver:
             async for live in self._wait():
                 yield live
             if self.outcomes:
-                self._committed = await self._complete(self.outcomes.pop(0))
+                self._committed = await self._complete(self.outcomes[0])
             return
         if turn.pending or turn.in_flight:
             raise InvalidTransition("tools_completed", self.run.state, "calls remain")
@@ -330,7 +427,18 @@ class RunDriver:
         problem = self._precheck(record, call_input)
         if problem is not None:
             return await self._complete(_Outcome(tuple(ids), None, problem))
-        events = await self.commit("tool_call_started", call_ids=ids, call_input=call_input)
+        return await self._intent(ids, call_input)
+
+    async def _intent(self, ids: list[str], call_input: JSON) -> tuple[Event, ...]:
+        """Commit the intent to run the calls ``ids``, then start them. An intent that
+        landed under a cancellation is kept as unstarted: the next step starts it."""
+        revision = self.run.revision
+        try:
+            events = await self.commit("tool_call_started", call_ids=ids, call_input=call_input)
+        except BaseException:
+            if self.run.revision != revision:
+                self.unstarted[ids[0]] = (list(ids), call_input)
+            raise
         self._spawn(ids, call_input)
         return events
 
@@ -357,15 +465,10 @@ class RunDriver:
                 resolution = None
             tool = self.kernel.tools.get(record.name)
             if resolution is not None and not resolution.get("rerun"):
-                outcome = _Outcome((record.id,), resolution.get("output"), resolution.get("error"))
-                return await self._complete(outcome)
+                output, error = resolution.get("output"), resolution.get("error")
+                return await self._complete(_Outcome((record.id,), output, error, resolved=True))
             if resolution is not None or (tool is not None and tool.idempotent):
-                ids = [record.id]
-                events = await self.commit(
-                    "tool_call_started", call_ids=ids, call_input=record.input
-                )
-                self._spawn(ids, record.input)
-                return events
+                return await self._intent([record.id], record.input)
             uncertain.append(record)
         calls = [
             {"id": r.id, "name": r.name, "input": r.input, "attempt": r.attempt} for r in uncertain
@@ -442,7 +545,9 @@ class RunDriver:
             call_ids=list(outcome.ids),
             output=outcome.output,
             error=outcome.error,
+            resolved=outcome.resolved,
         )
+        self.outcomes = [o for o in self.outcomes if o is not outcome]
         self._committed = events
         for call_id in outcome.ids:
             self.names.pop(call_id, None)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
 
-from statekernel._storage import Checkpoint, CheckpointStore
+from statekernel._storage import Checkpoint, CheckpointStore, Lease
 from statekernel.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -47,8 +47,10 @@ class RedisBacked(CheckpointStore, Protocol):
         """A key called ``name`` in the hash slot of the run's keys."""
         ...
 
-    async def commit(self, checkpoint: Checkpoint, *, fence: Fence | None = None) -> None:
-        """Commit; with ``fence``, only while the fence key holds its token."""
+    async def commit(
+        self, checkpoint: Checkpoint, *, lease: Lease | None = None, fence: Fence | None = None
+    ) -> None:
+        """Commit; with ``lease`` or ``fence``, only while the lease key holds its token."""
         ...
 
 

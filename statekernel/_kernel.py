@@ -23,8 +23,18 @@ Where a crash can land, and what resume does:
   or may not have happened. Idempotent tools re-run with the same idempotency key;
   any other call pauses the run (``uncertain_tool_calls``) until
   ``resolve_tool_call`` says what happened.
-* during a commit: the store lands all of it or none of it; the driver then
-  reloads the head before it goes on.
+* during a commit: the store lands all of it or none of it. The driver settles an
+  ambiguous outcome (a store error, a cancellation while the store works) by reading
+  the head before it decides anything; a landed commit is kept, one that did not land
+  is tried again with backoff.
+
+One owner per run: a drive (``run``, ``step``) and a command (``send``, ``resume``...)
+first take the run's lease from the store; every commit carries its fencing token,
+which the store checks with the revision. While a live owner holds the lease, others
+wait up to ``busy_timeout`` and then get ``RunBusy``; they never take the owner's
+intents for crash remnants. A dead owner's lease is taken over at once where the store
+proves the death (an OS lock on one host), otherwise when it expires (``lease_ttl``
+after its last renewal; the kernel renews the leases it holds).
 
 Cancellation (task cancel, closing the ``run`` generator) stops between or inside
 effects; the transition in progress is not committed and no ``failed`` is written.
@@ -36,7 +46,9 @@ import asyncio
 import contextlib
 import copy
 import inspect
+import os
 import re
+import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
@@ -53,9 +65,18 @@ from statekernel._messages import JSON, Message
 from statekernel._middleware import Middleware
 from statekernel._model import ModelProvider
 from statekernel._run import Run, utcnow
-from statekernel._storage import Checkpoint, CheckpointStore, commit_settled
+from statekernel._storage import Checkpoint, CheckpointStore, Lease, commit_settled
 from statekernel._tools import Tool, tools_by_name
-from statekernel.errors import ConfigError, ConflictError, InvalidArgument, InvalidTransition
+from statekernel.errors import (
+    ConfigError,
+    ConflictError,
+    InvalidArgument,
+    InvalidTransition,
+    LeaseLost,
+    RunBusy,
+    StatekernelError,
+    StoreError,
+)
 
 if TYPE_CHECKING:
     from statekernel.providers import ProviderRegistry
@@ -89,6 +110,9 @@ class Kernel:
     files, then ``sqlite:///.statekernel/runs.db``). ``providers`` adds to or
     overrides the built-in providers by name. Middleware wraps model and tool calls,
     the first one outermost. ``max_turns`` is the default budget of new runs.
+    ``lease_ttl``: seconds a run's lease outlives its last renewal (a dead owner's runs
+    are taken over after that where the store cannot prove the death at once);
+    ``busy_timeout``: seconds to wait for another live owner of a run before ``RunBusy``.
     """
 
     def __init__(
@@ -101,11 +125,20 @@ class Kernel:
         middleware: Sequence[Middleware] = (),
         dispatch: DispatchPolicy | None = None,
         max_turns: int | None = 20,
+        lease_ttl: float = 15.0,
+        busy_timeout: float = 20.0,
     ) -> None:
         from statekernel.providers import ProviderRegistry
 
         if max_turns is not None and max_turns < 1:
             raise InvalidArgument("max_turns must be at least 1 (or None for no limit)")
+        if not lease_ttl > 0 or not busy_timeout >= 0:
+            raise InvalidArgument("lease_ttl must be > 0 and busy_timeout >= 0 (seconds)")
+        self.lease_ttl = float(lease_ttl)
+        self.busy_timeout = float(busy_timeout)
+        self.owner = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:12]}"
+        """Who this kernel is to the stores: host, process and a kernel id."""
+        self._renewer: asyncio.Task[None] | None = None
         self.store, self._owns_store = _resolve_store(store)
         self.tools: dict[str, Tool] = tools_by_name(list(tools))
         self.tool_specs = tuple(t.spec for t in self.tools.values())
@@ -145,10 +178,16 @@ class Kernel:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Cancel background tool calls, close built-in providers and a store opened by URL."""
-        for driver in self._drivers.values():
+        """Cancel background tool calls, release the runs' leases, close built-in providers
+        and a store opened by URL."""
+        drivers, self._drivers = list(self._drivers.values()), {}
+        for driver in drivers:
             driver.cancel_tasks()
-        self._drivers.clear()
+        if self._renewer is not None:
+            self._renewer.cancel()
+            self._renewer = None
+        for driver in drivers:
+            await self._release(driver)
         await self.registry.aclose()
         if self._owns_store:
             await self.store.aclose()
@@ -210,12 +249,17 @@ class Kernel:
         commit. Closing the generator or cancelling the task stops the run cleanly.
         """
         async with self._driver(run_id) as driver:
+            keep = False
             try:
                 while not driver.run.is_terminal:
                     async for event in driver.advance():
                         yield event
+            except StoreError:
+                keep = True  # the store failed: calls go on, their results wait for a drive
+                raise
             finally:
-                driver.cancel_tasks()
+                if not keep:
+                    driver.cancel_tasks()
                 driver.model_claim = None
 
     async def step(self, run_id: str) -> list[Event]:
@@ -238,12 +282,7 @@ class Kernel:
 
     @contextlib.asynccontextmanager
     async def _driver(self, run_id: str) -> AsyncIterator[RunDriver]:
-        driver = self._drivers.get(run_id)
-        fresh = driver is None
-        if driver is None:
-            loaded = await self.store.load(run_id)
-            driver = self._drivers.setdefault(run_id, RunDriver(self, loaded))
-            fresh = driver.run is loaded
+        driver, fresh = await self._claim(run_id)
         waited = driver.lock.locked()
         driver.users += 1
         try:
@@ -258,19 +297,94 @@ class Kernel:
         finally:
             driver.users -= 1
             if not driver.users and not driver.busy and self._drivers.get(run_id) is not driver:
+                await self._release(driver)
                 self._give_back(driver)
+
+    async def _claim(self, run_id: str) -> tuple[RunDriver, bool]:
+        """This kernel's driver of the run, holding the run's lease; True if just built.
+
+        Waits up to ``busy_timeout`` while another owner holds the lease.
+        """
+        lease = await self._acquire(run_id, share=True)
+        if lease is None:
+            return self._drivers[run_id], False
+        try:
+            loaded = await self.store.load(run_id)
+        except BaseException:
+            await self._release_lease(lease)
+            raise
+        driver = RunDriver(self, loaded, lease)
+        self._drivers[run_id] = driver
+        self._keep_renewing()
+        return driver, True
+
+    async def _acquire(self, run_id: str, *, share: bool) -> Lease | None:
+        """The run's lease for this kernel (None: a driver of this kernel holds it and
+        ``share`` allows using that driver), after waiting for another owner if need be."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        delay = 0.01
+        while True:
+            driver = self._drivers.get(run_id)
+            if share and driver is not None and not driver.lost:
+                return None
+            try:
+                return await self.store.acquire(run_id, self.owner, ttl=self.lease_ttl)
+            except RunBusy as busy:
+                waited = loop.time() - started
+                if waited + delay > self.busy_timeout:
+                    raise RunBusy(run_id, busy.owner, waited) from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+    async def _release(self, driver: RunDriver) -> None:
+        lease, driver.lease = driver.lease, None
+        if lease is not None:
+            await self._release_lease(lease)
+
+    async def _release_lease(self, lease: Lease) -> None:
+        with contextlib.suppress(StatekernelError):  # an unreleased lease only expires later
+            await self.store.release(lease)
+
+    def _keep_renewing(self) -> None:
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.ensure_future(self._renew_leases())
+
+    async def _renew_leases(self) -> None:
+        """Renew the leases of the runs this kernel drives, every third of their ttl."""
+        while self._drivers:
+            await asyncio.sleep(self.lease_ttl / 3)
+            for driver in list(self._drivers.values()):
+                lease = driver.lease
+                if lease is None or driver.lost:
+                    continue
+                try:
+                    await self.store.renew(lease, ttl=self.lease_ttl)
+                except LeaseLost:
+                    driver.lost = True  # its next commit is refused; nothing it holds is lost
+                except StatekernelError:
+                    continue  # the store is unreachable now: try again next round
 
     @contextlib.asynccontextmanager
     async def _fresh(self, run_id: str) -> AsyncIterator[RunDriver]:
         """A one-off driver at the stored head, for commands (send, resume, ...).
 
-        Commands do not wait for a ``run`` generator of the same run, which may be
-        suspended at a ``yield`` in the caller's own loop: they commit with
-        compare-and-set, and a driver that was overtaken reloads or gets
-        ``ConflictError``.
+        It commits under the run's lease: the lease of this kernel's own driver of the
+        run if there is one (commands do not wait for a ``run`` generator that may be
+        suspended at a ``yield`` in the caller's own loop: a driver overtaken by a
+        command reloads or gets ``ConflictError``), else a lease of its own, taken after
+        waiting for another owner and given back at the end.
         """
-        driver = RunDriver(self, await self.store.load(run_id))
-        yield driver
+        lease = await self._acquire(run_id, share=True)
+        owned = lease is not None
+        if lease is None:
+            lease = self._drivers[run_id].lease
+        try:
+            driver = RunDriver(self, await self.store.load(run_id), lease)
+            yield driver
+        finally:
+            if owned and lease is not None:
+                await self._release_lease(lease)
         if not driver.busy:
             self._give_back(driver)
 
@@ -289,6 +403,15 @@ class Kernel:
         if not messages:
             raise InvalidArgument("send needs at least one message")
         async with self._fresh(run_id) as driver:
+            pause = driver.run.pause
+            if driver.run.state == "paused" and pause is not None and pause.reason == UNCERTAIN:
+                calls = ", ".join(repr(c.get("id")) for c in pause.metadata.get("calls", []))
+                raise InvalidTransition(
+                    "input",
+                    "paused",
+                    f"tool calls {calls} of run {run_id!r} may or may not have run: say what"
+                    " happened with resolve_tool_call first",
+                )
             await driver.commit("input", messages=_as_messages(messages))
             return driver.run
 
@@ -342,16 +465,14 @@ class Kernel:
             # leaves a new attempt in flight, which needs a new answer
             resolution["attempt"] = attempts[call_id]
             resolutions = {**pause.metadata.get("resolutions", {}), call_id: resolution}
-            uncertain = set(attempts)
-            if set(resolutions) >= uncertain:
+            metadata = {**pause.metadata, "resolutions": resolutions}
+            updated = attrs.evolve(
+                run, pause=attrs.evolve(pause, metadata=metadata), updated_at=utcnow()
+            )
+            data = {"call_id": call_id, "resolution": resolution}
+            await driver.commit_data(updated, "tool_call_resolved", data)
+            if set(resolutions) >= set(attempts):  # every uncertain call answered: go on
                 await driver.commit("resume", value={"resolutions": resolutions}, max_turns=None)
-            else:
-                metadata = {**pause.metadata, "resolutions": resolutions}
-                updated = attrs.evolve(
-                    run, pause=attrs.evolve(pause, metadata=metadata), updated_at=utcnow()
-                )
-                data = {"call_id": call_id, "resolution": resolution}
-                await driver.commit_data(updated, "tool_call_resolved", data)
             return driver.run
 
     async def update_context(

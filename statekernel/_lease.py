@@ -18,6 +18,7 @@ import attrs
 
 from statekernel._fencing import Fence, RedisBacked
 from statekernel._storage import Checkpoint, StoreWrapper
+from statekernel._storage import Lease as RunLease
 from statekernel.errors import LeaseLost, StoreError
 
 __all__ = ["Lease", "LeasedStore", "Leases"]
@@ -104,19 +105,36 @@ async def _call(work: Awaitable[Any]) -> Any:
 class LeasedStore(StoreWrapper):
     """The store a worker's kernel commits through: each commit is fenced by the
     worker's lease on its run; without one (never taken, lost, released) it raises
-    ``LeaseLost`` before reaching Redis. Reads go straight to the inner store."""
+    ``LeaseLost`` before reaching Redis. Reads go straight to the inner store.
+
+    The worker owns the runs it drives: the kernel's own ``acquire`` gets the worker's
+    lease, and its renewals and releases are left to the worker.
+    """
 
     def __init__(self, inner: RedisBacked, held: Mapping[str, Lease]) -> None:
         super().__init__(inner)
         self.fenced = inner
         self.held = held
 
-    async def commit(self, checkpoint: Checkpoint) -> None:
-        """Commit under the run's lease."""
-        lease = self.held.get(checkpoint.run.run_id)
-        if lease is None:
+    async def commit(self, checkpoint: Checkpoint, *, lease: RunLease | None = None) -> None:
+        """Commit under the worker's lease on the run."""
+        held = self.held.get(checkpoint.run.run_id)
+        if held is None:
             raise LeaseLost(checkpoint.run.run_id, checkpoint.expected_revision)
-        await self.fenced.commit(checkpoint, fence=lease.fence)
+        await self.fenced.commit(checkpoint, fence=held.fence)
+
+    async def acquire(self, run_id: str, owner: str, *, ttl: float) -> RunLease:
+        """The worker's lease on the run (``LeaseLost`` if the worker holds none)."""
+        held = self.held.get(run_id)
+        if held is None:
+            raise LeaseLost(run_id, -1)
+        return RunLease(run_id, owner, held.token)
+
+    async def renew(self, lease: RunLease, *, ttl: float) -> None:
+        """Nothing: the worker renews its leases."""
+
+    async def release(self, lease: RunLease) -> None:
+        """Nothing: the worker releases its leases."""
 
     async def aclose(self) -> None:
         """Nothing: the worker closes the inner store."""

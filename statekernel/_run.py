@@ -57,7 +57,9 @@ class ToolCallRecord:
     """One tool call through dispatch: pending -> in flight -> completed.
 
     ``input`` is the parsed (or hook-rewritten) arguments, None when the model's
-    arguments were not valid JSON. A completed record has ``output`` or ``error``.
+    arguments were not valid JSON. A completed record has ``output`` or ``error``;
+    ``resolved`` is True when that result is an operator's answer given with
+    ``Kernel.resolve_tool_call`` (the call's outcome was uncertain), not an execution.
     """
 
     id: str
@@ -69,6 +71,7 @@ class ToolCallRecord:
     attempt: int = 0
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    resolved: bool = False
 
 
 @attrs.frozen

@@ -3,6 +3,14 @@
 A commit is atomic and guarded by compare-and-set on the revision: the new head,
 the parts that are new since the previous revision (messages, completed turns)
 and the events of the transition land together or not at all.
+
+One owner per run: a drive first takes the run's lease (``acquire``), which gives it
+a fencing token larger than every token given for the run before. Every commit of
+the drive carries the lease, and the store checks the token in the same atomic step
+as the revision, so an owner that lost its lease can never commit again. A lease
+held by a live owner is not given to anyone else; a dead owner's lease is taken
+over as soon as the store can prove the death (an OS lock the owner's process held,
+on one host) or once it expires (``ttl`` seconds after it was last renewed).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from statekernel._run import Run, StateId
 __all__ = [
     "Checkpoint",
     "CheckpointStore",
+    "Lease",
     "RunPage",
     "RunSummary",
     "StoreWrapper",
@@ -86,6 +95,15 @@ class Checkpoint:
 
 
 @attrs.frozen
+class Lease:
+    """A held lease on a run: its owner and the fencing token commits carry."""
+
+    run_id: str
+    owner: str
+    token: str
+
+
+@attrs.frozen
 class RunSummary:
     """A line of a run listing."""
 
@@ -119,11 +137,29 @@ class CheckpointStore(Protocol):
         """The run at its latest revision, or at ``revision``; raises ``RunNotFound``."""
         ...
 
-    async def commit(self, checkpoint: Checkpoint) -> None:
+    async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         """Land a checkpoint atomically if the head is ``checkpoint.expected_revision``.
 
-        Raises ``ConflictError`` when the head moved (or, at revision 0, when the run exists).
+        Raises ``ConflictError`` when the head moved (or, at revision 0, when the run
+        exists). With ``lease``, the commit lands only while the lease is the run's
+        current one (checked in the same atomic step), else ``LeaseLost``.
         """
+        ...
+
+    async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
+        """Take the run's lease for ``owner`` with a new, larger fencing token.
+
+        Raises ``RunBusy`` naming the holder while another live owner holds it (a lease
+        that expired, or whose owner is proven dead, is taken over).
+        """
+        ...
+
+    async def renew(self, lease: Lease, *, ttl: float) -> None:
+        """Extend the lease to ``ttl`` seconds from now; ``LeaseLost`` if it moved on."""
+        ...
+
+    async def release(self, lease: Lease) -> None:
+        """Give the lease up (nothing if it already moved on)."""
         ...
 
     async def events(
@@ -152,7 +188,9 @@ class CheckpointStore(Protocol):
         ...
 
 
-async def commit_settled(store: CheckpointStore, checkpoint: Checkpoint) -> None:
+async def commit_settled(
+    store: CheckpointStore, checkpoint: Checkpoint, lease: Lease | None = None
+) -> None:
     """Commit, and if the caller is cancelled meanwhile, let the commit settle first.
 
     A store may write in a thread or over a socket; cancelling the await does not
@@ -163,9 +201,9 @@ async def commit_settled(store: CheckpointStore, checkpoint: Checkpoint) -> None
     await is cancelled) is awaited directly.
     """
     if getattr(store, "settles_on_cancel", False):
-        await store.commit(checkpoint)  # nothing outlives a cancelled await of this store
+        await store.commit(checkpoint, lease=lease)  # nothing outlives a cancelled await
         return
-    task = asyncio.ensure_future(store.commit(checkpoint))
+    task = asyncio.ensure_future(store.commit(checkpoint, lease=lease))
     try:
         await asyncio.shield(task)
     except asyncio.CancelledError:
@@ -188,9 +226,21 @@ class StoreWrapper:
         """Forwarded."""
         return await self.inner.load(run_id, revision=revision)
 
-    async def commit(self, checkpoint: Checkpoint) -> None:
+    async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         """Forwarded."""
-        await self.inner.commit(checkpoint)
+        await self.inner.commit(checkpoint, lease=lease)
+
+    async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
+        """Forwarded."""
+        return await self.inner.acquire(run_id, owner, ttl=ttl)
+
+    async def renew(self, lease: Lease, *, ttl: float) -> None:
+        """Forwarded."""
+        await self.inner.renew(lease, ttl=ttl)
+
+    async def release(self, lease: Lease) -> None:
+        """Forwarded."""
+        await self.inner.release(lease)
 
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None

@@ -24,6 +24,7 @@ Effects = tuple[Run, list[tuple[str, dict[str, Any]]]]
 """A transition's outcome: the next run and the (type, data) of its events."""
 
 NOT_RUN = "not run: {why}"
+OUTCOME_UNKNOWN = "outcome unknown: {why}; it may or may not have run"
 
 
 def tool_result_text(record: ToolCallRecord) -> str:
@@ -150,17 +151,31 @@ def tool_call_started(run: Run, call_ids: Sequence[str], call_input: JSON, at: d
 
 
 def tool_call_completed(
-    run: Run, call_ids: Sequence[str], output: JSON, error: str | None, at: datetime
+    run: Run,
+    call_ids: Sequence[str],
+    output: JSON,
+    error: str | None,
+    resolved: bool,
+    at: datetime,
 ) -> Effects:
-    """dispatching_tools self-transition: calls finished (or were skipped) with a result."""
+    """dispatching_tools self-transition: calls finished (or were skipped) with a result.
+
+    ``resolved``: the result is an operator's answer about an uncertain call, not an
+    execution (the record and the event say so).
+    """
     turn = _turn(run)
     turn, moved = _move(turn, call_ids, ("in_flight", "pending"))
-    moved = [attrs.evolve(r, output=output, error=error, finished_at=at) for r in moved]
-    turn = attrs.evolve(turn, completed=(*turn.completed, *moved))
-    events = [
-        ("tool_call_completed", {"call_id": r.id, "name": r.name, "is_error": error is not None})
+    moved = [
+        attrs.evolve(r, output=output, error=error, finished_at=at, resolved=resolved)
         for r in moved
     ]
+    turn = attrs.evolve(turn, completed=(*turn.completed, *moved))
+    events: list[tuple[str, dict[str, Any]]] = []
+    for r in moved:
+        data: dict[str, Any] = {"call_id": r.id, "name": r.name, "is_error": error is not None}
+        if resolved:
+            data["resolved"] = True
+        events.append(("tool_call_completed", data))
     return attrs.evolve(run, current_turn=turn), events
 
 
@@ -233,9 +248,12 @@ def input_received(run: Run, messages: Sequence[Message], at: datetime) -> Effec
     events: list[tuple[str, dict[str, Any]]] = []
     turn = run.current_turn
     if turn is not None and turn.result is not None:
-        why = NOT_RUN.format(why="the run received new input")
+        why = "the run received new input"
         closed = tuple(
-            attrs.evolve(r, error=why, finished_at=at) for r in (*turn.pending, *turn.in_flight)
+            attrs.evolve(r, error=NOT_RUN.format(why=why), finished_at=at) for r in turn.pending
+        ) + tuple(
+            attrs.evolve(r, error=OUTCOME_UNKNOWN.format(why=f"{why} while it was in flight"))
+            for r in turn.in_flight
         )
         turn = attrs.evolve(turn, pending=(), in_flight=(), completed=(*turn.completed, *closed))
         run = attrs.evolve(run, messages=(*run.messages, *_result_messages(turn)))

@@ -6,7 +6,14 @@
 
 from __future__ import annotations
 
-from statekernel._storage import Checkpoint, CheckpointStore, RunPage, RunSummary, StoreWrapper
+from statekernel._storage import (
+    Checkpoint,
+    CheckpointStore,
+    Lease,
+    RunPage,
+    RunSummary,
+    StoreWrapper,
+)
 from statekernel.stores._file import FileStore
 from statekernel.stores._memory import MemoryStore
 from statekernel.stores._migrate import migrate
@@ -18,6 +25,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointStore",
     "FileStore",
+    "Lease",
     "MemoryStore",
     "RedisStore",
     "RunPage",

@@ -16,8 +16,9 @@ import hashlib
 import os
 import re
 import shutil
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from statekernel._codec import (
 from statekernel._codec_base import paused_gc
 from statekernel._events import Event
 from statekernel._run import Run, StateId
-from statekernel._storage import Checkpoint, RunPage, RunSummary
+from statekernel._storage import Checkpoint, Lease, RunPage, RunSummary
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
 from statekernel.stores._common import check_head, check_revision
 from statekernel.stores._file_io import (
@@ -45,9 +46,19 @@ from statekernel.stores._file_io import (
     blob_line,
     entry_line,
     read_head,
+    read_lease,
     write_head,
+    write_lease,
 )
 from statekernel.stores._listing import page_of
+from statekernel.stores._owners import (
+    LeaseRecord,
+    OwnerProofs,
+    check_fence,
+    released,
+    renewed,
+    take,
+)
 
 __all__ = ["FileStore"]
 
@@ -72,6 +83,7 @@ class FileStore:
             raise ConfigError(f"bad file store URL {url!r}: expected file:///path/to/dir")
         self.url = url
         self.root = Path(unquote(parts.path))
+        self._owners = OwnerProofs(self.root / ".owners")
 
     def _folder(self, run_id: str) -> RunFolder:
         return RunFolder(self.root / folder_name(run_id), self.url)
@@ -114,14 +126,59 @@ class FileStore:
         what = f"history in {folder.path}"
         yield from iter_history(entries, messages, turns, blobs, run_id, what=what)
 
-    async def commit(self, checkpoint: Checkpoint) -> None:
-        """Append the parts, then replace the head, under the run's lock."""
-        await asyncio.to_thread(self._commit, checkpoint)
+    async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
+        """Append the parts, then replace the head, under the run's lock (which also
+        guards its lease)."""
+        await asyncio.to_thread(self._commit, checkpoint, lease)
 
-    def _commit(self, cp: Checkpoint) -> None:
+    async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
+        """Take the run's lease; a holder whose process died (its owner lock is free) is
+        taken over at once."""
+        self._owners.hold(owner)
+        try:
+            record = await asyncio.to_thread(
+                self._lease,
+                run_id,
+                lambda old: take(old, run_id, owner, ttl, time.time(), self._owners.alive),
+            )
+        except BaseException:
+            self._owners.drop(owner)
+            raise
+        assert record is not None
+        return Lease(run_id, owner, str(record.token))
+
+    async def renew(self, lease: Lease, *, ttl: float) -> None:
+        """Extend the lease."""
+        await asyncio.to_thread(
+            self._lease, lease.run_id, lambda old: renewed(old, lease, ttl, time.time())
+        )
+
+    async def release(self, lease: Lease) -> None:
+        """Give the lease up and, with the owner's last lease here, its owner lock."""
+        try:
+            await asyncio.to_thread(self._lease, lease.run_id, lambda old: released(old, lease))
+        finally:
+            self._owners.drop(lease.owner)
+
+    def _lease(
+        self, run_id: str, change: Callable[[LeaseRecord | None], LeaseRecord | None]
+    ) -> LeaseRecord | None:
+        folder = self._folder(run_id)
+        with folder.locked(create=False) as state:
+            if state is None:
+                raise RunNotFound(run_id)
+            old = read_lease(folder)
+            new = change(old)
+            if new is not None and new != old:
+                write_lease(folder, new)
+            return new
+
+    def _commit(self, cp: Checkpoint, lease: Lease | None) -> None:
         run = cp.run
         folder = self._folder(run.run_id)
         with folder.locked(create=run.revision == 0) as state:
+            if lease is not None:
+                check_fence(read_lease(folder), lease, cp.expected_revision)
             prior = None if state is None else _own_head(state.head, run.run_id, folder)
             check_head(cp, None if prior is None else prior["r"])
             enc = encode_commit(cp, prior)
@@ -194,7 +251,8 @@ class FileStore:
         return True
 
     async def aclose(self) -> None:
-        """Nothing stays open between calls."""
+        """Release the owner locks of this process (nothing else stays open)."""
+        self._owners.close()
 
 
 def _own_head(doc: dict[str, Any], run_id: str, folder: RunFolder) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import attrs
 from statekernel._codec_base import blob_text, dump_bytes, load_json
 from statekernel._codec_dict import dump_entry, load_entry
 from statekernel.errors import CorruptCheckpoint, StoreError
+from statekernel.stores._owners import LeaseRecord
 
 __all__ = [
     "Locked",
@@ -23,12 +24,15 @@ __all__ = [
     "blob_line",
     "entry_line",
     "read_head",
+    "read_lease",
     "write_head",
+    "write_lease",
 ]
 
 HEAD = "head.json"
 LOG = "log.jsonl"
 LOCK = "lock"
+LEASE = "lease.json"
 LAYOUT_VERSION = 2
 """Version 2 adds zlib-compressed blob lines and compact events; version 1 is still read."""
 _READABLE = (1, 2)
@@ -283,3 +287,35 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def read_lease(folder: RunFolder) -> LeaseRecord | None:
+    """The run's lease (read under the run's lock), or None when it never had one."""
+    path = folder.path / LEASE
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StoreError(f"file store {str(path)!r}: cannot read the lease: {exc}") from exc
+    doc = load_json(data, f"lease file {str(path)!r}")
+    if (
+        not isinstance(doc, list)
+        or len(doc) != 3
+        or type(doc[0]) is not int
+        or not isinstance(doc[1], str | None)
+        or not isinstance(doc[2], int | float)
+    ):
+        raise CorruptCheckpoint(f"invalid lease file {str(path)!r}")
+    return LeaseRecord(doc[0], doc[1], float(doc[2]))
+
+
+def write_lease(folder: RunFolder, record: LeaseRecord) -> None:
+    """Replace the run's lease (under the run's lock). Not fsynced: a power loss ends
+    every owner on the host, and with them every lease."""
+    tmp = folder.path / (LEASE + ".tmp")
+    try:
+        tmp.write_bytes(dump_bytes([record.token, record.owner, record.expires]))
+        os.replace(tmp, folder.path / LEASE)
+    except OSError as exc:
+        raise StoreError(f"file store {str(folder.path)!r}: cannot write the lease: {exc}") from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 
 import attrs
@@ -9,9 +10,10 @@ import attrs
 from statekernel._events import Event
 from statekernel._messages import Message
 from statekernel._run import Run, StateId, Turn
-from statekernel._storage import Checkpoint, RunPage
+from statekernel._storage import Checkpoint, Lease, RunPage
 from statekernel.errors import ConflictError, RunNotFound
 from statekernel.stores._listing import page_of, summary_of
+from statekernel.stores._owners import LeaseRecord, check_fence, released, renewed, take
 
 __all__ = ["MemoryStore"]
 
@@ -30,6 +32,7 @@ class _Entry:
     messages: list[Message]
     turns: list[Turn]
     events: list[Event]
+    lease: LeaseRecord | None = None
 
 
 class MemoryStore:
@@ -67,10 +70,13 @@ class MemoryStore:
             turns=tuple(entry.turns[: head.turn_count]),
         )
 
-    async def commit(self, checkpoint: Checkpoint) -> None:
-        """Append the new head, parts and events if the head is the expected revision."""
+    async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
+        """Append the new head, parts and events if the head is the expected revision
+        (and ``lease`` is the run's current lease)."""
         run = checkpoint.run
         entry = self._runs.get(run.run_id)
+        if lease is not None:
+            check_fence(None if entry is None else entry.lease, lease, checkpoint.expected_revision)
         actual = None if entry is None else entry.heads[-1].run.revision
         expected = checkpoint.expected_revision if run.revision > 0 else None
         if actual != expected or (entry is None and run.revision != 0):
@@ -90,6 +96,32 @@ class MemoryStore:
         bare = attrs.evolve(run, messages=(), turns=())
         entry.heads.append(_Head(bare, start, len(run.messages), len(run.turns)))
         entry.events.extend(checkpoint.events)
+
+    def _entry(self, run_id: str) -> _Entry:
+        entry = self._runs.get(run_id)
+        if entry is None:
+            raise RunNotFound(run_id)
+        return entry
+
+    async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
+        """Take the run's lease (owners in one process: a lease ends by release or expiry)."""
+        entry = self._entry(run_id)
+        entry.lease = take(entry.lease, run_id, owner, ttl, time.time(), lambda _: True)
+        return Lease(run_id, owner, str(entry.lease.token))
+
+    async def renew(self, lease: Lease, *, ttl: float) -> None:
+        """Extend the lease."""
+        entry = self._runs.get(lease.run_id)
+        record = None if entry is None else entry.lease
+        record = renewed(record, lease, ttl, time.time())
+        if entry is not None:
+            entry.lease = record
+
+    async def release(self, lease: Lease) -> None:
+        """Give the lease up."""
+        entry = self._runs.get(lease.run_id)
+        if entry is not None:
+            entry.lease = released(entry.lease, lease)
 
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None

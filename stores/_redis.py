@@ -43,12 +43,13 @@ from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._events import Event
 from statekernel._fencing import Fence
 from statekernel._run import Run, StateId
-from statekernel._storage import Checkpoint, RunPage, RunSummary
+from statekernel._storage import Checkpoint, Lease, RunPage, RunSummary
 from statekernel.errors import (
     ConfigError,
     ConflictError,
     CorruptCheckpoint,
     LeaseLost,
+    RunBusy,
     RunNotFound,
     StoreError,
 )
@@ -64,8 +65,12 @@ T = TypeVar("T")
 _PLAIN_TAG = re.compile(r"[^{}]{1,200}")
 
 COMMIT_SCRIPT = """
-if #KEYS > 5 and redis.call('GET', KEYS[6]) ~= ARGV[#ARGV] then return {3, 0} end
 local stored = redis.call('HGET', KEYS[1], 'r')
+if stored and tonumber(stored) == tonumber(ARGV[2])
+    and redis.call('HGET', KEYS[1], 'doc') == ARGV[4] then
+  return {0, 1}
+end
+if #KEYS > 5 and redis.call('GET', KEYS[6]) ~= ARGV[#ARGV] then return {3, 0} end
 local expected = tonumber(ARGV[1])
 if expected < 0 then
   if stored then return {1, tonumber(stored)} end
@@ -90,6 +95,26 @@ for _ = 1, n_t do redis.call('RPUSH', KEYS[4], ARGV[i]); i = i + 1 end
 for _ = 1, n_b do redis.call('HSETNX', KEYS[5], ARGV[i], ARGV[i + 1]); i = i + 2 end
 return {0, 0}
 """
+
+ACQUIRE_SCRIPT = """
+if redis.call('EXISTS', KEYS[3]) == 0 then return {2, ''} end
+local held = redis.call('GET', KEYS[1])
+if held then return {0, held} end
+local token = redis.call('INCR', KEYS[2]) .. '/' .. ARGV[1]
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
+return {1, token}
+"""
+RENEW_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+RELEASE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+FENCE_KEY_TTL_MS = 30 * 24 * 3600 * 1000
+"""Fence counters outlive leases (a new lease must get a larger token), not forever."""
 
 
 @attrs.frozen
@@ -121,6 +146,9 @@ class RedisStore:
         except (ValueError, RedisError) as exc:
             raise StoreError(f"bad Redis URL {redact_url(url)!r}: {self._clean(exc)}") from exc
         self._script = self._client.register_script(COMMIT_SCRIPT)
+        self._acquire = self._client.register_script(ACQUIRE_SCRIPT)
+        self._renew = self._client.register_script(RENEW_SCRIPT)
+        self._release = self._client.register_script(RELEASE_SCRIPT)
         self._known: dict[str, _Known] = {}
         self._wire = Wire(self._client)
         self._runs = RunIndex(self._client, self.prefix, self._call, self._wire)
@@ -218,13 +246,43 @@ class RedisStore:
         head = load_json(doc, f"head of {run_id!r} in {redact_url(self.url)}")
         return _Known(_revision(head, "run head"), _bytes(doc), head)
 
-    async def commit(self, checkpoint: Checkpoint, *, fence: Fence | None = None) -> None:
+    async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
+        """Take the run's lease (a key that expires ``ttl`` seconds after its last renewal;
+        a dead owner's lease is taken over once it expired)."""
+        keys = [self.run_key(run_id, "lease"), self.run_key(run_id, "fence"), self._keys(run_id)[0]]
+        args: list[str | int] = [owner, _ms(ttl), FENCE_KEY_TTL_MS]
+        status, token = await self._call(self._acquire(keys=keys, args=args))
+        token = _bytes(token).decode()
+        if status == 2:
+            raise RunNotFound(run_id)
+        if status == 0:
+            raise RunBusy(run_id, token.partition("/")[2] or token)
+        return Lease(run_id, owner, token)
+
+    async def renew(self, lease: Lease, *, ttl: float) -> None:
+        """Extend the lease."""
+        key = self.run_key(lease.run_id, "lease")
+        if not await self._call(self._renew(keys=[key], args=[lease.token, _ms(ttl)])):
+            raise LeaseLost(lease.run_id, -1, lease.token)
+
+    async def release(self, lease: Lease) -> None:
+        """Give the lease up."""
+        key = self.run_key(lease.run_id, "lease")
+        await self._call(self._release(keys=[key], args=[lease.token]))
+
+    async def commit(
+        self, checkpoint: Checkpoint, *, lease: Lease | None = None, fence: Fence | None = None
+    ) -> None:
         """Run the commit script, then move the run in the index.
 
-        With ``fence``, the commit lands only while ``fence.key`` holds ``fence.token``
-        (checked in the same script); otherwise it raises ``LeaseLost``.
+        With ``lease`` (or a ``fence``), the commit lands only while the run's lease key
+        holds the lease's token (checked in the same script); otherwise it raises
+        ``LeaseLost``. A script sent again after a cut connection recognises its own
+        commit if it had landed (same revision, same head document) and reports it landed.
         """
         run = checkpoint.run
+        if lease is not None:
+            fence = Fence(self.run_key(run.run_id, "lease"), lease.token)
         keys = self._keys(run.run_id)
         if fence is not None and not fence.key.startswith(self._base(run.run_id)):
             raise ConfigError(f"fence key {fence.key!r} is not a key of run {run.run_id!r}")
@@ -398,6 +456,10 @@ class RedisStore:
 
 def _bytes(value: bytes | str) -> bytes:
     return value.encode() if isinstance(value, str) else value
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
 
 
 def _digest(text: str) -> str:

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
@@ -42,16 +43,18 @@ from statekernel._codec_base import dump_bytes, enc_time, load_json, paused_gc
 from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._events import Event
 from statekernel._run import Run, StateId
-from statekernel._storage import Checkpoint, RunPage
+from statekernel._storage import Checkpoint, Lease, RunPage
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
 from statekernel.stores._common import HeadCache, Prior, check_head, check_revision, micros
 from statekernel.stores._listing import decode_cursor, encode_cursor
+from statekernel.stores._owners import LeaseRecord, OwnerProofs, released, renewed, take
 from statekernel.stores._sqlite_ops import (
     CommitRows,
     Parts,
     Stored,
     delete_run,
     fetch_all,
+    lease_op,
     read_events,
     read_head,
     read_parts,
@@ -94,6 +97,8 @@ class SQLiteStore:
         self._raw: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
         self._heads: HeadCache[Stored] = HeadCache()
+        folder = None if self.path == ":memory:" else Path(self.path + "-owners")
+        self._owners = OwnerProofs(folder)
 
     def _error(self, exc: BaseException) -> StoreError:
         return StoreError(f"SQLite store {self.path!r}: {exc}")
@@ -195,11 +200,44 @@ class SQLiteStore:
         for item in iter_history(entries, messages, turns, parts.blobs, run_id, what=what):
             yield item
 
-    async def commit(self, checkpoint: Checkpoint) -> None:
-        """Land the checkpoint in one ``BEGIN IMMEDIATE`` transaction (compare-and-set)."""
-        await self._shielded(lambda: self._commit(checkpoint))
+    async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
+        """Land the checkpoint in one ``BEGIN IMMEDIATE`` transaction (compare-and-set,
+        and the lease check when ``lease`` is given)."""
+        await self._shielded(lambda: self._commit(checkpoint, lease))
 
-    async def _commit(self, cp: Checkpoint) -> None:
+    async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
+        """Take the run's lease; a holder whose process died (its owner lock is free) is
+        taken over at once."""
+        if await self._shielded(lambda: self._call(read_head, run_id)) is None:
+            raise RunNotFound(run_id)
+        self._owners.hold(owner)
+        try:
+            record = await self._lease(
+                run_id, lambda old: take(old, run_id, owner, ttl, time.time(), self._owners.alive)
+            )
+        except BaseException:
+            self._owners.drop(owner)
+            raise
+        assert record is not None
+        return Lease(run_id, owner, str(record.token))
+
+    async def renew(self, lease: Lease, *, ttl: float) -> None:
+        """Extend the lease."""
+        await self._lease(lease.run_id, lambda old: renewed(old, lease, ttl, time.time()))
+
+    async def release(self, lease: Lease) -> None:
+        """Give the lease up and, with the owner's last lease here, its owner lock."""
+        try:
+            await self._lease(lease.run_id, lambda old: released(old, lease))
+        finally:
+            self._owners.drop(lease.owner)
+
+    async def _lease(
+        self, run_id: str, change: Callable[[LeaseRecord | None], LeaseRecord | None]
+    ) -> LeaseRecord | None:
+        return await self._shielded(lambda: self._call(lease_op, run_id, change))
+
+    async def _commit(self, cp: Checkpoint, lease: Lease | None) -> None:
         run_id = cp.run.run_id
         known = self._heads.get(run_id) if cp.run.revision > 0 else None
         if cp.run.revision > 0 and (known is None or known.key.revision != cp.expected_revision):
@@ -211,7 +249,7 @@ class SQLiteStore:
             else:
                 enc = encode_commit(cp, known.head, known.refs)
                 expect = (known.key.rid, known.key.revision)
-            landed, stored = await self._call(write_commit, run_id, expect, _rows(cp, enc))
+            landed, stored = await self._call(write_commit, run_id, expect, _rows(cp, enc), lease)
             if landed and stored is not None:
                 self._heads.put(run_id, Prior(stored, enc.head, enc.refs))
                 return
@@ -271,6 +309,7 @@ class SQLiteStore:
         async with self._lock:
             conn, self._conn, self._raw = self._conn, None, None
             self._heads.clear()
+            self._owners.close()
             if conn is not None:
                 with contextlib.suppress(sqlite3.Error, ValueError):
                     await conn.close()

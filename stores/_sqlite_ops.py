@@ -16,12 +16,16 @@ from typing import Any, TypeVar
 
 import attrs
 
+from statekernel._storage import Lease
+from statekernel.stores._owners import LeaseRecord, check_fence
+
 __all__ = [
     "CommitRows",
     "Stored",
     "Parts",
     "delete_run",
     "fetch_all",
+    "lease_op",
     "read_events",
     "read_head",
     "read_parts",
@@ -78,15 +82,56 @@ def read_head(conn: sqlite3.Connection, run_id: str) -> Stored | None:
         return _stored(conn, run_id)
 
 
+def _lease(conn: sqlite3.Connection, run_id: str) -> LeaseRecord | None:
+    row = conn.execute(
+        "SELECT token, owner, expires FROM leases WHERE run_id = ?", (run_id,)
+    ).fetchone()
+    return None if row is None else LeaseRecord(int(row[0]), row[1], float(row[2]))
+
+
+def lease_op(
+    conn: sqlite3.Connection,
+    run_id: str,
+    change: Callable[[LeaseRecord | None], LeaseRecord | None],
+) -> LeaseRecord | None:
+    """Read the run's lease, write ``change(lease)`` back (one transaction); the new lease.
+
+    Leases need not outlive a power loss (every owner on the host dies with it), so
+    the transaction skips the fsync of the commits.
+    """
+    sync = conn.execute("PRAGMA synchronous").fetchone()[0]
+    conn.execute("PRAGMA synchronous = NORMAL")
+    try:
+        with transaction(conn, "BEGIN IMMEDIATE"):
+            old = _lease(conn, run_id)
+            new = change(old)
+            if new is not None and new != old:
+                conn.execute(
+                    "INSERT OR REPLACE INTO leases (run_id, token, owner, expires)"
+                    " VALUES (?, ?, ?, ?)",
+                    (run_id, new.token, new.owner, new.expires),
+                )
+        return new
+    finally:
+        conn.execute(f"PRAGMA synchronous = {int(sync)}")
+
+
 def write_commit(
-    conn: sqlite3.Connection, run_id: str, expect: tuple[int, int] | None, rows: CommitRows
+    conn: sqlite3.Connection,
+    run_id: str,
+    expect: tuple[int, int] | None,
+    rows: CommitRows,
+    fence: Lease | None = None,
 ) -> tuple[bool, Stored | None]:
-    """Write ``rows`` if the run's (row id, revision) is ``expect`` (None: no run yet).
+    """Write ``rows`` if the run's (row id, revision) is ``expect`` (None: no run yet)
+    and ``fence`` (if any) is the run's current lease (else ``LeaseLost``).
 
     Returns (True, the new head) when the commit landed, else (False, the stored
     head it found instead), having written nothing.
     """
     with transaction(conn, "BEGIN IMMEDIATE"):
+        if fence is not None:
+            check_fence(_lease(conn, run_id), fence, rows.revision - 1)
         found = conn.execute("SELECT id, revision FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         if (None if found is None else tuple(found)) != expect:
             return False, _stored(conn, run_id)
@@ -223,6 +268,7 @@ def delete_run(conn: sqlite3.Connection, run_id: str) -> bool:
         for table in ("commits", "messages", "turns", "blobs"):
             conn.execute(f"DELETE FROM {table} WHERE rid = ?", (row[0],))
         conn.execute("DELETE FROM runs WHERE id = ?", (row[0],))
+        conn.execute("DELETE FROM leases WHERE run_id = ?", (run_id,))
         return True
 
 

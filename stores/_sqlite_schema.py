@@ -8,15 +8,23 @@ from statekernel.errors import StoreError
 
 __all__ = ["SCHEMA", "STORE_VERSION", "migrate_schema"]
 
-STORE_VERSION = 2
+STORE_VERSION = 3
 """The layout version of the SQLite store written by this release.
 
 Version 2 has the tables of version 1; its blobs may be zlib-compressed and its
 commit log entries hold events in the compact form, which releases that read
-version 1 would misread, so they refuse it as newer.
+version 1 would misread, so they refuse it as newer. Version 3 adds the ``leases``
+table; releases before it would commit without checking leases, so they refuse it.
 """
 
-SCHEMA = """
+LEASES = """
+CREATE TABLE leases (
+    run_id TEXT PRIMARY KEY, token INTEGER NOT NULL, owner TEXT, expires REAL NOT NULL
+) WITHOUT ROWID
+"""
+
+SCHEMA = (
+    """
 CREATE TABLE runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     run_id TEXT NOT NULL UNIQUE,
@@ -48,8 +56,10 @@ CREATE TABLE blobs (
     PRIMARY KEY (rid, key)
 );
 """
+    + LEASES
+)
 
-_MIGRATIONS: dict[int, str] = {1: ""}
+_MIGRATIONS: dict[int, str] = {1: "", 2: LEASES}
 """SQL that upgrades the store from a version to the next one."""
 
 

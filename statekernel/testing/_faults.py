@@ -11,7 +11,7 @@ import attrs
 from statekernel._messages import ModelRequest
 from statekernel._middleware import Middleware, ToolInvocation
 from statekernel._model import ModelProvider, StreamPart
-from statekernel._storage import Checkpoint, CheckpointStore, StoreWrapper
+from statekernel._storage import Checkpoint, CheckpointStore, Lease, StoreWrapper
 
 __all__ = [
     "CRASH_POINTS",
@@ -91,10 +91,10 @@ class FaultyStore(StoreWrapper):
         super().__init__(inner)
         self.plan = plan
 
-    async def commit(self, checkpoint: Checkpoint) -> None:
+    async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         """Maybe crash before, maybe after the inner commit lands."""
         self.plan.reach("before_commit")
-        await self.inner.commit(checkpoint)
+        await self.inner.commit(checkpoint, lease=lease)
         self.plan.reach("after_commit")
 
     async def aclose(self) -> None:

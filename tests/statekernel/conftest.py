@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import statekernel as sk
-from statekernel.stores import Checkpoint, MemoryStore
+from statekernel.stores import Checkpoint, Lease, MemoryStore
 from statekernel.testing import ScriptedProvider
 
 
@@ -19,8 +19,8 @@ class RecordingStore(MemoryStore):
         super().__init__()
         self.checkpoints: list[Checkpoint] = []
 
-    async def commit(self, checkpoint: Checkpoint) -> None:
-        await super().commit(checkpoint)
+    async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
+        await super().commit(checkpoint, lease=lease)
         self.checkpoints.append(checkpoint)
 
     def states(self, run_id: str) -> list[str]:

@@ -66,7 +66,8 @@ def side_effects(log_path: str) -> set[str]:
 
 async def main(url: str, run_id: str, log_path: str, turns: int) -> None:
     store = open_store(url)
-    kernel = sk.Kernel(store, **agent(log_path, turns))  # type: ignore[arg-type]
+    # a short lease: on Redis a killed owner's run is taken over once its lease expired
+    kernel = sk.Kernel(store, lease_ttl=1.0, **agent(log_path, turns))  # type: ignore[arg-type]
     try:
         try:
             await kernel.get(run_id)

@@ -80,7 +80,12 @@ def payload(event: str, run: Run) -> dict[str, Any]:
             "then_pause": None,
         },
         "tool_call_started": {"call_ids": ["c1"], "call_input": {"x": 1}},
-        "tool_call_completed": {"call_ids": ["c1"], "output": "ok", "error": None},
+        "tool_call_completed": {
+            "call_ids": ["c1"],
+            "output": "ok",
+            "error": None,
+            "resolved": False,
+        },
         "tools_completed": {"finish": None, "then_pause": None},
         "pause": {"reason": "wait", "metadata": {}},
         "resume": {"value": None, "max_turns": None},
@@ -94,7 +99,9 @@ def ready(state: str, event: str) -> Run:
     run = run_in(state)
     if (state, event) == ("dispatching_tools", "tools_completed"):
         lc = Lifecycle(run)
-        run, _ = lc.apply("tool_call_completed", call_ids=["c1"], output="ok", error=None)
+        run, _ = lc.apply(
+            "tool_call_completed", call_ids=["c1"], output="ok", error=None, resolved=False
+        )
     return run
 
 

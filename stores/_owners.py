@@ -1,0 +1,164 @@
+"""Leases of the stores that live on one host (memory, file, SQLite).
+
+A run's lease is a record (token, owner, expiry) that the store keeps beside the run
+and changes only inside the same lock or transaction as its commits. ``take`` gives
+the lease to a new owner with the next token unless a live owner holds it;
+``check_fence`` is what a commit checks before it writes.
+
+An owner proves it is alive with an OS lock: while it holds leases in a store, it
+holds ``flock`` on a file of its own in the store's owners folder. The kernel holds
+that lock in its process, so the OS releases it the moment the process dies; another
+process that finds the file unlocked knows the owner is dead and takes its leases
+over at once, without waiting for them to expire.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+
+from statekernel._storage import Lease
+from statekernel.errors import LeaseLost, RunBusy, StoreError
+
+__all__ = ["LeaseRecord", "OwnerProofs", "check_fence", "released", "renewed", "take"]
+
+
+@attrs.frozen
+class LeaseRecord:
+    """A run's lease as stored: the last token given, its owner (None once released)
+    and when it expires (seconds since the epoch)."""
+
+    token: int
+    owner: str | None
+    expires: float
+
+
+def take(
+    record: LeaseRecord | None,
+    run_id: str,
+    owner: str,
+    ttl: float,
+    now: float,
+    alive: Callable[[str], bool],
+) -> LeaseRecord:
+    """The record giving the lease to ``owner``, or ``RunBusy`` while a live owner holds it."""
+    held = record is not None and record.owner is not None and record.expires > now
+    if held and record is not None and record.owner is not None and alive(record.owner):
+        raise RunBusy(run_id, record.owner)
+    return LeaseRecord((record.token if record is not None else 0) + 1, owner, now + ttl)
+
+
+def _current(record: LeaseRecord | None, lease: Lease) -> bool:
+    return record is not None and record.owner == lease.owner and str(record.token) == lease.token
+
+
+def check_fence(record: LeaseRecord | None, lease: Lease, expected_revision: int) -> None:
+    """Raise ``LeaseLost`` unless ``lease`` is the run's current lease."""
+    if not _current(record, lease):
+        raise LeaseLost(lease.run_id, expected_revision, lease.token)
+
+
+def renewed(record: LeaseRecord | None, lease: Lease, ttl: float, now: float) -> LeaseRecord:
+    """The record with the lease extended, or ``LeaseLost`` if it moved on."""
+    if record is None or not _current(record, lease):
+        raise LeaseLost(lease.run_id, -1, lease.token)
+    return attrs.evolve(record, expires=now + ttl)
+
+
+def released(record: LeaseRecord | None, lease: Lease) -> LeaseRecord | None:
+    """The record with the lease given up (unchanged if it is not current)."""
+    if record is None or not _current(record, lease):
+        return record
+    return LeaseRecord(record.token, None, 0.0)
+
+
+class OwnerProofs:
+    """OS locks that prove owners alive, in ``folder`` (None: owners of this process only,
+    whose leases end by release or expiry).
+
+    ``hold``/``drop`` count the leases an owner of this process holds in the store and
+    keep its lock while there is any; ``alive`` tells whether an owner (of any process)
+    still holds its lock.
+    """
+
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+        self._held: dict[str, tuple[int, int]] = {}  # owner -> (fd, leases)
+        self._mutex = threading.Lock()
+
+    def _path(self, owner: str) -> Path:
+        assert self.folder is not None
+        digest = hashlib.blake2b(owner.encode("utf-8", "surrogatepass"), digest_size=16)
+        return self.folder / f"{digest.hexdigest()}.lock"
+
+    def hold(self, owner: str) -> None:
+        """Count one more lease of ``owner``; take its lock with the first one."""
+        with self._mutex:
+            fd, count = self._held.get(owner, (-1, 0))
+            if count == 0 and self.folder is not None:
+                fd = self._lock(self._path(owner))
+            self._held[owner] = (fd, count + 1)
+
+    def drop(self, owner: str) -> None:
+        """Count one lease of ``owner`` less; release its lock with the last one."""
+        with self._mutex:
+            fd, count = self._held.get(owner, (-1, 0))
+            if count > 1:
+                self._held[owner] = (fd, count - 1)
+                return
+            self._held.pop(owner, None)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.unlink(self._path(owner))
+                os.close(fd)
+
+    def alive(self, owner: str) -> bool:
+        """False once ``owner``'s process is proven dead (its lock is free or gone)."""
+        if self.folder is None or owner in self._held:
+            return True
+        path = self._path(owner)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise StoreError(f"cannot check the owner lock {str(path)!r}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return False
+
+    def _lock(self, path: Path) -> int:
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            while True:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                with contextlib.suppress(FileNotFoundError):
+                    if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                        return fd
+                os.close(fd)  # a checker removed the file before we locked it: again
+        except OSError as exc:
+            raise StoreError(f"cannot take the owner lock {str(path)!r}: {exc}") from exc
+
+    def close(self) -> None:
+        """Release every lock (the store closes)."""
+        with self._mutex:
+            for owner, (fd, _) in list(self._held.items()):
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.unlink(self._path(owner))
+                    os.close(fd)
+            self._held.clear()
