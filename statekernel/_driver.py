@@ -35,6 +35,7 @@ from statekernel._model import ReasoningDelta, ResultBuilder, TextDelta, ToolCal
 from statekernel._run import PauseInfo, Run, ToolCallRecord, Turn
 from statekernel._storage import Checkpoint, Lease
 from statekernel._tools import ToolContext
+from statekernel._values import as_stored, parse_json
 from statekernel.errors import (
     ConflictError,
     InvalidTransition,
@@ -448,7 +449,9 @@ class RunDriver:
             known = ", ".join(sorted(self.kernel.tools)) or "none"
             return f"unknown tool {record.name!r} (available: {known})"
         if call_input is None:
-            return f"invalid arguments for {record.name}: not a JSON object: {record.arguments!r}"
+            _, problem = parse_json(record.arguments, "arguments")
+            why = f"not a JSON object ({problem})" if problem else "not a JSON object"
+            return f"invalid arguments for {record.name}: {why}: {record.arguments[:200]!r}"
         try:
             tool.validate(call_input)
         except ToolError as exc:
@@ -510,7 +513,7 @@ class RunDriver:
         invocation = ToolInvocation(run, record, call_input, tool.idempotent)
         try:
             output = await chain(self.kernel.middleware, terminal)(invocation)
-            outcome = _Outcome(ids, output, None)
+            outcome = _stored_outcome(ids, output)
         except asyncio.CancelledError:
             raise
         except ToolError as exc:
@@ -554,6 +557,14 @@ class RunDriver:
         record = _turn(self.run).call(outcome.ids[0])
         await self._hook("on_tool_call_completed", self.run, record)
         return events
+
+
+def _stored_outcome(ids: tuple[str, ...], output: JSON) -> _Outcome:
+    """A tool's return value as stored, or an error result saying why it cannot be."""
+    stored, problem = as_stored(output, "output")
+    if problem is not None:
+        return _Outcome(ids, None, f"the tool returned a value that is not JSON: {problem}")
+    return _Outcome(ids, stored, None)
 
 
 def _turn(run: Run) -> Turn:

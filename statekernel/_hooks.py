@@ -13,6 +13,7 @@ import attrs
 
 from statekernel._messages import JSON, ModelRequest, ModelResult
 from statekernel._run import Run, ToolCallRecord, Turn
+from statekernel._values import checked
 
 __all__ = [
     "Continue",
@@ -26,6 +27,18 @@ __all__ = [
 ]
 
 
+def _rewrite_input(value: JSON) -> JSON:
+    return checked(value, "Rewrite.input")
+
+
+def _skip_result(value: JSON) -> JSON:
+    return checked(value, "Skip.result")
+
+
+def _pause_metadata(value: JSON) -> JSON:
+    return checked(value, "Pause.metadata")
+
+
 @attrs.frozen
 class Continue:
     """Go on as the kernel would anyway (after a turn: take another turn)."""
@@ -35,14 +48,14 @@ class Continue:
 class Rewrite:
     """Run the tool call with this input instead of the model's arguments."""
 
-    input: JSON
+    input: JSON = attrs.field(converter=_rewrite_input)
 
 
 @attrs.frozen
 class Skip:
     """Do not run the tool; record ``result`` (or ``error``) as its outcome."""
 
-    result: JSON = None
+    result: JSON = attrs.field(default=None, converter=_skip_result)
     error: str | None = None
 
 
@@ -51,7 +64,7 @@ class Pause:
     """Pause the run here (for approval, budget, ...); ``resume`` comes back to this point."""
 
     reason: str
-    metadata: JSON = attrs.field(factory=dict)
+    metadata: JSON = attrs.field(factory=dict, converter=_pause_metadata)
 
 
 @attrs.frozen

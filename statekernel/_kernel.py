@@ -67,6 +67,7 @@ from statekernel._model import ModelProvider
 from statekernel._run import Run, utcnow
 from statekernel._storage import Checkpoint, CheckpointStore, Lease, commit_settled
 from statekernel._tools import Tool, tools_by_name
+from statekernel._values import check_messages, checked
 from statekernel.errors import (
     ConfigError,
     ConflictError,
@@ -214,7 +215,7 @@ class Kernel:
         run = Run(
             run_id=run_id,
             model=model,
-            context=context if context is not None else {},
+            context=checked(context, "context") if context is not None else {},
             messages=_as_messages(messages),
             max_turns=budget,
             created_at=now,
@@ -420,6 +421,7 @@ class Kernel:
 
         ``max_turns`` raises the turn budget (a run paused for ``max_turns`` needs it).
         """
+        value = checked(value, "value")
         async with self._fresh(run_id) as driver:
             await driver.commit("resume", value=value, max_turns=max_turns)
             return driver.run
@@ -446,12 +448,14 @@ class Kernel:
         given = (output is not _MISSING) + (error is not None) + bool(rerun)
         if given != 1:
             raise InvalidArgument("give exactly one of output=, error= or rerun=True")
+        if error is not None and type(error) is not str:
+            raise InvalidArgument(f"error: {type(error).__name__} is not str")
         resolution: dict[str, JSON] = (
             {"rerun": True}
             if rerun
             else {"error": error}
             if error is not None
-            else {"output": output}
+            else {"output": checked(output, "output")}
         )
         async with self._fresh(run_id) as driver:
             run = driver.run
@@ -489,6 +493,7 @@ class Kernel:
                 new = fn(copy.deepcopy(run.context))
                 if inspect.isawaitable(new):
                     new = await new
+                new = checked(new, "context")
                 updated = attrs.evolve(run, context=new, updated_at=utcnow())
                 try:
                     await driver.commit_data(updated, "context_updated", {})
@@ -510,6 +515,7 @@ def _as_messages(messages: Iterable[Message | str]) -> tuple[Message, ...]:
             out.append(m)
         else:
             raise InvalidArgument(f"not a message: {m!r}")
+    check_messages(out)
     return tuple(out)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, overload
@@ -15,6 +14,7 @@ import cattrs
 from statekernel._convert import converter as record_converter
 from statekernel._messages import JSON, ToolSpec
 from statekernel._schema import parse_docstring, schema_for, strict_converter
+from statekernel._values import as_stored
 from statekernel.errors import ConfigError, ToolError
 
 __all__ = ["Tool", "ToolContext", "tool"]
@@ -90,12 +90,10 @@ class Tool:
 
 
 def _jsonable(name: str, value: Any) -> JSON:
-    data = record_converter.unstructure(value)
-    try:
-        json.dumps(data)
-    except (TypeError, ValueError) as exc:
-        raise ToolError(f"{name} returned a value that is not JSON-serializable: {exc}") from exc
-    return data
+    stored, problem = as_stored(record_converter.unstructure(value), "output")
+    if problem is not None:
+        raise ToolError(f"{name} returned a value that is not JSON: {problem}")
+    return stored
 
 
 def _build(

@@ -15,8 +15,9 @@ from typing import Any
 
 import attrs
 
-from statekernel._messages import JSON, Message, ModelRequest, ModelResult
+from statekernel._messages import JSON, Message, ModelRequest, ModelResult, ToolCall
 from statekernel._run import FailureInfo, PauseInfo, Run, ToolCallRecord, Turn
+from statekernel._values import parse_json
 
 __all__ = ["Effects", "tool_result_text"]
 
@@ -43,11 +44,45 @@ def _turn(run: Run) -> Turn:
 
 
 def _parse(arguments: str) -> JSON:
-    try:
-        value = json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+    """The arguments as a JSON object, or None (the call then gets an error result)."""
+    if not arguments.strip():
+        return {}
+    value, problem = parse_json(arguments, "arguments")
+    return value if problem is None and isinstance(value, dict) else None
+
+
+def _unique_calls(result: ModelResult, index: int) -> tuple[ModelResult, dict[str, str]]:
+    """``result`` with every tool call id unique and non-empty, and {new id: original}.
+
+    A model may repeat an id or leave it empty; such a call is given ``call_<turn>_<n>``
+    (its position in the answer), so the same answer always gets the same ids. The
+    assistant message carries the new ids, so each tool result names a call of it.
+    """
+    calls = result.tool_calls
+    taken = {c.id for c in calls}
+    seen: set[str] = set()
+    renamed: dict[str, str] = {}
+    fixed: list[ToolCall] = []
+    for n, call in enumerate(calls):
+        if call.id and call.id not in seen:
+            seen.add(call.id)
+            fixed.append(call)
+            continue
+        new_id, k = f"call_{index}_{n}", 0
+        while new_id in taken or new_id in seen:
+            k += 1
+            new_id = f"call_{index}_{n}_{k}"
+        seen.add(new_id)
+        renamed[new_id] = call.id
+        fixed.append(attrs.evolve(call, id=new_id))
+    if not renamed:
+        return result, renamed
+    replacements = iter(fixed)
+    content = tuple(
+        next(replacements) if isinstance(p, ToolCall) else p for p in result.message.content
+    )
+    message = attrs.evolve(result.message, content=content)
+    return attrs.evolve(result, message=message), renamed
 
 
 def start(run: Run, at: datetime) -> Effects:
@@ -81,6 +116,7 @@ def model_completed(
 ) -> Effects:
     """calling_model -> dispatching_tools | preparing_turn | completed."""
     turn = _turn(run)
+    result, renamed = _unique_calls(result, turn.index)
     pending = tuple(
         ToolCallRecord(id=c.id, name=c.name, arguments=c.arguments, input=_parse(c.arguments))
         for c in result.tool_calls
@@ -89,7 +125,12 @@ def model_completed(
     run = attrs.evolve(
         run, messages=(*run.messages, result.message), usage=run.usage + result.usage
     )
-    calls = [{"id": c.id, "name": c.name} for c in result.tool_calls]
+    calls = [
+        {"id": c.id, "name": c.name, "original_id": renamed[c.id]}
+        if c.id in renamed
+        else {"id": c.id, "name": c.name}
+        for c in result.tool_calls
+    ]
     events: list[tuple[str, dict[str, Any]]] = [
         (
             "model_completed",

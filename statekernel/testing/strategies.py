@@ -31,14 +31,18 @@ from statekernel._messages import (
 from statekernel._run import STATE_IDS, FailureInfo, PauseInfo, Run, ToolCallRecord, Turn
 
 __all__ = [
+    "MODEL_ANSWER_TOOLS",
+    "api_calls",
     "checkpoints_for",
     "content_parts",
     "datetimes",
     "events",
     "json_values",
     "messages",
+    "model_answers",
     "model_requests",
     "model_results",
+    "model_tool_calls",
     "runs",
     "texts",
     "tool_call_records",
@@ -301,3 +305,47 @@ def crash_schedules(
         st.integers(1, max_other),
     )
     return st.lists(commit | other, min_size=1, max_size=max_crashes, unique=True)
+
+
+# -- model answers that may not be dispatchable as they are ---------------------------
+
+MODEL_ANSWER_TOOLS = ("echo", "flaky")
+"""Tools that ``model_answers`` names (besides unknown and empty names)."""
+
+
+def _odd_arguments() -> st.SearchStrategy[str]:
+    odd = st.sampled_from(
+        ['{"a": NaN}', '{"a": 1e999}', '{"a": 18446744073709551616}', "[]", "null", '"x"']
+    )
+    deep = st.integers(90, 3000).map(lambda n: '{"a": ' + "[" * n + "]" * n + "}")
+    return st.one_of(_arguments(), odd, deep)
+
+
+def model_tool_calls() -> st.SearchStrategy[ToolCall]:
+    """Tool calls as a model may write them: repeated, empty or odd ids, unknown or
+    empty tool names, arguments that are not JSON objects or cannot be stored."""
+    ids = st.one_of(st.sampled_from(["", "a", "b", "call_0_1", "call_1_0"]), _IDS)
+    names = st.one_of(st.sampled_from([*MODEL_ANSWER_TOOLS, "", "nope"]), _IDS)
+    return st.builds(ToolCall, ids, names, _odd_arguments())
+
+
+def model_answers(max_calls: int = 4) -> st.SearchStrategy[ModelResult | None]:
+    """One model answer: text or none, and 0-``max_calls`` tool calls; None stands for
+    a model call that fails (``ProviderUnavailable``)."""
+    answer = st.builds(
+        lambda text, calls: ModelResult(
+            Message.assistant(text, tool_calls=calls),
+            finish_reason="tool_calls" if calls else "stop",
+        ),
+        st.one_of(st.just(""), texts(12)),
+        st.lists(model_tool_calls(), max_size=max_calls),
+    )
+    return st.one_of(answer, answer, answer, st.none())
+
+
+def api_calls() -> st.SearchStrategy[str]:
+    """A public API call to make on a run: ``run`` drives it; the others are commands
+    (``resolve_*`` answers every uncertain call of the pause that way)."""
+    return st.sampled_from(
+        ["run", "run", "resume", "retry", "send", "resolve_output", "resolve_error", "rerun"]
+    )
