@@ -115,9 +115,15 @@ class OwnerProofs:
                 return
             self._held.pop(owner, None)
             if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.unlink(self._path(owner))
-                os.close(fd)
+                self._unlock(owner, fd)
+
+    def _unlock(self, owner: str, fd: int) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self._path(owner))
+        os.close(fd)
+        if not self._held and self.folder is not None:
+            with contextlib.suppress(OSError):
+                self.folder.rmdir()  # only when empty: other owners' files keep it
 
     def alive(self, owner: str) -> bool:
         """False once ``owner``'s process is proven dead (its lock is free or gone)."""
@@ -142,9 +148,12 @@ class OwnerProofs:
 
     def _lock(self, path: Path) -> int:
         try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             while True:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                try:
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+                except FileNotFoundError:
+                    continue  # another process removed the empty folder meanwhile
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 with contextlib.suppress(FileNotFoundError):
                     if os.stat(path).st_ino == os.fstat(fd).st_ino:
@@ -156,9 +165,7 @@ class OwnerProofs:
     def close(self) -> None:
         """Release every lock (the store closes)."""
         with self._mutex:
-            for owner, (fd, _) in list(self._held.items()):
+            held, self._held = self._held, {}
+            for owner, (fd, _) in held.items():
                 if fd >= 0:
-                    with contextlib.suppress(OSError):
-                        os.unlink(self._path(owner))
-                    os.close(fd)
-            self._held.clear()
+                    self._unlock(owner, fd)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import uuid
 from collections.abc import AsyncIterator, Awaitable
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar
@@ -67,7 +68,7 @@ _PLAIN_TAG = re.compile(r"[^{}]{1,200}")
 COMMIT_SCRIPT = """
 local stored = redis.call('HGET', KEYS[1], 'r')
 if stored and tonumber(stored) == tonumber(ARGV[2])
-    and redis.call('HGET', KEYS[1], 'doc') == ARGV[4] then
+    and redis.call('HGET', KEYS[1], 'cid') == ARGV[11] then
   return {0, 1}
 end
 if #KEYS > 5 and redis.call('GET', KEYS[6]) ~= ARGV[#ARGV] then return {3, 0} end
@@ -87,9 +88,9 @@ if redis.call('LLEN', KEYS[2]) ~= tonumber(ARGV[2])
     or redis.call('LLEN', KEYS[4]) ~= tonumber(ARGV[8]) then
   return {2, 0}
 end
-redis.call('HSET', KEYS[1], 'r', ARGV[2], 'doc', ARGV[4])
+redis.call('HSET', KEYS[1], 'r', ARGV[2], 'doc', ARGV[4], 'cid', ARGV[11])
 redis.call('RPUSH', KEYS[2], ARGV[5])
-local i = 11
+local i = 12
 for _ = 1, n_m do redis.call('RPUSH', KEYS[3], ARGV[i]); i = i + 1 end
 for _ = 1, n_t do redis.call('RPUSH', KEYS[4], ARGV[i]); i = i + 1 end
 for _ = 1, n_b do redis.call('HSETNX', KEYS[5], ARGV[i], ARGV[i + 1]); i = i + 2 end
@@ -277,8 +278,8 @@ class RedisStore:
 
         With ``lease`` (or a ``fence``), the commit lands only while the run's lease key
         holds the lease's token (checked in the same script); otherwise it raises
-        ``LeaseLost``. A script sent again after a cut connection recognises its own
-        commit if it had landed (same revision, same head document) and reports it landed.
+        ``LeaseLost``. Each commit carries an id, kept in the head: a script sent again
+        after a cut connection recognises its own commit if it had landed.
         """
         run = checkpoint.run
         if lease is not None:
@@ -304,6 +305,7 @@ class RedisStore:
             enc.first_turn,
             len(enc.turns),
             len(enc.blobs),
+            uuid.uuid4().hex,  # this commit's id: a script sent again knows it landed
             *enc.messages,
             *enc.turns,
         ]

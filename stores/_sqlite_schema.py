@@ -18,7 +18,7 @@ table; releases before it would commit without checking leases, so they refuse i
 """
 
 LEASES = """
-CREATE TABLE leases (
+CREATE TABLE IF NOT EXISTS leases (
     run_id TEXT PRIMARY KEY, token INTEGER NOT NULL, owner TEXT, expires REAL NOT NULL
 ) WITHOUT ROWID
 """

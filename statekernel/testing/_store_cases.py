@@ -13,7 +13,7 @@ from statekernel._events import Event
 from statekernel._messages import Message, ModelRequest, ModelResult, ToolCall
 from statekernel._run import Run, StateId, ToolCallRecord, Turn
 from statekernel._storage import Checkpoint, CheckpointStore
-from statekernel.errors import ConflictError, RunNotFound
+from statekernel.errors import ConflictError, LeaseLost, RunBusy, RunNotFound
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -297,3 +297,32 @@ async def check_non_ascii(store: CheckpointStore) -> None:
     assert await store.load(run_id) == run, "non-ASCII run does not load back equal"
     assert await store.events(run_id) == [event], "non-ASCII event does not read back equal"
     assert [s.run_id for s in (await store.list_runs()).runs] == [run_id]
+
+
+async def check_leases(store: CheckpointStore) -> None:
+    """One owner per run: a held lease is refused to others, tokens grow, commits and
+    renewals under a lease that moved on are refused, a released or expired lease is
+    taken over."""
+    run = sample_run("leased")
+    await store.commit(Checkpoint.between(None, run))
+    await _raises(RunNotFound, store.acquire("no-such-run", "a", ttl=30), "lease of no run")
+    first = await store.acquire(run.run_id, "owner-a", ttl=30)
+    await _raises(RunBusy, store.acquire(run.run_id, "owner-b", ttl=30), "second owner")
+    one = next_revision(run)
+    await store.commit(Checkpoint.between(run, one), lease=first)
+    await store.renew(first, ttl=30)
+    await store.release(first)
+    second = await store.acquire(run.run_id, "owner-b", ttl=0.2)
+    assert int(second.token.split("/")[0]) > int(first.token.split("/")[0]), "token must grow"
+    two = next_revision(one)
+    stale = store.commit(Checkpoint.between(one, two), lease=first)
+    await _raises(LeaseLost, stale, "commit under a released lease")
+    await _raises(LeaseLost, store.renew(first, ttl=30), "renewal of a released lease")
+    assert (await store.load(run.run_id)).revision == 1, "a refused commit changed the run"
+    await asyncio.sleep(0.3)  # owner-b never renews: its lease expires
+    third = await store.acquire(run.run_id, "owner-c", ttl=30)
+    await _raises(LeaseLost, store.commit(Checkpoint.between(one, two), lease=second), "expired")
+    await store.commit(Checkpoint.between(one, two), lease=third)
+    await store.release(second)  # giving up a lease that moved on changes nothing
+    await _raises(RunBusy, store.acquire(run.run_id, "owner-a", ttl=30), "after a stale release")
+    await store.release(third)

@@ -40,6 +40,7 @@ async def check_store(factory: StoreFactory, *, examples: int = 25) -> list[str]
         ("many runs are isolated", c.check_isolation),
         ("10 MB tool output", c.check_large_output),
         ("non-ASCII text", c.check_non_ascii),
+        ("leases", c.check_leases),
     ]
     for name, check in checks:
         store = await _open(factory)

@@ -44,7 +44,7 @@ ENCODED_FIELDS: dict[type, tuple[str, ...]] = {
           "pending_pause", "event_count", "created_at", "updated_at", "schema_version"),
     Turn: ("index", "request", "result", "model_attempts", "pending", "in_flight", "completed"),
     ToolCallRecord: ("id", "name", "arguments", "input", "output", "error", "attempt",
-                     "started_at", "finished_at"),
+                     "started_at", "finished_at", "resolved"),
     ModelRequest: ("model", "messages", "tools", "tool_choice", "max_tokens", "temperature",
                    "stop", "options"),
     ModelResult: ("message", "usage", "finish_reason", "model"),
@@ -224,7 +224,7 @@ async def test_sqlite_layout_version_1_is_upgraded(tmp_path: Path) -> None:
     assert await store.load("r") == sample_run("r")
     await store.aclose()
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT version FROM statekernel_schema").fetchone() == (2,)
+        assert conn.execute("SELECT version FROM statekernel_schema").fetchone() == (3,)
 
 
 # -- what earlier versions stored is still read ----------------------------------------
