@@ -194,6 +194,20 @@ async def stored_runs(url: str, run_ids: list[str]) -> dict[str, sk.Run]:
 # -- the tests -------------------------------------------------------------------
 
 
+def test_the_ledger_check_sees_overlapping_executions() -> None:
+    def mark(kind: str, attempt: int, pid: int) -> Mark:
+        return Mark(kind, "r:call_0_1", attempt, pid, "idem")
+
+    one_after_another = [mark("start", 1, 10), mark("end", 1, 10), mark("start", 2, 11)]
+    assert overlaps(one_after_another) == []
+    second_while_first = [mark("start", 1, 10), mark("start", 2, 11), mark("end", 1, 10)]
+    assert overlaps(second_while_first) == [
+        "r:call_0_1: attempt 2 in pid 11 started while attempt 1 in pid 10 ran"
+    ]
+    assert overlaps(second_while_first, dead=frozenset({10})) == []
+    assert unfinished(second_while_first, 11) == {"r:call_0_1"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", STORES)
 def test_two_processes_driving_the_same_runs_never_overlap(
@@ -227,6 +241,7 @@ def test_two_processes_driving_the_same_runs_never_overlap(
         if run_outcome(run) != solo:
             problems.append(f"{run_id}: ended {run.state}, not as a solo run")
     assert not problems, "\n".join(problems)
+    print(f"{kind}: " + ", ".join(f"pid {r['pid']} saw {r['seen']}" for r in reports))
 
 
 def stuck_in_slow_turn(ledger: Path, run_ids: list[str], pid: int) -> bool:
