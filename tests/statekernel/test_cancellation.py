@@ -165,6 +165,8 @@ async def test_partial_resolution_waits_for_every_uncertain_call(make_kernel: Ma
     await drain(kernel, run.run_id)
     paused = await kernel.get(run.run_id)
     assert [c["id"] for c in paused.pause.metadata["calls"]] == ["call_0_0", "call_0_1"]  # type: ignore[union-attr]
+    with pytest.raises(sk.InvalidTransition, match=r"call_0_0.*resolve_tool_call"):
+        await kernel.send(run.run_id, "never mind")  # may have run: never "not run"
     still = await kernel.resolve_tool_call(run.run_id, "call_0_0", error="card declined")
     assert still.state == "paused"
     done = await kernel.resolve_tool_call(run.run_id, "call_0_1", output="ok")
@@ -174,4 +176,14 @@ async def test_partial_resolution_waits_for_every_uncertain_call(make_kernel: Ma
     by_id = {r.id: r for r in final.turns[0].completed}
     assert by_id["call_0_0"].error == "card declined"
     assert by_id["call_0_1"].output == "ok"
+    assert by_id["call_0_0"].resolved
+    assert by_id["call_0_1"].resolved
     assert len(EFFECTS) == 2
+    events = await kernel.events(run.run_id)
+    answers = [e.data for e in events if e.type == "tool_call_resolved"]
+    assert answers == [
+        {"call_id": "call_0_0", "resolution": {"error": "card declined", "attempt": 1}},
+        {"call_id": "call_0_1", "resolution": {"output": "ok", "attempt": 1}},
+    ]
+    completed = [e.data for e in events if e.type == "tool_call_completed"]
+    assert all(d.get("resolved") is True for d in completed)

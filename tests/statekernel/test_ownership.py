@@ -1,0 +1,293 @@
+"""One owner per run, exact commit outcomes and results kept through store failures.
+
+In-process tests on every store; two real processes racing live in
+``test_ownership_processes.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import statekernel as sk
+from statekernel.errors import StoreError
+from statekernel.stores import Checkpoint, CheckpointStore, Lease, StoreWrapper, open_store
+from statekernel.testing import ScriptedProvider, call
+
+KINDS = ["memory", "file", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+_n = itertools.count()
+
+
+@pytest.fixture(params=KINDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    kind = request.param
+    n = next(_n)
+    if kind == "memory":
+        return f"memory://own-{n}-{id(tmp_path)}"
+    if kind == "file":
+        return f"file://{tmp_path}/files"
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path}/runs.db"
+    return str(request.getfixturevalue("redis_store_url"))
+
+
+@asynccontextmanager
+async def opened(url: str) -> AsyncIterator[CheckpointStore]:
+    store = open_store(url)
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+class Ledger:
+    """Executions of the tools, and how many run at once per call."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.running: dict[str, int] = {}
+        self.overlaps: list[str] = []
+        self.gate = asyncio.Event()
+
+    def tools(self, *, hold: bool = False) -> list[sk.Tool]:
+        @sk.tool
+        async def charge(amount: int, ctx: sk.ToolContext) -> str:
+            """Charge a card (not idempotent)."""
+            key = ctx.idempotency_key
+            self.started.append(key)
+            self.running[key] = self.running.get(key, 0) + 1
+            if self.running[key] > 1:
+                self.overlaps.append(key)
+            try:
+                if hold:
+                    await self.gate.wait()
+                await asyncio.sleep(0.02)
+            finally:
+                self.running[key] -= 1
+            return f"charged {amount}"
+
+        return [charge]
+
+
+SCRIPT: list[object] = [call("charge", {"amount": 5}), call("charge", {"amount": 7}), "paid"]
+
+
+def kernel_on(store: CheckpointStore, ledger: Ledger, **kwargs: Any) -> sk.Kernel:
+    hold = kwargs.pop("hold", False)
+    return sk.Kernel(
+        store,
+        tools=ledger.tools(hold=hold),
+        providers={"scripted": ScriptedProvider(SCRIPT)},
+        **kwargs,
+    )
+
+
+async def drain(kernel: sk.Kernel, run_id: str) -> list[sk.Event]:
+    return [e async for e in kernel.run(run_id)]
+
+
+async def test_a_second_owner_waits_then_gets_run_busy(store_url: str) -> None:
+    ledger = Ledger()
+    async with opened(store_url) as store:
+        owner = kernel_on(store, ledger, hold=True)
+        other = kernel_on(store, ledger, busy_timeout=0.2)
+        run = await owner.start(model="scripted/x", messages=["pay"])
+        driving = asyncio.create_task(drain(owner, run.run_id))
+        while not ledger.started:  # noqa: ASYNC110 - waits for the tool to be inside its effect
+            await asyncio.sleep(0.005)
+        with pytest.raises(sk.RunBusy) as busy:
+            await drain(other, run.run_id)
+        assert busy.value.owner == owner.owner
+        assert busy.value.waited >= 0.1
+        with pytest.raises(sk.RunBusy):
+            await other.send(run.run_id, "more")  # commands wait for the owner too
+        head = await store.load(run.run_id)
+        assert head.state == "dispatching_tools"
+        assert head.current_turn is not None
+        assert [r.id for r in head.current_turn.in_flight] == ["call_0_0"]  # not uncertain
+        ledger.gate.set()
+        await driving
+        assert (await store.load(run.run_id)).state == "completed"
+        assert ledger.started == [f"{run.run_id}:call_0_0", f"{run.run_id}:call_1_0"]
+        assert not ledger.overlaps
+        await owner.aclose()
+        await other.aclose()
+
+
+async def test_a_waiting_owner_takes_over_when_the_first_finishes(store_url: str) -> None:
+    ledger = Ledger()
+    async with opened(store_url) as store:
+        first = kernel_on(store, ledger, hold=True)
+        second = kernel_on(store, ledger, busy_timeout=30)
+        run = await first.start(model="scripted/x", messages=["pay"])
+        driving = asyncio.create_task(drain(first, run.run_id))
+        while not ledger.started:  # noqa: ASYNC110 - waits for the tool to be inside its effect
+            await asyncio.sleep(0.005)
+        waiting = asyncio.create_task(drain(second, run.run_id))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        ledger.gate.set()
+        await driving
+        assert await waiting == []  # found it completed: nothing to do
+        assert len(ledger.started) == 2
+        assert not ledger.overlaps
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_leases_are_renewed_while_a_drive_runs(tmp_path: Path) -> None:
+    ledger = Ledger()
+    async with opened(f"sqlite:///{tmp_path}/runs.db") as store:
+        owner = kernel_on(store, ledger, hold=True, lease_ttl=0.3)
+        other = kernel_on(store, ledger, busy_timeout=0.1)
+        run = await owner.start(model="scripted/x", messages=["pay"])
+        driving = asyncio.create_task(drain(owner, run.run_id))
+        await asyncio.sleep(1.0)  # three times the lease's time to live
+        with pytest.raises(sk.RunBusy):
+            await drain(other, run.run_id)
+        ledger.gate.set()
+        await driving
+        assert len(ledger.started) == 2
+        await owner.aclose()
+        await other.aclose()
+
+
+class Flaky(StoreWrapper):
+    """Fails commits of chosen kinds: before they reach the store, or after they landed."""
+
+    def __init__(self, inner: CheckpointStore, plan: Callable[[Checkpoint], str]) -> None:
+        super().__init__(inner)
+        self.plan = plan
+        self.failures = 0
+
+    async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
+        what = self.plan(checkpoint)
+        if what == "before":
+            self.failures += 1
+            raise StoreError("connection refused")
+        await self.inner.commit(checkpoint, lease=lease)
+        if what == "after":
+            self.failures += 1
+            raise StoreError("connection reset after the write")
+
+
+def completions(failures: int, when: str) -> Callable[[Checkpoint], str]:
+    left = [failures]
+
+    def plan(cp: Checkpoint) -> str:
+        if any(e.type == "tool_call_completed" for e in cp.events) and left[0] > 0:
+            left[0] -= 1
+            return when
+        return ""
+
+    return plan
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+async def test_results_in_hand_survive_failed_commits(store_url: str, when: str) -> None:
+    ledger = Ledger()
+    async with opened(store_url) as inner:
+        store = Flaky(inner, completions(3, when))
+        kernel = kernel_on(store, ledger)
+        run = await kernel.start(model="scripted/x", messages=["pay"])
+        await drain(kernel, run.run_id)
+        final = await inner.load(run.run_id)
+        assert final.state == "completed"  # never paused as uncertain
+        assert store.failures == (3 if when == "before" else 2)  # one per commit after
+        assert len(ledger.started) == 2  # nothing ran twice
+        kinds = [e.type for e in await inner.events(run.run_id)]
+        assert kinds.count("tool_call_completed") == 2  # a landed commit is not repeated
+        await kernel.aclose()
+
+
+async def test_a_store_that_stays_down_keeps_the_results_for_the_next_drive(
+    tmp_path: Path,
+) -> None:
+    ledger = Ledger()
+    async with opened(f"sqlite:///{tmp_path}/runs.db") as inner:
+        down = [True]
+        store = Flaky(inner, lambda cp: "before" if down[0] and cp.run.revision > 5 else "")
+        kernel = kernel_on(store, ledger)
+        run = await kernel.start(model="scripted/x", messages=["pay"])
+        with pytest.raises(StoreError):
+            await drain(kernel, run.run_id)
+        assert len(ledger.started) == 1
+        down[0] = False
+        await drain(kernel, run.run_id)
+        final = await inner.load(run.run_id)
+        assert final.state == "completed"
+        assert [r.resolved for t in final.turns for r in t.completed] == [False, False]
+        assert len(ledger.started) == 2
+        await kernel.aclose()
+
+
+class SlowAfterIntent(StoreWrapper):
+    """Lands a tool call's intent, then keeps the caller waiting (to be cancelled)."""
+
+    def __init__(self, inner: CheckpointStore) -> None:
+        super().__init__(inner)
+        self.landed = asyncio.Event()
+
+    async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
+        await self.inner.commit(checkpoint, lease=lease)
+        if any(e.type == "tool_call_started" for e in checkpoint.events):
+            self.landed.set()
+            await asyncio.sleep(30)
+
+
+async def test_a_cancelled_drive_keeps_an_intent_that_landed(store_url: str) -> None:
+    ledger = Ledger()
+    async with opened(store_url) as inner:
+        store = SlowAfterIntent(inner)
+        kernel = kernel_on(store, ledger)
+        run = await kernel.start(model="scripted/x", messages=["pay"])
+        task = asyncio.create_task(drain(kernel, run.run_id))
+        await store.landed.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not ledger.started  # the intent landed, the effect never began
+        kernel.store = inner
+        await drain(kernel, run.run_id)
+        final = await inner.load(run.run_id)
+        assert final.state == "completed"  # not paused as uncertain: it knew
+        assert len(ledger.started) == 2
+        assert final.turns[0].completed[0].attempt == 1
+        await kernel.aclose()
+
+
+@pytest.mark.redis
+async def test_a_resent_redis_commit_knows_it_landed(
+    redis_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from statekernel.stores._redis_wire import Wire
+
+    real = Wire._once
+    cut = [0]
+
+    async def once(self: Wire, commands: Any, conn: Any) -> list[Any]:
+        replies = await real(self, commands, conn)
+        if cut[0] == 0 and any(c[0] == "EVALSHA" for c in commands):
+            cut[0] += 1
+            raise RedisConnectionError("connection lost before the reply")
+        return replies
+
+    async with opened(redis_store_url) as store:
+        ledger = Ledger()
+        kernel = kernel_on(store, ledger)
+        run = await kernel.start(model="scripted/x", messages=["pay"])
+        monkeypatch.setattr(Wire, "_once", once)
+        await drain(kernel, run.run_id)  # no ConflictError for a commit that landed
+        assert cut[0] == 1
+        final = await store.load(run.run_id)
+        assert final.state == "completed"
+        assert len(ledger.started) == 2
+        await kernel.aclose()
