@@ -221,6 +221,17 @@ async def test_update_context_is_compare_and_set(make_kernel: MakeKernel) -> Non
     assert [e.type for e in events] == ["context_updated"]
 
 
+@pytest.mark.parametrize("attempts", [0, -1])
+async def test_update_context_with_no_attempts_is_invalid(
+    make_kernel: MakeKernel, attempts: int
+) -> None:
+    kernel, _, _ = make_kernel(["x"])
+    run = await start(kernel, context={"n": 1})
+    with pytest.raises(InvalidArgument, match="attempts"):
+        await kernel.update_context(run.run_id, lambda c: c, attempts=attempts)
+    assert (await kernel.get(run.run_id)).revision == run.revision
+
+
 async def test_two_kernels_racing_on_one_run_conflict(make_kernel: MakeKernel) -> None:
     kernel, store, provider = make_kernel(["x"])
     other = sk.Kernel(store, providers={"scripted": provider})
