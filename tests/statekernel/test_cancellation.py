@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 import statekernel as sk
+from statekernel.providers import TextDelta
 from statekernel.testing import Reply, call
 
 from .conftest import MakeKernel, RecordingStore, drain, start
@@ -175,3 +176,28 @@ async def test_partial_resolution_waits_for_every_uncertain_call(make_kernel: Ma
     assert by_id["call_0_0"].error == "card declined"
     assert by_id["call_0_1"].output == "ok"
     assert len(EFFECTS) == 2
+
+
+
+async def test_a_failure_of_the_model_work_while_stopping_is_raised() -> None:
+    from statekernel._driver import RunDriver
+
+    kernel = sk.Kernel(RecordingStore())
+    run = await start(kernel)
+    driver = RunDriver(kernel, run)
+    stopped = asyncio.Event()
+
+    async def work() -> None:
+        driver.queue.put_nowait(sk.Event("text_delta", run.run_id, 0))
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stopped.set()
+            raise RuntimeError("the model call failed while stopping")
+
+    live = driver._pump(work())
+    async for _ in live:
+        break
+    with pytest.raises(RuntimeError, match="while stopping"):
+        await live.aclose()
+    assert stopped.is_set()
