@@ -28,6 +28,7 @@ class Refused(ValueError):
     """The run does not allow this transition with this payload (the lifecycle reports
     it as ``InvalidTransition``); any other exception from a transition is a bug."""
 
+
 NOT_RUN = "not run: {why}"
 
 

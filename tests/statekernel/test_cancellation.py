@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 import statekernel as sk
-from statekernel.providers import TextDelta
 from statekernel.testing import Reply, call
 
 from .conftest import MakeKernel, RecordingStore, drain, start
@@ -176,7 +175,6 @@ async def test_partial_resolution_waits_for_every_uncertain_call(make_kernel: Ma
     assert by_id["call_0_0"].error == "card declined"
     assert by_id["call_0_1"].output == "ok"
     assert len(EFFECTS) == 2
-
 
 
 async def test_a_failure_of_the_model_work_while_stopping_is_raised() -> None:

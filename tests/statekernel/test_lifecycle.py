@@ -20,8 +20,8 @@ from statekernel import (
     ToolCall,
     ToolCallRecord,
     Turn,
+    _transitions,
 )
-from statekernel import _transitions
 from statekernel._lifecycle import EVENTS
 from statekernel.errors import CorruptCheckpoint, InvalidTransition
 
