@@ -38,7 +38,7 @@ from statekernel._events import Event
 from statekernel._run import Run, StateId
 from statekernel._storage import Checkpoint, RunPage, RunSummary
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
-from statekernel.stores._common import check_head, check_revision
+from statekernel.stores._common import check_head, check_revision, checked_revision
 from statekernel.stores._file_io import (
     LAYOUT_VERSION,
     RunFolder,
@@ -78,6 +78,7 @@ class FileStore:
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision``."""
+        checked_revision(run_id, revision)
         return await asyncio.to_thread(self._load, run_id, revision)
 
     def _load(self, run_id: str, revision: int | None) -> Run:

@@ -11,6 +11,7 @@ from statekernel._messages import Message
 from statekernel._run import Run, StateId, Turn
 from statekernel._storage import Checkpoint, RunPage
 from statekernel.errors import ConflictError, RunNotFound
+from statekernel.stores._common import check_revision, checked_revision
 from statekernel.stores._listing import page_of, summary_of
 
 __all__ = ["MemoryStore"]
@@ -51,15 +52,11 @@ class MemoryStore:
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision``."""
+        checked_revision(run_id, revision)
         entry = self._runs.get(run_id)
         if entry is None:
             raise RunNotFound(run_id)
-        if revision is None:
-            head = entry.heads[-1]
-        elif 0 <= revision < len(entry.heads):
-            head = entry.heads[revision]
-        else:
-            raise RunNotFound(run_id, f"no revision {revision}")
+        head = entry.heads[check_revision(run_id, revision, len(entry.heads) - 1)]
         start = head.message_start
         return attrs.evolve(
             head.run,

@@ -52,7 +52,13 @@ from statekernel.errors import (
     RunNotFound,
     StoreError,
 )
-from statekernel.stores._common import check_head, check_revision, micros
+from statekernel.stores._common import (
+    MAX_REVISION,
+    check_head,
+    check_revision,
+    checked_revision,
+    micros,
+)
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._open import redact_url
 from statekernel.stores._redis_index import RunIndex
@@ -171,7 +177,8 @@ class RedisStore:
         pipe.lrange(m_key, 0, -1)
         pipe.lrange(t_key, 0, -1)
         pipe.hgetall(b_key)
-        if revision is not None and revision >= 0:
+        revision = checked_revision(run_id, revision)
+        if revision is not None and 0 <= revision <= MAX_REVISION:
             pipe.lrange(c_key, snapshot_of(revision), revision)
         doc, messages, turns, blobs, *history = await self._call(pipe.execute())
         if doc is None:

@@ -44,7 +44,14 @@ from statekernel._events import Event
 from statekernel._run import Run, StateId
 from statekernel._storage import Checkpoint, RunPage
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
-from statekernel.stores._common import HeadCache, Prior, check_head, check_revision, micros
+from statekernel.stores._common import (
+    HeadCache,
+    Prior,
+    check_head,
+    check_revision,
+    checked_revision,
+    micros,
+)
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._sqlite_ops import (
     CommitRows,
@@ -158,6 +165,7 @@ class SQLiteStore:
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision``."""
+        checked_revision(run_id, revision)
         return await self._shielded(lambda: self._load(run_id, revision))
 
     async def _load(self, run_id: str, revision: int | None) -> Run:
