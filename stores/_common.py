@@ -81,6 +81,14 @@ class HeadCache(Generic[K]):
         self._size = size
         self._items: OrderedDict[str, Prior[K]] = OrderedDict()
 
+    @property
+    def size(self) -> int:
+        """How many runs are kept at most."""
+        return self._size
+
+    def __len__(self) -> int:
+        return len(self._items)
+
     def get(self, run_id: str) -> Prior[K] | None:
         """The remembered head of a run, or None."""
         return self._items.get(run_id)

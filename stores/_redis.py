@@ -54,6 +54,8 @@ from statekernel.errors import (
 )
 from statekernel.stores._common import (
     MAX_REVISION,
+    HeadCache,
+    Prior,
     check_head,
     check_revision,
     checked_revision,
@@ -100,11 +102,10 @@ return {0, 0}
 
 @attrs.frozen
 class _Known:
-    """The head this client last wrote for a run (saves a read before the next commit)."""
+    """A head as stored: its revision and document bytes (the commit script checks both)."""
 
     revision: int
     doc: bytes
-    head: dict[str, Any]
 
 
 def _split_url(url: str) -> tuple[str, str]:
@@ -127,7 +128,7 @@ class RedisStore:
         except (ValueError, RedisError) as exc:
             raise StoreError(f"bad Redis URL {redact_url(url)!r}: {self._clean(exc)}") from exc
         self._script = self._client.register_script(COMMIT_SCRIPT)
-        self._known: dict[str, _Known] = {}
+        self._known: HeadCache[_Known] = HeadCache()
         self._wire = Wire(self._client)
         self._runs = RunIndex(self._client, self.prefix, self._call, self._wire)
 
@@ -218,12 +219,12 @@ class RedisStore:
         for item in iter_history(parsed, msg_docs, turn_docs, blob_map, run_id, what=what):
             yield item
 
-    async def _prior(self, run_id: str, head_key: str) -> _Known | None:
+    async def _prior(self, run_id: str, head_key: str) -> Prior[_Known] | None:
         doc = await self._call(self._client.hget(head_key, "doc"))
         if doc is None:
             return None
         head = load_json(doc, f"head of {run_id!r} in {redact_url(self.url)}")
-        return _Known(_revision(head, "run head"), _bytes(doc), head)
+        return Prior(_Known(_revision(head, "run head"), _bytes(doc)), head)
 
     async def commit(self, checkpoint: Checkpoint, *, fence: Fence | None = None) -> None:
         """Run the commit script, then move the run in the index.
@@ -236,16 +237,16 @@ class RedisStore:
         if fence is not None and not fence.key.startswith(self._base(run.run_id)):
             raise ConfigError(f"fence key {fence.key!r} is not a key of run {run.run_id!r}")
         known = self._known.get(run.run_id) if run.revision > 0 else None
-        if known is None or known.revision != checkpoint.expected_revision:
+        if known is None or known.key.revision != checkpoint.expected_revision:
             known = await self._prior(run.run_id, keys[0]) if run.revision > 0 else None
-        check_head(checkpoint, None if known is None else known.revision)
+        check_head(checkpoint, None if known is None else known.key.revision)
         enc = encode_commit(checkpoint, None if known is None else known.head)
         doc = dump_bytes(enc.head)
         score = micros(run.updated_at)
         args: list[Any] = [
             checkpoint.expected_revision if run.revision > 0 else -1,
             run.revision,
-            hashlib.sha1(known.doc).hexdigest() if known is not None else "",
+            hashlib.sha1(known.key.doc).hexdigest() if known is not None else "",
             doc,
             dump_entry(enc.entry),
             enc.first_message,
@@ -262,10 +263,10 @@ class RedisStore:
             keys, args = [*keys, fence.key], [*args, fence.token]
         status, actual, announced = await self._commit_script(run.run_id, run.revision, keys, args)
         if status == 3 and fence is not None:
-            self._known.pop(run.run_id, None)
+            self._known.drop(run.run_id)
             raise LeaseLost(run.run_id, checkpoint.expected_revision, fence.token)
         if status == 1:
-            self._known.pop(run.run_id, None)
+            self._known.drop(run.run_id)
             raise ConflictError(
                 run.run_id, checkpoint.expected_revision, None if actual < 0 else actual
             )
@@ -273,7 +274,7 @@ class RedisStore:
             raise CorruptCheckpoint(
                 f"invalid run {run.run_id!r} in {redact_url(self.url)}: logs do not match its head"
             )
-        self._known[run.run_id] = _Known(run.revision, doc, enc.head)
+        self._known.put(run.run_id, Prior(_Known(run.revision, doc), enc.head))
         self._runs.landed(run.run_id, score, run.revision)
         if not announced:  # nothing would repair the index: move it now
             await self._runs.flush()
@@ -375,7 +376,7 @@ class RedisStore:
         self._runs.forget_landed(run_id)
         removed = await self._call(self._client.delete(*self._keys(run_id)))
         await self._runs.forget(run_id)
-        self._known.pop(run_id, None)
+        self._known.drop(run_id)
         return bool(removed)
 
     async def _head_scores(self, run_ids: list[str]) -> list[tuple[int, int] | None]:
