@@ -121,12 +121,13 @@ class RedisStore:
 
     def __init__(self, url: str, *, client: aioredis.Redis | None = None) -> None:
         self.url = url
-        target, self.prefix = _split_url(url)
-        self._password = urlsplit(url).password
+        self._password: str | None = None
         try:
-            self._client = client or aioredis.from_url(target, decode_responses=False)
-        except (ValueError, RedisError) as exc:
-            raise StoreError(f"bad Redis URL {redact_url(url)!r}: {self._clean(exc)}") from exc
+            target, self.prefix = _split_url(url)
+            self._password = urlsplit(url).password
+            self._client = client or _client_for(target)
+        except (ValueError, TypeError, RedisError) as exc:
+            raise ConfigError(f"bad Redis URL {redact_url(url)!r}: {self._clean(exc)}") from exc
         self._script = self._client.register_script(COMMIT_SCRIPT)
         self._known: HeadCache[_Known] = HeadCache()
         self._wire = Wire(self._client)
@@ -402,6 +403,14 @@ class RedisStore:
         with contextlib.suppress(RedisError, OSError):
             await self._wire.aclose()
             await self._client.aclose()
+
+
+def _client_for(url: str) -> aioredis.Redis:
+    """A client for ``url``; its options are checked now (``redis-py`` would raise a
+    ``TypeError`` for an unknown one at the first connection)."""
+    client = aioredis.from_url(url, decode_responses=False)
+    client.connection_pool.make_connection()  # builds the connection object, no I/O
+    return client
 
 
 def _bytes(value: bytes | str) -> bytes:

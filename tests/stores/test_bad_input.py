@@ -177,6 +177,24 @@ def test_bad_store_urls(url: str) -> None:
         open_store(url)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://[::1",
+        "redis://:hunter2-secret@[::1/0",
+        "redis://127.0.0.1:1/0?no_such_option=1",
+        "redis://:hunter2-secret@127.0.0.1:1/0?no_such_option=1",
+        "redis://:hunter2-secret@127.0.0.1:port/0",
+    ],
+)
+def test_malformed_redis_urls_are_config_errors(url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        open_store(url)  # checked when opened, not at the first connection
+    message = str(info.value)
+    assert "hunter2-secret" not in message
+    assert redact_url(url) in message
+
+
 async def test_redis_refusing_connections() -> None:
     url = "redis://:hunter2-secret@127.0.0.1:1/0"
     store = open_store(url)
