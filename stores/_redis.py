@@ -409,7 +409,8 @@ def _client_for(url: str) -> aioredis.Redis:
     """A client for ``url``; its options are checked now (``redis-py`` would raise a
     ``TypeError`` for an unknown one at the first connection)."""
     client = aioredis.from_url(url, decode_responses=False)
-    client.connection_pool.make_connection()  # builds the connection object, no I/O
+    pool: Any = client.connection_pool
+    pool.make_connection()  # builds the connection object, no I/O
     return client
 
 
