@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from datetime import datetime
 
 import attrs
@@ -33,22 +34,30 @@ class _Entry:
     events: list[Event]
 
 
+class _Runs(dict[str, _Entry]):
+    """The runs of one memory store, by id (a class of its own so it can be weakly held)."""
+
+
+_named: weakref.WeakValueDictionary[str, _Runs] = weakref.WeakValueDictionary()
+"""The runs of each ``memory://NAME`` while some store of that name holds them."""
+
+
 class MemoryStore:
     """Keeps every revision of every run in memory, laid out like the durable stores.
 
     Heads are kept per revision without their transcript; messages and completed
     turns live once in append-only lists the heads point into, so memory grows
     with the change, not with the number of revisions times the transcript.
-    Stores opened with the same ``memory://NAME`` URL in one process share data.
+    Stores opened with the same ``memory://NAME`` URL in one process share data
+    while any of them is alive; once the last one is gone, so is the data.
     """
 
-    _named: dict[str, dict[str, _Entry]] = {}  # noqa: RUF012
     settles_on_cancel = True
     """A commit runs without awaiting, so a cancelled caller leaves nothing in flight."""
 
     def __init__(self, name: str = "") -> None:
         self.url = f"memory://{name}"
-        self._runs: dict[str, _Entry] = self._named.setdefault(name, {}) if name else {}
+        self._runs = _named.setdefault(name, _Runs()) if name else _Runs()
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision``."""
