@@ -54,6 +54,7 @@ from statekernel.stores._common import (
 )
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._sqlite_ops import (
+    BadRow,
     CommitRows,
     Parts,
     Stored,
@@ -133,7 +134,7 @@ class SQLiteStore:
             except BaseException as exc:
                 with contextlib.suppress(sqlite3.Error, ValueError):
                     await conn.close()
-                if isinstance(exc, sqlite3.Error):
+                if isinstance(exc, (sqlite3.Error, StoreError, UnicodeDecodeError)):
                     raise self._error(exc) from exc
                 raise
             self._conn = conn
@@ -148,8 +149,10 @@ class SQLiteStore:
         conn = await self._open()
         try:
             result: T = await cast(Any, conn)._execute(fn, self._raw, *args)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeDecodeError) as exc:  # undecodable text in an error too
             raise self._error(exc) from exc
+        except BadRow as exc:
+            raise CorruptCheckpoint(f"invalid data in SQLite store {self.path!r}: {exc}") from exc
         return result
 
     async def _shielded(self, work: Callable[[], Awaitable[T]]) -> T:
