@@ -38,7 +38,7 @@ from statekernel._codec import (
     replay,
     snapshot_of,
 )
-from statekernel._codec_base import dump_bytes, load_json, paused_gc
+from statekernel._codec_base import dump_bytes, load_json
 from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._events import Event
 from statekernel._fencing import Fence
@@ -192,12 +192,9 @@ class RedisStore:
             entries = [(first + i, load_entry(e, what)) for i, e in enumerate(history[0])]
             head = replay(entries, what=what)
         m_end, t_end = log_ends(head)
-        with paused_gc():  # the collector resumes once the parsed documents are gone
-            msg_docs = _parse_list(messages[:m_end], what)
-            blob_map = {k.decode(): v for k, v in blobs.items()}
-            run = decode_run(head, msg_docs, turns[:t_end], blob_map, what=what)
-            del msg_docs, messages
-        return run
+        msg_docs = _parse_list(messages[:m_end], what)
+        blob_map = {k.decode(): v for k, v in blobs.items()}
+        return decode_run(head, msg_docs, turns[:t_end], blob_map, what=what)
 
     async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
         """Every revision with the events of its commit, oldest first (for copying runs)."""

@@ -38,7 +38,7 @@ from statekernel._codec import (
     replay,
     snapshot_of,
 )
-from statekernel._codec_base import dump_bytes, enc_time, load_json, paused_gc
+from statekernel._codec_base import dump_bytes, enc_time, load_json
 from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._events import Event
 from statekernel._run import Run, StateId
@@ -326,17 +326,13 @@ def _head_at(
 
 def _decode(parts: Parts, what: str) -> Run:
     m_end, t_end = log_ends(parts.head)
-    with paused_gc():  # the collector resumes once the parsed documents are gone
-        messages = _parse(parts.messages, f"messages of {what}")
-        turns = parts.turns  # parsed when a completed turn is read
-        if len(messages) != m_end or len(turns) != t_end:
-            raise CorruptCheckpoint(
-                f"invalid {what}: {len(messages)} of {m_end} messages,"
-                f" {len(turns)} of {t_end} turns"
-            )
-        run = decode_run(parts.head, messages, turns, parts.blobs, what=what)
-        del messages
-    return run
+    messages = _parse(parts.messages, f"messages of {what}")
+    turns = parts.turns  # parsed when a completed turn is read
+    if len(messages) != m_end or len(turns) != t_end:
+        raise CorruptCheckpoint(
+            f"invalid {what}: {len(messages)} of {m_end} messages, {len(turns)} of {t_end} turns"
+        )
+    return decode_run(parts.head, messages, turns, parts.blobs, what=what)
 
 
 def _parse(docs: list[bytes], what: str) -> list[Any]:
