@@ -232,7 +232,7 @@ async def bench_store(kind: str, redis_url: str) -> None:
             line += f"  via thread {hop:6.3f} ms (x{commit_ms / hop:.2f})"
         if turns == SIZES[-1]:
             line += f"  load {await load_ms(url, run_id):6.2f} ms"
-        if kind == "memory":  # named memory stores live as long as the process
+        if kind == "memory":  # free the run now (its data lives while a store of the name does)
             await open_store(url).delete(run_id)
         print(line, flush=True)
         shutil.rmtree(folder, ignore_errors=True)

@@ -42,7 +42,6 @@ from statekernel._codec_base import (
     dump_bytes,
     enc_time,
     load_json,
-    paused_gc,
 )
 from statekernel._codec_events import decode_events, encode_events
 from statekernel._codec_records import Reader, Writer, state_id
@@ -297,8 +296,7 @@ class _Decoder:
         if isinstance(doc, bytes | str):  # stored JSON, parsed only now
             doc = load_json(doc, what)
         try:
-            with paused_gc():
-                return self.reader.turn(doc)
+            return self.reader.turn(doc)
         except _DECODE_ERRORS as exc:
             raise corrupt(what, exc) from exc
 
@@ -307,8 +305,7 @@ class _Decoder:
             raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
         version = _check_version(head, what)
         try:
-            with paused_gc():
-                run = self._run(head, version, what)
+            run = self._run(head, version, what)
         except _DECODE_ERRORS as exc:
             raise corrupt(what, exc) from exc
         if version < _convert.SCHEMA_VERSION:

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import gc
 import hashlib
 import json
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,7 +36,6 @@ __all__ = [
     "dump_bytes",
     "enc_time",
     "load_json",
-    "paused_gc",
 ]
 
 _fast_loads: Callable[[bytes | str], Any] | None
@@ -137,25 +135,6 @@ def blob_text(data: bytes) -> str:
             raise ValueError("blob escape is not a JSON string")
         return text
     return data.decode()
-
-
-@contextlib.contextmanager
-def paused_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while decoding builds many objects at once.
-
-    Decoding a long run allocates tens of thousands of records and message tuples
-    that all stay alive; letting collections walk them again and again while they
-    are built costs more than the decoding itself. Reference counting still frees
-    everything as usual; the collector resumes (if it was on) when the block ends.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def enc_time(value: datetime) -> int | str:

@@ -19,7 +19,6 @@ again with backoff, and results already in hand are never dropped for it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
@@ -340,19 +339,22 @@ class RunDriver:
         """Run ``work`` while yielding the live events it puts on the queue."""
         task = asyncio.ensure_future(work)
         task.add_done_callback(lambda _: self.queue.put_nowait(None))
+        ended = False
         try:
             while True:
                 item = await self.queue.get()
                 if item is None:
                     if task.done():
+                        ended = True
                         break
                     continue
                 yield item
         finally:
             if not task.done():
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+                await asyncio.wait([task])
+            if not ended and not task.cancelled():
+                task.result()  # a failure of the work is raised, never dropped
         while not self.queue.empty():
             item = self.queue.get_nowait()
             if item is not None:

@@ -486,7 +486,10 @@ class Kernel:
 
         ``fn`` gets a deep copy; on a concurrent commit it is called again on the
         newer context, up to ``attempts`` times, then ``ConflictError`` is raised.
+        ``attempts`` below 1 is ``InvalidArgument``.
         """
+        if type(attempts) is not int or attempts < 1:
+            raise InvalidArgument(f"attempts must be an int of at least 1, got {attempts!r}")
         for attempt in range(attempts):
             async with self._fresh(run_id) as driver:
                 run = driver.run

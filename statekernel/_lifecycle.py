@@ -232,9 +232,12 @@ class Lifecycle:
         except TransitionNotAllowed as exc:
             self._cell.reset(before)
             raise InvalidTransition(event, before.state) from exc
-        except (ValueError, TypeError, AttributeError) as exc:
+        except tr.Refused as exc:
             self._cell.reset(before)
             raise InvalidTransition(event, before.state, str(exc)) from exc
+        except BaseException:  # a bug in a transition: it surfaces as itself
+            self._cell.reset(before)
+            raise
         staged, self._cell.events = self._cell.events, []
         revision = before.revision + 1
         seq = before.event_count

@@ -19,6 +19,7 @@ from statekernel._messages import (
     ToolCall,
     Usage,
 )
+from statekernel.errors import ProviderError
 
 __all__ = [
     "Finish",
@@ -154,7 +155,14 @@ class ResultBuilder:
         self._reasoning_text = []
 
     def result(self) -> ModelResult:
-        """The assembled result; tool calls ordered by index, then whole calls."""
+        """The assembled result; tool calls ordered by index, then whole calls.
+
+        A stream that ended without a ``Finish`` is incomplete: ``ProviderError``.
+        """
+        if self._finish is None:
+            raise ProviderError(
+                "the model's stream ended without a Finish part (incomplete answer)"
+            )
         self._close_reasoning(None)
         calls = [
             ToolCall(
@@ -167,7 +175,7 @@ class ResultBuilder:
         calls.extend(self._done)
         text = "".join(self._text)
         content = (*self._reasoning, *((TextPart(text),) if text else ()), *calls)
-        finish = self._finish or ("tool_calls" if calls else "stop")
+        finish = self._finish
         if calls and finish == "stop":
             finish = "tool_calls"
         return ModelResult(Message("assistant", content), self._usage, finish, self._model)

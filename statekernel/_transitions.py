@@ -19,10 +19,16 @@ from statekernel._messages import JSON, Message, ModelRequest, ModelResult, Tool
 from statekernel._run import FailureInfo, PauseInfo, Run, ToolCallRecord, Turn
 from statekernel._values import parse_json
 
-__all__ = ["Effects", "tool_result_text"]
+__all__ = ["Effects", "Refused", "tool_result_text"]
 
 Effects = tuple[Run, list[tuple[str, dict[str, Any]]]]
 """A transition's outcome: the next run and the (type, data) of its events."""
+
+
+class Refused(ValueError):
+    """The run does not allow this transition with this payload (the lifecycle reports
+    it as ``InvalidTransition``); any other exception from a transition is a bug."""
+
 
 NOT_RUN = "not run: {why}"
 OUTCOME_UNKNOWN = "outcome unknown: {why}; it may or may not have run"
@@ -39,7 +45,7 @@ def tool_result_text(record: ToolCallRecord) -> str:
 
 def _turn(run: Run) -> Turn:
     if run.current_turn is None:
-        raise ValueError("no turn in progress")
+        raise Refused("no turn in progress")
     return run.current_turn
 
 
@@ -170,7 +176,7 @@ def _move(
         lists[name] = tuple(r for r in records if r.id not in wanted)
     if not wanted or len(moved) != len(wanted):
         missing = wanted - {r.id for r in moved}
-        raise ValueError(f"unknown or already finished tool calls: {sorted(missing)}")
+        raise Refused(f"unknown or already finished tool calls: {sorted(missing)}")
     return attrs.evolve(turn, **lists), moved  # type: ignore[arg-type]
 
 
@@ -237,7 +243,7 @@ def tools_completed(
     """dispatching_tools -> preparing_turn | completed: results go back in call order."""
     turn = _turn(run)
     if turn.pending or turn.in_flight:
-        raise ValueError("tool calls are still pending or in flight")
+        raise Refused("tool calls are still pending or in flight")
     run = attrs.evolve(run, messages=(*run.messages, *_result_messages(turn)))
     events: list[tuple[str, dict[str, Any]]] = [
         ("tools_completed", {"index": turn.index, "calls": len(turn.completed)})
@@ -256,7 +262,7 @@ def pause(run: Run, reason: str, metadata: JSON, at: datetime) -> Effects:
 def resume(run: Run, value: JSON, max_turns: int | None, at: datetime) -> Effects:
     """paused -> the saved state."""
     if run.pause is None:
-        raise ValueError("paused run without pause info")
+        raise Refused("paused run without pause info")
     budget = run.max_turns if max_turns is None else max_turns
     data: dict[str, Any] = {"reason": run.pause.reason, "resume_to": run.pause.resume_to}
     if max_turns is not None:
@@ -275,7 +281,7 @@ def fail(run: Run, error: str, message: str, at: datetime) -> Effects:
 def retry(run: Run, at: datetime) -> Effects:
     """failed -> the state it failed in."""
     if run.failure is None:
-        raise ValueError("failed run without failure info")
+        raise Refused("failed run without failure info")
     data = {"error": run.failure.error, "resume_to": run.failure.failed_in}
     return attrs.evolve(run, failure=None), [("run_retried", data)]
 

@@ -9,13 +9,24 @@ from typing import Any, Generic, TypeVar
 import attrs
 
 from statekernel._storage import Checkpoint
-from statekernel.errors import ConflictError, RunNotFound
+from statekernel.errors import ConflictError, InvalidArgument, RunNotFound
 
-__all__ = ["HeadCache", "Prior", "check_head", "check_revision", "micros"]
+__all__ = [
+    "MAX_REVISION",
+    "HeadCache",
+    "Prior",
+    "check_head",
+    "check_revision",
+    "checked_revision",
+    "micros",
+]
 
 K = TypeVar("K")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+MAX_REVISION = 2**63 - 1
+"""The largest revision a store can hold (SQLite and Redis count in signed 64 bits)."""
 
 
 def micros(value: datetime) -> int:
@@ -32,8 +43,17 @@ def check_head(checkpoint: Checkpoint, actual: int | None) -> None:
         raise ConflictError(checkpoint.run.run_id, checkpoint.expected_revision, actual)
 
 
+def checked_revision(run_id: str, revision: object) -> int | None:
+    """``revision`` as passed to ``load``: None or an int, else ``InvalidArgument``."""
+    if revision is None or (isinstance(revision, int) and not isinstance(revision, bool)):
+        return revision
+    raise InvalidArgument(f"load of run {run_id!r}: revision must be an int, got {revision!r}")
+
+
 def check_revision(run_id: str, revision: int | None, head: int) -> int:
-    """The revision to load (the head when None); a revision not stored is ``RunNotFound``."""
+    """The revision to load (the head when None); a revision not stored is ``RunNotFound``,
+    one that is not an int ``InvalidArgument``."""
+    revision = checked_revision(run_id, revision)
     if revision is None:
         return head
     if not 0 <= revision <= head:
@@ -60,6 +80,14 @@ class HeadCache(Generic[K]):
     def __init__(self, size: int = 512) -> None:
         self._size = size
         self._items: OrderedDict[str, Prior[K]] = OrderedDict()
+
+    @property
+    def size(self) -> int:
+        """How many runs are kept at most."""
+        return self._size
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def get(self, run_id: str) -> Prior[K] | None:
         """The remembered head of a run, or None."""

@@ -34,12 +34,11 @@ from statekernel._codec import (
     replay,
     snapshot_of,
 )
-from statekernel._codec_base import paused_gc
 from statekernel._events import Event
 from statekernel._run import Run, StateId
 from statekernel._storage import Checkpoint, Lease, RunPage, RunSummary
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
-from statekernel.stores._common import check_head, check_revision
+from statekernel.stores._common import check_head, check_revision, checked_revision
 from statekernel.stores._file_io import (
     LAYOUT_VERSION,
     RunFolder,
@@ -90,6 +89,7 @@ class FileStore:
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision``."""
+        checked_revision(run_id, revision)
         return await asyncio.to_thread(self._load, run_id, revision)
 
     def _load(self, run_id: str, revision: int | None) -> Run:
@@ -103,11 +103,8 @@ class FileStore:
                 entries = [(r, e) for r, e in snap.commits(snapshot_of(wanted)) if r <= wanted]
                 head = replay(entries, what=f"history of {folder.path}")
             m_end, t_end = log_ends(head)
-            with paused_gc():  # the collector resumes once the parsed documents are gone
-                messages, turns, blobs = snap.parts(m_end, t_end)
-                run = decode_run(head, messages, turns, blobs, what=f"run in {folder.path}")
-                del messages
-        return run
+            messages, turns, blobs = snap.parts(m_end, t_end)
+            return decode_run(head, messages, turns, blobs, what=f"run in {folder.path}")
 
     async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
         """Every revision with the events of its commit, oldest first (for copying runs)."""

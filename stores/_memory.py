@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from datetime import datetime
 
 import attrs
@@ -12,6 +13,7 @@ from statekernel._messages import Message
 from statekernel._run import Run, StateId, Turn
 from statekernel._storage import Checkpoint, Lease, RunPage
 from statekernel.errors import ConflictError, RunNotFound
+from statekernel.stores._common import check_revision, checked_revision
 from statekernel.stores._listing import page_of, summary_of
 from statekernel.stores._owners import LeaseRecord, check_fence, released, renewed, take
 
@@ -35,34 +37,38 @@ class _Entry:
     lease: LeaseRecord | None = None
 
 
+class _Runs(dict[str, _Entry]):
+    """The runs of one memory store, by id (a class of its own so it can be weakly held)."""
+
+
+_named: weakref.WeakValueDictionary[str, _Runs] = weakref.WeakValueDictionary()
+"""The runs of each ``memory://NAME`` while some store of that name holds them."""
+
+
 class MemoryStore:
     """Keeps every revision of every run in memory, laid out like the durable stores.
 
     Heads are kept per revision without their transcript; messages and completed
     turns live once in append-only lists the heads point into, so memory grows
     with the change, not with the number of revisions times the transcript.
-    Stores opened with the same ``memory://NAME`` URL in one process share data.
+    Stores opened with the same ``memory://NAME`` URL in one process share data
+    while any of them is alive; once the last one is gone, so is the data.
     """
 
-    _named: dict[str, dict[str, _Entry]] = {}  # noqa: RUF012
     settles_on_cancel = True
     """A commit runs without awaiting, so a cancelled caller leaves nothing in flight."""
 
     def __init__(self, name: str = "") -> None:
         self.url = f"memory://{name}"
-        self._runs: dict[str, _Entry] = self._named.setdefault(name, {}) if name else {}
+        self._runs = _named.setdefault(name, _Runs()) if name else _Runs()
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision``."""
+        checked_revision(run_id, revision)
         entry = self._runs.get(run_id)
         if entry is None:
             raise RunNotFound(run_id)
-        if revision is None:
-            head = entry.heads[-1]
-        elif 0 <= revision < len(entry.heads):
-            head = entry.heads[revision]
-        else:
-            raise RunNotFound(run_id, f"no revision {revision}")
+        head = entry.heads[check_revision(run_id, revision, len(entry.heads) - 1)]
         start = head.message_start
         return attrs.evolve(
             head.run,

@@ -39,7 +39,7 @@ from statekernel._codec import (
     replay,
     snapshot_of,
 )
-from statekernel._codec_base import dump_bytes, load_json, paused_gc
+from statekernel._codec_base import dump_bytes, load_json
 from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._events import Event
 from statekernel._fencing import Fence
@@ -54,7 +54,15 @@ from statekernel.errors import (
     RunNotFound,
     StoreError,
 )
-from statekernel.stores._common import check_head, check_revision, micros
+from statekernel.stores._common import (
+    MAX_REVISION,
+    HeadCache,
+    Prior,
+    check_head,
+    check_revision,
+    checked_revision,
+    micros,
+)
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._open import redact_url
 from statekernel.stores._redis_index import RunIndex
@@ -120,11 +128,10 @@ FENCE_KEY_TTL_MS = 30 * 24 * 3600 * 1000
 
 @attrs.frozen
 class _Known:
-    """The head this client last wrote for a run (saves a read before the next commit)."""
+    """A head as stored: its revision and document bytes (the commit script checks both)."""
 
     revision: int
     doc: bytes
-    head: dict[str, Any]
 
 
 def _split_url(url: str) -> tuple[str, str]:
@@ -140,17 +147,18 @@ class RedisStore:
 
     def __init__(self, url: str, *, client: aioredis.Redis | None = None) -> None:
         self.url = url
-        target, self.prefix = _split_url(url)
-        self._password = urlsplit(url).password
+        self._password: str | None = None
         try:
-            self._client = client or aioredis.from_url(target, decode_responses=False)
-        except (ValueError, RedisError) as exc:
-            raise StoreError(f"bad Redis URL {redact_url(url)!r}: {self._clean(exc)}") from exc
+            target, self.prefix = _split_url(url)
+            self._password = urlsplit(url).password
+            self._client = client or _client_for(target)
+        except (ValueError, TypeError, RedisError) as exc:
+            raise ConfigError(f"bad Redis URL {redact_url(url)!r}: {self._clean(exc)}") from exc
         self._script = self._client.register_script(COMMIT_SCRIPT)
         self._acquire = self._client.register_script(ACQUIRE_SCRIPT)
         self._renew = self._client.register_script(RENEW_SCRIPT)
         self._release = self._client.register_script(RELEASE_SCRIPT)
-        self._known: dict[str, _Known] = {}
+        self._known: HeadCache[_Known] = HeadCache()
         self._wire = Wire(self._client)
         self._runs = RunIndex(self._client, self.prefix, self._call, self._wire)
 
@@ -200,7 +208,8 @@ class RedisStore:
         pipe.lrange(m_key, 0, -1)
         pipe.lrange(t_key, 0, -1)
         pipe.hgetall(b_key)
-        if revision is not None and revision >= 0:
+        revision = checked_revision(run_id, revision)
+        if revision is not None and 0 <= revision <= MAX_REVISION:
             pipe.lrange(c_key, snapshot_of(revision), revision)
         doc, messages, turns, blobs, *history = await self._call(pipe.execute())
         if doc is None:
@@ -212,12 +221,9 @@ class RedisStore:
             entries = [(first + i, load_entry(e, what)) for i, e in enumerate(history[0])]
             head = replay(entries, what=what)
         m_end, t_end = log_ends(head)
-        with paused_gc():  # the collector resumes once the parsed documents are gone
-            msg_docs = _parse_list(messages[:m_end], what)
-            blob_map = {k.decode(): v for k, v in blobs.items()}
-            run = decode_run(head, msg_docs, turns[:t_end], blob_map, what=what)
-            del msg_docs, messages
-        return run
+        msg_docs = _parse_list(messages[:m_end], what)
+        blob_map = {k.decode(): v for k, v in blobs.items()}
+        return decode_run(head, msg_docs, turns[:t_end], blob_map, what=what)
 
     async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
         """Every revision with the events of its commit, oldest first (for copying runs)."""
@@ -240,12 +246,12 @@ class RedisStore:
         for item in iter_history(parsed, msg_docs, turn_docs, blob_map, run_id, what=what):
             yield item
 
-    async def _prior(self, run_id: str, head_key: str) -> _Known | None:
+    async def _prior(self, run_id: str, head_key: str) -> Prior[_Known] | None:
         doc = await self._call(self._client.hget(head_key, "doc"))
         if doc is None:
             return None
         head = load_json(doc, f"head of {run_id!r} in {redact_url(self.url)}")
-        return _Known(_revision(head, "run head"), _bytes(doc), head)
+        return Prior(_Known(_revision(head, "run head"), _bytes(doc)), head)
 
     async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
         """Take the run's lease (a key that expires ``ttl`` seconds after its last renewal;
@@ -288,16 +294,16 @@ class RedisStore:
         if fence is not None and not fence.key.startswith(self._base(run.run_id)):
             raise ConfigError(f"fence key {fence.key!r} is not a key of run {run.run_id!r}")
         known = self._known.get(run.run_id) if run.revision > 0 else None
-        if known is None or known.revision != checkpoint.expected_revision:
+        if known is None or known.key.revision != checkpoint.expected_revision:
             known = await self._prior(run.run_id, keys[0]) if run.revision > 0 else None
-        check_head(checkpoint, None if known is None else known.revision)
+        check_head(checkpoint, None if known is None else known.key.revision)
         enc = encode_commit(checkpoint, None if known is None else known.head)
         doc = dump_bytes(enc.head)
         score = micros(run.updated_at)
         args: list[Any] = [
             checkpoint.expected_revision if run.revision > 0 else -1,
             run.revision,
-            hashlib.sha1(known.doc).hexdigest() if known is not None else "",
+            hashlib.sha1(known.key.doc).hexdigest() if known is not None else "",
             doc,
             dump_entry(enc.entry),
             enc.first_message,
@@ -315,10 +321,10 @@ class RedisStore:
             keys, args = [*keys, fence.key], [*args, fence.token]
         status, actual, announced = await self._commit_script(run.run_id, run.revision, keys, args)
         if status == 3 and fence is not None:
-            self._known.pop(run.run_id, None)
+            self._known.drop(run.run_id)
             raise LeaseLost(run.run_id, checkpoint.expected_revision, fence.token)
         if status == 1:
-            self._known.pop(run.run_id, None)
+            self._known.drop(run.run_id)
             raise ConflictError(
                 run.run_id, checkpoint.expected_revision, None if actual < 0 else actual
             )
@@ -326,7 +332,7 @@ class RedisStore:
             raise CorruptCheckpoint(
                 f"invalid run {run.run_id!r} in {redact_url(self.url)}: logs do not match its head"
             )
-        self._known[run.run_id] = _Known(run.revision, doc, enc.head)
+        self._known.put(run.run_id, Prior(_Known(run.revision, doc), enc.head))
         self._runs.landed(run.run_id, score, run.revision)
         if not announced:  # nothing would repair the index: move it now
             await self._runs.flush()
@@ -428,7 +434,7 @@ class RedisStore:
         self._runs.forget_landed(run_id)
         removed = await self._call(self._client.delete(*self._keys(run_id)))
         await self._runs.forget(run_id)
-        self._known.pop(run_id, None)
+        self._known.drop(run_id)
         return bool(removed)
 
     async def _head_scores(self, run_ids: list[str]) -> list[tuple[int, int] | None]:
@@ -454,6 +460,15 @@ class RedisStore:
         with contextlib.suppress(RedisError, OSError):
             await self._wire.aclose()
             await self._client.aclose()
+
+
+def _client_for(url: str) -> aioredis.Redis:
+    """A client for ``url``; its options are checked now (``redis-py`` would raise a
+    ``TypeError`` for an unknown one at the first connection)."""
+    client = aioredis.from_url(url, decode_responses=False)
+    pool: Any = client.connection_pool
+    pool.make_connection()  # builds the connection object, no I/O
+    return client
 
 
 def _bytes(value: bytes | str) -> bytes:

@@ -39,16 +39,24 @@ from statekernel._codec import (
     replay,
     snapshot_of,
 )
-from statekernel._codec_base import dump_bytes, enc_time, load_json, paused_gc
+from statekernel._codec_base import dump_bytes, enc_time, load_json
 from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._events import Event
 from statekernel._run import Run, StateId
 from statekernel._storage import Checkpoint, Lease, RunPage
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
-from statekernel.stores._common import HeadCache, Prior, check_head, check_revision, micros
+from statekernel.stores._common import (
+    HeadCache,
+    Prior,
+    check_head,
+    check_revision,
+    checked_revision,
+    micros,
+)
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._owners import LeaseRecord, OwnerProofs, released, renewed, take
 from statekernel.stores._sqlite_ops import (
+    BadRow,
     CommitRows,
     Parts,
     Stored,
@@ -131,7 +139,7 @@ class SQLiteStore:
             except BaseException as exc:
                 with contextlib.suppress(sqlite3.Error, ValueError):
                     await conn.close()
-                if isinstance(exc, sqlite3.Error):
+                if isinstance(exc, (sqlite3.Error, StoreError, UnicodeDecodeError)):
                     raise self._error(exc) from exc
                 raise
             self._conn = conn
@@ -146,8 +154,10 @@ class SQLiteStore:
         conn = await self._open()
         try:
             result: T = await cast(Any, conn)._execute(fn, self._raw, *args)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, UnicodeDecodeError) as exc:  # undecodable text in an error too
             raise self._error(exc) from exc
+        except BadRow as exc:
+            raise CorruptCheckpoint(f"invalid data in SQLite store {self.path!r}: {exc}") from exc
         return result
 
     async def _shielded(self, work: Callable[[], Awaitable[T]]) -> T:
@@ -163,6 +173,7 @@ class SQLiteStore:
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision``."""
+        checked_revision(run_id, revision)
         return await self._shielded(lambda: self._load(run_id, revision))
 
     async def _load(self, run_id: str, revision: int | None) -> Run:
@@ -354,17 +365,13 @@ def _head_at(
 
 def _decode(parts: Parts, what: str) -> Run:
     m_end, t_end = log_ends(parts.head)
-    with paused_gc():  # the collector resumes once the parsed documents are gone
-        messages = _parse(parts.messages, f"messages of {what}")
-        turns = parts.turns  # parsed when a completed turn is read
-        if len(messages) != m_end or len(turns) != t_end:
-            raise CorruptCheckpoint(
-                f"invalid {what}: {len(messages)} of {m_end} messages,"
-                f" {len(turns)} of {t_end} turns"
-            )
-        run = decode_run(parts.head, messages, turns, parts.blobs, what=what)
-        del messages
-    return run
+    messages = _parse(parts.messages, f"messages of {what}")
+    turns = parts.turns  # parsed when a completed turn is read
+    if len(messages) != m_end or len(turns) != t_end:
+        raise CorruptCheckpoint(
+            f"invalid {what}: {len(messages)} of {m_end} messages, {len(turns)} of {t_end} turns"
+        )
+    return decode_run(parts.head, messages, turns, parts.blobs, what=what)
 
 
 def _parse(docs: list[bytes], what: str) -> list[Any]:

@@ -20,6 +20,7 @@ from statekernel._storage import Lease
 from statekernel.stores._owners import LeaseRecord, check_fence
 
 __all__ = [
+    "BadRow",
     "CommitRows",
     "Stored",
     "Parts",
@@ -34,6 +35,22 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+class BadRow(ValueError):
+    """A stored row holds values of the wrong types (a damaged database); the store
+    reports it as ``CorruptCheckpoint`` naming its path."""
+
+
+def _checked(row: Sequence[Any], types: tuple[type, ...], what: str) -> tuple[Any, ...]:
+    """``row`` if each value has its type (an int that is not a bool, bytes...)."""
+    if len(row) != len(types) or not all(
+        isinstance(v, t) and not isinstance(v, bool) for v, t in zip(row, types, strict=True)
+    ):
+        found = ", ".join(type(v).__name__ for v in row)
+        want = ", ".join(t.__name__ for t in types)
+        raise BadRow(f"{what}: a row holds ({found}), not ({want})")
+    return tuple(row)
 
 
 @attrs.frozen
@@ -73,7 +90,10 @@ def transaction(conn: sqlite3.Connection, begin: str = "BEGIN") -> Iterator[sqli
 
 def _stored(conn: sqlite3.Connection, run_id: str) -> Stored | None:
     row = conn.execute("SELECT id, revision, head FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-    return None if row is None else Stored(row[0], row[1], bytes(row[2]))
+    if row is None:
+        return None
+    rid, revision, head = _checked(row, (int, int, bytes), f"run {run_id!r}")
+    return Stored(rid, revision, head)
 
 
 def read_head(conn: sqlite3.Connection, run_id: str) -> Stored | None:
@@ -211,11 +231,12 @@ def read_parts(
         first = first_entry(stored)
         entries: list[tuple[int, bytes]] = []
         if first is not None:
-            entries = conn.execute(
+            rows = conn.execute(
                 "SELECT revision, entry FROM commits WHERE rid = ? AND revision >= ?"
                 " ORDER BY revision",
                 (rid, first),
             ).fetchall()
+            entries = [_checked(r, (int, bytes), f"commit log of {run_id!r}") for r in rows]
         head = head_of(stored, entries)
         m_end, t_end = ends(head)
         return Parts(
@@ -224,8 +245,13 @@ def read_parts(
             entries,
             _docs(conn, "messages", rid, m_end),
             _docs(conn, "turns", rid, t_end),
-            dict(conn.execute("SELECT key, data FROM blobs WHERE rid = ?", (rid,)).fetchall()),
+            _blobs(conn, rid),
         )
+
+
+def _blobs(conn: sqlite3.Connection, rid: int) -> dict[str, bytes]:
+    rows = conn.execute("SELECT key, data FROM blobs WHERE rid = ?", (rid,)).fetchall()
+    return dict(_checked(r, (str, bytes), "blobs") for r in rows)
 
 
 def _docs(conn: sqlite3.Connection, table: str, rid: int, end: int) -> list[bytes]:
@@ -234,7 +260,7 @@ def _docs(conn: sqlite3.Connection, table: str, rid: int, end: int) -> list[byte
     rows = conn.execute(
         f"SELECT doc FROM {table} WHERE rid = ? AND pos < ? ORDER BY pos", (rid, end)
     ).fetchall()
-    return [d for (d,) in rows]
+    return [_checked(r, (bytes,), table)[0] for r in rows]
 
 
 def read_events(
@@ -254,7 +280,7 @@ def read_events(
             (row[0], first),
         )
         while True:
-            batch = cursor.fetchmany(256)
+            batch = [_checked(r, (int, bytes), "commit log") for r in cursor.fetchmany(256)]
             if not batch or collect(batch):
                 return True
 

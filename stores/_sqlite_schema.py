@@ -69,7 +69,9 @@ def migrate_schema(conn: sqlite3.Connection) -> None:
     try:
         conn.execute("CREATE TABLE IF NOT EXISTS statekernel_schema (version INTEGER NOT NULL)")
         row = conn.execute("SELECT version FROM statekernel_schema").fetchone()
-        version = 0 if row is None else int(row[0])
+        version = 0 if row is None else row[0]
+        if type(version) is not int:
+            raise StoreError(f"damaged store layout: version {version!r} is not an int")
         if version > STORE_VERSION:
             raise StoreError(
                 f"SQLite store layout version {version} is newer than this release"

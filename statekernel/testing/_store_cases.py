@@ -13,7 +13,7 @@ from statekernel._events import Event
 from statekernel._messages import Message, ModelRequest, ModelResult, ToolCall
 from statekernel._run import Run, StateId, ToolCallRecord, Turn
 from statekernel._storage import Checkpoint, CheckpointStore
-from statekernel.errors import ConflictError, LeaseLost, RunBusy, RunNotFound
+from statekernel.errors import ConflictError, InvalidArgument, LeaseLost, RunBusy, RunNotFound
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -89,6 +89,18 @@ async def check_missing(store: CheckpointStore) -> None:
     await store.commit(Checkpoint.between(None, sample_run("r1")))
     await _raises(RunNotFound, store.load("r1", revision=1), "load of a future revision")
     await _raises(RunNotFound, store.load("r1", revision=-1), "load of a negative revision")
+    huge = store.load("r1", revision=10**30)
+    await _raises(RunNotFound, huge, "load of a revision beyond 64 bits")
+    await _raises(RunNotFound, store.load("r1", revision=2**63 - 1), "load of the last revision")
+
+
+async def check_bad_revision(store: CheckpointStore) -> None:
+    """A revision that is not an int is ``InvalidArgument``, for a run stored or not."""
+    await store.commit(Checkpoint.between(None, sample_run("r1")))
+    for run_id in ("r1", "nope"):
+        for bad in ("abc", 1.0, True):
+            work = store.load(run_id, revision=bad)  # type: ignore[arg-type]
+            await _raises(InvalidArgument, work, f"load of {run_id!r} at revision {bad!r}")
 
 
 async def check_compare_and_set(store: CheckpointStore) -> None:

@@ -30,6 +30,7 @@ async def check_store(factory: StoreFactory, *, examples: int = 25) -> list[str]
     checks: list[tuple[str, Check]] = [
         ("round trip of generated runs", lambda s: check_generated_runs(s, examples)),
         ("missing runs and revisions", c.check_missing),
+        ("revisions that are not ints", c.check_bad_revision),
         ("compare-and-set", c.check_compare_and_set),
         ("concurrent committers", c.check_concurrent_committers),
         ("past revisions", c.check_past_revisions),

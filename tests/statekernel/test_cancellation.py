@@ -187,3 +187,27 @@ async def test_partial_resolution_waits_for_every_uncertain_call(make_kernel: Ma
     ]
     completed = [e.data for e in events if e.type == "tool_call_completed"]
     assert all(d.get("resolved") is True for d in completed)
+
+
+async def test_a_failure_of_the_model_work_while_stopping_is_raised() -> None:
+    from statekernel._driver import RunDriver
+
+    kernel = sk.Kernel(RecordingStore())
+    run = await start(kernel)
+    driver = RunDriver(kernel, run)
+    stopped = asyncio.Event()
+
+    async def work() -> None:
+        driver.queue.put_nowait(sk.Event("text_delta", run.run_id, 0))
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stopped.set()
+            raise RuntimeError("the model call failed while stopping")
+
+    live = driver._pump(work())
+    async for _ in live:
+        break
+    with pytest.raises(RuntimeError, match="while stopping"):
+        await live.aclose()
+    assert stopped.is_set()

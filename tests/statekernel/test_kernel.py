@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import AsyncIterator
 
 import pytest
 
 import statekernel as sk
 from statekernel.errors import ConflictError, InvalidArgument, InvalidTransition, RunNotFound
+from statekernel.providers import Finish, StreamPart, TextDelta
+from statekernel.stores import MemoryStore
 from statekernel.testing import Fail, Reply, call
 
 from .conftest import MakeKernel, drain, start
@@ -175,6 +178,41 @@ async def test_model_error_fails_the_run_and_retry_completes_it(make_kernel: Mak
     assert kinds[-1] == "run_completed"
 
 
+class CutShort:
+    """A model whose first answer stops without a ``Finish``; later ones are whole."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def stream(self, request: sk.ModelRequest) -> AsyncIterator[StreamPart]:
+        self.calls += 1
+        yield TextDelta("half an answ")
+        if self.calls > 1:
+            yield TextDelta("er")
+            yield Finish("stop", request.model_name)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_stream_without_finish_fails_the_run_and_retry_calls_again() -> None:
+    model = CutShort()
+    kernel = sk.Kernel(MemoryStore(), providers={"cut": model})
+    run = await kernel.start(model="cut/x", messages=["hi"])
+    events = await drain(kernel, run.run_id)
+    assert events[-1].type == "run_failed"
+    failed = await kernel.get(run.run_id)
+    assert failed.failure is not None
+    assert (failed.failure.error, failed.failure.failed_in) == ("ProviderError", "calling_model")
+    assert "Finish" in failed.failure.message
+    await kernel.retry(run.run_id)
+    await drain(kernel, run.run_id)
+    done = await kernel.get(run.run_id)
+    assert done.state == "completed"
+    assert model.calls == 2
+    assert done.messages[-1].text == "half an answer"
+
+
 async def test_step_commits_one_transition_at_a_time(make_kernel: MakeKernel) -> None:
     kernel, store, _ = make_kernel([call("echo", {"text": "a"}), "done"], tools=[echo])
     run = await start(kernel)
@@ -219,6 +257,17 @@ async def test_update_context_is_compare_and_set(make_kernel: MakeKernel) -> Non
     assert updated.state == "init"
     events = await kernel.events(run.run_id)
     assert [e.type for e in events] == ["context_updated"]
+
+
+@pytest.mark.parametrize("attempts", [0, -1])
+async def test_update_context_with_no_attempts_is_invalid(
+    make_kernel: MakeKernel, attempts: int
+) -> None:
+    kernel, _, _ = make_kernel(["x"])
+    run = await start(kernel, context={"n": 1})
+    with pytest.raises(InvalidArgument, match="attempts"):
+        await kernel.update_context(run.run_id, lambda c: c, attempts=attempts)
+    assert (await kernel.get(run.run_id)).revision == run.revision
 
 
 async def test_two_kernels_racing_on_one_run_conflict(make_kernel: MakeKernel) -> None:

@@ -20,6 +20,7 @@ from statekernel import (
     ToolCall,
     ToolCallRecord,
     Turn,
+    _transitions,
 )
 from statekernel._lifecycle import EVENTS
 from statekernel.errors import CorruptCheckpoint, InvalidTransition
@@ -185,6 +186,21 @@ def test_a_failing_action_leaves_the_run_unchanged() -> None:
     nxt, _ = lc.apply("tool_call_started", call_ids=["c1"], call_input={"x": 1})
     assert nxt.current_turn is not None
     assert [r.id for r in nxt.current_turn.in_flight] == ["c1"]
+
+
+def test_a_bug_inside_a_transition_surfaces_as_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any) -> Any:
+        raise TypeError("bug in the transition")
+
+    monkeypatch.setattr(_transitions, "pause", broken)
+    run = run_in("preparing_turn")
+    lc = Lifecycle(run)
+    with pytest.raises(TypeError, match="bug in the transition"):
+        lc.apply("pause", reason="r", metadata={})
+    assert lc.run is run
+    monkeypatch.undo()
+    nxt, _ = lc.apply("pause", reason="r", metadata={})
+    assert nxt.state == "paused"
 
 
 def test_payloads_are_validated_by_name() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis as redis_sync
@@ -124,6 +125,71 @@ async def test_sqlite_newer_layout_is_refused(tmp_path: Path) -> None:
         await open_store(f"sqlite:///{path}").load("r")
 
 
+_BAD_COLUMN = (
+    "CREATE TABLE messages (rid INTEGER NOT NULL, pos INTEGER NOT NULL, doc BLOB NOT NULL,"
+    " \xff INTEGER NOT NULL, PRIMARY KEY (rid, pos)) WITHOUT ROWID"
+)
+_DAMAGE = {
+    "head as text": "UPDATE runs SET head = 'abc'",
+    "head as a number": "UPDATE runs SET head = 5",
+    "revision as text": "UPDATE runs SET revision = 'x'",
+    "message as a number": "UPDATE messages SET doc = 5",
+    "turn as text": "UPDATE turns SET doc = 'x'",
+    "commit log entry as a number": "UPDATE commits SET entry = 7",
+    "layout version as text": "UPDATE statekernel_schema SET version = 'abc'",
+    "layout version as bytes": "UPDATE statekernel_schema SET version = X'FF'",
+    "layout version infinite": "UPDATE statekernel_schema SET version = 1e999",
+    "runs with other columns": "DROP TABLE runs; CREATE TABLE runs (a, b)",
+    "column named in non-UTF-8": (
+        "PRAGMA writable_schema = ON; UPDATE sqlite_master SET sql ="
+        f" CAST(X'{_BAD_COLUMN.encode('latin-1').hex()}' AS TEXT) WHERE name = 'messages'"
+    ),
+}
+
+
+async def _every_operation(url: str) -> list[tuple[str, BaseException | None]]:
+    store = open_store(url)
+    run = next_revision(sample_run("r"))  # the head _commit_two left
+    work: dict[str, Any] = {
+        "load": lambda: store.load("r"),
+        "load at revision 0": lambda: store.load("r", revision=0),
+        "events": lambda: store.events("r"),
+        "list": lambda: store.list_runs(),
+        "commit": lambda: store.commit(Checkpoint.between(run, next_revision(run))),
+        "new run": lambda: store.commit(Checkpoint.between(None, sample_run("r2"))),
+        "history": lambda: _drain(store.history("r")),  # type: ignore[attr-defined]
+    }
+    outcomes: list[tuple[str, BaseException | None]] = []
+    for name, call in work.items():
+        try:
+            await call()
+            outcomes.append((name, None))
+        except Exception as exc:
+            outcomes.append((name, exc))
+    await store.aclose()
+    return outcomes
+
+
+async def _drain(items: Any) -> None:
+    async for _ in items:
+        pass
+
+
+@pytest.mark.parametrize("damage", list(_DAMAGE))
+async def test_sqlite_damaged_tables_give_typed_errors(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "runs.db"
+    await _commit_two(f"sqlite:///{path}")
+    with sqlite3.connect(path) as conn:
+        conn.executescript(_DAMAGE[damage])
+    outcomes = await _every_operation(f"sqlite:///{path}")
+    for name, exc in outcomes:
+        if exc is None:
+            continue
+        assert isinstance(exc, StoreError | CorruptCheckpoint), f"{name}: {exc!r}"
+        assert str(path) in str(exc), f"{name}: {exc} does not name the database"
+    assert any(exc is not None for _, exc in outcomes), "the damage went unnoticed"
+
+
 # -- unknown schema_version in every store --------------------------------------------------
 
 
@@ -175,6 +241,24 @@ async def test_unknown_schema_version_redis(redis_store_url: str, redis_prefix: 
 def test_bad_store_urls(url: str) -> None:
     with pytest.raises(ConfigError, match="URL"):
         open_store(url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://[::1",
+        "redis://:hunter2-secret@[::1/0",
+        "redis://127.0.0.1:1/0?no_such_option=1",
+        "redis://:hunter2-secret@127.0.0.1:1/0?no_such_option=1",
+        "redis://:hunter2-secret@127.0.0.1:port/0",
+    ],
+)
+def test_malformed_redis_urls_are_config_errors(url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        open_store(url)  # checked when opened, not at the first connection
+    message = str(info.value)
+    assert "hunter2-secret" not in message
+    assert redact_url(url) in message
 
 
 async def test_redis_refusing_connections() -> None:

@@ -238,3 +238,18 @@ async def test_rediss_with_an_unknown_certificate_fails_without_leaking(
         await store.load("x")
     assert PASSWORD not in f"{info.value} {info.value!r} {store!r}"
     await store.aclose()
+
+
+# -- bounded memory ----------------------------------------------------------------------
+
+
+async def test_head_cache_stays_bounded_over_many_runs(redis_store_url: str) -> None:
+    store = RedisStore(redis_store_url)
+    runs = [sample_run(f"r{i}") for i in range(600)]
+    for run in runs:
+        await store.commit(Checkpoint.between(None, run))
+    assert len(store._known) == store._known.size < len(runs)
+    first = runs[0]  # fell out of the cache: its next commit reads the head
+    await store.commit(Checkpoint.between(first, next_revision(first)))
+    assert (await store.load("r0")).revision == 1
+    await store.aclose()
