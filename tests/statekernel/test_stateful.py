@@ -1,6 +1,6 @@
 """A Hypothesis state machine over the public API: start, drive until an event, crash,
-cancel, resume, resolve, retry, send input, fork, update context; with the crash/resume
-invariants checked after every step."""
+cancel, two kernels driving one run at once, resume, resolve, retry, send input, fork,
+update context; with the crash/resume invariants checked after every step."""
 
 from __future__ import annotations
 
@@ -36,10 +36,30 @@ class KernelMachine(RuleBasedStateMachine):
         self.non_idempotent: set[str] = set()
         self.reruns: set[str] = set()
         self.ids = itertools.count()
+        self.running: dict[str, int] = defaultdict(int)
+        self.overlaps: list[str] = []
 
     # -- plumbing -----------------------------------------------------------------
 
-    def kernel(self, run_id: str, plan: FaultPlan | None = None) -> sk.Kernel:
+    def overlap_watch(self) -> Any:
+        """Middleware noting a call that starts while another execution of it runs."""
+
+        async def watch(call: Any, nxt: Any) -> Any:
+            if not isinstance(call, sk.ToolInvocation):
+                return await nxt(call)
+            key = f"{call.run.run_id}:{call.record.id}"
+            self.running[key] += 1
+            if self.running[key] > 1:
+                self.overlaps.append(key)
+            try:
+                await asyncio.sleep(0.005)  # a window for the other driver, if it can get in
+                return await nxt(call)
+            finally:
+                self.running[key] -= 1
+
+        return watch
+
+    def kernel(self, run_id: str, plan: FaultPlan | None = None, **options: Any) -> sk.Kernel:
         from statekernel.testing import fuzz_agent
 
         kwargs = dict(fuzz_agent(self.scripts[run_id])())
@@ -49,8 +69,8 @@ class KernelMachine(RuleBasedStateMachine):
         if plan is not None:
             provider, store = FaultyProvider(provider, plan), FaultyStore(store, plan)
             middleware.append(plan.middleware())
-        middleware.append(self.ledger.middleware())
-        kwargs.update(providers={"scripted": provider}, middleware=middleware)
+        middleware += [self.ledger.middleware(), self.overlap_watch()]
+        kwargs.update(providers={"scripted": provider}, middleware=middleware, **options)
         self.non_idempotent = {t.name for t in kwargs["tools"] if not t.idempotent}
         return sk.Kernel(store, **kwargs)
 
@@ -108,6 +128,44 @@ class KernelMachine(RuleBasedStateMachine):
                     self.acked[run_id] = max(self.acked[run_id], event.revision)
 
         self.act(run_id, drive, plan)
+
+    @rule(
+        run_id=runs,
+        events=st.lists(st.integers(1, 30), min_size=2, max_size=2),
+        lag=st.integers(0, 15),
+    )
+    def two_drivers_at_once(self, run_id: str, events: list[int], lag: int) -> None:
+        """Two kernels (two processes) drive the run at the same time, each for a number
+        of events, the second starting ``lag`` ms later: one owns the run, the
+        other waits briefly and may give up with RunBusy."""
+
+        async def drive(kernel: sk.Kernel, limit: int, ms: int) -> None:
+            await asyncio.sleep(ms / 1000)
+            seen = 0
+            gen = kernel.run(run_id)
+            try:
+                async for event in gen:
+                    if event.persisted:
+                        self.acked[run_id] = max(self.acked[run_id], event.revision)
+                    seen += 1
+                    if seen >= limit:
+                        break
+            except (sk.RunBusy, sk.InvalidTransition, sk.ConflictError):
+                pass
+            finally:
+                await gen.aclose()
+
+        async def go() -> None:
+            kernels = [self.kernel(run_id, busy_timeout=0.02) for _ in events]
+            try:
+                await asyncio.gather(
+                    drive(kernels[0], events[0], 0), drive(kernels[1], events[1], lag)
+                )
+            finally:
+                for kernel in kernels:
+                    await kernel.aclose()
+
+        asyncio.run(go())
 
     @rule(run_id=runs, value=st.none() | st.booleans())
     def resume(self, run_id: str, value: bool | None) -> None:
@@ -191,6 +249,10 @@ class KernelMachine(RuleBasedStateMachine):
             names = {r.id: r.name for t in turns for r in (*t.completed, *t.in_flight)}
             if names.get(call_id) in self.non_idempotent:
                 assert count <= 1, f"{key} ran {count} times"
+
+    @invariant()
+    def one_execution_of_a_call_at_a_time(self) -> None:
+        assert not self.overlaps, f"calls ran twice at once: {self.overlaps}"
 
     @invariant()
     def crashes_never_write_failed(self) -> None:
