@@ -386,17 +386,20 @@ class RunDriver:
     ) -> None:
         tool = self.kernel.tools[record.name]
         queue = self.queue
+        loop = asyncio.get_running_loop()
 
         def report(data: JSON) -> None:
-            queue.put_nowait(
-                Event(
-                    "tool_output",
-                    run.run_id,
-                    run.revision,
-                    -1,
-                    {"call_id": record.id, "data": data},
-                )
+            event = Event(
+                "tool_output",
+                run.run_id,
+                run.revision,
+                -1,
+                {"call_id": record.id, "data": data},
             )
+            if _in_loop(loop):
+                queue.put_nowait(event)
+            else:  # a sync tool reports from its thread
+                loop.call_soon_threadsafe(queue.put_nowait, event)
 
         context = copy.deepcopy(run.context)
         ctx = ToolContext(run.run_id, record.id, record.attempt, context, report)
@@ -449,6 +452,13 @@ class RunDriver:
         record = _turn(self.run).call(outcome.ids[0])
         await self._hook("on_tool_call_completed", self.run, record)
         return events
+
+
+def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def _turn(run: Run) -> Turn:
