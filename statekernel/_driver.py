@@ -26,6 +26,7 @@ from statekernel._model import ReasoningDelta, ResultBuilder, TextDelta, ToolCal
 from statekernel._run import PauseInfo, Run, ToolCallRecord, Turn
 from statekernel._storage import Checkpoint, commit_settled
 from statekernel._tools import ToolContext
+from statekernel._waiting import wait_ended
 from statekernel.errors import InvalidTransition, ToolError
 
 if TYPE_CHECKING:
@@ -75,19 +76,27 @@ class RunDriver:
         """True while the driver holds intents a later ``step`` must finish."""
         return bool(self.tasks or self.outcomes or self.model_claim is not None)
 
-    def reset(self, run: Run) -> None:
+    async def reset(self, run: Run) -> None:
         """Point at a newer head loaded from the store; intents of older revisions lapse."""
         if run.revision != self.lc.run.revision:
             self.lc.reset(run)
             self.model_claim = None
-            self.cancel_tasks()
+            await self.stop_tasks()
 
-    def cancel_tasks(self) -> None:
-        """Cancel running tool calls (their intents stay committed: resume decides)."""
-        for task in self.tasks.values():
+    async def stop_tasks(self) -> None:
+        """Cancel running tool calls and wait until each has ended (their intents stay
+        committed: resume decides).
+
+        A sync tool's thread cannot be stopped: this waits for it to return, even if
+        the caller is cancelled meanwhile, so no call of this driver is still executing
+        when the drive reports that it stopped (and the run may be driven elsewhere).
+        """
+        tasks = list(self.tasks.values())
+        for task in tasks:
             task.cancel()
         self.tasks.clear()
         self.outcomes.clear()
+        await wait_ended(tasks)
 
     # -- commits ---------------------------------------------------------------
 

@@ -145,9 +145,10 @@ class Kernel:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Cancel background tool calls, close built-in providers and a store opened by URL."""
-        for driver in self._drivers.values():
-            driver.cancel_tasks()
+        """Stop background tool calls (waiting until each has ended), close built-in
+        providers and a store opened by URL."""
+        for driver in list(self._drivers.values()):
+            await driver.stop_tasks()
         self._drivers.clear()
         await self.registry.aclose()
         if self._owns_store:
@@ -215,7 +216,7 @@ class Kernel:
                     async for event in driver.advance():
                         yield event
             finally:
-                driver.cancel_tasks()
+                await driver.stop_tasks()
                 driver.model_claim = None
 
     async def step(self, run_id: str) -> list[Event]:
@@ -250,7 +251,7 @@ class Kernel:
             async with driver.lock:
                 try:
                     if not fresh or waited:  # a driver just built from the head needs no reload
-                        driver.reset(await self.store.load(run_id))
+                        await driver.reset(await self.store.load(run_id))
                     yield driver
                 finally:
                     if not driver.busy and self._drivers.get(run_id) is driver:
