@@ -321,7 +321,7 @@ class RunDriver:
         """Decide about ``record`` and commit the outcome; None defers a pause until the
         calls already in flight have finished (so a pause never strands them)."""
         decision = await self._hook("on_tool_call_started", self.run, record)
-        ids = identical_group(record, turn.pending)
+        ids = identical_group(record, turn.pending, self.kernel.tools, self.kernel.dispatch)
         call_input = record.input
         if isinstance(decision, hk.Skip):
             return await self._complete(_Outcome(tuple(ids), decision.result, decision.error))
