@@ -6,6 +6,7 @@ to ``failed`` with the state it failed in; ``retry`` calls it again.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from typing import Any, TypeAlias
 
@@ -13,6 +14,7 @@ import attrs
 
 from statekernel._messages import JSON, ModelRequest, ModelResult
 from statekernel._run import Run, ToolCallRecord, Turn
+from statekernel.errors import ConfigError
 
 __all__ = [
     "Continue",
@@ -22,7 +24,9 @@ __all__ = [
     "Pause",
     "Rewrite",
     "Skip",
+    "HOOK_NAMES",
     "call_hook",
+    "check_hooks",
 ]
 
 
@@ -67,7 +71,8 @@ Decision: TypeAlias = Continue | Rewrite | Skip | Pause | Finish
 class Hooks:
     """Base class with the default behaviour; override what you need.
 
-    Any object with some of these methods works as ``Kernel(hooks=...)`` too.
+    Any object with some of these methods works as ``Kernel(hooks=...)`` too. Any
+    other ``on_*`` method on it (a misspelt hook) is a ``ConfigError`` at ``Kernel``.
     """
 
     def on_turn_prepared(self, run: Run, request: ModelRequest) -> ModelRequest | None:
@@ -89,6 +94,33 @@ class Hooks:
     def on_turn_completed(self, run: Run, turn: Turn) -> Decision | None:
         """After a turn: None (default), Continue, Pause or Finish."""
         return None
+
+
+HOOK_NAMES = (
+    "on_turn_prepared",
+    "on_model_completed",
+    "on_tool_call_started",
+    "on_tool_call_completed",
+    "on_turn_completed",
+)
+"""The hooks the kernel calls; any other ``on_*`` method is a mistake."""
+
+
+def check_hooks(hooks: object) -> object:
+    """Return ``hooks``; an ``on_*`` method that is not a hook raises ``ConfigError``
+    (a misspelt hook would otherwise never run)."""
+    for name in dir(hooks):
+        if not name.startswith("on_") or name in HOOK_NAMES:
+            continue
+        if not callable(getattr(hooks, name, None)):
+            continue
+        close = difflib.get_close_matches(name, HOOK_NAMES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"hooks {type(hooks).__name__}: {name!r} is not a hook"
+            f" (known hooks: {', '.join(HOOK_NAMES)}){hint}"
+        )
+    return hooks
 
 
 async def call_hook(hooks: object, name: str, *args: Any) -> Any:

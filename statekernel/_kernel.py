@@ -47,7 +47,7 @@ import attrs
 from statekernel._dispatch import DispatchPolicy
 from statekernel._driver import UNCERTAIN, RunDriver
 from statekernel._events import Event
-from statekernel._hooks import Hooks
+from statekernel._hooks import Hooks, check_hooks
 from statekernel._lifecycle import Lifecycle
 from statekernel._messages import JSON, Message
 from statekernel._middleware import Middleware
@@ -112,7 +112,7 @@ class Kernel:
         self.registry = (
             providers if isinstance(providers, ProviderRegistry) else ProviderRegistry(providers)
         )
-        self.hooks: object = hooks if hooks is not None else Hooks()
+        self.hooks: object = check_hooks(hooks) if hooks is not None else Hooks()
         self.middleware: tuple[Middleware, ...] = tuple(middleware)
         self.dispatch = dispatch if dispatch is not None else DispatchPolicy()
         self.max_turns = max_turns

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import attrs
+import pytest
 
 import statekernel as sk
+from statekernel.errors import ConfigError
 from statekernel.testing import call
 
 from .conftest import MakeKernel, drain, start
@@ -247,3 +249,48 @@ async def test_a_pause_waits_for_calls_already_in_flight(make_kernel: MakeKernel
     await drain(kernel, run.run_id)
     assert (await kernel.get(run.run_id)).state == "completed"
     assert CALLS == [{"slow": "a"}, {"item": "b"}]  # nothing ran twice, nothing uncertain
+
+
+def test_a_misspelt_hook_method_is_a_config_error() -> None:
+    class Typo(sk.Hooks):
+        def on_tool_started(self, run: sk.Run, call: sk.ToolCallRecord) -> None:
+            """Meant to be on_tool_call_started."""
+
+    with pytest.raises(ConfigError) as info:
+        sk.Kernel("memory://", hooks=Typo())
+    message = str(info.value)
+    assert "'on_tool_started'" in message
+    assert "did you mean 'on_tool_call_started'?" in message
+    for known in sk.Hooks.__dict__:
+        if known.startswith("on_"):
+            assert known in message
+
+
+def test_an_unknown_hook_on_any_object_is_a_config_error() -> None:
+    class Plain:
+        def on_turn_completed(self, run: sk.Run, turn: sk.Turn) -> None:
+            """A known hook."""
+
+        def on_everything(self) -> None:
+            """Not a hook."""
+
+        def helper(self) -> None:
+            """Not named like a hook: allowed."""
+
+    with pytest.raises(ConfigError, match="'on_everything'") as info:
+        sk.Kernel("memory://", hooks=Plain())
+    assert "did you mean" not in str(info.value)
+
+
+def test_known_hooks_and_other_attributes_are_accepted() -> None:
+    class Fine:
+        on_call_count = 0  # not a method
+
+        def on_turn_completed(self, run: sk.Run, turn: sk.Turn) -> None:
+            """A known hook."""
+
+        def helper(self) -> None:
+            """Not named like a hook."""
+
+    sk.Kernel("memory://", hooks=Fine())
+    sk.Kernel("memory://", hooks=sk.Hooks())
