@@ -458,8 +458,12 @@ class RunDriver:
         self._committed = events
         for call_id in outcome.ids:
             self.names.pop(call_id, None)
-        record = _turn(self.run).call(outcome.ids[0])
-        await self._hook("on_tool_call_completed", self.run, record)
+        # after the commit, once for each call it completed: at most once per result
+        # (a crash before a hook skips it; a hook that raises fails the run, and
+        # retry goes on from the committed result without calling it again)
+        run = self.run
+        for call_id in outcome.ids:
+            await self._hook("on_tool_call_completed", run, _turn(run).call(call_id))
         return events
 
 

@@ -1,7 +1,8 @@
 """Hooks: the product's say at each point of a turn, and the decisions they return.
 
 Every hook is optional and may be sync or async. A hook that raises moves the run
-to ``failed`` with the state it failed in; ``retry`` calls it again.
+to ``failed`` with the state it failed in; ``retry`` calls it again, except
+``on_tool_call_completed``, which runs after its result's commit (see there).
 """
 
 from __future__ import annotations
@@ -88,7 +89,15 @@ class Hooks:
         return None
 
     def on_tool_call_completed(self, run: Run, call: ToolCallRecord) -> None:
-        """Observe a finished tool call (its output or error)."""
+        """Observe a finished tool call (its output or error).
+
+        Runs after the commit of the call's result (``tool_call_completed``), once for
+        each call that commit completed, and at most once per result: a crash between
+        the commit and the hook skips it for good (resume goes on from the committed
+        result), and a hook that raises moves the run to ``failed`` while the result
+        stays committed, so ``retry`` goes on without calling it again. Tool middleware
+        runs before the commit, for work a crash there must not skip.
+        """
         return None
 
     def on_turn_completed(self, run: Run, turn: Turn) -> Decision | None:
