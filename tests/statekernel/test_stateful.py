@@ -50,7 +50,8 @@ class KernelMachine(RuleBasedStateMachine):
             provider, store = FaultyProvider(provider, plan), FaultyStore(store, plan)
             middleware.append(plan.middleware())
         middleware.append(self.ledger.middleware())
-        kwargs.update(providers={"scripted": provider}, middleware=middleware)
+        tools = [self.ledger.wrap(t) for t in kwargs["tools"]]
+        kwargs.update(providers={"scripted": provider}, middleware=middleware, tools=tools)
         self.non_idempotent = {t.name for t in kwargs["tools"] if not t.idempotent}
         return sk.Kernel(store, **kwargs)
 
