@@ -17,12 +17,15 @@ class DispatchPolicy:
     """How the tool calls of one turn run.
 
     ``max_concurrent``: at most this many calls at once (0 = unlimited). Tools with
-    ``concurrency_safe=False`` run alone. Identical calls (same tool, same
-    arguments) in one turn run once and share the result. Results always go back
-    to the model in the order the model asked for them.
+    ``concurrency_safe=False`` run alone. ``merge_identical``: identical calls (same
+    tool, same arguments) of an *idempotent* tool in one turn run once and share the
+    result; calls of any other tool always run one by one (two identical payments
+    asked for in one answer are two payments). ``merge_identical=False`` runs every
+    call. Results always go back to the model in the order the model asked for them.
     """
 
     max_concurrent: int = 4
+    merge_identical: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.max_concurrent < 0:
@@ -53,8 +56,17 @@ def next_startable(
     return first
 
 
-def identical_group(record: ToolCallRecord, pending: Sequence[ToolCallRecord]) -> list[str]:
-    """Ids of ``record`` and the pending calls identical to it (same tool and arguments)."""
+def identical_group(
+    record: ToolCallRecord,
+    pending: Sequence[ToolCallRecord],
+    tools: Mapping[str, Tool],
+    policy: DispatchPolicy,
+) -> list[str]:
+    """Ids of ``record`` and the pending calls that share its run: those identical to it
+    (same tool and arguments) if the policy merges and the tool is idempotent."""
+    tool = tools.get(record.name)
+    if not (policy.merge_identical and tool is not None and tool.idempotent):
+        return [record.id]
     same = [
         r.id
         for r in pending

@@ -35,6 +35,7 @@ from statekernel._run import PauseInfo, Run, ToolCallRecord, Turn
 from statekernel._storage import Checkpoint, Lease
 from statekernel._tools import ToolContext
 from statekernel._values import as_stored, parse_json
+from statekernel._waiting import wait_ended
 from statekernel.errors import (
     ConflictError,
     InvalidTransition,
@@ -100,20 +101,35 @@ class RunDriver:
         """True while the driver holds intents a later ``step`` must finish."""
         return bool(self.tasks or self.outcomes or self.unstarted or self.model_claim is not None)
 
-    def reset(self, run: Run) -> None:
+    async def reset(self, run: Run) -> None:
         """Point at a newer head loaded from the store; intents of older revisions lapse."""
         if run.revision != self.lc.run.revision:
             self.lc.reset(run)
             self.model_claim = None
             self.unstarted.clear()
-            self.cancel_tasks()
+            self.outcomes.clear()
+            await self.stop_tasks()
 
-    def cancel_tasks(self) -> None:
-        """Cancel running tool calls (their intents stay committed: resume decides)."""
-        for task in self.tasks.values():
+    def forget(self) -> None:
+        """Drop what only this process knew (its process is going down): results in hand
+        and intents never started become what a crash leaves, for resume to decide."""
+        self.outcomes.clear()
+        self.unstarted.clear()
+
+    async def stop_tasks(self) -> None:
+        """Cancel running tool calls and wait until each has ended (their intents stay
+        committed: resume decides). Results already in hand are kept: the driver stays
+        busy, holding the run, and the next drive commits them.
+
+        A sync tool's thread cannot be stopped: this waits for it to return, even if
+        the caller is cancelled meanwhile, so no call of this driver is still executing
+        when the drive reports that it stopped (and the run may be driven elsewhere).
+        """
+        tasks = list(self.tasks.values())
+        for task in tasks:
             task.cancel()
         self.tasks.clear()
-        self.outcomes.clear()
+        await wait_ended(tasks)
 
     # -- commits ---------------------------------------------------------------
 
@@ -412,7 +428,7 @@ class RunDriver:
         """Decide about ``record`` and commit the outcome; None defers a pause until the
         calls already in flight have finished (so a pause never strands them)."""
         decision = await self._hook("on_tool_call_started", self.run, record)
-        ids = identical_group(record, turn.pending)
+        ids = identical_group(record, turn.pending, self.kernel.tools, self.kernel.dispatch)
         call_input = record.input
         if isinstance(decision, hk.Skip):
             return await self._complete(_Outcome(tuple(ids), decision.result, decision.error))
@@ -494,17 +510,20 @@ class RunDriver:
     ) -> None:
         tool = self.kernel.tools[record.name]
         queue = self.queue
+        loop = asyncio.get_running_loop()
 
         def report(data: JSON) -> None:
-            queue.put_nowait(
-                Event(
-                    "tool_output",
-                    run.run_id,
-                    run.revision,
-                    -1,
-                    {"call_id": record.id, "data": data},
-                )
+            event = Event(
+                "tool_output",
+                run.run_id,
+                run.revision,
+                -1,
+                {"call_id": record.id, "data": data},
             )
+            if _in_loop(loop):
+                queue.put_nowait(event)
+            else:  # a sync tool reports from its thread
+                loop.call_soon_threadsafe(queue.put_nowait, event)
 
         context = copy.deepcopy(run.context)
         ctx = ToolContext(run.run_id, record.id, record.attempt, context, report)
@@ -556,8 +575,12 @@ class RunDriver:
         self._committed = events
         for call_id in outcome.ids:
             self.names.pop(call_id, None)
-        record = _turn(self.run).call(outcome.ids[0])
-        await self._hook("on_tool_call_completed", self.run, record)
+        # after the commit, once for each call it completed: at most once per result
+        # (a crash before a hook skips it; a hook that raises fails the run, and
+        # retry goes on from the committed result without calling it again)
+        run = self.run
+        for call_id in outcome.ids:
+            await self._hook("on_tool_call_completed", run, _turn(run).call(call_id))
         return events
 
 
@@ -567,6 +590,13 @@ def _stored_outcome(ids: tuple[str, ...], output: JSON) -> _Outcome:
     if problem is not None:
         return _Outcome(ids, None, f"the tool returned a value that is not JSON: {problem}")
     return _Outcome(ids, stored, None)
+
+
+def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def _turn(run: Run) -> Turn:

@@ -1,11 +1,13 @@
 """Hooks: the product's say at each point of a turn, and the decisions they return.
 
 Every hook is optional and may be sync or async. A hook that raises moves the run
-to ``failed`` with the state it failed in; ``retry`` calls it again.
+to ``failed`` with the state it failed in; ``retry`` calls it again, except
+``on_tool_call_completed``, which runs after its result's commit (see there).
 """
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from typing import Any, TypeAlias
 
@@ -14,6 +16,7 @@ import attrs
 from statekernel._messages import JSON, ModelRequest, ModelResult
 from statekernel._run import Run, ToolCallRecord, Turn
 from statekernel._values import checked
+from statekernel.errors import ConfigError
 
 __all__ = [
     "Continue",
@@ -23,7 +26,9 @@ __all__ = [
     "Pause",
     "Rewrite",
     "Skip",
+    "HOOK_NAMES",
     "call_hook",
+    "check_hooks",
 ]
 
 
@@ -80,7 +85,8 @@ Decision: TypeAlias = Continue | Rewrite | Skip | Pause | Finish
 class Hooks:
     """Base class with the default behaviour; override what you need.
 
-    Any object with some of these methods works as ``Kernel(hooks=...)`` too.
+    Any object with some of these methods works as ``Kernel(hooks=...)`` too. Any
+    other ``on_*`` method on it (a misspelt hook) is a ``ConfigError`` at ``Kernel``.
     """
 
     def on_turn_prepared(self, run: Run, request: ModelRequest) -> ModelRequest | None:
@@ -96,12 +102,47 @@ class Hooks:
         return None
 
     def on_tool_call_completed(self, run: Run, call: ToolCallRecord) -> None:
-        """Observe a finished tool call (its output or error)."""
+        """Observe a finished tool call (its output or error).
+
+        Runs after the commit of the call's result (``tool_call_completed``), once for
+        each call that commit completed, and at most once per result: a crash between
+        the commit and the hook skips it for good (resume goes on from the committed
+        result), and a hook that raises moves the run to ``failed`` while the result
+        stays committed, so ``retry`` goes on without calling it again. Tool middleware
+        runs before the commit, for work a crash there must not skip.
+        """
         return None
 
     def on_turn_completed(self, run: Run, turn: Turn) -> Decision | None:
         """After a turn: None (default), Continue, Pause or Finish."""
         return None
+
+
+HOOK_NAMES = (
+    "on_turn_prepared",
+    "on_model_completed",
+    "on_tool_call_started",
+    "on_tool_call_completed",
+    "on_turn_completed",
+)
+"""The hooks the kernel calls; any other ``on_*`` method is a mistake."""
+
+
+def check_hooks(hooks: object) -> object:
+    """Return ``hooks``; an ``on_*`` method that is not a hook raises ``ConfigError``
+    (a misspelt hook would otherwise never run)."""
+    for name in dir(hooks):
+        if not name.startswith("on_") or name in HOOK_NAMES:
+            continue
+        if not callable(getattr(hooks, name, None)):
+            continue
+        close = difflib.get_close_matches(name, HOOK_NAMES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"hooks {type(hooks).__name__}: {name!r} is not a hook"
+            f" (known hooks: {', '.join(HOOK_NAMES)}){hint}"
+        )
+    return hooks
 
 
 async def call_hook(hooks: object, name: str, *args: Any) -> Any:

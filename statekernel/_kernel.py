@@ -59,7 +59,7 @@ import attrs
 from statekernel._dispatch import DispatchPolicy
 from statekernel._driver import UNCERTAIN, RunDriver
 from statekernel._events import Event
-from statekernel._hooks import Hooks
+from statekernel._hooks import Hooks, check_hooks
 from statekernel._lifecycle import Lifecycle
 from statekernel._messages import JSON, Message
 from statekernel._middleware import Middleware
@@ -146,7 +146,7 @@ class Kernel:
         self.registry = (
             providers if isinstance(providers, ProviderRegistry) else ProviderRegistry(providers)
         )
-        self.hooks: object = hooks if hooks is not None else Hooks()
+        self.hooks: object = check_hooks(hooks) if hooks is not None else Hooks()
         self.middleware: tuple[Middleware, ...] = tuple(middleware)
         self.dispatch = dispatch if dispatch is not None else DispatchPolicy()
         self.max_turns = max_turns
@@ -179,11 +179,12 @@ class Kernel:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Cancel background tool calls, release the runs' leases, close built-in providers
-        and a store opened by URL."""
+        """Stop background tool calls (waiting until each has ended), release the runs'
+        leases, close built-in providers and a store opened by URL."""
         drivers, self._drivers = list(self._drivers.values()), {}
         for driver in drivers:
-            driver.cancel_tasks()
+            await driver.stop_tasks()
+            await self._commit_held(driver)
         if self._renewer is not None:
             self._renewer.cancel()
             self._renewer = None
@@ -258,9 +259,14 @@ class Kernel:
             except StoreError:
                 keep = True  # the store failed: calls go on, their results wait for a drive
                 raise
+            except (Exception, asyncio.CancelledError, GeneratorExit):
+                raise  # stopped: results in hand stay with the driver for the next drive
+            except BaseException:
+                driver.forget()  # the process is going down (an injected crash, an exit)
+                raise
             finally:
                 if not keep:
-                    driver.cancel_tasks()
+                    await driver.stop_tasks()
                 driver.model_claim = None
 
     async def step(self, run_id: str) -> list[Event]:
@@ -290,7 +296,7 @@ class Kernel:
             async with driver.lock:
                 try:
                     if not fresh or waited:  # a driver just built from the head needs no reload
-                        driver.reset(await self.store.load(run_id))
+                        await driver.reset(await self.store.load(run_id))
                     yield driver
                 finally:
                     if not driver.busy and self._drivers.get(run_id) is driver:
@@ -337,6 +343,14 @@ class Kernel:
                     raise RunBusy(run_id, busy.owner, waited) from None
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.25)
+
+    async def _commit_held(self, driver: RunDriver) -> None:
+        """Commit the results a driver still holds before it lets the run go (else the
+        next owner would find those calls uncertain); a store that fails leaves them so."""
+        with contextlib.suppress(StatekernelError):
+            while driver.outcomes and not driver.lost and driver.run.state == "dispatching_tools":
+                async for _ in driver.advance():
+                    pass
 
     async def _release(self, driver: RunDriver) -> None:
         lease, driver.lease = driver.lease, None

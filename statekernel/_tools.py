@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import typing
 from collections.abc import Callable, Mapping
@@ -15,6 +17,7 @@ from statekernel._convert import converter as record_converter
 from statekernel._messages import JSON, ToolSpec
 from statekernel._schema import parse_docstring, schema_for, strict_converter
 from statekernel._values import as_stored
+from statekernel._waiting import wait_ended
 from statekernel.errors import ConfigError, ToolError
 
 __all__ = ["Tool", "ToolContext", "tool"]
@@ -75,18 +78,64 @@ class Tool:
         return {f.name: getattr(structured, f.name) for f in attrs.fields(self.arguments_type)}
 
     async def invoke(self, arguments: JSON, ctx: ToolContext) -> JSON:
-        """Validate, call (with ``timeout``) and return JSON-able output."""
+        """Validate, call (with ``timeout``) and return JSON-able output.
+
+        A sync function runs in a thread of the loop's default executor. Cancelling
+        the call then waits for the thread to return (a thread cannot be stopped), so
+        a cancelled call has always ended. A timeout does not wait: the thread may go
+        on and its result is dropped.
+        """
         kwargs = self.validate(arguments)
         if self.context_param:
             kwargs[self.context_param] = ctx
+        if _is_async(self.fn):
+            result = await self._awaited(self.fn(**kwargs))
+        else:
+            result = await self._in_thread(kwargs)
+            if inspect.isawaitable(result):
+                result = await self._awaited(result)
+        return _jsonable(self.name, result)
+
+    async def _awaited(self, result: Any) -> Any:
         try:
             async with asyncio.timeout(self.timeout):
-                result = self.fn(**kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
+                return await result
         except TimeoutError as exc:
-            raise ToolError(f"{self.name} timed out after {self.timeout} s") from exc
-        return _jsonable(self.name, result)
+            raise self._timed_out() from exc
+
+    async def _in_thread(self, kwargs: dict[str, Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        call = functools.partial(contextvars.copy_context().run, self.fn, **kwargs)
+        future = loop.run_in_executor(None, call)
+        future.add_done_callback(_retrieve)
+        try:
+            done, _ = await asyncio.wait({future}, timeout=self.timeout)
+        except asyncio.CancelledError:
+            await wait_ended([future])
+            raise
+        if not done:
+            raise self._timed_out()
+        return future.result()
+
+    def _timed_out(self) -> ToolError:
+        """The error of a call that did not finish in time: a non-idempotent call may
+        have had its effect (or may still have it), and the words must say so."""
+        if self.idempotent:
+            return ToolError(f"{self.name} timed out after {self.timeout} s")
+        return ToolError(
+            f"outcome unknown: {self.name} timed out after {self.timeout} s; it may have run"
+        )
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    call = getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark the outcome of a thread nobody waits for any more as seen."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _jsonable(name: str, value: Any) -> JSON:

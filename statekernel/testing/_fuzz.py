@@ -14,6 +14,7 @@ The invariants checked (each failure raises ``AssertionError`` saying which):
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import itertools
 from collections import defaultdict
@@ -51,31 +52,69 @@ DECLARED = frozenset(
 )
 
 
+_CALL_KEY: contextvars.ContextVar[str] = contextvars.ContextVar("ledger_call_key", default="")
+
+
 @attrs.define
 class Ledger:
     """What the tools really did, across every simulated process, by idempotency key
-    (``f"{run_id}:{call_id}"``)."""
+    (``f"{run_id}:{call_id}"``).
+
+    Use both ``middleware()`` (it names the call) and ``wrap(tool)`` for each tool (it
+    records inside the function, where the effect happens: a sync tool's thread that
+    finishes after its call was cancelled is seen too).
+    """
 
     executions: dict[str, int] = attrs.Factory(lambda: defaultdict(int))
     outcomes: dict[str, tuple[bool, Any]] = attrs.Factory(dict)
 
     def middleware(self) -> Any:
-        """Innermost middleware recording each tool execution and its outcome."""
+        """Innermost middleware naming the call that the wrapped tool records under."""
 
         async def record(call: Any, nxt: Any) -> Any:
             if not isinstance(call, ToolInvocation):
                 return await nxt(call)
-            key = f"{call.run.run_id}:{call.call.id}"
-            self.executions[key] += 1
+            token = _CALL_KEY.set(f"{call.run.run_id}:{call.call.id}")
             try:
-                output = await nxt(call)
+                return await nxt(call)
+            finally:
+                _CALL_KEY.reset(token)
+
+        return record
+
+    def wrap(self, tool: Tool) -> Tool:
+        """``tool`` with its function recording each execution and its outcome."""
+        fn = tool.fn
+        if inspect.iscoroutinefunction(fn):
+
+            async def run_async(**kwargs: Any) -> Any:
+                key = self._started()
+                try:
+                    output = await fn(**kwargs)
+                except Exception as exc:
+                    self.outcomes[key] = (False, exc)
+                    raise
+                self.outcomes[key] = (True, output)
+                return output
+
+            return attrs.evolve(tool, fn=run_async)
+
+        def run(**kwargs: Any) -> Any:
+            key = self._started()
+            try:
+                output = fn(**kwargs)
             except Exception as exc:
                 self.outcomes[key] = (False, exc)
                 raise
             self.outcomes[key] = (True, output)
             return output
 
-        return record
+        return attrs.evolve(tool, fn=run)
+
+    def _started(self) -> str:
+        key = _CALL_KEY.get()
+        self.executions[key] += 1
+        return key
 
 
 @attrs.frozen
@@ -151,6 +190,7 @@ def _kernel(
     agent: AgentFactory, store: CheckpointStore, plan: FaultPlan | None, ledger: Ledger
 ) -> Kernel:
     kwargs = dict(agent())
+    kwargs["tools"] = [ledger.wrap(t) for t in kwargs.pop("tools", ())]
     providers = dict(kwargs.pop("providers", {}) or {})
     middleware = list(kwargs.pop("middleware", ()))
     if plan is not None:

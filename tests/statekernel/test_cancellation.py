@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -35,6 +36,47 @@ async def lookup(key: str, ctx: sk.ToolContext) -> str:
     EFFECTS.append(("lookup", ctx.idempotency_key))
     await GATE.setdefault("tool", asyncio.Event()).wait()
     return f"value of {key}"
+
+
+@sk.tool
+async def upload(name: str) -> str:
+    """Upload a file; on cancellation it takes a few loop turns to clean up."""
+    EFFECTS.append(("upload", name))
+    try:
+        await GATE.setdefault("tool", asyncio.Event()).wait()
+    finally:
+        for _ in range(5):
+            await asyncio.sleep(0)
+        EFFECTS.append(("upload ended", name))
+    return f"uploaded {name}"
+
+
+class Blocking:
+    """A sync (thread) tool that blocks until released; notes when it starts and ends."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.ended = threading.Event()
+
+        @sk.tool
+        def transfer(amount: int) -> str:
+            """Transfer money (not idempotent, blocking)."""
+            self.started.set()
+            self.release.wait(5)
+            self.ended.set()
+            return f"transferred {amount}"
+
+        self.tool = transfer
+
+    async def wait_started(self) -> None:
+        assert await asyncio.to_thread(self.started.wait, 5)
+
+
+async def still_running(task: asyncio.Future[Any]) -> bool:
+    """True if ``task`` has not ended after the loop had a while to end it."""
+    done, _ = await asyncio.wait({task}, timeout=0.05)
+    return not done
 
 
 async def run_until(kernel: sk.Kernel, run_id: str, event_type: str) -> list[sk.Event]:
@@ -211,3 +253,85 @@ async def test_a_failure_of_the_model_work_while_stopping_is_raised() -> None:
     with pytest.raises(RuntimeError, match="while stopping"):
         await live.aclose()
     assert stopped.is_set()
+
+
+async def test_cancelling_run_awaits_its_tool_tasks(make_kernel: MakeKernel) -> None:
+    kernel, _, _ = make_kernel([call("upload", {"name": "a"}), "ok"], tools=[upload])
+    run = await start(kernel)
+    await cancel_when(kernel, run.run_id, lambda: EFFECTS)
+    assert EFFECTS == [("upload", "a"), ("upload ended", "a")]
+
+
+async def test_closing_the_generator_awaits_its_tool_tasks(make_kernel: MakeKernel) -> None:
+    kernel, _, _ = make_kernel([call("upload", {"name": "a"}), "ok"], tools=[upload])
+    run = await start(kernel)
+    gen = kernel.run(run.run_id)
+    async for event in gen:
+        if event.type == "tool_call_started":
+            break
+    while not EFFECTS:  # noqa: ASYNC110 - lets the tool task start
+        await asyncio.sleep(0)
+    await gen.aclose()
+    assert EFFECTS == [("upload", "a"), ("upload ended", "a")]
+
+
+async def test_aclose_awaits_background_tool_tasks(make_kernel: MakeKernel) -> None:
+    kernel, _, _ = make_kernel([call("upload", {"name": "a"}), "ok"], tools=[upload])
+    run = await start(kernel)
+    while (await kernel.get(run.run_id)).state != "dispatching_tools":
+        await kernel.step(run.run_id)
+    await kernel.step(run.run_id)  # tool_call_started: the tool runs on after the step
+    while not EFFECTS:  # noqa: ASYNC110 - lets the tool task start
+        await asyncio.sleep(0)
+    await kernel.aclose()
+    assert EFFECTS == [("upload", "a"), ("upload ended", "a")]
+
+
+async def test_a_cancelled_drive_waits_for_a_sync_tool_thread(make_kernel: MakeKernel) -> None:
+    blocking = Blocking()
+    kernel, store, _ = make_kernel([call("transfer", {"amount": 5}), "ok"], tools=[blocking.tool])
+    run = await start(kernel)
+    task = asyncio.create_task(drain(kernel, run.run_id))
+    await blocking.wait_started()
+    task.cancel()
+    assert await still_running(task)  # the call is still executing: the drive has not stopped
+    blocking.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert blocking.ended.is_set()
+    head = await kernel.get(run.run_id)
+    assert [r.id for r in head.current_turn.in_flight] == ["call_0_0"]  # type: ignore[union-attr]
+    no_failed(store, run.run_id)
+
+
+async def test_a_drive_cancelled_twice_still_waits_for_the_thread(
+    make_kernel: MakeKernel,
+) -> None:
+    blocking = Blocking()
+    kernel, _, _ = make_kernel([call("transfer", {"amount": 5}), "ok"], tools=[blocking.tool])
+    run = await start(kernel)
+    task = asyncio.create_task(drain(kernel, run.run_id))
+    await blocking.wait_started()
+    task.cancel()
+    assert await still_running(task)
+    task.cancel()
+    assert await still_running(task)
+    blocking.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert blocking.ended.is_set()
+
+
+async def test_aclose_waits_for_a_sync_tool_thread(make_kernel: MakeKernel) -> None:
+    blocking = Blocking()
+    kernel, _, _ = make_kernel([call("transfer", {"amount": 5}), "ok"], tools=[blocking.tool])
+    run = await start(kernel)
+    while (await kernel.get(run.run_id)).state != "dispatching_tools":
+        await kernel.step(run.run_id)
+    await kernel.step(run.run_id)
+    await blocking.wait_started()
+    closing = asyncio.create_task(kernel.aclose())
+    assert await still_running(closing)
+    blocking.release.set()
+    await closing
+    assert blocking.ended.is_set()

@@ -43,7 +43,13 @@ def make_tools(meter: Meter) -> list[sk.Tool]:
         await meter.run(label, 0.02)
         return f"exclusive {label}"
 
-    return [slow, exclusive]
+    @sk.tool(idempotent=True)
+    async def fetch(label: str) -> str:
+        """A slow read (idempotent)."""
+        await meter.run(label, 0.02)
+        return f"fetched {label}"
+
+    return [slow, exclusive, fetch]
 
 
 @pytest.mark.parametrize(("limit", "peak"), [(1, 1), (2, 2), (0, 6)])
@@ -85,12 +91,12 @@ async def test_unsafe_tools_run_alone(make_kernel: MakeKernel) -> None:
     assert meter.peak == 2
 
 
-async def test_identical_calls_in_a_batch_run_once(make_kernel: MakeKernel) -> None:
+async def test_identical_idempotent_calls_in_a_batch_run_once(make_kernel: MakeKernel) -> None:
     meter = Meter()
     calls = [
-        call("slow", {"label": "same"}),
-        call("slow", {"label": "other"}),
-        call("slow", {"label": "same"}),
+        call("fetch", {"label": "same"}),
+        call("fetch", {"label": "other"}),
+        call("fetch", {"label": "same"}),
     ]
     kernel, _, _ = make_kernel([calls, "done"], tools=make_tools(meter))
     run = await start(kernel)
@@ -99,7 +105,41 @@ async def test_identical_calls_in_a_batch_run_once(make_kernel: MakeKernel) -> N
     final = await kernel.get(run.run_id)
     results = [m.content[0] for m in final.messages if m.role == "tool"]
     assert [r.tool_call_id for r in results] == ["call_0_0", "call_0_1", "call_0_2"]  # type: ignore[union-attr]
-    assert [r.content for r in results] == ["slow same", "slow other", "slow same"]  # type: ignore[union-attr]
+    assert [r.content for r in results] == ["fetched same", "fetched other", "fetched same"]  # type: ignore[union-attr]
+
+
+async def test_identical_non_idempotent_calls_each_run(make_kernel: MakeKernel) -> None:
+    payments: list[tuple[str, int, str]] = []
+
+    @sk.tool
+    def pay(to: str, amount: int, ctx: sk.ToolContext) -> str:
+        """Pay someone (not idempotent)."""
+        payments.append((to, amount, ctx.call_id))
+        return f"payment {len(payments)}"
+
+    calls = [call("pay", {"to": "Bob", "amount": 50}), call("pay", {"to": "Bob", "amount": 50})]
+    kernel, _, _ = make_kernel([calls, "done"], tools=[pay])
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    assert sorted(payments) == [("Bob", 50, "call_0_0"), ("Bob", 50, "call_0_1")]
+    final = await kernel.get(run.run_id)
+    outputs = {r.id: r.output for r in final.turns[0].completed}
+    assert sorted(outputs.values()) == ["payment 1", "payment 2"]
+
+
+async def test_merging_can_be_turned_off(make_kernel: MakeKernel) -> None:
+    meter = Meter()
+    calls = [call("fetch", {"label": "same"}), call("fetch", {"label": "same"})]
+    kernel, _, _ = make_kernel(
+        [calls, "done"],
+        tools=make_tools(meter),
+        dispatch=sk.DispatchPolicy(merge_identical=False),
+    )
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    assert [x for x in meter.log if x.startswith("+")] == ["+same", "+same"]
+    final = await kernel.get(run.run_id)
+    assert [r.output for r in final.turns[0].completed] == ["fetched same"] * 2
 
 
 async def test_results_go_back_in_call_order(make_kernel: MakeKernel) -> None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import attrs
+import pytest
 
 import statekernel as sk
-from statekernel.testing import call
+from statekernel.errors import ConfigError
+from statekernel.stores import MemoryStore
+from statekernel.testing import Crash, CrashAt, FaultPlan, FaultyStore, ScriptedProvider, call
 
 from .conftest import MakeKernel, drain, start
 
@@ -247,3 +250,160 @@ async def test_a_pause_waits_for_calls_already_in_flight(make_kernel: MakeKernel
     await drain(kernel, run.run_id)
     assert (await kernel.get(run.run_id)).state == "completed"
     assert CALLS == [{"slow": "a"}, {"item": "b"}]  # nothing ran twice, nothing uncertain
+
+
+def test_a_misspelt_hook_method_is_a_config_error() -> None:
+    class Typo(sk.Hooks):
+        def on_tool_started(self, run: sk.Run, call: sk.ToolCallRecord) -> None:
+            """Meant to be on_tool_call_started."""
+
+    with pytest.raises(ConfigError) as info:
+        sk.Kernel("memory://", hooks=Typo())
+    message = str(info.value)
+    assert "'on_tool_started'" in message
+    assert "did you mean 'on_tool_call_started'?" in message
+    for known in sk.Hooks.__dict__:
+        if known.startswith("on_"):
+            assert known in message
+
+
+def test_an_unknown_hook_on_any_object_is_a_config_error() -> None:
+    class Plain:
+        def on_turn_completed(self, run: sk.Run, turn: sk.Turn) -> None:
+            """A known hook."""
+
+        def on_everything(self) -> None:
+            """Not a hook."""
+
+        def helper(self) -> None:
+            """Not named like a hook: allowed."""
+
+    with pytest.raises(ConfigError, match="'on_everything'") as info:
+        sk.Kernel("memory://", hooks=Plain())
+    assert "did you mean" not in str(info.value)
+
+
+def test_known_hooks_and_other_attributes_are_accepted() -> None:
+    class Fine:
+        on_call_count = 0  # not a method
+
+        def on_turn_completed(self, run: sk.Run, turn: sk.Turn) -> None:
+            """A known hook."""
+
+        def helper(self) -> None:
+            """Not named like a hook."""
+
+    sk.Kernel("memory://", hooks=Fine())
+    sk.Kernel("memory://", hooks=sk.Hooks())
+
+
+class Completions(sk.Hooks):
+    """Notes each on_tool_call_completed call; may raise on the first ones."""
+
+    def __init__(self, raising: list[BaseException] | None = None) -> None:
+        self.seen: list[tuple[str, object, str | None]] = []
+        self.raising = raising or []
+
+    def on_tool_call_completed(self, run: sk.Run, call: sk.ToolCallRecord) -> None:
+        completed = run.current_turn.completed if run.current_turn else ()
+        assert call.id in [r.id for r in completed]  # the result is committed already
+        if self.raising:
+            raise self.raising.pop(0)
+        self.seen.append((call.id, call.output, call.error))
+
+
+async def test_tool_call_completed_runs_once_for_each_call_of_one_commit(
+    make_kernel: MakeKernel,
+) -> None:
+    @sk.tool(idempotent=True)
+    def read(key: str) -> str:
+        """Read a key (idempotent: identical calls share one run)."""
+        CALLS.append({"read": key})
+        return f"value {key}"
+
+    hooks = Completions()
+    script = [[call("read", {"key": "k"}), call("read", {"key": "k"})], "ok"]
+    kernel, _, _ = make_kernel(script, tools=[read], hooks=hooks)
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    assert CALLS == [{"read": "k"}]
+    assert hooks.seen == [("call_0_0", "value k", None), ("call_0_1", "value k", None)]
+
+    finish = Completions()
+    script = [[call("record", {"item": "a"}), call("record", {"item": "b"})], "never"]
+
+    class FinishAndObserve(Completions):
+        def on_tool_call_started(self, run: sk.Run, call: sk.ToolCallRecord) -> sk.Decision:
+            return sk.Finish("enough")
+
+    finish = FinishAndObserve()
+    await run_with(make_kernel, finish, script)
+    why = "not run: the run finished (enough)"
+    assert finish.seen == [("call_0_0", None, why), ("call_0_1", None, why)]
+
+
+async def test_a_crash_between_the_commit_and_the_hook_skips_the_hook() -> None:
+    inner = MemoryStore()
+    plan = FaultPlan([CrashAt("after_commit", 7)])  # the commit of tool_call_completed
+    hooks = Completions()
+    script = [call("record", {"item": "a"}), "ok"]
+
+    def kernel_over(store: object) -> sk.Kernel:
+        provider = ScriptedProvider(script)
+        return sk.Kernel(store, tools=[record], hooks=hooks, providers={"scripted": provider})  # type: ignore[arg-type]
+
+    kernel = kernel_over(FaultyStore(inner, plan))
+    run = await start(kernel)
+    with pytest.raises(Crash):
+        await drain(kernel, run.run_id)
+    assert [e.type for e in await inner.events(run.run_id)][-1] == "tool_call_completed"
+    assert hooks.seen == []
+
+    resumed = kernel_over(inner)
+    await drain(resumed, run.run_id)
+    final = await resumed.get(run.run_id)
+    assert final.state == "completed"
+    assert CALLS == [{"item": "a"}]
+    assert hooks.seen == []  # at most once: a crash after the commit skipped it for good
+
+
+async def test_a_raising_completion_hook_fails_the_run_and_retry_does_not_call_it_again(
+    make_kernel: MakeKernel,
+) -> None:
+    hooks = Completions(raising=[RuntimeError("audit log down")])
+    script = [call("record", {"item": "a"}), call("record", {"item": "b"}), "ok"]
+    kernel, _, _ = make_kernel(script, tools=[record], hooks=hooks)
+    run = await start(kernel)
+    events = await drain(kernel, run.run_id)
+    assert [e.type for e in events][-2:] == ["tool_call_completed", "run_failed"]
+    failed = await kernel.get(run.run_id)
+    assert failed.failure == sk.FailureInfo("RuntimeError", "audit log down", "dispatching_tools")
+    assert failed.current_turn is not None
+    assert [r.output for r in failed.current_turn.completed] == ["recorded a"]  # result stays
+
+    await kernel.retry(run.run_id)
+    await drain(kernel, run.run_id)
+    final = await kernel.get(run.run_id)
+    assert final.state == "completed"
+    assert CALLS == [{"item": "a"}, {"item": "b"}]  # nothing ran twice
+    assert hooks.seen == [("call_1_0", "recorded b", None)]  # call_0_0's hook is not re-run
+
+
+async def test_a_crash_inside_the_completion_hook_is_not_repeated_on_resume() -> None:
+    inner = MemoryStore()
+    hooks = Completions(raising=[Crash("after_commit", 0)])
+    script = [call("record", {"item": "a"}), "ok"]
+
+    def kernel_over() -> sk.Kernel:
+        provider = ScriptedProvider(script)
+        return sk.Kernel(inner, tools=[record], hooks=hooks, providers={"scripted": provider})
+
+    kernel = kernel_over()
+    run = await start(kernel)
+    with pytest.raises(Crash):
+        await drain(kernel, run.run_id)
+    resumed = kernel_over()
+    await drain(resumed, run.run_id)
+    assert (await resumed.get(run.run_id)).state == "completed"
+    assert CALLS == [{"item": "a"}]
+    assert hooks.seen == []

@@ -70,7 +70,10 @@ class KernelMachine(RuleBasedStateMachine):
             provider, store = FaultyProvider(provider, plan), FaultyStore(store, plan)
             middleware.append(plan.middleware())
         middleware += [self.ledger.middleware(), self.overlap_watch()]
-        kwargs.update(providers={"scripted": provider}, middleware=middleware, **options)
+        tools = [self.ledger.wrap(t) for t in kwargs["tools"]]
+        kwargs.update(
+            providers={"scripted": provider}, middleware=middleware, tools=tools, **options
+        )
         self.non_idempotent = {t.name for t in kwargs["tools"] if not t.idempotent}
         return sk.Kernel(store, **kwargs)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import threading
 from typing import Literal
 
 import attrs
@@ -11,6 +12,9 @@ import pytest
 
 import statekernel as sk
 from statekernel.errors import ConfigError, ToolError
+from statekernel.testing import call
+
+from .conftest import MakeKernel, drain, start
 
 
 class Unit(enum.Enum):
@@ -139,3 +143,129 @@ def test_name_and_description_overrides() -> None:
     assert find.spec.name == "lookup_user"
     assert find.spec.description == "Find a user."
     assert not find.concurrency_safe
+
+
+async def test_sync_tools_run_off_the_event_loop() -> None:
+    loop_ran = threading.Event()
+
+    @sk.tool
+    def wait_for_loop() -> bool:
+        """Block until the event loop has run something else (or give up)."""
+        return loop_ran.wait(2)
+
+    async def other_work() -> None:
+        await asyncio.sleep(0)
+        loop_ran.set()
+
+    other = asyncio.create_task(other_work())
+    assert await wait_for_loop.invoke({}, sk.ToolContext("r", "c", 1, {})) is True
+    await other
+
+
+async def test_a_sync_tool_that_times_out_has_an_unknown_outcome() -> None:
+    release = threading.Event()
+    ended = threading.Event()
+
+    @sk.tool(timeout=0.05)
+    def pay(to: str) -> str:
+        """Pay someone (not idempotent); blocks until released."""
+        release.wait(2)
+        ended.set()
+        return f"paid {to}"
+
+    with pytest.raises(ToolError) as info:
+        await pay.invoke({"to": "Bob"}, sk.ToolContext("r", "c", 1, {}))
+    assert str(info.value) == "outcome unknown: pay timed out after 0.05 s; it may have run"
+    assert not ended.is_set()  # the thread is still running: the call may yet happen
+    release.set()
+    await asyncio.to_thread(ended.wait, 2)
+    assert ended.is_set()
+
+
+async def test_a_timed_out_idempotent_tool_is_a_plain_timeout() -> None:
+    release = threading.Event()
+
+    @sk.tool(timeout=0.05, idempotent=True)
+    def lookup(key: str) -> str:
+        """Look something up; blocks until released."""
+        release.wait(2)
+        return key
+
+    try:
+        with pytest.raises(ToolError) as info:
+            await lookup.invoke({"key": "k"}, sk.ToolContext("r", "c", 1, {}))
+        assert str(info.value) == "lookup timed out after 0.05 s"
+    finally:
+        release.set()
+
+
+async def test_an_async_non_idempotent_tool_that_times_out_has_an_unknown_outcome() -> None:
+    @sk.tool(timeout=0.01)
+    async def send_mail(to: str) -> str:
+        """Send a mail (not idempotent)."""
+        await asyncio.sleep(1)
+        return "sent"
+
+    with pytest.raises(ToolError, match=r"^outcome unknown: send_mail timed out after 0.01 s"):
+        await send_mail.invoke({"to": "x"}, sk.ToolContext("r", "c", 1, {}))
+
+
+async def test_cancelling_a_sync_call_waits_for_its_thread() -> None:
+    release = threading.Event()
+    started = threading.Event()
+    ended = threading.Event()
+
+    @sk.tool
+    def transfer() -> str:
+        """A blocking call that cannot be interrupted."""
+        started.set()
+        release.wait(2)
+        ended.set()
+        return "done"
+
+    task = asyncio.create_task(transfer.invoke({}, sk.ToolContext("r", "c", 1, {})))
+    await asyncio.to_thread(started.wait, 2)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=0.05)
+    assert not done  # still waiting for the thread, though cancelled
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ended.is_set()
+
+
+async def test_a_sync_tool_reports_progress_from_its_thread(make_kernel: MakeKernel) -> None:
+    @sk.tool
+    def convert(name: str, ctx: sk.ToolContext) -> str:
+        """Convert a file, reporting progress from the worker thread."""
+        ctx.report({"step": 1, "thread": threading.current_thread() is threading.main_thread()})
+        return f"converted {name}"
+
+    kernel, _, _ = make_kernel([call("convert", {"name": "a"}), "ok"], tools=[convert])
+    run = await start(kernel)
+    events = await drain(kernel, run.run_id)
+    progress = [e.data for e in events if e.type == "tool_output"]
+    assert progress == [{"call_id": "call_0_0", "data": {"step": 1, "thread": False}}]
+    final = await kernel.get(run.run_id)
+    assert final.turns[0].completed[0].output == "converted a"
+
+
+async def test_a_timed_out_call_is_recorded_as_outcome_unknown(make_kernel: MakeKernel) -> None:
+    release = threading.Event()
+
+    @sk.tool(timeout=0.05)
+    def pay(to: str, amount: int) -> str:
+        """Pay someone (not idempotent)."""
+        release.wait(2)
+        return "paid"
+
+    kernel, _, _ = make_kernel([call("pay", {"to": "Bob", "amount": 50}), "ok"], tools=[pay])
+    run = await start(kernel)
+    try:
+        await drain(kernel, run.run_id)
+    finally:
+        release.set()
+    final = await kernel.get(run.run_id)
+    assert final.state == "completed"
+    record = final.turns[0].completed[0]
+    assert record.error == "outcome unknown: pay timed out after 0.05 s; it may have run"
