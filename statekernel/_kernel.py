@@ -15,8 +15,8 @@ Where a crash can land, and what resume does:
 * before a commit: nothing of this step is stored; resume redoes the effect.
   Effects that must not repeat are preceded by an *intent* commit instead:
   ``model_started`` before the model call and ``tool_call_started`` before a tool
-  runs (write-ahead, compare-and-set on the revision, so two processes racing on
-  one run can never both execute a call: one of them gets ``ConflictError``).
+  runs (write-ahead, compare-and-set on the revision, under the run's lease: two
+  processes racing on one run take turns, and never both execute a call).
 * after ``model_started``, before ``model_completed``: the model is called again
   and ``model_restarted`` is recorded.
 * after ``tool_call_started``, before ``tool_call_completed``: the side effect may
