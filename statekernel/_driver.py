@@ -176,8 +176,14 @@ class RunDriver:
     async def _attempt(self, checkpoint: Checkpoint) -> bool:
         """One commit attempt, run to its end by the store even if the caller is cancelled
         (then the cancellation is raised once the store is done, and ``_cancel_landed``
-        says whether the commit landed)."""
-        task = asyncio.ensure_future(self.kernel.store.commit(checkpoint, lease=self.lease))
+        says whether the commit landed, when that is known without reading the head)."""
+        store = self.kernel.store
+        if getattr(store, "settles_on_cancel", False):
+            # its commit has ended, landed or not, when a cancellation comes out of it:
+            # no task of our own (the head tells the outcome on that rare path)
+            await store.commit(checkpoint, lease=self.lease)
+            return True
+        task = asyncio.ensure_future(store.commit(checkpoint, lease=self.lease))
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:

@@ -7,6 +7,7 @@ In-process tests on every store; two real processes racing live in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -291,3 +292,26 @@ async def test_a_resent_redis_commit_knows_it_landed(
         assert final.state == "completed"
         assert len(ledger.started) == 2
         await kernel.aclose()
+
+
+async def test_cancellation_at_any_moment_never_makes_a_call_uncertain_that_never_began(
+    store_url: str,
+) -> None:
+    """Cancel drives at many moments (some inside a commit): an uncertain pause may only
+    name calls whose effect began."""
+    async with opened(store_url) as store:
+        for i in range(12):
+            ledger = Ledger()
+            kernel = kernel_on(store, ledger)
+            run = await kernel.start(model="scripted/x", messages=["pay"], run_id=f"c{i}")
+            task = asyncio.create_task(drain(kernel, run.run_id))
+            await asyncio.sleep(i * 0.002)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await drain(kernel, run.run_id)
+            head = await store.load(run.run_id)
+            if head.pause is not None and head.pause.reason == "uncertain_tool_calls":
+                for c in head.pause.metadata["calls"]:
+                    assert f"{run.run_id}:{c['id']}" in ledger.started, c
+            await kernel.aclose()
