@@ -347,6 +347,8 @@ class Kernel:
     async def _commit_held(self, driver: RunDriver) -> None:
         """Commit the results a driver still holds before it lets the run go (else the
         next owner would find those calls uncertain); a store that fails leaves them so."""
+        if driver.lock.locked():
+            return  # a drive of another task still has it: that drive commits them
         with contextlib.suppress(StatekernelError):
             while driver.outcomes and not driver.lost and driver.run.state == "dispatching_tools":
                 async for _ in driver.advance():
