@@ -39,6 +39,7 @@ from statekernel._waiting import wait_ended
 from statekernel.errors import (
     ConflictError,
     InvalidTransition,
+    LeaseLost,
     RunNotFound,
     StatekernelError,
     StoreError,
@@ -102,13 +103,18 @@ class RunDriver:
         return bool(self.tasks or self.outcomes or self.unstarted or self.model_claim is not None)
 
     async def reset(self, run: Run) -> None:
-        """Point at a newer head loaded from the store; intents of older revisions lapse."""
+        """Point at a newer head loaded from the store (a command of this kernel, sharing
+        the lease, may have committed meanwhile). Calls still in flight in that head stay
+        this driver's: their tasks run on and their results in hand are kept; intents of
+        anything else lapse."""
         if run.revision != self.lc.run.revision:
             self.lc.reset(run)
             self.model_claim = None
-            self.unstarted.clear()
-            self.outcomes.clear()
-            await self.stop_tasks()
+            turn = run.current_turn if run.state == "dispatching_tools" else None
+            live = {r.id for r in turn.in_flight} if turn is not None else set()
+            self.outcomes = [o for o in self.outcomes if live.issuperset(o.ids)]
+            self.unstarted = {k: v for k, v in self.unstarted.items() if live.issuperset(v[0])}
+            await self.stop_tasks(keep=live)
 
     def forget(self) -> None:
         """Drop what only this process knew (its process is going down): results in hand
@@ -116,19 +122,22 @@ class RunDriver:
         self.outcomes.clear()
         self.unstarted.clear()
 
-    async def stop_tasks(self) -> None:
-        """Cancel running tool calls and wait until each has ended (their intents stay
-        committed: resume decides). Results already in hand are kept: the driver stays
-        busy, holding the run, and the next drive commits them.
+    async def stop_tasks(self, keep: set[str] | frozenset[str] = frozenset()) -> None:
+        """Cancel running tool calls (but those of the calls in ``keep``) and wait until
+        each has ended (their intents stay committed: resume decides). Results already
+        in hand are kept: the driver stays busy, holding the run, and the next drive
+        commits them.
 
         A sync tool's thread cannot be stopped: this waits for it to return, even if
         the caller is cancelled meanwhile, so no call of this driver is still executing
         when the drive reports that it stopped (and the run may be driven elsewhere).
         """
-        tasks = list(self.tasks.values())
+        tasks = [task for key, task in self.tasks.items() if key not in keep]
         for task in tasks:
             task.cancel()
-        self.tasks.clear()
+        self.tasks = {key: task for key, task in self.tasks.items() if key in keep}
+        held = {i for outcome in self.outcomes for i in outcome.ids} | set(keep)
+        self.names = {i: name for i, name in self.names.items() if i in held}
         await wait_ended(tasks)
 
     # -- commits ---------------------------------------------------------------
@@ -178,6 +187,8 @@ class RunDriver:
         (then the cancellation is raised once the store is done, and ``_cancel_landed``
         says whether the commit landed, when that is known without reading the head)."""
         store = self.kernel.store
+        if self.lost:
+            raise LeaseLost(checkpoint.run.run_id, checkpoint.expected_revision)
         if getattr(store, "settles_on_cancel", False):
             # its commit has ended, landed or not, when a cancellation comes out of it:
             # no task of our own (the head tells the outcome on that rare path)
@@ -204,19 +215,22 @@ class RunDriver:
         return bool(await self._settle(checkpoint))
 
     async def _settle(self, checkpoint: Checkpoint) -> bool | None:
-        """Whether ``checkpoint`` landed, read from the head (exact under the lease: no
-        one else commits); None when the store cannot tell right now."""
+        """Whether ``checkpoint`` landed, read from the head; None when the store cannot
+        tell right now. Only the lease holder commits, but a command of the same kernel
+        may share the lease, so the head must be this very commit: same revision, same
+        instant of the transition, same events."""
         try:
             head = await self.kernel.store.load(checkpoint.run.run_id)
         except RunNotFound:
             return False
         except StatekernelError:
             return None
-        if head.revision == checkpoint.run.revision and self.lease is not None:
+        mine = checkpoint.run
+        if head.revision == mine.revision and _same_commit(head, mine):
             return True
         if head.revision == checkpoint.expected_revision:
             return False
-        raise ConflictError(checkpoint.run.run_id, checkpoint.expected_revision, head.revision)
+        raise ConflictError(mine.run_id, checkpoint.expected_revision, head.revision)
 
     async def commit_data(self, run: Run, kind: str, data: dict[str, Any]) -> Event:
         """Commit a change of data that is not a lifecycle transition (same state)."""
@@ -542,6 +556,8 @@ class RunDriver:
             output = await chain(self.kernel.middleware, terminal)(invocation)
             outcome = _stored_outcome(ids, output)
         except asyncio.CancelledError:
+            self.tasks.pop(ids[0], None)
+            queue.put_nowait(None)  # a drive waiting for this call must not wait forever
             raise
         except ToolError as exc:
             outcome = _Outcome(ids, None, str(exc))
@@ -570,17 +586,21 @@ class RunDriver:
             raise escaped
 
     async def _complete(self, outcome: _Outcome) -> tuple[Event, ...]:
-        events = await self.commit(
-            "tool_call_completed",
-            call_ids=list(outcome.ids),
-            output=outcome.output,
-            error=outcome.error,
-            resolved=outcome.resolved,
-        )
-        self.outcomes = [o for o in self.outcomes if o is not outcome]
+        revision = self.run.revision
+        try:
+            events = await self.commit(
+                "tool_call_completed",
+                call_ids=list(outcome.ids),
+                output=outcome.output,
+                error=outcome.error,
+                resolved=outcome.resolved,
+            )
+        finally:
+            if self.run.revision != revision:  # landed (even if a cancellation follows)
+                self.outcomes = [o for o in self.outcomes if o is not outcome]
+                for call_id in outcome.ids:
+                    self.names.pop(call_id, None)
         self._committed = events
-        for call_id in outcome.ids:
-            self.names.pop(call_id, None)
         # after the commit, once for each call it completed: at most once per result
         # (a crash before a hook skips it; a hook that raises fails the run, and
         # retry goes on from the committed result without calling it again)
@@ -603,6 +623,14 @@ def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
+
+
+def _same_commit(head: Run, mine: Run) -> bool:
+    return (
+        head.updated_at == mine.updated_at
+        and head.event_count == mine.event_count
+        and head.state == mine.state
+    )
 
 
 def _turn(run: Run) -> Turn:

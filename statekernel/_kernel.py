@@ -68,6 +68,7 @@ from statekernel._run import Run, utcnow
 from statekernel._storage import Checkpoint, CheckpointStore, Lease, commit_settled
 from statekernel._tools import Tool, tools_by_name
 from statekernel._values import check_messages, checked
+from statekernel._waiting import wait_ended
 from statekernel.errors import (
     ConfigError,
     ConflictError,
@@ -183,6 +184,8 @@ class Kernel:
         leases, close built-in providers and a store opened by URL."""
         drivers, self._drivers = list(self._drivers.values()), {}
         for driver in drivers:
+            if driver.lock.locked():
+                driver.lost = True  # a drive of another task has it: it must stop committing
             await driver.stop_tasks()
             await self._commit_held(driver)
         if self._renewer is not None:
@@ -299,7 +302,8 @@ class Kernel:
                         await driver.reset(await self.store.load(run_id))
                     yield driver
                 finally:
-                    if not driver.busy and self._drivers.get(run_id) is driver:
+                    last = driver.users == 1  # no other task waits for this driver
+                    if last and not driver.busy and self._drivers.get(run_id) is driver:
                         del self._drivers[run_id]
         finally:
             driver.users -= 1
@@ -336,13 +340,24 @@ class Kernel:
             if share and driver is not None and not driver.lost:
                 return None
             try:
-                return await self.store.acquire(run_id, self.owner, ttl=self.lease_ttl)
+                return await self._acquire_once(run_id)
             except RunBusy as busy:
                 waited = loop.time() - started
                 if waited + delay > self.busy_timeout:
                     raise RunBusy(run_id, busy.owner, waited) from None
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.25)
+
+    async def _acquire_once(self, run_id: str) -> Lease:
+        """One attempt at the run's lease; a lease given to a cancelled caller goes back."""
+        task = asyncio.ensure_future(self.store.acquire(run_id, self.owner, ttl=self.lease_ttl))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await wait_ended([task])
+            if not task.cancelled() and task.exception() is None:
+                await self._release_lease(task.result())
+            raise
 
     async def _commit_held(self, driver: RunDriver) -> None:
         """Commit the results a driver still holds before it lets the run go (else the
@@ -355,7 +370,8 @@ class Kernel:
                     pass
 
     async def _release(self, driver: RunDriver) -> None:
-        lease, driver.lease = driver.lease, None
+        lease = driver.lease
+        driver.lost = True  # a drive still using it (aclose meanwhile) commits nothing more
         if lease is not None:
             await self._release_lease(lease)
 

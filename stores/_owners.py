@@ -137,14 +137,21 @@ class OwnerProofs:
         except OSError as exc:
             raise StoreError(f"cannot check the owner lock {str(path)!r}: {exc}") from exc
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                return False
+            if not same:  # the owner made a new file meanwhile: ask that one
+                return self.alive(owner)
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # under the lock: never a newer file of a live owner
+            return False
         finally:
             os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        return False
 
     def _lock(self, path: Path) -> int:
         try:

@@ -315,3 +315,138 @@ async def test_cancellation_at_any_moment_never_makes_a_call_uncertain_that_neve
                 for c in head.pause.metadata["calls"]:
                     assert f"{run.run_id}:{c['id']}" in ledger.started, c
             await kernel.aclose()
+
+
+class SlowHooks(sk.Hooks):
+    async def on_turn_prepared(self, run: sk.Run, request: sk.ModelRequest) -> None:
+        await asyncio.sleep(0.1)
+
+
+async def test_a_drive_waiting_behind_a_step_keeps_the_lease(tmp_path: Path) -> None:
+    ledger = Ledger()
+    async with opened(f"sqlite:///{tmp_path}/runs.db") as store:
+        owner = sk.Kernel(
+            store,
+            tools=ledger.tools(hold=True),
+            providers={"scripted": ScriptedProvider(SCRIPT)},
+            hooks=SlowHooks(),
+            lease_ttl=0.3,
+        )
+        run = await owner.start(model="scripted/x", messages=["pay"])
+        await owner.step(run.run_id)
+        stepping = asyncio.create_task(owner.step(run.run_id))  # inside the slow hook
+        await asyncio.sleep(0.02)
+        driving = asyncio.create_task(drain(owner, run.run_id))  # waits for the step
+        await stepping
+        while not ledger.started:  # noqa: ASYNC110 - waits for the tool to be inside its effect
+            await asyncio.sleep(0.005)
+        assert run.run_id in owner._drivers  # the waiting drive's lease is renewed
+        await asyncio.sleep(1.0)  # three times the lease's time to live
+        other = kernel_on(store, ledger, busy_timeout=0.1)
+        with pytest.raises(sk.RunBusy):
+            await drain(other, run.run_id)
+        ledger.gate.set()
+        await driving
+        assert not ledger.overlaps
+        assert (await store.load(run.run_id)).state == "completed"
+        await owner.aclose()
+        await other.aclose()
+
+
+class SlowAfterCompletion(StoreWrapper):
+    """Lands a tool call's result, then keeps the caller waiting (to be cancelled)."""
+
+    def __init__(self, inner: CheckpointStore) -> None:
+        super().__init__(inner)
+        self.landed = asyncio.Event()
+
+    async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
+        await self.inner.commit(checkpoint, lease=lease)
+        if not self.landed.is_set() and any(
+            e.type == "tool_call_completed" for e in checkpoint.events
+        ):
+            self.landed.set()
+            await asyncio.sleep(30)
+
+
+async def test_a_cancelled_drive_forgets_a_result_that_landed(store_url: str) -> None:
+    ledger = Ledger()
+    async with opened(store_url) as inner:
+        store = SlowAfterCompletion(inner)
+        kernel = kernel_on(store, ledger, busy_timeout=1.0)
+        run = await kernel.start(model="scripted/x", messages=["pay"])
+        task = asyncio.create_task(drain(kernel, run.run_id))
+        await store.landed.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert run.run_id not in kernel._drivers  # nothing held: the run is let go
+        other = kernel_on(inner, ledger, busy_timeout=1.0)
+        await drain(other, run.run_id)
+        assert (await inner.load(run.run_id)).state == "completed"
+        assert len(ledger.started) == 2
+        await kernel.aclose()
+        await other.aclose()
+
+
+class FailsTheFirstCompletion(StoreWrapper):
+    """The first tool result's commit fails after a while without landing."""
+
+    def __init__(self, inner: CheckpointStore) -> None:
+        super().__init__(inner)
+        self.entered = asyncio.Event()
+
+    async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
+        if not self.entered.is_set() and any(
+            e.type == "tool_call_completed" for e in checkpoint.events
+        ):
+            self.entered.set()
+            await asyncio.sleep(0.1)
+            raise StoreError("connection reset")
+        await self.inner.commit(checkpoint, lease=lease)
+
+
+async def test_a_command_of_the_same_revision_is_not_taken_for_the_drives_commit(
+    store_url: str,
+) -> None:
+    ledger = Ledger()
+    async with opened(store_url) as inner:
+        store = FailsTheFirstCompletion(inner)
+        kernel = kernel_on(store, ledger)
+        run = await kernel.start(model="scripted/x", messages=["pay"])
+        driving = asyncio.create_task(drain(kernel, run.run_id))
+        await store.entered.wait()
+        await kernel.update_context(run.run_id, lambda c: {**c, "x": 1})
+        with pytest.raises(sk.ConflictError):
+            await driving  # overtaken by the command: it says so, it does not guess
+        head = await inner.load(run.run_id)
+        assert head.context == {"x": 1}  # the command's commit stands
+        await drain(kernel, run.run_id)
+        final = await inner.load(run.run_id)
+        assert final.state == "completed"
+        assert final.context == {"x": 1}
+        kinds = [e.type for e in await inner.events(run.run_id)]
+        assert kinds.count("tool_call_completed") == 2
+        await kernel.aclose()
+
+
+async def test_aclose_during_a_drive_stops_it_without_unfenced_commits(store_url: str) -> None:
+    ledger = Ledger()
+    async with opened(store_url) as store:
+        kernel = kernel_on(store, ledger, hold=True)
+        run = await kernel.start(model="scripted/x", messages=["pay"])
+        driving = asyncio.create_task(drain(kernel, run.run_id))
+        while not ledger.started:  # noqa: ASYNC110 - waits for the tool to be inside its effect
+            await asyncio.sleep(0.005)
+        revision = (await store.load(run.run_id)).revision
+        await kernel.aclose()
+        done, _ = await asyncio.wait([driving], timeout=5)
+        assert done, "the drive hangs after aclose"
+        with contextlib.suppress(sk.ConflictError):
+            driving.result()
+        assert (await store.load(run.run_id)).revision == revision  # nothing unfenced
+        ledger.gate.set()
+        other = kernel_on(store, ledger, busy_timeout=1.0)
+        await drain(other, run.run_id)
+        assert (await store.load(run.run_id)).state in ("completed", "paused")
+        await other.aclose()
