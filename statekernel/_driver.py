@@ -12,8 +12,9 @@ re-run, any other in-flight call pauses the run.
 A commit whose outcome is ambiguous (the store failed after the write may have
 reached it, or the caller was cancelled while the store worked) is settled before
 anything is decided: the driver reads the head and checks whether it is this very
-commit (same revision, same instant of the transition, same events). A landed commit is kept; one that did not land is tried
-again with backoff, and results already in hand are never dropped for it.
+commit (same revision, same instant of the transition, same events). A landed commit
+is kept; one that did not land is tried again with backoff, and results already in
+hand are never dropped for it.
 """
 
 from __future__ import annotations
