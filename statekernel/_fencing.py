@@ -20,7 +20,22 @@ from statekernel.errors import ConfigError
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
-__all__ = ["Fence", "RedisBacked", "redis_backed"]
+__all__ = ["FENCE_KEY_TTL_MS", "RELEASE", "RENEW", "Fence", "RedisBacked", "redis_backed"]
+
+FENCE_KEY_TTL_MS = 30 * 24 * 3600 * 1000
+"""Fence counters outlive leases (a new lease must get a larger token), but not forever."""
+
+RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+"""Extend the lease key ``KEYS[1]`` to ``ARGV[2]`` ms if it still holds the token ``ARGV[1]``."""
+
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+"""Delete the lease key ``KEYS[1]`` if it still holds the token ``ARGV[1]``."""
 
 
 @attrs.frozen

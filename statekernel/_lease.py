@@ -16,15 +16,12 @@ from typing import Any
 
 import attrs
 
-from statekernel._fencing import Fence, RedisBacked
+from statekernel._fencing import FENCE_KEY_TTL_MS, RELEASE, RENEW, Fence, RedisBacked
 from statekernel._storage import Checkpoint, StoreWrapper
 from statekernel._storage import Lease as RunLease
 from statekernel.errors import LeaseLost, StoreError
 
 __all__ = ["Lease", "LeasedStore", "Leases"]
-
-# fence counters outlive leases (a new lease must get a larger token), but not forever
-FENCE_KEY_TTL_MS = 30 * 24 * 3600 * 1000
 
 ACQUIRE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return false end
@@ -32,14 +29,6 @@ local token = redis.call('INCR', KEYS[2]) .. '/' .. ARGV[1]
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
 return token
-"""
-RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
 """
 
 

@@ -16,9 +16,8 @@ import hashlib
 import os
 import re
 import shutil
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -50,14 +49,7 @@ from statekernel.stores._file_io import (
     write_lease,
 )
 from statekernel.stores._listing import page_of
-from statekernel.stores._owners import (
-    LeaseRecord,
-    OwnerProofs,
-    check_fence,
-    released,
-    renewed,
-    take,
-)
+from statekernel.stores._owners import HostLeases, LeaseChange, LeaseRecord, check_fence
 
 __all__ = ["FileStore"]
 
@@ -82,7 +74,7 @@ class FileStore:
             raise ConfigError(f"bad file store URL {url!r}: expected file:///path/to/dir")
         self.url = url
         self.root = Path(unquote(parts.path))
-        self._owners = OwnerProofs(self.root / ".owners")
+        self._leases = HostLeases(self.root / ".owners", self._apply)
 
     def _folder(self, run_id: str) -> RunFolder:
         return RunFolder(self.root / folder_name(run_id), self.url)
@@ -131,35 +123,20 @@ class FileStore:
     async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
         """Take the run's lease; a holder whose process died (its owner lock is free) is
         taken over at once."""
-        self._owners.hold(owner)
-        try:
-            record = await asyncio.to_thread(
-                self._lease,
-                run_id,
-                lambda old: take(old, run_id, owner, ttl, time.time(), self._owners.alive),
-            )
-        except BaseException:
-            self._owners.drop(owner)
-            raise
-        assert record is not None
-        return Lease(run_id, owner, str(record.token))
+        return await self._leases.acquire(run_id, owner, ttl=ttl)
 
     async def renew(self, lease: Lease, *, ttl: float) -> None:
         """Extend the lease."""
-        await asyncio.to_thread(
-            self._lease, lease.run_id, lambda old: renewed(old, lease, ttl, time.time())
-        )
+        await self._leases.renew(lease, ttl=ttl)
 
     async def release(self, lease: Lease) -> None:
         """Give the lease up and, with the owner's last lease here, its owner lock."""
-        try:
-            await asyncio.to_thread(self._lease, lease.run_id, lambda old: released(old, lease))
-        finally:
-            self._owners.drop(lease.owner)
+        await self._leases.release(lease)
 
-    def _lease(
-        self, run_id: str, change: Callable[[LeaseRecord | None], LeaseRecord | None]
-    ) -> LeaseRecord | None:
+    async def _apply(self, run_id: str, change: LeaseChange) -> LeaseRecord | None:
+        return await asyncio.to_thread(self._lease, run_id, change)
+
+    def _lease(self, run_id: str, change: LeaseChange) -> LeaseRecord | None:
         folder = self._folder(run_id)
         with folder.locked(create=False) as state:
             if state is None:
@@ -249,7 +226,7 @@ class FileStore:
 
     async def aclose(self) -> None:
         """Release the owner locks of this process (nothing else stays open)."""
-        self._owners.close()
+        self._leases.close()
 
 
 def _own_head(doc: dict[str, Any], run_id: str, folder: RunFolder) -> dict[str, Any]:

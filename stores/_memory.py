@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import weakref
 from datetime import datetime
 
@@ -15,7 +14,7 @@ from statekernel._storage import Checkpoint, Lease, RunPage
 from statekernel.errors import ConflictError, RunNotFound
 from statekernel.stores._common import check_revision, checked_revision
 from statekernel.stores._listing import page_of, summary_of
-from statekernel.stores._owners import LeaseRecord, check_fence, released, renewed, take
+from statekernel.stores._owners import HostLeases, LeaseChange, LeaseRecord, check_fence
 
 __all__ = ["MemoryStore"]
 
@@ -61,6 +60,7 @@ class MemoryStore:
     def __init__(self, name: str = "") -> None:
         self.url = f"memory://{name}"
         self._runs = _named.setdefault(name, _Runs()) if name else _Runs()
+        self._leases = HostLeases(None, self._apply)
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision``."""
@@ -111,23 +111,20 @@ class MemoryStore:
 
     async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
         """Take the run's lease (owners in one process: a lease ends by release or expiry)."""
-        entry = self._entry(run_id)
-        entry.lease = take(entry.lease, run_id, owner, ttl, time.time(), lambda _: True)
-        return Lease(run_id, owner, str(entry.lease.token))
+        return await self._leases.acquire(run_id, owner, ttl=ttl)
 
     async def renew(self, lease: Lease, *, ttl: float) -> None:
         """Extend the lease."""
-        entry = self._runs.get(lease.run_id)
-        record = None if entry is None else entry.lease
-        record = renewed(record, lease, ttl, time.time())
-        if entry is not None:
-            entry.lease = record
+        await self._leases.renew(lease, ttl=ttl)
 
     async def release(self, lease: Lease) -> None:
         """Give the lease up."""
-        entry = self._runs.get(lease.run_id)
-        if entry is not None:
-            entry.lease = released(entry.lease, lease)
+        await self._leases.release(lease)
+
+    async def _apply(self, run_id: str, change: LeaseChange) -> LeaseRecord | None:
+        entry = self._entry(run_id)
+        entry.lease = change(entry.lease)
+        return entry.lease
 
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None

@@ -19,7 +19,8 @@ import fcntl
 import hashlib
 import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import attrs
@@ -27,7 +28,16 @@ import attrs
 from statekernel._storage import Lease
 from statekernel.errors import LeaseLost, RunBusy, StoreError
 
-__all__ = ["LeaseRecord", "OwnerProofs", "check_fence", "released", "renewed", "take"]
+__all__ = [
+    "HostLeases",
+    "LeaseChange",
+    "LeaseRecord",
+    "OwnerProofs",
+    "check_fence",
+    "released",
+    "renewed",
+    "take",
+]
 
 
 @attrs.frozen
@@ -176,3 +186,53 @@ class OwnerProofs:
             for owner, (fd, _) in held.items():
                 if fd >= 0:
                     self._unlock(owner, fd)
+
+
+LeaseChange = Callable[[LeaseRecord | None], LeaseRecord | None]
+"""A change of a run's lease record: the record as stored -> the record to store."""
+
+
+class HostLeases:
+    """``acquire``, ``renew`` and ``release`` of a store on one host.
+
+    ``apply(run_id, change)`` is the store's own atomic step: read the run's lease
+    record, store ``change(record)`` and return it, all under the lock or transaction
+    its commits take; it raises ``RunNotFound`` when there is no such run. Owners
+    prove they are alive with ``OwnerProofs`` in ``folder``.
+    """
+
+    def __init__(
+        self,
+        folder: Path | None,
+        apply: Callable[[str, LeaseChange], Awaitable[LeaseRecord | None]],
+    ) -> None:
+        self.proofs = OwnerProofs(folder)
+        self._apply = apply
+
+    async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
+        """Take the run's lease; a holder whose process died is taken over at once."""
+        self.proofs.hold(owner)
+        try:
+            record = await self._apply(
+                run_id, lambda old: take(old, run_id, owner, ttl, time.time(), self.proofs.alive)
+            )
+        except BaseException:
+            self.proofs.drop(owner)
+            raise
+        assert record is not None
+        return Lease(run_id, owner, str(record.token))
+
+    async def renew(self, lease: Lease, *, ttl: float) -> None:
+        """Extend the lease (``LeaseLost`` if it moved on)."""
+        await self._apply(lease.run_id, lambda old: renewed(old, lease, ttl, time.time()))
+
+    async def release(self, lease: Lease) -> None:
+        """Give the lease up and, with the owner's last lease here, its owner lock."""
+        try:
+            await self._apply(lease.run_id, lambda old: released(old, lease))
+        finally:
+            self.proofs.drop(lease.owner)
+
+    def close(self) -> None:
+        """Release every owner lock of this process (the store closes)."""
+        self.proofs.close()

@@ -42,7 +42,7 @@ from statekernel._codec import (
 from statekernel._codec_base import dump_bytes, load_json
 from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._events import Event
-from statekernel._fencing import Fence
+from statekernel._fencing import FENCE_KEY_TTL_MS, RELEASE, RENEW, Fence
 from statekernel._run import Run, StateId
 from statekernel._storage import Checkpoint, Lease, RunPage, RunSummary
 from statekernel.errors import (
@@ -114,16 +114,6 @@ redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
 return {1, token}
 """
-RENEW_SCRIPT = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-RELEASE_SCRIPT = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-FENCE_KEY_TTL_MS = 30 * 24 * 3600 * 1000
-"""Fence counters outlive leases (a new lease must get a larger token), not forever."""
 
 
 @attrs.frozen
@@ -156,8 +146,8 @@ class RedisStore:
             raise ConfigError(f"bad Redis URL {redact_url(url)!r}: {self._clean(exc)}") from exc
         self._script = self._client.register_script(COMMIT_SCRIPT)
         self._acquire = self._client.register_script(ACQUIRE_SCRIPT)
-        self._renew = self._client.register_script(RENEW_SCRIPT)
-        self._release = self._client.register_script(RELEASE_SCRIPT)
+        self._renew = self._client.register_script(RENEW)
+        self._release = self._client.register_script(RELEASE)
         self._known: HeadCache[_Known] = HeadCache()
         self._wire = Wire(self._client)
         self._runs = RunIndex(self._client, self.prefix, self._call, self._wire)

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import os
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
@@ -54,7 +53,7 @@ from statekernel.stores._common import (
     micros,
 )
 from statekernel.stores._listing import decode_cursor, encode_cursor
-from statekernel.stores._owners import LeaseRecord, OwnerProofs, released, renewed, take
+from statekernel.stores._owners import HostLeases, LeaseChange, LeaseRecord
 from statekernel.stores._sqlite_ops import (
     BadRow,
     CommitRows,
@@ -106,7 +105,7 @@ class SQLiteStore:
         self._lock = asyncio.Lock()
         self._heads: HeadCache[Stored] = HeadCache()
         folder = None if self.path == ":memory:" else Path(self.path + "-owners")
-        self._owners = OwnerProofs(folder)
+        self._leases = HostLeases(folder, self._apply)
 
     def _error(self, exc: BaseException) -> StoreError:
         return StoreError(f"SQLite store {self.path!r}: {exc}")
@@ -219,33 +218,17 @@ class SQLiteStore:
     async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
         """Take the run's lease; a holder whose process died (its owner lock is free) is
         taken over at once."""
-        if await self._shielded(lambda: self._call(read_head, run_id)) is None:
-            raise RunNotFound(run_id)
-        self._owners.hold(owner)
-        try:
-            record = await self._lease(
-                run_id, lambda old: take(old, run_id, owner, ttl, time.time(), self._owners.alive)
-            )
-        except BaseException:
-            self._owners.drop(owner)
-            raise
-        assert record is not None
-        return Lease(run_id, owner, str(record.token))
+        return await self._leases.acquire(run_id, owner, ttl=ttl)
 
     async def renew(self, lease: Lease, *, ttl: float) -> None:
         """Extend the lease."""
-        await self._lease(lease.run_id, lambda old: renewed(old, lease, ttl, time.time()))
+        await self._leases.renew(lease, ttl=ttl)
 
     async def release(self, lease: Lease) -> None:
         """Give the lease up and, with the owner's last lease here, its owner lock."""
-        try:
-            await self._lease(lease.run_id, lambda old: released(old, lease))
-        finally:
-            self._owners.drop(lease.owner)
+        await self._leases.release(lease)
 
-    async def _lease(
-        self, run_id: str, change: Callable[[LeaseRecord | None], LeaseRecord | None]
-    ) -> LeaseRecord | None:
+    async def _apply(self, run_id: str, change: LeaseChange) -> LeaseRecord | None:
         return await self._shielded(lambda: self._call(lease_op, run_id, change))
 
     async def _commit(self, cp: Checkpoint, lease: Lease | None) -> None:
@@ -320,7 +303,7 @@ class SQLiteStore:
         async with self._lock:
             conn, self._conn, self._raw = self._conn, None, None
             self._heads.clear()
-            self._owners.close()
+            self._leases.close()
             if conn is not None:
                 with contextlib.suppress(sqlite3.Error, ValueError):
                     await conn.close()

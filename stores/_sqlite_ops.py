@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import attrs
 
 from statekernel._storage import Lease
+from statekernel.errors import RunNotFound
 from statekernel.stores._owners import LeaseRecord, check_fence
 
 __all__ = [
@@ -115,6 +116,7 @@ def lease_op(
     change: Callable[[LeaseRecord | None], LeaseRecord | None],
 ) -> LeaseRecord | None:
     """Read the run's lease, write ``change(lease)`` back (one transaction); the new lease.
+    ``RunNotFound`` when there is no such run.
 
     Leases need not outlive a power loss (every owner on the host dies with it), so
     the transaction skips the fsync of the commits.
@@ -123,6 +125,8 @@ def lease_op(
     conn.execute("PRAGMA synchronous = NORMAL")
     try:
         with transaction(conn, "BEGIN IMMEDIATE"):
+            if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+                raise RunNotFound(run_id)
             old = _lease(conn, run_id)
             new = change(old)
             if new is not None and new != old:

@@ -228,16 +228,18 @@ async def test_a_store_that_stays_down_keeps_the_results_for_the_next_drive(
         await kernel.aclose()
 
 
-class SlowAfterIntent(StoreWrapper):
-    """Lands a tool call's intent, then keeps the caller waiting (to be cancelled)."""
+class SlowAfter(StoreWrapper):
+    """Lands the first commit with an event of ``kind``, then keeps the caller waiting
+    (to be cancelled)."""
 
-    def __init__(self, inner: CheckpointStore) -> None:
+    def __init__(self, inner: CheckpointStore, kind: str) -> None:
         super().__init__(inner)
+        self.kind = kind
         self.landed = asyncio.Event()
 
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         await self.inner.commit(checkpoint, lease=lease)
-        if any(e.type == "tool_call_started" for e in checkpoint.events):
+        if not self.landed.is_set() and any(e.type == self.kind for e in checkpoint.events):
             self.landed.set()
             await asyncio.sleep(30)
 
@@ -245,7 +247,7 @@ class SlowAfterIntent(StoreWrapper):
 async def test_a_cancelled_drive_keeps_an_intent_that_landed(store_url: str) -> None:
     ledger = Ledger()
     async with opened(store_url) as inner:
-        store = SlowAfterIntent(inner)
+        store = SlowAfter(inner, "tool_call_started")
         kernel = kernel_on(store, ledger)
         run = await kernel.start(model="scripted/x", messages=["pay"])
         task = asyncio.create_task(drain(kernel, run.run_id))
@@ -353,26 +355,10 @@ async def test_a_drive_waiting_behind_a_step_keeps_the_lease(tmp_path: Path) -> 
         await other.aclose()
 
 
-class SlowAfterCompletion(StoreWrapper):
-    """Lands a tool call's result, then keeps the caller waiting (to be cancelled)."""
-
-    def __init__(self, inner: CheckpointStore) -> None:
-        super().__init__(inner)
-        self.landed = asyncio.Event()
-
-    async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
-        await self.inner.commit(checkpoint, lease=lease)
-        if not self.landed.is_set() and any(
-            e.type == "tool_call_completed" for e in checkpoint.events
-        ):
-            self.landed.set()
-            await asyncio.sleep(30)
-
-
 async def test_a_cancelled_drive_forgets_a_result_that_landed(store_url: str) -> None:
     ledger = Ledger()
     async with opened(store_url) as inner:
-        store = SlowAfterCompletion(inner)
+        store = SlowAfter(inner, "tool_call_completed")
         kernel = kernel_on(store, ledger, busy_timeout=1.0)
         run = await kernel.start(model="scripted/x", messages=["pay"])
         task = asyncio.create_task(drain(kernel, run.run_id))
