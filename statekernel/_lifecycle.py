@@ -216,8 +216,14 @@ class Lifecycle:
         """Events the chart accepts from the current state (guards not evaluated)."""
         return [e.id for e in self._machine.allowed_events]
 
-    def apply(self, event: str, **payload: Any) -> tuple[Run, tuple[Event, ...]]:
-        """Send ``event`` with its payload; returns (next run, persisted events)."""
+    def apply(
+        self, event: str, *, join: bool = False, **payload: Any
+    ) -> tuple[Run, tuple[Event, ...]]:
+        """Send ``event`` with its payload; returns (next run, persisted events).
+
+        The next run is at revision + 1, or, with ``join``, at the same revision: the
+        transition joins the commit of the one before it (its events follow theirs).
+        """
         before = self._cell.run
         expected = EVENTS.get(event)
         if expected is None:
@@ -239,7 +245,7 @@ class Lifecycle:
             self._cell.reset(before)
             raise
         staged, self._cell.events = self._cell.events, []
-        revision = before.revision + 1
+        revision = before.revision if join else before.revision + 1
         seq = before.event_count
         events = tuple(
             Event(kind, before.run_id, revision, seq + i, data, at)
