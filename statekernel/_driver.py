@@ -1,5 +1,7 @@
-"""Drives one run: each ``advance`` performs the effect a state needs, then exactly
-one committed transition (see the design note at the top of ``_kernel``).
+"""Drives one run: each ``advance`` performs effects and applies transitions up to the
+next effect boundary, then lands them in one commit (see the design note at the top
+of ``_kernel``). Transitions gathered for a commit that never lands are dropped: the
+driver's copy goes back to the last commit.
 
 A driver holds the run's lease (one owner per run): every commit carries it, and the
 store refuses it once the lease moved on. It remembers the intents *it* committed
@@ -91,6 +93,13 @@ class RunDriver:
         """Intents that landed while the drive was cancelled: their effect never began."""
         self.outcomes: list[_Outcome] = []
         self.escaped: BaseException | None = None
+        self.base: Run | None = None
+        """The last committed run while transitions are gathered for the next commit."""
+        self.staged: list[Event] = []
+        self.staged_intents: list[tuple[list[str], JSON]] = []
+        self.staged_outcomes: list[_Outcome] = []
+        self.landed: list[Event] = []
+        """Events of the commits landed by the current ``advance``."""
         self.queue: asyncio.Queue[Event | None] = asyncio.Queue()
 
     @property
@@ -143,12 +152,103 @@ class RunDriver:
 
     # -- commits ---------------------------------------------------------------
 
+    @property
+    def observing(self) -> bool:
+        """Whether the hooks observe committed results (``on_tool_call_completed``): the
+        commit of a result then lands before anything else is decided."""
+        return hk.overrides(self.kernel.hooks, "on_tool_call_completed")
+
+    def stage(self, event: str, **payload: Any) -> None:
+        """Apply one transition to the driver's copy. It joins the commit being gathered
+        (the first one after a commit starts it); ``flush`` lands them together."""
+        joining = self.base is not None
+        if not joining:
+            self.base = self.lc.run
+        _, events = self.lc.apply(event, join=joining, **payload)
+        self.staged.extend(events)
+
+    def _stage_outcome(self, outcome: _Outcome) -> None:
+        self.stage(
+            "tool_call_completed",
+            call_ids=list(outcome.ids),
+            output=outcome.output,
+            error=outcome.error,
+            resolved=outcome.resolved,
+        )
+        self.staged_outcomes.append(outcome)
+
+    def _stage_intent(self, ids: list[str], call_input: JSON) -> None:
+        record = _turn(self.run).call(ids[0])
+        assert record is not None
+        self.stage("tool_call_started", call_ids=ids, call_input=call_input)
+        for call_id in ids:
+            self.names[call_id] = record.name
+        self.staged_intents.append((list(ids), call_input))
+
+    def _drop_staged(self) -> None:
+        """Forget the transitions gathered since the last commit (they did not land)."""
+        if self.base is not None:
+            self.lc.reset(self.base)
+        for ids, _ in self.staged_intents:
+            for call_id in ids:
+                self.names.pop(call_id, None)
+        self.base, self.staged, self.staged_intents, self.staged_outcomes = None, [], [], []
+
     async def commit(self, event: str, **payload: Any) -> tuple[Event, ...]:
         """Apply one transition and commit it; unless it landed, the run stays as it was."""
-        previous = self.lc.run
-        run, events = self.lc.apply(event, **payload)
-        await self._land(Checkpoint.appended(previous, run, events), previous)
+        self.stage(event, **payload)
+        return await self.flush()
+
+    async def flush(self) -> tuple[Event, ...]:
+        """Commit the transitions gathered since the last commit (nothing if none).
+
+        On return they landed: the intents among them are started, the results among
+        them leave the driver, and the hooks observing results are called. On any way out
+        without a landed commit, the driver's copy is back at the last commit; an intent
+        that landed under a cancellation is kept as unstarted (the next step starts it).
+        """
+        base = self.base
+        if base is None:
+            return ()
+        events = tuple(self.staged)
+        intents, outcomes = self.staged_intents, self.staged_outcomes
+        checkpoint = Checkpoint.appended(base, self.lc.run, events)
+        self.base, self.staged, self.staged_intents, self.staged_outcomes = None, [], [], []
+        try:
+            await self._land(checkpoint, base)
+        except BaseException:
+            if self.lc.run.revision == base.revision:  # not landed
+                for ids, _ in intents:
+                    for call_id in ids:
+                        self.names.pop(call_id, None)
+                raise
+            self._landed(events, outcomes)
+            for ids, call_input in intents:
+                self.unstarted[ids[0]] = (ids, call_input)
+            raise
+        self._landed(events, outcomes)
+        for ids, call_input in intents:
+            self._spawn(ids, call_input)
+        await self._observe(outcomes)
         return events
+
+    def _landed(self, events: tuple[Event, ...], outcomes: list[_Outcome]) -> None:
+        self.landed.extend(events)
+        self.outcomes = [o for o in self.outcomes if all(o is not s for s in outcomes)]
+        for outcome in outcomes:
+            for call_id in outcome.ids:
+                self.names.pop(call_id, None)
+
+    async def _observe(self, outcomes: list[_Outcome]) -> None:
+        """``on_tool_call_completed`` after the commit, once for each call it completed: at
+        most once per result (a crash before a hook skips it; a hook that raises fails the
+        run, and retry goes on from the committed result without calling it again)."""
+        if not outcomes or not self.observing:
+            return
+        run = self.run
+        for outcome in outcomes:
+            for call_id in outcome.ids:
+                await self._hook("on_tool_call_completed", run, _record(run, call_id))
 
     async def _land(self, checkpoint: Checkpoint, previous: Run) -> None:
         """Commit ``checkpoint`` (the driver's copy is already at it): on return it landed.
@@ -245,36 +345,66 @@ class RunDriver:
         await self._land(Checkpoint.between(previous, run, (event,)), previous)
         return event
 
-    async def _fail(self, exc: BaseException) -> tuple[Event, ...]:
-        return await self.commit("fail", error=type(exc).__name__, message=str(exc))
-
-    # -- one transition ----------------------------------------------------------
+    # -- up to the next commit ---------------------------------------------------
 
     async def advance(self) -> AsyncIterator[Event]:
-        """Perform the next effect and commit exactly one transition (nothing if at rest).
+        """Perform effects and transitions up to the next commit, and land it (nothing if
+        the run is at rest). Yields live events while effects run, then the committed ones.
 
-        Yields live events while the effect runs, then the committed events.
+        Transitions between which no effect happens share the commit: it lands before a
+        model call (``model_started``), before tools start (their intents, with the model
+        answer that asked for them), before waiting for tools still running (the results in
+        hand), before a hook observes a result, and when the run comes to rest.
         """
-        state = self.run.state
-        self._committed = ()
+        self.landed = []
         try:
+            try:
+                async for live in self._gather():
+                    yield live
+                await self.flush()
+            except _HookFailed as failed:
+                original = failed.original
+                self.stage("fail", error=type(original).__name__, message=str(original))
+                await self.flush()
+        except BaseException:
+            self._drop_staged()
+            raise
+        landed, self.landed = self.landed, []
+        for event in landed:
+            yield event
+
+    async def _gather(self) -> AsyncIterator[Event]:
+        """Stage transitions, effect by effect, until a commit landed or the run rests."""
+        while not self.landed:
+            state = self.run.state
             if state == "init":
-                self._committed = await self.commit("start")
+                self.stage("start")
             elif state == "preparing_turn":
-                self._committed = await self._prepare()
+                await self._prepare()
             elif state == "calling_model":
                 async for live in self._call_model():
                     yield live
             elif state == "dispatching_tools":
                 async for live in self._dispatch():
                     yield live
-        except _HookFailed as failed:
-            self._committed = (*self._committed, *await self._fail(failed.original))
-        committed, self._committed = self._committed, ()
-        for event in committed:
-            yield event
+            else:
+                return
+            if self._must_flush():
+                await self.flush()
 
-    _committed: tuple[Event, ...] = ()
+    def _must_flush(self) -> bool:
+        return self.observing and bool(self.staged_outcomes)
+
+    async def commit_outcomes(self) -> None:
+        """Commit the results in hand, and nothing else (a drive that lets the run go)."""
+        for outcome in self._ready_outcomes():
+            self._stage_outcome(outcome)
+        self.landed = []
+        try:
+            await self.flush()
+        except BaseException:
+            self._drop_staged()
+            raise
 
     async def _hook(self, name: str, *args: Any) -> Any:
         try:
@@ -282,27 +412,30 @@ class RunDriver:
         except Exception as exc:
             raise _HookFailed(exc) from exc
 
-    async def _prepare(self) -> tuple[Event, ...]:
+    async def _prepare(self) -> None:
         run = self.run
         if run.pending_pause is not None:
             info = run.pending_pause
-            return await self.commit("pause", reason=info.reason, metadata=info.metadata)
+            self.stage("pause", reason=info.reason, metadata=info.metadata)
+            return
         if run.max_turns is not None and len(run.turns) >= run.max_turns:
             meta = {"max_turns": run.max_turns, "turns": len(run.turns)}
-            return await self.commit("pause", reason="max_turns", metadata=meta)
+            self.stage("pause", reason="max_turns", metadata=meta)
+            return
         request = ModelRequest(model=run.model, messages=run.messages, tools=self.kernel.tool_specs)
         hooked = await self._hook("on_turn_prepared", run, request)
         if hooked is not None:
             if not isinstance(hooked, ModelRequest):
                 raise _HookFailed(TypeError("on_turn_prepared must return a ModelRequest or None"))
             request = hooked
-        return await self.commit("turn_prepared", request=request)
+        self.stage("turn_prepared", request=request)
 
     # -- the model ---------------------------------------------------------------
 
     async def _call_model(self) -> AsyncIterator[Event]:
-        if self.model_claim != self.run.revision:
-            self._committed = await self.commit("model_started")
+        if self.base is not None or self.model_claim != self.run.revision:
+            self.stage("model_started")  # the intent lands before the call
+            await self.flush()
             self.model_claim = self.run.revision
             return
         run = self.run
@@ -317,7 +450,7 @@ class RunDriver:
             raise
         except Exception as exc:
             self.model_claim = None
-            self._committed = await self._fail(exc)
+            self.stage("fail", error=type(exc).__name__, message=str(exc))
             return
         result = holder[0]
         finish, then_pause = None, None
@@ -326,9 +459,7 @@ class RunDriver:
                 attrs.evolve(turn, result=result), default=result.finish_reason
             )
         self.model_claim = None
-        self._committed = await self.commit(
-            "model_completed", result=result, finish=finish, then_pause=then_pause
-        )
+        self.stage("model_completed", result=result, finish=finish, then_pause=then_pause)
 
     async def _model_result(self, run: Run, turn: Turn, holder: list[ModelResult]) -> None:
         emit = self.queue.put_nowait
@@ -400,10 +531,15 @@ class RunDriver:
 
     # -- tools -------------------------------------------------------------------
 
+    def _ready_outcomes(self) -> list[_Outcome]:
+        return [o for o in self.outcomes if all(o is not s for s in self.staged_outcomes)]
+
     async def _dispatch(self) -> AsyncIterator[Event]:
         self._raise_escaped()
-        if self.outcomes:  # results in hand go first; each leaves the list once it landed
-            self._committed = await self._complete(self.outcomes[0])
+        ready = self._ready_outcomes()
+        if ready:  # results in hand go first, all of them in one commit
+            for outcome in ready:
+                self._stage_outcome(outcome)
             return
         for ids, call_input in list(self.unstarted.values()):
             del self.unstarted[ids[0]]
@@ -411,25 +547,21 @@ class RunDriver:
         turn = _turn(self.run)
         unowned = [r for r in turn.in_flight if r.id not in self.names]
         if unowned and not self.tasks:
-            self._committed = await self._recover(unowned)
+            await self._recover(unowned)
             return
-        record = next_startable(
-            turn.pending,
-            [self.names[i] for i in self.tasks],
-            self.kernel.tools,
-            self.kernel.dispatch,
-        )
-        if record is not None:
-            started = await self._start(record, turn)
-            if started is not None:
-                self._committed = started
-                return
+        await self._start_ready()
+        if self.landed or self.run.state != "dispatching_tools" or self._must_flush():
+            return
         if self.tasks:
+            if self.base is not None:
+                await self.flush()  # what is decided lands before waiting for the tools
+                return
             async for live in self._wait():
                 yield live
-            if self.outcomes:
-                self._committed = await self._complete(self.outcomes[0])
             return
+        await self._end_tools(_turn(self.run))
+
+    async def _end_tools(self, turn: Turn) -> None:
         if turn.pending or turn.in_flight:
             raise InvalidTransition("tools_completed", self.run.state, "calls remain")
         finished = [
@@ -443,44 +575,49 @@ class RunDriver:
             finish = default
         elif finish == "stop" and then_pause is None:
             finish = None
-        self._committed = await self.commit("tools_completed", finish=finish, then_pause=then_pause)
+        self.stage("tools_completed", finish=finish, then_pause=then_pause)
 
-    async def _start(self, record: ToolCallRecord, turn: Turn) -> tuple[Event, ...] | None:
-        """Decide about ``record`` and commit the outcome; None defers a pause until the
-        calls already in flight have finished (so a pause never strands them)."""
+    async def _start_ready(self) -> None:
+        """Decide about every call that may start now and stage what was decided (a
+        result, a pause, or the intent to run it); intents land before their calls start."""
+        while self.run.state == "dispatching_tools":
+            turn = _turn(self.run)
+            running = [self.names[i] for i in self.tasks]
+            running += [self.names[ids[0]] for ids, _ in self.staged_intents]
+            record = next_startable(turn.pending, running, self.kernel.tools, self.kernel.dispatch)
+            if record is None or not await self._decide(record, turn):
+                break
+        if self.staged_intents:
+            await self.flush()
+
+    async def _decide(self, record: ToolCallRecord, turn: Turn) -> bool:
+        """Stage the decision about ``record``; False defers a pause until the calls
+        already in flight have finished (so a pause never strands them)."""
         decision = await self._hook("on_tool_call_started", self.run, record)
         ids = identical_group(record, turn.pending, self.kernel.tools, self.kernel.dispatch)
         call_input = record.input
         if isinstance(decision, hk.Skip):
-            return await self._complete(_Outcome(tuple(ids), decision.result, decision.error))
+            self._stage_outcome(_Outcome(tuple(ids), decision.result, decision.error))
+            return True
         if isinstance(decision, hk.Pause):
-            if self.tasks:
-                return None
-            return await self.commit("pause", reason=decision.reason, metadata=decision.metadata)
+            if self.tasks or self.staged_intents:
+                return False
+            self.stage("pause", reason=decision.reason, metadata=decision.metadata)
+            return True
         if isinstance(decision, hk.Finish):
             why = NOT_RUN_FINISHED.format(reason=decision.reason)
-            return await self._complete(_Outcome(tuple(r.id for r in turn.pending), None, why))
+            self._stage_outcome(_Outcome(tuple(r.id for r in turn.pending), None, why))
+            return True
         if isinstance(decision, hk.Rewrite):
             call_input = decision.input
         elif decision is not None and not isinstance(decision, hk.Continue):
             raise _HookFailed(TypeError(f"on_tool_call_started cannot return {decision!r}"))
         problem = self._precheck(record, call_input)
         if problem is not None:
-            return await self._complete(_Outcome(tuple(ids), None, problem))
-        return await self._intent(ids, call_input)
-
-    async def _intent(self, ids: list[str], call_input: JSON) -> tuple[Event, ...]:
-        """Commit the intent to run the calls ``ids``, then start them. An intent that
-        landed under a cancellation is kept as unstarted: the next step starts it."""
-        revision = self.run.revision
-        try:
-            events = await self.commit("tool_call_started", call_ids=ids, call_input=call_input)
-        except BaseException:
-            if self.run.revision != revision:
-                self.unstarted[ids[0]] = (list(ids), call_input)
-            raise
-        self._spawn(ids, call_input)
-        return events
+            self._stage_outcome(_Outcome(tuple(ids), None, problem))
+        else:
+            self._stage_intent(ids, call_input)
+        return True
 
     def _precheck(self, record: ToolCallRecord, call_input: JSON) -> str | None:
         tool = self.kernel.tools.get(record.name)
@@ -497,7 +634,10 @@ class RunDriver:
             return str(exc)
         return None
 
-    async def _recover(self, unowned: list[ToolCallRecord]) -> tuple[Event, ...]:
+    async def _recover(self, unowned: list[ToolCallRecord]) -> None:
+        """Calls in flight that no task of this driver runs (a crash's remnants): a
+        resolution given for them is used, idempotent tools run again, and the others
+        pause the run once nothing else can go on."""
         resolutions = self.run.resume_value if isinstance(self.run.resume_value, dict) else {}
         resolutions = resolutions.get("resolutions", {}) if isinstance(resolutions, dict) else {}
         uncertain = []
@@ -508,14 +648,20 @@ class RunDriver:
             tool = self.kernel.tools.get(record.name)
             if resolution is not None and not resolution.get("rerun"):
                 output, error = resolution.get("output"), resolution.get("error")
-                return await self._complete(_Outcome((record.id,), output, error, resolved=True))
-            if resolution is not None or (tool is not None and tool.idempotent):
-                return await self._intent([record.id], record.input)
-            uncertain.append(record)
-        calls = [
-            {"id": r.id, "name": r.name, "input": r.input, "attempt": r.attempt} for r in uncertain
-        ]
-        return await self.commit("pause", reason=UNCERTAIN, metadata={"calls": calls})
+                self._stage_outcome(_Outcome((record.id,), output, error, resolved=True))
+            elif resolution is not None or (tool is not None and tool.idempotent):
+                self._stage_intent([record.id], record.input)
+            else:
+                uncertain.append(record)
+        if self.staged_intents:
+            await self.flush()
+            return
+        if uncertain and not self._must_flush():
+            calls = [
+                {"id": r.id, "name": r.name, "input": r.input, "attempt": r.attempt}
+                for r in uncertain
+            ]
+            self.stage("pause", reason=UNCERTAIN, metadata={"calls": calls})
 
     def _spawn(self, ids: list[str], call_input: JSON) -> None:
         run = self.run
@@ -586,30 +732,6 @@ class RunDriver:
             escaped, self.escaped = self.escaped, None
             raise escaped
 
-    async def _complete(self, outcome: _Outcome) -> tuple[Event, ...]:
-        revision = self.run.revision
-        try:
-            events = await self.commit(
-                "tool_call_completed",
-                call_ids=list(outcome.ids),
-                output=outcome.output,
-                error=outcome.error,
-                resolved=outcome.resolved,
-            )
-        finally:
-            if self.run.revision != revision:  # landed (even if a cancellation follows)
-                self.outcomes = [o for o in self.outcomes if o is not outcome]
-                for call_id in outcome.ids:
-                    self.names.pop(call_id, None)
-        self._committed = events
-        # after the commit, once for each call it completed: at most once per result
-        # (a crash before a hook skips it; a hook that raises fails the run, and
-        # retry goes on from the committed result without calling it again)
-        run = self.run
-        for call_id in outcome.ids:
-            await self._hook("on_tool_call_completed", run, _turn(run).call(call_id))
-        return events
-
 
 def _stored_outcome(ids: tuple[str, ...], output: JSON) -> _Outcome:
     """A tool's return value as stored, or an error result saying why it cannot be."""
@@ -632,6 +754,15 @@ def _same_commit(head: Run, mine: Run) -> bool:
         and head.event_count == mine.event_count
         and head.state == mine.state
     )
+
+
+def _record(run: Run, call_id: str) -> ToolCallRecord | None:
+    turns = (run.current_turn, *reversed(run.turns[-1:]))
+    for turn in turns:
+        record = turn.call(call_id) if turn is not None else None
+        if record is not None:
+            return record
+    return None
 
 
 def _turn(run: Run) -> Turn:

@@ -145,6 +145,14 @@ def check_hooks(hooks: object) -> object:
     return hooks
 
 
+def overrides(hooks: object, name: str) -> bool:
+    """Whether ``hooks`` has its own ``name`` (not the do-nothing default of ``Hooks``)."""
+    method = getattr(hooks, name, None)
+    if method is None:
+        return False
+    return getattr(method, "__func__", method) is not getattr(Hooks, name, None)
+
+
 async def call_hook(hooks: object, name: str, *args: Any) -> Any:
     """Call ``hooks.name(*args)`` if it exists, awaiting it when it is async."""
     method = getattr(hooks, name, None)

@@ -1,23 +1,29 @@
-"""The kernel: drive runs through their lifecycle, one committed transition at a time.
+"""The kernel: drive runs through their lifecycle, committing at effect boundaries.
 
-Design: load -> transition -> effect -> commit
-----------------------------------------------
-Every step of a run follows the same order::
+Design: effect -> transition -> commit
+--------------------------------------
+A run moves by lifecycle transitions; the store sees them in commits::
 
-    load      the head revision r of the run from the store (or keep the driver's copy)
-    effect    do what the state needs: call a hook, the model or a tool
+    effect      do what the state needs: call a hook, the model or a tool
     transition  feed the effect's result to the lifecycle chart as an event payload;
-              a pure action builds the run at r+1 (no I/O inside)
-    commit    compare-and-set r -> r+1 in the store, with the transition's events
+                a pure action builds the next run (no I/O inside)
+    commit      compare-and-set r -> r+1 in the store, with the events of every
+                transition since the last commit (each with its own ``seq``)
+
+A commit lands before an effect that must not repeat and after an effect whose
+result is costly to redo; transitions between which no such effect happens share
+one commit. So a commit lands: before the model is called (``model_started``, the
+intent); before tools start (their ``tool_call_started`` intents, with the model's
+answer that asked for them); before waiting for tools still running (the results in
+hand); before a hook observes a committed result; and when the run comes to rest
+(paused, failed, completed). A turn with tool calls takes two commits, a text turn
+one, and ``revision`` counts commits.
 
 Where a crash can land, and what resume does:
 
-* before a commit: nothing of this step is stored; resume redoes the effect.
-  Effects that must not repeat are preceded by an *intent* commit instead:
-  ``model_started`` before the model call and ``tool_call_started`` before a tool
-  runs (write-ahead, compare-and-set on the revision, under the run's lease: two
-  processes racing on one run take turns, and never both execute a call).
-* after ``model_started``, before ``model_completed``: the model is called again
+* before a commit: nothing since the last commit is stored; resume redoes those
+  transitions (hooks included) from the last commit.
+* after ``model_started``, before the answer's commit: the model is called again
   and ``model_restarted`` is recorded.
 * after ``tool_call_started``, before ``tool_call_completed``: the side effect may
   or may not have happened. Idempotent tools re-run with the same idempotency key;
@@ -273,10 +279,11 @@ class Kernel:
                 driver.model_claim = None
 
     async def step(self, run_id: str) -> list[Event]:
-        """Perform the next effect and commit exactly one transition; returns its events.
+        """Perform the effects up to the next commit and land it; returns its events.
 
-        Tool calls started by a step keep running in the background; a later step
-        commits their results.
+        One step is one commit: the transitions between two effect boundaries (see
+        ``run``'s note on commits). Tool calls started by a step keep running in the
+        background; a later step commits their results.
         """
         async with self._driver(run_id) as driver:
             return [event async for event in driver.advance()]
@@ -365,9 +372,8 @@ class Kernel:
         if driver.lock.locked():
             return  # a drive of another task still has it: that drive commits them
         with contextlib.suppress(StatekernelError):
-            while driver.outcomes and not driver.lost and driver.run.state == "dispatching_tools":
-                async for _ in driver.advance():
-                    pass
+            if driver.outcomes and not driver.lost and driver.run.state == "dispatching_tools":
+                await driver.commit_outcomes()
 
     async def _release(self, driver: RunDriver) -> None:
         lease = driver.lease

@@ -1,37 +1,53 @@
 """Replay a run's persisted events over the lifecycle: which states and transitions it
 visited, how often, and where it is now.
 
-Each commit (one revision) is at most one lifecycle transition; its events say which.
-Commits that only change data (``run_forked``, ``tool_call_resolved``,
-``context_updated``) are not transitions.
+A commit (one revision) carries the events of one or more lifecycle transitions, in
+order. Each transition's events open with one that names it (``run_started``,
+``turn_started``, ``model_started`` ...); ``turn_prepared``, ``turn_completed`` and
+``run_completed`` follow the event that opened their transition. Events that change
+only data (``run_forked``, ``tool_call_resolved``, ``context_updated``) are not
+transitions. Identical calls merged into one execution count one transition per call.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from itertools import groupby
+from collections.abc import Iterable, Iterator, Sequence
 
 import attrs
 
 from statekernel._events import Event
 
-__all__ = ["RunTrace", "TransitionKey", "trace_events"]
+__all__ = ["RunTrace", "TransitionKey", "trace_events", "transitions_of"]
 
 TransitionKey = tuple[str, str, str]
 """(source state id, target state id, lifecycle event)."""
 
-_INTERNAL = {
+_INTERNAL = {"model_started", "tool_call_started", "tool_call_completed"}
+
+_OPENS = {
+    "run_started": "start",
+    "turn_started": "turn_prepared",
     "model_started": "model_started",
     "model_restarted": "model_started",
+    "model_completed": "model_completed",
     "tool_call_started": "tool_call_started",
     "tool_call_completed": "tool_call_completed",
+    "tools_completed": "tools_completed",
+    "run_paused": "pause",
+    "run_resumed": "resume",
+    "run_failed": "fail",
+    "run_retried": "retry",
+    "input_received": "input",
 }
+"""The event that opens each lifecycle transition's events."""
+
+_FOLLOWS = {"turn_prepared", "turn_completed", "run_completed"}
 
 
 @attrs.frozen
 class RunTrace:
-    """What a run went through: entries per state, commits per transition, current state."""
+    """What a run went through: entries per state, transitions taken, current state."""
 
     title: str
     current: str
@@ -39,33 +55,55 @@ class RunTrace:
     transitions: dict[TransitionKey, int]
 
 
-def _step(state: str, events: Sequence[Event]) -> tuple[str, str] | None:
-    """The (lifecycle event, target state) of one commit, or None for a data-only commit."""
-    types = [e.type for e in events]
-    finished = "run_completed" in types
-    if "input_received" in types:
-        return "input", "preparing_turn"
-    for e in events:
-        data = e.data if isinstance(e.data, dict) else {}
-        if e.type == "run_started":
-            return "start", "preparing_turn"
-        if e.type == "turn_prepared":
-            return "turn_prepared", "calling_model"
-        if e.type in _INTERNAL:
-            return _INTERNAL[e.type], state
-        if e.type == "model_completed":
-            target = "completed" if finished else "preparing_turn"
-            return "model_completed", "dispatching_tools" if data.get("tool_calls") else target
-        if e.type == "tools_completed":
-            return "tools_completed", "completed" if finished else "preparing_turn"
-        if e.type == "run_paused":
-            return "pause", "paused"
-        if e.type == "run_failed":
-            return "fail", "failed"
-        if e.type in ("run_resumed", "run_retried"):
-            event = "resume" if e.type == "run_resumed" else "retry"
-            return event, str(data.get("resume_to", state))
-    return None
+def _transitions(events: Iterable[Event]) -> Iterator[list[Event]]:
+    """The events of each lifecycle transition, in order (data-only events left out)."""
+    current: list[Event] = []
+    for event in events:
+        if event.type in _OPENS:
+            if current:
+                yield current
+            current = [event]
+        elif event.type in _FOLLOWS and current:
+            current.append(event)
+    if current:
+        yield current
+
+
+def _target(state: str, events: Sequence[Event]) -> tuple[str, str]:
+    """The (lifecycle event, target state) of one transition's events."""
+    first = events[0]
+    event = _OPENS[first.type]
+    data = first.data if isinstance(first.data, dict) else {}
+    finished = any(e.type == "run_completed" for e in events)
+    if event in _INTERNAL:
+        return event, state
+    if event == "model_completed" and data.get("tool_calls"):
+        return event, "dispatching_tools"
+    if event in ("model_completed", "tools_completed"):
+        return event, "completed" if finished else "preparing_turn"
+    if event in ("resume", "retry"):
+        return event, str(data.get("resume_to", state))
+    return event, _TARGETS[event]
+
+
+_TARGETS = {
+    "start": "preparing_turn",
+    "turn_prepared": "calling_model",
+    "pause": "paused",
+    "fail": "failed",
+    "input": "preparing_turn",
+}
+
+
+def transitions_of(state: str, events: Iterable[Event]) -> list[TransitionKey]:
+    """The lifecycle transitions that ``events`` (one or more commits) record, from
+    ``state``: (source, target, event) each, in order."""
+    keys: list[TransitionKey] = []
+    for transition in _transitions(events):
+        event, target = _target(state, transition)
+        keys.append((state, target, event))
+        state = target
+    return keys
 
 
 def trace_events(
@@ -78,13 +116,9 @@ def trace_events(
     state = initial
     visits: Counter[str] = Counter({initial: 1})
     moves: Counter[TransitionKey] = Counter()
-    for _, group in groupby(events, key=lambda e: e.revision):
-        step = _step(state, list(group))
-        if step is None:
-            continue
-        event, target = step
-        moves[(state, target, event)] += 1
-        if event not in _INTERNAL.values():
-            visits[target] += 1
-        state = target
+    for key in transitions_of(initial, events):
+        moves[key] += 1
+        if key[2] not in _INTERNAL:
+            visits[key[1]] += 1
+        state = key[1]
     return RunTrace(title, current or state, dict(visits), dict(moves))

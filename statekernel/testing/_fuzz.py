@@ -24,12 +24,14 @@ from typing import Any
 import attrs
 
 from statekernel._driver import UNCERTAIN
+from statekernel._events import Event
 from statekernel._kernel import Kernel
 from statekernel._lifecycle import RunLifecycle
 from statekernel._middleware import ToolInvocation
 from statekernel._run import STATE_IDS, Run
 from statekernel._storage import CheckpointStore
 from statekernel._tools import Tool
+from statekernel._trace import transitions_of
 from statekernel.errors import RunNotFound
 from statekernel.testing._faults import Crash, CrashAt, FaultPlan, FaultyProvider, FaultyStore
 
@@ -48,8 +50,12 @@ process would build them."""
 
 DATA_EVENTS = frozenset({"context_updated", "tool_call_resolved", "run_forked"})
 DECLARED = frozenset(
-    (t.source.value, t.target.value) for s in RunLifecycle.states for t in s.transitions
+    (t.source.value, t.target.value, str(e))
+    for s in RunLifecycle.states
+    for t in s.transitions
+    for e in t.events
 )
+"""(source, target, event) of every transition the chart declares."""
 
 
 _CALL_KEY: contextvars.ContextVar[str] = contextvars.ContextVar("ledger_call_key", default="")
@@ -147,19 +153,23 @@ async def run_history_ok(store: CheckpointStore, run_id: str) -> None:
     assert [r.revision for r in runs] == list(range(head.revision + 1)), "revisions not contiguous"
     events = await store.events(run_id)
     assert [e.seq for e in events] == list(range(len(events))), "event seq has gaps"
-    by_revision: dict[int, list[str]] = defaultdict(list)
+    by_revision: dict[int, list[Event]] = defaultdict(list)
     for event in events:
-        by_revision[event.revision].append(event.type)
+        by_revision[event.revision].append(event)
     for before, after in itertools.pairwise(runs):
         assert after.state in STATE_IDS, f"undeclared state {after.state!r}"
-        kinds = by_revision.get(after.revision, [])
-        assert kinds, f"revision {after.revision} committed no events"
-        assert after.event_count - before.event_count == len(kinds), "event count drifted"
-        if set(kinds) <= DATA_EVENTS:
+        committed = by_revision.get(after.revision, [])
+        assert committed, f"revision {after.revision} committed no events"
+        assert after.event_count - before.event_count == len(committed), "event count drifted"
+        steps = transitions_of(before.state, committed)
+        if not steps:
+            assert {e.type for e in committed} <= DATA_EVENTS, f"unknown events at {after.revision}"
             assert after.state == before.state, f"data commit changed state at {after.revision}"
-        else:
-            pair = (before.state, after.state)
-            assert pair in DECLARED, f"undeclared transition {pair} at r{after.revision}"
+            continue
+        for step in steps:
+            assert step in DECLARED, f"undeclared transition {step} at r{after.revision}"
+        ends = steps[-1][1]
+        assert ends == after.state, f"r{after.revision} is {after.state}, its events end in {ends}"
 
 
 async def _settle(kernel: Kernel, run: Run, ledger: Ledger, approve: Any) -> bool:

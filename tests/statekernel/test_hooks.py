@@ -344,7 +344,7 @@ async def test_tool_call_completed_runs_once_for_each_call_of_one_commit(
 
 async def test_a_crash_between_the_commit_and_the_hook_skips_the_hook() -> None:
     inner = MemoryStore()
-    plan = FaultPlan([CrashAt("after_commit", 7)])  # the commit of tool_call_completed
+    plan = FaultPlan([CrashAt("after_commit", 4)])  # the commit of tool_call_completed
     hooks = Completions()
     script = [call("record", {"item": "a"}), "ok"]
 
