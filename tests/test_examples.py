@@ -25,7 +25,7 @@ def test_quickstart_runs_offline(tmp_path: Path) -> None:
     assert lines[0] == "[r1] run_started"
     assert lines[-1].endswith("run_completed")
     assert "tool_call_completed" in out
-    assert out.strip().splitlines()[-1].endswith("completed after 10 commits")
+    assert out.strip().splitlines()[-1].endswith("completed after 4 commits")
 
 
 def test_readme_embeds_the_generated_lifecycle_diagram() -> None:
