@@ -279,8 +279,7 @@ async def test_aclose_awaits_background_tool_tasks(make_kernel: MakeKernel) -> N
     kernel, _, _ = make_kernel([call("upload", {"name": "a"}), "ok"], tools=[upload])
     run = await start(kernel)
     while (await kernel.get(run.run_id)).state != "dispatching_tools":
-        await kernel.step(run.run_id)
-    await kernel.step(run.run_id)  # tool_call_started: the tool runs on after the step
+        await kernel.step(run.run_id)  # the answer and the call's intent: it runs on
     while not EFFECTS:  # noqa: ASYNC110 - lets the tool task start
         await asyncio.sleep(0)
     await kernel.aclose()
@@ -327,8 +326,7 @@ async def test_aclose_waits_for_a_sync_tool_thread(make_kernel: MakeKernel) -> N
     kernel, _, _ = make_kernel([call("transfer", {"amount": 5}), "ok"], tools=[blocking.tool])
     run = await start(kernel)
     while (await kernel.get(run.run_id)).state != "dispatching_tools":
-        await kernel.step(run.run_id)
-    await kernel.step(run.run_id)
+        await kernel.step(run.run_id)  # the answer and the call's intent: it runs on
     await blocking.wait_started()
     closing = asyncio.create_task(kernel.aclose())
     assert await still_running(closing)
