@@ -109,7 +109,9 @@ class Hooks:
         the commit and the hook skips it for good (resume goes on from the committed
         result), and a hook that raises moves the run to ``failed`` while the result
         stays committed, so ``retry`` goes on without calling it again. Tool middleware
-        runs before the commit, for work a crash there must not skip.
+        runs before the commit, for work a crash there must not skip. A kernel whose
+        hooks define this commits each batch of results on its own, before the turn goes
+        on (without it, results land with the end of the turn).
         """
         return None
 

@@ -72,7 +72,8 @@ def test_list(work: tuple[Path, str]) -> None:
 def test_show(work: tuple[Path, str]) -> None:
     cwd, store = work
     text = ok(sk("runs", "show", "run-c", "--store", store, cwd=cwd))
-    for word in ("dispatching_tools", "transcript", "in-flight tool calls", "get_forecast", "usage"):
+    words = ("dispatching_tools", "transcript", "in-flight tool calls", "get_forecast", "usage")
+    for word in words:
         assert word in text
     assert '{"demo": 1}' in text
     data = as_json(sk("runs", "show", "run-c", "--store", store, "--json", cwd=cwd))
@@ -92,7 +93,8 @@ def test_events(work: tuple[Path, str]) -> None:
     assert events[-1]["type"] == "run_completed"
     assert [e["seq"] for e in events] == list(range(len(events)))
     later = ok(sk("runs", "events", "run-a", "--after", "2", "--store", store, "--json", cwd=cwd))
-    assert later and all(json.loads(line)["revision"] > 2 for line in later.splitlines())
+    assert later
+    assert all(json.loads(line)["revision"] > 2 for line in later.splitlines())
     text = ok(sk("runs", "events", "run-a", "--follow", "--store", store, cwd=cwd, timeout=10))
     assert "run_completed" in text  # --follow stops once the run is at rest
 

@@ -121,13 +121,12 @@ async def test_kernel_on_a_leased_store_stops_with_lease_lost(store: RedisStore)
     lease = await a.acquire("r1")
     assert lease is not None
     held["r1"] = lease
-    await kernel.step("r1")  # start
-    await kernel.step("r1")  # turn_prepared
+    await kernel.step("r1")  # start, turn_prepared, model_started
     await asyncio.sleep(0.3)
     assert await b.acquire("r1") is not None
     before = await store.load("r1")
     with pytest.raises(LeaseLost):
-        await kernel.step("r1")  # model_started: the intent never lands
+        await kernel.step("r1")  # the model's answer never lands
     after = await store.load("r1")
     assert (after.revision, after.state) == (before.revision, before.state)
     await kernel.aclose()
