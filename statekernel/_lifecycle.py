@@ -47,6 +47,7 @@ __all__ = [
     "LibraryLifecycle",
     "Lifecycle",
     "Route",
+    "derive_table",
     "RunLifecycle",
 ]
 
@@ -225,14 +226,13 @@ class Guard:
     guard (holds when it returns a false one)."""
 
     name: str
-    method: Callable[..., object]
     params: tuple[str, ...]
     """The payload names the method declares (``at`` included): the ones it is given."""
     expected: bool
 
     def holds(self, chart: RunLifecycle, kwargs: Mapping[str, Any]) -> bool:
         """Call the chart's guard method with the arguments it declares."""
-        value = self.method(chart, **{name: kwargs[name] for name in self.params})
+        value = getattr(chart, self.name)(**{name: kwargs[name] for name in self.params})
         return bool(value) == self.expected
 
 
@@ -254,9 +254,15 @@ class Action:
     """The chart's ``on_<event>`` method and the payload names it declares."""
 
     name: str
-    method: Callable[..., object]
     params: tuple[str, ...]
 
+    def run(self, chart: RunLifecycle, kwargs: Mapping[str, Any]) -> None:
+        """Call the chart's action method with the arguments it declares."""
+        getattr(chart, self.name)(**{name: kwargs[name] for name in self.params})
+
+
+Chart = type[StateChart[Any]]
+"""A chart class the table is read from (``RunLifecycle``, or a variant in the tests)."""
 
 _ENGINE_OPTIONS = {"catch_errors_as_events": False, "allow_event_without_transition": False}
 """Engine options the table assumes: errors propagate, an event no transition takes is
@@ -265,28 +271,30 @@ refused (``TransitionNotAllowed``)."""
 _PARAMETER_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
-def _unsupported(what: str) -> NoReturn:
-    raise InvalidDefinition(f"RunLifecycle: {what}; the lifecycle table cannot step it")
+def _unsupported(chart: Chart, what: str) -> NoReturn:
+    raise InvalidDefinition(f"{chart.__name__}: {what}; the lifecycle table cannot step it")
 
 
-def _method(name: str) -> Callable[..., object] | None:
+def _method(chart: Chart, name: str) -> Callable[..., object] | None:
     """The plain function ``name`` of the chart, None when neither chart nor cell has it."""
     if hasattr(_Cell, name):
-        _unsupported(f"{name!r} is defined on the cell, where the engine would also call it")
-    found = inspect.getattr_static(RunLifecycle, name, None)
+        _unsupported(chart, f"{name!r} is defined on the cell, where the engine would also call it")
+    found = inspect.getattr_static(chart, name, None)
     if found is None:
         return None
     if not inspect.isfunction(found) or inspect.iscoroutinefunction(found):
-        _unsupported(f"{name!r} is not a plain method")
+        _unsupported(chart, f"{name!r} is not a plain method")
     return found
 
 
-def _params(name: str, method: Callable[..., object], given: frozenset[str]) -> tuple[str, ...]:
+def _params(
+    chart: Chart, name: str, method: Callable[..., object], given: frozenset[str]
+) -> tuple[str, ...]:
     """The parameters of ``method`` after ``self``; each must be one of ``given``."""
     params = list(inspect.signature(method).parameters.values())[1:]
     for p in params:
         if p.kind not in _PARAMETER_KINDS or p.name not in given:
-            _unsupported(f"{name!r} takes {p}, which is not a payload name of its events")
+            _unsupported(chart, f"{name!r} takes {p}, which is not a payload name of its events")
     return tuple(p.name for p in params)
 
 
@@ -296,98 +304,109 @@ def _given(events: Iterable[str]) -> frozenset[str]:
     return frozenset.intersection(*sets)
 
 
-def _guards(transition: Any, events: list[str]) -> tuple[Guard, ...]:
+def _guards(chart: Chart, transition: Any, events: list[str]) -> tuple[Guard, ...]:
     guards = []
     for spec in transition.cond:
         name = spec.func
         if spec.is_convention or not isinstance(name, str) or not name.isidentifier():
-            _unsupported(f"guard {spec!s} of {transition} is not a method name")
-        method = _method(name)
+            _unsupported(chart, f"guard {spec!s} of {transition} is not a method name")
+        method = _method(chart, name)
         if method is None:
-            _unsupported(f"guard {name!r} of {transition} is not a method of the chart")
+            _unsupported(chart, f"guard {name!r} of {transition} is not a method of the chart")
         guards.append(
-            Guard(name, method, _params(name, method, _given(events)), spec.expected_value)
+            Guard(name, _params(chart, name, method, _given(events)), spec.expected_value)
         )
     return tuple(guards)
 
 
-def _check_callbacks(specs: Iterable[Any], allowed: frozenset[str], owner: object) -> None:
+def _check_callbacks(
+    chart: Chart, specs: Iterable[Any], allowed: frozenset[str], owner: object
+) -> None:
     """Only naming-convention callbacks the chart does not define, or ``allowed`` ones."""
     for spec in specs:
         if not spec.is_convention:
-            _unsupported(f"{owner} declares the callback {spec.func!r}")
-        if spec.func not in allowed and _method(spec.func) is not None:
-            _unsupported(f"{owner} has the callback {spec.func!r}")
+            _unsupported(chart, f"{owner} declares the callback {spec.func!r}")
+        if spec.func not in allowed and _method(chart, spec.func) is not None:
+            _unsupported(chart, f"{owner} has the callback {spec.func!r}")
 
 
-def _check_state(state: State) -> None:
+def _check_state(chart: Chart, state: State) -> None:
     if state.states or state.parallel or state.final or state.is_history:
-        _unsupported(f"state {state.id!r} is nested, parallel, final or a history state")
+        _unsupported(chart, f"state {state.id!r} is nested, parallel, final or a history state")
     if state.value not in STATE_IDS:
-        _unsupported(f"state {state.id!r} has the value {state.value!r}, not a StateId")
-    _check_callbacks([*state.enter, *state.exit, *state.invoke], frozenset(), state)
+        _unsupported(chart, f"state {state.id!r} has the value {state.value!r}, not a StateId")
+    _check_callbacks(chart, [*state.enter, *state.exit, *state.invoke], frozenset(), state)
 
 
-def _events_of(transition: Any) -> list[str]:
+def _events_of(chart: Chart, transition: Any) -> list[str]:
     events = [str(e) for e in transition.events]
     if not events or any(e.delay for e in transition.events):
-        _unsupported(f"{transition} has no event or a delayed one")
+        _unsupported(chart, f"{transition} has no event or a delayed one")
     if unknown := set(events) - set(EVENTS):
-        _unsupported(f"{transition} takes events missing from EVENTS: {sorted(unknown)}")
+        _unsupported(chart, f"{transition} takes events missing from EVENTS: {sorted(unknown)}")
     return events
 
 
-def _route(transition: Any) -> tuple[list[str], Route]:
+def _route(chart: Chart, transition: Any) -> tuple[list[str], Route]:
     """The events that take ``transition`` and the route it becomes."""
-    events = _events_of(transition)
+    events = _events_of(chart, transition)
     if len(transition.targets) != 1 or list(transition.validators):
-        _unsupported(f"{transition} has validators or not exactly one target")
-    _check_callbacks(transition.before, frozenset(), transition)
-    _check_callbacks(transition.after, frozenset(), transition)
-    _check_callbacks(transition.on, frozenset(f"on_{e}" for e in events), transition)
-    route = Route(transition.target.value, _guards(transition, events), bool(transition.internal))
+        _unsupported(chart, f"{transition} has validators or not exactly one target")
+    _check_callbacks(chart, transition.before, frozenset(), transition)
+    _check_callbacks(chart, transition.after, frozenset(), transition)
+    _check_callbacks(chart, transition.on, frozenset(f"on_{e}" for e in events), transition)
+    guards = _guards(chart, transition, events)
+    route = Route(transition.target.value, guards, bool(transition.internal))
     return events, route
 
 
-def _action(event: str) -> Action | None:
-    method = _method(f"on_{event}")
+def _action(chart: Chart, event: str) -> Action | None:
+    name = f"on_{event}"
+    method = _method(chart, name)
     if method is None:
         return None
-    return Action(f"on_{event}", method, _params(f"on_{event}", method, _given([event])))
+    return Action(name, _params(chart, name, method, _given([event])))
 
 
-def _check_chart() -> None:
+def _check_chart(chart: Chart) -> None:
     for option, value in _ENGINE_OPTIONS.items():
-        if getattr(RunLifecycle, option) != value:
-            _unsupported(f"{option} is not {value}")
-    if RunLifecycle._class_listeners:
-        _unsupported("it has class listeners")
-    _check_callbacks(RunLifecycle.prepare, frozenset(), "the chart")
+        if getattr(chart, option) != value:
+            _unsupported(chart, f"{option} is not {value}")
+    if chart._class_listeners:
+        _unsupported(chart, "it has class listeners")
+    _check_callbacks(chart, chart.prepare, frozenset(), "the chart")
 
 
-def _derive_table() -> dict[tuple[StateId, str], tuple[Route, ...]]:
-    """(state, event) -> the routes that event may take from that state, in order."""
-    _check_chart()
+def derive_table(chart: Chart) -> dict[tuple[StateId, str], tuple[Route, ...]]:
+    """(state, event) -> the routes that event may take from that state, in order.
+
+    Raises ``InvalidDefinition`` if ``chart`` uses what the table cannot express.
+    """
+    _check_chart(chart)
     table: dict[tuple[StateId, str], list[Route]] = {}
-    for state in RunLifecycle.states:
-        _check_state(state)
+    for state in chart.states:
+        _check_state(chart, state)
         for transition in state.transitions:
             if transition.initial:
                 continue
-            events, route = _route(transition)
+            events, route = _route(chart, transition)
             for event in events:
                 table.setdefault((state.value, event), []).append(route)
-    if {s.value for s in RunLifecycle.states} != set(STATE_IDS):
-        _unsupported("its states are not STATE_IDS")
+    if {s.value for s in chart.states} != set(STATE_IDS):
+        _unsupported(chart, "its states are not STATE_IDS")
     if {event for _, event in table} != set(EVENTS):
-        _unsupported("its events are not the ones in EVENTS")
+        _unsupported(chart, "its events are not the ones in EVENTS")
     return {key: tuple(routes) for key, routes in table.items()}
 
 
-TABLE: Mapping[tuple[StateId, str], tuple[Route, ...]] = MappingProxyType(_derive_table())
+TABLE: Mapping[tuple[StateId, str], tuple[Route, ...]] = MappingProxyType(
+    derive_table(RunLifecycle)
+)
 """(state, event) -> the chart's transitions for that event from that state, in order."""
 
-ACTIONS: Mapping[str, Action | None] = MappingProxyType({e: _action(e) for e in EVENTS})
+ACTIONS: Mapping[str, Action | None] = MappingProxyType(
+    {e: _action(RunLifecycle, e) for e in EVENTS}
+)
 """event -> the chart's ``on_<event>`` action (None if the chart has none)."""
 
 _ALLOWED: Mapping[StateId, tuple[str, ...]] = MappingProxyType(
@@ -480,7 +499,7 @@ class Lifecycle:
         route = _select(TABLE.get((self._cell.state, event), ()), self._chart, payload)
         action = ACTIONS[event]
         if action is not None:
-            action.method(self._chart, **{name: payload[name] for name in action.params})
+            action.run(self._chart, payload)
         self._cell.state = route.target
 
     def _commit(self, before: Run, at: Any, join: bool) -> tuple[Run, tuple[Event, ...]]:
