@@ -47,7 +47,13 @@ from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._events import Event
 from statekernel._run import Run, StateId
 from statekernel._storage import Checkpoint, Lease, RunPage
-from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
+from statekernel.errors import (
+    ConfigError,
+    CorruptCheckpoint,
+    RunNotFound,
+    StatekernelError,
+    StoreError,
+)
 from statekernel.stores._common import (
     HeadCache,
     Prior,
@@ -165,12 +171,13 @@ class SQLiteStore:
         return result
 
     def _typed(self, exc: Exception) -> Exception:
-        """A ``statekernel.errors`` exception for ``exc`` (itself if it is one already)."""
+        """A ``statekernel.errors`` exception for ``exc`` (itself if it is one already);
+        a value SQLite cannot store (an int beyond 64 bits) is a ``StoreError`` too."""
+        if isinstance(exc, StatekernelError):
+            return exc
         if isinstance(exc, BadRow):
             return CorruptCheckpoint(f"invalid data in SQLite store {self.path!r}: {exc}")
-        if isinstance(exc, (sqlite3.Error, UnicodeDecodeError)):  # undecodable text in an error
-            return self._error(exc)
-        return exc
+        return self._error(exc)  # sqlite3 errors, undecodable text in an error message
 
     async def _shielded(self, work: Callable[[], Awaitable[T]]) -> T:
         """Run ``work`` to its end even if the caller is cancelled (no half transactions),
