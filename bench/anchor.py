@@ -643,15 +643,17 @@ def main() -> None:
     print()
     for line in ratio_lines(bench.results, ns):
         print(line)
-    notes = [
-        "B/turn: bytes on disk after a WAL checkpoint, less an empty database",
-        "growth exponent: of the bytes in use in the pages (dbstat), less an empty database",
-        f"fsyncs/turn: fsync + fdatasync at N={FSYNC_N} under strace (redis: in the server)",
-    ]
+    notes = ["B/turn: bytes on disk after a WAL checkpoint, less an empty database"]
+    if len(ns) >= 2:
+        notes.append(
+            "growth exponent: of the bytes in use in the pages (dbstat), less an empty one"
+        )
     if not shutil.which("strace"):
-        notes[1] = "fsyncs/turn: not counted, strace is not installed"
+        notes.append("fsyncs/turn: not counted, strace is not installed")
     elif args.no_fsyncs:
-        notes[1] = "fsyncs/turn: not counted (--no-fsyncs)"
+        notes.append("fsyncs/turn: not counted (--no-fsyncs)")
+    else:
+        notes.append(f"fsyncs/turn: fsync + fdatasync at N={FSYNC_N} under strace (redis: server)")
     if bench.redis_port is None:
         notes.append("redis: not measured, redis-server is not installed")
     print()
