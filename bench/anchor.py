@@ -121,7 +121,7 @@ def count_commits(store: CheckpointStore) -> list[int]:
 
 async def opened(url: str) -> CheckpointStore:
     """The store for ``url`` with its connection or files opened."""
-    store = open_store(url)
+    store: CheckpointStore = open_store(url)
     await store.list_runs(limit=1)
     return store
 
@@ -291,11 +291,11 @@ def venv_python() -> Path:
     python = venv / "bin" / "python"
     if not python.exists():
         print(f"creating {venv} ...", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     if subprocess.run([python, "-c", ready], check=False, capture_output=True).returncode:
         print(f"installing LangGraph into {venv} ...", flush=True)
         requirements = HERE / "requirements-langgraph.txt"
-        pip = [python, "-m", "pip", "install", "-q", "-r", requirements]
+        pip = [str(python), "-m", "pip", "install", "-q", "-r", str(requirements)]
         subprocess.run(pip, check=True)
     return python
 
@@ -376,8 +376,7 @@ RATIOS: dict[str, tuple[str, str]] = {
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace, folder: Path, lg: LangGraphSide) -> None:
-        self.args = args
+    def __init__(self, folder: Path, lg: LangGraphSide) -> None:
         self.folder = folder
         self.lg = lg
         self.redis_port: int | None = None
@@ -457,13 +456,13 @@ class Bench:
         out = self.folder / "strace.txt"
         for kind in ("sqlite", "file"):
             url = self.url(kind, f"strace-{kind}")
-            command = [sys.executable, __file__, "--one-run", url, str(FSYNC_N)]
+            command = [sys.executable, str(HERE / "anchor.py"), "--one-run", url, str(FSYNC_N)]
             self.results.fsyncs[kind] = strace_fsyncs(command, out) / FSYNC_N
         if self.redis_port is not None:
             trace = ["strace", "-f", "-c", "-e", "trace=fsync,fdatasync", "-o", str(out)]
             with redis_server(self.folder / "strace-redis", wrap=trace) as port:
                 url = f"redis://127.0.0.1:{port}/0?prefix=strace"
-                command = [sys.executable, __file__, "--one-run", url, str(FSYNC_N)]
+                command = [sys.executable, str(HERE / "anchor.py"), "--one-run", url, str(FSYNC_N)]
                 subprocess.run(command, check=True)
             self.results.fsyncs["redis"] = parse_strace(out) / FSYNC_N
         db = self.folder / "strace-lg.db"
@@ -550,10 +549,10 @@ def ratio_lines(results: Results, ns: list[int]) -> list[str]:
         out.append((f"growth exponent of sqlite:// bytes in N, {low}..{top}", 1.02, exponent))
     if results.resume:
         sk_runs, lg_runs = results.resume["sqlite"], results.resume["lg-sqlite"]
-        value = statistics.median(a / b for a, b in zip(sk_runs, lg_runs, strict=True))
+        pairs = statistics.median(a / b for a, b in zip(sk_runs, lg_runs, strict=True))
         sk_ms, lg_ms = statistics.median(sk_runs) * 1e3, statistics.median(lg_runs) * 1e3
         what = f"resume of a {top}-turn run, sqlite:// / SqliteSaver ({sk_ms:.1f} / {lg_ms:.1f} ms)"
-        out.append((what, 0.5, value))
+        out.append((what, 0.5, pairs))
     width = max(len(what) for what, _, _ in out)
     lines = []
     for what, target, value in out:
@@ -610,7 +609,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="statekernel-bench-"))
     lg = LangGraphSide(lg_python)
     try:
-        bench = Bench(args, folder, lg)
+        bench = Bench(folder, lg)
         with contextlib.ExitStack() as stack:
             if shutil.which("redis-server"):
                 bench.redis_port = stack.enter_context(redis_server(folder / "redis"))
