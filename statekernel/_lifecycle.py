@@ -1,18 +1,36 @@
-"""The run lifecycle: a flat ``python-statemachine`` chart and the cell it drives.
+"""The run lifecycle: a flat ``python-statemachine`` chart, and the table that steps it.
 
-The chart decides *whether* an event is allowed and *where* it leads (guards read
-the run and the event's payload); the pure functions in ``_transitions`` build the
-next run. Where a paused or failed run returns to is data in ``Run`` (the library
-keeps history on the machine object, which is not durable).
+``RunLifecycle`` is the one declaration of the lifecycle: the diagrams, the guards and
+what a reader reads come from it. The chart decides *whether* an event is allowed and
+*where* it leads (guards read the run and the event's payload); the pure functions in
+``_transitions`` build the next run. Where a paused or failed run returns to is data in
+``Run`` (the library keeps history on the machine object, which is not durable).
+
+Sending an event through the library's engine costs about ten times the transition it
+runs (an event queue, callback registries, argument binding per callback), and building
+an engine costs more than several transitions. So when this module is imported, the
+chart's own structures are read into ``TABLE``: for each state (``RunLifecycle.states``)
+and each event of its transitions, the transitions in declaration order with their
+target, ``internal`` flag and ``cond``/``unless`` guards. ``Lifecycle.apply`` steps
+through the table as the engine does: the first transition whose guards all hold wins,
+then the chart's ``on_<event>`` action runs and the run takes the target state. Guards
+and actions are the chart's own methods, called with the payload names they declare.
+The import fails if the chart uses what the table cannot express (validators, guard
+expressions, enter/exit or before/after callbacks, nested, parallel or final states,
+engine options that change the semantics). ``LibraryLifecycle`` still sends events
+through the engine; the tests check that both give the same results.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any, NoReturn
 
 import attrs
 from statemachine import State, StateChart
-from statemachine.exceptions import TransitionNotAllowed
+from statemachine.exceptions import InvalidDefinition, TransitionNotAllowed
 
 from statekernel import _transitions as tr
 from statekernel._events import Event
@@ -20,7 +38,18 @@ from statekernel._messages import JSON, Message, ModelRequest, ModelResult
 from statekernel._run import STATE_IDS, PauseInfo, Run, StateId, utcnow
 from statekernel.errors import CorruptCheckpoint, InvalidTransition
 
-__all__ = ["EVENTS", "Lifecycle", "RunLifecycle"]
+__all__ = [
+    "ACTIONS",
+    "EVENTS",
+    "TABLE",
+    "Action",
+    "Guard",
+    "LibraryLifecycle",
+    "Lifecycle",
+    "Route",
+    "derive_table",
+    "RunLifecycle",
+]
 
 
 class _Cell:
@@ -188,19 +217,241 @@ EVENTS: dict[str, frozenset[str]] = {
 """Every lifecycle event and the payload names it takes (all required)."""
 
 
+# -- the table, read from the chart once -----------------------------------------------
+
+
+@attrs.frozen
+class Guard:
+    """A ``cond`` guard (holds when the method returns a true value) or an ``unless``
+    guard (holds when it returns a false one)."""
+
+    name: str
+    params: tuple[str, ...]
+    """The payload names the method declares (``at`` included): the ones it is given."""
+    expected: bool
+
+    def holds(self, chart: RunLifecycle, kwargs: Mapping[str, Any]) -> bool:
+        """Call the chart's guard method with the arguments it declares."""
+        value = getattr(chart, self.name)(**{name: kwargs[name] for name in self.params})
+        return bool(value) == self.expected
+
+
+@attrs.frozen
+class Route:
+    """One transition of the chart: where it leads and the guards that must all hold.
+
+    ``internal`` is kept as the chart declares it; with no enter/exit callbacks (the
+    table refuses them) an internal transition and an external one do the same.
+    """
+
+    target: StateId
+    guards: tuple[Guard, ...]
+    internal: bool
+
+
+@attrs.frozen
+class Action:
+    """The chart's ``on_<event>`` method and the payload names it declares."""
+
+    name: str
+    params: tuple[str, ...]
+
+    def run(self, chart: RunLifecycle, kwargs: Mapping[str, Any]) -> None:
+        """Call the chart's action method with the arguments it declares."""
+        getattr(chart, self.name)(**{name: kwargs[name] for name in self.params})
+
+
+Chart = type[StateChart[Any]]
+"""A chart class the table is read from (``RunLifecycle``, or a variant in the tests)."""
+
+_ENGINE_OPTIONS = {"catch_errors_as_events": False, "allow_event_without_transition": False}
+"""Engine options the table assumes: errors propagate, an event no transition takes is
+refused (``TransitionNotAllowed``)."""
+
+_PARAMETER_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def _unsupported(chart: Chart, what: str) -> NoReturn:
+    raise InvalidDefinition(f"{chart.__name__}: {what}; the lifecycle table cannot step it")
+
+
+def _method(chart: Chart, name: str) -> Callable[..., object] | None:
+    """The plain function ``name`` of the chart, None when neither chart nor cell has it."""
+    if hasattr(_Cell, name):
+        _unsupported(chart, f"{name!r} is defined on the cell, where the engine would also call it")
+    found = inspect.getattr_static(chart, name, None)
+    if found is None:
+        return None
+    if not inspect.isfunction(found) or inspect.iscoroutinefunction(found):
+        _unsupported(chart, f"{name!r} is not a plain method")
+    return found
+
+
+def _params(
+    chart: Chart, name: str, method: Callable[..., object], given: frozenset[str]
+) -> tuple[str, ...]:
+    """The parameters of ``method`` after ``self``; each must be one of ``given``."""
+    params = list(inspect.signature(method).parameters.values())[1:]
+    for p in params:
+        if p.kind not in _PARAMETER_KINDS or p.name not in given:
+            _unsupported(chart, f"{name!r} takes {p}, which is not a payload name of its events")
+    return tuple(p.name for p in params)
+
+
+def _given(events: Iterable[str]) -> frozenset[str]:
+    """The names every one of ``events`` passes to its callbacks."""
+    sets = [EVENTS[e] | {"at"} for e in events]
+    return frozenset.intersection(*sets)
+
+
+def _guards(chart: Chart, transition: Any, events: list[str]) -> tuple[Guard, ...]:
+    guards = []
+    for spec in transition.cond:
+        name = spec.func
+        if spec.is_convention or not isinstance(name, str) or not name.isidentifier():
+            _unsupported(chart, f"guard {spec!s} of {transition} is not a method name")
+        method = _method(chart, name)
+        if method is None:
+            _unsupported(chart, f"guard {name!r} of {transition} is not a method of the chart")
+        guards.append(
+            Guard(name, _params(chart, name, method, _given(events)), spec.expected_value)
+        )
+    return tuple(guards)
+
+
+def _check_callbacks(
+    chart: Chart, specs: Iterable[Any], allowed: frozenset[str], owner: object
+) -> None:
+    """Only naming-convention callbacks the chart does not define, or ``allowed`` ones."""
+    for spec in specs:
+        if not spec.is_convention:
+            _unsupported(chart, f"{owner} declares the callback {spec.func!r}")
+        if spec.func not in allowed and _method(chart, spec.func) is not None:
+            _unsupported(chart, f"{owner} has the callback {spec.func!r}")
+
+
+def _check_state(chart: Chart, state: State) -> None:
+    if state.states or state.parallel or state.final or state.is_history:
+        _unsupported(chart, f"state {state.id!r} is nested, parallel, final or a history state")
+    if state.value not in STATE_IDS:
+        _unsupported(chart, f"state {state.id!r} has the value {state.value!r}, not a StateId")
+    _check_callbacks(chart, [*state.enter, *state.exit, *state.invoke], frozenset(), state)
+
+
+def _events_of(chart: Chart, transition: Any) -> list[str]:
+    events = [str(e) for e in transition.events]
+    if not events or any(e.delay for e in transition.events):
+        _unsupported(chart, f"{transition} has no event or a delayed one")
+    if unknown := set(events) - set(EVENTS):
+        _unsupported(chart, f"{transition} takes events missing from EVENTS: {sorted(unknown)}")
+    return events
+
+
+def _route(chart: Chart, transition: Any) -> tuple[list[str], Route]:
+    """The events that take ``transition`` and the route it becomes."""
+    events = _events_of(chart, transition)
+    if len(transition.targets) != 1 or list(transition.validators):
+        _unsupported(chart, f"{transition} has validators or not exactly one target")
+    _check_callbacks(chart, transition.before, frozenset(), transition)
+    _check_callbacks(chart, transition.after, frozenset(), transition)
+    _check_callbacks(chart, transition.on, frozenset(f"on_{e}" for e in events), transition)
+    guards = _guards(chart, transition, events)
+    route = Route(transition.target.value, guards, bool(transition.internal))
+    return events, route
+
+
+def _action(chart: Chart, event: str) -> Action | None:
+    name = f"on_{event}"
+    method = _method(chart, name)
+    if method is None:
+        return None
+    return Action(name, _params(chart, name, method, _given([event])))
+
+
+def _check_chart(chart: Chart) -> None:
+    for option, value in _ENGINE_OPTIONS.items():
+        if getattr(chart, option) != value:
+            _unsupported(chart, f"{option} is not {value}")
+    if chart._class_listeners:
+        _unsupported(chart, "it has class listeners")
+    _check_callbacks(chart, chart.prepare, frozenset(), "the chart")
+
+
+def derive_table(chart: Chart) -> dict[tuple[StateId, str], tuple[Route, ...]]:
+    """(state, event) -> the routes that event may take from that state, in order.
+
+    Raises ``InvalidDefinition`` if ``chart`` uses what the table cannot express.
+    """
+    _check_chart(chart)
+    table: dict[tuple[StateId, str], list[Route]] = {}
+    for state in chart.states:
+        _check_state(chart, state)
+        for transition in state.transitions:
+            if transition.initial:
+                continue
+            events, route = _route(chart, transition)
+            for event in events:
+                table.setdefault((state.value, event), []).append(route)
+    if {s.value for s in chart.states} != set(STATE_IDS):
+        _unsupported(chart, "its states are not STATE_IDS")
+    if {event for _, event in table} != set(EVENTS):
+        _unsupported(chart, "its events are not the ones in EVENTS")
+    return {key: tuple(routes) for key, routes in table.items()}
+
+
+TABLE: Mapping[tuple[StateId, str], tuple[Route, ...]] = MappingProxyType(
+    derive_table(RunLifecycle)
+)
+"""(state, event) -> the chart's transitions for that event from that state, in order."""
+
+ACTIONS: Mapping[str, Action | None] = MappingProxyType(
+    {e: _action(RunLifecycle, e) for e in EVENTS}
+)
+"""event -> the chart's ``on_<event>`` action (None if the chart has none)."""
+
+_ALLOWED: Mapping[StateId, tuple[str, ...]] = MappingProxyType(
+    {s: tuple(dict.fromkeys(e for (source, e) in TABLE if source == s)) for s in STATE_IDS}
+)
+
+
+class _NoRoute(Exception):
+    """No transition takes the event from the current state."""
+
+
+def _select(routes: tuple[Route, ...], chart: RunLifecycle, kwargs: Mapping[str, Any]) -> Route:
+    """The first route whose guards all hold (guards run in order, stopping at a miss)."""
+    for route in routes:
+        if all(guard.holds(chart, kwargs) for guard in route.guards):
+            return route
+    raise _NoRoute
+
+
+def _unbuilt_chart(cell: _Cell) -> RunLifecycle:
+    """A chart instance around ``cell`` whose ``__init__`` never ran: no engine, no
+    configuration. The table calls the chart's guards and actions on it; they read and
+    write only ``self.model``."""
+    chart = RunLifecycle.__new__(RunLifecycle)
+    chart.model = cell
+    return chart
+
+
+# -- the cell driver ---------------------------------------------------------------------
+
+
 class Lifecycle:
-    """One run's lifecycle machine, built once and reused for every transition.
+    """One run's lifecycle, built once and reused for every transition.
 
     ``apply`` sends one event and returns the next run (revision + 1) with the events
     to persist. A rejected or failing transition leaves the run exactly as it was.
+    Events are stepped through ``TABLE`` (see the module docstring).
     """
 
-    __slots__ = ("_cell", "_machine")
+    __slots__ = ("_cell", "_chart")
 
     def __init__(self, run: Run) -> None:
-        _check_state(run)
+        _check_run_state(run)
         self._cell = _Cell(run)
-        self._machine = RunLifecycle(model=self._cell)
+        self._chart = _unbuilt_chart(self._cell)
 
     @property
     def run(self) -> Run:
@@ -209,12 +460,12 @@ class Lifecycle:
 
     def reset(self, run: Run) -> None:
         """Point the machine at ``run`` (a reload, or undoing a transition whose commit failed)."""
-        _check_state(run)
+        _check_run_state(run)
         self._cell.reset(run)
 
     def allowed_events(self) -> list[str]:
         """Events the chart accepts from the current state (guards not evaluated)."""
-        return [e.id for e in self._machine.allowed_events]
+        return list(_ALLOWED[self._cell.state])
 
     def apply(
         self, event: str, *, join: bool = False, **payload: Any
@@ -225,16 +476,12 @@ class Lifecycle:
         transition joins the commit of the one before it (its events follow theirs).
         """
         before = self._cell.run
-        expected = EVENTS.get(event)
-        if expected is None:
-            raise InvalidTransition(event, before.state, "unknown event")
-        at = payload.pop("at", None) or utcnow()
-        if set(payload) != expected:
-            raise InvalidTransition(
-                event, before.state, f"payload must be {sorted(expected)}, got {sorted(payload)}"
-            )
+        at = _checked_at(event, before.state, payload)
         try:
-            self._machine.send(event, at=at, **payload)
+            self._step(event, at, payload)
+        except _NoRoute:
+            self._cell.reset(before)
+            raise InvalidTransition(event, before.state) from None
         except TransitionNotAllowed as exc:
             self._cell.reset(before)
             raise InvalidTransition(event, before.state) from exc
@@ -244,6 +491,19 @@ class Lifecycle:
         except BaseException:  # a bug in a transition: it surfaces as itself
             self._cell.reset(before)
             raise
+        return self._commit(before, at, join)
+
+    def _step(self, event: str, at: Any, payload: dict[str, Any]) -> None:
+        """Stage the transition in the cell: next run, its events, the target state."""
+        payload["at"] = at
+        route = _select(TABLE.get((self._cell.state, event), ()), self._chart, payload)
+        action = ACTIONS[event]
+        if action is not None:
+            action.run(self._chart, payload)
+        self._cell.state = route.target
+
+    def _commit(self, before: Run, at: Any, join: bool) -> tuple[Run, tuple[Event, ...]]:
+        """Fold the staged transition into the next run and number its events."""
         staged, self._cell.events = self._cell.events, []
         revision = before.revision if join else before.revision + 1
         seq = before.event_count
@@ -262,6 +522,39 @@ class Lifecycle:
         return run, events
 
 
-def _check_state(run: Run) -> None:
+class LibraryLifecycle(Lifecycle):
+    """``Lifecycle`` sending each event through python-statemachine's engine.
+
+    Slower to build and to step; kept as the reference ``TABLE`` is tested against.
+    """
+
+    __slots__ = ("_machine",)
+
+    def __init__(self, run: Run) -> None:
+        super().__init__(run)
+        self._machine = RunLifecycle(model=self._cell)
+
+    def allowed_events(self) -> list[str]:
+        """Events the engine accepts from the current state (guards not evaluated)."""
+        return [e.id for e in self._machine.allowed_events]
+
+    def _step(self, event: str, at: Any, payload: dict[str, Any]) -> None:
+        self._machine.send(event, at=at, **payload)
+
+
+def _checked_at(event: str, state: StateId, payload: dict[str, Any]) -> Any:
+    """Check ``event`` and its payload names; pops and returns ``at`` (now if missing)."""
+    expected = EVENTS.get(event)
+    if expected is None:
+        raise InvalidTransition(event, state, "unknown event")
+    at = payload.pop("at", None) or utcnow()
+    if set(payload) != expected:
+        raise InvalidTransition(
+            event, state, f"payload must be {sorted(expected)}, got {sorted(payload)}"
+        )
+    return at
+
+
+def _check_run_state(run: Run) -> None:
     if run.state not in STATE_IDS:
         raise CorruptCheckpoint(f"run {run.run_id!r} has unknown state {run.state!r}")

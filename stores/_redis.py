@@ -9,6 +9,10 @@ sorted set by update time) is kept right across clients killed mid-commit as
 ``_redis_index`` describes. Options in the query: ``prefix=...`` (default
 ``statekernel``); AUTH and TLS as in ``redis-py``.
 
+Commits that are ready at the same moment (of different runs) share one round trip:
+each is its own ``EVALSHA`` in one pipeline, its reply read on its own, so one
+script's error or refusal is that commit's outcome alone (``_group``).
+
 A commit can be fenced (``commit(checkpoint, fence=Fence(key, token))``): the script
 then also checks that ``key``, a key of the run's hash slot (``run_key``), holds
 ``token``, and refuses the commit with ``LeaseLost`` otherwise (workers use this).
@@ -63,6 +67,7 @@ from statekernel.stores._common import (
     checked_revision,
     micros,
 )
+from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._open import redact_url
 from statekernel.stores._redis_index import RunIndex
@@ -116,6 +121,20 @@ return {1, token}
 """
 
 
+_Outcome = tuple[int, int, bool]
+"""Of a commit script: its status, the revision it found, whether it was announced."""
+
+
+@attrs.frozen
+class _Script:
+    """A commit script waiting for its round trip."""
+
+    run_id: str
+    revision: int
+    keys: list[str]
+    args: list[Any]
+
+
 @attrs.frozen
 class _Known:
     """A head as stored: its revision and document bytes (the commit script checks both)."""
@@ -151,6 +170,7 @@ class RedisStore:
         self._known: HeadCache[_Known] = HeadCache()
         self._wire = Wire(self._client)
         self._runs = RunIndex(self._client, self.prefix, self._call, self._wire)
+        self._group: GroupCommit[_Script, _Outcome] = GroupCommit(self._scripts, self._failed)
 
     def __repr__(self) -> str:
         return f"RedisStore({redact_url(self.url)!r})"
@@ -159,8 +179,13 @@ class RedisStore:
         text = f"{type(exc).__name__}: {exc}"
         return text.replace(self._password, "***") if self._password else text
 
+    def _error(self, exc: BaseException) -> StoreError:
+        error = StoreError(f"Redis store {redact_url(self.url)!r}: {self._clean(exc)}")
+        error.__cause__ = exc
+        return error
+
     def _fail(self, exc: BaseException) -> NoReturn:
-        raise StoreError(f"Redis store {redact_url(self.url)!r}: {self._clean(exc)}") from exc
+        raise self._error(exc) from exc
 
     async def _call(self, work: Awaitable[T]) -> T:
         try:
@@ -309,7 +334,8 @@ class RedisStore:
             args += [key, value]
         if fence is not None:
             keys, args = [*keys, fence.key], [*args, fence.token]
-        status, actual, announced = await self._commit_script(run.run_id, run.revision, keys, args)
+        script = _Script(run.run_id, run.revision, keys, args)
+        status, actual, announced = await self._group.submit(script)
         if status == 3 and fence is not None:
             self._known.drop(run.run_id)
             raise LeaseLost(run.run_id, checkpoint.expected_revision, fence.token)
@@ -327,27 +353,44 @@ class RedisStore:
         if not announced:  # nothing would repair the index: move it now
             await self._runs.flush()
 
-    async def _commit_script(
-        self, run_id: str, revision: int, keys: list[str], args: list[Any]
-    ) -> tuple[int, int, bool]:
-        """Announce the commit to the run index and run the commit script: one round trip
-        (which also carries the index moves of the commits before). (status, revision
-        found, whether the announcement was written)."""
+    async def _scripts(self, batch: list[_Script]) -> list[_Outcome | Exception]:
+        """Run the commit scripts of a batch in one round trip, each announced to the run
+        index just before it (the round trip also carries the index moves of the commits
+        before). Per script: (status, revision found, whether the announcement was
+        written), or its own error; scripts the server lost are loaded and sent again."""
+        outcomes: list[_Outcome | Exception | None] = [None] * len(batch)
+        todo = list(range(len(batch)))
         for _ in range(2):
             commands: list[Command] = []
-            taken = self._runs.announce(commands, run_id, revision)
-            commands.append(("EVALSHA", self._script.sha, len(keys), *keys, *args))
+            taken = self._runs.take_moves(commands)
+            first = len(commands)
+            for i in todo:
+                script = batch[i]
+                commands.append(self._runs.announcement(script.run_id, script.revision))
+                keys, args = script.keys, script.args
+                commands.append(("EVALSHA", self._script.sha, len(keys), *keys, *args))
             results = await self._call(self._wire.round_trip(commands))
-            *moves, announced, outcome = results
-            await self._runs.settled(taken, moves, quiet=True)
-            if isinstance(outcome, NoScriptError):
-                await self._call(self._client.script_load(COMMIT_SCRIPT))
-                continue
-            if isinstance(outcome, Exception):
-                self._fail(outcome)
-            status, actual = outcome
-            return int(status), int(actual), not isinstance(announced, Exception)
-        raise StoreError(f"Redis store {redact_url(self.url)!r}: the commit script does not load")
+            await self._runs.settled(taken, results[:first], quiet=True)
+            lost = []
+            for n, i in enumerate(todo):
+                announced, outcome = results[first + 2 * n], results[first + 2 * n + 1]
+                if isinstance(outcome, NoScriptError):
+                    lost.append(i)
+                elif isinstance(outcome, Exception):
+                    outcomes[i] = self._error(outcome)
+                else:
+                    status, actual = outcome
+                    outcomes[i] = (int(status), int(actual), not isinstance(announced, Exception))
+            if not lost:
+                break
+            await self._call(self._client.script_load(COMMIT_SCRIPT))
+            todo = lost
+        unloaded = f"Redis store {redact_url(self.url)!r}: the commit script does not load"
+        return [StoreError(unloaded) if o is None else o for o in outcomes]
+
+    def _failed(self, exc: BaseException) -> BaseException:
+        """What each commit of a round trip that failed as a whole raises."""
+        return StoreError(str(exc)) if isinstance(exc, StoreError) else self._error(exc)
 
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None

@@ -47,16 +47,16 @@ class RunIndex:
         self._settle = client.register_script(SETTLE_SCRIPT)
         self._landed: dict[str, tuple[int, int]] = {}
 
-    def announce(
-        self, commands: list[Command], run_id: str, revision: int
-    ) -> dict[str, tuple[int, int]]:
-        """Add to ``commands``, before a commit script: the index moves of the commits
-        that landed since the last round trip (returned: their results go to
-        ``settled``), then the announcement of this commit."""
+    def take_moves(self, commands: list[Command]) -> dict[str, tuple[int, int]]:
+        """Add to ``commands`` the index moves of the commits that landed since the last
+        round trip; returned: their results go to ``settled``."""
         taken, self._landed = self._landed, {}
         commands += self._moves(taken)
-        commands.append(("ZADD", self.pending, "GT", revision, run_id))
         return taken
+
+    def announcement(self, run_id: str, revision: int) -> Command:
+        """The announcement of a commit, sent before its commit script."""
+        return ("ZADD", self.pending, "GT", revision, run_id)
 
     def _moves(self, moves: dict[str, tuple[int, int]]) -> list[Command]:
         """Per run: its index entry at its update time, then its announcement settled."""

@@ -7,7 +7,10 @@ transaction that checks the head revision, writes the head, its commit log entry
 new messages, turns and blobs.
 
 Every operation is one function run whole on the connection's thread
-(``_sqlite_ops``), so it costs one hop from the event loop. A store remembers the
+(``_sqlite_ops``), so it costs one hop from the event loop. Commits of different
+runs that are ready at the same moment share that hop, one transaction and one
+fsync (group commit: ``_group``, ``_sqlite_writer``), each with its own
+compare-and-set and outcome. A store remembers the
 head it last wrote or loaded per run; the commit's transaction checks that the
 stored (row id, revision) is still that head before it writes, and when not, the
 commit is encoded again on the head found (or refused with ``ConflictError``).
@@ -26,6 +29,7 @@ from typing import Any, TypeVar, cast
 from urllib.parse import parse_qsl, urlsplit
 
 import aiosqlite
+import attrs
 
 from statekernel._codec import (
     EncodedCommit,
@@ -43,7 +47,13 @@ from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._events import Event
 from statekernel._run import Run, StateId
 from statekernel._storage import Checkpoint, Lease, RunPage
-from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
+from statekernel.errors import (
+    ConfigError,
+    CorruptCheckpoint,
+    RunNotFound,
+    StatekernelError,
+    StoreError,
+)
 from statekernel.stores._common import (
     HeadCache,
     Prior,
@@ -52,6 +62,7 @@ from statekernel.stores._common import (
     checked_revision,
     micros,
 )
+from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._owners import HostLeases, LeaseChange, LeaseRecord
 from statekernel.stores._sqlite_ops import (
@@ -65,9 +76,9 @@ from statekernel.stores._sqlite_ops import (
     read_events,
     read_head,
     read_parts,
-    write_commit,
 )
 from statekernel.stores._sqlite_schema import migrate_schema
+from statekernel.stores._sqlite_writer import Outcome, Pending, write_commits
 
 __all__ = ["SQLiteStore"]
 
@@ -95,7 +106,8 @@ class SQLiteStore:
     """Runs in one SQLite database file; several processes may share it."""
 
     settles_on_cancel = True
-    """A cancelled commit has landed whole or not at all when the cancellation propagates."""
+    """A cancelled commit has landed whole or not at all when the cancellation propagates
+    (one still queued is not written; one being written is waited for)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -106,6 +118,7 @@ class SQLiteStore:
         self._heads: HeadCache[Stored] = HeadCache()
         folder = None if self.path == ":memory:" else Path(self.path + "-owners")
         self._leases = HostLeases(folder, self._apply)
+        self._group: GroupCommit[_Commit, Outcome] = GroupCommit(self._write, self._failed)
 
     def _error(self, exc: BaseException) -> StoreError:
         return StoreError(f"SQLite store {self.path!r}: {exc}")
@@ -153,11 +166,18 @@ class SQLiteStore:
         conn = await self._open()
         try:
             result: T = await cast(Any, conn)._execute(fn, self._raw, *args)
-        except (sqlite3.Error, UnicodeDecodeError) as exc:  # undecodable text in an error too
-            raise self._error(exc) from exc
-        except BadRow as exc:
-            raise CorruptCheckpoint(f"invalid data in SQLite store {self.path!r}: {exc}") from exc
+        except (sqlite3.Error, UnicodeDecodeError, BadRow) as exc:
+            raise self._typed(exc) from exc
         return result
+
+    def _typed(self, exc: Exception) -> Exception:
+        """A ``statekernel.errors`` exception for ``exc`` (itself if it is one already);
+        a value SQLite cannot store (an int beyond 64 bits) is a ``StoreError`` too."""
+        if isinstance(exc, StatekernelError):
+            return exc
+        if isinstance(exc, BadRow):
+            return CorruptCheckpoint(f"invalid data in SQLite store {self.path!r}: {exc}")
+        return self._error(exc)  # sqlite3 errors, undecodable text in an error message
 
     async def _shielded(self, work: Callable[[], Awaitable[T]]) -> T:
         """Run ``work`` to its end even if the caller is cancelled (no half transactions),
@@ -211,9 +231,10 @@ class SQLiteStore:
             yield item
 
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
-        """Land the checkpoint in one ``BEGIN IMMEDIATE`` transaction (compare-and-set,
-        and the lease check when ``lease`` is given)."""
-        await self._shielded(lambda: self._commit(checkpoint, lease))
+        """Land the checkpoint in a ``BEGIN IMMEDIATE`` transaction (compare-and-set, and
+        the lease check when ``lease`` is given), shared with the commits of other runs
+        that are ready at the same moment."""
+        await self._commit(checkpoint, lease)
 
     async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
         """Take the run's lease; a holder whose process died (its owner lock is free) is
@@ -243,11 +264,29 @@ class SQLiteStore:
             else:
                 enc = encode_commit(cp, known.head, known.refs)
                 expect = (known.key.rid, known.key.revision)
-            landed, stored = await self._call(write_commit, run_id, expect, _rows(cp, enc), lease)
-            if landed and stored is not None:
-                self._heads.put(run_id, Prior(stored, enc.head, enc.refs))
+            pending = Pending(run_id, expect, _rows(cp, enc), lease)
+            landed, stored = await self._group.submit(_Commit(pending, enc))
+            if landed:
                 return
             known = self._prior(run_id, stored)
+
+    async def _write(self, batch: list[_Commit]) -> list[Outcome | Exception]:
+        """Write a batch of commits in one transaction; remember the heads that landed."""
+        outcomes = await self._call(write_commits, [c.pending for c in batch])
+        for commit, outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                continue
+            landed, stored = outcome
+            if landed and stored is not None:
+                enc = commit.encoded
+                self._heads.put(commit.pending.run_id, Prior(stored, enc.head, enc.refs))
+        return [self._typed(o) if isinstance(o, Exception) else o for o in outcomes]
+
+    def _failed(self, exc: BaseException) -> BaseException:
+        """What each caller of a batch whose transaction failed gets."""
+        if isinstance(exc, StoreError):
+            return StoreError(str(exc))
+        return self._error(exc)
 
     def _prior(self, run_id: str, stored: Stored | None) -> Prior[Stored] | None:
         return None if stored is None else Prior(stored, self._head(stored, run_id))
@@ -307,6 +346,14 @@ class SQLiteStore:
             if conn is not None:
                 with contextlib.suppress(sqlite3.Error, ValueError):
                     await conn.close()
+
+
+@attrs.frozen
+class _Commit:
+    """A commit waiting for its batch, with its encoding (the head it remembers)."""
+
+    pending: Pending
+    encoded: EncodedCommit
 
 
 def _rows(cp: Checkpoint, enc: EncodedCommit) -> CommitRows:

@@ -2,9 +2,11 @@
 
 Every store operation is one of these functions, so it costs one hop to the
 database thread: ``BEGIN``, the statements, ``COMMIT`` (or ``ROLLBACK`` on any
-error). A run's row id (``runs.id``, AUTOINCREMENT, never reused) and revision
-name one exact head: a commit checks both under ``BEGIN IMMEDIATE`` before it
-writes, so a head remembered from an earlier call is as good as a fresh read.
+error). Commits are the exception: ``apply_commit`` writes one inside the
+transaction of a batch (``_sqlite_writer``). A run's row id (``runs.id``,
+AUTOINCREMENT, never reused) and revision name one exact head: a commit checks both
+under ``BEGIN IMMEDIATE`` before it writes, so a head remembered from an earlier
+call is as good as a fresh read.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ __all__ = [
     "CommitRows",
     "Stored",
     "Parts",
+    "apply_commit",
     "delete_run",
     "fetch_all",
     "lease_op",
@@ -32,7 +35,6 @@ __all__ = [
     "read_head",
     "read_parts",
     "transaction",
-    "write_commit",
 ]
 
 T = TypeVar("T")
@@ -140,7 +142,7 @@ def lease_op(
         conn.execute(f"PRAGMA synchronous = {int(sync)}")
 
 
-def write_commit(
+def apply_commit(
     conn: sqlite3.Connection,
     run_id: str,
     expect: tuple[int, int] | None,
@@ -148,32 +150,32 @@ def write_commit(
     fence: Lease | None = None,
 ) -> tuple[bool, Stored | None]:
     """Write ``rows`` if the run's (row id, revision) is ``expect`` (None: no run yet)
-    and ``fence`` (if any) is the run's current lease (else ``LeaseLost``).
+    and ``fence`` (if any) is the run's current lease (else ``LeaseLost``), inside the
+    caller's ``BEGIN IMMEDIATE`` transaction.
 
     Returns (True, the new head) when the commit landed, else (False, the stored
     head it found instead), having written nothing.
     """
-    with transaction(conn, "BEGIN IMMEDIATE"):
-        if fence is not None:
-            check_fence(_lease(conn, run_id), fence, rows.revision - 1)
-        found = conn.execute("SELECT id, revision FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        if (None if found is None else tuple(found)) != expect:
-            return False, _stored(conn, run_id)
-        if found is None:
-            cursor = conn.execute(
-                "INSERT INTO runs (revision, state, model, turns, created_at, updated_at,"
-                " updated_us, head, run_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (*rows.columns, run_id),
-            )
-            rid = int(cursor.lastrowid or 0)
-        else:
-            rid = found[0]
-            conn.execute(
-                "UPDATE runs SET revision = ?, state = ?, model = ?, turns = ?, created_at = ?,"
-                " updated_at = ?, updated_us = ?, head = ? WHERE id = ?",
-                (*rows.columns, rid),
-            )
-        _write_parts(conn, rid, rows)
+    if fence is not None:
+        check_fence(_lease(conn, run_id), fence, rows.revision - 1)
+    found = conn.execute("SELECT id, revision FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    if (None if found is None else tuple(found)) != expect:
+        return False, _stored(conn, run_id)
+    if found is None:
+        cursor = conn.execute(
+            "INSERT INTO runs (revision, state, model, turns, created_at, updated_at,"
+            " updated_us, head, run_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (*rows.columns, run_id),
+        )
+        rid = int(cursor.lastrowid or 0)
+    else:
+        rid = found[0]
+        conn.execute(
+            "UPDATE runs SET revision = ?, state = ?, model = ?, turns = ?, created_at = ?,"
+            " updated_at = ?, updated_us = ?, head = ? WHERE id = ?",
+            (*rows.columns, rid),
+        )
+    _write_parts(conn, rid, rows)
     return True, Stored(rid, rows.revision, rows.columns[-1])
 
 

@@ -12,7 +12,7 @@ import attrs
 from statekernel._events import Event
 from statekernel._messages import Message, ModelRequest, ModelResult, ToolCall
 from statekernel._run import Run, StateId, ToolCallRecord, Turn
-from statekernel._storage import Checkpoint, CheckpointStore
+from statekernel._storage import Checkpoint, CheckpointStore, Lease
 from statekernel.errors import ConflictError, InvalidArgument, LeaseLost, RunBusy, RunNotFound
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -338,3 +338,70 @@ async def check_leases(store: CheckpointStore) -> None:
     await store.release(second)  # giving up a lease that moved on changes nothing
     await _raises(RunBusy, store.acquire(run.run_id, "owner-a", ttl=30), "after a stale release")
     await store.release(third)
+
+
+async def check_group_commit(store: CheckpointStore) -> None:
+    """Many commits of different runs at once, some refused (stale revision, stale lease,
+    a run that exists or does not): each caller gets exactly the outcome of its own
+    commit, and each run's head and events are what its own commits left."""
+    kinds = ("lands", "stale", "leased", "lease lost", "create", "exists", "no run")
+    refused: dict[str, type[Exception]] = {
+        "stale": ConflictError, "exists": ConflictError, "no run": ConflictError,
+        "lease lost": LeaseLost,
+    }  # fmt: skip
+    heads: dict[str, Run] = {}
+    seqs: dict[str, int] = {}  # events committed per run
+    leases: dict[str, tuple[Lease, Lease]] = {}  # run -> (lease that moved on, current)
+    for i in range(42):
+        run = sample_run(f"group-{i}", turns=i % 3)
+        await store.commit(Checkpoint.between(None, run, events_for(run, 1, 0)))
+        heads[run.run_id], seqs[run.run_id] = run, 1
+        if i % 2:
+            old = await store.acquire(run.run_id, f"old-{i}", ttl=30)
+            await store.release(old)
+            leases[run.run_id] = (old, await store.acquire(run.run_id, f"new-{i}", ttl=30))
+    for round_ in range(3):
+        commits: list[tuple[str, type[Exception] | None, Awaitable[None]]] = []
+        for i, (run_id, run) in enumerate(list(heads.items())):
+            kind = kinds[(i + round_) % len(kinds)]
+            held = leases.get(run_id)
+            if kind in ("leased", "lease lost") and held is None:
+                kind = "lands"
+            nxt = next_revision(run, messages=(*run.messages, Message.user(f"{run_id}/{round_}")))
+            cp = Checkpoint.between(run, nxt, events_for(nxt, 2, seqs[run_id]))
+            lease = None if held is None else held[1]
+            fresh = sample_run(f"group-new-{round_}-{i}", turns=1)
+            target = run_id
+            if kind == "stale":  # another commit moves the head first
+                await store.commit(cp, lease=lease)
+                heads[run_id], seqs[run_id] = nxt, seqs[run_id] + 2
+                cp = Checkpoint.between(run, next_revision(run, context={"late": True}))
+            elif kind == "lease lost":
+                lease = None if held is None else held[0]
+            elif kind == "create":
+                cp, target = Checkpoint.between(None, fresh, events_for(fresh, 1, 0)), fresh.run_id
+                lease = None
+            elif kind == "exists":
+                cp, lease = Checkpoint.between(None, attrs.evolve(run, context={"x": 1})), None
+            elif kind == "no run":
+                cp, target = Checkpoint.between(fresh, next_revision(fresh)), fresh.run_id
+                lease = None
+            want = refused.get(kind)
+            if want is None:
+                heads[target] = cp.run
+                seqs[target] = seqs.get(target, 0) + len(cp.events)
+            commits.append((target, want, store.commit(cp, lease=lease)))
+        results = await asyncio.gather(*(c for _, _, c in commits), return_exceptions=True)
+        for (run_id, want, _), got in zip(commits, results, strict=True):
+            if want is None:
+                assert got is None, f"round {round_}: commit of {run_id} failed: {got!r}"
+            else:
+                assert isinstance(got, want), f"round {round_}: {run_id} got {got!r}, not {want}"
+                assert getattr(got, "run_id", run_id) == run_id, f"{got!r} names another run"
+        for run_id, run in heads.items():
+            assert await store.load(run_id) == run, f"round {round_}: head of {run_id}"
+    for run_id, count in seqs.items():
+        events = await store.events(run_id)
+        assert [e.seq for e in events] == list(range(count)), f"events of {run_id}"
+    for _, lease in leases.values():
+        await store.release(lease)

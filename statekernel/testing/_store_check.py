@@ -33,6 +33,7 @@ async def check_store(factory: StoreFactory, *, examples: int = 25) -> list[str]
         ("revisions that are not ints", c.check_bad_revision),
         ("compare-and-set", c.check_compare_and_set),
         ("concurrent committers", c.check_concurrent_committers),
+        ("concurrent commits of many runs", c.check_group_commit),
         ("past revisions", c.check_past_revisions),
         ("events after a revision", c.check_events),
         ("10,000 events on one run", c.check_many_events),

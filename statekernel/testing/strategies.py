@@ -7,6 +7,7 @@ but also odd ones, so both the common and the rare shapes round-trip.
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -15,6 +16,7 @@ import attrs
 from hypothesis import strategies as st
 
 from statekernel._events import PERSISTED_EVENTS, Event
+from statekernel._lifecycle import EVENTS, RunLifecycle
 from statekernel._messages import (
     ContentPart,
     ImagePart,
@@ -28,7 +30,15 @@ from statekernel._messages import (
     ToolSpec,
     Usage,
 )
-from statekernel._run import STATE_IDS, FailureInfo, PauseInfo, Run, ToolCallRecord, Turn
+from statekernel._run import (
+    STATE_IDS,
+    FailureInfo,
+    PauseInfo,
+    Run,
+    StateId,
+    ToolCallRecord,
+    Turn,
+)
 
 __all__ = [
     "MODEL_ANSWER_TOOLS",
@@ -38,6 +48,9 @@ __all__ = [
     "datetimes",
     "events",
     "json_values",
+    "lifecycle_payloads",
+    "lifecycle_runs",
+    "lifecycle_steps",
     "messages",
     "model_answers",
     "model_requests",
@@ -50,10 +63,14 @@ __all__ = [
     "usages",
 ]
 
+LifecycleStep = tuple[Run, str, dict[str, Any], bool]
+"""A run, an event, its payload (``at`` included) and ``join``."""
+
 _IDS = st.text(st.characters(codec="utf-8"), min_size=1, max_size=12)
 _STATES = st.sampled_from(STATE_IDS)
 
 
+@functools.cache
 def texts(max_size: int = 40) -> st.SearchStrategy[str]:
     """Text of any Unicode (no lone surrogates), sometimes long enough to be stored apart."""
     short = st.text(st.characters(codec="utf-8"), max_size=max_size)
@@ -61,6 +78,7 @@ def texts(max_size: int = 40) -> st.SearchStrategy[str]:
     return st.one_of(short, short, long)
 
 
+@functools.cache
 def datetimes() -> st.SearchStrategy[datetime]:
     """Aware datetimes, mostly UTC, sometimes with another offset."""
     plain = st.datetimes(
@@ -84,6 +102,7 @@ _SCALARS = st.one_of(
 )
 
 
+@functools.cache
 def json_values(max_leaves: int = 12) -> st.SearchStrategy[Any]:
     """JSON values (dicts with str keys, lists), including keys that look like markers."""
     return st.recursive(
@@ -95,11 +114,13 @@ def json_values(max_leaves: int = 12) -> st.SearchStrategy[Any]:
     )
 
 
+@functools.cache
 def _arguments() -> st.SearchStrategy[str]:
     as_json = st.dictionaries(st.text(max_size=6), json_values(4), max_size=3).map(json.dumps)
     return st.one_of(as_json, as_json, texts(), st.just(""), st.just("[1, 2"))
 
 
+@functools.cache
 def content_parts() -> st.SearchStrategy[ContentPart]:
     """Every kind of content part."""
     opt = st.none() | texts()
@@ -112,6 +133,7 @@ def content_parts() -> st.SearchStrategy[ContentPart]:
     )
 
 
+@functools.cache
 def messages() -> st.SearchStrategy[Message]:
     """Messages of every role with 0-3 parts."""
     roles = st.sampled_from(["system", "user", "assistant", "tool"])
@@ -120,6 +142,7 @@ def messages() -> st.SearchStrategy[Message]:
     )
 
 
+@functools.cache
 def usages() -> st.SearchStrategy[Usage]:
     """Token counts."""
     n = st.integers(0, 10**9)
@@ -313,6 +336,7 @@ MODEL_ANSWER_TOOLS = ("echo", "flaky")
 """Tools that ``model_answers`` names (besides unknown and empty names)."""
 
 
+@functools.cache
 def _odd_arguments() -> st.SearchStrategy[str]:
     odd = st.sampled_from(
         ['{"a": NaN}', '{"a": 1e999}', '{"a": 18446744073709551616}', "[]", "null", '"x"']
@@ -321,6 +345,7 @@ def _odd_arguments() -> st.SearchStrategy[str]:
     return st.one_of(_arguments(), odd, deep)
 
 
+@functools.cache
 def model_tool_calls() -> st.SearchStrategy[ToolCall]:
     """Tool calls as a model may write them: repeated, empty or odd ids, unknown or
     empty tool names, arguments that are not JSON objects or cannot be stored."""
@@ -332,15 +357,21 @@ def model_tool_calls() -> st.SearchStrategy[ToolCall]:
 def model_answers(max_calls: int = 4) -> st.SearchStrategy[ModelResult | None]:
     """One model answer: text or none, and 0-``max_calls`` tool calls; None stands for
     a model call that fails (``ProviderUnavailable``)."""
-    answer = st.builds(
+    answer = _answers(0, max_calls)
+    return st.one_of(answer, answer, answer, st.none())
+
+
+@functools.cache
+def _answers(min_calls: int, max_calls: int) -> st.SearchStrategy[ModelResult]:
+    """Model answers with text or none and ``min_calls``-``max_calls`` tool calls."""
+    return st.builds(
         lambda text, calls: ModelResult(
             Message.assistant(text, tool_calls=calls),
             finish_reason="tool_calls" if calls else "stop",
         ),
         st.one_of(st.just(""), texts(12)),
-        st.lists(model_tool_calls(), max_size=max_calls),
+        st.lists(model_tool_calls(), min_size=min_calls, max_size=max_calls),
     )
-    return st.one_of(answer, answer, answer, st.none())
 
 
 def api_calls() -> st.SearchStrategy[str]:
@@ -349,3 +380,167 @@ def api_calls() -> st.SearchStrategy[str]:
     return st.sampled_from(
         ["run", "run", "resume", "retry", "send", "resolve_output", "resolve_error", "rerun"]
     )
+
+
+# -- lifecycle steps: a run, an event and its payload ---------------------------------
+
+
+_ACTIVE: tuple[StateId, ...] = ("preparing_turn", "calling_model", "dispatching_tools")
+_RETURNS_TO = st.sampled_from([*_ACTIVE, *_ACTIVE, *STATE_IDS])
+"""Where a pause or failure returns: mostly a state it can return to, sometimes not."""
+
+_TURN_SHAPES: dict[str, str] = {"calling_model": "asking", "dispatching_tools": "dispatching"}
+"""The turn in progress a run in that state has (no turn in the other states)."""
+
+
+_PLACES = ("pending", "in_flight", "completed")
+
+
+@st.composite
+def _dispatching_turn(draw: st.DrawFn, transcript: tuple[Message, ...], index: int) -> Turn:
+    """A turn whose answer has tool calls, each pending, in flight or completed (half
+    the time all completed: the turn can close)."""
+    result = draw(_answers(1, 3))
+    inputs = st.none() | json_values(3)
+    records = [ToolCallRecord(c.id, c.name, c.arguments, draw(inputs)) for c in result.tool_calls]
+    closing = draw(st.booleans())
+    places = st.just("completed") if closing else st.sampled_from(list(_PLACES))
+    lists: dict[str, list[ToolCallRecord]] = {"pending": [], "in_flight": [], "completed": []}
+    for record in records:
+        lists[draw(places)].append(record)
+    return Turn(
+        index=index,
+        request=draw(model_requests(transcript)),
+        result=result,
+        model_attempts=draw(st.integers(1, 2)),
+        pending=tuple(lists["pending"]),
+        in_flight=tuple(lists["in_flight"]),
+        completed=tuple(lists["completed"]),
+    )
+
+
+def _turn_shaped(shape: str, transcript: tuple[Message, ...], index: int) -> Any:
+    if shape == "asking":
+        request = model_requests(transcript)
+        return st.builds(Turn, st.just(index), request, model_attempts=st.integers(0, 2))
+    if shape == "dispatching":
+        return _dispatching_turn(transcript, index)
+    return st.none()
+
+
+@st.composite
+def lifecycle_runs(draw: st.DrawFn, state: StateId | None = None) -> Run:
+    """A small run resting in ``state`` (any when None), mostly shaped as the state
+    expects (a turn asking the model, a turn dispatching calls, pause or failure info)
+    and sometimes not; a pause or failure returns to any state, mostly an active one."""
+    at: StateId = draw(_STATES) if state is None else state
+    transcript = tuple(draw(st.lists(messages(), max_size=3)))
+    done = tuple(draw(st.lists(turns(transcript), max_size=1)))
+    expected = _TURN_SHAPES.get(at, "none")
+    shapes = [expected, expected, expected, "none", "asking", "dispatching"]
+    shape = draw(st.sampled_from(shapes))
+    pause = st.builds(PauseInfo, texts(8), _RETURNS_TO, st.one_of(st.just({}), json_values(3)))
+    failure = st.builds(FailureInfo, _IDS, texts(8), _RETURNS_TO)
+    return Run(
+        run_id=draw(_IDS),
+        model="scripted/test",
+        revision=draw(st.integers(0, 3)),
+        state=at,
+        messages=transcript,
+        turns=done,
+        current_turn=draw(_turn_shaped(shape, transcript, len(done))),
+        pause=draw(_mostly(pause, at == "paused")),
+        failure=draw(_mostly(failure, at == "failed")),
+        max_turns=draw(st.none() | st.integers(1, 100)),
+        pending_pause=draw(st.none() | pause),
+        event_count=draw(st.integers(0, 5)),
+    )
+
+
+def _mostly(values: st.SearchStrategy[Any], expected: bool) -> st.SearchStrategy[Any]:
+    """``values`` or None: mostly a value when ``expected``, mostly None otherwise."""
+    if expected:
+        return st.one_of(values, values, values, st.none())
+    return st.one_of(st.none(), st.none(), values)
+
+
+def _call_ids(run: Run) -> st.SearchStrategy[list[str]]:
+    """Ids of the current turn's calls (unknown ones sometimes), none to three of them."""
+    turn = run.current_turn
+    known = [r.id for r in (*turn.pending, *turn.in_flight, *turn.completed)] if turn else []
+    if not known:
+        return st.lists(_IDS, max_size=2)
+    ids = st.sampled_from(known)
+    return st.lists(st.one_of(ids, ids, ids, _IDS), min_size=1, max_size=3) | st.just([])
+
+
+def _finishing() -> dict[str, st.SearchStrategy[Any]]:
+    """``finish`` and ``then_pause``: every combination of set and unset."""
+    pause = st.builds(PauseInfo, texts(8), _STATES, st.just({}))
+    return {
+        "finish": st.none() | st.sampled_from(["stop", "max_turns"]),
+        "then_pause": st.none() | pause,
+    }
+
+
+def _results(run: Run) -> st.SearchStrategy[ModelResult]:
+    """Model results with and without tool calls."""
+    return st.one_of(_answers(0, 0), _answers(1, 3), model_results(run.messages))
+
+
+def lifecycle_payloads(event: str, run: Run) -> st.SearchStrategy[dict[str, Any]]:
+    """A payload for ``event`` sent to ``run`` (without ``at``), mostly one the transition
+    accepts; call ids and results refer to the run's current turn or not."""
+    fields: dict[str, dict[str, st.SearchStrategy[Any]]] = {
+        "start": {},
+        "turn_prepared": {"request": model_requests(run.messages)},
+        "model_started": {},
+        "model_completed": {"result": _results(run), **_finishing()},
+        "tool_call_started": {"call_ids": _call_ids(run), "call_input": json_values(4)},
+        "tool_call_completed": {
+            "call_ids": _call_ids(run),
+            "output": json_values(4),
+            "error": st.none() | texts(12),
+            "resolved": st.booleans(),
+        },
+        "tools_completed": _finishing(),
+        "pause": {"reason": texts(12), "metadata": st.just({}) | json_values(3)},
+        "resume": {"value": json_values(3), "max_turns": st.none() | st.integers(1, 50)},
+        "fail": {"error": _IDS, "message": texts(12)},
+        "retry": {},
+        "input": {"messages": st.lists(messages(), max_size=2)},
+    }
+    return st.fixed_dictionaries(fields.get(event, {}))
+
+
+def _declared_events(state: str) -> list[str]:
+    chart_state = next(s for s in RunLifecycle.states if s.value == state)
+    return sorted({str(e) for t in chart_state.transitions for e in t.events})
+
+
+def _spoiled(payload: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """``payload`` with a name missing or one too many (or as it is)."""
+    missing = [{k: v for k, v in payload.items() if k != name} for name in payload]
+    extra = {**payload, "state": "completed"}
+    return st.sampled_from([payload, extra, *missing])
+
+
+@st.composite
+def lifecycle_steps(
+    draw: st.DrawFn, state: StateId | None = None, event: str | None = None
+) -> LifecycleStep:
+    """A run (in ``state`` when given), an event (``event`` when given), its payload with
+    ``at``, and ``join``.
+
+    The event is mostly one the chart declares from the run's state; sometimes any
+    event or an unknown one. One payload in eight has a name missing or one too many.
+    """
+    run = draw(lifecycle_runs(state))
+    if event is None:
+        declared = st.sampled_from(_declared_events(run.state))
+        anything = st.sampled_from([*sorted(EVENTS), "explode"])
+        event = draw(st.one_of(declared, declared, declared, anything))
+    payload = draw(lifecycle_payloads(event, run))
+    if draw(st.integers(0, 7)) == 0:
+        payload = draw(_spoiled(payload))
+    return run, event, {**payload, "at": draw(datetimes())}, draw(st.booleans())

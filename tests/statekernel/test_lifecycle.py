@@ -6,7 +6,12 @@ import itertools
 from typing import Any
 
 import attrs
+import hypothesis
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from statemachine import State, StateChart
+from statemachine.exceptions import InvalidDefinition
 
 from statekernel import (
     STATE_IDS,
@@ -22,8 +27,10 @@ from statekernel import (
     Turn,
     _transitions,
 )
-from statekernel._lifecycle import EVENTS
+from statekernel._lifecycle import EVENTS, TABLE, LibraryLifecycle, derive_table
+from statekernel._run import StateId
 from statekernel.errors import CorruptCheckpoint, InvalidTransition
+from statekernel.testing.strategies import LifecycleStep, lifecycle_payloads, lifecycle_steps
 
 ACTIVE = ("preparing_turn", "calling_model", "dispatching_tools")
 RETURNABLE = ACTIVE
@@ -236,3 +243,156 @@ def test_input_closes_an_interrupted_turn_with_not_run_results() -> None:
     assert [m.role for m in nxt.messages] == ["user", "assistant", "tool", "user"]
     assert nxt.messages[2].content[0].is_error  # type: ignore[union-attr]
     assert [e.type for e in events] == ["turn_completed", "input_received"]
+
+
+# -- the table against python-statemachine's engine -----------------------------------
+
+DIFFERENTIAL = settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+def outcome(lc: Lifecycle, event: str, payload: dict[str, Any], join: bool) -> tuple[Any, ...]:
+    """What applying the event gives: the next run and its events, or the error."""
+    before = lc.run
+    try:
+        run, events = lc.apply(event, join=join, **payload)
+    except Exception as exc:
+        assert lc.run is before, "a rejected transition changed the run"
+        return ("raised", type(exc), str(exc))
+    assert lc.run is run
+    return ("applied", run, events)
+
+
+def assert_engines_agree(step: LifecycleStep) -> None:
+    """The table and the library's engine give the same run, events or error."""
+    run, event, payload, join = step
+    table, engine = Lifecycle(run), LibraryLifecycle(run)
+    assert table.allowed_events() == engine.allowed_events()
+    got = outcome(table, event, payload, join)
+    assert got == outcome(engine, event, payload, join)
+    assert table.run == engine.run
+    hypothesis.event(f"{event} -> {got[1].state if got[0] == 'applied' else got[1].__name__}")
+
+
+@pytest.mark.parametrize(("state", "event"), sorted(DECLARED))
+@DIFFERENTIAL
+@given(data=st.data())
+def test_table_and_engine_agree_on_every_guard_outcome(
+    state: StateId, event: str, data: st.DataObject
+) -> None:
+    assert_engines_agree(data.draw(lifecycle_steps(state, event)))
+
+
+@pytest.mark.parametrize("state", STATE_IDS)
+@DIFFERENTIAL
+@given(data=st.data())
+def test_table_and_engine_agree_on_any_event(state: StateId, data: st.DataObject) -> None:
+    assert_engines_agree(data.draw(lifecycle_steps(state)))
+
+
+@pytest.mark.parametrize("engine", [Lifecycle, LibraryLifecycle])
+@pytest.mark.parametrize(
+    ("raised", "surfaces_as"),
+    [(TypeError("bug in the guard"), TypeError), (_transitions.Refused("no"), InvalidTransition)],
+)
+def test_a_failing_guard_leaves_the_run_unchanged(
+    engine: type[Lifecycle],
+    raised: Exception,
+    surfaces_as: type[Exception],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(self: RunLifecycle, result: ModelResult) -> bool:
+        raise raised
+
+    monkeypatch.setattr(RunLifecycle, "has_tool_calls", broken)
+    run = run_in("calling_model")
+    lc = engine(run)
+    with pytest.raises(surfaces_as):
+        lc.apply("model_completed", **payload("model_completed", run))
+    assert lc.run is run
+
+
+@DIFFERENTIAL
+@given(first=lifecycle_steps(), data=st.data())
+def test_table_and_engine_agree_along_a_run(first: LifecycleStep, data: st.DataObject) -> None:
+    run, event, payload, join = first
+    table, engine = Lifecycle(run), LibraryLifecycle(run)
+    for _ in range(6):
+        assert outcome(table, event, payload, join) == outcome(engine, event, payload, join)
+        assert table.run == engine.run
+        assert table.allowed_events() == engine.allowed_events()
+        allowed = table.allowed_events() or sorted(EVENTS)
+        event = data.draw(st.sampled_from(allowed) | st.sampled_from(sorted(EVENTS)))
+        payload = {**data.draw(lifecycle_payloads(event, table.run)), "at": run.created_at}
+        join = data.draw(st.booleans())
+
+
+def test_the_table_holds_every_transition_of_the_chart_in_order() -> None:
+    got: dict[tuple[str, str], list[str]] = {}
+    for (state, event), routes in TABLE.items():
+        got[(state, event)] = [r.target for r in routes]
+    assert {k: set(v) for k, v in got.items()} == DECLARED
+    assert got[("calling_model", "model_completed")] == [
+        "dispatching_tools",
+        "completed",
+        "preparing_turn",
+    ]
+    assert [g.name for g in TABLE[("calling_model", "model_completed")][0].guards] == [
+        "has_tool_calls"
+    ]
+
+
+def _chart(**transition: Any) -> type[StateChart[Any]]:
+    """A two-state chart whose ``start`` transition takes ``transition``'s options."""
+
+    class Small(StateChart[Any]):
+        catch_errors_as_events = False
+        allow_event_without_transition = False
+        init = State(value="init", initial=True)
+        preparing_turn = State(value="preparing_turn")
+        start = init.to(preparing_turn, **transition)
+        fail = preparing_turn.to(init)
+
+        def ok(self) -> bool:
+            return True
+
+        def other(self) -> bool:
+            return True
+
+        def needs_source(self, source: object) -> bool:
+            return True
+
+    return Small
+
+
+class _EntryAction(RunLifecycle):
+    def on_enter_paused(self) -> None:
+        pass
+
+
+class _BeforeAction(RunLifecycle):
+    def before_start(self) -> None:
+        pass
+
+
+class _CatchingErrors(RunLifecycle):
+    catch_errors_as_events = True
+
+
+@pytest.mark.parametrize(
+    ("chart", "complaint"),
+    [
+        (_EntryAction, "callback 'on_enter_paused'"),
+        (_BeforeAction, "callback 'before_start'"),
+        (_CatchingErrors, "catch_errors_as_events"),
+        (_chart(validators="ok"), "validators"),
+        (_chart(cond="ok and other"), "not a method name"),
+        (_chart(cond="needs_source"), "not a payload name"),
+        (_chart(on="ok"), "declares the callback 'ok'"),
+        (_chart(cond="ok"), "states are not STATE_IDS"),
+    ],
+)
+def test_a_chart_the_table_cannot_step_is_refused(chart: Any, complaint: str) -> None:
+    with pytest.raises(InvalidDefinition, match=complaint):
+        derive_table(chart)

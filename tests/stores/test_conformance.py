@@ -34,4 +34,4 @@ def factory_for(kind: str, tmp_path: Path, request: pytest.FixtureRequest):  # t
 @pytest.mark.parametrize("kind", KINDS)
 async def test_store_conformance(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     names = await check_store(factory_for(kind, tmp_path, request), examples=30)
-    assert len(names) == 14
+    assert len(names) == 15
