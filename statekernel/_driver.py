@@ -31,6 +31,7 @@ import attrs
 from statekernel import _hooks as hk
 from statekernel._dispatch import identical_group, next_startable
 from statekernel._events import Event
+from statekernel._lifecycle import Lifecycle
 from statekernel._messages import JSON, ModelRequest, ModelResult
 from statekernel._middleware import ModelCall, ToolInvocation, chain
 from statekernel._model import ReasoningDelta, ResultBuilder, TextDelta, ToolCallDelta, UsageUpdate
@@ -82,10 +83,10 @@ class RunDriver:
         """The run's lease this driver commits under (None: unfenced, for new runs)."""
         self.lost = False
         """True once the lease was found to have moved on: the driver must stop."""
-        self.lc = kernel.lifecycle(run)
+        self.lc = Lifecycle(run)
         self.lock = asyncio.Lock()
         self.users = 0
-        """Drives that hold this driver (the kernel reuses its machine when none does)."""
+        """Drives that hold this driver."""
         self.model_claim: int | None = None
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.names: dict[str, str] = {}

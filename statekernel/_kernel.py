@@ -66,7 +66,6 @@ from statekernel._dispatch import DispatchPolicy
 from statekernel._driver import UNCERTAIN, RunDriver
 from statekernel._events import Event
 from statekernel._hooks import Hooks, check_hooks
-from statekernel._lifecycle import Lifecycle
 from statekernel._messages import JSON, Message
 from statekernel._middleware import Middleware
 from statekernel._model import ModelProvider
@@ -93,8 +92,6 @@ __all__ = ["Kernel"]
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _MISSING: Any = object()
-_MACHINES_KEPT = 64
-"""Lifecycle machines a kernel keeps for reuse (one per run driven at once is plenty)."""
 
 
 def _resolve_store(store: CheckpointStore | str | None) -> tuple[CheckpointStore, bool]:
@@ -158,21 +155,6 @@ class Kernel:
         self.dispatch = dispatch if dispatch is not None else DispatchPolicy()
         self.max_turns = max_turns
         self._drivers: dict[str, RunDriver] = {}
-        self._machines: list[Lifecycle] = []
-
-    def lifecycle(self, run: Run) -> Lifecycle:
-        """A lifecycle machine at ``run``: one that a finished drive gave back, or a new one
-        (building a machine costs more than several transitions)."""
-        if self._machines:
-            machine = self._machines.pop()
-            machine.reset(run)
-            return machine
-        return Lifecycle(run)
-
-    def _give_back(self, driver: RunDriver) -> None:
-        """Keep the machine of a driver that nothing uses any more, for the next drive."""
-        if len(self._machines) < _MACHINES_KEPT:
-            self._machines.append(driver.lc)
 
     async def __aenter__(self) -> Kernel:
         return self
@@ -316,7 +298,6 @@ class Kernel:
             driver.users -= 1
             if not driver.users and not driver.busy and self._drivers.get(run_id) is not driver:
                 await self._release(driver)
-                self._give_back(driver)
 
     async def _claim(self, run_id: str) -> tuple[RunDriver, bool]:
         """This kernel's driver of the run, holding the run's lease; True if just built.
@@ -424,8 +405,6 @@ class Kernel:
         finally:
             if owned and lease is not None:
                 await self._release_lease(lease)
-        if not driver.busy:
-            self._give_back(driver)
 
     # -- acting on a run ---------------------------------------------------------
 

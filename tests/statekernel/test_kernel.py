@@ -350,34 +350,3 @@ async def test_commands_inside_the_event_loop_do_not_deadlock(make_kernel: MakeK
     assert (await kernel.get(run.run_id)).state == "dispatching_tools"
     await drain(kernel, run.run_id)
     assert (await kernel.get(run.run_id)).state == "completed"
-
-
-async def test_finished_drives_hand_their_machine_to_the_next(
-    make_kernel: MakeKernel, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    built: list[str] = []
-    original = sk.Lifecycle.__init__
-
-    def counting(self: sk.Lifecycle, run: sk.Run) -> None:
-        built.append(run.run_id)
-        original(self, run)
-
-    monkeypatch.setattr(sk.Lifecycle, "__init__", counting)
-    kernel, _, _ = make_kernel([call("echo", {"text": "a"}), "done"], tools=[echo])
-    first, second = await start(kernel), await start(kernel)
-    await asyncio.gather(drain(kernel, first.run_id), drain(kernel, second.run_id))
-    assert len(built) == 2, "two runs driven at once need two machines"
-    for _ in range(3):
-        run = await start(kernel)
-        await drain(kernel, run.run_id)
-        final = await kernel.get(run.run_id)
-        assert (final.state, len(final.turns)) == ("completed", 2)
-    assert len(built) == 2, "a run driven after others finished built a new machine"
-    paused = await start(kernel, max_turns=1)
-    await drain(kernel, paused.run_id)
-    resumed = await kernel.get(paused.run_id)
-    assert (resumed.state, resumed.pause and resumed.pause.reason) == ("paused", "max_turns")
-    await kernel.resume(paused.run_id, max_turns=5)
-    await drain(kernel, paused.run_id)
-    assert (await kernel.get(paused.run_id)).state == "completed"
-    assert len(built) == 2, "commands and resumed drives reuse machines too"
