@@ -1,4 +1,4 @@
-"""Kernel overhead per turn and per transition on the memory store.
+"""Kernel overhead per turn and per commit on the memory store.
 
 Each turn: the scripted model returns one tool call with ~200 bytes of arguments,
 the tool returns ~1 KB, the last turn returns text. Prints medians over repeats.
@@ -47,15 +47,15 @@ async def one_run(turns: int) -> tuple[float, int]:
 
 
 async def main(repeats: int) -> None:
-    print(f"{'turns':>6} {'us/turn':>10} {'us/transition':>14} {'transitions':>12}")
+    print(f"{'turns':>6} {'us/turn':>10} {'us/commit':>10} {'commits':>8}")
     per_turn_by_n: dict[int, float] = {}
     for turns in (10, 100, 1000):
         samples = [await one_run(turns) for _ in range(repeats)]
-        transitions = samples[0][1]
+        commits = samples[0][1]  # revision: commits after the one that created the run
         per_turn = statistics.median(s / turns for s, _ in samples) * 1e6
-        per_transition = statistics.median(s / transitions for s, _ in samples) * 1e6
+        per_commit = statistics.median(s / commits for s, _ in samples) * 1e6
         per_turn_by_n[turns] = per_turn
-        print(f"{turns:>6} {per_turn:>10.0f} {per_transition:>14.0f} {transitions:>12}")
+        print(f"{turns:>6} {per_turn:>10.0f} {per_commit:>10.0f} {commits:>8}")
     flat = per_turn_by_n[1000] / per_turn_by_n[10]
     print(f"per-turn cost at N=1000 / N=10: {flat:.2f} (1.0 = flat in N); target <= 1000 us/turn")
 
