@@ -1,7 +1,7 @@
 """Checkpoint store costs on the kernel's workload, per store and run length.
 
 Each turn: the scripted model returns one tool call with ~200 bytes of arguments,
-the tool returns ~1 KB, the last turn returns text (about 6 commits per turn).
+the tool returns ~1 KB, the last turn returns text (two commits per turn).
 For memory, file, SQLite and Redis (a temporary redis-server is started) and
 N = 10, 100, 1000 turns it prints the median milliseconds per commit and per turn,
 the bytes stored (payload, and on disk for file and SQLite), the growth exponent of

@@ -2,8 +2,8 @@
 
 Each run has ``--turns`` turns (default 5); every model answer takes ``--latency``
 seconds (default 50 ms, a scripted model that sleeps). ``--mode text``: each turn is
-one model answer and a hook continues the run until the last turn (3 commits per
-turn). ``--mode tools``: turns before the last call one idempotent tool (6 commits per
+one model answer and a hook continues the run until the last turn (one commit per
+turn). ``--mode tools``: turns before the last call one idempotent tool (two commits per
 turn). For each worker count the runs are created first, the workers started, then
 all runs submitted at once; the clock runs from the first submit to the last
 completion commit. Prints throughput (runs/s, turns/s), scaling efficiency against
