@@ -407,3 +407,37 @@ async def test_a_crash_inside_the_completion_hook_is_not_repeated_on_resume() ->
     assert (await resumed.get(run.run_id)).state == "completed"
     assert CALLS == [{"item": "a"}]
     assert hooks.seen == []
+
+
+class Observer(sk.Hooks):
+    """Notes what the store holds when a result is observed and when the turn ends."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+        self.notes: list[tuple[str, list[str]]] = []
+
+    async def _head(self, run: sk.Run) -> list[str]:
+        return [e.type for e in await self.store.events(run.run_id)]
+
+    async def on_tool_call_completed(self, run: sk.Run, call: sk.ToolCallRecord) -> None:
+        self.notes.append(("completed " + call.id, await self._head(run)))
+
+    async def on_turn_completed(self, run: sk.Run, turn: sk.Turn) -> None:
+        self.notes.append((f"turn {turn.index}", await self._head(run)))
+
+
+async def test_an_observed_result_lands_before_the_turn_goes_on() -> None:
+    store = MemoryStore()
+    hooks = Observer(store)
+    provider = ScriptedProvider([call("record", {"item": "a"}), "ok"])
+    kernel = sk.Kernel(store, tools=[record], hooks=hooks, providers={"scripted": provider})
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    (first, stored), (second, later) = hooks.notes[:2]
+    assert (first, second) == ("completed call_0_0", "turn 0")
+    assert stored[-1] == "tool_call_completed"  # its own commit, before the turn's end
+    assert later == stored  # the end of the turn is decided before it lands
+    events = await store.events(run.run_id)
+    result = next(e for e in events if e.type == "tool_call_completed")
+    end = next(e for e in events if e.type == "tools_completed")
+    assert end.revision == result.revision + 1

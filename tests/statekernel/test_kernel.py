@@ -350,3 +350,22 @@ async def test_commands_inside_the_event_loop_do_not_deadlock(make_kernel: MakeK
     assert (await kernel.get(run.run_id)).state == "dispatching_tools"
     await drain(kernel, run.run_id)
     assert (await kernel.get(run.run_id)).state == "completed"
+
+
+async def test_calls_that_start_together_share_their_intent_commit(
+    make_kernel: MakeKernel,
+) -> None:
+    script = [[call("echo", {"text": "a"}), call("echo", {"text": "b"})], "ok"]
+    kernel, store, _ = make_kernel(script, tools=[echo])
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    cps = [c for c in store.checkpoints if c.run.run_id == run.run_id]
+    answer = next(c for c in cps if any(e.type == "model_completed" for e in c.events))
+    assert [e.type for e in answer.events] == [
+        "model_completed",
+        "tool_call_started",
+        "tool_call_started",
+    ]
+    assert [e.seq for e in answer.events] == list(
+        range(answer.events[0].seq, answer.run.event_count)
+    )
