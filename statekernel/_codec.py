@@ -55,6 +55,7 @@ from statekernel.errors import CorruptCheckpoint
 __all__ = [
     "SNAPSHOT_EVERY",
     "EncodedCommit",
+    "check_log",
     "decode_events",
     "decode_run",
     "encode_commit",
@@ -137,6 +138,7 @@ def encode_commit(
         entry = {"f": head}
     else:
         entry = {"p": diff(prior, head)}
+    entry["r"] = run.revision
     if cp.events:
         _add_events(entry, cp.events, head)
     return EncodedCommit(head, entry, m_end, messages, t_end, turns, writer.blobs, refs)
@@ -168,6 +170,27 @@ def entry_head(head: dict[str, Any] | None, entry: Mapping[str, Any]) -> dict[st
     if "E" in entry and "ec" not in patch:
         doc["ec"] = entry["q"] + len(entry["E"])
     return doc
+
+
+def check_log(entries: Iterable[tuple[int, Any]], first: int, last: int | None, what: str) -> None:
+    """Check that ``entries`` are the commit log from revision ``first`` (through ``last``
+    when given) with none missing: each entry names the revision it was written for.
+
+    Raises ``CorruptCheckpoint`` naming the first revision whose entry is missing.
+    """
+    expected = first
+    for revision, entry in entries:
+        if not isinstance(entry, dict):
+            raise CorruptCheckpoint(f"invalid {what}: commit log entry of revision {revision}")
+        if revision != expected or entry.get("r") != expected:
+            break
+        expected += 1
+    else:
+        if last is None or expected > last:
+            return
+    raise CorruptCheckpoint(
+        f"invalid {what}: the commit log entry of revision {expected} is missing"
+    )
 
 
 def _encode_head(run: Run, w: Writer, m0: int, t0: int) -> dict[str, Any]:
@@ -243,6 +266,8 @@ def iter_history(
 
     Revisions share their message and turn objects, as they did when committed.
     """
+    entries = list(entries)
+    check_log(entries, 0, None, what)
     decoder = _Decoder(message_docs, turn_docs, blobs)
     head: dict[str, Any] | None = None
     for revision, entry in entries:
@@ -374,15 +399,21 @@ def snapshot_of(revision: int) -> int:
     return revision - revision % SNAPSHOT_EVERY
 
 
-def replay(entries: Sequence[tuple[int, Any]], *, what: str = "run history") -> dict[str, Any]:
-    """The head at the last of ``entries`` (revisions from a snapshot on, in order)."""
+def replay(
+    entries: Sequence[tuple[int, Any]], revision: int, *, what: str = "run history"
+) -> dict[str, Any]:
+    """The head at ``revision`` from its commit log entries (from its snapshot on, in order).
+
+    A missing entry raises ``CorruptCheckpoint`` naming its revision.
+    """
+    check_log(entries, snapshot_of(revision), revision, what)
     try:
         doc: dict[str, Any] | None = None
         for _, entry in entries:
             doc = entry_head(doc, entry)
         if doc is None:
             raise ValueError("no commit log entries")
-        doc["r"] = entries[-1][0]
+        doc["r"] = revision
         return doc
     except _DECODE_ERRORS as exc:
         raise corrupt(what, exc) from exc
