@@ -271,14 +271,16 @@ def iter_history(
     blobs: Mapping[str, bytes | str],
     run_id: str,
     *,
+    last: int | None = None,
     what: str = "run history",
 ) -> Iterator[tuple[Run, list[Event]]]:
-    """Every revision of a run with the events of its commit, from its whole commit log.
+    """Every revision of a run with the events of its commit, from its whole commit log
+    (through revision ``last``, the head's, when given).
 
     Revisions share their message and turn objects, as they did when committed.
     """
     entries = list(entries)
-    check_log(entries, 0, None, what)
+    check_log(entries, 0, last, what)
     decoder = _Decoder(message_docs, turn_docs, blobs)
     head: dict[str, Any] | None = None
     for revision, entry in entries:

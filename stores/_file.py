@@ -111,11 +111,13 @@ class FileStore:
         with folder.snapshot() as snap:
             if snap is None:
                 raise RunNotFound(run_id)
-            m_end, t_end = log_ends(_own_head(snap.head, run_id, folder))
+            head = _own_head(snap.head, run_id, folder)
+            m_end, t_end = log_ends(head)
             entries = snap.commits(0)
             messages, turns, blobs = snap.parts(m_end, t_end)
         what = f"history in {folder.path}"
-        yield from iter_history(entries, messages, turns, blobs, run_id, what=what)
+        last = head["r"]
+        yield from iter_history(entries, messages, turns, blobs, run_id, last=last, what=what)
 
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         """Append the parts, then replace the head, under the run's lock (which also

@@ -111,12 +111,11 @@ class Snapshot:
         chosen = [ln for ln in self._lines(b"c") if _revision(ln) >= first]
         what = f"commit log in {self.where}"
         found: list[tuple[int, Any]] = []
-        for _, rev, entry in self._parse(chosen, "commit log"):
-            if type(entry) is str:
-                try:
-                    entry = load_entry(base64.b64decode(entry, validate=True), what)
-                except ValueError as exc:
-                    raise CorruptCheckpoint(f"invalid {what}: {exc}") from exc
+        for _, rev, packed in self._parse(chosen, "commit log"):
+            try:
+                entry = load_entry(base64.b64decode(packed, validate=True), what)
+            except (ValueError, TypeError) as exc:
+                raise CorruptCheckpoint(f"invalid {what}: {exc}") from exc
             found.append((rev, entry))
         return found
 

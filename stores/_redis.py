@@ -254,12 +254,15 @@ class RedisStore:
         doc, entries, messages, turns, blobs = await self._call(pipe.execute())
         if doc is None:
             raise RunNotFound(run_id)
-        m_end, t_end = log_ends(_load_head(doc, what))
+        head = _load_head(doc, what)
+        m_end, t_end = log_ends(head)
+        last = _revision(head, what)
         parsed = _entries(entries, 0, what)
         msg_docs = _parse_list(unseal_each(messages[:m_end], f"message of {what}"), what)
         turn_docs = _parse_list(unseal_each(turns[:t_end], f"completed turn of {what}"), what)
         blob_map = unseal_blobs({k.decode(): v for k, v in blobs.items()}, what)
-        for item in iter_history(parsed, msg_docs, turn_docs, blob_map, run_id, what=what):
+        history = iter_history(parsed, msg_docs, turn_docs, blob_map, run_id, last=last, what=what)
+        for item in history:
             yield item
 
     async def _prior(self, run_id: str, head_key: str) -> Prior[_Known] | None:

@@ -230,7 +230,8 @@ class SQLiteStore:
         messages = _parse(unseal_each(parts.messages, f"message of {what}"), what)
         turns = _parse(unseal_each(parts.turns, f"completed turn of {what}"), what)
         blobs = unseal_blobs(parts.blobs, what)
-        for item in iter_history(entries, messages, turns, blobs, run_id, what=what):
+        last = parts.stored.revision
+        for item in iter_history(entries, messages, turns, blobs, run_id, last=last, what=what):
             yield item
 
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
