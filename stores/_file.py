@@ -79,7 +79,7 @@ class FileStore:
         self._leases = HostLeases(self.root / ".owners", self._apply)
 
     def _folder(self, run_id: str) -> RunFolder:
-        return RunFolder(self.root / folder_name(run_id), self.url)
+        return RunFolder(self.root / folder_name(run_id), self.url, run_id)
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision``."""
@@ -95,10 +95,10 @@ class FileStore:
             wanted = check_revision(run_id, revision, head["r"])
             if wanted != head["r"]:
                 entries = [(r, e) for r, e in snap.commits(snapshot_of(wanted)) if r <= wanted]
-                head = replay(entries, wanted, what=f"history of {folder.path}")
+                head = replay(entries, wanted, what=f"history of {folder.where}")
             m_end, t_end = log_ends(head)
             messages, turns, blobs = snap.parts(m_end, t_end)
-            return decode_run(head, messages, turns, blobs, what=f"run in {folder.path}")
+            return decode_run(head, messages, turns, blobs, what=folder.where)
 
     async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
         """Every revision with the events of its commit, oldest first (for copying runs)."""
@@ -115,7 +115,7 @@ class FileStore:
             m_end, t_end = log_ends(head)
             entries = snap.commits(0)
             messages, turns, blobs = snap.parts(m_end, t_end)
-        what = f"history in {folder.path}"
+        what = f"history of {folder.where}"
         last = head["r"]
         yield from iter_history(entries, messages, turns, blobs, run_id, last=last, what=what)
 
@@ -179,7 +179,7 @@ class FileStore:
             if snap is None:
                 raise RunNotFound(run_id)
             head = _own_head(snap.head, run_id, folder)
-            what = f"events in {folder.path}"
+            what = f"events of {folder.where}"
             entries = snap.commits(after + 1)
             check_log(entries, max(after + 1, 0), head["r"], what)
             found = decode_events(entries, run_id, what=what)

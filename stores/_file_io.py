@@ -152,10 +152,18 @@ def _opener(dir_fd: int) -> Any:
 
 @attrs.frozen
 class RunFolder:
-    """The folder of one run."""
+    """The folder of one run (``run_id`` names it in errors, when known)."""
 
     path: Path
     url: str
+    run_id: str | None = None
+
+    @property
+    def where(self) -> str:
+        """The run and its folder, for error messages."""
+        if self.run_id is None:
+            return str(self.path)
+        return f"run {self.run_id!r} in {str(self.path)!r}"
 
     def _fail(self, what: str, exc: OSError) -> StoreError:
         return StoreError(f"file store {str(self.path)!r}: cannot {what}: {exc}")
@@ -175,7 +183,7 @@ class RunFolder:
             if doc is None:
                 yield None
                 return
-            yield Snapshot(doc, self._read_log(dir_fd, doc["sz"]), str(self.path))
+            yield Snapshot(doc, self._read_log(dir_fd, doc["sz"]), self.where)
         finally:
             os.close(dir_fd)
 
