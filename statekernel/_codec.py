@@ -17,9 +17,15 @@ A run is stored as append-only parts plus a small mutable head:
 
 After every commit the transcript ends at the end of the message log and the
 completed turns at the end of the turn log, so a store knows where to append from
-the head alone. Decoding gives records equal to the ones committed; a head stored
-at an older ``schema_version`` goes through the migrations registered with
-``statekernel._convert.register_migration``.
+the head alone. Decoding gives records equal to the ones committed.
+
+A head records the ``schema_version`` it was written at, and the messages and turns
+it references are stored at that version. A run stored at an older version is read
+through the migrations registered with ``statekernel._convert.register_migration``
+(on the stored documents, before they are decoded); the next commit writes its
+head in full and every message and completed turn again, at the current version, so
+from then on no read of the run's head goes through the old records (they stay for
+the revisions before, which keep reading through the migrations).
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from statekernel.errors import CorruptCheckpoint
 __all__ = [
     "SNAPSHOT_EVERY",
     "EncodedCommit",
+    "check_log",
     "decode_events",
     "decode_run",
     "encode_commit",
@@ -108,12 +115,19 @@ def _spans(cp: Checkpoint, prior: dict[str, Any] | None) -> tuple[int, int, int,
     pm0, pmn = prior["$m"]
     pt0, ptn = prior["$t"]
     n_msg, n_turn = len(run.messages), len(run.turns)
+    if _outdated(prior):  # stored at an older version: write every part again
+        return m_end, m_end, t_end, t_end
     if cp.transcript_replaced or cp.new_messages < 0 or pmn + cp.new_messages != n_msg:
         m0 = m_end
     else:
         m0 = pm0
     t0 = t_end if cp.new_turns < 0 or ptn + cp.new_turns != n_turn else pt0
     return m0, m_end, t0, t_end
+
+
+def _outdated(head: Mapping[str, Any]) -> bool:
+    """Whether a stored head (and what it references) is at an older schema version."""
+    return head.get("sv") != _convert.SCHEMA_VERSION
 
 
 def encode_commit(
@@ -133,10 +147,11 @@ def encode_commit(
     messages = tuple([dump_bytes(writer.message(m)) for m in run.messages[m_end - m0 :]])
     turns = tuple([dump_bytes(writer.turn(t)) for t in run.turns[t_end - t0 :]])
     entry: dict[str, Any]
-    if prior is None or run.revision % SNAPSHOT_EVERY == 0:
+    if prior is None or run.revision % SNAPSHOT_EVERY == 0 or _outdated(prior):
         entry = {"f": head}
     else:
         entry = {"p": diff(prior, head)}
+    entry["r"] = run.revision
     if cp.events:
         _add_events(entry, cp.events, head)
     return EncodedCommit(head, entry, m_end, messages, t_end, turns, writer.blobs, refs)
@@ -170,6 +185,27 @@ def entry_head(head: dict[str, Any] | None, entry: Mapping[str, Any]) -> dict[st
     return doc
 
 
+def check_log(entries: Iterable[tuple[int, Any]], first: int, last: int | None, what: str) -> None:
+    """Check that ``entries`` are the commit log from revision ``first`` (through ``last``
+    when given) with none missing: each entry names the revision it was written for.
+
+    Raises ``CorruptCheckpoint`` naming the first revision whose entry is missing.
+    """
+    expected = first
+    for revision, entry in entries:
+        if not isinstance(entry, dict):
+            raise CorruptCheckpoint(f"invalid {what}: commit log entry of revision {revision}")
+        if revision != expected or entry.get("r") != expected:
+            break
+        expected += 1
+    else:
+        if last is None or expected > last:
+            return
+    raise CorruptCheckpoint(
+        f"invalid {what}: the commit log entry of revision {expected} is missing"
+    )
+
+
 def _encode_head(run: Run, w: Writer, m0: int, t0: int) -> dict[str, Any]:
     doc: dict[str, Any] = {"id": run.run_id, "M": run.model, "r": run.revision, "s": run.state}
     if not (type(run.context) is dict and not run.context):
@@ -193,24 +229,22 @@ def _encode_head(run: Run, w: Writer, m0: int, t0: int) -> dict[str, Any]:
         doc["ec"] = run.event_count
     doc["ca"] = enc_time(run.created_at)
     doc["ua"] = enc_time(run.updated_at)
-    doc["sv"] = run.schema_version
+    doc["sv"] = _convert.SCHEMA_VERSION
     doc["$m"] = [m0, len(run.messages)]
     doc["$t"] = [t0, len(run.turns)]
     return doc
 
 
-def _check_version(head: Mapping[str, Any], what: str) -> int:
-    version = head.get("sv")
-    if type(version) is not int or not 1 <= version <= _convert.SCHEMA_VERSION:
-        raise CorruptCheckpoint(f"invalid {what}: unknown schema_version {version!r}")
-    return version
-
-
-def _migrated(run: Run, version: int, what: str) -> Run:
-    """A run stored at an older ``schema_version``, through the registered migrations."""
-    data = _convert.unstructure(run)
-    data["schema_version"] = version
-    return _convert.structure_run(data, what=what)
+def upgraded_head(head: Mapping[str, Any], version: int, what: str) -> Mapping[str, Any]:
+    """A head stored at ``version`` as a head of the current version (itself when current)."""
+    if version >= _convert.SCHEMA_VERSION:
+        return head
+    doc = _convert.migrate("head", dict(head), version, what=what)
+    if not isinstance(doc, dict):
+        raise CorruptCheckpoint(f"invalid {what}: a migration did not give an object")
+    if "T" in doc:
+        doc["T"] = _convert.migrate("turn", doc["T"], version, what=what)
+    return doc
 
 
 def decode_run(
@@ -237,12 +271,16 @@ def iter_history(
     blobs: Mapping[str, bytes | str],
     run_id: str,
     *,
+    last: int | None = None,
     what: str = "run history",
 ) -> Iterator[tuple[Run, list[Event]]]:
-    """Every revision of a run with the events of its commit, from its whole commit log.
+    """Every revision of a run with the events of its commit, from its whole commit log
+    (through revision ``last``, the head's, when given).
 
     Revisions share their message and turn objects, as they did when committed.
     """
+    entries = list(entries)
+    check_log(entries, 0, last, what)
     decoder = _Decoder(message_docs, turn_docs, blobs)
     head: dict[str, Any] | None = None
     for revision, entry in entries:
@@ -255,7 +293,13 @@ def iter_history(
 
 
 class _Decoder:
-    """Decodes heads against one run's logs; messages and turns are decoded once."""
+    """Decodes heads against one run's logs; messages and turns are decoded once, when
+    first needed.
+
+    A head at an older schema version, and the messages and turns it references
+    (stored at its version: the commit after a migration writes them again), go
+    through the registered migrations first.
+    """
 
     def __init__(
         self, message_docs: Sequence[Any], turn_docs: Sequence[Any], blobs: Mapping[str, Any]
@@ -265,36 +309,42 @@ class _Decoder:
         self.turn_docs = turn_docs
         self.turns: dict[int, Deferred[Turn]] = {}
         self.reader = Reader(blobs, self.message_at, self.message_range)
-        self._messages: tuple[Message, ...] | None = None
-
-    @property
-    def messages(self) -> tuple[Message, ...]:
-        if self._messages is None:
-            message = self.reader.message
-            self._messages = tuple([message(doc) for doc in self.message_docs])
-            self.message_docs = ()  # decoded: deferred turns need not keep the documents
-        return self._messages
+        self._messages: dict[int, Message] = {}
+        self.version = _convert.SCHEMA_VERSION
+        self.what = "run"
 
     def message_at(self, pos: int) -> Message:
-        return self.messages[pos]
+        found = self._messages.get(pos)
+        if found is None:
+            if not 0 <= pos < self.message_count:
+                raise ValueError(f"bad message position {pos}")
+            doc = self.message_docs[pos]
+            if self.version < _convert.SCHEMA_VERSION:
+                doc = _convert.migrate("message", doc, self.version, what=self.what)
+            found = self._messages[pos] = self.reader.message(doc)
+        return found
 
     def message_range(self, start: int, count: int) -> tuple[Message, ...]:
-        messages = self.messages
-        if start < 0 or count < 0 or start + count > len(messages):
+        if start < 0 or count < 0 or start + count > self.message_count:
             raise ValueError(f"bad message range {start}+{count}")
-        return messages[start : start + count]
+        at = self.message_at
+        return tuple([at(pos) for pos in range(start, start + count)])
 
     def turn_at(self, pos: int, what: str) -> Deferred[Turn]:
         """The completed turn at ``pos`` of the turn log, decoded when first read."""
         found = self.turns.get(pos)
         if found is None:
-            found = self.turns[pos] = Deferred(partial(self._turn, self.turn_docs[pos], what))
+            make = partial(self._turn, self.turn_docs[pos], self.version, what)
+            found = self.turns[pos] = Deferred(make)
         return found
 
-    def _turn(self, doc: Any, what: str) -> Turn:
+    def _turn(self, doc: Any, version: int, what: str) -> Turn:
         what = f"completed turn of {what}"
         if isinstance(doc, bytes | str):  # stored JSON, parsed only now
             doc = load_json(doc, what)
+        self.version, self.what = version, what
+        if version < _convert.SCHEMA_VERSION:
+            doc = _convert.migrate("turn", doc, version, what=what)
         try:
             return self.reader.turn(doc)
         except _DECODE_ERRORS as exc:
@@ -303,14 +353,13 @@ class _Decoder:
     def run(self, head: Mapping[str, Any], what: str) -> Run:
         if not isinstance(head, Mapping):
             raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
-        version = _check_version(head, what)
+        version = _convert.check_version(head.get("sv"), what=what)
+        self.version, self.what = version, what
+        head = upgraded_head(head, version, what)
         try:
-            run = self._run(head, version, what)
+            return self._run(head, version, what)
         except _DECODE_ERRORS as exc:
             raise corrupt(what, exc) from exc
-        if version < _convert.SCHEMA_VERSION:
-            return _migrated(run, version, what)
-        return run
 
     def _run(self, head: Mapping[str, Any], version: int, what: str) -> Run:
         reader = self.reader
@@ -336,7 +385,7 @@ class _Decoder:
             event_count=_int(head.get("ec", 0)),
             created_at=dec_time(head["ca"]),
             updated_at=dec_time(head["ua"]),
-            schema_version=version,
+            schema_version=_convert.SCHEMA_VERSION,
         )
 
 
@@ -354,6 +403,8 @@ def _int(value: Any) -> int:
 
 def head_summary(head: Mapping[str, Any], *, what: str = "run head") -> RunSummary:
     """The listing line of a stored head, without reading its parts."""
+    if head.get("sv") != _convert.SCHEMA_VERSION:
+        head = upgraded_head(head, _convert.check_version(head.get("sv"), what=what), what)
     try:
         turns = head["$t"][1] + (1 if "T" in head else 0)
         return RunSummary(
@@ -374,15 +425,21 @@ def snapshot_of(revision: int) -> int:
     return revision - revision % SNAPSHOT_EVERY
 
 
-def replay(entries: Sequence[tuple[int, Any]], *, what: str = "run history") -> dict[str, Any]:
-    """The head at the last of ``entries`` (revisions from a snapshot on, in order)."""
+def replay(
+    entries: Sequence[tuple[int, Any]], revision: int, *, what: str = "run history"
+) -> dict[str, Any]:
+    """The head at ``revision`` from its commit log entries (from its snapshot on, in order).
+
+    A missing entry raises ``CorruptCheckpoint`` naming its revision.
+    """
+    check_log(entries, snapshot_of(revision), revision, what)
     try:
         doc: dict[str, Any] | None = None
         for _, entry in entries:
             doc = entry_head(doc, entry)
         if doc is None:
             raise ValueError("no commit log entries")
-        doc["r"] = entries[-1][0]
+        doc["r"] = revision
         return doc
     except _DECODE_ERRORS as exc:
         raise corrupt(what, exc) from exc

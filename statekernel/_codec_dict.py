@@ -3,8 +3,7 @@
 A commit log entry is a small JSON document (a head patch and a few events, about
 150 bytes) made mostly of the same keys, state names and shapes every time; raw
 deflate with a dictionary of those shrinks it to about a third. Stored entries
-are ``NUL 0x01`` + deflate(JSON) with ``ENTRY_DICT``; plain JSON entries (written
-before, or by hand) are read as they are.
+are ``NUL 0x01`` + deflate(JSON) with ``ENTRY_DICT``.
 
 ``ENTRY_DICT`` is part of the stored format: it must never change. A different
 dictionary needs a new marker byte, with this one still read.
@@ -59,10 +58,14 @@ def dump_entry(entry: dict[str, Any]) -> bytes:
 
 
 def load_entry(data: bytes, what: str) -> Any:
-    """A stored commit log entry (compressed or plain JSON) as a document."""
-    if data[:2] == _MARK:
-        try:
-            data = zlib.decompressobj(-15, ENTRY_DICT).decompress(data[2:])
-        except zlib.error as exc:
-            raise corrupt(what, exc) from exc
+    """A stored commit log entry as a document."""
+    if data[:2] != _MARK:
+        raise corrupt(what, "not a stored commit log entry")
+    try:
+        unpacker = zlib.decompressobj(-15, ENTRY_DICT)
+        data = unpacker.decompress(data[2:])
+    except zlib.error as exc:
+        raise corrupt(what, exc) from exc
+    if not unpacker.eof:
+        raise corrupt(what, "a commit log entry cut short")
     return load_json(data, what)

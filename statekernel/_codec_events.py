@@ -9,9 +9,6 @@ one. An event is ``[type, data?, extra?]`` with trailing defaults left out:
   is not an object at all; ``{}`` is left out;
 * ``extra``: what differs from what the entry implies: ``id`` (run id), ``r``
   (revision), ``s`` (seq) and ``t`` (time, when not the commit's ``updated_at``).
-
-Entries written before this encoding keep their events under ``"e"`` as
-``[type, time, data?, extra?]``; they are still read.
 """
 
 from __future__ import annotations
@@ -106,15 +103,13 @@ def decode_events(
     try:
         for revision, entry in entries:
             if "E" in entry:
-                _decode_new(events, entry, revision, run_id)
-            elif "e" in entry:
-                _decode_old(events, entry, revision, run_id)
+                _decode_entry(events, entry, revision, run_id)
     except _DECODE_ERRORS as exc:
         raise corrupt(what, exc) from exc
     return events
 
 
-def _decode_new(out: list[Event], entry: Mapping[str, Any], revision: int, run_id: str) -> None:
+def _decode_entry(out: list[Event], entry: Mapping[str, Any], revision: int, run_id: str) -> None:
     first = entry["q"]
     at = dec_time(entry_time(entry))
     for i, doc in enumerate(entry["E"]):
@@ -145,24 +140,6 @@ def _decode_data(kind: str, doc: Any) -> Any:
     if type(doc) is not dict:
         raise TypeError(f"event data is a {type(doc).__name__}")
     return _READER.json(doc)
-
-
-def _decode_old(out: list[Event], entry: Mapping[str, Any], revision: int, run_id: str) -> None:
-    first = entry.get("q", 0)
-    for i, doc in enumerate(entry["e"]):
-        kind = EVENT_CODES[doc[0]] if type(doc[0]) is int else _text(doc[0])
-        data = _READER.json(doc[2]) if len(doc) > 2 else {}
-        extra = doc[3] if len(doc) > 3 else {}
-        out.append(
-            Event(
-                kind,
-                extra.get("id", run_id),
-                extra.get("r", revision),
-                extra.get("s", first + i),
-                data,
-                dec_time(doc[1]),
-            )
-        )
 
 
 def _text(value: Any) -> str:

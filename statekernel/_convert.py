@@ -25,13 +25,17 @@ from statekernel.errors import CorruptCheckpoint
 
 __all__ = [
     "SCHEMA_VERSION",
+    "Migration",
+    "check_version",
     "converter",
     "dumps",
     "loads",
+    "migrate",
     "register_migration",
     "structure",
     "structure_run",
     "unstructure",
+    "upgrade",
 ]
 
 T = TypeVar("T")
@@ -85,13 +89,56 @@ def _parse_datetime(value: object) -> datetime:
     return datetime.fromisoformat(value)
 
 
-_Migration = Callable[[dict[str, Any]], dict[str, Any]]
-_MIGRATIONS: dict[int, _Migration] = {}
+Migration = Callable[[str, Any], Any]
+"""``fn(kind, doc)``: a stored document at one schema version, as it is at the next.
+
+``kind`` says what the document is: ``"head"`` (a run head as the stores keep it:
+the run without its messages and completed turns; its ``"r"``, ``"sv"``, ``"$m"``
+and ``"$t"`` are the store's and stay as they are), ``"message"``, ``"turn"`` (a
+completed turn, or the current turn of a head) or ``"run"`` (a whole run as
+``unstructure`` gives it). ``fn`` may change ``doc`` in place and return it.
+"""
+
+_MIGRATIONS: dict[int, Migration] = {}
 
 
-def register_migration(from_version: int, fn: _Migration) -> None:
-    """Register ``fn`` to upgrade stored run data from ``from_version`` to the next version."""
+def register_migration(from_version: int, fn: Migration) -> None:
+    """Register ``fn`` to upgrade stored documents from ``from_version`` to the next version.
+
+    Stores run migrations on the stored documents before they are structured, and the
+    first commit after loading a run stored at an older version writes every record
+    the run still needs again at the current version (``statekernel._codec``).
+    """
     _MIGRATIONS[from_version] = fn
+
+
+def check_version(version: Any, *, what: str = "run") -> int:
+    """A stored ``schema_version`` this release reads (the current one, or one that
+    registered migrations upgrade); else ``CorruptCheckpoint``."""
+    known = type(version) is int and version <= SCHEMA_VERSION
+    if not known or (version < 1 and version not in _MIGRATIONS):
+        raise CorruptCheckpoint(f"invalid {what}: unknown schema_version {version!r}")
+    for step in range(version, SCHEMA_VERSION):
+        if step not in _MIGRATIONS:
+            raise CorruptCheckpoint(f"invalid {what}: no migration from schema_version {step}")
+    return int(version)
+
+
+def migrate(kind: str, doc: Any, version: int, *, what: str = "run") -> Any:
+    """A stored document of ``kind`` at ``version``, upgraded to the current version."""
+    while version < SCHEMA_VERSION:
+        fn = _MIGRATIONS.get(version)
+        if fn is None:
+            raise CorruptCheckpoint(f"invalid {what}: no migration from schema_version {version}")
+        try:
+            doc = fn(kind, doc)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            detail = f"{type(exc).__name__}: {exc}"
+            raise CorruptCheckpoint(
+                f"invalid {what}: migration from schema_version {version} failed: {detail}"
+            ) from exc
+        version += 1
+    return doc
 
 
 def unstructure(obj: Any) -> Any:
@@ -109,22 +156,18 @@ def structure(data: Any, cls: type[T], *, what: str = "record") -> T:
 
 
 def upgrade(data: Any, *, what: str = "run") -> dict[str, Any]:
-    """Check ``schema_version`` of stored run data and apply registered migrations."""
+    """Check ``schema_version`` of unstructured run data and apply registered migrations."""
     if not isinstance(data, dict):
         raise CorruptCheckpoint(f"invalid {what}: expected an object, got {type(data).__name__}")
     version = data.get("schema_version")
     if version is None:
         raise CorruptCheckpoint(f"invalid {what}: no schema_version")
-    if not isinstance(version, int) or version > SCHEMA_VERSION or version < 1:
-        raise CorruptCheckpoint(f"invalid {what}: unknown schema_version {version!r}")
-    while version < SCHEMA_VERSION:
-        migrate = _MIGRATIONS.get(version)
-        if migrate is None:
-            raise CorruptCheckpoint(f"invalid {what}: no migration from schema_version {version}")
-        data = dict(migrate(dict(data)))
-        version += 1
-        data["schema_version"] = version
-    return dict(data)
+    version = check_version(version, what=what)
+    data = migrate("run", dict(data), version, what=what)
+    if not isinstance(data, dict):
+        raise CorruptCheckpoint(f"invalid {what}: a migration did not give an object")
+    data["schema_version"] = SCHEMA_VERSION
+    return data
 
 
 def structure_run(data: Any, *, what: str = "run") -> Run:

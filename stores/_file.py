@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from statekernel._codec import (
+    check_log,
     decode_events,
     decode_run,
     encode_commit,
@@ -43,6 +44,7 @@ from statekernel.stores._file_io import (
     RunFolder,
     blob_line,
     entry_line,
+    log_lines,
     read_head,
     read_lease,
     write_head,
@@ -77,7 +79,7 @@ class FileStore:
         self._leases = HostLeases(self.root / ".owners", self._apply)
 
     def _folder(self, run_id: str) -> RunFolder:
-        return RunFolder(self.root / folder_name(run_id), self.url)
+        return RunFolder(self.root / folder_name(run_id), self.url, run_id)
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision``."""
@@ -93,10 +95,10 @@ class FileStore:
             wanted = check_revision(run_id, revision, head["r"])
             if wanted != head["r"]:
                 entries = [(r, e) for r, e in snap.commits(snapshot_of(wanted)) if r <= wanted]
-                head = replay(entries, what=f"history of {folder.path}")
+                head = replay(entries, wanted, what=f"history of {folder.where}")
             m_end, t_end = log_ends(head)
             messages, turns, blobs = snap.parts(m_end, t_end)
-            return decode_run(head, messages, turns, blobs, what=f"run in {folder.path}")
+            return decode_run(head, messages, turns, blobs, what=folder.where)
 
     async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
         """Every revision with the events of its commit, oldest first (for copying runs)."""
@@ -109,11 +111,13 @@ class FileStore:
         with folder.snapshot() as snap:
             if snap is None:
                 raise RunNotFound(run_id)
-            m_end, t_end = log_ends(_own_head(snap.head, run_id, folder))
+            head = _own_head(snap.head, run_id, folder)
+            m_end, t_end = log_ends(head)
             entries = snap.commits(0)
             messages, turns, blobs = snap.parts(m_end, t_end)
-        what = f"history in {folder.path}"
-        yield from iter_history(entries, messages, turns, blobs, run_id, what=what)
+        what = f"history of {folder.where}"
+        last = head["r"]
+        yield from iter_history(entries, messages, turns, blobs, run_id, last=last, what=what)
 
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         """Append the parts, then replace the head, under the run's lock (which also
@@ -160,7 +164,7 @@ class FileStore:
             lines += _numbered("m", enc.first_message, enc.messages)
             lines += _numbered("t", enc.first_turn, enc.turns)
             lines.append(entry_line(run.revision, enc.entry))
-            size = folder.append(0 if state is None else state.size, b"".join(lines))
+            size = folder.append(0 if state is None else state.size, log_lines(lines))
             write_head(folder, {"v": LAYOUT_VERSION, "sz": size, "head": enc.head})
 
     async def events(
@@ -174,8 +178,11 @@ class FileStore:
         with folder.snapshot() as snap:
             if snap is None:
                 raise RunNotFound(run_id)
-            _own_head(snap.head, run_id, folder)
-            found = decode_events(snap.commits(after + 1), run_id, what=f"events in {folder.path}")
+            head = _own_head(snap.head, run_id, folder)
+            what = f"events of {folder.where}"
+            entries = snap.commits(after + 1)
+            check_log(entries, max(after + 1, 0), head["r"], what)
+            found = decode_events(entries, run_id, what=what)
         return found if limit is None else found[:limit]
 
     async def list_runs(
@@ -238,4 +245,4 @@ def _own_head(doc: dict[str, Any], run_id: str, folder: RunFolder) -> dict[str, 
 
 def _numbered(kind: str, first: int, docs: tuple[bytes, ...]) -> list[bytes]:
     prefix = f'["{kind}",'.encode()
-    return [b"%s%d,%s]\n" % (prefix, first + i, d) for i, d in enumerate(docs)]
+    return [b"%s%d,%s]" % (prefix, first + i, d) for i, d in enumerate(docs)]

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from statekernel._checksum import seal_line, unseal_line
 from statekernel._codec_base import blob_text, dump_bytes, load_json
 from statekernel._codec_dict import dump_entry, load_entry
 from statekernel.errors import CorruptCheckpoint, StoreError
@@ -24,6 +25,7 @@ __all__ = [
     "blob_line",
     "entry_line",
     "read_head",
+    "log_lines",
     "read_lease",
     "write_head",
     "write_lease",
@@ -33,9 +35,10 @@ HEAD = "head.json"
 LOG = "log.jsonl"
 LOCK = "lock"
 LEASE = "lease.json"
-LAYOUT_VERSION = 2
-"""Version 2 adds zlib-compressed blob lines and compact events; version 1 is still read."""
-_READABLE = (1, 2)
+LAYOUT_VERSION = 3
+"""The file store layout: every log line and the head end with their CRC32."""
+_READABLE = (LAYOUT_VERSION,)
+_KINDS = {b"m": "message", b"t": "completed turn", b"c": "commit log entry of revision"}
 
 
 @attrs.frozen
@@ -47,15 +50,32 @@ class Locked:
 
 
 def blob_line(key: str, data: bytes) -> bytes:
-    """The log line of a blob: ``["b", key, text]``, or ``["z", key, base64]`` when zipped."""
+    """The log record of a blob: ``["b", key, text]``, or ``["z", key, base64]`` when zipped."""
     if data[:2] == b"\x00z":
-        return b'["z","%s","%s"]\n' % (key.encode(), base64.b64encode(data[2:]))
-    return dump_bytes(["b", key, blob_text(data)]) + b"\n"
+        return b'["z","%s","%s"]' % (key.encode(), base64.b64encode(data[2:]))
+    return dump_bytes(["b", key, blob_text(data)])
 
 
 def entry_line(revision: int, entry: dict[str, Any]) -> bytes:
-    """The log line of a commit log entry: ``["c", revision, base64 of the stored entry]``."""
-    return b'["c",%d,"%s"]\n' % (revision, base64.b64encode(dump_entry(entry)))
+    """The log record of a commit log entry: ``["c", revision, base64 of the stored entry]``."""
+    return b'["c",%d,"%s"]' % (revision, base64.b64encode(dump_entry(entry)))
+
+
+def log_lines(records: list[bytes]) -> bytes:
+    """Log records as the lines appended to the log, each ending with its checksum."""
+    return b"".join([seal_line(r) + b"\n" for r in records])
+
+
+def _record_name(body: bytes, number: int) -> str:
+    """What a log line holds, for error messages ("message 3 (log line 9)")."""
+    kind = body[2:3]
+    end = body.find(b",", 5)
+    label = body[5:end].decode("utf-8", "replace").strip('"') if end > 5 else "?"
+    if kind in (b"b", b"z"):
+        return f"blob {label} (log line {number})"
+    if kind in _KINDS:
+        return f"{_KINDS[kind]} {label} (log line {number})"
+    return f"log line {number}"
 
 
 @attrs.define
@@ -71,9 +91,14 @@ class Snapshot:
         """The log lines of one kind (``b"m"``, ``b"t"``, ``b"b"``, ``b"z"``, ``b"c"``)."""
         if self._kinds is None:
             kinds: dict[bytes, list[bytes]] = {}
-            for line in self.log.split(b"\n"):
-                if line[:2] == b'["' and line[3:5] == b'",':
-                    kinds.setdefault(line[2:3], []).append(line)
+            for number, line in enumerate(self.log.split(b"\n")[:-1], 1):
+                body = line[:-9]
+                what = f"{_record_name(body, number)} of {self.where}"
+                body = unseal_line(line, what)
+                if body[:2] == b'["' and body[3:5] == b'",':
+                    kinds.setdefault(body[2:3], []).append(body)
+                else:
+                    raise CorruptCheckpoint(f"invalid {what}: not a log record")
             self._kinds = kinds
         return self._kinds.get(kind, [])
 
@@ -86,12 +111,11 @@ class Snapshot:
         chosen = [ln for ln in self._lines(b"c") if _revision(ln) >= first]
         what = f"commit log in {self.where}"
         found: list[tuple[int, Any]] = []
-        for _, rev, entry in self._parse(chosen, "commit log"):
-            if type(entry) is str:
-                try:
-                    entry = load_entry(base64.b64decode(entry, validate=True), what)
-                except ValueError as exc:
-                    raise CorruptCheckpoint(f"invalid {what}: {exc}") from exc
+        for _, rev, packed in self._parse(chosen, "commit log"):
+            try:
+                entry = load_entry(base64.b64decode(packed, validate=True), what)
+            except (ValueError, TypeError) as exc:
+                raise CorruptCheckpoint(f"invalid {what}: {exc}") from exc
             found.append((rev, entry))
         return found
 
@@ -128,10 +152,18 @@ def _opener(dir_fd: int) -> Any:
 
 @attrs.frozen
 class RunFolder:
-    """The folder of one run."""
+    """The folder of one run (``run_id`` names it in errors, when known)."""
 
     path: Path
     url: str
+    run_id: str | None = None
+
+    @property
+    def where(self) -> str:
+        """The run and its folder, for error messages."""
+        if self.run_id is None:
+            return str(self.path)
+        return f"run {self.run_id!r} in {str(self.path)!r}"
 
     def _fail(self, what: str, exc: OSError) -> StoreError:
         return StoreError(f"file store {str(self.path)!r}: cannot {what}: {exc}")
@@ -151,7 +183,7 @@ class RunFolder:
             if doc is None:
                 yield None
                 return
-            yield Snapshot(doc, self._read_log(dir_fd, doc["sz"]), str(self.path))
+            yield Snapshot(doc, self._read_log(dir_fd, doc["sz"]), self.where)
         finally:
             os.close(dir_fd)
 
@@ -249,7 +281,7 @@ def read_head(folder: RunFolder, *, dir_fd: int | None = None) -> dict[str, Any]
         return None
     except OSError as exc:
         raise StoreError(f"file store {str(path)!r}: cannot read the head: {exc}") from exc
-    doc = load_json(data, f"head file {str(path)!r}")
+    doc = load_json(unseal_line(data, f"head file {str(path)!r}"), f"head file {str(path)!r}")
     if not isinstance(doc, dict) or type(doc.get("sz")) is not int or "head" not in doc:
         raise CorruptCheckpoint(f"invalid head file {str(path)!r}: not a run head")
     if doc.get("v") not in _READABLE:
@@ -263,7 +295,7 @@ def write_head(folder: RunFolder, doc: dict[str, Any]) -> None:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            _write_all(fd, dump_bytes(doc), 0)
+            _write_all(fd, seal_line(dump_bytes(doc)), 0)
             os.fsync(fd)
         finally:
             os.close(fd)

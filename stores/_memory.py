@@ -1,42 +1,64 @@
-"""``memory://``: an in-process store for tests and throwaway runs."""
+"""``memory://``: an in-process store for tests and throwaway runs, in the stored format.
+
+A run is kept as the persistent stores keep it (``statekernel._codec``): a head
+document, the commit log (one entry per revision, with the commit's events), the
+message and turn logs and the blobs, each as checksummed bytes (``_checksum``).
+So every test that uses ``memory://`` goes through the one stored format, and a
+load gives a run decoded from bytes, sharing nothing with the committed objects.
+"""
 
 from __future__ import annotations
 
 import weakref
 from datetime import datetime
+from typing import Any
 
 import attrs
 
+from statekernel._checksum import seal, unseal, unseal_blobs, unseal_each
+from statekernel._codec import (
+    check_log,
+    decode_events,
+    decode_run,
+    encode_commit,
+    head_summary,
+    log_ends,
+    replay,
+    snapshot_of,
+)
+from statekernel._codec_base import dump_bytes, load_json
+from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._events import Event
-from statekernel._messages import Message
-from statekernel._run import Run, StateId, Turn
+from statekernel._run import Run, StateId
 from statekernel._storage import Checkpoint, Lease, RunPage
-from statekernel.errors import ConflictError, RunNotFound
+from statekernel.errors import ConflictError, CorruptCheckpoint, RunNotFound
 from statekernel.stores._common import check_revision, checked_revision
-from statekernel.stores._listing import page_of, summary_of
+from statekernel.stores._listing import page_of
 from statekernel.stores._owners import HostLeases, LeaseChange, LeaseRecord, check_fence
 
-__all__ = ["MemoryStore"]
+__all__ = ["MemoryStore", "StoredRun"]
 
 
 @attrs.define
-class _Head:
-    run: Run  # without messages and turns
-    message_start: int
-    message_count: int
-    turn_count: int
+class StoredRun:
+    """The stored records of one run, as bytes that end with their checksum.
 
+    ``entries[r]`` is the commit log entry of revision ``r``; ``messages`` and
+    ``turns`` are the message and turn logs; ``blobs`` maps keys to blob bytes.
+    """
 
-@attrs.define
-class _Entry:
-    heads: list[_Head]
-    messages: list[Message]
-    turns: list[Turn]
-    events: list[Event]
+    revision: int
+    head: bytes
+    entries: list[bytes]
+    messages: list[bytes]
+    turns: list[bytes]
+    blobs: dict[str, bytes]
     lease: LeaseRecord | None = None
+    last: tuple[dict[str, Any], frozenset[str]] | None = None
+    """The head document of ``revision`` and the blobs it references, as last written."""
 
 
-class _Runs(dict[str, _Entry]):
+class _Runs(dict[str, StoredRun]):
     """The runs of one memory store, by id (a class of its own so it can be weakly held)."""
 
 
@@ -45,13 +67,13 @@ _named: weakref.WeakValueDictionary[str, _Runs] = weakref.WeakValueDictionary()
 
 
 class MemoryStore:
-    """Keeps every revision of every run in memory, laid out like the durable stores.
+    """Keeps every revision of every run in memory, in the stored format.
 
-    Heads are kept per revision without their transcript; messages and completed
-    turns live once in append-only lists the heads point into, so memory grows
-    with the change, not with the number of revisions times the transcript.
-    Stores opened with the same ``memory://NAME`` URL in one process share data
-    while any of them is alive; once the last one is gone, so is the data.
+    Messages and completed turns are stored once in append-only logs the heads
+    point into, so memory grows with the change, not with the number of revisions
+    times the transcript. Stores opened with the same ``memory://NAME`` URL in one
+    process share data while any of them is alive; once the last one is gone, so
+    is the data.
     """
 
     settles_on_cancel = True
@@ -62,19 +84,29 @@ class MemoryStore:
         self._runs = _named.setdefault(name, _Runs()) if name else _Runs()
         self._leases = HostLeases(None, self._apply)
 
+    def stored(self, run_id: str) -> StoredRun | None:
+        """The stored records of a run (for inspection, and for tests that damage them)."""
+        return self._runs.get(run_id)
+
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision``."""
         checked_revision(run_id, revision)
-        entry = self._runs.get(run_id)
-        if entry is None:
-            raise RunNotFound(run_id)
-        head = entry.heads[check_revision(run_id, revision, len(entry.heads) - 1)]
-        start = head.message_start
-        return attrs.evolve(
-            head.run,
-            messages=tuple(entry.messages[start : start + head.message_count]),
-            turns=tuple(entry.turns[: head.turn_count]),
-        )
+        entry = self._entry(run_id)
+        what = f"run {run_id!r} in {self.url}"
+        head = _head(entry.head, what)
+        wanted = check_revision(run_id, revision, entry.revision)
+        if wanted != entry.revision:
+            first = snapshot_of(wanted)
+            docs = _entries(entry.entries[first : wanted + 1], first, what)
+            head = replay(docs, wanted, what=what)
+        m_end, t_end = log_ends(head)
+        if m_end > len(entry.messages) or t_end > len(entry.turns):
+            raise CorruptCheckpoint(f"invalid {what}: the head references parts not stored")
+        messages = unseal_each(entry.messages[:m_end], f"message of {what}")
+        parsed = load_json(b"[" + b",".join(messages) + b"]", f"messages of {what}")
+        turns = unseal_each(entry.turns[:t_end], f"completed turn of {what}")
+        blobs = unseal_blobs(entry.blobs, what)
+        return decode_run(head, parsed, turns, blobs, what=what)
 
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         """Append the new head, parts and events if the head is the expected revision
@@ -83,27 +115,29 @@ class MemoryStore:
         entry = self._runs.get(run.run_id)
         if lease is not None:
             check_fence(None if entry is None else entry.lease, lease, checkpoint.expected_revision)
-        actual = None if entry is None else entry.heads[-1].run.revision
+        actual = None if entry is None else entry.revision
         expected = checkpoint.expected_revision if run.revision > 0 else None
         if actual != expected or (entry is None and run.revision != 0):
             raise ConflictError(run.run_id, checkpoint.expected_revision, actual)
         if entry is None:
-            entry = self._runs[run.run_id] = _Entry([], [], [], [])
-            start = 0
+            enc = encode_commit(checkpoint, None)
         else:
-            start = entry.heads[-1].message_start
-        if checkpoint.transcript_replaced:
-            start = len(entry.messages)
-            entry.messages.extend(run.messages)
-        elif checkpoint.new_messages:
-            entry.messages.extend(run.messages[len(run.messages) - checkpoint.new_messages :])
-        if checkpoint.new_turns:
-            entry.turns.extend(run.turns[len(run.turns) - checkpoint.new_turns :])
-        bare = attrs.evolve(run, messages=(), turns=())
-        entry.heads.append(_Head(bare, start, len(run.messages), len(run.turns)))
-        entry.events.extend(checkpoint.events)
+            what = f"run {run.run_id!r} in {self.url}"
+            prior, refs = entry.last or (_head(entry.head, what), None)
+            enc = encode_commit(checkpoint, prior, refs)
+            if enc.first_message != len(entry.messages) or enc.first_turn != len(entry.turns):
+                raise CorruptCheckpoint(f"invalid {what}: logs do not match its head")
+        head = seal(dump_bytes(enc.head))
+        if entry is None:
+            entry = self._runs[run.run_id] = StoredRun(run.revision, head, [], [], [], {})
+        entry.revision, entry.head, entry.last = run.revision, head, (enc.head, enc.refs)
+        entry.entries.append(seal(dump_entry(enc.entry)))
+        entry.messages += [seal(m) for m in enc.messages]
+        entry.turns += [seal(t) for t in enc.turns]
+        for key, data in enc.blobs.items():
+            entry.blobs.setdefault(key, seal(data))
 
-    def _entry(self, run_id: str) -> _Entry:
+    def _entry(self, run_id: str) -> StoredRun:
         entry = self._runs.get(run_id)
         if entry is None:
             raise RunNotFound(run_id)
@@ -130,10 +164,17 @@ class MemoryStore:
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
     ) -> list[Event]:
         """Persisted events after ``after_revision``."""
-        entry = self._runs.get(run_id)
-        if entry is None:
-            raise RunNotFound(run_id)
-        found = [e for e in entry.events if e.revision > after_revision]
+        entry = self._entry(run_id)
+        what = f"events of run {run_id!r} in {self.url}"
+        first = max(after_revision + 1, 0)
+        found: list[Event] = []
+        while first < len(entry.entries) and (limit is None or len(found) < limit):
+            docs = _entries(entry.entries[first : first + 256], first, what)
+            check_log(docs, first, None, what)
+            found += decode_events(docs, run_id, what=what)
+            first += len(docs)
+        if limit is None or len(found) < limit:
+            check_log([], first, entry.revision, what)
         return found if limit is None else found[:limit]
 
     async def list_runs(
@@ -145,10 +186,8 @@ class MemoryStore:
         cursor: str | None = None,
     ) -> RunPage:
         """Runs, newest update first."""
-        summaries = [
-            attrs.evolve(summary_of(h.run), turns=h.turn_count + (h.run.current_turn is not None))
-            for h in (e.heads[-1] for e in self._runs.values())
-        ]
+        what = f"run head in {self.url}"
+        summaries = [head_summary(_head(e.head, what), what=what) for e in self._runs.values()]
         return page_of(
             summaries, state=state, updated_after=updated_after, limit=limit, cursor=cursor
         )
@@ -159,3 +198,21 @@ class MemoryStore:
 
     async def aclose(self) -> None:
         """Nothing to release."""
+
+
+def _head(data: bytes, what: str) -> dict[str, Any]:
+    head = load_json(unseal(data, f"head of {what}"), what)
+    if not isinstance(head, dict):
+        raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
+    return head
+
+
+def _entries(items: list[bytes], first: int, what: str) -> list[tuple[int, Any]]:
+    """Commit log entries (of revisions ``first``...) as documents, checksums checked."""
+    return [
+        (
+            first + i,
+            load_entry(unseal(e, f"commit log entry of revision {first + i} of {what}"), what),
+        )
+        for i, e in enumerate(items)
+    ]

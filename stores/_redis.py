@@ -33,7 +33,9 @@ import attrs
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
+from statekernel._checksum import seal, unseal, unseal_blobs, unseal_each
 from statekernel._codec import (
+    check_log,
     decode_events,
     decode_run,
     encode_commit,
@@ -229,16 +231,15 @@ class RedisStore:
         doc, messages, turns, blobs, *history = await self._call(pipe.execute())
         if doc is None:
             raise RunNotFound(run_id)
-        head = load_json(doc, what)
+        head = _load_head(doc, what)
         wanted = check_revision(run_id, revision, _revision(head, what))
         if wanted != head["r"]:
-            first = snapshot_of(wanted)
-            entries = [(first + i, load_entry(e, what)) for i, e in enumerate(history[0])]
-            head = replay(entries, what=what)
+            head = replay(_entries(history[0], snapshot_of(wanted), what), wanted, what=what)
         m_end, t_end = log_ends(head)
-        msg_docs = _parse_list(messages[:m_end], what)
-        blob_map = {k.decode(): v for k, v in blobs.items()}
-        return decode_run(head, msg_docs, turns[:t_end], blob_map, what=what)
+        msg_docs = _parse_list(unseal_each(messages[:m_end], f"message of {what}"), what)
+        turn_docs = unseal_each(turns[:t_end], f"completed turn of {what}")
+        blob_map = unseal_blobs({k.decode(): v for k, v in blobs.items()}, what)
+        return decode_run(head, msg_docs, turn_docs, blob_map, what=what)
 
     async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
         """Every revision with the events of its commit, oldest first (for copying runs)."""
@@ -253,19 +254,22 @@ class RedisStore:
         doc, entries, messages, turns, blobs = await self._call(pipe.execute())
         if doc is None:
             raise RunNotFound(run_id)
-        m_end, t_end = log_ends(load_json(doc, what))
-        parsed = [(i, load_entry(e, what)) for i, e in enumerate(entries)]
-        msg_docs = _parse_list(messages[:m_end], what)
-        turn_docs = _parse_list(turns[:t_end], what)
-        blob_map = {k.decode(): v for k, v in blobs.items()}
-        for item in iter_history(parsed, msg_docs, turn_docs, blob_map, run_id, what=what):
+        head = _load_head(doc, what)
+        m_end, t_end = log_ends(head)
+        last = _revision(head, what)
+        parsed = _entries(entries, 0, what)
+        msg_docs = _parse_list(unseal_each(messages[:m_end], f"message of {what}"), what)
+        turn_docs = _parse_list(unseal_each(turns[:t_end], f"completed turn of {what}"), what)
+        blob_map = unseal_blobs({k.decode(): v for k, v in blobs.items()}, what)
+        history = iter_history(parsed, msg_docs, turn_docs, blob_map, run_id, last=last, what=what)
+        for item in history:
             yield item
 
     async def _prior(self, run_id: str, head_key: str) -> Prior[_Known] | None:
         doc = await self._call(self._client.hget(head_key, "doc"))
         if doc is None:
             return None
-        head = load_json(doc, f"head of {run_id!r} in {redact_url(self.url)}")
+        head = _load_head(doc, f"run {run_id!r} in {redact_url(self.url)}")
         return Prior(_Known(_revision(head, "run head"), _bytes(doc)), head)
 
     async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
@@ -313,25 +317,25 @@ class RedisStore:
             known = await self._prior(run.run_id, keys[0]) if run.revision > 0 else None
         check_head(checkpoint, None if known is None else known.key.revision)
         enc = encode_commit(checkpoint, None if known is None else known.head)
-        doc = dump_bytes(enc.head)
+        doc = seal(dump_bytes(enc.head))
         score = micros(run.updated_at)
         args: list[Any] = [
             checkpoint.expected_revision if run.revision > 0 else -1,
             run.revision,
             hashlib.sha1(known.key.doc).hexdigest() if known is not None else "",
             doc,
-            dump_entry(enc.entry),
+            seal(dump_entry(enc.entry)),
             enc.first_message,
             len(enc.messages),
             enc.first_turn,
             len(enc.turns),
             len(enc.blobs),
             uuid.uuid4().hex,  # this commit's id: a script sent again knows it landed
-            *enc.messages,
-            *enc.turns,
+            *[seal(m) for m in enc.messages],
+            *[seal(t) for t in enc.turns],
         ]
         for key, value in enc.blobs.items():
-            args += [key, value]
+            args += [key, seal(value)]
         if fence is not None:
             keys, args = [*keys, fence.key], [*args, fence.token]
         script = _Script(run.run_id, run.revision, keys, args)
@@ -397,18 +401,22 @@ class RedisStore:
     ) -> list[Event]:
         """Persisted events of the revisions after ``after_revision``."""
         head_key, c_key, *_ = self._keys(run_id)
-        if not await self._call(self._client.exists(head_key)):
+        stored = await self._call(self._client.hget(head_key, "r"))
+        if stored is None:
             raise RunNotFound(run_id)
-        what = f"events of {run_id!r} in {redact_url(self.url)}"
+        what = f"events of run {run_id!r} in {redact_url(self.url)}"
         found: list[Event] = []
         start = max(after_revision + 1, 0)
         while limit is None or len(found) < limit:
             chunk = await self._call(self._client.lrange(c_key, start, start + 255))
             if not chunk:
                 break
-            entries = [(start + i, load_entry(_bytes(e), what)) for i, e in enumerate(chunk)]
+            entries = _entries(chunk, start, what)
+            check_log(entries, start, None, what)
             found += decode_events(entries, run_id, what=what)
             start += len(chunk)
+        if limit is None or len(found) < limit:
+            check_log([], start, int(stored), what)
         return found if limit is None else found[:limit]
 
     async def list_runs(
@@ -455,7 +463,7 @@ class RedisStore:
         for (run_id, score), doc in zip(scored, docs, strict=True):
             if doc is None:
                 continue
-            summary = head_summary(load_json(doc, what))
+            summary = head_summary(_load_head(doc, what))
             if micros(summary.updated_at) != score:
                 fixed = {run_id: micros(summary.updated_at)}
                 await self._call(self._client.zadd(self._index, fixed, xx=True))
@@ -482,7 +490,7 @@ class RedisStore:
             if doc is None:
                 found.append(None)
                 continue
-            summary = head_summary(load_json(doc, what))
+            summary = head_summary(_load_head(doc, what))
             found.append((summary.revision, micros(summary.updated_at)))
         return found
 
@@ -521,6 +529,24 @@ def _revision(head: Any, what: str) -> int:
     if type(revision) is not int:
         raise CorruptCheckpoint(f"invalid {what}: no revision")
     return revision
+
+
+def _load_head(doc: bytes | str, what: str) -> Any:
+    """A stored head document, checked against its checksum."""
+    return load_json(unseal(_bytes(doc), f"head of {what}"), what)
+
+
+def _entries(items: list[Any], first: int, what: str) -> list[tuple[int, Any]]:
+    """Commit log entries (of revisions ``first``...) as documents, checksums checked."""
+    return [
+        (
+            first + i,
+            load_entry(
+                unseal(_bytes(e), f"commit log entry of revision {first + i} of {what}"), what
+            ),
+        )
+        for i, e in enumerate(items)
+    ]
 
 
 def _parse_list(items: list[bytes], what: str) -> list[Any]:

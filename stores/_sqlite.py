@@ -31,8 +31,10 @@ from urllib.parse import parse_qsl, urlsplit
 import aiosqlite
 import attrs
 
+from statekernel._checksum import seal, unseal, unseal_blobs, unseal_each
 from statekernel._codec import (
     EncodedCommit,
+    check_log,
     decode_events,
     decode_run,
     encode_commit,
@@ -224,10 +226,12 @@ class SQLiteStore:
         )
         if parts is None:
             raise RunNotFound(run_id)
-        entries = [(r, load_entry(e, what)) for r, e in parts.entries]
-        messages = _parse(parts.messages, what)
-        turns = _parse(parts.turns, what)
-        for item in iter_history(entries, messages, turns, parts.blobs, run_id, what=what):
+        entries = _entries(parts.entries, what)
+        messages = _parse(unseal_each(parts.messages, f"message of {what}"), what)
+        turns = _parse(unseal_each(parts.turns, f"completed turn of {what}"), what)
+        blobs = unseal_blobs(parts.blobs, what)
+        last = parts.stored.revision
+        for item in iter_history(entries, messages, turns, blobs, run_id, last=last, what=what):
             yield item
 
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
@@ -292,7 +296,8 @@ class SQLiteStore:
         return None if stored is None else Prior(stored, self._head(stored, run_id))
 
     def _head(self, stored: Stored, run_id: str) -> dict[str, Any]:
-        head = load_json(stored.head, f"head of {run_id!r} in {self.url}")
+        what = f"head of run {run_id!r} in {self.url}"
+        head = load_json(unseal(stored.head, what), what)
         if not isinstance(head, dict):
             raise CorruptCheckpoint(f"invalid head of {run_id!r} in {self.url}: not an object")
         return head
@@ -301,17 +306,23 @@ class SQLiteStore:
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
     ) -> list[Event]:
         """Persisted events of the revisions after ``after_revision``."""
-        what = f"events of {run_id!r} in {self.url}"
+        what = f"events of run {run_id!r} in {self.url}"
         found: list[Event] = []
+        first = max(after_revision + 1, 0)
+        nxt = [first]
 
         def collect(batch: list[tuple[int, bytes]]) -> bool:
-            found.extend(decode_events(((r, load_entry(e, what)) for r, e in batch), run_id))
+            entries = _entries(batch, what)
+            check_log(entries, nxt[0], None, what)
+            nxt[0] += len(entries)
+            found.extend(decode_events(entries, run_id, what=what))
             return limit is not None and len(found) >= limit
 
-        first = max(after_revision + 1, 0)
-        exists = await self._shielded(lambda: self._call(read_events, run_id, first, collect))
-        if not exists:
+        head = await self._shielded(lambda: self._call(read_events, run_id, first, collect))
+        if head is None:
             raise RunNotFound(run_id)
+        if limit is None or len(found) < limit:
+            check_log([], nxt[0], head, what)
         return found if limit is None else found[:limit]
 
     async def list_runs(
@@ -327,7 +338,8 @@ class SQLiteStore:
         sql = f"SELECT head FROM runs{where} ORDER BY updated_us DESC, run_id DESC LIMIT ?"
         params.append(max(limit, 0) + 1)
         rows = await self._shielded(lambda: self._call(fetch_all, sql, params))
-        summaries = [head_summary(load_json(h, f"run head in {self.url}")) for (h,) in rows]
+        what = f"run head in {self.url}"
+        summaries = [head_summary(load_json(unseal(h, what), what)) for (h,) in rows]
         page = tuple(summaries[:limit])
         more = len(summaries) > limit and bool(page)
         return RunPage(page, encode_cursor(page[-1]) if more else None)
@@ -367,17 +379,17 @@ def _rows(cp: Checkpoint, enc: EncodedCommit) -> CommitRows:
         enc_time(run.created_at),
         enc_time(run.updated_at),
         micros(run.updated_at),
-        dump_bytes(enc.head),
+        seal(dump_bytes(enc.head)),
     )
     return CommitRows(
         columns,
         run.revision,
-        dump_entry(enc.entry),
+        seal(dump_entry(enc.entry)),
         enc.first_message,
-        enc.messages,
+        [seal(m) for m in enc.messages],
         enc.first_turn,
-        enc.turns,
-        list(enc.blobs.items()),
+        [seal(t) for t in enc.turns],
+        [(k, seal(v)) for k, v in enc.blobs.items()],
     )
 
 
@@ -385,23 +397,34 @@ def _head_at(
     stored: Stored, entries: list[tuple[int, bytes]], revision: int | None, what: str
 ) -> dict[str, Any]:
     if not entries:
-        head = load_json(stored.head, what)
+        head = load_json(unseal(stored.head, f"head of {what}"), what)
         if not isinstance(head, dict):
             raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
         return head
-    chosen = [(r, load_entry(e, what)) for r, e in entries if revision is None or r <= revision]
-    return replay(chosen, what=what)
+    assert revision is not None  # entries are read only for a past revision
+    chosen = [(r, e) for r, e in entries if r <= revision]
+    return replay(_entries(chosen, what), revision, what=what)
+
+
+def _entries(rows: list[tuple[int, bytes]], what: str) -> list[tuple[int, Any]]:
+    """Commit log entries as documents, each checked against its checksum."""
+    return [
+        (r, load_entry(unseal(e, f"commit log entry of revision {r} of {what}"), what))
+        for r, e in rows
+    ]
 
 
 def _decode(parts: Parts, what: str) -> Run:
     m_end, t_end = log_ends(parts.head)
-    messages = _parse(parts.messages, f"messages of {what}")
-    turns = parts.turns  # parsed when a completed turn is read
-    if len(messages) != m_end or len(turns) != t_end:
+    if len(parts.messages) != m_end or len(parts.turns) != t_end:
         raise CorruptCheckpoint(
-            f"invalid {what}: {len(messages)} of {m_end} messages, {len(turns)} of {t_end} turns"
+            f"invalid {what}: {len(parts.messages)} of {m_end} messages,"
+            f" {len(parts.turns)} of {t_end} turns"
         )
-    return decode_run(parts.head, messages, turns, parts.blobs, what=what)
+    messages = _parse(unseal_each(parts.messages, f"message of {what}"), f"messages of {what}")
+    turns = unseal_each(parts.turns, f"completed turn of {what}")  # parsed when read
+    blobs = unseal_blobs(parts.blobs, what)
+    return decode_run(parts.head, messages, turns, blobs, what=what)
 
 
 def _parse(docs: list[bytes], what: str) -> list[Any]:

@@ -274,13 +274,14 @@ def read_events(
     run_id: str,
     first: int,
     collect: Callable[[list[tuple[int, bytes]]], bool],
-) -> bool:
+) -> int | None:
     """Hand commit log entries from revision ``first`` on to ``collect`` in batches until
-    it returns True or they run out; False when there is no such run."""
+    it returns True or they run out; the head revision, None when there is no such run."""
     with transaction(conn):
-        row = conn.execute("SELECT id FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        row = conn.execute("SELECT id, revision FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         if row is None:
-            return False
+            return None
+        _checked(row, (int, int), f"run {run_id!r}")
         cursor = conn.execute(
             "SELECT revision, entry FROM commits WHERE rid = ? AND revision >= ? ORDER BY revision",
             (row[0], first),
@@ -288,7 +289,7 @@ def read_events(
         while True:
             batch = [_checked(r, (int, bytes), "commit log") for r in cursor.fetchmany(256)]
             if not batch or collect(batch):
-                return True
+                return int(row[1])
 
 
 def delete_run(conn: sqlite3.Connection, run_id: str) -> bool:

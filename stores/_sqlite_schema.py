@@ -8,13 +8,11 @@ from statekernel.errors import StoreError
 
 __all__ = ["SCHEMA", "STORE_VERSION", "migrate_schema"]
 
-STORE_VERSION = 3
+STORE_VERSION = 4
 """The layout version of the SQLite store written by this release.
 
-Version 2 has the tables of version 1; its blobs may be zlib-compressed and its
-commit log entries hold events in the compact form, which releases that read
-version 1 would misread, so they refuse it as newer. Version 3 adds the ``leases``
-table; releases before it would commit without checking leases, so they refuse it.
+Every stored value ends with its checksum (``statekernel._checksum``). Earlier
+layouts were never released; a database in one is refused, not misread.
 """
 
 LEASES = """
@@ -59,8 +57,8 @@ CREATE TABLE blobs (
     + LEASES
 )
 
-_MIGRATIONS: dict[int, str] = {1: "", 2: LEASES}
-"""SQL that upgrades the store from a version to the next one."""
+_MIGRATIONS: dict[int, str] = {}
+"""SQL that upgrades the store from a version to the next one (none yet)."""
 
 
 def migrate_schema(conn: sqlite3.Connection) -> None:
@@ -82,6 +80,11 @@ def migrate_schema(conn: sqlite3.Connection) -> None:
                 conn.execute(statement)
             conn.execute("INSERT INTO statekernel_schema (version) VALUES (?)", (STORE_VERSION,))
             version = STORE_VERSION
+        if version < STORE_VERSION and version not in _MIGRATIONS:
+            raise StoreError(
+                f"SQLite store layout version {version} was written by an unreleased"
+                f" development version and cannot be read by this release ({STORE_VERSION})"
+            )
         while version < STORE_VERSION:
             for statement in _statements(_MIGRATIONS[version]):
                 conn.execute(statement)

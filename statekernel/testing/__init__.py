@@ -14,6 +14,14 @@ from statekernel.testing._faults import (
     FaultyStore,
 )
 from statekernel.testing._fuzz import CrashResumeReport, Ledger, check_crash_resume, fuzz_agent
+from statekernel.testing._raw import (
+    FileRecords,
+    MemoryRecords,
+    RawRecords,
+    RecordKey,
+    RedisRecords,
+    SQLiteRecords,
+)
 from statekernel.testing._scripted import Fail, Reply, ScriptedProvider, call
 from statekernel.testing._store_check import StoreFactory, check_store
 
@@ -28,8 +36,14 @@ __all__ = [
     "FaultPlan",
     "FaultyProvider",
     "FaultyStore",
+    "FileRecords",
     "Ledger",
+    "MemoryRecords",
+    "RawRecords",
+    "RecordKey",
+    "RedisRecords",
     "Reply",
+    "SQLiteRecords",
     "ScriptedProvider",
     "StoreFactory",
     "call",

@@ -3,7 +3,9 @@
 No test framework needed: ``await check_store(factory)`` raises ``AssertionError``
 naming the first check that failed. ``factory()`` (sync or async) must return a
 new, empty store each time it is called; each check runs on its own store and
-closes it.
+closes it. With ``raw`` (``RawRecords`` of the store: ``MemoryRecords``,
+``FileRecords``, ``SQLiteRecords``, ``RedisRecords`` or one of your own), the
+checks on damaged storage run too.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from collections.abc import Awaitable, Callable
 
 from statekernel._storage import CheckpointStore
 from statekernel.testing import _store_cases as c
+from statekernel.testing._raw import RawRecords
+from statekernel.testing._store_damage import check_damaged_records, check_log_gaps
 
 __all__ = ["StoreFactory", "check_store"]
 
@@ -20,10 +24,13 @@ StoreFactory = Callable[[], CheckpointStore | Awaitable[CheckpointStore]]
 Check = Callable[[CheckpointStore], Awaitable[None]]
 
 
-async def check_store(factory: StoreFactory, *, examples: int = 25) -> list[str]:
+async def check_store(
+    factory: StoreFactory, *, examples: int = 25, raw: RawRecords | None = None
+) -> list[str]:
     """Run every conformance check on fresh stores from ``factory``; the checks' names.
 
     ``examples`` is the number of generated runs round-tripped (needs Hypothesis).
+    ``raw`` reaches the stores' own storage, for the checks on damaged records.
     """
     from statekernel.testing._store_props import check_generated_runs
 
@@ -44,6 +51,9 @@ async def check_store(factory: StoreFactory, *, examples: int = 25) -> list[str]
         ("non-ASCII text", c.check_non_ascii),
         ("leases", c.check_leases),
     ]
+    if raw is not None:
+        checks.append(("damaged records", lambda s: check_damaged_records(s, raw)))
+        checks.append(("commit log gaps", lambda s: check_log_gaps(s, raw)))
     for name, check in checks:
         store = await _open(factory)
         try:

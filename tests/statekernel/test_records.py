@@ -75,7 +75,8 @@ def test_migrations_upgrade_old_versions(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(_convert, "SCHEMA_VERSION", 2)
     monkeypatch.setattr(_convert, "_MIGRATIONS", {})
 
-    def rename_ctx(data: dict[str, object]) -> dict[str, object]:
+    def rename_ctx(kind: str, data: dict[str, object]) -> dict[str, object]:
+        assert kind == "run"
         data["context"] = data.pop("ctx", {})
         return data
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
+from statekernel._checksum import seal, seal_line, unseal, unseal_line
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
 from statekernel.stores import Checkpoint, open_store, redact_url
 from statekernel.testing._store_cases import next_revision, sample_run
@@ -194,17 +195,18 @@ async def test_sqlite_damaged_tables_give_typed_errors(tmp_path: Path, damage: s
 
 
 def _bump_version(doc: bytes) -> bytes:
-    head = json.loads(doc)
+    """A stored (checksummed) head at schema version 99, checksummed again."""
+    head = json.loads(unseal(doc, "head"))
     head["sv"] = 99
-    return json.dumps(head).encode()
+    return seal(json.dumps(head).encode())
 
 
 async def test_unknown_schema_version_file(tmp_path: Path) -> None:
     await _commit_two(f"file://{tmp_path}")
     path = tmp_path / "r" / "head.json"
-    doc = json.loads(path.read_bytes())
-    doc["head"] = json.loads(_bump_version(json.dumps(doc["head"]).encode()))
-    path.write_text(json.dumps(doc))
+    doc = json.loads(unseal_line(path.read_bytes(), "head file"))
+    doc["head"]["sv"] = 99
+    path.write_bytes(seal_line(json.dumps(doc).encode()))
     with pytest.raises(CorruptCheckpoint, match="schema_version 99"):
         await open_store(f"file://{tmp_path}").load("r")
 

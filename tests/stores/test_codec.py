@@ -33,7 +33,7 @@ from statekernel._messages import (
     Usage,
 )
 from statekernel._run import FailureInfo, PauseInfo, Run, ToolCallRecord, Turn
-from statekernel.errors import CorruptCheckpoint
+from statekernel.errors import CorruptCheckpoint, StoreError
 from statekernel.stores import Checkpoint, open_store
 from statekernel.stores._sqlite_schema import SCHEMA
 from statekernel.testing._store_cases import next_revision, sample_run
@@ -167,9 +167,10 @@ async def test_older_schema_version_goes_through_the_migrations(
     await store.commit(Checkpoint.between(run, one))
     await store.aclose()
 
-    def to_v2(data: dict[str, Any]) -> dict[str, Any]:
-        data["context"] = {"migrated": data["context"]}
-        return data
+    def to_v2(kind: str, doc: Any) -> Any:
+        if kind == "head":
+            doc["c"] = {"migrated": doc["c"]}
+        return doc
 
     monkeypatch.setattr(_convert, "SCHEMA_VERSION", 2)
     monkeypatch.setattr(_convert, "_MIGRATIONS", {1: to_v2})
@@ -213,31 +214,24 @@ def _where(url: str) -> str:
     return url
 
 
-async def test_sqlite_layout_version_1_is_upgraded(tmp_path: Path) -> None:
+async def test_sqlite_unreleased_layouts_are_refused_not_misread(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     with sqlite3.connect(path) as conn:
         conn.execute("CREATE TABLE statekernel_schema (version INTEGER NOT NULL)")
-        conn.execute("INSERT INTO statekernel_schema VALUES (1)")
+        conn.execute("INSERT INTO statekernel_schema VALUES (3)")
         conn.executescript(SCHEMA)
     store = open_store(f"sqlite:///{path}")
-    await store.commit(Checkpoint.between(None, sample_run("r")))
-    assert await store.load("r") == sample_run("r")
+    with pytest.raises(StoreError, match="layout version 3 was written by an unreleased"):
+        await store.load("r")
     await store.aclose()
-    with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT version FROM statekernel_schema").fetchone() == (3,)
 
 
-# -- what earlier versions stored is still read ----------------------------------------
+# -- stored forms ----------------------------------------------------------------------
 
 
-def test_entries_and_blobs_in_the_earlier_forms_are_read() -> None:
-    old_entry = {
-        "p": {"ua": 5},
-        "q": 3,
-        "e": [[1, 1_000_000, {"index": 2}], ["custom", "2030-01-01T00:00:00+01:00"]],
-    }
-    assert load_entry(json.dumps(old_entry).encode(), "entry") == old_entry
-    events = decode_events([(4, old_entry)], "r")
+def test_entries_and_blobs_are_read_in_every_form_they_are_written() -> None:
+    entry = {"p": {"ua": 1_000_000}, "q": 3, "E": [[1, [2]], ["custom"]]}
+    events = decode_events([(4, entry)], "r")
     assert [(e.type, e.seq, e.revision, e.data) for e in events] == [
         ("turn_started", 3, 4, {"index": 2}),
         ("custom", 4, 4, {}),

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import redis as redis_sync
 
+from statekernel._checksum import seal
 from statekernel._run import Run
 from statekernel.errors import CorruptCheckpoint
 from statekernel.stores import Checkpoint, open_store
@@ -52,7 +53,7 @@ async def test_damaged_completed_turn_sqlite(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     run = await _committed(f"sqlite:///{path}")
     with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE turns SET doc = ? WHERE pos = 1", (b'{"i": 1, "q": ',))
+        conn.execute("UPDATE turns SET doc = ? WHERE pos = 1", (seal(b'{"i": 1, "q": '),))
     store = open_store(f"sqlite:///{path}")
     loaded = await store.load("lazy")
     await store.aclose()
@@ -68,7 +69,7 @@ async def test_damaged_completed_turn_sqlite(tmp_path: Path) -> None:
 async def test_damaged_completed_turn_redis(redis_store_url: str, redis_prefix: str) -> None:
     run = await _committed(redis_store_url)
     client = redis_sync.Redis.from_url(redis_store_url.split("?")[0])
-    client.lset(f"{redis_prefix}:{{lazy}}:t", 2, b'{"i": "two"}')
+    client.lset(f"{redis_prefix}:{{lazy}}:t", 2, seal(b'{"i": "two"}'))
     client.close()
     store = open_store(redis_store_url)
     loaded = await store.load("lazy")

@@ -113,7 +113,7 @@ def _file_views(data: bytes) -> list[bytes]:
     views = [data]
     for line in data.split(b"\n"):
         if line.startswith((b'["z",', b'["c",')):
-            packed = json.loads(line)[2]
+            packed = json.loads(line[:-9])[2]
             if isinstance(packed, str):
                 raw = base64.b64decode(packed)
                 views += _unpacked((b"\x00z" if line[2:3] == b"z" else b"") + raw)

@@ -1,0 +1,249 @@
+"""Access to the stored records of a run in a store's own storage, to damage them on purpose.
+
+``check_store(factory, raw=...)`` uses it to check that a damaged record or a missing
+commit log entry raises ``CorruptCheckpoint`` instead of being served as data. A
+store that is not built in supplies its own ``RawRecords``. Records are named by
+``RecordKey``: ``("head", 0)``, ``("entry", revision)``, ``("message", position)``,
+``("turn", position)``, ``("blob", key)``; their bytes are as stored (checksum
+included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from statekernel._checksum import seal_line, unseal_line
+from statekernel._codec_base import dump_bytes, load_json
+from statekernel._storage import CheckpointStore
+from statekernel.stores._file import FileStore, folder_name
+from statekernel.stores._memory import MemoryStore, StoredRun
+from statekernel.stores._redis import RedisStore
+from statekernel.stores._sqlite import SQLiteStore
+
+__all__ = [
+    "FileRecords",
+    "MemoryRecords",
+    "RawRecords",
+    "RecordKey",
+    "RedisRecords",
+    "SQLiteRecords",
+]
+
+RecordKey = tuple[str, int | str]
+"""The name of a stored record: its kind and its revision, position or blob key."""
+
+
+class RawRecords(Protocol):
+    """Reads and replaces the stored records of a run, below the store's own checks."""
+
+    async def read(self, store: CheckpointStore, run_id: str) -> dict[RecordKey, bytes]:
+        """Every stored record of the run, by name, as stored."""
+        ...
+
+    async def write(
+        self, store: CheckpointStore, run_id: str, key: RecordKey, data: bytes | None
+    ) -> None:
+        """Replace the record ``key`` with ``data`` as it is, or remove it (None).
+
+        Removing an entry leaves the rest of the run as a store would find it after
+        losing that entry (what says how much is stored is adjusted to match).
+        """
+        ...
+
+
+class MemoryRecords:
+    """``RawRecords`` of ``memory://`` stores."""
+
+    async def read(self, store: CheckpointStore, run_id: str) -> dict[RecordKey, bytes]:
+        """The run's records."""
+        found = _memory(store, run_id)
+        records: dict[RecordKey, bytes] = {("head", 0): found.head}
+        records.update({("entry", i): e for i, e in enumerate(found.entries)})
+        records.update({("message", i): m for i, m in enumerate(found.messages)})
+        records.update({("turn", i): t for i, t in enumerate(found.turns)})
+        records.update({("blob", k): b for k, b in found.blobs.items()})
+        return records
+
+    async def write(
+        self, store: CheckpointStore, run_id: str, key: RecordKey, data: bytes | None
+    ) -> None:
+        """Replace or remove one record."""
+        found = _memory(store, run_id)
+        kind, name = key
+        if kind == "head":
+            assert data is not None, "the head cannot be removed"
+            found.head, found.last = data, None
+        elif kind == "blob":
+            assert isinstance(name, str)
+            if data is None:
+                found.blobs.pop(name, None)
+            else:
+                found.blobs[name] = data
+        else:
+            assert isinstance(name, int)
+            items = {"entry": found.entries, "message": found.messages, "turn": found.turns}[kind]
+            if data is None:
+                del items[name]
+            else:
+                items[name] = data
+
+
+def _memory(store: CheckpointStore, run_id: str) -> StoredRun:
+    assert isinstance(store, MemoryStore), f"{store!r} is not a memory store"
+    found = store.stored(run_id)
+    assert found is not None, f"no run {run_id!r}"
+    return found
+
+
+class SQLiteRecords:
+    """``RawRecords`` of ``sqlite://`` stores (through a connection of their own)."""
+
+    _TABLES: ClassVar[dict[str, tuple[str, str, str]]] = {
+        "entry": ("commits", "revision", "entry"),
+        "message": ("messages", "pos", "doc"),
+        "turn": ("turns", "pos", "doc"),
+        "blob": ("blobs", "key", "data"),
+    }
+
+    async def read(self, store: CheckpointStore, run_id: str) -> dict[RecordKey, bytes]:
+        """The run's records."""
+        return await asyncio.to_thread(self._read, _sqlite_path(store), run_id)
+
+    def _read(self, path: str, run_id: str) -> dict[RecordKey, bytes]:
+        with _connect(path) as conn:
+            rid, head = conn.execute(
+                "SELECT id, head FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            records: dict[RecordKey, bytes] = {("head", 0): head}
+            for kind, (table, column, value) in self._TABLES.items():
+                rows = conn.execute(f"SELECT {column}, {value} FROM {table} WHERE rid = ?", (rid,))
+                records.update({(kind, name): data for name, data in rows})
+            return records
+
+    async def write(
+        self, store: CheckpointStore, run_id: str, key: RecordKey, data: bytes | None
+    ) -> None:
+        """Replace or remove one record."""
+        await asyncio.to_thread(self._write, _sqlite_path(store), run_id, key, data)
+
+    def _write(self, path: str, run_id: str, key: RecordKey, data: bytes | None) -> None:
+        kind, name = key
+        with _connect(path) as conn:
+            if kind == "head":
+                conn.execute("UPDATE runs SET head = ? WHERE run_id = ?", (data, run_id))
+                return
+            (rid,) = conn.execute("SELECT id FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            table, column, value = self._TABLES[kind]
+            if data is None:
+                conn.execute(f"DELETE FROM {table} WHERE rid = ? AND {column} = ?", (rid, name))
+            else:
+                conn.execute(
+                    f"UPDATE {table} SET {value} = ? WHERE rid = ? AND {column} = ?",
+                    (data, rid, name),
+                )
+
+
+def _sqlite_path(store: CheckpointStore) -> str:
+    assert isinstance(store, SQLiteStore), f"{store!r} is not a SQLite store"
+    return store.path
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, timeout=10)
+    conn.isolation_level = None
+    return conn
+
+
+class FileRecords:
+    """``RawRecords`` of ``file://`` stores: lines of the run's log and its head file."""
+
+    _KINDS: ClassVar[dict[bytes, str]] = {
+        b"c": "entry",
+        b"m": "message",
+        b"t": "turn",
+        b"b": "blob",
+        b"z": "blob",
+    }
+
+    async def read(self, store: CheckpointStore, run_id: str) -> dict[RecordKey, bytes]:
+        """The run's records."""
+        folder = _folder(store, run_id)
+        records: dict[RecordKey, bytes] = {("head", 0): (folder / "head.json").read_bytes()}
+        for key, line in self._lines(folder):
+            records[key] = line
+        return records
+
+    def _lines(self, folder: Path) -> list[tuple[RecordKey, bytes]]:
+        found: list[tuple[RecordKey, bytes]] = []
+        for line in (folder / "log.jsonl").read_bytes().split(b"\n")[:-1]:
+            kind, name = load_json(line[:-9], "log line")[:2]
+            found.append(((self._KINDS[kind.encode()], name), line))
+        return found
+
+    async def write(
+        self, store: CheckpointStore, run_id: str, key: RecordKey, data: bytes | None
+    ) -> None:
+        """Replace or remove one record; the head is updated to cover the new log."""
+        folder = _folder(store, run_id)
+        if key == ("head", 0):
+            assert data is not None, "the head cannot be removed"
+            (folder / "head.json").write_bytes(data)
+            return
+        lines = [data if k == key else line for k, line in self._lines(folder)]
+        log = b"".join(line + b"\n" for line in lines if line is not None)
+        (folder / "log.jsonl").write_bytes(log)
+        head = load_json(unseal_line((folder / "head.json").read_bytes(), "head"), "head")
+        head["sz"] = len(log)
+        (folder / "head.json").write_bytes(seal_line(dump_bytes(head)))
+
+
+def _folder(store: CheckpointStore, run_id: str) -> Path:
+    assert isinstance(store, FileStore), f"{store!r} is not a file store"
+    return store.root / folder_name(run_id)
+
+
+class RedisRecords:
+    """``RawRecords`` of ``redis://`` stores."""
+
+    _LISTS: ClassVar[dict[str, str]] = {"entry": "c", "message": "m", "turn": "t"}
+
+    async def read(self, store: CheckpointStore, run_id: str) -> dict[RecordKey, bytes]:
+        """The run's records."""
+        assert isinstance(store, RedisStore), f"{store!r} is not a Redis store"
+        client: Any = store.client
+        records: dict[RecordKey, bytes] = {
+            ("head", 0): await client.hget(store.run_key(run_id, "head"), "doc")
+        }
+        for kind, name in self._LISTS.items():
+            items = await client.lrange(store.run_key(run_id, name), 0, -1)
+            records.update({(kind, i): item for i, item in enumerate(items)})
+        blobs = await client.hgetall(store.run_key(run_id, "b"))
+        records.update({("blob", k.decode()): v for k, v in blobs.items()})
+        return records
+
+    async def write(
+        self, store: CheckpointStore, run_id: str, key: RecordKey, data: bytes | None
+    ) -> None:
+        """Replace or remove one record (a removed list item moves the later ones up)."""
+        assert isinstance(store, RedisStore), f"{store!r} is not a Redis store"
+        client: Any = store.client
+        kind, name = key
+        if kind == "head":
+            await client.hset(store.run_key(run_id, "head"), "doc", data)
+        elif kind == "blob":
+            blobs = store.run_key(run_id, "b")
+            if data is None:
+                await client.hdel(blobs, str(name))
+            else:
+                await client.hset(blobs, str(name), data)
+        else:
+            assert isinstance(name, int)
+            items = store.run_key(run_id, self._LISTS[kind])
+            if data is None:
+                await client.lset(items, name, b"\x00removed")
+                await client.lrem(items, 1, b"\x00removed")
+            else:
+                await client.lset(items, name, data)
