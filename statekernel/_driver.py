@@ -101,6 +101,9 @@ class RunDriver:
         self.staged_outcomes: list[_Outcome] = []
         self.landed: list[Event] = []
         """Events of the commits landed by the current ``advance``."""
+        self.observing = hk.overrides(kernel.hooks, "on_tool_call_completed")
+        """Whether the hooks observe committed results (``on_tool_call_completed``): the
+        commit of a result then lands before anything else is decided."""
         self.queue: asyncio.Queue[Event | None] = asyncio.Queue()
 
     @property
@@ -152,12 +155,6 @@ class RunDriver:
         await wait_ended(tasks)
 
     # -- commits ---------------------------------------------------------------
-
-    @property
-    def observing(self) -> bool:
-        """Whether the hooks observe committed results (``on_tool_call_completed``): the
-        commit of a result then lands before anything else is decided."""
-        return hk.overrides(self.kernel.hooks, "on_tool_call_completed")
 
     def stage(self, event: str, **payload: Any) -> None:
         """Apply one transition to the driver's copy. It joins the commit being gathered
@@ -249,7 +246,7 @@ class RunDriver:
         run = self.run
         for outcome in outcomes:
             for call_id in outcome.ids:
-                await self._hook("on_tool_call_completed", run, _record(run, call_id))
+                await self._hook("on_tool_call_completed", run, _turn(run).call(call_id))
 
     async def _land(self, checkpoint: Checkpoint, previous: Run) -> None:
         """Commit ``checkpoint`` (the driver's copy is already at it): on return it landed.
@@ -755,15 +752,6 @@ def _same_commit(head: Run, mine: Run) -> bool:
         and head.event_count == mine.event_count
         and head.state == mine.state
     )
-
-
-def _record(run: Run, call_id: str) -> ToolCallRecord | None:
-    turns = (run.current_turn, *reversed(run.turns[-1:]))
-    for turn in turns:
-        record = turn.call(call_id) if turn is not None else None
-        if record is not None:
-            return record
-    return None
 
 
 def _turn(run: Run) -> Turn:

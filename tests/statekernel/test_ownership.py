@@ -244,17 +244,24 @@ class SlowAfter(StoreWrapper):
             await asyncio.sleep(1.0)  # the caller is cancelled meanwhile
 
 
+async def cancelled_after_landing(kernel: sk.Kernel, store: SlowAfter) -> sk.Run:
+    """Start a run, drive it, and cancel the drive while ``store`` keeps it waiting
+    after the commit it watches for landed."""
+    run = await kernel.start(model="scripted/x", messages=["pay"])
+    task = asyncio.create_task(drain(kernel, run.run_id))
+    await store.landed.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return run
+
+
 async def test_a_cancelled_drive_keeps_an_intent_that_landed(store_url: str) -> None:
     ledger = Ledger()
     async with opened(store_url) as inner:
         store = SlowAfter(inner, "tool_call_started")
         kernel = kernel_on(store, ledger)
-        run = await kernel.start(model="scripted/x", messages=["pay"])
-        task = asyncio.create_task(drain(kernel, run.run_id))
-        await store.landed.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        run = await cancelled_after_landing(kernel, store)
         assert not ledger.started  # the intent landed, the effect never began
         kernel.store = inner
         await drain(kernel, run.run_id)
@@ -360,12 +367,7 @@ async def test_a_cancelled_drive_forgets_a_result_that_landed(store_url: str) ->
     async with opened(store_url) as inner:
         store = SlowAfter(inner, "tool_call_completed")
         kernel = kernel_on(store, ledger, busy_timeout=1.0)
-        run = await kernel.start(model="scripted/x", messages=["pay"])
-        task = asyncio.create_task(drain(kernel, run.run_id))
-        await store.landed.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        run = await cancelled_after_landing(kernel, store)
         assert run.run_id not in kernel._drivers  # nothing held: the run is let go
         other = kernel_on(inner, ledger, busy_timeout=1.0)
         await drain(other, run.run_id)
