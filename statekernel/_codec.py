@@ -309,26 +309,31 @@ class _Decoder:
         self.turn_docs = turn_docs
         self.turns: dict[int, Deferred[Turn]] = {}
         self.reader = Reader(blobs, self.message_at, self.message_range)
-        self._messages: dict[int, Message] = {}
+        self._log: list[Message | None] = [None] * self.message_count
+        """The message log as decoded so far: every transcript and request of the run
+        is a view of this one list (``LazyTuple.view``), as it was when committed."""
         self.version = _convert.SCHEMA_VERSION
         self.what = "run"
 
     def message_at(self, pos: int) -> Message:
-        found = self._messages.get(pos)
+        if not 0 <= pos < self.message_count:
+            raise ValueError(f"bad message position {pos}")
+        found = self._log[pos]
         if found is None:
-            if not 0 <= pos < self.message_count:
-                raise ValueError(f"bad message position {pos}")
             doc = self.message_docs[pos]
             if self.version < _convert.SCHEMA_VERSION:
                 doc = _convert.migrate("message", doc, self.version, what=self.what)
-            found = self._messages[pos] = self.reader.message(doc)
+            found = self._log[pos] = self.reader.message(doc)
         return found
 
-    def message_range(self, start: int, count: int) -> tuple[Message, ...]:
+    def message_range(self, start: int, count: int) -> LazyTuple[Message]:
         if start < 0 or count < 0 or start + count > self.message_count:
             raise ValueError(f"bad message range {start}+{count}")
-        at = self.message_at
-        return tuple([at(pos) for pos in range(start, start + count)])
+        log, at = self._log, self.message_at
+        for pos in range(start, start + count):
+            if log[pos] is None:
+                at(pos)
+        return LazyTuple.view(log, start, start + count)
 
     def turn_at(self, pos: int, what: str) -> Deferred[Turn]:
         """The completed turn at ``pos`` of the turn log, decoded when first read."""

@@ -26,6 +26,7 @@ from statekernel._codec_base import (
     load_json,
     same,
 )
+from statekernel._lazy import LazyTuple
 from statekernel._messages import (
     ContentPart,
     ImagePart,
@@ -101,7 +102,7 @@ def _tools_text(tools: tuple[ToolSpec, ...]) -> str:
 class Writer(BlobWriter):
     """Encodes records; ``transcript`` and ``m0`` place the run's transcript in its log."""
 
-    def __init__(self, known: frozenset[str], transcript: tuple[Message, ...], m0: int) -> None:
+    def __init__(self, known: frozenset[str], transcript: LazyTuple[Message], m0: int) -> None:
         super().__init__(known)
         self.transcript = transcript
         self.m0 = m0
@@ -139,13 +140,13 @@ class Writer(BlobWriter):
                usage.cache_write_tokens, usage.reasoning_tokens]  # fmt: skip
         return _trim(doc, (0, 0, 0, 0, 0))
 
-    def _messages(self, msgs: tuple[Message, ...]) -> Any:
+    def _messages(self, msgs: LazyTuple[Message]) -> Any:
         n, t = len(msgs), self.transcript
-        if n <= len(t) and msgs == t[:n]:
-            return {"$r": [self.m0, n]}
-        k = 0
+        k = t.shares_prefix(msgs)
         while k < n and k < len(t) and (msgs[k] is t[k] or msgs[k] == t[k]):
             k += 1
+        if k == n:
+            return {"$r": [self.m0, n]}
         inline = [self.message(m) for m in msgs[k:]]
         return {"$r": [self.m0, k], "x": inline} if k else inline
 
@@ -245,7 +246,7 @@ class Reader(BlobReader):
         self,
         blobs: Any,
         message_at: Callable[[int], Message] | None = None,
-        message_range: Callable[[int, int], tuple[Message, ...]] | None = None,
+        message_range: Callable[[int, int], LazyTuple[Message]] | None = None,
     ) -> None:
         super().__init__(blobs)
         self._message_at = message_at
@@ -295,14 +296,14 @@ class Reader(BlobReader):
             found = self._usages[key] = Usage(*doc)
         return found
 
-    def _messages(self, doc: Any) -> tuple[Message, ...]:
+    def _messages(self, doc: Any) -> LazyTuple[Message]:
         if type(doc) is list:
-            return tuple(self.message(m) for m in doc)
+            return LazyTuple([self.message(m) for m in doc])
         start, n = doc["$r"]
         if self._message_range is None or type(start) is not int or type(n) is not int:
             raise ValueError(f"bad message reference {doc!r}")
         found = self._message_range(start, n)
-        return found + tuple(self.message(m) for m in doc.get("x", ()))
+        return found + tuple([self.message(m) for m in doc.get("x", ())])
 
     def tools(self, doc: Any) -> tuple[ToolSpec, ...]:
         """Tool specs; the same stored blob gives the same tuple (requests repeat them)."""

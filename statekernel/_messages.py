@@ -13,6 +13,8 @@ from typing import Any, Literal, TypeAlias
 
 import attrs
 
+from statekernel._lazy import LazyTuple, as_lazy
+
 __all__ = [
     "JSON",
     "ContentPart",
@@ -92,8 +94,8 @@ def _parts(value: Sequence[ContentPart]) -> tuple[ContentPart, ...]:
     return tuple(value)
 
 
-def _messages(value: Sequence[Message]) -> tuple[Message, ...]:
-    return tuple(value)
+def _messages(value: Sequence[Message]) -> LazyTuple[Message]:
+    return as_lazy(value)
 
 
 def _specs(value: Sequence[ToolSpec]) -> tuple[ToolSpec, ...]:
@@ -194,7 +196,11 @@ class ModelRequest:
     """Exactly what is sent to a model. ``model`` is ``"provider/name"``; no credentials."""
 
     model: str
-    messages: tuple[Message, ...] = attrs.field(converter=_messages, default=())
+    messages: LazyTuple[Message] = attrs.field(converter=_messages, factory=LazyTuple)
+    """The exact messages sent, in order (any sequence is accepted). Usually a prefix of
+    the run's transcript that shares its items and their storage with it (and with
+    every other request of the run), so a run's requests cost memory linear in its
+    length; a hook may send any other sequence."""
     tools: tuple[ToolSpec, ...] = attrs.field(converter=_specs, default=())
     tool_choice: str | None = None
     max_tokens: int | None = None

@@ -98,6 +98,10 @@ def _turn_log(turns: Iterable[Turn]) -> LazyTuple[Turn]:
     return turns if isinstance(turns, LazyTuple) else LazyTuple(turns)
 
 
+def _transcript(messages: Iterable[Message]) -> LazyTuple[Message]:
+    return messages if isinstance(messages, LazyTuple) else LazyTuple(messages)
+
+
 @attrs.frozen
 class PauseInfo:
     """Why a run is paused and the state it returns to on ``resume``."""
@@ -121,9 +125,12 @@ class Run:
     """The whole durable state of one agent run at one revision.
 
     Runs are immutable; every transition builds the next one with ``attrs.evolve``.
-    ``messages`` and ``turns`` only grow by appending, so revisions share them.
-    ``turns`` is a tuple-like ``LazyTuple`` (any iterable of turns is accepted): in a
-    run loaded from a store, each completed turn is decoded the first time it is read.
+    ``messages`` (the transcript) and ``turns`` only grow by appending, so revisions
+    share them. Both are tuple-like ``LazyTuple`` views of append-only buffers (any
+    iterable is accepted): a revision's transcript, the next revision's and every
+    ``ModelRequest.messages`` taken from it share one buffer, so a run holds each
+    message once however many turns sent it. In a run loaded from a store, each
+    completed turn is decoded the first time it is read.
     ``event_count`` is the number of persisted events up to this revision (the next
     event's ``seq``); ``resume_value`` is what the latest ``resume`` handed in;
     ``pending_pause`` is a pause a hook asked for at the end of a turn, taken
@@ -135,7 +142,7 @@ class Run:
     revision: int = 0
     state: StateId = "init"
     context: JSON = attrs.field(factory=dict)
-    messages: tuple[Message, ...] = ()
+    messages: LazyTuple[Message] = attrs.field(converter=_transcript, factory=LazyTuple)
     turns: LazyTuple[Turn] = attrs.field(converter=_turn_log, factory=LazyTuple)
     current_turn: Turn | None = None
     pause: PauseInfo | None = None

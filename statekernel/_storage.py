@@ -83,7 +83,7 @@ class Checkpoint:
             return cls(run, tuple(events), len(run.messages), len(run.turns), True)
         old, new = previous.messages, run.messages
         appended = len(new) >= len(old) and (not old or new[len(old) - 1] is old[-1])
-        if appended and len(old) > 1:
+        if appended and len(old) > 1 and new.shares_prefix(old) < len(old):
             appended = all(a is b for a, b in zip(old, new, strict=False))
         return cls(
             run,

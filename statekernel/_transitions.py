@@ -128,9 +128,8 @@ def model_completed(
         for c in result.tool_calls
     )
     turn = attrs.evolve(turn, result=result, pending=pending)
-    run = attrs.evolve(
-        run, messages=(*run.messages, result.message), usage=run.usage + result.usage
-    )
+    messages = run.messages.grow((result.message,))
+    run = attrs.evolve(run, messages=messages, usage=run.usage + result.usage)
     calls = [
         {"id": c.id, "name": c.name, "original_id": renamed[c.id]}
         if c.id in renamed
@@ -155,7 +154,7 @@ def _close_turn(
     finish: str | None,
     then_pause: PauseInfo | None = None,
 ) -> Effects:
-    turns = run.turns + (turn,)  # noqa: RUF005 (unpacking would decode every stored turn)
+    turns = run.turns.grow((turn,))
     run = attrs.evolve(run, turns=turns, current_turn=None, pending_pause=then_pause)
     events.append(("turn_completed", {"index": turn.index}))
     if finish is not None and then_pause is None:
@@ -244,7 +243,7 @@ def tools_completed(
     turn = _turn(run)
     if turn.pending or turn.in_flight:
         raise Refused("tool calls are still pending or in flight")
-    run = attrs.evolve(run, messages=(*run.messages, *_result_messages(turn)))
+    run = attrs.evolve(run, messages=run.messages.grow(_result_messages(turn)))
     events: list[tuple[str, dict[str, Any]]] = [
         ("tools_completed", {"index": turn.index, "calls": len(turn.completed)})
     ]
@@ -303,12 +302,12 @@ def input_received(run: Run, messages: Sequence[Message], at: datetime) -> Effec
             for r in turn.in_flight
         )
         turn = attrs.evolve(turn, pending=(), in_flight=(), completed=(*turn.completed, *closed))
-        run = attrs.evolve(run, messages=(*run.messages, *_result_messages(turn)))
+        run = attrs.evolve(run, messages=run.messages.grow(_result_messages(turn)))
         run, events = _close_turn(run, turn, events, None)
     elif turn is not None:
         run = attrs.evolve(run, current_turn=None)
     run = attrs.evolve(
-        run, messages=(*run.messages, *messages), pause=None, failure=None, resume_value=None
+        run, messages=run.messages.grow(messages), pause=None, failure=None, resume_value=None
     )
     roles = [m.role for m in messages]
     return run, [*events, ("input_received", {"messages": len(messages), "roles": roles})]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -57,6 +58,7 @@ __all__ = [
     "model_results",
     "model_tool_calls",
     "runs",
+    "sequence_ops",
     "texts",
     "tool_call_records",
     "turns",
@@ -149,7 +151,7 @@ def usages() -> st.SearchStrategy[Usage]:
     return st.one_of(st.just(Usage()), st.builds(Usage, n, n, n, n, n))
 
 
-def model_requests(transcript: tuple[Message, ...] = ()) -> st.SearchStrategy[ModelRequest]:
+def model_requests(transcript: Sequence[Message] = ()) -> st.SearchStrategy[ModelRequest]:
     """Requests whose messages are mostly a prefix of ``transcript``."""
     prefix = st.integers(0, len(transcript)).map(lambda n: transcript[:n])
     extra = st.lists(messages(), max_size=2).map(tuple)
@@ -168,7 +170,7 @@ def model_requests(transcript: tuple[Message, ...] = ()) -> st.SearchStrategy[Mo
     )
 
 
-def model_results(transcript: tuple[Message, ...] = ()) -> st.SearchStrategy[ModelResult]:
+def model_results(transcript: Sequence[Message] = ()) -> st.SearchStrategy[ModelResult]:
     """Results whose message is sometimes taken from ``transcript``."""
     msg = st.sampled_from(transcript) | messages() if transcript else messages()
     reasons = st.sampled_from(["stop", "tool_calls", "length", "content_filter", "error", "other"])
@@ -203,7 +205,7 @@ def tool_call_records(call: ToolCall | None = None) -> st.SearchStrategy[ToolCal
 
 
 @st.composite
-def turns(draw: st.DrawFn, transcript: tuple[Message, ...] = (), index: int = 0) -> Turn:
+def turns(draw: st.DrawFn, transcript: Sequence[Message] = (), index: int = 0) -> Turn:
     """A turn (completed or in progress) against ``transcript``."""
     request = draw(model_requests(transcript))
     result = draw(st.none() | model_results(transcript))
@@ -397,7 +399,7 @@ _PLACES = ("pending", "in_flight", "completed")
 
 
 @st.composite
-def _dispatching_turn(draw: st.DrawFn, transcript: tuple[Message, ...], index: int) -> Turn:
+def _dispatching_turn(draw: st.DrawFn, transcript: Sequence[Message], index: int) -> Turn:
     """A turn whose answer has tool calls, each pending, in flight or completed (half
     the time all completed: the turn can close)."""
     result = draw(_answers(1, 3))
@@ -419,7 +421,7 @@ def _dispatching_turn(draw: st.DrawFn, transcript: tuple[Message, ...], index: i
     )
 
 
-def _turn_shaped(shape: str, transcript: tuple[Message, ...], index: int) -> Any:
+def _turn_shaped(shape: str, transcript: Sequence[Message], index: int) -> Any:
     if shape == "asking":
         request = model_requests(transcript)
         return st.builds(Turn, st.just(index), request, model_attempts=st.integers(0, 2))
@@ -544,3 +546,20 @@ def lifecycle_steps(
     if draw(st.integers(0, 7)) == 0:
         payload = draw(_spoiled(payload))
     return run, event, {**payload, "at": draw(datetimes())}, draw(st.booleans())
+
+
+SequenceOp = tuple[str, int, int, int]
+"""``(op, source, a, b)``: ``"grow"`` or ``"add"`` ``b`` new items to sequence
+``source`` (``a`` chooses a tuple or a ``LazyTuple`` operand), ``"radd"`` a tuple of
+``b`` items before it, ``"slice"`` it as ``[a:b]``, ``"step"`` it as ``[a::2]``.
+``source`` is taken modulo the number of sequences made so far."""
+
+
+def sequence_ops(max_size: int = 60) -> st.SearchStrategy[list[SequenceOp]]:
+    """Programs of grows, appends, prepends and slices over a growing pool of sequences,
+    with grows (the operation a transcript grows by) the most likely."""
+    op = st.sampled_from(["grow", "grow", "grow", "grow", "add", "add", "radd", "slice", "step"])
+    small = st.integers(-4, 40)
+    return st.lists(
+        st.tuples(op, st.integers(0, 1000), small, st.integers(0, 40)), max_size=max_size
+    )

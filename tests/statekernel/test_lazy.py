@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
 
 from statekernel._lazy import Deferred, LazyTuple
+from statekernel.testing.strategies import SequenceOp, sequence_ops
 
 
 def counted(value: str, calls: list[str]) -> Deferred[str]:
@@ -92,3 +94,92 @@ def test_pickled_and_copied_with_items_built() -> None:
         assert clone == ("a", "b")
         assert clone.deferred == 0
     assert calls == ["b"]
+
+
+# -- shared buffers ------------------------------------------------------------------
+
+
+def test_a_growing_sequence_and_its_prefixes_share_one_buffer() -> None:
+    first = LazyTuple(["a"])
+    second = first.grow(["b"])
+    third = second.grow(["c", "d"])
+    prefix = third[:2]
+    assert (first, second, prefix) == (("a",), ("a", "b"), ("a", "b"))
+    assert third == ("a", "b", "c", "d")
+    assert third.shares_prefix(first) == 1
+    assert third.shares_prefix(prefix) == 2
+    assert prefix.shares_prefix(third) == 2
+    assert third.shares_prefix(LazyTuple(["a", "b"])) == 0, "equal, but not the same buffer"
+    assert third[1:].shares_prefix(third) == 0, "another start"
+
+
+def test_plus_never_takes_the_end_of_a_growing_buffer() -> None:
+    transcript = LazyTuple(["a", "b"])
+    request = transcript + ("note",)  # noqa: RUF005
+    assert request == ("a", "b", "note")
+    assert request.shares_prefix(transcript) == 2, "the prefix is shared, the note is its own"
+    grown = transcript.grow(["c"])
+    assert grown.shares_prefix(transcript) == 2, "the transcript still grows in place"
+    assert request == ("a", "b", "note")
+
+
+def test_growing_an_older_view_never_changes_a_newer_one() -> None:
+    base = LazyTuple(["a", "b"])
+    longer = base.grow(["c"])
+    branch = base.grow(["x", "y"])
+    assert longer == ("a", "b", "c")
+    assert branch == ("a", "b", "x", "y")
+    assert branch.shares_prefix(longer) == 0, "the branch grows into a buffer of its own"
+    grown = branch.grow(["z"])
+    assert grown.shares_prefix(branch) == 4
+    assert longer == ("a", "b", "c")
+    assert branch == ("a", "b", "x", "y")
+    assert grown == ("a", "b", "x", "y", "z")
+
+
+def test_a_long_tail_moves_to_a_buffer_of_its_own() -> None:
+    from statekernel._lazy import TAIL_MAX
+
+    base = LazyTuple(["a", "b"])
+    branch = base
+    for i in range(TAIL_MAX + 3):
+        branch = branch + (i,)  # noqa: RUF005
+    assert branch == ("a", "b", *range(TAIL_MAX + 3))
+    assert branch.shares_prefix(base) == 0, "folded into a new buffer"
+    ended = branch.grow(["end"])
+    again = ended.grow(["more"])
+    assert again == (*branch, "end", "more")
+    assert again.shares_prefix(ended) == len(ended), "grown once into its own buffer, then in place"
+
+
+@given(sequence_ops())
+def test_behaves_like_a_tuple_under_any_appends_and_slices(ops: list[SequenceOp]) -> None:
+    """Differential: every sequence made by grows, appends, prepends and slices (from any
+    earlier one, so buffers are shared and branched) equals the same made from tuples,
+    and stays equal after everything made later."""
+    pool: list[tuple[LazyTuple[int], tuple[int, ...]]] = [(LazyTuple([0]), (0,))]
+    fresh = iter(range(1, 10**6))
+    for op, source, a, b in ops:
+        lazy, plain = pool[source % len(pool)]
+        if op in ("grow", "add", "radd"):
+            items = tuple(next(fresh) for _ in range(b))
+            operand = LazyTuple(items) if a % 2 else items
+            if op == "radd":
+                made: LazyTuple[int] = items + lazy
+                pool.append((made, items + plain))
+            elif op == "add":
+                pool.append((lazy + operand, plain + items))
+            else:
+                pool.append((lazy.grow(operand), plain + items))
+        elif op == "slice":
+            pool.append((lazy[a:b], plain[a:b]))
+        else:
+            pool.append((lazy[a::2], plain[a::2]))
+        for seq, model in pool:
+            assert seq == model
+            assert len(seq) == len(model)
+    for seq, model in pool:
+        assert tuple(seq) == model
+        assert [seq[i] for i in range(-len(model), len(model))] == [*model, *model]
+        assert hash(seq) == hash(model)
+        assert seq == LazyTuple(model)
