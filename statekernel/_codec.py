@@ -8,16 +8,21 @@ A run is stored as append-only parts plus a small mutable head:
 * the **turn log**: every completed turn once (``"$t"`` in the head);
 * **blobs**: long strings and large JSON values, once per run, by content hash
   (zlib-compressed when that pays, ``_codec_base.blob_bytes``);
-* the **head**: the run without its messages and turns (a few hundred bytes);
+* the **head**: the run without its messages and turns (a few hundred bytes),
+  ``_convert.unstructure_head``, with ``"$m"`` and ``"$t"`` added;
 * the **commit log**: one entry per revision with the head as a patch of the
   previous head (a full head every ``SNAPSHOT_EVERY`` revisions) and the events of
   that commit (``_codec_events``), so every revision stays loadable and events are
   read by revision; stores keep entries deflated with a preset dictionary
   (``_codec_dict``).
 
-After every commit the transcript ends at the end of the message log and the
-completed turns at the end of the turn log, so a store knows where to append from
-the head alone. Decoding gives records equal to the ones committed.
+Heads, messages and turns are the documents of the one converter
+(``statekernel._convert``), made inside ``_codec_records.storing`` so long strings
+are blobs and a request's messages and a result's message are references into the
+message log; events likewise (``_codec_events``). After every commit the transcript
+ends at the end of the message log and the completed turns at the end of the turn
+log, so a store knows where to append from the head alone. Decoding gives records
+equal to the ones committed, sharing their messages as they did.
 
 A head records the ``schema_version`` it was written at, and the messages and turns
 it references are stored at that version. A run stored at an older version is read
@@ -46,15 +51,14 @@ from statekernel._codec_base import (
     dec_time,
     diff,
     dump_bytes,
-    enc_time,
     load_json,
 )
 from statekernel._codec_events import decode_events, encode_events
-from statekernel._codec_records import Reader, Writer, state_id
+from statekernel._codec_records import Loading, Storing, loading, storing
 from statekernel._events import Event
 from statekernel._lazy import Deferred, LazyTuple
 from statekernel._messages import Message
-from statekernel._run import Run, Turn
+from statekernel._run import STATE_IDS, Run, StateId, Turn
 from statekernel._storage import Checkpoint, RunSummary
 from statekernel.errors import CorruptCheckpoint
 
@@ -127,7 +131,7 @@ def _spans(cp: Checkpoint, prior: dict[str, Any] | None) -> tuple[int, int, int,
 
 def _outdated(head: Mapping[str, Any]) -> bool:
     """Whether a stored head (and what it references) is at an older schema version."""
-    return head.get("sv") != _convert.SCHEMA_VERSION
+    return head.get("schema_version") != _convert.SCHEMA_VERSION
 
 
 def encode_commit(
@@ -141,11 +145,15 @@ def encode_commit(
     m0, m_end, t0, t_end = _spans(cp, prior)
     if known is None:
         known = blob_refs(prior) if prior else frozenset()
-    writer = Writer(known, run.messages, m0)
-    head = _encode_head(run, writer, m0, t0)
-    refs = frozenset(writer.refs)
-    messages = tuple([dump_bytes(writer.message(m)) for m in run.messages[m_end - m0 :]])
-    turns = tuple([dump_bytes(writer.turn(t)) for t in run.turns[t_end - t0 :]])
+    ctx = Storing(known, run.messages, m0)
+    unstructure = _convert.converter.unstructure
+    with storing(ctx):
+        head = _convert.unstructure_head(run)
+        refs = frozenset(ctx.blobs.refs)
+        messages = tuple([dump_bytes(unstructure(m, Message)) for m in run.messages[m_end - m0 :]])
+        turns = tuple([dump_bytes(unstructure(t, Turn)) for t in run.turns[t_end - t0 :]])
+    head["$m"] = [m0, len(run.messages)]
+    head["$t"] = [t0, len(run.turns)]
     entry: dict[str, Any]
     if prior is None or run.revision % SNAPSHOT_EVERY == 0 or _outdated(prior):
         entry = {"f": head}
@@ -154,22 +162,23 @@ def encode_commit(
     entry["r"] = run.revision
     if cp.events:
         _add_events(entry, cp.events, head)
-    return EncodedCommit(head, entry, m_end, messages, t_end, turns, writer.blobs, refs)
+    return EncodedCommit(head, entry, m_end, messages, t_end, turns, ctx.blobs.blobs, refs)
 
 
 def _add_events(entry: dict[str, Any], events: tuple[Event, ...], head: dict[str, Any]) -> None:
-    """Put the events in ``entry``; its patch always carries ``ua`` (the events' usual
-    time), and ``ec`` only when it is not the seq after the last event."""
+    """Put the events in ``entry``; its patch always carries ``updated_at`` (the events'
+    usual time), and ``event_count`` only when it is not the seq after the last event."""
     first = events[0].seq
     entry["q"] = first
-    entry["E"] = encode_events(events, head["id"], head["r"], first, head["ua"])
+    at = head["updated_at"]
+    entry["E"] = encode_events(events, head["run_id"], head["revision"], first, at)
     patch = entry.get("p")
     if patch is not None:
-        patch["ua"] = head["ua"]
-        if head.get("ec", 0) == first + len(events):
-            patch.pop("ec", None)
+        patch["updated_at"] = at
+        if head.get("event_count", 0) == first + len(events):
+            patch.pop("event_count", None)
         else:
-            patch["ec"] = head.get("ec", 0)
+            patch["event_count"] = head.get("event_count", 0)
 
 
 def entry_head(head: dict[str, Any] | None, entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -180,8 +189,8 @@ def entry_head(head: dict[str, Any] | None, entry: Mapping[str, Any]) -> dict[st
         raise ValueError("a patch without the head before it")
     patch = entry["p"]
     doc = apply_patch(head, patch)
-    if "E" in entry and "ec" not in patch:
-        doc["ec"] = entry["q"] + len(entry["E"])
+    if "E" in entry and "event_count" not in patch:
+        doc["event_count"] = entry["q"] + len(entry["E"])
     return doc
 
 
@@ -206,35 +215,6 @@ def check_log(entries: Iterable[tuple[int, Any]], first: int, last: int | None, 
     )
 
 
-def _encode_head(run: Run, w: Writer, m0: int, t0: int) -> dict[str, Any]:
-    doc: dict[str, Any] = {"id": run.run_id, "M": run.model, "r": run.revision, "s": run.state}
-    if not (type(run.context) is dict and not run.context):
-        doc["c"] = w.json(run.context)
-    if run.current_turn is not None:
-        doc["T"] = w.turn(run.current_turn)
-    if run.pause is not None:
-        doc["P"] = w.pause(run.pause)
-    if run.failure is not None:
-        doc["F"] = w.failure(run.failure)
-    usage = w.usage(run.usage)
-    if usage:
-        doc["U"] = usage
-    if run.max_turns is not None:
-        doc["x"] = run.max_turns
-    if run.resume_value is not None:
-        doc["v"] = w.json(run.resume_value)
-    if run.pending_pause is not None:
-        doc["pp"] = w.pause(run.pending_pause)
-    if run.event_count:
-        doc["ec"] = run.event_count
-    doc["ca"] = enc_time(run.created_at)
-    doc["ua"] = enc_time(run.updated_at)
-    doc["sv"] = _convert.SCHEMA_VERSION
-    doc["$m"] = [m0, len(run.messages)]
-    doc["$t"] = [t0, len(run.turns)]
-    return doc
-
-
 def upgraded_head(head: Mapping[str, Any], version: int, what: str) -> Mapping[str, Any]:
     """A head stored at ``version`` as a head of the current version (itself when current)."""
     if version >= _convert.SCHEMA_VERSION:
@@ -242,8 +222,8 @@ def upgraded_head(head: Mapping[str, Any], version: int, what: str) -> Mapping[s
     doc = _convert.migrate("head", dict(head), version, what=what)
     if not isinstance(doc, dict):
         raise CorruptCheckpoint(f"invalid {what}: a migration did not give an object")
-    if "T" in doc:
-        doc["T"] = _convert.migrate("turn", doc["T"], version, what=what)
+    if "current_turn" in doc:
+        doc["current_turn"] = _convert.migrate("turn", doc["current_turn"], version, what=what)
     return doc
 
 
@@ -288,7 +268,7 @@ def iter_history(
             head = entry_head(head, entry)
         except _DECODE_ERRORS as exc:
             raise corrupt(what, exc) from exc
-        head["r"] = revision
+        head["revision"] = revision
         yield decoder.run(head, what), decode_events([(revision, entry)], run_id, what=what)
 
 
@@ -308,7 +288,7 @@ class _Decoder:
         self.message_count = len(message_docs)
         self.turn_docs = turn_docs
         self.turns: dict[int, Deferred[Turn]] = {}
-        self.reader = Reader(blobs, self.message_at, self.message_range)
+        self.ctx = Loading(blobs, self.message_at, self.message_range)
         self._log: list[Message | None] = [None] * self.message_count
         """The message log as decoded so far: every transcript and request of the run
         is a view of this one list (``LazyTuple.view``), as it was when committed."""
@@ -323,7 +303,9 @@ class _Decoder:
             doc = self.message_docs[pos]
             if self.version < _convert.SCHEMA_VERSION:
                 doc = _convert.migrate("message", doc, self.version, what=self.what)
-            found = self._log[pos] = self.reader.message(doc)
+            with loading(self.ctx):
+                found = _convert.converter.structure(doc, Message)
+            self._log[pos] = found
         return found
 
     def message_range(self, start: int, count: int) -> LazyTuple[Message]:
@@ -350,48 +332,37 @@ class _Decoder:
         self.version, self.what = version, what
         if version < _convert.SCHEMA_VERSION:
             doc = _convert.migrate("turn", doc, version, what=what)
-        try:
-            return self.reader.turn(doc)
-        except _DECODE_ERRORS as exc:
-            raise corrupt(what, exc) from exc
+        with loading(self.ctx):
+            return _convert.structure(doc, Turn, what=what)
 
     def run(self, head: Mapping[str, Any], what: str) -> Run:
         if not isinstance(head, Mapping):
             raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
-        version = _convert.check_version(head.get("sv"), what=what)
+        version = _convert.check_version(head.get("schema_version"), what=what)
         self.version, self.what = version, what
         head = upgraded_head(head, version, what)
         try:
-            return self._run(head, version, what)
+            return self._run(head, what)
         except _DECODE_ERRORS as exc:
             raise corrupt(what, exc) from exc
 
-    def _run(self, head: Mapping[str, Any], version: int, what: str) -> Run:
-        reader = self.reader
-        m0, mn = head["$m"]
-        t0, tn = head["$t"]
+    def _run(self, head: Mapping[str, Any], what: str) -> Run:
+        doc = dict(head)
+        m0, mn = doc.pop("$m")
+        t0, tn = doc.pop("$t")
         if m0 + mn > self.message_count or t0 + tn > len(self.turn_docs):
             raise ValueError("the head references parts that are not stored")
-        return Run(
-            run_id=_text(head["id"]),
-            model=_text(head["M"]),
-            revision=_int(head["r"]),
-            state=state_id(head["s"]),
-            context=reader.json(head["c"]) if "c" in head else {},
-            messages=self.message_range(m0, mn),
-            turns=LazyTuple[Turn]([self.turn_at(i, what) for i in range(t0, t0 + tn)]),
-            current_turn=reader.turn(head["T"]) if "T" in head else None,
-            pause=reader.pause(head["P"]) if "P" in head else None,
-            failure=reader.failure(head["F"]) if "F" in head else None,
-            usage=reader.usage(head.get("U", [])),
-            max_turns=head.get("x"),
-            resume_value=reader.json(head.get("v")),
-            pending_pause=reader.pause(head["pp"]) if "pp" in head else None,
-            event_count=_int(head.get("ec", 0)),
-            created_at=dec_time(head["ca"]),
-            updated_at=dec_time(head["ua"]),
-            schema_version=_convert.SCHEMA_VERSION,
-        )
+        doc["schema_version"] = _convert.SCHEMA_VERSION
+        with loading(self.ctx):
+            run = _convert.structure(doc, Run, what=what)
+        turns = LazyTuple[Turn]([self.turn_at(i, what) for i in range(t0, t0 + tn)])
+        return attrs.evolve(run, messages=self.message_range(m0, mn), turns=turns)
+
+
+def _state(value: Any) -> StateId:
+    if value not in STATE_IDS:
+        raise ValueError(f"unknown state {value!r}")
+    return value  # type: ignore[no-any-return]
 
 
 def _text(value: Any) -> str:
@@ -408,18 +379,19 @@ def _int(value: Any) -> int:
 
 def head_summary(head: Mapping[str, Any], *, what: str = "run head") -> RunSummary:
     """The listing line of a stored head, without reading its parts."""
-    if head.get("sv") != _convert.SCHEMA_VERSION:
-        head = upgraded_head(head, _convert.check_version(head.get("sv"), what=what), what)
+    if head.get("schema_version") != _convert.SCHEMA_VERSION:
+        version = _convert.check_version(head.get("schema_version"), what=what)
+        head = upgraded_head(head, version, what)
     try:
-        turns = head["$t"][1] + (1 if "T" in head else 0)
+        turns = head["$t"][1] + (1 if "current_turn" in head else 0)
         return RunSummary(
-            _text(head["id"]),
-            state_id(head["s"]),
-            _int(head["r"]),
-            _text(head["M"]),
+            _text(head["run_id"]),
+            _state(head["state"]),
+            _int(head["revision"]),
+            _text(head["model"]),
             _int(turns),
-            dec_time(head["ca"]),
-            dec_time(head["ua"]),
+            dec_time(head["created_at"]),
+            dec_time(head["updated_at"]),
         )
     except _DECODE_ERRORS as exc:
         raise corrupt(what, exc) from exc
@@ -444,7 +416,7 @@ def replay(
             doc = entry_head(doc, entry)
         if doc is None:
             raise ValueError("no commit log entries")
-        doc["r"] = revision
+        doc["revision"] = revision
         return doc
     except _DECODE_ERRORS as exc:
         raise corrupt(what, exc) from exc

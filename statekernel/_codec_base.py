@@ -170,13 +170,16 @@ class BlobWriter:
     ``known`` holds keys already stored for the run; they are not written again.
     """
 
-    def __init__(self, known: frozenset[str] = frozenset()) -> None:
+    def __init__(self, known: frozenset[str] = frozenset(), *, inline: bool = False) -> None:
         self.known = known
+        self.inline = inline
+        """Keep every string and value in the document (escaped), writing no blob."""
         self.blobs: dict[str, bytes] = {}
         self.refs: set[str] = set()
         """Keys referenced since this set was last replaced."""
 
-    def _put(self, text: str) -> str:
+    def put(self, text: str) -> str:
+        """Store ``text`` as a blob (once); its key."""
         key = _cached_key(text)
         self.refs.add(key)
         if key not in self.known and key not in self.blobs:
@@ -185,9 +188,9 @@ class BlobWriter:
 
     def s(self, text: str) -> Any:
         """A string field: itself, or a blob marker when long."""
-        if len(text) < BLOB_MIN:
+        if len(text) < BLOB_MIN or self.inline:
             return text
-        return {"$b": self._put(text)}
+        return {"$b": self.put(text)}
 
     def opt(self, text: str | None) -> Any:
         """An optional string field."""
@@ -198,9 +201,11 @@ class BlobWriter:
         if type(value) is str:
             return self.s(value)
         if isinstance(value, dict | list | tuple):
+            if self.inline:
+                return escape(value)
             text = canonical(value)
             if len(text) >= BLOB_MIN:
-                return {"$v": self._put(text)}
+                return {"$v": self.put(text)}
             return escape(value)
         return value
 
@@ -300,8 +305,8 @@ def _collect(doc: Any, add: Callable[[str], None]) -> None:
 
 # -- head patches -----------------------------------------------------------------
 
-_NESTED = frozenset({"T", "q", "a"})
-_NOT_LOGGED = "r"
+_NESTED = frozenset({"current_turn", "request", "result"})
+_NOT_LOGGED = "revision"
 _MISSING = object()
 
 

@@ -1,8 +1,8 @@
 """Compression of commit log entries with a preset dictionary of the stored format.
 
-A commit log entry is a small JSON document (a head patch and a few events, about
-150 bytes) made mostly of the same keys, state names and shapes every time; raw
-deflate with a dictionary of those shrinks it to about a third. Stored entries
+A commit log entry is a small JSON document (a head patch and a few events, a few
+hundred bytes) made mostly of the same keys, state names and shapes every time; raw
+deflate with a dictionary of those shrinks it to about a fifth. Stored entries
 are ``NUL 0x01`` + deflate(JSON) with ``ENTRY_DICT``.
 
 ``ENTRY_DICT`` is part of the stored format: it must never change. A different
@@ -19,30 +19,47 @@ from statekernel._codec_base import corrupt, dump_bytes, load_json
 __all__ = ["ENTRY_DICT", "dump_entry", "load_entry"]
 
 _SAMPLES = (
-    '{"p":{"s":"paused","P":["waiting for approval","dispatching_tools",{}],"ua":1800000000000000}'
-    ',"q":12,"E":[[10,["waiting for approval","dispatching_tools",{}]]]}',
-    '{"p":{"s":"failed","F":["ProviderUnavailable","overloaded","calling_model"],'
-    '"ua":1800000000000000},"q":30,"E":[[13,["ProviderUnavailable","overloaded",'
-    '"calling_model"]]]}',
-    '{"p":{"s":"completed","ua":1800000000000000,"$m":[0,3],"$t":[0,1],"-":["T"]},"q":8,'
-    '"E":[[9,[0]],[15,["stop"]]]}',
-    '{"f":{"id":"00000000000000000000000000000000","M":"openai/gpt-4o","r":0,"s":"init",'
-    '"c":{},"x":10,"ca":1800000000000000,"ua":1800000000000000,"sv":1,"$m":[0,2],'
-    '"$t":[0,0]},"q":0,"E":[[0,["openai/gpt-4o"]],[12,[2,["system","user"]]]]}',
-    '{"p":{"s":"calling_model","T":{"i":5,"q":{"M":"openai/gpt-4o","m":{"$r":[0,11]},'
-    '"T":{"$v":"0000000000000000000000"}}},"ua":1800000000000000},"q":41,'
-    '"E":[[1,[5]],[2,[5,"openai/gpt-4o",11,["search"]]]]}',
-    '{"p":{"~T":{"n":1},"ua":1800000000000000},"q":43,"E":[[3,[5,1]]]}',
-    '{"p":{"s":"dispatching_tools","~T":{"a":{"m":{"$m":11},"u":[10,5],"f":"tool_calls",'
-    '"M":"gpt-4o"},"p":[[0,{"$a":1}]]},"U":[60,30],"ua":1800000000000000,"$m":[0,12]},'
-    '"q":44,"E":[[5,[5,"tool_calls",[{"id":"call_5_0","name":"search"}]]]]}',
-    '{"p":{"~T":{"f":[[0,{"$a":1},null,null,1,1800000000000000]],"-":["p"]},'
-    '"ua":1800000000000000},"q":45,"E":[[6,["call_5_0","search",1]]]}',
-    '{"p":{"~T":{"d":[[0,{"$a":1},{"$b":"0000000000000000000000"},null,1,1800000000000000,'
-    '1800000000000000]],"-":["f"]},"ua":1800000000000000},"q":46,'
-    '"E":[[7,["call_5_0","search",false]]]}',
-    '{"p":{"s":"preparing_turn","ua":1800000000000000,"$m":[0,13],"$t":[0,6],"-":["T"]},'
-    '"q":47,"E":[[8,[5,1]],[9,[5]]]}',
+    '{"p":{"state":"paused","pause":{"reason":"waiting for approval","resume_to":"dispatchi'
+    'ng_tools"},"updated_at":1800000000000000},"r":12,"q":12,"E":[{"type":"run_paused","dat'
+    'a":{"reason":"waiting for approval","resume_to":"dispatching_tools","metadata":{}}}]}',
+    '{"p":{"state":"failed","failure":{"error":"ProviderUnavailable","message":"overloaded"'
+    ',"failed_in":"calling_model"},"updated_at":1800000000000000},"r":30,"q":30,"E":[{"type'
+    '":"run_failed","data":{"error":"ProviderUnavailable","message":"overloaded","failed_in'
+    '":"calling_model"}}]}',
+    '{"p":{"state":"completed","updated_at":1800000000000000,"usage":{"input_tokens":40,"ou'
+    'tput_tokens":20},"$m":[0,8],"$t":[0,4],"-":["current_turn"]},"r":8,"q":28,"E":[{"type"'
+    ':"model_completed","data":{"index":3,"finish_reason":"stop","tool_calls":[]}},{"type":'
+    '"turn_completed","data":{"index":3}},{"type":"run_completed","data":{"reason":"stop"}}'
+    "]}",
+    '{"f":{"run_id":"00000000000000000000000000000000","model":"openai/gpt-4o","revision":0'
+    ',"state":"init","max_turns":10,"created_at":1800000000000000,"updated_at":180000000000'
+    '0000,"schema_version":1,"$m":[0,2],"$t":[0,0]},"r":0,"q":0,"E":[{"type":"input_receive'
+    'd","data":{"messages":2,"roles":["system","user"]}}]}',
+    '{"p":{"state":"calling_model","updated_at":1800000000000000,"current_turn":{"index":0,'
+    '"request":{"model":"openai/gpt-4o","messages":{"$r":[0,2]},"tools":{"$v":"000000000000'
+    '0000000000"}},"model_attempts":1}},"r":1,"q":1,"E":[{"type":"run_started","data":{"mod'
+    'el":"openai/gpt-4o"},"at":1800000000000000},{"type":"turn_started","data":{"index":0},'
+    '"at":1800000000000000},{"type":"turn_prepared","data":{"index":0,"model":"openai/gpt-4'
+    'o","messages":2,"tools":["search"]},"at":1800000000000000},{"type":"model_started","da'
+    'ta":{"index":0,"attempt":1}}]}',
+    '{"p":{"state":"dispatching_tools","updated_at":1800000000000000,"~current_turn":{"resu'
+    'lt":{"message":{"$m":2},"usage":{"input_tokens":10,"output_tokens":5},"finish_reason":'
+    '"tool_calls","model":"gpt-4o"},"in_flight":[{"id":"call_000001","name":"search","argum'
+    'ents":"{\\"query\\": \\"\\", \\"limit\\": 10}","input":{"query":"","limit":10},"attempt":1,"'
+    'started_at":1800000000000000}]},"usage":{"input_tokens":10,"output_tokens":5},"$m":[0,'
+    '3]},"r":2,"q":5,"E":[{"type":"model_completed","data":{"index":0,"finish_reason":"tool'
+    '_calls","tool_calls":[{"id":"call_000001","name":"search"}]},"at":1800000000000000},{"'
+    'type":"tool_call_started","data":{"call_id":"call_000001","name":"search","attempt":1}'
+    "}]}",
+    '{"p":{"state":"calling_model","updated_at":1800000000000000,"~current_turn":{"index":1'
+    ',"~request":{"messages":{"$r":[0,4]}},"-":["result","in_flight"]},"$m":[0,4],"$t":[0,1'
+    ']},"r":3,"q":7,"E":[{"type":"tool_call_completed","data":{"call_id":"call_000001","nam'
+    'e":"search","is_error":false},"at":1800000000000000},{"type":"tools_completed","data":'
+    '{"index":0,"calls":1},"at":1800000000000000},{"type":"turn_completed","data":{"index":'
+    '0},"at":1800000000000000},{"type":"turn_started","data":{"index":1},"at":1800000000000'
+    '000},{"type":"turn_prepared","data":{"index":1,"model":"openai/gpt-4o","messages":4,"t'
+    'ools":["search"]},"at":1800000000000000},{"type":"model_started","data":{"index":1,"at'
+    'tempt":1}}]}',
 )
 
 ENTRY_DICT = "".join(_SAMPLES).encode()

@@ -1,413 +1,280 @@
-"""Stored encoding of each record type (short keys, defaults left out, references).
+"""How a store's records become documents: the storage hooks of the one converter.
 
-Messages, content parts, tool call records and usage are arrays; turns, requests,
-results and the run head are objects with short keys, so head revisions can be
-stored as small patches. References instead of copies:
+``statekernel._convert.converter`` unstructures and structures every stored record.
+The hooks here change what it does while a store encodes or decodes a run (inside
+``storing(...)`` or ``loading(...)``, which set a context variable), so that the
+documents of a run hold each thing once:
 
-* a request's messages that are a prefix of the transcript: ``{"$r": [pos, n]}``
-  (positions in the run's append-only message log);
-* a result message that is in the transcript: ``{"$m": pos}``;
-* a tool call record whose id, name and arguments are the result's ``k``-th tool
-  call: its first element is ``k``; its input parsed from its arguments: ``{"$a": 1}``.
+* a string of at least ``BLOB_MIN`` characters is a *blob* (``{"$b": key}``), kept
+  once per run by a hash of its text: a tool's output and the tool message that
+  carries it share one;
+* a JSON value (context, tool input and output, options, metadata, event data):
+  strings as above; an object or array whose text is that long is one blob
+  (``{"$v": key}``); an object with a key starting with ``$`` is wrapped as
+  ``{"$e": {...}}``, so it is never read back as a marker;
+* a request's messages that start like the transcript: ``{"$r": [pos, n], "x": [...]}``
+  (positions in the run's append-only message log, then the messages that differ);
+* a model result's message that is in the transcript: ``{"$m": pos}``;
+* a request's tool specs: one blob (they repeat in every request of a run);
+* a time in UTC: integer microseconds since the epoch.
+
+Markers appear only where a field of one of those types is, so a user's value is
+never mistaken for one. Outside a store's context the hooks give plain data (ISO
+times, lists, strings), as ``statekernel._convert.unstructure`` documents. While
+loading, values are checked strictly: a stored ``"5"`` is not an integer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
+from datetime import datetime
 from typing import Any
 
-from statekernel._codec_base import (
-    BlobReader,
-    BlobWriter,
-    canonical,
-    dec_time,
-    enc_time,
-    load_json,
-    same,
-)
+from statekernel._codec_base import BlobReader, BlobWriter, canonical, dec_time, enc_time
 from statekernel._lazy import LazyTuple
-from statekernel._messages import (
-    ContentPart,
-    ImagePart,
-    Message,
-    ModelRequest,
-    ModelResult,
-    ReasoningPart,
-    Role,
-    TextPart,
-    ToolCall,
-    ToolResult,
-    ToolSpec,
-    Usage,
-)
-from statekernel._run import STATE_IDS, FailureInfo, PauseInfo, StateId, ToolCallRecord, Turn
+from statekernel._messages import Message, ToolSpec
 
-__all__ = ["Reader", "Writer"]
+__all__ = [
+    "TOOLS_BLOB_MIN",
+    "Loading",
+    "Storing",
+    "loading",
+    "storing",
+]
 
-_ROLES: dict[str, str] = {"system": "s", "user": "u", "assistant": "a", "tool": "t"}
-_ROLE_OF: dict[str, Role] = {"s": "system", "u": "user", "a": "assistant", "t": "tool"}
-_STATES = frozenset(STATE_IDS)
-_RECORD_DEFAULTS = (None, None, None, 0, None, None, False)
+TOOLS_BLOB_MIN = 48
+"""Tool specs whose JSON text is at least this long are stored as one blob."""
+
+_RESULT_SCAN = 64
+"""How far from the end of the transcript a result's message is looked for."""
 
 
-def _trim(items: list[Any], defaults: Sequence[Any]) -> list[Any]:
-    """Drop trailing items equal (strictly) to their defaults."""
-    keep = len(items)
-    offset = len(items) - len(defaults)
-    while keep > offset and keep > 0 and same(items[keep - 1], defaults[keep - 1 - offset]):
-        keep -= 1
-    return items[:keep]
+class Storing:
+    """Encoding one commit of a run: the blobs it writes and where its transcript is.
+
+    ``transcript`` starts at position ``m0`` of the run's message log. With
+    ``inline``, strings and JSON values stay in the document (commit log events,
+    which are read without the run's blobs).
+    """
+
+    def __init__(
+        self,
+        known: frozenset[str] = frozenset(),
+        transcript: LazyTuple[Message] | None = None,
+        m0: int = 0,
+        *,
+        inline: bool = False,
+    ) -> None:
+        self.blobs = BlobWriter(known, inline=inline)
+        self.transcript: LazyTuple[Message] = transcript if transcript is not None else LazyTuple()
+        self.m0 = m0
+        self.sent = -1
+        """How many messages the request of the turn being encoded sent."""
 
 
-def state_id(value: Any) -> StateId:
-    if value not in _STATES:
-        raise ValueError(f"unknown state {value!r}")
-    return value  # type: ignore[no-any-return]
+class Loading:
+    """Decoding a run: its blobs, and its message log by position."""
+
+    def __init__(
+        self,
+        blobs: Mapping[str, bytes | str],
+        message_at: Callable[[int], Message] | None = None,
+        message_range: Callable[[int, int], LazyTuple[Message]] | None = None,
+    ) -> None:
+        self.blobs = BlobReader(blobs)
+        self.message_at = message_at
+        self.message_range = message_range
+        self.tools: dict[str, tuple[ToolSpec, ...]] = {}
+        """Tool specs by blob key: every request of a loaded run shares one tuple."""
 
 
-_TOOLS_BLOB_MIN = 48
-"""Tool specs repeat in every request of a run: stored as a blob unless tiny."""
+_CONTEXT: ContextVar[Storing | Loading | None] = ContextVar("statekernel_codec", default=None)
 
 
-def _parses_to(arguments: str, value: Any) -> bool:
+@contextlib.contextmanager
+def storing(ctx: Storing) -> Iterator[Storing]:
+    """Unstructure records for a store, with ``ctx``, inside the block."""
+    token = _CONTEXT.set(ctx)
     try:
-        parsed = json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
-        return False
-    return same(parsed, value)
+        yield ctx
+    finally:
+        _CONTEXT.reset(token)
 
 
-def _tools_raw(tools: tuple[ToolSpec, ...]) -> list[list[Any]]:
-    return [[t.name, t.description, t.parameters] for t in tools]
+@contextlib.contextmanager
+def loading(ctx: Loading) -> Iterator[Loading]:
+    """Structure a store's documents, with ``ctx``, inside the block."""
+    token = _CONTEXT.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _CONTEXT.reset(token)
+
+
+def storing_now() -> Storing | None:
+    """The ``Storing`` in effect, if any."""
+    ctx = _CONTEXT.get()
+    return ctx if type(ctx) is Storing else None
+
+
+def loading_now() -> Loading | None:
+    """The ``Loading`` in effect, if any."""
+    ctx = _CONTEXT.get()
+    return ctx if type(ctx) is Loading else None
+
+
+# -- scalars ---------------------------------------------------------------------------
+
+
+def unstructure_str(value: str) -> Any:
+    ctx = _CONTEXT.get()
+    return ctx.blobs.s(value) if type(ctx) is Storing else value
+
+
+def structure_str(value: Any, _: Any) -> str:
+    if type(value) is str:
+        return value
+    ctx = _CONTEXT.get()
+    if type(ctx) is Loading:
+        return ctx.blobs.s(value)  # a blob marker, else TypeError
+    return str(value)
+
+
+def unstructure_json(value: Any) -> Any:
+    ctx = _CONTEXT.get()
+    return ctx.blobs.json(value) if type(ctx) is Storing else value
+
+
+def structure_json(value: Any, _: Any) -> Any:
+    ctx = _CONTEXT.get()
+    return ctx.blobs.json(value) if type(ctx) is Loading else value
+
+
+def unstructure_time(value: datetime) -> Any:
+    return enc_time(value) if type(_CONTEXT.get()) is Storing else value.isoformat()
+
+
+def structure_time(value: Any, _: Any) -> datetime:
+    if type(_CONTEXT.get()) is Loading or type(value) is str:
+        return dec_time(value)
+    raise TypeError(f"expected an ISO datetime string, got {type(value).__name__}")
+
+
+def _strict(kind: type) -> Callable[[Any, Any], Any]:
+    """Structure ``kind`` (int, bool, float) as cattrs does, but strictly while loading."""
+
+    def structure(value: Any, _: Any) -> Any:
+        if type(value) is kind or (kind is float and type(value) is int):
+            return value
+        if type(_CONTEXT.get()) is Loading:
+            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+        return kind(value)
+
+    return structure
+
+
+structure_int = _strict(int)
+structure_bool = _strict(bool)
+structure_float = _strict(float)
+
+
+# -- references ------------------------------------------------------------------------
+
+
+def unstructure_sent(messages: LazyTuple[Message], each: Callable[[Message], Any]) -> Any:
+    """A request's messages: a reference to the transcript's prefix they share, then
+    the ones that differ."""
+    ctx = _CONTEXT.get()
+    if type(ctx) is not Storing:
+        return [each(m) for m in messages]
+    t = ctx.transcript
+    n = len(messages)
+    k = t.shares_prefix(messages)
+    while k < n and k < len(t) and (messages[k] is t[k] or messages[k] == t[k]):
+        k += 1
+    if k == 0:
+        return [each(m) for m in messages]
+    doc: dict[str, Any] = {"$r": [ctx.m0, k]}
+    if k < n:
+        doc["x"] = [each(m) for m in messages[k:]]
+    return doc
+
+
+def structure_sent(doc: Any, each: Callable[[Any], Message]) -> LazyTuple[Message]:
+    """The inverse of ``unstructure_sent``."""
+    if type(doc) is list:
+        return LazyTuple([each(m) for m in doc])
+    ctx = _CONTEXT.get()
+    if type(ctx) is not Loading or ctx.message_range is None or type(doc) is not dict:
+        raise TypeError("expected a list of messages")
+    start, n = doc["$r"]
+    if type(start) is not int or type(n) is not int or doc.keys() - {"$r", "x"}:
+        raise ValueError(f"bad message reference {doc!r}")
+    found = ctx.message_range(start, n)
+    extra = doc.get("x")
+    return found + tuple([each(m) for m in extra]) if extra else found
+
+
+def unstructure_answer(message: Message, each: Callable[[Message], Any]) -> Any:
+    """A model result's message: its position in the message log when it is in the
+    transcript (right after what its request sent, or near the end)."""
+    ctx = _CONTEXT.get()
+    if type(ctx) is Storing:
+        t = ctx.transcript
+        if 0 <= ctx.sent < len(t) and t[ctx.sent] is message:
+            return {"$m": ctx.m0 + ctx.sent}
+        for i in range(len(t) - 1, max(len(t) - _RESULT_SCAN, 0) - 1, -1):
+            if t[i] is message:
+                return {"$m": ctx.m0 + i}
+    return each(message)
+
+
+def structure_answer(doc: Any, each: Callable[[Any], Message]) -> Message:
+    """The inverse of ``unstructure_answer``."""
+    if type(doc) is dict and "$m" in doc:
+        ctx = _CONTEXT.get()
+        pos = doc["$m"]
+        if type(ctx) is not Loading or ctx.message_at is None or len(doc) != 1:
+            raise ValueError(f"bad message reference {doc!r}")
+        if type(pos) is not int or pos < 0:
+            raise ValueError(f"bad message position {pos!r}")
+        return ctx.message_at(pos)
+    return each(doc)
 
 
 _TOOLS_TEXT: dict[int, tuple[tuple[ToolSpec, ...], str]] = {}
 
 
-def _tools_text(tools: tuple[ToolSpec, ...]) -> str:
-    """The canonical text of tool specs. The kernel hands the same tuple to every request
-    of every run, and each commit of a turn encodes its request again: that tuple's text
-    is made once (an identity cache; specs are frozen records)."""
+def unstructure_tools(tools: tuple[ToolSpec, ...], each: Callable[[ToolSpec], Any]) -> Any:
+    """A request's tool specs: one blob unless tiny. The kernel hands the same tuple to
+    every request of every run: its text is made once (an identity cache; specs are
+    frozen records)."""
+    ctx = _CONTEXT.get()
+    if type(ctx) is not Storing or not tools:
+        return [each(t) for t in tools]
     hit = _TOOLS_TEXT.get(id(tools))
-    if hit is not None and hit[0] is tools:
-        return hit[1]
-    text = canonical(_tools_raw(tools))
-    if len(_TOOLS_TEXT) >= 64:
-        _TOOLS_TEXT.clear()
-    _TOOLS_TEXT[id(tools)] = (tools, text)
-    return text
+    if hit is None or hit[0] is not tools:
+        with storing(Storing(inline=True)):
+            docs = [each(t) for t in tools]
+        if len(_TOOLS_TEXT) >= 64:
+            _TOOLS_TEXT.clear()
+        hit = _TOOLS_TEXT[id(tools)] = (tools, canonical(docs))
+    text = hit[1]
+    if len(text) < TOOLS_BLOB_MIN:
+        return [each(t) for t in tools]
+    return {"$v": ctx.blobs.put(text)}
 
 
-class Writer(BlobWriter):
-    """Encodes records; ``transcript`` and ``m0`` place the run's transcript in its log."""
-
-    def __init__(self, known: frozenset[str], transcript: LazyTuple[Message], m0: int) -> None:
-        super().__init__(known)
-        self.transcript = transcript
-        self.m0 = m0
-
-    def message(self, msg: Message) -> list[Any]:
-        """A message: ``[role, parts, name?]``."""
-        doc = [_ROLES[msg.role], [self.part(p) for p in msg.content]]
-        if msg.name is not None:
-            doc.append(msg.name)
-        return doc
-
-    def part(self, part: ContentPart) -> Any:
-        """A content part: text as a plain string, the others as tagged arrays."""
-        if isinstance(part, TextPart):
-            return self.s(part.text)
-        if isinstance(part, ToolCall):
-            return ["c", part.id, part.name, self.s(part.arguments)]
-        if isinstance(part, ToolResult):
-            return _trim(
-                ["o", part.tool_call_id, part.name, self.s(part.content), part.is_error], (False,)
-            )
-        if isinstance(part, ReasoningPart):
-            doc = ["r", self.s(part.text), self.opt(part.signature), part.redacted]
-            return _trim(doc, (None, False))
-        if isinstance(part, ImagePart):
-            return _trim(
-                ["i", self.opt(part.url), self.opt(part.data), part.media_type], (None, None, None)
-            )
-        raise TypeError(f"unknown content part {type(part).__name__}")
-
-    @staticmethod
-    def usage(usage: Usage) -> list[int]:
-        """Token counts, trailing zeros left out."""
-        doc = [usage.input_tokens, usage.output_tokens, usage.cache_read_tokens,
-               usage.cache_write_tokens, usage.reasoning_tokens]  # fmt: skip
-        return _trim(doc, (0, 0, 0, 0, 0))
-
-    def _messages(self, msgs: LazyTuple[Message]) -> Any:
-        n, t = len(msgs), self.transcript
-        k = t.shares_prefix(msgs)
-        while k < n and k < len(t) and (msgs[k] is t[k] or msgs[k] == t[k]):
-            k += 1
-        if k == n:
-            return {"$r": [self.m0, n]}
-        inline = [self.message(m) for m in msgs[k:]]
-        return {"$r": [self.m0, k], "x": inline} if k else inline
-
-    def tools(self, tools: tuple[ToolSpec, ...]) -> Any:
-        """Tool specs, as one blob unless tiny (they repeat in every request)."""
-        text = _tools_text(tools)
-        if len(text) >= _TOOLS_BLOB_MIN:
-            return {"$v": self._put(text)}
-        return self.json(_tools_raw(tools))
-
-    def request(self, req: ModelRequest) -> dict[str, Any]:
-        """A model request; its messages by reference where they are the transcript."""
-        doc: dict[str, Any] = {"M": req.model, "m": self._messages(req.messages)}
-        if req.tools:
-            doc["T"] = self.tools(req.tools)
-        if req.tool_choice is not None:
-            doc["tc"] = req.tool_choice
-        if req.max_tokens is not None:
-            doc["mt"] = req.max_tokens
-        if req.temperature is not None:
-            doc["t"] = req.temperature
-        if req.stop:
-            doc["st"] = [self.s(s) for s in req.stop]
-        if not (type(req.options) is dict and not req.options):
-            doc["o"] = self.json(req.options)
-        return doc
-
-    def _message_ref(self, msg: Message, after: int) -> Any:
-        t = self.transcript
-        for i in (after, len(t) - 1):
-            if 0 <= i < len(t) and (t[i] is msg or t[i] == msg):
-                return {"$m": self.m0 + i}
-        return self.message(msg)
-
-    def result(self, res: ModelResult, after: int) -> dict[str, Any]:
-        """A model result; its message by reference when it is in the transcript."""
-        doc: dict[str, Any] = {"m": self._message_ref(res.message, after)}
-        if res.usage != Usage():
-            doc["u"] = self.usage(res.usage)
-        if res.finish_reason != "stop":
-            doc["f"] = res.finish_reason
-        if res.model is not None:
-            doc["M"] = res.model
-        return doc
-
-    def record(self, rec: ToolCallRecord, calls: dict[str, tuple[int, ToolCall]]) -> list[Any]:
-        """A tool call record: ``[k | id, name, arguments, input, output, error, ...]``."""
-        hit = calls.get(rec.id)
-        head: list[Any]
-        if hit is not None and hit[1].name == rec.name and hit[1].arguments == rec.arguments:
-            head = [hit[0]]
-        else:
-            head = [rec.id, rec.name, self.s(rec.arguments)]
-        parsed = rec.input is not None and _parses_to(rec.arguments, rec.input)
-        tail = [
-            {"$a": 1} if parsed else self.json(rec.input),
-            self.json(rec.output),
-            self.opt(rec.error),
-            rec.attempt,
-            None if rec.started_at is None else enc_time(rec.started_at),
-            None if rec.finished_at is None else enc_time(rec.finished_at),
-            rec.resolved,
-        ]
-        return head + _trim(tail, _RECORD_DEFAULTS)
-
-    def turn(self, turn: Turn) -> dict[str, Any]:
-        """A turn: index, request, result, model attempts and its tool call records."""
-        doc: dict[str, Any] = {"i": turn.index, "q": self.request(turn.request)}
-        calls: dict[str, tuple[int, ToolCall]] = {}
-        if turn.result is not None:
-            doc["a"] = self.result(turn.result, len(turn.request.messages))
-            for k, call in enumerate(turn.result.tool_calls):
-                calls.setdefault(call.id, (k, call))
-        if turn.model_attempts:
-            doc["n"] = turn.model_attempts
-        for key, recs in (("p", turn.pending), ("f", turn.in_flight), ("d", turn.completed)):
-            if recs:
-                doc[key] = [self.record(r, calls) for r in recs]
-        return doc
-
-    def pause(self, info: PauseInfo) -> list[Any]:
-        """Pause info: ``[reason, resume_to, metadata?]``."""
-        doc = [self.s(info.reason), info.resume_to]
-        if not (type(info.metadata) is dict and not info.metadata):
-            doc.append(self.json(info.metadata))
-        return doc
-
-    def failure(self, info: FailureInfo) -> list[Any]:
-        """Failure info: ``[error, message, failed_in]``."""
-        return [self.s(info.error), self.s(info.message), info.failed_in]
-
-
-class Reader(BlobReader):
-    """Decodes records; ``message_at(pos)`` resolves positions in the message log."""
-
-    def __init__(
-        self,
-        blobs: Any,
-        message_at: Callable[[int], Message] | None = None,
-        message_range: Callable[[int, int], LazyTuple[Message]] | None = None,
-    ) -> None:
-        super().__init__(blobs)
-        self._message_at = message_at
-        self._message_range = message_range
-        self._tools: dict[str, tuple[ToolSpec, ...]] = {}
-        self._usages: dict[tuple[int, ...], Usage] = {}
-
-    def at(self, pos: Any) -> Message:
-        """The message at ``pos`` of the run's message log."""
-        if self._message_at is None or type(pos) is not int or pos < 0:
-            raise ValueError(f"bad message reference {pos!r}")
-        return self._message_at(pos)
-
-    def message(self, doc: Any) -> Message:
-        """A message."""
-        name = doc[2] if len(doc) > 2 else None
-        if name is not None and type(name) is not str:
-            raise TypeError("message name is not a string")
-        part = self.part
-        return Message(_ROLE_OF[doc[0]], tuple([part(p) for p in doc[1]]), name)
-
-    def part(self, doc: Any) -> ContentPart:
-        """A content part."""
-        if type(doc) is not list:
-            return TextPart(self.s(doc))
-        code = doc[0]
-        if code == "c":
-            return ToolCall(_str(doc[1]), _str(doc[2]), self.s(doc[3]))
-        if code == "o":
-            error = doc[4] if len(doc) > 4 else False
-            return ToolResult(_str(doc[1]), _str(doc[2]), self.s(doc[3]), _bool(error))
-        if code == "r":
-            signature, redacted = _pad(doc, 2, (None, False))
-            return ReasoningPart(self.s(doc[1]), self.opt(signature), _bool(redacted))
-        if code == "i":
-            url, data, media = _pad(doc, 1, (None, None, None))
-            return ImagePart(self.opt(url), self.opt(data), _opt_str(media))
-        raise ValueError(f"unknown content part {code!r}")
-
-    def usage(self, doc: Any) -> Usage:
-        """Token counts (equal counts share one ``Usage``: it is immutable)."""
-        if type(doc) is not list or len(doc) > 5 or any(type(v) is not int for v in doc):
-            raise TypeError("usage is not a list of up to five integers")
-        key = tuple(doc)
-        found = self._usages.get(key)
-        if found is None:
-            found = self._usages[key] = Usage(*doc)
-        return found
-
-    def _messages(self, doc: Any) -> LazyTuple[Message]:
-        if type(doc) is list:
-            return LazyTuple([self.message(m) for m in doc])
-        start, n = doc["$r"]
-        if self._message_range is None or type(start) is not int or type(n) is not int:
-            raise ValueError(f"bad message reference {doc!r}")
-        found = self._message_range(start, n)
-        return found + tuple([self.message(m) for m in doc.get("x", ())])
-
-    def tools(self, doc: Any) -> tuple[ToolSpec, ...]:
-        """Tool specs; the same stored blob gives the same tuple (requests repeat them)."""
-        key = doc.get("$v") if type(doc) is dict and len(doc) == 1 else None
-        if type(key) is str:
-            found = self._tools.get(key)
-            if found is None:
-                found = self._tools[key] = self._tool_specs(doc)
-            return found
-        return self._tool_specs(doc)
-
-    def _tool_specs(self, doc: Any) -> tuple[ToolSpec, ...]:
-        return tuple([ToolSpec(_str(n), _str(d), p) for n, d, p in self.json(doc)])
-
-    def request(self, doc: dict[str, Any]) -> ModelRequest:
-        """A model request."""
-        return ModelRequest(
-            model=_str(doc["M"]),
-            messages=self._messages(doc["m"]),
-            tools=self.tools(doc["T"]) if "T" in doc else (),
-            tool_choice=_opt_str(doc.get("tc")),
-            max_tokens=doc.get("mt"),
-            temperature=doc.get("t"),
-            stop=tuple([self.s(s) for s in doc["st"]]) if "st" in doc else (),
-            options=self.json(doc["o"]) if "o" in doc else {},
-        )
-
-    def result(self, doc: dict[str, Any]) -> ModelResult:
-        """A model result."""
-        msg = doc["m"]
-        message = self.at(msg["$m"]) if type(msg) is dict else self.message(msg)
-        usage = self.usage(doc["u"]) if "u" in doc else Usage()
-        return ModelResult(message, usage, doc.get("f", "stop"), _opt_str(doc.get("M")))
-
-    def record(self, doc: list[Any], calls: tuple[ToolCall, ...]) -> ToolCallRecord:
-        """A tool call record."""
-        if type(doc[0]) is int:
-            call = calls[doc[0]]
-            call_id, name, arguments, start = call.id, call.name, call.arguments, 1
-        else:
-            call_id, name, arguments, start = _str(doc[0]), _str(doc[1]), self.s(doc[2]), 3
-        raw_input, output, error, attempt, started, finished, resolved = _pad(
-            doc, start, _RECORD_DEFAULTS
-        )
-        if type(raw_input) is dict and raw_input.keys() == {"$a"}:
-            value = load_json(arguments, "tool call arguments") if arguments.strip() else {}
-        else:
-            value = self.json(raw_input)
-        return ToolCallRecord(
-            call_id, name, arguments, value, self.json(output), self.opt(error), _int(attempt),
-            None if started is None else dec_time(started),
-            None if finished is None else dec_time(finished), resolved is True,
-        )  # fmt: skip
-
-    def turn(self, doc: dict[str, Any]) -> Turn:
-        """A turn."""
-        result = self.result(doc["a"]) if "a" in doc else None
-        calls = result.tool_calls if result is not None else ()
-        record = self.record
-        return Turn(
-            _int(doc["i"]),
-            self.request(doc["q"]),
-            result,
-            _int(doc.get("n", 0)),
-            tuple([record(r, calls) for r in doc["p"]]) if "p" in doc else (),
-            tuple([record(r, calls) for r in doc["f"]]) if "f" in doc else (),
-            tuple([record(r, calls) for r in doc["d"]]) if "d" in doc else (),
-        )
-
-    def pause(self, doc: list[Any]) -> PauseInfo:
-        """Pause info."""
-        metadata = self.json(doc[2]) if len(doc) > 2 else {}
-        return PauseInfo(self.s(doc[0]), state_id(doc[1]), metadata)
-
-    def failure(self, doc: list[Any]) -> FailureInfo:
-        """Failure info."""
-        return FailureInfo(self.s(doc[0]), self.s(doc[1]), state_id(doc[2]))
-
-
-def _pad(doc: list[Any], start: int, defaults: tuple[Any, ...]) -> list[Any]:
-    """``doc[start:]`` with left-out trailing defaults put back."""
-    rest = doc[start:]
-    if len(rest) > len(defaults):
-        raise ValueError("too many fields")
-    return [*rest, *defaults[len(rest) :]]
-
-
-def _str(value: Any) -> str:
-    if type(value) is not str:
-        raise TypeError(f"expected a string, got {type(value).__name__}")
-    return value
-
-
-def _opt_str(value: Any) -> str | None:
-    return None if value is None else _str(value)
-
-
-def _int(value: Any) -> int:
-    if type(value) is not int:
-        raise TypeError(f"expected an integer, got {type(value).__name__}")
-    return value
-
-
-def _bool(value: Any) -> bool:
-    if type(value) is not bool:
-        raise TypeError(f"expected a boolean, got {type(value).__name__}")
-    return value
+def structure_tools(doc: Any, each: Callable[[Any], tuple[ToolSpec, ...]]) -> tuple[ToolSpec, ...]:
+    """The inverse of ``unstructure_tools``; one stored blob gives one shared tuple."""
+    ctx = _CONTEXT.get()
+    key = doc.get("$v") if type(doc) is dict and len(doc) == 1 else None
+    if type(ctx) is not Loading or type(key) is not str:
+        return each(doc)
+    found = ctx.tools.get(key)
+    if found is None:
+        found = ctx.tools[key] = each(json.loads(ctx.blobs.text(key)))
+    return found

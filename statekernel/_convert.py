@@ -1,4 +1,12 @@
-"""The one cattrs converter: records to JSON-able data and back, with schema migrations."""
+"""The one cattrs converter: records to JSON-able data and back, with schema migrations.
+
+Every record a store keeps goes through this converter, and so do exports
+(``unstructure``, ``dumps``). Its hooks for strings, JSON values, times, a request's
+messages and tools and a result's message are the stored format's
+(``statekernel._codec_records``): inside a store's ``storing``/``loading`` context
+they keep each thing once (blobs, references into the message log); outside it they
+give plain data (ISO times, lists, strings).
+"""
 
 from __future__ import annotations
 
@@ -8,19 +16,24 @@ from datetime import datetime
 from typing import Any, TypeVar, get_args, get_origin
 
 import cattrs
-from cattrs.gen import make_dict_unstructure_fn, override
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
+from statekernel import _codec_records as hooks
 from statekernel._lazy import LazyTuple
 from statekernel._messages import (
     ContentPart,
     ImagePart,
+    Message,
+    ModelRequest,
+    ModelResult,
     ReasoningPart,
     TextPart,
     ToolCall,
     ToolResult,
+    ToolSpec,
 )
-from statekernel._run import SCHEMA_VERSION, Run
+from statekernel._run import SCHEMA_VERSION, Run, Turn
 from statekernel.errors import CorruptCheckpoint
 
 __all__ = [
@@ -35,6 +48,7 @@ __all__ = [
     "structure",
     "structure_run",
     "unstructure",
+    "unstructure_head",
     "upgrade",
 ]
 
@@ -51,8 +65,15 @@ _PART_TAGS: dict[type, str] = {
 converter = cattrs.Converter(omit_if_default=True, forbid_extra_keys=True)
 """The converter used for every stored record."""
 
-converter.register_unstructure_hook(datetime, lambda d: d.isoformat())
-converter.register_structure_hook(datetime, lambda v, _: _parse_datetime(v))
+converter.register_unstructure_hook(str, hooks.unstructure_str)
+converter.register_structure_hook(str, hooks.structure_str)
+converter.register_structure_hook(int, hooks.structure_int)
+converter.register_structure_hook(bool, hooks.structure_bool)
+converter.register_structure_hook(float, hooks.structure_float)
+converter.register_unstructure_hook_func(lambda t: t is Any, hooks.unstructure_json)
+converter.register_structure_hook_func(lambda t: t is Any, hooks.structure_json)
+converter.register_unstructure_hook(datetime, hooks.unstructure_time)
+converter.register_structure_hook(datetime, hooks.structure_time)
 configure_tagged_union(
     ContentPart,
     converter,
@@ -74,29 +95,109 @@ converter.register_unstructure_hook_func(
     _is_lazy_tuple, lambda value: [converter.unstructure(item) for item in value]
 )
 converter.register_structure_hook_func(_is_lazy_tuple, _structure_lazy_tuple)
-# Registered after the union and LazyTuple hooks, so the generated function uses them.
+
+
+def _message(message: Message) -> Any:
+    return converter.unstructure(message, Message)
+
+
+def _message_of(doc: Any) -> Message:
+    return converter.structure(doc, Message)
+
+
+def _spec(spec: ToolSpec) -> Any:
+    return converter.unstructure(spec, ToolSpec)
+
+
+def _specs_of(doc: Any) -> tuple[ToolSpec, ...]:
+    return converter.structure(doc, tuple[ToolSpec, ...])
+
+
+# Registered after the scalar, union and LazyTuple hooks, so the generated functions use them.
 converter.register_unstructure_hook(
-    Run,
+    ModelRequest,
     make_dict_unstructure_fn(
-        Run, converter, _cattrs_omit_if_default=True, schema_version=override(omit_if_default=False)
+        ModelRequest,
+        converter,
+        _cattrs_omit_if_default=True,
+        messages=override(unstruct_hook=lambda v: hooks.unstructure_sent(v, _message)),
+        tools=override(unstruct_hook=lambda v: hooks.unstructure_tools(v, _spec)),
     ),
 )
+converter.register_structure_hook(
+    ModelRequest,
+    make_dict_structure_fn(
+        ModelRequest,
+        converter,
+        _cattrs_forbid_extra_keys=True,
+        messages=override(struct_hook=lambda v, _: hooks.structure_sent(v, _message_of)),
+        tools=override(struct_hook=lambda v, _: hooks.structure_tools(v, _specs_of)),
+    ),
+)
+converter.register_unstructure_hook(
+    ModelResult,
+    make_dict_unstructure_fn(
+        ModelResult,
+        converter,
+        _cattrs_omit_if_default=True,
+        message=override(unstruct_hook=lambda v: hooks.unstructure_answer(v, _message)),
+    ),
+)
+converter.register_structure_hook(
+    ModelResult,
+    make_dict_structure_fn(
+        ModelResult,
+        converter,
+        _cattrs_forbid_extra_keys=True,
+        message=override(struct_hook=lambda v, _: hooks.structure_answer(v, _message_of)),
+    ),
+)
+_turn_doc = make_dict_unstructure_fn(Turn, converter, _cattrs_omit_if_default=True)
 
 
-def _parse_datetime(value: object) -> datetime:
-    if not isinstance(value, str):
-        raise TypeError(f"expected an ISO datetime string, got {type(value).__name__}")
-    return datetime.fromisoformat(value)
+def _unstructure_turn(turn: Turn) -> dict[str, Any]:
+    ctx = hooks.storing_now()
+    if ctx is not None:
+        ctx.sent = len(turn.request.messages)
+    return _turn_doc(turn)
+
+
+converter.register_unstructure_hook(Turn, _unstructure_turn)
+_run_doc = make_dict_unstructure_fn(
+    Run, converter, _cattrs_omit_if_default=True, schema_version=override(omit_if_default=False)
+)
+_head_doc = make_dict_unstructure_fn(
+    Run,
+    converter,
+    _cattrs_omit_if_default=True,
+    schema_version=override(omit_if_default=False),
+    revision=override(omit_if_default=False),
+    state=override(omit_if_default=False),
+    created_at=override(omit_if_default=False),
+    updated_at=override(omit_if_default=False),
+    messages=override(omit=True),
+    turns=override(omit=True),
+)
+converter.register_unstructure_hook(Run, _run_doc)
+
+
+def unstructure_head(run: Run) -> dict[str, Any]:
+    """A run without its transcript and completed turns: what a store's head holds
+    (its revision, state and times always, so a listing reads them off the head)."""
+    return _head_doc(run)
 
 
 Migration = Callable[[str, Any], Any]
 """``fn(kind, doc)``: a stored document at one schema version, as it is at the next.
 
 ``kind`` says what the document is: ``"head"`` (a run head as the stores keep it:
-the run without its messages and completed turns; its ``"r"``, ``"sv"``, ``"$m"``
-and ``"$t"`` are the store's and stay as they are), ``"message"``, ``"turn"`` (a
-completed turn, or the current turn of a head) or ``"run"`` (a whole run as
-``unstructure`` gives it). ``fn`` may change ``doc`` in place and return it.
+the run's document without ``messages`` and ``turns``; its ``revision``,
+``schema_version``, ``"$m"`` and ``"$t"`` are the store's and stay as they are),
+``"message"``, ``"turn"`` (a completed turn, or the current turn of a head) or
+``"run"`` (a whole run as ``unstructure`` gives it). Documents are the converter's:
+field names as in the records, defaults left out; in a store's documents a long
+string may be ``{"$b": key}`` and a request's messages a reference (see
+``statekernel._codec_records``). ``fn`` may change ``doc`` in place and return it.
 """
 
 _MIGRATIONS: dict[int, Migration] = {}

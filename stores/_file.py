@@ -92,8 +92,8 @@ class FileStore:
             if snap is None:
                 raise RunNotFound(run_id)
             head = _own_head(snap.head, run_id, folder)
-            wanted = check_revision(run_id, revision, head["r"])
-            if wanted != head["r"]:
+            wanted = check_revision(run_id, revision, head["revision"])
+            if wanted != head["revision"]:
                 entries = [(r, e) for r, e in snap.commits(snapshot_of(wanted)) if r <= wanted]
                 head = replay(entries, wanted, what=f"history of {folder.where}")
             m_end, t_end = log_ends(head)
@@ -116,7 +116,7 @@ class FileStore:
             entries = snap.commits(0)
             messages, turns, blobs = snap.parts(m_end, t_end)
         what = f"history of {folder.where}"
-        last = head["r"]
+        last = head["revision"]
         yield from iter_history(entries, messages, turns, blobs, run_id, last=last, what=what)
 
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
@@ -158,7 +158,7 @@ class FileStore:
             if lease is not None:
                 check_fence(read_lease(folder), lease, cp.expected_revision)
             prior = None if state is None else _own_head(state.head, run.run_id, folder)
-            check_head(cp, None if prior is None else prior["r"])
+            check_head(cp, None if prior is None else prior["revision"])
             enc = encode_commit(cp, prior)
             lines = [blob_line(k, v) for k, v in enc.blobs.items()]
             lines += _numbered("m", enc.first_message, enc.messages)
@@ -181,7 +181,7 @@ class FileStore:
             head = _own_head(snap.head, run_id, folder)
             what = f"events of {folder.where}"
             entries = snap.commits(after + 1)
-            check_log(entries, max(after + 1, 0), head["r"], what)
+            check_log(entries, max(after + 1, 0), head["revision"], what)
             found = decode_events(entries, run_id, what=what)
         return found if limit is None else found[:limit]
 
@@ -238,7 +238,11 @@ class FileStore:
 
 def _own_head(doc: dict[str, Any], run_id: str, folder: RunFolder) -> dict[str, Any]:
     head = doc.get("head")
-    if not isinstance(head, dict) or head.get("id") != run_id or type(head.get("r")) is not int:
+    if (
+        not isinstance(head, dict)
+        or head.get("run_id") != run_id
+        or type(head.get("revision")) is not int
+    ):
         raise CorruptCheckpoint(f"invalid head in {folder.path}: not a head of run {run_id!r}")
     return head
 

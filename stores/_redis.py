@@ -233,7 +233,7 @@ class RedisStore:
             raise RunNotFound(run_id)
         head = _load_head(doc, what)
         wanted = check_revision(run_id, revision, _revision(head, what))
-        if wanted != head["r"]:
+        if wanted != head["revision"]:
             head = replay(_entries(history[0], snapshot_of(wanted), what), wanted, what=what)
         m_end, t_end = log_ends(head)
         msg_docs = _parse_list(unseal_each(messages[:m_end], f"message of {what}"), what)
@@ -525,7 +525,7 @@ def _digest(text: str) -> str:
 
 
 def _revision(head: Any, what: str) -> int:
-    revision = head.get("r") if isinstance(head, dict) else None
+    revision = head.get("revision") if isinstance(head, dict) else None
     if type(revision) is not int:
         raise CorruptCheckpoint(f"invalid {what}: no revision")
     return revision

@@ -370,7 +370,7 @@ class _Commit:
 
 def _rows(cp: Checkpoint, enc: EncodedCommit) -> CommitRows:
     run = cp.run
-    turns = enc.head["$t"][1] + (1 if "T" in enc.head else 0)
+    turns = enc.head["$t"][1] + (1 if "current_turn" in enc.head else 0)
     columns = (
         run.revision,
         run.state,

@@ -197,7 +197,7 @@ async def test_sqlite_damaged_tables_give_typed_errors(tmp_path: Path, damage: s
 def _bump_version(doc: bytes) -> bytes:
     """A stored (checksummed) head at schema version 99, checksummed again."""
     head = json.loads(unseal(doc, "head"))
-    head["sv"] = 99
+    head["schema_version"] = 99
     return seal(json.dumps(head).encode())
 
 
@@ -205,7 +205,7 @@ async def test_unknown_schema_version_file(tmp_path: Path) -> None:
     await _commit_two(f"file://{tmp_path}")
     path = tmp_path / "r" / "head.json"
     doc = json.loads(unseal_line(path.read_bytes(), "head file"))
-    doc["head"]["sv"] = 99
+    doc["head"]["schema_version"] = 99
     path.write_bytes(seal_line(json.dumps(doc).encode()))
     with pytest.raises(CorruptCheckpoint, match="schema_version 99"):
         await open_store(f"file://{tmp_path}").load("r")

@@ -137,7 +137,7 @@ def test_every_field_set_round_trips_through_the_encoding() -> None:
 def test_event_with_every_field_set_round_trips() -> None:
     events = [full(Event), attrs.evolve(full(Event), type="turn_started", data={"index": 3})]
     docs = encode_events(events, "other run", 99, 1000, 123)
-    entry = {"p": {"ua": 123}, "q": 1000, "E": json.loads(json.dumps(docs))}
+    entry = {"p": {"updated_at": 123}, "q": 1000, "E": json.loads(json.dumps(docs))}
     assert decode_events([(99, entry)], "other run") == events
 
 
@@ -169,7 +169,7 @@ async def test_older_schema_version_goes_through_the_migrations(
 
     def to_v2(kind: str, doc: Any) -> Any:
         if kind == "head":
-            doc["c"] = {"migrated": doc["c"]}
+            doc["context"] = {"migrated": doc["context"]}
         return doc
 
     monkeypatch.setattr(_convert, "SCHEMA_VERSION", 2)
@@ -230,14 +230,15 @@ async def test_sqlite_unreleased_layouts_are_refused_not_misread(tmp_path: Path)
 
 
 def test_entries_and_blobs_are_read_in_every_form_they_are_written() -> None:
-    entry = {"p": {"ua": 1_000_000}, "q": 3, "E": [[1, [2]], ["custom"]]}
+    turn_started = {"type": "turn_started", "data": {"index": 2}}
+    entry = {"p": {"updated_at": 1_000_000}, "q": 3, "E": [turn_started, {"type": "custom"}]}
     events = decode_events([(4, entry)], "r")
     assert [(e.type, e.seq, e.revision, e.data) for e in events] == [
         ("turn_started", 3, 4, {"index": 2}),
         ("custom", 4, 4, {}),
     ]
     assert events[0].at == datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC)
-    new_entry = {"p": {"ua": 5}, "q": 3, "E": [[1, [2]]]}
+    new_entry = {"p": {"updated_at": 5}, "q": 3, "E": [turn_started]}
     assert load_entry(dump_entry(new_entry), "entry") == new_entry
     assert dump_entry(new_entry)[:2] == b"\x00\x01"
     text = "héllo " * 200
@@ -251,19 +252,26 @@ def test_entries_and_blobs_are_read_in_every_form_they_are_written() -> None:
 def test_damaged_compressed_parts_are_corrupt_checkpoints() -> None:
     with pytest.raises(CorruptCheckpoint):
         load_entry(b"\x00\x01not deflate at all", "entry")
-    packed = dump_entry({"p": {"ua": 1}})
+    packed = dump_entry({"p": {"updated_at": 1}})
     with pytest.raises(CorruptCheckpoint):
         load_entry(packed[:-3], "entry")
 
 
 def test_tool_specs_are_encoded_from_the_tuple_they_are() -> None:
-    from statekernel._codec_records import Reader, Writer
-    from statekernel._messages import ToolSpec
+    from statekernel._codec_records import Loading, Storing, loading, storing
+    from statekernel._messages import ModelRequest, ToolSpec
 
     def round_trip(tools: tuple[ToolSpec, ...]) -> tuple[ToolSpec, ...]:
-        writer = Writer(frozenset(), (), 0)
-        doc = writer.tools(tools)
-        return Reader({k: v for k, v in writer.blobs.items()}).tools(doc)
+        ctx = Storing()
+        with storing(ctx):
+            doc = _convert.converter.unstructure(ModelRequest("p/m", (), tools), ModelRequest)
+        stored = json.loads(json.dumps(doc))
+        with loading(Loading(ctx.blobs.blobs)):
+            first = _convert.converter.structure(stored, ModelRequest).tools
+            again = _convert.converter.structure(stored, ModelRequest).tools
+        if len(json.dumps(doc["tools"])) > 50:  # a blob: read once, shared
+            assert again is first, "requests loaded together share their tool specs"
+        return first
 
     first = (ToolSpec("search", "Search the web " * 5, {"type": "object", "properties": {}}),)
     assert round_trip(first) == first

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from statekernel._codec_records import Reader
+from statekernel._codec import _Decoder
 from statekernel.stores import open_store
 from statekernel.testing._store_cases import commit_chain, sample_run
 
@@ -26,18 +26,18 @@ async def test_collector_stays_on_while_a_load_decodes(
     store = open_store(url)
     chain = await commit_chain(store, sample_run("r"), 5)
     seen: list[bool] = []
-    message, turn = Reader.message, Reader.turn
+    message, turn = _Decoder.message_at, _Decoder._turn
 
-    def watched_message(self: Reader, doc: Any) -> Any:
+    def watched_message(self: _Decoder, pos: int) -> Any:
         seen.append(gc.isenabled())
-        return message(self, doc)
+        return message(self, pos)
 
-    def watched_turn(self: Reader, doc: Any) -> Any:
+    def watched_turn(self: _Decoder, doc: Any, version: int, what: str) -> Any:
         seen.append(gc.isenabled())
-        return turn(self, doc)
+        return turn(self, doc, version, what)
 
-    monkeypatch.setattr(Reader, "message", watched_message)
-    monkeypatch.setattr(Reader, "turn", watched_turn)
+    monkeypatch.setattr(_Decoder, "message_at", watched_message)
+    monkeypatch.setattr(_Decoder, "_turn", watched_turn)
     fresh = open_store(url)  # nothing remembered: the load decodes everything
     loaded = await fresh.load("r")
     assert loaded == chain[-1]

@@ -2,9 +2,9 @@
 documents, and the commit after the load leaves its head reading current records only.
 
 The older version is synthetic: version 0, where a head calls the model ``model_name``
-(not ``M``), a turn its index ``index`` (not ``i``) and a message is an object
-``{"role", "parts", "name"?}`` (not an array). The test writes a run in that shape into
-each store's own storage through ``RawRecords``.
+(not ``model``), a turn its index ``number`` (not ``index``) and a message's content
+``parts`` (not ``content``). The test writes a run in that shape into each store's own
+storage through ``RawRecords``.
 """
 
 from __future__ import annotations
@@ -49,44 +49,42 @@ RAW: dict[str, RawRecords] = {
 
 
 def _old_turn(doc: dict[str, Any]) -> dict[str, Any]:
-    doc["index"] = doc.pop("i")
+    doc["number"] = doc.pop("index")
     return doc
 
 
 def _old_head(doc: dict[str, Any]) -> dict[str, Any]:
-    doc["sv"] = 0
-    doc["model_name"] = doc.pop("M")
-    if "T" in doc:
-        _old_turn(doc["T"])
+    doc["schema_version"] = 0
+    doc["model_name"] = doc.pop("model")
+    if "current_turn" in doc:
+        _old_turn(doc["current_turn"])
     return doc
 
 
-def _old_message(doc: list[Any]) -> dict[str, Any]:
-    old = {"role": doc[0], "parts": doc[1]}
-    if len(doc) > 2:
-        old["name"] = doc[2]
-    return old
+def _old_message(doc: dict[str, Any]) -> dict[str, Any]:
+    doc["parts"] = doc.pop("content")
+    return doc
 
 
 def _old_entry(entry: dict[str, Any]) -> dict[str, Any]:
     if "f" in entry:
         _old_head(entry["f"])
     patch = entry.get("p", {})
-    if "M" in patch:
-        patch["model_name"] = patch.pop("M")
-    if "T" in patch:
-        _old_turn(patch["T"])
+    if "model" in patch:
+        patch["model_name"] = patch.pop("model")
+    if "current_turn" in patch:
+        _old_turn(patch["current_turn"])
     return entry
 
 
 def to_current(kind: str, doc: Any) -> Any:
-    """The migration from version 0 to 1: renames fields back, messages become arrays."""
+    """The migration from version 0 to 1: renames the fields back."""
     if kind == "head":
-        doc["M"] = doc.pop("model_name")
+        doc["model"] = doc.pop("model_name")
     elif kind == "turn":
-        doc["i"] = doc.pop("index")
+        doc["index"] = doc.pop("number")
     elif kind == "message":
-        doc = [doc["role"], doc["parts"], *([doc["name"]] if "name" in doc else [])]
+        doc["content"] = doc.pop("parts")
     return doc
 
 
@@ -172,8 +170,8 @@ async def test_a_migrated_run_is_written_back_at_the_current_version(
     head = (await raw.read(keep, "old"))[("head", 0)]
     doc = json.loads(unseal_line(head, "head"))["head"] if kind == "file" else None
     doc = doc or json.loads(unseal(head, "head"))
-    assert doc["sv"] == _convert.SCHEMA_VERSION
-    assert doc["M"] == run.model
+    assert doc["schema_version"] == _convert.SCHEMA_VERSION
+    assert doc["model"] == run.model
 
     monkeypatch.setattr(_convert, "_MIGRATIONS", {})  # the head reads current records only
     store = open_store(url)
