@@ -237,9 +237,10 @@ def decode_run(
 ) -> Run:
     """The run a head describes, given its logs (from position 0) and blobs.
 
-    Turn documents may be given as stored JSON (bytes): completed turns are decoded,
-    and then parsed, only when read (``LazyTuple``); a damaged one raises
-    ``CorruptCheckpoint`` then.
+    Message and turn documents may be given as stored JSON (bytes), parsed one at a
+    time as they are decoded (so a load never holds every parsed document at once);
+    completed turns are decoded, and parsed, only when read (``LazyTuple``), and a
+    damaged one raises ``CorruptCheckpoint`` then.
     """
     return _Decoder(message_docs, turn_docs, blobs).run(head, what)
 
@@ -301,6 +302,8 @@ class _Decoder:
         found = self._log[pos]
         if found is None:
             doc = self.message_docs[pos]
+            if isinstance(doc, bytes | str):  # stored JSON, parsed only now
+                doc = load_json(doc, f"message of {self.what}")
             if self.version < _convert.SCHEMA_VERSION:
                 doc = _convert.migrate("message", doc, self.version, what=self.what)
             with loading(self.ctx):

@@ -102,11 +102,10 @@ class MemoryStore:
         m_end, t_end = log_ends(head)
         if m_end > len(entry.messages) or t_end > len(entry.turns):
             raise CorruptCheckpoint(f"invalid {what}: the head references parts not stored")
-        messages = unseal_each(entry.messages[:m_end], f"message of {what}")
-        parsed = load_json(b"[" + b",".join(messages) + b"]", f"messages of {what}")
+        messages = unseal_each(entry.messages[:m_end], f"message of {what}")  # parsed as decoded
         turns = unseal_each(entry.turns[:t_end], f"completed turn of {what}")
         blobs = unseal_blobs(entry.blobs, what)
-        return decode_run(head, parsed, turns, blobs, what=what)
+        return decode_run(head, messages, turns, blobs, what=what)
 
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         """Append the new head, parts and events if the head is the expected revision

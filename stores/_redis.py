@@ -236,7 +236,7 @@ class RedisStore:
         if wanted != head["revision"]:
             head = replay(_entries(history[0], snapshot_of(wanted), what), wanted, what=what)
         m_end, t_end = log_ends(head)
-        msg_docs = _parse_list(unseal_each(messages[:m_end], f"message of {what}"), what)
+        msg_docs = unseal_each(messages[:m_end], f"message of {what}")  # parsed as decoded
         turn_docs = unseal_each(turns[:t_end], f"completed turn of {what}")
         blob_map = unseal_blobs({k.decode(): v for k, v in blobs.items()}, what)
         return decode_run(head, msg_docs, turn_docs, blob_map, what=what)

@@ -421,7 +421,7 @@ def _decode(parts: Parts, what: str) -> Run:
             f"invalid {what}: {len(parts.messages)} of {m_end} messages,"
             f" {len(parts.turns)} of {t_end} turns"
         )
-    messages = _parse(unseal_each(parts.messages, f"message of {what}"), f"messages of {what}")
+    messages = unseal_each(parts.messages, f"message of {what}")  # parsed as decoded
     turns = unseal_each(parts.turns, f"completed turn of {what}")  # parsed when read
     blobs = unseal_blobs(parts.blobs, what)
     return decode_run(parts.head, messages, turns, blobs, what=what)
