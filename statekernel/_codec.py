@@ -54,7 +54,7 @@ from statekernel._codec_base import (
     load_json,
 )
 from statekernel._codec_events import decode_events, encode_events
-from statekernel._codec_records import Loading, Storing, loading, storing
+from statekernel._codec_records import Loading, Storing, loading, loading_now, storing
 from statekernel._events import Event
 from statekernel._lazy import Deferred, LazyTuple
 from statekernel._messages import Message
@@ -306,8 +306,11 @@ class _Decoder:
                 doc = load_json(doc, f"message of {self.what}")
             if self.version < _convert.SCHEMA_VERSION:
                 doc = _convert.migrate("message", doc, self.version, what=self.what)
-            with loading(self.ctx):
+            if loading_now() is self.ctx:
                 found = _convert.converter.structure(doc, Message)
+            else:
+                with loading(self.ctx):
+                    found = _convert.converter.structure(doc, Message)
             self._log[pos] = found
         return found
 
@@ -315,9 +318,10 @@ class _Decoder:
         if start < 0 or count < 0 or start + count > self.message_count:
             raise ValueError(f"bad message range {start}+{count}")
         log, at = self._log, self.message_at
-        for pos in range(start, start + count):
-            if log[pos] is None:
-                at(pos)
+        with loading(self.ctx):
+            for pos in range(start, start + count):
+                if log[pos] is None:
+                    at(pos)
         return LazyTuple.view(log, start, start + count)
 
     def turn_at(self, pos: int, what: str) -> Deferred[Turn]:

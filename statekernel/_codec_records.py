@@ -15,6 +15,7 @@ documents of a run hold each thing once:
 * a request's messages that start like the transcript: ``{"$r": [pos, n], "x": [...]}``
   (positions in the run's append-only message log, then the messages that differ);
 * a model result's message that is in the transcript: ``{"$m": pos}``;
+* a tool call record's input that is its arguments parsed: ``{"$a": 1}``;
 * a request's tool specs: one blob (they repeat in every request of a run);
 * a time in UTC: integer microseconds since the epoch.
 
@@ -33,9 +34,10 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
-from statekernel._codec_base import BlobReader, BlobWriter, canonical, dec_time, enc_time
+from statekernel._codec_base import BlobReader, BlobWriter, canonical, dec_time, enc_time, same
 from statekernel._lazy import LazyTuple
 from statekernel._messages import Message, ToolSpec
+from statekernel._run import ToolCallRecord
 
 __all__ = [
     "TOOLS_BLOB_MIN",
@@ -182,6 +184,37 @@ structure_float = _strict(float)
 
 
 # -- references ------------------------------------------------------------------------
+
+_PARSED = {"$a": 1}
+
+
+def parsed_input(record: ToolCallRecord, doc: dict[str, Any]) -> dict[str, Any]:
+    """A tool call record's document with its input as ``{"$a": 1}`` when the input is
+    its arguments parsed (the usual case: stored once, in the arguments)."""
+    if type(_CONTEXT.get()) is Storing and "input" in doc and _parses_to(record):
+        doc["input"] = _PARSED
+    return doc
+
+
+def input_of(doc: Any) -> Any:
+    """The inverse of ``parsed_input``: the document with its input put back."""
+    if type(doc) is dict and doc.get("input") == _PARSED and type(_CONTEXT.get()) is Loading:
+        arguments = doc.get("arguments")
+        if type(arguments) is dict:  # a long argument text, stored as a blob
+            arguments = structure_str(arguments, str)
+        if type(arguments) is not str:
+            raise TypeError("a parsed input without its arguments")
+        doc = {**doc, "input": json.loads(arguments) if arguments.strip() else {}}
+    return doc
+
+
+def _parses_to(record: ToolCallRecord) -> bool:
+    text = record.arguments
+    try:
+        parsed = json.loads(text) if text.strip() else {}
+    except ValueError:
+        return False
+    return same(parsed, record.input)
 
 
 def unstructure_sent(messages: LazyTuple[Message], each: Callable[[Message], Any]) -> Any:

@@ -33,7 +33,7 @@ from statekernel._messages import (
     ToolResult,
     ToolSpec,
 )
-from statekernel._run import SCHEMA_VERSION, Run, Turn
+from statekernel._run import SCHEMA_VERSION, Run, ToolCallRecord, Turn
 from statekernel.errors import CorruptCheckpoint
 
 __all__ = [
@@ -151,6 +151,14 @@ converter.register_structure_hook(
         _cattrs_forbid_extra_keys=True,
         message=override(struct_hook=lambda v, _: hooks.structure_answer(v, _message_of)),
     ),
+)
+_record_doc = make_dict_unstructure_fn(ToolCallRecord, converter, _cattrs_omit_if_default=True)
+_record_of = make_dict_structure_fn(ToolCallRecord, converter, _cattrs_forbid_extra_keys=True)
+converter.register_unstructure_hook(
+    ToolCallRecord, lambda record: hooks.parsed_input(record, _record_doc(record))
+)
+converter.register_structure_hook(
+    ToolCallRecord, lambda doc, cls: _record_of(hooks.input_of(doc), cls)
 )
 _turn_doc = make_dict_unstructure_fn(Turn, converter, _cattrs_omit_if_default=True)
 
