@@ -30,7 +30,7 @@ from statekernel._messages import (
 )
 from statekernel._middleware import Middleware, ModelCall, ToolInvocation
 from statekernel._run import STATE_IDS, FailureInfo, PauseInfo, Run, StateId, ToolCallRecord, Turn
-from statekernel._tools import Tool, ToolContext, tool
+from statekernel._tools import Tool, ToolContext, ToolOutput, tool
 from statekernel._worker import Worker, WorkerStats
 from statekernel.errors import (
     ConflictError,
@@ -85,6 +85,7 @@ __all__ = [
     "ToolCallRecord",
     "ToolContext",
     "ToolInvocation",
+    "ToolOutput",
     "ToolResult",
     "ToolSpec",
     "Turn",

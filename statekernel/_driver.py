@@ -37,7 +37,7 @@ from statekernel._middleware import ModelCall, ToolInvocation, chain
 from statekernel._model import ReasoningDelta, ResultBuilder, TextDelta, ToolCallDelta, UsageUpdate
 from statekernel._run import PauseInfo, Run, ToolCallRecord, Turn
 from statekernel._storage import Checkpoint, Lease
-from statekernel._tools import ToolContext
+from statekernel._tools import ToolContext, ToolOutput
 from statekernel._values import as_stored, parse_json
 from statekernel._waiting import wait_ended
 from statekernel.errors import (
@@ -72,6 +72,7 @@ class _Outcome:
     output: JSON = None
     error: str | None = None
     resolved: bool = False
+    context: JSON = None
 
 
 class RunDriver:
@@ -172,6 +173,7 @@ class RunDriver:
             output=outcome.output,
             error=outcome.error,
             resolved=outcome.resolved,
+            context=outcome.context,
         )
         self.staged_outcomes.append(outcome)
 
@@ -732,11 +734,20 @@ class RunDriver:
 
 
 def _stored_outcome(ids: tuple[str, ...], output: JSON) -> _Outcome:
-    """A tool's return value as stored, or an error result saying why it cannot be."""
+    """A tool's return value as stored (with the context patch of a ``ToolOutput``), or
+    an error result saying why it cannot be."""
+    patch = None
+    if isinstance(output, ToolOutput):
+        output, patch = output.output, output.context
+        patched, problem = as_stored(patch, "context")
+        if problem is not None or (patch is not None and type(patch) is not dict):
+            why = problem or "not a JSON object"
+            return _Outcome(ids, None, f"the tool returned a context patch that is {why}")
+        patch = patched
     stored, problem = as_stored(output, "output")
     if problem is not None:
         return _Outcome(ids, None, f"the tool returned a value that is not JSON: {problem}")
-    return _Outcome(ids, stored, None)
+    return _Outcome(ids, stored, None, context=patch)
 
 
 def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:

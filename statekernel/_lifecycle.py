@@ -177,9 +177,16 @@ class RunLifecycle(StateChart[_Cell]):
         self._stage(tr.tool_call_started(self.model.run, call_ids, call_input, at))
 
     def on_tool_call_completed(
-        self, call_ids: list[str], output: JSON, error: str | None, resolved: bool, at: Any
+        self,
+        call_ids: list[str],
+        output: JSON,
+        error: str | None,
+        resolved: bool,
+        context: JSON,
+        at: Any,
     ) -> None:
-        self._stage(tr.tool_call_completed(self.model.run, call_ids, output, error, resolved, at))
+        run = self.model.run
+        self._stage(tr.tool_call_completed(run, call_ids, output, error, resolved, context, at))
 
     def on_tools_completed(self, finish: str | None, then_pause: PauseInfo | None, at: Any) -> None:
         self._stage(tr.tools_completed(self.model.run, finish, then_pause, at))
@@ -206,7 +213,7 @@ EVENTS: dict[str, frozenset[str]] = {
     "model_started": frozenset(),
     "model_completed": frozenset({"result", "finish", "then_pause"}),
     "tool_call_started": frozenset({"call_ids", "call_input"}),
-    "tool_call_completed": frozenset({"call_ids", "output", "error", "resolved"}),
+    "tool_call_completed": frozenset({"call_ids", "output", "error", "resolved", "context"}),
     "tools_completed": frozenset({"finish", "then_pause"}),
     "pause": frozenset({"reason", "metadata"}),
     "resume": frozenset({"value", "max_turns"}),

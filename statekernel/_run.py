@@ -60,6 +60,9 @@ class ToolCallRecord:
     arguments were not valid JSON. A completed record has ``output`` or ``error``;
     ``resolved`` is True when that result is an operator's answer given with
     ``Kernel.resolve_tool_call`` (the call's outcome was uncertain), not an execution.
+    ``context_patch`` is the change to the run's context the tool returned with its
+    result (``ToolOutput``), a JSON Merge Patch applied when the turn's calls have all
+    completed, in call order.
     """
 
     id: str
@@ -72,6 +75,7 @@ class ToolCallRecord:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     resolved: bool = False
+    context_patch: JSON = None
 
 
 @attrs.frozen

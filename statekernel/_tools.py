@@ -20,7 +20,7 @@ from statekernel._values import as_stored
 from statekernel._waiting import wait_ended
 from statekernel.errors import ConfigError, ToolError
 
-__all__ = ["Tool", "ToolContext", "tool"]
+__all__ = ["Tool", "ToolContext", "ToolOutput", "tool"]
 
 _ARGS = strict_converter()
 
@@ -43,6 +43,22 @@ class ToolContext:
     def idempotency_key(self) -> str:
         """A key stable across re-runs of this call."""
         return f"{self.run_id}:{self.call_id}"
+
+
+@attrs.frozen
+class ToolOutput:
+    """A tool's result with a change to the run's context.
+
+    Return ``ToolOutput(output, context={...})`` from a tool: ``output`` is the result
+    the model sees; ``context`` is a JSON Merge Patch (RFC 7396: keys set, nested
+    objects merged, ``None`` removes a key) committed with the result, in the same
+    commit, and applied to ``run.context`` when every call of the turn has completed,
+    in the order the model made the calls, whatever order they finished in. The next
+    turn's hooks (from ``on_turn_prepared`` on) see the patched context.
+    """
+
+    output: JSON = None
+    context: JSON = None
 
 
 @attrs.frozen
@@ -78,7 +94,8 @@ class Tool:
         return {f.name: getattr(structured, f.name) for f in attrs.fields(self.arguments_type)}
 
     async def invoke(self, arguments: JSON, ctx: ToolContext) -> JSON:
-        """Validate, call (with ``timeout``) and return JSON-able output.
+        """Validate, call (with ``timeout``) and return JSON-able output (a
+        ``ToolOutput`` of JSON-able parts when the tool returned one).
 
         A sync function runs in a thread of the loop's default executor. Cancelling
         the call then waits for the thread to return (a thread cannot be stopped), so
@@ -94,6 +111,8 @@ class Tool:
             result = await self._in_thread(kwargs)
             if inspect.isawaitable(result):
                 result = await self._awaited(result)
+        if isinstance(result, ToolOutput):
+            return ToolOutput(_jsonable(self.name, result.output), _patch(self.name, result))
         return _jsonable(self.name, result)
 
     async def _awaited(self, result: Any) -> Any:
@@ -142,6 +161,16 @@ def _jsonable(name: str, value: Any) -> JSON:
     stored, problem = as_stored(record_converter.unstructure(value), "output")
     if problem is not None:
         raise ToolError(f"{name} returned a value that is not JSON: {problem}")
+    return stored
+
+
+def _patch(name: str, result: ToolOutput) -> JSON:
+    patch = result.context
+    if patch is not None and type(patch) is not dict:
+        raise ToolError(f"{name} returned a context patch that is not a JSON object")
+    stored, problem = as_stored(patch, "context")
+    if problem is not None:
+        raise ToolError(f"{name} returned a context patch that is not JSON: {problem}")
     return stored
 
 

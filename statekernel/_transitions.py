@@ -17,7 +17,7 @@ import attrs
 
 from statekernel._messages import JSON, Message, ModelRequest, ModelResult, ToolCall
 from statekernel._run import FailureInfo, PauseInfo, Run, ToolCallRecord, Turn
-from statekernel._values import parse_json
+from statekernel._values import merge_patch, parse_json
 
 __all__ = ["Effects", "Refused", "tool_result_text"]
 
@@ -202,17 +202,21 @@ def tool_call_completed(
     output: JSON,
     error: str | None,
     resolved: bool,
+    context: JSON,
     at: datetime,
 ) -> Effects:
     """dispatching_tools self-transition: calls finished (or were skipped) with a result.
 
     ``resolved``: the result is an operator's answer about an uncertain call, not an
-    execution (the record and the event say so).
+    execution (the record and the event say so). ``context``: the tool's context patch,
+    kept on the record until the turn's calls have all completed (``tools_completed``).
     """
     turn = _turn(run)
     turn, moved = _move(turn, call_ids, ("in_flight", "pending"))
     moved = [
-        attrs.evolve(r, output=output, error=error, finished_at=at, resolved=resolved)
+        attrs.evolve(
+            r, output=output, error=error, finished_at=at, resolved=resolved, context_patch=context
+        )
         for r in moved
     ]
     turn = attrs.evolve(turn, completed=(*turn.completed, *moved))
@@ -221,8 +225,17 @@ def tool_call_completed(
         data: dict[str, Any] = {"call_id": r.id, "name": r.name, "is_error": error is not None}
         if resolved:
             data["resolved"] = True
+        if context is not None:
+            data["context"] = sorted(context) if type(context) is dict else []
         events.append(("tool_call_completed", data))
     return attrs.evolve(run, current_turn=turn), events
+
+
+def _in_call_order(turn: Turn) -> list[ToolCallRecord]:
+    """The turn's completed calls in the order the model made them."""
+    done = {r.id: r for r in turn.completed}
+    order = turn.result.tool_calls if turn.result is not None else ()
+    return [done[c.id] for c in order if c.id in done]
 
 
 def _result_messages(turn: Turn) -> tuple[Message, ...]:
@@ -239,14 +252,21 @@ def _result_messages(turn: Turn) -> tuple[Message, ...]:
 def tools_completed(
     run: Run, finish: str | None, then_pause: PauseInfo | None, at: datetime
 ) -> Effects:
-    """dispatching_tools -> preparing_turn | completed: results go back in call order."""
+    """dispatching_tools -> preparing_turn | completed: results go back in call order,
+    and the calls' context patches apply to the run's context in that order."""
     turn = _turn(run)
     if turn.pending or turn.in_flight:
         raise Refused("tool calls are still pending or in flight")
-    run = attrs.evolve(run, messages=run.messages.grow(_result_messages(turn)))
-    events: list[tuple[str, dict[str, Any]]] = [
-        ("tools_completed", {"index": turn.index, "calls": len(turn.completed)})
-    ]
+    context, patched = run.context, []
+    for record in _in_call_order(turn):
+        if record.context_patch is not None:
+            context = merge_patch(context, record.context_patch)
+            patched.append(record.id)
+    run = attrs.evolve(run, messages=run.messages.grow(_result_messages(turn)), context=context)
+    data: dict[str, Any] = {"index": turn.index, "calls": len(turn.completed)}
+    if patched:
+        data["context_patched_by"] = patched
+    events: list[tuple[str, dict[str, Any]]] = [("tools_completed", data)]
     return _close_turn(run, turn, events, finish, then_pause)
 
 

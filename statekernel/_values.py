@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from statekernel._messages import (
+    JSON,
     ImagePart,
     Message,
     ReasoningPart,
@@ -44,6 +45,7 @@ __all__ = [
     "check_messages",
     "checked",
     "json_problem",
+    "merge_patch",
     "parse_json",
 ]
 
@@ -226,3 +228,19 @@ def check_messages(messages: Iterable[Any], root: str = "messages") -> None:
         problem = _message_problem(message, f"{root}[{i}]")
         if problem is not None:
             raise InvalidArgument(problem)
+
+
+def merge_patch(target: JSON, patch: JSON) -> JSON:
+    """``target`` with the JSON Merge Patch ``patch`` applied (RFC 7396), as a new value:
+    an object patch sets its keys (objects merged recursively, ``None`` removes a key)
+    on ``target`` (an empty object when ``target`` is not one); any other patch
+    replaces ``target``."""
+    if type(patch) is not dict:
+        return patch
+    out = dict(target) if type(target) is dict else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out

@@ -41,3 +41,19 @@ def test_readme_leads_with_the_two_commands_ci_runs() -> None:
     test_command = first_block[1].split("#", 1)[0].strip()
     assert test_command == "pip install -e '.[test]' && pytest"
     assert test_command in (ROOT / ".ci" / "run").read_text()
+
+
+def test_context_patches_example_applies_patches_in_call_order(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "context_patches.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "turn 0 sees context {}"
+    assert lines[1] == "turn 1 sees context {'preferences': {'units': 'imperial'}}"
+    assert lines[-1] == "run completed; context {'preferences': {'units': 'imperial'}}"

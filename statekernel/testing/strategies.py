@@ -504,6 +504,7 @@ def lifecycle_payloads(event: str, run: Run) -> st.SearchStrategy[dict[str, Any]
             "output": json_values(4),
             "error": st.none() | texts(12),
             "resolved": st.booleans(),
+            "context": st.none() | st.dictionaries(texts(6), json_values(2), max_size=3),
         },
         "tools_completed": _finishing(),
         "pause": {"reason": texts(12), "metadata": st.just({}) | json_values(3)},

@@ -93,6 +93,7 @@ def payload(event: str, run: Run) -> dict[str, Any]:
             "output": "ok",
             "error": None,
             "resolved": False,
+            "context": None,
         },
         "tools_completed": {"finish": None, "then_pause": None},
         "pause": {"reason": "wait", "metadata": {}},
@@ -108,7 +109,12 @@ def ready(state: str, event: str) -> Run:
     if (state, event) == ("dispatching_tools", "tools_completed"):
         lc = Lifecycle(run)
         run, _ = lc.apply(
-            "tool_call_completed", call_ids=["c1"], output="ok", error=None, resolved=False
+            "tool_call_completed",
+            call_ids=["c1"],
+            output="ok",
+            error=None,
+            resolved=False,
+            context=None,
         )
     return run
 
