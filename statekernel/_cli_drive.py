@@ -118,21 +118,47 @@ async def resume_run(
     out: Output,
     *,
     max_turns: int | None = None,
+    value: Any = None,
     agent: Mapping[str, Any] | None = None,
 ) -> Run:
-    """Resume a paused run, retry a failed one or continue an interrupted one, to rest."""
+    """Resume a paused run (handing it ``value``), retry a failed one or continue an
+    interrupted one, to rest."""
     run = await store.load(run_id)
     _check_resumable(run)
     kernel = kernel_for_run(run, store, agent)
     try:
         if run.state == "paused":
-            await kernel.resume(run_id, max_turns=max_turns)
+            await kernel.resume(run_id, value=value, max_turns=max_turns)
         elif run.state == "failed":
             await kernel.retry(run_id)
-        elif max_turns is not None:
-            raise UserError("--max-turns applies to paused runs only")
+        elif max_turns is not None or value is not None:
+            raise UserError("--max-turns and --value apply to paused runs only")
         what = "demo run" if is_demo_run(run) else "run"
         out.note(f"resuming {what} {run_id} from {run.state} (revision {run.revision})")
+        return await drive(kernel, run_id, out)
+    except ConflictError as exc:
+        raise UserError(
+            f"run {run_id} moved on in another process (store at revision {exc.actual}): "
+            "someone else is driving it"
+        ) from exc
+    finally:
+        await kernel.aclose()
+
+
+async def send_run(
+    store: CheckpointStore,
+    run_id: str,
+    text: str,
+    out: Output,
+    *,
+    agent: Mapping[str, Any] | None = None,
+) -> Run:
+    """Add a user message to a run at rest (completed, paused or failed) and drive it."""
+    run = await store.load(run_id)
+    kernel = kernel_for_run(run, store, agent)
+    try:
+        await kernel.send(run_id, text)
+        out.note(f"sent to run {run_id} (was {run.state} at revision {run.revision})")
         return await drive(kernel, run_id, out)
     except ConflictError as exc:
         raise UserError(

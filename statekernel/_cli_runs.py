@@ -1,4 +1,5 @@
-"""``statekernel runs ...``: list, inspect, follow, resume, resolve, fork, delete, diagram."""
+"""``statekernel runs ...``: list, inspect, follow, resume, send, resolve, fork, delete,
+diagram."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import click
 
 from statekernel._cli_common import Output, UserError, common_options, open_cli_store, run_async
-from statekernel._cli_drive import resume_run, summary_line
+from statekernel._cli_drive import resume_run, send_run, summary_line
 from statekernel._cli_view import EventPrinter, run_details, runs_table
 from statekernel._cli_worker import load_agent
 from statekernel._diagram import FORMATS, render
@@ -131,13 +132,25 @@ def events(
 @click.argument("run_id")
 @click.option("--max-turns", type=click.IntRange(1), help="Raise the turn budget of a paused run.")
 @click.option(
+    "--value",
+    "value",
+    metavar="JSON",
+    help="What a paused run waits for (an approval, an answer): its hooks read it as "
+    "run.resume_value. Text that is not JSON is taken as a string.",
+)
+@click.option(
     "--agent",
     metavar="MODULE:FUNCTION",
     help="Kernel arguments (tools, hooks, providers) for a run started by your application.",
 )
 @common_options
 def resume(
-    run_id: str, max_turns: int | None, agent: str | None, store: str | None, as_json: bool
+    run_id: str,
+    max_turns: int | None,
+    value: str | None,
+    agent: str | None,
+    store: str | None,
+    as_json: bool,
 ) -> None:
     """Continue a run from its last commit until it is paused, failed or completed.
 
@@ -149,9 +162,34 @@ def resume(
     out = Output(as_json)
     options = load_agent(agent)
 
+    given = None if value is None else _parse_output(value)
+
     async def go() -> Run:
         async with open_cli_store(store) as s:
-            return await resume_run(s, run_id, out, max_turns=max_turns, agent=options)
+            return await resume_run(s, run_id, out, max_turns=max_turns, value=given, agent=options)
+
+    run = run_async(go())
+    out.note(summary_line(run))
+    _exit_for(run)
+
+
+@runs.command("send")
+@click.argument("run_id")
+@click.argument("text")
+@click.option(
+    "--agent",
+    metavar="MODULE:FUNCTION",
+    help="Kernel arguments (tools, hooks, providers) for a run started by your application.",
+)
+@common_options
+def send(run_id: str, text: str, agent: str | None, store: str | None, as_json: bool) -> None:
+    """Add a user message to a run at rest and continue it until it rests again."""
+    out = Output(as_json)
+    options = load_agent(agent)
+
+    async def go() -> Run:
+        async with open_cli_store(store) as s:
+            return await send_run(s, run_id, text, out, agent=options)
 
     run = run_async(go())
     out.note(summary_line(run))

@@ -21,10 +21,10 @@ from statekernel._messages import (
     ToolCall,
     ToolResult,
 )
-from statekernel._run import Run, ToolCallRecord
+from statekernel._run import PauseInfo, Run, ToolCallRecord
 from statekernel._storage import RunSummary
 
-__all__ = ["EventPrinter", "run_details", "runs_table", "short", "state_text"]
+__all__ = ["EventPrinter", "run_details", "runs_table", "short", "state_text", "waiting_for"]
 
 STATE_STYLES = {
     "init": "white",
@@ -119,15 +119,41 @@ class EventPrinter:
 
 def runs_table(rows: Iterable[RunSummary]) -> Table:
     """The ``runs list`` table."""
+    rows = list(rows)
+    paused = any(s.pause is not None for s in rows)
     table = Table(show_edge=False, header_style="bold")
-    for name in ("run id", "state", "turns", "rev", "model", "updated"):
+    names = ["run id", "state", "turns", "rev", "model", "updated"]
+    for name in [*names, "waiting for"] if paused else names:
         table.add_column(name, justify="right" if name in ("turns", "rev") else "left")
     for s in rows:
         updated = s.updated_at.astimezone().strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(
-            s.run_id, state_text(s.state), str(s.turns), str(s.revision), s.model, updated
-        )
+        cells: list[str | Text] = [
+            s.run_id,
+            state_text(s.state),
+            str(s.turns),
+            str(s.revision),
+            s.model,
+            updated,
+        ]
+        if paused:
+            cells.append(waiting_for(s.pause) if s.pause is not None else "")
+        table.add_row(*cells)
     return table
+
+
+def waiting_for(pause: PauseInfo) -> str:
+    """A pause's reason and what it waits for, in one short line."""
+    meta = pause.metadata
+    calls = meta.get("calls") if isinstance(meta, dict) else None
+    if isinstance(calls, list) and all(isinstance(c, dict) for c in calls):
+        detail = "calls " + ", ".join(f"{c.get('id')} ({c.get('name')})" for c in calls)
+    elif isinstance(meta, dict) and "call" in meta:
+        detail = f"call {meta['call']}"
+    elif meta in ({}, None):
+        detail = ""
+    else:
+        detail = json.dumps(meta, separators=(",", ":"), ensure_ascii=False)
+    return short(f"{pause.reason}: {detail}" if detail else pause.reason, 80)
 
 
 def _message_lines(message: Message, limit: int) -> list[Text]:

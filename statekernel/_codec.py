@@ -58,7 +58,7 @@ from statekernel._codec_records import Loading, Storing, loading, loading_now, s
 from statekernel._events import Event
 from statekernel._lazy import Deferred, LazyTuple
 from statekernel._messages import Message
-from statekernel._run import STATE_IDS, Run, StateId, Turn
+from statekernel._run import STATE_IDS, PauseInfo, Run, StateId, Turn
 from statekernel._storage import Checkpoint, RunSummary
 from statekernel.errors import CorruptCheckpoint
 
@@ -384,6 +384,17 @@ def _int(value: Any) -> int:
     return value
 
 
+_NO_BLOBS = Loading({})
+
+
+def _pause_of(doc: Any, what: str) -> PauseInfo | None:
+    """A head's pause (stored inline: listings read it without the run's blobs)."""
+    if doc is None:
+        return None
+    with loading(_NO_BLOBS):
+        return _convert.structure(doc, PauseInfo, what=what)
+
+
 def head_summary(head: Mapping[str, Any], *, what: str = "run head") -> RunSummary:
     """The listing line of a stored head, without reading its parts."""
     if head.get("schema_version") != _convert.SCHEMA_VERSION:
@@ -399,6 +410,7 @@ def head_summary(head: Mapping[str, Any], *, what: str = "run head") -> RunSumma
             _int(turns),
             dec_time(head["created_at"]),
             dec_time(head["updated_at"]),
+            _pause_of(head.get("pause"), what),
         )
     except _DECODE_ERRORS as exc:
         raise corrupt(what, exc) from exc

@@ -34,7 +34,15 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
-from statekernel._codec_base import BlobReader, BlobWriter, canonical, dec_time, enc_time, same
+from statekernel._codec_base import (
+    BlobReader,
+    BlobWriter,
+    canonical,
+    dec_time,
+    enc_time,
+    escape,
+    same,
+)
 from statekernel._lazy import LazyTuple
 from statekernel._messages import Message, ToolSpec
 from statekernel._run import ToolCallRecord
@@ -153,6 +161,11 @@ def unstructure_json(value: Any) -> Any:
 def structure_json(value: Any, _: Any) -> Any:
     ctx = _CONTEXT.get()
     return ctx.blobs.json(value) if type(ctx) is Loading else value
+
+
+def inline(value: Any) -> Any:
+    """A string or JSON value kept in the document (escaped, never a blob)."""
+    return escape(value) if type(_CONTEXT.get()) is Storing else value
 
 
 def unstructure_time(value: datetime) -> Any:

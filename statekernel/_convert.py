@@ -33,7 +33,7 @@ from statekernel._messages import (
     ToolResult,
     ToolSpec,
 )
-from statekernel._run import SCHEMA_VERSION, Run, ToolCallRecord, Turn
+from statekernel._run import SCHEMA_VERSION, PauseInfo, Run, ToolCallRecord, Turn
 from statekernel.errors import CorruptCheckpoint
 
 __all__ = [
@@ -150,6 +150,17 @@ converter.register_structure_hook(
         converter,
         _cattrs_forbid_extra_keys=True,
         message=override(struct_hook=lambda v, _: hooks.structure_answer(v, _message_of)),
+    ),
+)
+# A pause is stored inline (no blobs), so a run listing reads it off the head.
+converter.register_unstructure_hook(
+    PauseInfo,
+    make_dict_unstructure_fn(
+        PauseInfo,
+        converter,
+        _cattrs_omit_if_default=True,
+        reason=override(unstruct_hook=hooks.inline),
+        metadata=override(unstruct_hook=hooks.inline),
     ),
 )
 _record_doc = make_dict_unstructure_fn(ToolCallRecord, converter, _cattrs_omit_if_default=True)

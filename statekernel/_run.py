@@ -171,6 +171,17 @@ class Run:
         return self.messages[-1] if self.messages else None
 
     @property
+    def output(self) -> str | None:
+        """The final answer of a completed run (the text of its last assistant message);
+        None for a run that has not completed."""
+        if self.state != "completed":
+            return None
+        for message in reversed(self.messages):
+            if message.role == "assistant":
+                return message.text
+        return None
+
+    @property
     def is_terminal(self) -> bool:
         """True when nothing runs until someone acts (paused, failed or completed)."""
         return self.state in ("paused", "failed", "completed")

@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from statekernel._events import Event
-from statekernel._run import Run, StateId
+from statekernel._run import PauseInfo, Run, StateId
 
 __all__ = [
     "Checkpoint",
@@ -105,7 +105,7 @@ class Lease:
 
 @attrs.frozen
 class RunSummary:
-    """A line of a run listing."""
+    """A line of a run listing; ``pause`` says why a paused run waits and for what."""
 
     run_id: str
     state: StateId
@@ -114,6 +114,7 @@ class RunSummary:
     turns: int
     created_at: datetime
     updated_at: datetime
+    pause: PauseInfo | None = None
 
 
 @attrs.frozen

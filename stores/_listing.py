@@ -22,6 +22,7 @@ def summary_of(run: Run) -> RunSummary:
         run.turn_count,
         run.created_at,
         run.updated_at,
+        run.pause,
     )
 
 

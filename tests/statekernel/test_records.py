@@ -98,3 +98,13 @@ def test_message_helpers() -> None:
     assert sk.Message.user("x", images=[sk.ImagePart(url="u")]).content[1] == sk.ImagePart(url="u")
     assert sk.Usage(1, 2, 3, 4) + sk.Usage(1, 1, 1, 1) == sk.Usage(2, 3, 4, 5)
     assert sk.ModelRequest("openai/gpt-4o").model_name == "gpt-4o"
+
+
+def test_output_is_the_final_answer_of_a_completed_run() -> None:
+    from statekernel._messages import Message
+    from statekernel._run import Run
+
+    messages = (Message.user("hi"), Message.assistant("hello"), Message.user("and?"))
+    assert Run("r", "p/m", state="completed", messages=messages).output == "hello"
+    assert Run("r", "p/m", state="paused", messages=messages).output is None
+    assert Run("r", "p/m", state="completed").output is None
