@@ -15,7 +15,9 @@ documents of a run hold each thing once:
 * a request's messages that start like the transcript: ``{"$r": [pos, n], "x": [...]}``
   (positions in the run's append-only message log, then the messages that differ);
 * a model result's message that is in the transcript: ``{"$m": pos}``;
-* a tool call record's input that is its arguments parsed: ``{"$a": 1}``;
+* a tool call record whose id, name and arguments are those of its turn's ``k``-th
+  tool call: ``"call": k`` in their place; its input when it is its arguments
+  parsed: ``{"$a": 1}``;
 * a request's tool specs: one blob (they repeat in every request of a run);
 * a time in UTC: integer microseconds since the epoch.
 
@@ -44,8 +46,8 @@ from statekernel._codec_base import (
     same,
 )
 from statekernel._lazy import LazyTuple
-from statekernel._messages import Message, ToolSpec
-from statekernel._run import ToolCallRecord
+from statekernel._messages import Message, ModelResult, ToolCall, ToolSpec
+from statekernel._run import ToolCallRecord, Turn
 
 __all__ = [
     "TOOLS_BLOB_MIN",
@@ -83,6 +85,8 @@ class Storing:
         self.m0 = m0
         self.sent = -1
         """How many messages the request of the turn being encoded sent."""
+        self.calls: dict[str, tuple[int, ToolCall]] = {}
+        """The tool calls of the turn being encoded, by id: (position, call)."""
 
 
 class Loading:
@@ -99,6 +103,8 @@ class Loading:
         self.message_range = message_range
         self.tools: dict[str, tuple[ToolSpec, ...]] = {}
         """Tool specs by blob key: every request of a loaded run shares one tuple."""
+        self.calls: tuple[ToolCall, ...] = ()
+        """The tool calls of the turn being decoded (its result comes before its records)."""
 
 
 _CONTEXT: ContextVar[Storing | Loading | None] = ContextVar("statekernel_codec", default=None)
@@ -201,17 +207,57 @@ structure_float = _strict(float)
 _PARSED = {"$a": 1}
 
 
-def parsed_input(record: ToolCallRecord, doc: dict[str, Any]) -> dict[str, Any]:
-    """A tool call record's document with its input as ``{"$a": 1}`` when the input is
-    its arguments parsed (the usual case: stored once, in the arguments)."""
-    if type(_CONTEXT.get()) is Storing and "input" in doc and _parses_to(record):
+def turn_calls(turn: Turn | None) -> None:
+    """Before a turn is encoded or decoded: the tool calls its records may refer to."""
+    ctx = _CONTEXT.get()
+    if type(ctx) is Storing:
+        ctx.sent = len(turn.request.messages) if turn is not None else -1
+        ctx.calls = {}
+        if turn is not None and turn.result is not None:
+            for k, call in enumerate(turn.result.tool_calls):
+                ctx.calls.setdefault(call.id, (k, call))
+    elif type(ctx) is Loading:
+        ctx.calls = ()
+
+
+def result_calls(result: ModelResult) -> ModelResult:
+    """A decoded result: its tool calls are what the turn's records refer to."""
+    ctx = _CONTEXT.get()
+    if type(ctx) is Loading:
+        ctx.calls = result.tool_calls
+    return result
+
+
+def unstructure_record(record: ToolCallRecord, doc: dict[str, Any]) -> dict[str, Any]:
+    """A tool call record's document: ``"call": k`` for the id, name and arguments of
+    the turn's ``k``-th call, ``{"$a": 1}`` for an input that is the arguments parsed."""
+    ctx = _CONTEXT.get()
+    if type(ctx) is not Storing:
+        return doc
+    hit = ctx.calls.get(record.id)
+    if hit is not None and hit[1].name == record.name and hit[1].arguments == record.arguments:
+        for key in ("id", "name", "arguments"):
+            del doc[key]
+        doc["call"] = hit[0]
+    if "input" in doc and _parses_to(record):
         doc["input"] = _PARSED
     return doc
 
 
-def input_of(doc: Any) -> Any:
-    """The inverse of ``parsed_input``: the document with its input put back."""
-    if type(doc) is dict and doc.get("input") == _PARSED and type(_CONTEXT.get()) is Loading:
+def structure_record(doc: Any) -> Any:
+    """The inverse of ``unstructure_record``: the document with what it refers to put
+    back (the strings of the call itself, so the record shares them)."""
+    ctx = _CONTEXT.get()
+    if type(ctx) is not Loading or type(doc) is not dict:
+        return doc
+    if "call" in doc:
+        k = doc["call"]
+        if type(k) is not int or not 0 <= k < len(ctx.calls):
+            raise ValueError(f"a tool call record refers to call {k!r} of {len(ctx.calls)}")
+        call = ctx.calls[k]
+        doc = {key: v for key, v in doc.items() if key != "call"}
+        doc.update(id=call.id, name=call.name, arguments=call.arguments)
+    if doc.get("input") == _PARSED:
         arguments = doc.get("arguments")
         if type(arguments) is dict:  # a long argument text, stored as a blob
             arguments = structure_str(arguments, str)

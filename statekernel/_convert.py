@@ -143,14 +143,14 @@ converter.register_unstructure_hook(
         message=override(unstruct_hook=lambda v: hooks.unstructure_answer(v, _message)),
     ),
 )
-converter.register_structure_hook(
+_result_of = make_dict_structure_fn(
     ModelResult,
-    make_dict_structure_fn(
-        ModelResult,
-        converter,
-        _cattrs_forbid_extra_keys=True,
-        message=override(struct_hook=lambda v, _: hooks.structure_answer(v, _message_of)),
-    ),
+    converter,
+    _cattrs_forbid_extra_keys=True,
+    message=override(struct_hook=lambda v, _: hooks.structure_answer(v, _message_of)),
+)
+converter.register_structure_hook(
+    ModelResult, lambda doc, cls: hooks.result_calls(_result_of(doc, cls))
 )
 # A pause is stored inline (no blobs), so a run listing reads it off the head.
 converter.register_unstructure_hook(
@@ -166,22 +166,27 @@ converter.register_unstructure_hook(
 _record_doc = make_dict_unstructure_fn(ToolCallRecord, converter, _cattrs_omit_if_default=True)
 _record_of = make_dict_structure_fn(ToolCallRecord, converter, _cattrs_forbid_extra_keys=True)
 converter.register_unstructure_hook(
-    ToolCallRecord, lambda record: hooks.parsed_input(record, _record_doc(record))
+    ToolCallRecord, lambda record: hooks.unstructure_record(record, _record_doc(record))
 )
 converter.register_structure_hook(
-    ToolCallRecord, lambda doc, cls: _record_of(hooks.input_of(doc), cls)
+    ToolCallRecord, lambda doc, cls: _record_of(hooks.structure_record(doc), cls)
 )
 _turn_doc = make_dict_unstructure_fn(Turn, converter, _cattrs_omit_if_default=True)
+_turn_of = make_dict_structure_fn(Turn, converter, _cattrs_forbid_extra_keys=True)
 
 
 def _unstructure_turn(turn: Turn) -> dict[str, Any]:
-    ctx = hooks.storing_now()
-    if ctx is not None:
-        ctx.sent = len(turn.request.messages)
+    hooks.turn_calls(turn)
     return _turn_doc(turn)
 
 
+def _structure_turn(doc: Any, cls: Any) -> Turn:
+    hooks.turn_calls(None)
+    return _turn_of(doc, cls)
+
+
 converter.register_unstructure_hook(Turn, _unstructure_turn)
+converter.register_structure_hook(Turn, _structure_turn)
 _run_doc = make_dict_unstructure_fn(
     Run, converter, _cattrs_omit_if_default=True, schema_version=override(omit_if_default=False)
 )
