@@ -17,6 +17,7 @@ from statekernel.testing._fuzz import CrashResumeReport, Ledger, check_crash_res
 from statekernel.testing._raw import (
     FileRecords,
     MemoryRecords,
+    RawDocuments,
     RawRecords,
     RecordKey,
     RedisRecords,
@@ -39,6 +40,7 @@ __all__ = [
     "FileRecords",
     "Ledger",
     "MemoryRecords",
+    "RawDocuments",
     "RawRecords",
     "RecordKey",
     "RedisRecords",

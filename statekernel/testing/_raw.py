@@ -5,18 +5,23 @@ commit log entry raises ``CorruptCheckpoint`` instead of being served as data. A
 store that is not built in supplies its own ``RawRecords``. Records are named by
 ``RecordKey``: ``("head", 0)``, ``("entry", revision)``, ``("message", position)``,
 ``("turn", position)``, ``("blob", key)``; their bytes are as stored (checksum
-included).
+included). The built-in ones also read and write a record as the document it holds
+(``decode``/``encode``: a head, a commit log entry, a message or a turn as the
+converter made it), which the check of persisting migrations uses to write a run in
+an older shape.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import sqlite3
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from statekernel._checksum import seal_line, unseal_line
+from statekernel._checksum import seal, seal_line, unseal, unseal_line
 from statekernel._codec_base import dump_bytes, load_json
+from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._storage import CheckpointStore
 from statekernel.stores._file import FileStore, folder_name
 from statekernel.stores._memory import MemoryStore, StoredRun
@@ -26,6 +31,7 @@ from statekernel.stores._sqlite import SQLiteStore
 __all__ = [
     "FileRecords",
     "MemoryRecords",
+    "RawDocuments",
     "RawRecords",
     "RecordKey",
     "RedisRecords",
@@ -54,7 +60,35 @@ class RawRecords(Protocol):
         ...
 
 
-class MemoryRecords:
+@runtime_checkable
+class RawDocuments(RawRecords, Protocol):
+    """``RawRecords`` that also turn a record's bytes into its document and back."""
+
+    def decode(self, key: RecordKey, data: bytes) -> Any:
+        """The document a head, entry, message or turn record holds."""
+        ...
+
+    def encode(self, key: RecordKey, doc: Any, like: bytes) -> bytes:
+        """``doc`` as the record ``key`` stores it (``like``: the record's bytes now)."""
+        ...
+
+
+class _Binary:
+    """Records stored as checksummed JSON (commit log entries deflated)."""
+
+    def decode(self, key: RecordKey, data: bytes) -> Any:
+        """The record's document."""
+        what = key[0]
+        if what == "entry":
+            return load_entry(unseal(data, what), what)
+        return load_json(unseal(data, what), what)
+
+    def encode(self, key: RecordKey, doc: Any, like: bytes) -> bytes:
+        """``doc`` as the record's bytes."""
+        return seal(dump_entry(doc) if key[0] == "entry" else dump_bytes(doc))
+
+
+class MemoryRecords(_Binary):
     """``RawRecords`` of ``memory://`` stores."""
 
     async def read(self, store: CheckpointStore, run_id: str) -> dict[RecordKey, bytes]:
@@ -98,8 +132,9 @@ def _memory(store: CheckpointStore, run_id: str) -> StoredRun:
     return found
 
 
-class SQLiteRecords:
-    """``RawRecords`` of ``sqlite://`` stores (through a connection of their own)."""
+class SQLiteRecords(_Binary):
+    """``RawRecords`` of ``sqlite://`` stores (through a connection of their own); a
+    write makes the store forget what it remembers of the run's head."""
 
     _TABLES: ClassVar[dict[str, tuple[str, str, str]]] = {
         "entry": ("commits", "revision", "entry"),
@@ -128,6 +163,8 @@ class SQLiteRecords:
     ) -> None:
         """Replace or remove one record."""
         await asyncio.to_thread(self._write, _sqlite_path(store), run_id, key, data)
+        assert isinstance(store, SQLiteStore)
+        store._heads.drop(run_id)
 
     def _write(self, path: str, run_id: str, key: RecordKey, data: bytes | None) -> None:
         kind, name = key
@@ -176,6 +213,28 @@ class FileRecords:
             records[key] = line
         return records
 
+    def decode(self, key: RecordKey, data: bytes) -> Any:
+        """The record's document (a log line holds it third; an entry as base64)."""
+        kind = key[0]
+        if kind == "head":
+            return load_json(unseal_line(data, kind), kind)["head"]
+        line = load_json(unseal_line(data, kind), kind)
+        if kind == "entry":
+            return load_entry(base64.b64decode(line[2]), kind)
+        return line[2]
+
+    def encode(self, key: RecordKey, doc: Any, like: bytes) -> bytes:
+        """``doc`` in the record's line (or head file) in place of what it holds."""
+        kind = key[0]
+        outer = load_json(unseal_line(like, kind), kind)
+        if kind == "head":
+            outer["head"] = doc
+        elif kind == "entry":
+            outer[2] = base64.b64encode(dump_entry(doc)).decode()
+        else:
+            outer[2] = doc
+        return seal_line(dump_bytes(outer))
+
     def _lines(self, folder: Path) -> list[tuple[RecordKey, bytes]]:
         found: list[tuple[RecordKey, bytes]] = []
         for line in (folder / "log.jsonl").read_bytes().split(b"\n")[:-1]:
@@ -205,8 +264,9 @@ def _folder(store: CheckpointStore, run_id: str) -> Path:
     return store.root / folder_name(run_id)
 
 
-class RedisRecords:
-    """``RawRecords`` of ``redis://`` stores."""
+class RedisRecords(_Binary):
+    """``RawRecords`` of ``redis://`` stores; a write makes the store forget what it
+    remembers of the run's head."""
 
     _LISTS: ClassVar[dict[str, str]] = {"entry": "c", "message": "m", "turn": "t"}
 
@@ -229,6 +289,7 @@ class RedisRecords:
     ) -> None:
         """Replace or remove one record (a removed list item moves the later ones up)."""
         assert isinstance(store, RedisStore), f"{store!r} is not a Redis store"
+        store._known.drop(run_id)
         client: Any = store.client
         kind, name = key
         if kind == "head":

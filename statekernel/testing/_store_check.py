@@ -5,7 +5,8 @@ naming the first check that failed. ``factory()`` (sync or async) must return a
 new, empty store each time it is called; each check runs on its own store and
 closes it. With ``raw`` (``RawRecords`` of the store: ``MemoryRecords``,
 ``FileRecords``, ``SQLiteRecords``, ``RedisRecords`` or one of your own), the
-checks on damaged storage run too.
+checks on damaged storage run too, and with ``RawDocuments`` (the built-in ones are)
+the check that migrations of a run stored at an older version persist.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from collections.abc import Awaitable, Callable
 
 from statekernel._storage import CheckpointStore
 from statekernel.testing import _store_cases as c
-from statekernel.testing._raw import RawRecords
+from statekernel.testing._raw import RawDocuments, RawRecords
 from statekernel.testing._store_damage import check_damaged_records, check_log_gaps
+from statekernel.testing._store_migration import check_persisting_migrations
 
 __all__ = ["StoreFactory", "check_store"]
 
@@ -54,6 +56,11 @@ async def check_store(
     if raw is not None:
         checks.append(("damaged records", lambda s: check_damaged_records(s, raw)))
         checks.append(("commit log gaps", lambda s: check_log_gaps(s, raw)))
+    if isinstance(raw, RawDocuments):
+        documents = raw
+        checks.append(
+            ("persisting migrations", lambda s: check_persisting_migrations(s, documents))
+        )
     for name, check in checks:
         store = await _open(factory)
         try:

@@ -13,7 +13,7 @@ from statekernel.errors import CorruptCheckpoint
 from statekernel.testing._raw import RawRecords, RecordKey
 from statekernel.testing._store_cases import events_for, next_revision, sample_run
 
-__all__ = ["check_damaged_records", "check_log_gaps"]
+__all__ = ["check_damaged_records", "check_log_gaps", "corrupt_raised"]
 
 _LONG = "a note long enough to be stored as a blob of its own; " * 8
 
@@ -31,7 +31,8 @@ async def _chain(store: CheckpointStore, run_id: str, revisions: int) -> list[Ru
     return chain
 
 
-async def _corrupt(work: object, run_id: str, words: tuple[str, ...], what: str) -> None:
+async def corrupt_raised(work: object, run_id: str, words: tuple[str, ...], what: str) -> None:
+    """Awaiting ``work`` raises ``CorruptCheckpoint`` naming the run and ``words``."""
     try:
         await work  # type: ignore[misc]
     except CorruptCheckpoint as exc:
@@ -69,15 +70,17 @@ async def check_damaged_records(store: CheckpointStore, raw: RawRecords) -> None
         key = _holding(records, kind, needle)
         original = records[key]
         await raw.write(store, run_id, key, _flip(original, original.index(needle) + 2))
-        await _corrupt(store.load(run_id), run_id, words, f"load with a damaged {kind}")
+        await corrupt_raised(store.load(run_id), run_id, words, f"load with a damaged {kind}")
         await raw.write(store, run_id, key, original)
         assert await store.load(run_id) == chain[-1], f"load after the {kind} was repaired"
     key = ("entry", 1)
     original = records[key]
     await raw.write(store, run_id, key, _flip(original, len(original) // 2))
     words = ("revision 1",)
-    await _corrupt(store.events(run_id), run_id, words, "events with a damaged entry")
-    await _corrupt(store.load(run_id, revision=1), run_id, words, "load of a damaged revision")
+    await corrupt_raised(store.events(run_id), run_id, words, "events with a damaged entry")
+    await corrupt_raised(
+        store.load(run_id, revision=1), run_id, words, "load of a damaged revision"
+    )
     await raw.write(store, run_id, key, original)
     assert len(await store.events(run_id)) == 7, "events after the entry was repaired"
 
@@ -87,8 +90,8 @@ async def check_log_gaps(store: CheckpointStore, raw: RawRecords) -> None:
     naming the run and the missing revision, from ``events`` and ``load(revision=...)``."""
     await _chain(store, "gap", 4)
     await raw.write(store, "gap", ("entry", 2), None)
-    await _corrupt(store.events("gap"), "gap", ("revision 2",), "events with a gap")
-    await _corrupt(store.load("gap", revision=3), "gap", ("revision 2",), "load past a gap")
+    await corrupt_raised(store.events("gap"), "gap", ("revision 2",), "events with a gap")
+    await corrupt_raised(store.load("gap", revision=3), "gap", ("revision 2",), "load past a gap")
     await _chain(store, "tail", 4)
     await raw.write(store, "tail", ("entry", 4), None)
-    await _corrupt(store.events("tail"), "tail", ("revision 4",), "events with the last lost")
+    await corrupt_raised(store.events("tail"), "tail", ("revision 4",), "events with the last lost")
