@@ -263,7 +263,8 @@ def structure_record(doc: Any) -> Any:
             arguments = structure_str(arguments, str)
         if type(arguments) is not str:
             raise TypeError("a parsed input without its arguments")
-        doc = {**doc, "input": json.loads(arguments) if arguments.strip() else {}}
+        parsed = json.loads(arguments) if arguments.strip() else {}
+        doc = {**doc, "input": escape(parsed)}  # as stored: the JSON hook reads it back
     return doc
 
 

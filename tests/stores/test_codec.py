@@ -24,7 +24,7 @@ from statekernel._messages import (
     ModelRequest,
     ToolSpec,
 )
-from statekernel._run import Run
+from statekernel._run import Run, ToolCallRecord, Turn
 from statekernel.errors import CorruptCheckpoint, StoreError
 from statekernel.stores import Checkpoint, open_store
 from statekernel.stores._sqlite_schema import SCHEMA
@@ -236,3 +236,20 @@ def test_tool_specs_are_encoded_from_the_tuple_they_are() -> None:
     assert round_trip(changed) == changed
     tiny = (ToolSpec("x", "", {}),)
     assert round_trip(tiny) == tiny
+
+
+def test_an_input_stored_as_its_parsed_arguments_keeps_keys_that_look_like_markers() -> None:
+    from statekernel._messages import Message, ModelResult, ToolCall
+
+    arguments = '{"$b": [null], "$e": {}, "$r": {"$v": 1}, "x": "' + "y" * 300 + '"}'
+    call = ToolCall("c1", "echo", arguments)
+    record = ToolCallRecord("c1", "echo", arguments, input=json.loads(arguments), output="ok")
+    answer = ModelResult(Message("assistant", (call,)))
+    turn = Turn(0, ModelRequest("p/m"), answer, completed=(record,))
+    run = attrs.evolve(sample_run("marks"), turns=(turn,), current_turn=turn)
+    enc = encode_commit(Checkpoint.between(None, run), None)
+    assert b'"$a"' in enc.turns[0], "the input is stored as its arguments"
+    decoded = decode_run(enc.head, [json.loads(m) for m in enc.messages], enc.turns, enc.blobs)
+    assert decoded.turns[0].completed[0].input == json.loads(arguments)
+    assert decoded.current_turn is not None
+    assert decoded.current_turn.completed[0] == record
