@@ -130,12 +130,6 @@ def loading(ctx: Loading) -> Iterator[Loading]:
         _CONTEXT.reset(token)
 
 
-def storing_now() -> Storing | None:
-    """The ``Storing`` in effect, if any."""
-    ctx = _CONTEXT.get()
-    return ctx if type(ctx) is Storing else None
-
-
 def loading_now() -> Loading | None:
     """The ``Loading`` in effect, if any."""
     ctx = _CONTEXT.get()

@@ -239,13 +239,9 @@ def _in_call_order(turn: Turn) -> list[ToolCallRecord]:
 
 
 def _result_messages(turn: Turn) -> tuple[Message, ...]:
-    done = {r.id: r for r in turn.completed}
-    order = turn.result.tool_calls if turn.result is not None else ()
     return tuple(
-        Message.tool(
-            c.id, c.name, tool_result_text(done[c.id]), is_error=done[c.id].error is not None
-        )
-        for c in order
+        Message.tool(r.id, r.name, tool_result_text(r), is_error=r.error is not None)
+        for r in _in_call_order(turn)
     )
 
 
