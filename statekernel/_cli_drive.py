@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import attrs
@@ -125,8 +126,7 @@ async def resume_run(
     interrupted one, to rest."""
     run = await store.load(run_id)
     _check_resumable(run)
-    kernel = kernel_for_run(run, store, agent)
-    try:
+    async with _acting_on(kernel_for_run(run, store, agent), run_id) as kernel:
         if run.state == "paused":
             await kernel.resume(run_id, value=value, max_turns=max_turns)
         elif run.state == "failed":
@@ -136,13 +136,6 @@ async def resume_run(
         what = "demo run" if is_demo_run(run) else "run"
         out.note(f"resuming {what} {run_id} from {run.state} (revision {run.revision})")
         return await drive(kernel, run_id, out)
-    except ConflictError as exc:
-        raise UserError(
-            f"run {run_id} moved on in another process (store at revision {exc.actual}): "
-            "someone else is driving it"
-        ) from exc
-    finally:
-        await kernel.aclose()
 
 
 async def send_run(
@@ -155,11 +148,18 @@ async def send_run(
 ) -> Run:
     """Add a user message to a run at rest (completed, paused or failed) and drive it."""
     run = await store.load(run_id)
-    kernel = kernel_for_run(run, store, agent)
-    try:
+    async with _acting_on(kernel_for_run(run, store, agent), run_id) as kernel:
         await kernel.send(run_id, text)
         out.note(f"sent to run {run_id} (was {run.state} at revision {run.revision})")
         return await drive(kernel, run_id, out)
+
+
+@contextlib.asynccontextmanager
+async def _acting_on(kernel: Kernel, run_id: str) -> AsyncIterator[Kernel]:
+    """``kernel``, closed after the block; losing the run to another process inside it
+    is a ``UserError`` saying so."""
+    try:
+        yield kernel
     except ConflictError as exc:
         raise UserError(
             f"run {run_id} moved on in another process (store at revision {exc.actual}): "

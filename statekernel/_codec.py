@@ -54,7 +54,7 @@ from statekernel._codec_base import (
     load_json,
 )
 from statekernel._codec_events import decode_events, encode_events
-from statekernel._codec_records import Loading, Storing, loading, loading_now, storing
+from statekernel._codec_records import NO_BLOBS, Loading, Storing, loading, loading_now, storing
 from statekernel._events import Event
 from statekernel._lazy import Deferred, LazyTuple
 from statekernel._messages import Message
@@ -384,14 +384,11 @@ def _int(value: Any) -> int:
     return value
 
 
-_NO_BLOBS = Loading({})
-
-
 def _pause_of(doc: Any, what: str) -> PauseInfo | None:
     """A head's pause (stored inline: listings read it without the run's blobs)."""
     if doc is None:
         return None
-    with loading(_NO_BLOBS):
+    with loading(NO_BLOBS):
         return _convert.structure(doc, PauseInfo, what=what)
 
 

@@ -14,13 +14,12 @@ from typing import Any
 
 from statekernel import _convert
 from statekernel._codec_base import corrupt
-from statekernel._codec_records import Loading, Storing, loading, storing
+from statekernel._codec_records import NO_BLOBS, Storing, loading, storing
 from statekernel._events import Event
 
 __all__ = ["decode_events", "encode_events", "entry_time"]
 
 _DECODE_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError)
-_NO_BLOBS = Loading({})
 
 
 def encode_events(
@@ -52,7 +51,7 @@ def decode_events(
     """The events of commit log entries, given as (revision, entry) pairs."""
     events: list[Event] = []
     try:
-        with loading(_NO_BLOBS):
+        with loading(NO_BLOBS):
             for revision, entry in entries:
                 if "E" in entry:
                     _decode_entry(events, entry, revision, run_id, what)

@@ -34,7 +34,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from statekernel._codec_base import (
     BlobReader,
@@ -50,6 +50,7 @@ from statekernel._messages import Message, ModelResult, ToolCall, ToolSpec
 from statekernel._run import ToolCallRecord, Turn
 
 __all__ = [
+    "NO_BLOBS",
     "TOOLS_BLOB_MIN",
     "Loading",
     "Storing",
@@ -107,12 +108,17 @@ class Loading:
         """The tool calls of the turn being decoded (its result comes before its records)."""
 
 
+NO_BLOBS = Loading({})
+"""Decoding documents that never refer to blobs (events, a head's pause)."""
+
 _CONTEXT: ContextVar[Storing | Loading | None] = ContextVar("statekernel_codec", default=None)
 
 
+_C = TypeVar("_C", Storing, Loading)
+
+
 @contextlib.contextmanager
-def storing(ctx: Storing) -> Iterator[Storing]:
-    """Unstructure records for a store, with ``ctx``, inside the block."""
+def _within(ctx: _C) -> Iterator[_C]:
     token = _CONTEXT.set(ctx)
     try:
         yield ctx
@@ -120,14 +126,10 @@ def storing(ctx: Storing) -> Iterator[Storing]:
         _CONTEXT.reset(token)
 
 
-@contextlib.contextmanager
-def loading(ctx: Loading) -> Iterator[Loading]:
-    """Structure a store's documents, with ``ctx``, inside the block."""
-    token = _CONTEXT.set(ctx)
-    try:
-        yield ctx
-    finally:
-        _CONTEXT.reset(token)
+storing = _within
+"""``with storing(Storing(...))``: unstructure records for a store inside the block."""
+loading = _within
+"""``with loading(Loading(...))``: structure a store's documents inside the block."""
 
 
 def loading_now() -> Loading | None:

@@ -16,6 +16,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -92,3 +93,15 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
 def redis_store_url(redis_url: str, redis_prefix: str) -> str:
     """A Redis store URL whose keys belong to this test."""
     return f"{redis_url}/0?prefix={redis_prefix}"
+
+
+@pytest.fixture(params=["memory", "file", "sqlite", "redis"])
+def every_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A URL of each built-in store in turn: its runs belong to this test."""
+    if request.param == "memory":
+        return "memory://"
+    if request.param == "file":
+        return f"file://{tmp_path}/runs"
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/runs.db"
+    return str(request.getfixturevalue("redis_store_url"))

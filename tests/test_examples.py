@@ -9,17 +9,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_quickstart_runs_offline(tmp_path: Path) -> None:
+def run_example(name: str, cwd: Path) -> str:
+    """Run ``examples/<name>`` in ``cwd``; what it printed (it must succeed)."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
-        cwd=tmp_path,
+        [sys.executable, str(ROOT / "examples" / name)],
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    out = result.stdout
+    return result.stdout
+
+
+def test_quickstart_runs_offline(tmp_path: Path) -> None:
+    out = run_example("quickstart.py", tmp_path)
     assert "It is sunny in Paris, 21 C." in out
     lines = [line for line in out.splitlines() if line.startswith("[r")]
     assert lines[0] == "[r1] run_started"
@@ -44,16 +49,7 @@ def test_readme_leads_with_the_two_commands_ci_runs() -> None:
 
 
 def test_context_patches_example_applies_patches_in_call_order(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "context_patches.py")],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    lines = run_example("context_patches.py", tmp_path).splitlines()
     assert lines[0] == "turn 0 sees context {}"
     assert lines[1] == "turn 1 sees context {'preferences': {'units': 'imperial'}}"
     assert lines[-1] == "run completed; context {'preferences': {'units': 'imperial'}}"

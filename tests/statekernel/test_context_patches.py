@@ -5,7 +5,6 @@ the hooks after, kept by every store, and applied once across a crash."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
@@ -44,17 +43,6 @@ class Seen(sk.Hooks):
         self.contexts.append(run.context)
 
 
-@pytest.fixture(params=["memory", "file", "sqlite", "redis"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "file":
-        return f"file://{tmp_path}/runs"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/runs.db"
-    return str(request.getfixturevalue("redis_store_url"))
-
-
 async def _drive(kernel: sk.Kernel, context: dict[str, object]) -> Run:
     run = await kernel.start(model="scripted/x", messages=["go"], context=context)
     async for _ in kernel.run(run.run_id):
@@ -62,11 +50,15 @@ async def _drive(kernel: sk.Kernel, context: dict[str, object]) -> Run:
     return await kernel.get(run.run_id)
 
 
-async def test_a_patch_lands_with_its_result_and_the_next_turn_sees_it(store_url: str) -> None:
+async def test_a_patch_lands_with_its_result_and_the_next_turn_sees_it(
+    every_store_url: str,
+) -> None:
     seen = Seen()
     script = [call("remember", {"key": "city", "value": "Paris"}), "done"]
     provider = ScriptedProvider(script)
-    kernel = sk.Kernel(store_url, tools=[remember], providers={"scripted": provider}, hooks=seen)
+    kernel = sk.Kernel(
+        every_store_url, tools=[remember], providers={"scripted": provider}, hooks=seen
+    )
     final = await _drive(kernel, {"draft": "x", "keep": 1})
     assert final.state == "completed"
     assert final.context == {"keep": 1, "city": "Paris"}
@@ -80,8 +72,8 @@ async def test_a_patch_lands_with_its_result_and_the_next_turn_sees_it(store_url
     closed = next(e for e in events if e.type == "tools_completed")
     assert closed.data["context_patched_by"] == [record.id]
     await kernel.aclose()
-    if store_url != "memory://":
-        store = open_store(store_url)
+    if every_store_url != "memory://":
+        store = open_store(every_store_url)
         loaded = await store.load(final.run_id)
         await store.aclose()
         assert loaded == final

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import gc
 import tracemalloc
-from pathlib import Path
 
 import attrs
-import pytest
 
 import statekernel as sk
 from statekernel._run import Run
@@ -51,24 +49,13 @@ def _assert_shared(run: Run) -> None:
         assert turn.result.message is run.messages[len(sent)]
 
 
-@pytest.fixture(params=["memory", "file", "sqlite", "redis"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "file":
-        return f"file://{tmp_path}/runs"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/runs.db"
-    return str(request.getfixturevalue("redis_store_url"))
-
-
-async def test_requests_share_the_transcript_live_and_loaded(store_url: str) -> None:
-    live, kernel = await _drive(store_url, 12)
+async def test_requests_share_the_transcript_live_and_loaded(every_store_url: str) -> None:
+    live, kernel = await _drive(every_store_url, 12)
     _assert_shared(live)
     await kernel.aclose()
-    if store_url == "memory://":
+    if every_store_url == "memory://":
         return  # the store lives and dies with its kernel
-    store = open_store(store_url)
+    store = open_store(every_store_url)
     loaded = await store.load(live.run_id)
     await store.aclose()
     assert loaded == live
