@@ -29,10 +29,11 @@ measured seconds apart. Figures are medians over the repetitions; a ratio is the
 of the ratios within each repetition. Also printed: bytes stored per turn on SQLite
 (after a WAL checkpoint, less an empty database), the growth exponent in N of the bytes
 in use in its pages (``dbstat``, which has no page granularity), the
-resume of the longest run (statekernel: load, ``kernel.send`` one user message and one
-persisted turn through ``kernel.run``; LangGraph: load the thread, add the message, one
-more turn), commits per turn (calls to the store's ``commit``) and, where ``strace`` is
-installed, fsync/fdatasync calls per turn at N = 100 (redis: in the server).
+resume of the longest run (statekernel: ``kernel.run(run_id, message)``, which loads the
+run once and commits the message with the turn it starts; LangGraph: load the thread,
+add the message, one more turn), commits per turn (calls to the store's ``commit``)
+and, where ``strace`` is installed, fsync/fdatasync calls per turn at N = 100 (redis:
+in the server).
 """
 
 from __future__ import annotations
@@ -164,8 +165,7 @@ async def sk_resume(url: str, run_id: str) -> float:
     kernel = sk.Kernel(store, tools=[search], providers={"scripted": provider}, max_turns=None)
     gc.collect()
     began = time.perf_counter()
-    await kernel.send(run_id, RESUME_TEXT)
-    async for _ in kernel.run(run_id):
+    async for _ in kernel.run(run_id, RESUME_TEXT):  # one load; the input joins the turn
         pass
     seconds = time.perf_counter() - began
     final = await store.load(run_id)

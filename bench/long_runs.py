@@ -20,8 +20,8 @@ with AOF and ``appendfsync always``) and each N, printed:
   database; Redis: the run's keys and values; memory: not measured;
 * **ms/turn (last 100)**: wall time of the last 100 turns of the drive;
 * **load ms**: median of 3 ``store.load`` on a newly opened store;
-* **resume ms**: median of 3 times load + ``kernel.send`` one user message + one
-  persisted turn through ``kernel.run``.
+* **resume ms**: median of 3 times load + one user message + one persisted turn, through
+  ``kernel.run(run_id, message)`` (one load; the message joins the turn's first commit).
 
 Below the table: the growth exponent of each figure in N (least squares on log-log;
 1.0 is linear, 0 is flat) and the 10,000/1,000 ratios of load and resume (target

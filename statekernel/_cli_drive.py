@@ -7,7 +7,7 @@ import importlib.util
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -52,11 +52,15 @@ async def drive(
     *,
     crash: CrashPoint | None = None,
     crash_hint: str = "",
+    messages: Sequence[str] = (),
 ) -> Run:
-    """Run ``run_id`` until it rests, showing its events; returns the run at rest."""
+    """Run ``run_id`` until it rests, showing its events; returns the run at rest.
+
+    ``messages`` are new user input, committed with the first commit of the drive.
+    """
     printer = EventPrinter(out.console)
     seen = 0
-    async for event in kernel.run(run_id):
+    async for event in kernel.run(run_id, *messages):
         if out.as_json:
             out.json(event, lines=True)
         else:
@@ -149,9 +153,8 @@ async def send_run(
     """Add a user message to a run at rest (completed, paused or failed) and drive it."""
     run = await store.load(run_id)
     async with _acting_on(kernel_for_run(run, store, agent), run_id) as kernel:
-        await kernel.send(run_id, text)
-        out.note(f"sent to run {run_id} (was {run.state} at revision {run.revision})")
-        return await drive(kernel, run_id, out)
+        out.note(f"sending to run {run_id} ({run.state} at revision {run.revision})")
+        return await drive(kernel, run_id, out, messages=[text])
 
 
 @contextlib.asynccontextmanager

@@ -161,9 +161,9 @@ class RunDriver:
         """Apply one transition to the driver's copy. It joins the commit being gathered
         (the first one after a commit starts it); ``flush`` lands them together."""
         joining = self.base is not None
-        if not joining:
-            self.base = self.lc.run
+        base = self.base if joining else self.lc.run
         _, events = self.lc.apply(event, join=joining, **payload)
+        self.base = base
         self.staged.extend(events)
 
     def _stage_outcome(self, outcome: _Outcome) -> None:

@@ -234,15 +234,24 @@ class Kernel:
 
     # -- driving -----------------------------------------------------------------
 
-    async def run(self, run_id: str) -> AsyncIterator[Event]:
+    async def run(self, run_id: str, *messages: Message | str) -> AsyncIterator[Event]:
         """Drive the run until it is paused, failed or completed, yielding its events.
 
         Starts a new run or resumes one from its last commit. Live events
         (``text_delta`` ...) are yielded as they happen, persisted ones after their
         commit. Closing the generator or cancelling the task stops the run cleanly.
+
+        ``messages`` are new input to a run at rest, as ``send`` takes them (a string
+        is a user message): ``run(run_id, "next question")`` does what ``send`` then
+        ``run`` do with one load of the run, and the input lands in the drive's first
+        commit (with the next turn's start), so a crash before it leaves no input.
         """
+        new_input = _as_messages(messages) if messages else ()
         async with self._driver(run_id) as driver:
             keep = False
+            if new_input:
+                _check_input(driver.run)
+                driver.stage("input", messages=new_input)
             try:
                 while not driver.run.is_terminal:
                     async for event in driver.advance():
@@ -421,15 +430,7 @@ class Kernel:
         if not messages:
             raise InvalidArgument("send needs at least one message")
         async with self._fresh(run_id) as driver:
-            pause = driver.run.pause
-            if driver.run.state == "paused" and pause is not None and pause.reason == UNCERTAIN:
-                calls = ", ".join(repr(c.get("id")) for c in pause.metadata.get("calls", []))
-                raise InvalidTransition(
-                    "input",
-                    "paused",
-                    f"tool calls {calls} of run {run_id!r} may or may not have run: say what"
-                    " happened with resolve_tool_call first",
-                )
+            _check_input(driver.run)
             await driver.commit("input", messages=_as_messages(messages))
             return driver.run
 
@@ -524,6 +525,19 @@ class Kernel:
                     continue
                 return driver.run
         raise AssertionError("unreachable")
+
+
+def _check_input(run: Run) -> None:
+    """Refuse input to a run whose uncertain tool calls must be resolved first."""
+    pause = run.pause
+    if run.state == "paused" and pause is not None and pause.reason == UNCERTAIN:
+        calls = ", ".join(repr(c.get("id")) for c in pause.metadata.get("calls", []))
+        raise InvalidTransition(
+            "input",
+            "paused",
+            f"tool calls {calls} of run {run.run_id!r} may or may not have run: say what"
+            " happened with resolve_tool_call first",
+        )
 
 
 def _as_messages(messages: Iterable[Message | str]) -> tuple[Message, ...]:

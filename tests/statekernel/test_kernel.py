@@ -163,6 +163,63 @@ async def test_input_sent_to_a_completed_run_continues_it(make_kernel: MakeKerne
         await kernel.send(run.run_id)
 
 
+async def test_input_given_to_run_lands_with_the_next_turns_first_commit(
+    make_kernel: MakeKernel,
+) -> None:
+    kernel, store, provider = make_kernel(["first", "second"])
+    run = await start(kernel)
+    done = await drain(kernel, run.run_id)
+    events = [e async for e in kernel.run(run.run_id, "and then?", sk.Message.user("twice"))]
+    persisted = [e for e in events if e.persisted]
+    first = [e for e in persisted if e.revision == done[-1].revision + 1]  # one commit
+    assert (first[0].type, first[-1].type) == ("input_received", "model_started")
+    final = await kernel.get(run.run_id)
+    assert [m.text for m in final.messages] == ["hi", "first", "and then?", "twice", "second"]
+    assert [m.text for m in provider.requests[-1].messages] == ["hi", "first", "and then?", "twice"]
+    assert final.revision == done[-1].revision + 2  # input + model_started, then the answer
+    assert store.states(run.run_id)[-2:] == ["calling_model", "completed"]
+
+
+async def test_input_given_to_run_is_lost_with_a_crash_before_its_commit() -> None:
+    from statekernel.testing import Crash, CrashAt, FaultPlan, FaultyStore, ScriptedProvider
+
+    inner = MemoryStore()
+    provider = ScriptedProvider(["first", "second"])
+    kernel = sk.Kernel(inner, providers={"scripted": provider})
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    rested = await kernel.get(run.run_id)
+    plan = FaultPlan([CrashAt("before_commit", 1)])
+    crashing = sk.Kernel(FaultyStore(inner, plan), providers={"scripted": provider})
+    with pytest.raises(Crash):
+        async for _ in crashing.run(run.run_id, "lost"):
+            pass
+    after = await kernel.get(run.run_id)
+    assert (after.revision, after.state, after.messages) == (
+        rested.revision,
+        "completed",
+        rested.messages,
+    )
+    assert len(provider.requests) == 1  # the model was not called for the lost input
+
+
+async def test_input_given_to_run_is_refused_before_anything_commits(
+    make_kernel: MakeKernel,
+) -> None:
+    kernel, _, _ = make_kernel(["x"])
+    run = await start(kernel)
+    await kernel.step(run.run_id)  # init -> calling_model
+    with pytest.raises(InvalidTransition):
+        async for _ in kernel.run(run.run_id, "too early"):
+            pass
+    with pytest.raises(InvalidArgument):
+        async for _ in kernel.run(run.run_id, 42):  # type: ignore[arg-type]
+            pass
+    stored = await kernel.get(run.run_id)
+    assert (stored.revision, stored.state) == (1, "calling_model")
+    assert [e.type for e in await drain(kernel, run.run_id)][-1] == "run_completed"
+
+
 async def test_input_is_rejected_while_the_run_is_active(make_kernel: MakeKernel) -> None:
     kernel, _, _ = make_kernel(["x"])
     run = await start(kernel)
