@@ -8,6 +8,7 @@ resumes where it stopped without repeating a side effect that must not repeat.
 from __future__ import annotations
 
 from statekernel import errors
+from statekernel._asking import NeedsInput, ask_user
 from statekernel._dispatch import DispatchPolicy
 from statekernel._events import LIVE_EVENTS, PERSISTED_EVENTS, Event
 from statekernel._fencing import Fence
@@ -65,6 +66,7 @@ __all__ = [
     "ModelCall",
     "ModelRequest",
     "ModelResult",
+    "NeedsInput",
     "PERSISTED_EVENTS",
     "Pause",
     "PauseInfo",
@@ -92,6 +94,7 @@ __all__ = [
     "Usage",
     "Worker",
     "WorkerStats",
+    "ask_user",
     "errors",
     "tool",
 ]

@@ -147,6 +147,10 @@ def waiting_for(pause: PauseInfo) -> str:
     calls = meta.get("calls") if isinstance(meta, dict) else None
     if isinstance(calls, list) and all(isinstance(c, dict) for c in calls):
         detail = "calls " + ", ".join(f"{c.get('id')} ({c.get('name')})" for c in calls)
+    elif isinstance(meta, dict) and "question" in meta:
+        question = meta["question"]
+        text = question if isinstance(question, str) else json.dumps(question, ensure_ascii=False)
+        detail = f"{meta.get('name')} asks {text!r} (call {meta.get('call')})"
     elif isinstance(meta, dict) and "call" in meta:
         detail = f"call {meta['call']}"
     elif meta in ({}, None):

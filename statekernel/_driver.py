@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from statekernel import _hooks as hk
+from statekernel._asking import INPUT_REQUIRED, NeedsInput, answered, asked, questions
 from statekernel._dispatch import identical_group, next_startable
 from statekernel._events import Event
 from statekernel._lifecycle import Lifecycle
@@ -73,6 +74,8 @@ class _Outcome:
     error: str | None = None
     resolved: bool = False
     context: JSON = None
+    asked: dict[str, Any] | None = None
+    """What the call asked the user (``NeedsInput``): it has no result yet."""
 
 
 class RunDriver:
@@ -246,7 +249,7 @@ class RunDriver:
         if not outcomes or not self.observing:
             return
         run = self.run
-        for outcome in outcomes:
+        for outcome in (o for o in outcomes if o.asked is None):
             for call_id in outcome.ids:
                 await self._hook("on_tool_call_completed", run, _turn(run).call(call_id))
 
@@ -395,6 +398,21 @@ class RunDriver:
     def _must_flush(self) -> bool:
         return self.observing and bool(self.staged_outcomes)
 
+    async def answer(self, pause: PauseInfo, value: JSON, max_turns: int | None) -> None:
+        """Resume a run paused with ``input_required``: ``value`` (checked against the
+        question's schema first) is the asking call's result, committed with the resume,
+        and the next waiting question pauses the run again in the same commit."""
+        ids, waiting = answered(pause.metadata, value)
+        try:
+            self.stage("resume", value=value, max_turns=max_turns)
+            self._stage_outcome(_Outcome(tuple(ids), value))
+            if waiting is not None:
+                self.stage("pause", reason=INPUT_REQUIRED, metadata=waiting)
+            await self.flush()
+        except BaseException:
+            self._drop_staged()
+            raise
+
     async def commit_outcomes(self) -> None:
         """Commit the results in hand, and nothing else (a drive that lets the run go)."""
         for outcome in self._ready_outcomes():
@@ -531,8 +549,13 @@ class RunDriver:
 
     # -- tools -------------------------------------------------------------------
 
-    def _ready_outcomes(self) -> list[_Outcome]:
-        return [o for o in self.outcomes if all(o is not s for s in self.staged_outcomes)]
+    def _ready_outcomes(self, *, asking: bool = False) -> list[_Outcome]:
+        """Results in hand not yet staged (``asking``: the calls that asked instead)."""
+        return [
+            o
+            for o in self.outcomes
+            if (o.asked is not None) == asking and all(o is not s for s in self.staged_outcomes)
+        ]
 
     async def _dispatch(self) -> AsyncIterator[Event]:
         self._raise_escaped()
@@ -558,6 +581,15 @@ class RunDriver:
                 return
             async for live in self._wait():
                 yield live
+            return
+        asking = self._ready_outcomes(asking=True)
+        if asking:  # nothing else runs now: ask, the first call's question first
+            calls = _turn(self.run).result
+            order = [c.id for c in calls.tool_calls] if calls is not None else []
+            asking.sort(key=lambda o: order.index(o.ids[0]) if o.ids[0] in order else len(order))
+            waiting = [(o.ids, self.names[o.ids[0]], o.asked or {}) for o in asking]
+            self.stage("pause", reason=INPUT_REQUIRED, metadata=questions(waiting))
+            self.staged_outcomes.extend(asking)  # they leave the driver with the pause
             return
         await self._end_tools(_turn(self.run))
 
@@ -706,6 +738,9 @@ class RunDriver:
             self.tasks.pop(ids[0], None)
             queue.put_nowait(None)  # a drive waiting for this call must not wait forever
             raise
+        except NeedsInput as request:
+            question, problem = asked(request)
+            outcome = _Outcome(ids, None, problem, asked=question)
         except ToolError as exc:
             outcome = _Outcome(ids, None, str(exc))
         except Exception as exc:
@@ -720,7 +755,7 @@ class RunDriver:
         queue.put_nowait(None)
 
     async def _wait(self) -> AsyncIterator[Event]:
-        while not self.outcomes and self.tasks and self.escaped is None:
+        while not self._ready_outcomes() and self.tasks and self.escaped is None:
             item = await self.queue.get()
             if item is not None:
                 yield item

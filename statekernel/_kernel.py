@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from statekernel._asking import INPUT_REQUIRED
 from statekernel._dispatch import DispatchPolicy
 from statekernel._driver import UNCERTAIN, RunDriver
 from statekernel._events import Event
@@ -437,11 +438,20 @@ class Kernel:
     async def resume(self, run_id: str, *, value: JSON = None, max_turns: int | None = None) -> Run:
         """Resume a paused run; ``value`` reaches hooks as ``run.resume_value``.
 
+        A run paused with ``input_required`` (a tool asked, see ``NeedsInput``) takes
+        ``value`` as the answer: it must satisfy the question's schema
+        (``InvalidArgument`` otherwise, and nothing is committed) and becomes the asking
+        call's result, committed with the resume.
+
         ``max_turns`` raises the turn budget (a run paused for ``max_turns`` needs it).
         """
         value = checked(value, "value")
         async with self._fresh(run_id) as driver:
-            await driver.commit("resume", value=value, max_turns=max_turns)
+            pause = driver.run.pause
+            if driver.run.state == "paused" and pause and pause.reason == INPUT_REQUIRED:
+                await driver.answer(pause, value, max_turns)
+            else:
+                await driver.commit("resume", value=value, max_turns=max_turns)
             return driver.run
 
     async def retry(self, run_id: str) -> Run:

@@ -53,3 +53,13 @@ def test_context_patches_example_applies_patches_in_call_order(tmp_path: Path) -
     assert lines[0] == "turn 0 sees context {}"
     assert lines[1] == "turn 1 sees context {'preferences': {'units': 'imperial'}}"
     assert lines[-1] == "run completed; context {'preferences': {'units': 'imperial'}}"
+
+
+def test_interactive_tools_example_asks_checks_and_completes(tmp_path: Path) -> None:
+    lines = run_example("interactive_tools.py", tmp_path).splitlines()
+    assert lines[0] == "input_required: Which city?"
+    assert lines[1] == "answered 'Lisbon': run paused"
+    assert lines[2] == "input_required: Book 3 nights in Lisbon?"
+    assert lines[3].startswith("refused {'confirmed': 'yes'}: answer['confirmed'] to 'book'")
+    assert lines[-2] == "answered {'confirmed': True}: run completed"
+    assert lines[-1] == "Booked 3 nights in Lisbon."

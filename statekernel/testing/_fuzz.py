@@ -298,11 +298,13 @@ async def check_crash_resume(
 
 
 def fuzz_agent(script: Sequence[object], *, max_concurrent: int = 2) -> AgentFactory:
-    """An agent for the fuzzer: a scripted model and three tools with a visible ledger.
+    """An agent for the fuzzer: a scripted model and four tools with a visible ledger.
 
-    ``side_effect`` is not idempotent, ``lookup`` is, ``explode`` always raises.
+    ``side_effect`` is not idempotent, ``lookup`` is, ``explode`` always raises, and
+    ``ask`` (``ask_user``) pauses the run for an answer (``approve(run)`` gives it).
     Their outputs depend only on their input, as the invariants require.
     """
+    from statekernel._asking import ask_user
     from statekernel._dispatch import DispatchPolicy
     from statekernel._tools import tool
     from statekernel.testing._scripted import ScriptedProvider
@@ -324,7 +326,7 @@ def fuzz_agent(script: Sequence[object], *, max_concurrent: int = 2) -> AgentFac
 
     def make() -> Mapping[str, Any]:
         return {
-            "tools": [side_effect, lookup, explode],
+            "tools": [side_effect, lookup, explode, ask_user("ask")],
             "providers": {"scripted": ScriptedProvider(list(script))},
             "dispatch": DispatchPolicy(max_concurrent=max_concurrent),
             "max_turns": None,

@@ -4,6 +4,7 @@ each run waits for, ``runs resume --value`` answers it, ``runs send`` adds a mes
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import subprocess
 import sys
@@ -45,6 +46,26 @@ def kernel_options():
 '''
 
 
+def _start(folder: Path, module: str, store: str, run_id: str) -> None:
+    """Start run ``run_id`` with the agent of ``folder/module.py`` and drive it to rest."""
+    sys.path.insert(0, str(folder))
+    try:
+        options = importlib.import_module(module).kernel_options
+
+        async def start() -> None:
+            import statekernel as statek
+
+            async with statek.Kernel(store, **options()) as kernel:
+                run = await kernel.start(model="scripted/app", messages=["go"], run_id=run_id)
+                async for _ in kernel.run(run.run_id):
+                    pass
+
+        asyncio.run(start())
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop(module, None)
+
+
 def _with_agent(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "COLUMNS": "200", "NO_COLOR": "1"}
     env.pop("STATEKERNEL_STORE", None)
@@ -57,22 +78,7 @@ def _with_agent(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_paused_run_is_listed_answered_and_sent_to(tmp_path: Path) -> None:
     (tmp_path / "approvals_agent.py").write_text(AGENT_MODULE)
     store = f"sqlite:///{tmp_path / 'app.db'}"
-    sys.path.insert(0, str(tmp_path))
-    try:
-        import approvals_agent
-
-        async def start() -> None:
-            import statekernel as statek
-
-            async with statek.Kernel(store, **approvals_agent.kernel_options()) as kernel:
-                run = await kernel.start(model="scripted/app", messages=["pay"], run_id="pay-1")
-                async for _ in kernel.run(run.run_id):
-                    pass
-
-        asyncio.run(start())
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("approvals_agent", None)
+    _start(tmp_path, "approvals_agent", store, "pay-1")
 
     listed = ok(sk("runs", "list", "--state", "paused", "--store", store, cwd=tmp_path))
     assert "waiting for" in listed
@@ -107,3 +113,42 @@ def test_a_paused_run_is_listed_answered_and_sent_to(tmp_path: Path) -> None:
     assert not_paused.returncode == 2
     assert "Traceback" not in not_paused.stderr
     assert "completed" in not_paused.stderr
+
+
+ASKING_MODULE = """
+import statekernel as sk
+from statekernel.testing import ScriptedProvider, call
+
+
+def kernel_options():
+    script = [call("ask_user", {"question": "How many seats?"}), "booked"]
+    return {
+        "tools": [sk.ask_user(answer_schema={"type": "integer", "minimum": 1})],
+        "providers": {"scripted": ScriptedProvider(script)},
+    }
+"""
+
+
+def test_a_question_is_listed_and_answered_from_the_command_line(tmp_path: Path) -> None:
+    (tmp_path / "asking_agent.py").write_text(ASKING_MODULE)
+    store = f"sqlite:///{tmp_path / 'app.db'}"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "COLUMNS": "200", "NO_COLOR": "1"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(EXE), *args, "--store", store, "--agent", "asking_agent:kernel_options"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    _start(tmp_path, "asking_agent", store, "q-1")
+    listed = ok(sk("runs", "list", "--state", "paused", "--store", store, cwd=tmp_path))
+    assert "input_required: ask_user asks 'How many seats?'" in listed
+    wrong = cli("runs", "resume", "q-1", "--value", '"two"')
+    assert wrong.returncode == 2
+    assert "'two' is not of type 'integer'" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
+    done = cli("runs", "resume", "q-1", "--value", "2")
+    assert done.returncode == 0, done.stderr
+    shown = as_json(sk("runs", "show", "q-1", "--store", store, "--json", cwd=tmp_path))
+    assert shown["state"] == "completed"
+    assert shown["turns"][0]["completed"][0]["output"] == 2

@@ -197,6 +197,8 @@ def test_cancellation_anywhere_is_resumable(
                     break
                 if head.state == "failed":
                     await kernel.retry(run.run_id)
+                elif head.pause is not None and head.pause.reason == "input_required":
+                    await kernel.resume(run.run_id, value="an answer")
                 elif head.pause is not None:
                     for c in head.pause.metadata.get("calls", []):
                         await kernel.resolve_tool_call(run.run_id, c["id"], rerun=True)
