@@ -1,7 +1,9 @@
 """Model providers over httpx, resolved from ``provider/name`` model strings.
 
-Built in: ``openai`` (chat completions and every compatible server), ``anthropic``
-(messages API), ``ollama`` (native ``/api/chat``) and ``local`` (llama.cpp in-process).
+Built in: ``openai`` (chat completions and every compatible server), ``azure`` (the
+same wire at a deployment URL), ``anthropic`` (messages API), ``ollama`` (native
+``/api/chat``), ``local`` (llama.cpp in-process), and the OpenAI-compatible vendors of
+``VENDORS`` (``groq``, ``mistral``, ``google``, ``vllm`` ...).
 """
 
 from __future__ import annotations
@@ -19,15 +21,18 @@ from statekernel._model import (
     assemble,
 )
 from statekernel.providers._anthropic import AnthropicProvider
+from statekernel.providers._azure import AzureOpenAIProvider
 from statekernel.providers._complete import complete
 from statekernel.providers._http import DEFAULT_TIMEOUT, HTTPProvider, RetryPolicy
 from statekernel.providers._local import LocalProvider
 from statekernel.providers._ollama import OllamaProvider
 from statekernel.providers._openai import OpenAIProvider
-from statekernel.providers._registry import ProviderRegistry, builtin_provider
+from statekernel.providers._registry import ProviderRegistry, builtin_names, builtin_provider
+from statekernel.providers._vendors import VENDORS, Vendor
 
 __all__ = [
     "AnthropicProvider",
+    "AzureOpenAIProvider",
     "DEFAULT_TIMEOUT",
     "Finish",
     "HTTPProvider",
@@ -44,7 +49,10 @@ __all__ = [
     "ToolCallDelta",
     "ToolCallDone",
     "UsageUpdate",
+    "VENDORS",
+    "Vendor",
     "assemble",
+    "builtin_names",
     "builtin_provider",
     "complete",
 ]

@@ -8,7 +8,9 @@ as ``ToolCallDelta`` fragments keyed by the wire's ``index``; ``reasoning_conten
 
 from __future__ import annotations
 
+import hashlib
 import os
+import string
 import uuid
 from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping
 from typing import Any
@@ -40,8 +42,16 @@ from statekernel._model import (
 from statekernel.errors import ConfigError, ProviderUnavailable
 from statekernel.providers._errors import error_for_type
 from statekernel.providers._http import HTTPProvider
+from statekernel.providers._think import ThinkSplitter, split_think
 
-__all__ = ["OpenAIProvider", "image_url", "openai_finish_reason", "openai_messages", "openai_usage"]
+__all__ = [
+    "OpenAIProvider",
+    "image_url",
+    "openai_finish_reason",
+    "openai_messages",
+    "openai_usage",
+    "short_call_id",
+]
 
 OFFICIAL_BASE_URL = "https://api.openai.com/v1"
 
@@ -62,11 +72,12 @@ def openai_finish_reason(value: str | None) -> FinishReason:
 
 
 def openai_usage(data: Mapping[str, Any]) -> Usage:
-    """A chat-completions ``usage`` object; cached prompt tokens are counted apart."""
+    """A chat-completions ``usage`` object; cached prompt tokens are counted apart
+    (``prompt_tokens_details.cached_tokens``, or DeepSeek's ``prompt_cache_hit_tokens``)."""
     prompt = int(data.get("prompt_tokens") or 0)
     prompt_details = data.get("prompt_tokens_details") or {}
     output_details = data.get("completion_tokens_details") or {}
-    cached = int(prompt_details.get("cached_tokens") or 0)
+    cached = int(prompt_details.get("cached_tokens") or data.get("prompt_cache_hit_tokens") or 0)
     return Usage(
         input_tokens=max(prompt - cached, 0),
         output_tokens=int(data.get("completion_tokens") or 0),
@@ -83,6 +94,10 @@ class OpenAIProvider(HTTPProvider):
     ``max_completion_tokens`` on the official API and ``max_tokens`` elsewhere unless
     given. ``stream_usage=False`` leaves out ``stream_options`` for servers that refuse
     it. Keys in ``request.options`` (except ``stream``) are added to the payload.
+
+    For the vendors of one table (``statekernel.providers.VENDORS``) ``name`` is the
+    vendor's, ``think_tags`` turns a leading ``<think>`` section of the content into
+    reasoning, and ``short_call_ids`` sends tool-call ids as nine letters and digits.
     """
 
     name = "openai"
@@ -95,6 +110,9 @@ class OpenAIProvider(HTTPProvider):
         organization: str | None = None,
         max_tokens_field: str | None = None,
         stream_usage: bool = True,
+        name: str | None = None,
+        think_tags: bool = False,
+        short_call_ids: bool = False,
         **kwargs: Any,
     ) -> None:
         base_url = base_url or os.environ.get("OPENAI_BASE_URL") or OFFICIAL_BASE_URL
@@ -106,6 +124,10 @@ class OpenAIProvider(HTTPProvider):
         self._api_key = api_key or None
         self._organization = organization
         self.stream_usage = stream_usage
+        if name is not None:
+            self.name = name
+        self.think_tags = think_tags
+        self.short_call_ids = short_call_ids
         self.max_tokens_field = max_tokens_field or (
             "max_completion_tokens" if official else "max_tokens"
         )
@@ -129,6 +151,8 @@ class OpenAIProvider(HTTPProvider):
             "model": request.model_name,
             "messages": openai_messages(request.messages),
         }
+        if self.short_call_ids:
+            _shorten_call_ids(payload["messages"])
         if streaming:
             payload["stream"] = True
             if self.stream_usage:
@@ -151,6 +175,7 @@ class OpenAIProvider(HTTPProvider):
         self, response: httpx.Response, request: ModelRequest
     ) -> AsyncGenerator[StreamPart, None]:
         state = _StreamState()
+        think = ThinkSplitter() if self.think_tags else None
         async for sse in EventSource(response).aiter_sse():
             if sse.data == "[DONE]":
                 state.done = True
@@ -158,11 +183,17 @@ class OpenAIProvider(HTTPProvider):
             if not sse.data:
                 continue
             for part in state.feed(self._chunk(sse.data)):
-                yield part
+                if think is not None and isinstance(part, TextDelta):
+                    for split in think.feed(part.text):
+                        yield split
+                else:
+                    yield part
         if not (state.done or state.finish):
             raise ProviderUnavailable(
                 f"{self.name}: stream ended before the answer was complete", provider=self.name
             )
+        for held in think.end() if think is not None else ():
+            yield held
         yield Finish(openai_finish_reason(state.finish), state.model)
 
     def _chunk(self, raw: str) -> dict[str, Any]:
@@ -185,11 +216,15 @@ class OpenAIProvider(HTTPProvider):
         choice = choices[0]
         message = choice.get("message") or {}
         parts: list[StreamPart] = []
-        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+        content = str(message.get("content") or "")
+        if self.think_tags:
+            tagged, content = split_think(content)
+            reasoning = f"{reasoning}{tagged}"
         if reasoning:
             parts.append(ReasoningDelta(str(reasoning)))
-        if message.get("content"):
-            parts.append(TextDelta(str(message["content"])))
+        if content:
+            parts.append(TextDelta(content))
         for call in message.get("tool_calls") or []:
             function = call.get("function") or {}
             parts.append(
@@ -233,7 +268,7 @@ class _StreamState:
                 yield self._call_delta(call)
             if choice.get("finish_reason"):
                 self.finish = choice["finish_reason"]
-        usage = data.get("usage")
+        usage = data.get("usage") or (data.get("x_groq") or {}).get("usage")  # Groq's place
         if usage:
             yield UsageUpdate(openai_usage(usage))
 
@@ -270,6 +305,30 @@ def _arguments_text(arguments: Any) -> str:
 
 def _new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
+
+
+_ALNUM = string.ascii_letters + string.digits
+
+
+def short_call_id(call_id: str) -> str:
+    """``call_id`` as nine letters and digits (kept if it is already): the same id always
+    gives the same short one, so a call and its result still match."""
+    if len(call_id) == 9 and call_id.isascii() and call_id.isalnum():
+        return call_id
+    number = int.from_bytes(hashlib.sha256(call_id.encode()).digest()[:8], "big")
+    out = []
+    for _ in range(9):
+        number, digit = divmod(number, len(_ALNUM))
+        out.append(_ALNUM[digit])
+    return "".join(out)
+
+
+def _shorten_call_ids(messages: list[dict[str, Any]]) -> None:
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            call["id"] = short_call_id(call["id"])
+        if "tool_call_id" in message:
+            message["tool_call_id"] = short_call_id(message["tool_call_id"])
 
 
 def _tool(spec: ToolSpec) -> dict[str, Any]:

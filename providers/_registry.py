@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from statekernel._model import ModelProvider
 from statekernel.errors import ConfigError
 
-__all__ = ["ProviderRegistry", "builtin_provider"]
+__all__ = ["NATIVE_NAMES", "ProviderRegistry", "builtin_names", "builtin_provider"]
 
-BUILTIN_NAMES = ("anthropic", "local", "ollama", "openai")
+NATIVE_NAMES = ("anthropic", "azure", "local", "ollama", "openai")
+"""Providers with a module of their own (the others are rows of ``VENDORS``)."""
+
+
+def builtin_names() -> tuple[str, ...]:
+    """Every built-in provider name a model string may start with, aliases included."""
+    from statekernel.providers._vendors import ALIASES, VENDORS
+
+    return tuple(sorted({*NATIVE_NAMES, *VENDORS, *ALIASES}))
 
 
 def builtin_provider(name: str) -> ModelProvider:
     """A built-in provider configured from the environment; unknown names raise ``ConfigError``.
 
     ``openai`` reads ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL``, ``anthropic`` reads
-    ``ANTHROPIC_API_KEY`` (and ``ANTHROPIC_BASE_URL``), ``ollama`` reads ``OLLAMA_HOST``;
-    ``local`` runs llama.cpp in-process (extra ``statekernel[local]``).
+    ``ANTHROPIC_API_KEY`` (and ``ANTHROPIC_BASE_URL``), ``ollama`` reads ``OLLAMA_HOST``,
+    ``azure`` reads ``AZURE_OPENAI_ENDPOINT``, ``AZURE_OPENAI_API_KEY`` and
+    ``AZURE_OPENAI_API_VERSION``; ``local`` runs llama.cpp in-process (extra
+    ``statekernel[local]``). The OpenAI-compatible vendors (``groq``, ``mistral``,
+    ``vllm`` ...) read the key variable of their row in ``VENDORS`` and
+    ``<NAME>_BASE_URL``.
     """
     if name == "openai":
         from statekernel.providers._openai import OpenAIProvider
@@ -27,6 +40,10 @@ def builtin_provider(name: str) -> ModelProvider:
         from statekernel.providers._anthropic import AnthropicProvider
 
         return AnthropicProvider()
+    if name == "azure":
+        from statekernel.providers._azure import AzureOpenAIProvider
+
+        return AzureOpenAIProvider()
     if name == "ollama":
         from statekernel.providers._ollama import OllamaProvider
 
@@ -35,7 +52,31 @@ def builtin_provider(name: str) -> ModelProvider:
         from statekernel.providers._local import LocalProvider
 
         return LocalProvider()
-    raise ConfigError(f"unknown model provider {name!r} (built in: {', '.join(BUILTIN_NAMES)})")
+    return _vendor_provider(name)
+
+
+def _vendor_provider(name: str) -> ModelProvider:
+    from statekernel.providers._openai import OpenAIProvider
+    from statekernel.providers._vendors import ALIASES, VENDORS
+
+    vendor = VENDORS.get(ALIASES.get(name, name))
+    if vendor is None:
+        known = ", ".join(builtin_names())
+        raise ConfigError(
+            f"unknown model provider {name!r} (built in: {known}; or pass your own with"
+            " Kernel(providers={...}))"
+        )
+    key = os.environ.get(vendor.key_env) if vendor.key_env else None
+    if vendor.needs_key and not key:
+        raise ConfigError(f"the {vendor.name} provider needs {vendor.key_env}")
+    return OpenAIProvider(
+        name=vendor.name,
+        api_key=key or "",
+        base_url=os.environ.get(vendor.url_env) or vendor.base_url,
+        stream_usage=vendor.stream_usage,
+        think_tags=vendor.think_tags,
+        short_call_ids=vendor.short_call_ids,
+    )
 
 
 class ProviderRegistry:
