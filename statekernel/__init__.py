@@ -16,6 +16,7 @@ from statekernel._hooks import Continue, Decision, Finish, Hooks, Pause, Rewrite
 from statekernel._kernel import Kernel
 from statekernel._lazy import LazyTuple
 from statekernel._lifecycle import Lifecycle, RunLifecycle
+from statekernel._mcp import MCPConnection, mcp_http, mcp_stdio
 from statekernel._messages import (
     ContentPart,
     ImagePart,
@@ -61,6 +62,7 @@ __all__ = [
     "LIVE_EVENTS",
     "LazyTuple",
     "Lifecycle",
+    "MCPConnection",
     "Message",
     "Middleware",
     "ModelCall",
@@ -96,5 +98,7 @@ __all__ = [
     "WorkerStats",
     "ask_user",
     "errors",
+    "mcp_http",
+    "mcp_stdio",
     "tool",
 ]

@@ -63,3 +63,10 @@ def test_interactive_tools_example_asks_checks_and_completes(tmp_path: Path) -> 
     assert lines[3].startswith("refused {'confirmed': 'yes'}: answer['confirmed'] to 'book'")
     assert lines[-2] == "answered {'confirmed': True}: run completed"
     assert lines[-1] == "Booked 3 nights in Lisbon."
+
+
+def test_mcp_tools_example_calls_a_real_stdio_server(tmp_path: Path) -> None:
+    lines = run_example("mcp_tools.py", tmp_path).splitlines()
+    assert lines[:2] == ["tool convert: idempotent=True", "tool note: idempotent=False"]
+    assert lines[2:4] == ["convert: 69.8 F", "note: noted"]
+    assert lines[-2:] == ["It is 69.8 F in Paris; noted.", "notes: Paris: 21 C"]

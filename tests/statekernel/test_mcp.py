@@ -1,0 +1,169 @@
+"""MCP tools against real MCP servers (the SDK's server side): a stdio subprocess and a
+streamable HTTP server on loopback. Tool lists and schemas come from the server,
+arguments are checked before the call, failures are error results, idempotence comes
+from the server's annotations or the caller, and a crash during a call resumes without
+running a side effect twice."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+import statekernel as sk
+from statekernel.stores import MemoryStore
+from statekernel.testing import Crash, CrashAt, FaultPlan, ScriptedProvider, call
+
+SERVER = Path(__file__).with_name("mcp_server.py")
+
+
+@pytest.fixture(scope="module")
+def http_url() -> Iterator[str]:
+    """The test server over streamable HTTP on a free loopback port, in a thread."""
+    sys.path.insert(0, str(SERVER.parent))
+    try:
+        import mcp_server
+    finally:
+        sys.path.remove(str(SERVER.parent))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    app = mcp_server.server.streamable_http_app(host="127.0.0.1")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        assert thread.is_alive(), "the MCP HTTP server stopped"
+        assert time.monotonic() < deadline, "the MCP HTTP server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}/mcp"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(params=["stdio", "http"])
+def connect(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> object:
+    """A function opening a new connection to the test server (one per 'process')."""
+    log = tmp_path / "effects.log"
+    log.touch()
+    monkeypatch.setenv("MCP_TEST_LOG", str(log))  # the HTTP server runs in this process
+    url = request.getfixturevalue("http_url") if request.param == "http" else ""
+
+    def open_connection() -> sk.MCPConnection:
+        if request.param == "http":
+            return sk.mcp_http(url, name="test-http")
+        devnull = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the server process
+        return sk.mcp_stdio(
+            sys.executable, [str(SERVER)], env={"MCP_TEST_LOG": str(log)}, errlog=devnull
+        )
+
+    return open_connection
+
+
+@pytest.fixture
+async def server(connect: object) -> AsyncIterator[sk.MCPConnection]:
+    async with connect() as connection:  # type: ignore[operator]
+        yield connection
+
+
+def _log(tmp_path: Path) -> list[str]:
+    return (tmp_path / "effects.log").read_text().splitlines()
+
+
+async def test_tools_and_schemas_come_from_the_server(server: sk.MCPConnection) -> None:
+    tools = {t.name: t for t in await server.tools()}
+    assert set(tools) == {"echo", "append_line", "fail"}
+    echo = tools["echo"]
+    assert echo.description == "Echo the text back."
+    assert echo.parameters["properties"]["text"]["type"] == "string"
+    assert echo.parameters["required"] == ["text"]
+    assert echo.idempotent  # the server marks it read-only and idempotent
+    assert not tools["append_line"].idempotent
+    trusted = {t.name: t for t in await server.tools(idempotent=["append_line"])}
+    assert trusted["append_line"].idempotent
+
+
+async def test_a_run_calls_mcp_tools_and_failures_are_error_results(
+    server: sk.MCPConnection, tmp_path: Path
+) -> None:
+    turn = [
+        call("echo", {"text": "hi", "times": 2}, id="e"),
+        call("append_line", {"line": "one"}, id="a"),
+        call("append_line", {"line": 5}, id="bad"),  # not a string: never sent
+        call("fail", {"reason": "no"}, id="f"),
+    ]
+    provider = ScriptedProvider([turn, "done"])
+    kernel = sk.Kernel(MemoryStore(), tools=await server.tools(), providers={"scripted": provider})
+    run = await kernel.start(model="scripted/x", messages=["go"])
+    async for _ in kernel.run(run.run_id):
+        pass
+    final = await kernel.get(run.run_id)
+    assert final.state == "completed"
+    records = {r.id: r for r in final.turns[0].completed}
+    assert records["e"].output == "hi hi"
+    assert records["a"].output == "appended one"
+    assert "invalid arguments for append_line['line']: 5 is not of type 'string'" in (
+        records["bad"].error or ""
+    )
+    assert records["f"].error == "fail: Error executing tool fail: refused: no"
+    assert _log(tmp_path) == ["one"]
+    await kernel.aclose()
+
+
+@pytest.mark.parametrize("tool", ["append_line", "echo"])
+async def test_a_crash_during_an_mcp_call_resumes_without_a_second_effect(
+    connect: object, tmp_path: Path, tool: str
+) -> None:
+    store = MemoryStore()
+    arguments = {"line": "paid"} if tool == "append_line" else {"text": "again"}
+    script = [call(tool, arguments, id="c1"), "done"]
+    plan = FaultPlan([CrashAt("tool_after_effect", 1)])
+    async with connect() as first:  # type: ignore[operator]
+        kernel = sk.Kernel(
+            store,
+            tools=await first.tools(),
+            providers={"scripted": ScriptedProvider(script)},
+            middleware=[plan.middleware()],
+        )
+        run = await kernel.start(model="scripted/x", messages=["go"])
+        with pytest.raises(Crash):
+            async for _ in kernel.run(run.run_id):
+                pass
+    async with connect() as second:  # type: ignore[operator]  # a new process, a new session
+        kernel = sk.Kernel(
+            store, tools=await second.tools(), providers={"scripted": ScriptedProvider(script)}
+        )
+        async for _ in kernel.run(run.run_id):
+            pass
+        after = await kernel.get(run.run_id)
+        if tool == "append_line":  # not idempotent: the run asks what happened
+            assert after.pause is not None
+            assert after.pause.reason == "uncertain_tool_calls"
+            assert _log(tmp_path) == ["paid"]
+            await kernel.resolve_tool_call(run.run_id, "c1", output="appended paid")
+            async for _ in kernel.run(run.run_id):
+                pass
+        final = await kernel.get(run.run_id)
+        assert final.state == "completed"
+        record = final.turns[0].completed[0]
+        expected = "appended paid" if tool == "append_line" else "again"
+        assert (record.output, record.resolved) == (expected, tool == "append_line")
+        assert _log(tmp_path) == (["paid"] if tool == "append_line" else [])
+        await kernel.aclose()
+
+
+async def test_a_server_that_cannot_start_is_a_config_error() -> None:
+    with pytest.raises(sk.errors.ConfigError, match="MCP server"):
+        async with sk.mcp_stdio(sys.executable, ["-c", "import sys; sys.exit(3)"]):
+            pass
