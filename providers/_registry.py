@@ -97,8 +97,25 @@ class ProviderRegistry:
             self._created[name] = builtin_provider(name)
         return self._created[name]
 
+    def shared(self) -> ProviderRegistry:
+        """A registry that resolves through this one and closes nothing (for a kernel
+        that borrows another's providers, as a child run's does)."""
+        return _Borrowed(self)
+
     async def aclose(self) -> None:
         """Close the built-in providers this registry created (explicit ones are the caller's)."""
         created, self._created = self._created, {}
         for provider in created.values():
             await provider.aclose()
+
+
+class _Borrowed(ProviderRegistry):
+    def __init__(self, owner: ProviderRegistry) -> None:
+        super().__init__()
+        self._owner = owner
+
+    def get(self, model: str) -> ModelProvider:
+        return self._owner.get(model)
+
+    async def aclose(self) -> None:
+        """Nothing to close: the providers are the owner's."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from statekernel import errors
 from statekernel._asking import NeedsInput, ask_user
+from statekernel._delegate import child_run_id, delegate
 from statekernel._dispatch import DispatchPolicy
 from statekernel._events import LIVE_EVENTS, PERSISTED_EVENTS, Event
 from statekernel._fencing import Fence
@@ -97,6 +98,8 @@ __all__ = [
     "Worker",
     "WorkerStats",
     "ask_user",
+    "child_run_id",
+    "delegate",
     "errors",
     "mcp_http",
     "mcp_stdio",

@@ -13,14 +13,22 @@ import click
 
 from statekernel._cli_common import Output, UserError, common_options, open_cli_store, run_async
 from statekernel._cli_drive import resume_run, send_run, summary_line
-from statekernel._cli_view import EventPrinter, run_details, runs_table
+from statekernel._cli_view import (
+    EventPrinter,
+    run_details,
+    run_tree_view,
+    runs_table,
+    tree_node,
+)
 from statekernel._cli_worker import load_agent
+from statekernel._delegate import run_tree
 from statekernel._diagram import FORMATS, render
 from statekernel._kernel import Kernel
 from statekernel._run import STATE_IDS, Run, StateId
 from statekernel._storage import RunSummary
 from statekernel._trace import trace_events
-from statekernel.errors import RunNotFound
+from statekernel.errors import RunHasChildren, RunNotFound
+from statekernel.stores._listing import summary_of
 
 __all__ = ["runs"]
 
@@ -40,13 +48,20 @@ def _exit_for(run: Run) -> None:
 
 @runs.command("list")
 @click.option("--state", type=click.Choice(STATE_IDS), help="Only runs in this state.")
+@click.option("--root", help="Only this run and its child runs (delegations), at any depth.")
 @click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
 @common_options
-def list_runs(state: StateId | None, limit: int, store: str | None, as_json: bool) -> None:
+def list_runs(
+    state: StateId | None, root: str | None, limit: int, store: str | None, as_json: bool
+) -> None:
     """List runs, most recently updated first."""
 
     async def go() -> list[RunSummary]:
         async with open_cli_store(store) as s:
+            if root is not None:
+                tree = [summary_of(run) for _, run in await run_tree(s, root)]
+                tree = [row for row in tree if state is None or row.state == state]
+                return sorted(tree, key=lambda row: row.updated_at, reverse=True)[:limit]
             rows: list[RunSummary] = []
             cursor = None
             while len(rows) < limit:
@@ -65,6 +80,24 @@ def list_runs(state: StateId | None, limit: int, store: str | None, as_json: boo
         out.console.print(runs_table(rows))
     else:
         out.console.print("no runs" + (f" in state {state}" if state else ""))
+
+
+@runs.command("tree")
+@click.argument("run_id")
+@common_options
+def tree(run_id: str, store: str | None, as_json: bool) -> None:
+    """Show a run and its child runs (delegations), as a tree."""
+
+    async def go() -> list[tuple[int, Run]]:
+        async with open_cli_store(store) as s:
+            return await run_tree(s, run_id)
+
+    nodes = run_async(go())
+    out = Output(as_json)
+    if as_json:
+        out.json([tree_node(depth, run) for depth, run in nodes])
+    else:
+        out.console.print(run_tree_view(nodes))
 
 
 @runs.command("show")
@@ -283,23 +316,34 @@ def fork(run_id: str, at: int | None, store: str | None, as_json: bool) -> None:
 @runs.command("delete")
 @click.argument("run_id")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--with-children", is_flag=True, help="Delete its child runs too, at any depth.")
 @common_options
-def delete(run_id: str, yes: bool, store: str | None, as_json: bool) -> None:
-    """Delete a run with all its revisions and events."""
+def delete(run_id: str, yes: bool, with_children: bool, store: str | None, as_json: bool) -> None:
+    """Delete a run with all its revisions and events (a run with child runs only with
+    --with-children)."""
     if not yes and not as_json and sys.stdin.isatty():
-        click.confirm(f"delete run {run_id} and all its data?", abort=True)
+        what = " and its child runs" if with_children else ""
+        click.confirm(f"delete run {run_id}{what} and all their data?", abort=True)
 
-    async def go() -> bool:
+    async def go() -> list[str]:
         async with open_cli_store(store) as s:
-            return await s.delete(run_id)
+            kernel = Kernel(s)
+            try:
+                return await kernel.delete(run_id, children=with_children)
+            except RunHasChildren as exc:
+                raise UserError(str(exc)) from exc
+            finally:
+                await kernel.aclose()
 
-    if not run_async(go()):
+    deleted = run_async(go())
+    if not deleted:
         raise UserError(str(RunNotFound(run_id)))
     out = Output(as_json)
     if as_json:
-        out.json({"run_id": run_id, "deleted": True})
+        out.json({"run_id": run_id, "deleted": True, "runs": deleted})
     else:
-        out.console.print(f"deleted run {run_id}")
+        more = len(deleted) - 1
+        out.console.print(f"deleted run {run_id}" + (f" and {more} child run(s)" if more else ""))
 
 
 # -- diagram -----------------------------------------------------------------------

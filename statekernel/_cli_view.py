@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import Any
 
 from rich.console import Console, Group
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+from rich.tree import Tree
 
 from statekernel._events import Event
 from statekernel._messages import (
@@ -24,7 +26,16 @@ from statekernel._messages import (
 from statekernel._run import PauseInfo, Run, ToolCallRecord
 from statekernel._storage import RunSummary
 
-__all__ = ["EventPrinter", "run_details", "runs_table", "short", "state_text", "waiting_for"]
+__all__ = [
+    "EventPrinter",
+    "run_details",
+    "run_tree_view",
+    "runs_table",
+    "short",
+    "state_text",
+    "tree_node",
+    "waiting_for",
+]
 
 STATE_STYLES = {
     "init": "white",
@@ -139,6 +150,41 @@ def runs_table(rows: Iterable[RunSummary]) -> Table:
             cells.append(waiting_for(s.pause) if s.pause is not None else "")
         table.add_row(*cells)
     return table
+
+
+def tree_node(depth: int, run: Run) -> dict[str, Any]:
+    """One run of ``runs tree --json``."""
+    pause = run.pause
+    return {
+        "run_id": run.run_id,
+        "depth": depth,
+        "state": run.state,
+        "revision": run.revision,
+        "model": run.model,
+        "parent_run_id": run.parent_run_id,
+        "parent_call_id": run.parent_call_id,
+        "pause": None if pause is None else {"reason": pause.reason, "metadata": pause.metadata},
+    }
+
+
+def run_tree_view(nodes: Sequence[tuple[int, Run]]) -> Tree:
+    """A run and its child runs (depth first, as ``run_tree`` gives them) as a tree."""
+
+    def label(run: Run) -> Text:
+        text = Text(run.run_id, style="bold") + Text("  ") + state_text(run.state)
+        text.append(f"  rev {run.revision}  {run.model}")
+        if run.parent_call_id:
+            text.append(f"  (call {run.parent_call_id})", style="dim")
+        if run.pause is not None:
+            text.append(f"  {waiting_for(run.pause)}", style="yellow")
+        return text
+
+    root = Tree(label(nodes[0][1]))
+    branches = [root]
+    for depth, run in nodes[1:]:
+        del branches[depth:]
+        branches.append(branches[-1].add(label(run)))
+    return root
 
 
 def waiting_for(pause: PauseInfo) -> str:

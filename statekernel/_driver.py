@@ -30,6 +30,7 @@ import attrs
 
 from statekernel import _hooks as hk
 from statekernel._asking import INPUT_REQUIRED, NeedsInput, answered, asked, questions
+from statekernel._delegate import CHILD_PAUSED, ChildPaused
 from statekernel._dispatch import identical_group, next_startable
 from statekernel._events import Event
 from statekernel._lifecycle import Lifecycle
@@ -76,6 +77,13 @@ class _Outcome:
     context: JSON = None
     asked: dict[str, Any] | None = None
     """What the call asked the user (``NeedsInput``): it has no result yet."""
+    child: dict[str, Any] | None = None
+    """The paused child run the call waits for (``ChildPaused``): no result yet."""
+
+    @property
+    def waiting(self) -> bool:
+        """True if the call has no result but waits (for an answer, for a child)."""
+        return self.asked is not None or self.child is not None
 
 
 class RunDriver:
@@ -249,7 +257,7 @@ class RunDriver:
         if not outcomes or not self.observing:
             return
         run = self.run
-        for outcome in (o for o in outcomes if o.asked is None):
+        for outcome in (o for o in outcomes if not o.waiting):
             for call_id in outcome.ids:
                 await self._hook("on_tool_call_completed", run, _turn(run).call(call_id))
 
@@ -550,11 +558,12 @@ class RunDriver:
     # -- tools -------------------------------------------------------------------
 
     def _ready_outcomes(self, *, asking: bool = False) -> list[_Outcome]:
-        """Results in hand not yet staged (``asking``: the calls that asked instead)."""
+        """Results in hand not yet staged (``asking``: the calls that wait instead, for
+        an answer or for a child run)."""
         return [
             o
             for o in self.outcomes
-            if (o.asked is not None) == asking and all(o is not s for s in self.staged_outcomes)
+            if o.waiting == asking and all(o is not s for s in self.staged_outcomes)
         ]
 
     async def _dispatch(self) -> AsyncIterator[Event]:
@@ -582,14 +591,9 @@ class RunDriver:
             async for live in self._wait():
                 yield live
             return
-        asking = self._ready_outcomes(asking=True)
-        if asking:  # nothing else runs now: ask, the first call's question first
-            calls = _turn(self.run).result
-            order = [c.id for c in calls.tool_calls] if calls is not None else []
-            asking.sort(key=lambda o: order.index(o.ids[0]) if o.ids[0] in order else len(order))
-            waiting = [(o.ids, self.names[o.ids[0]], o.asked or {}) for o in asking]
-            self.stage("pause", reason=INPUT_REQUIRED, metadata=questions(waiting))
-            self.staged_outcomes.extend(asking)  # they leave the driver with the pause
+        waiting = self._ready_outcomes(asking=True)
+        if waiting:  # nothing else runs now: pause for the first in call order
+            self._stage_waiting(waiting)
             return
         await self._end_tools(_turn(self.run))
 
@@ -725,7 +729,7 @@ class RunDriver:
                 loop.call_soon_threadsafe(queue.put_nowait, event)
 
         context = copy.deepcopy(run.context)
-        ctx = ToolContext(run.run_id, record.id, record.attempt, context, report)
+        ctx = ToolContext(run.run_id, record.id, record.attempt, context, report, self.kernel)
 
         async def terminal(invocation: ToolInvocation) -> JSON:
             return await tool.invoke(invocation.input, ctx)
@@ -741,6 +745,10 @@ class RunDriver:
         except NeedsInput as request:
             question, problem = asked(request)
             outcome = _Outcome(ids, None, problem, asked=question)
+        except ChildPaused as paused:
+            pause = paused.pause
+            why = {"reason": pause.reason, "metadata": pause.metadata} if pause else {}
+            outcome = _Outcome(ids, child={"child": paused.child_run_id, "child_pause": why})
         except ToolError as exc:
             outcome = _Outcome(ids, None, str(exc))
         except Exception as exc:
@@ -753,6 +761,23 @@ class RunDriver:
         self.tasks.pop(ids[0], None)
         self.outcomes.append(outcome)
         queue.put_nowait(None)
+
+    def _stage_waiting(self, waiting: list[_Outcome]) -> None:
+        """Pause for calls that wait: questions first (asked one after another, in call
+        order), else the first paused child. Calls that wait for a child stay in
+        flight: after the resume they run again (a delegate call is idempotent)."""
+        calls = _turn(self.run).result
+        order = [c.id for c in calls.tool_calls] if calls is not None else []
+        waiting.sort(key=lambda o: order.index(o.ids[0]) if o.ids[0] in order else len(order))
+        asks = [(o.ids, self.names[o.ids[0]], o.asked) for o in waiting if o.asked is not None]
+        if asks:
+            self.stage("pause", reason=INPUT_REQUIRED, metadata=questions(asks))
+        else:
+            first = waiting[0]
+            ids, name = list(first.ids), self.names[first.ids[0]]
+            about = {"call": ids[0], "calls": ids, "name": name, **(first.child or {})}
+            self.stage("pause", reason=CHILD_PAUSED, metadata=about)
+        self.staged_outcomes.extend(waiting)  # they leave the driver with the pause
 
     async def _wait(self) -> AsyncIterator[Event]:
         while not self._ready_outcomes() and self.tasks and self.escaped is None:

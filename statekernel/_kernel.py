@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from statekernel._asking import INPUT_REQUIRED
+from statekernel._delegate import DelegateTool, child_runs, run_tree
 from statekernel._dispatch import DispatchPolicy
 from statekernel._driver import UNCERTAIN, RunDriver
 from statekernel._events import Event
@@ -82,6 +83,7 @@ from statekernel.errors import (
     InvalidTransition,
     LeaseLost,
     RunBusy,
+    RunHasChildren,
     StatekernelError,
     StoreError,
 )
@@ -196,8 +198,16 @@ class Kernel:
         context: JSON = None,
         run_id: str | None = None,
         max_turns: int | None = _MISSING,
+        parent_run_id: str | None = None,
+        parent_call_id: str | None = None,
     ) -> Run:
-        """Create a run at ``init`` (revision 0). Nothing runs until ``run`` is iterated."""
+        """Create a run at ``init`` (revision 0). Nothing runs until ``run`` is iterated.
+
+        ``parent_run_id`` and ``parent_call_id`` (both or neither) make it the child
+        run of that call (``delegate`` tools start their child runs so).
+        """
+        if (parent_run_id is None) != (parent_call_id is None):
+            raise InvalidArgument("give both parent_run_id and parent_call_id, or neither")
         provider, sep, name = model.partition("/")
         if not (provider and sep and name):
             raise ConfigError(f"model must look like 'provider/name', got {model!r}")
@@ -213,6 +223,8 @@ class Kernel:
             max_turns=budget,
             created_at=now,
             updated_at=now,
+            parent_run_id=parent_run_id,
+            parent_call_id=parent_call_id,
         )
         await commit_settled(self.store, Checkpoint.between(None, run))
         return run
@@ -232,6 +244,51 @@ class Kernel:
         )
         await commit_settled(self.store, Checkpoint.between(None, run, (event,)))
         return run
+
+    def child_kernel(
+        self,
+        tools: Iterable[Tool],
+        *,
+        hooks: object | None = None,
+        middleware: Sequence[Middleware] = (),
+    ) -> Kernel:
+        """A kernel for child runs: other tools, hooks and middleware over this kernel's
+        store and providers (closing it closes neither), with its dispatch and leases."""
+        return Kernel(
+            self.store,
+            tools=tools,
+            providers=self.registry.shared(),
+            hooks=hooks,
+            middleware=middleware,
+            dispatch=self.dispatch,
+            max_turns=self.max_turns,
+            lease_ttl=self.lease_ttl,
+            busy_timeout=self.busy_timeout,
+        )
+
+    async def children(self, run_id: str) -> list[Run]:
+        """The child runs started by the run's calls of this kernel's ``delegate`` tools,
+        in call order (calls whose child was never started are left out)."""
+        run = await self.store.load(run_id)
+        return await child_runs(
+            self.store, run, delegates=lambda name: isinstance(self.tools.get(name), DelegateTool)
+        )
+
+    async def delete(self, run_id: str, *, children: bool = False) -> list[str]:
+        """Delete a run with all its revisions and events; returns the ids deleted.
+
+        A run with child runs raises ``RunHasChildren`` unless ``children=True``, which
+        deletes its whole subtree (the deepest runs first).
+        """
+        tree = await run_tree(self.store, run_id)
+        descendants = [run.run_id for _, run in tree[1:]]
+        if descendants and not children:
+            raise RunHasChildren(run_id, descendants)
+        deleted = []
+        for _, run in reversed(tree):
+            if await self.store.delete(run.run_id):
+                deleted.append(run.run_id)
+        return deleted
 
     # -- driving -----------------------------------------------------------------
 

@@ -138,7 +138,9 @@ class Run:
     ``event_count`` is the number of persisted events up to this revision (the next
     event's ``seq``); ``resume_value`` is what the latest ``resume`` handed in;
     ``pending_pause`` is a pause a hook asked for at the end of a turn, taken
-    before the next turn starts.
+    before the next turn starts. A child run (started by a ``delegate`` tool) names
+    the run and the tool call that started it in ``parent_run_id`` and
+    ``parent_call_id``.
     """
 
     run_id: str
@@ -159,6 +161,8 @@ class Run:
     created_at: datetime = attrs.field(factory=utcnow)
     updated_at: datetime = attrs.field(factory=utcnow)
     schema_version: int = SCHEMA_VERSION
+    parent_run_id: str | None = None
+    parent_call_id: str | None = None
 
     @property
     def turn_count(self) -> int:

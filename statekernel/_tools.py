@@ -38,6 +38,8 @@ class ToolContext:
     attempt: int
     context: JSON
     report: Callable[[JSON], None] = attrs.field(repr=False, default=lambda _: None)
+    kernel: Any = attrs.field(repr=False, default=None)
+    """The ``Kernel`` driving the call (None outside a kernel): its store and providers."""
 
     @property
     def idempotency_key(self) -> str:

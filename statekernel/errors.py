@@ -20,6 +20,7 @@ __all__ = [
     "ProviderUnavailable",
     "RateLimited",
     "RunBusy",
+    "RunHasChildren",
     "RunNotFound",
     "StatekernelError",
     "StoreError",
@@ -89,6 +90,19 @@ class RunNotFound(StatekernelError, LookupError):
     def __init__(self, run_id: str, detail: str = "") -> None:
         self.run_id = run_id
         super().__init__(f"run {run_id!r} not found" + (f": {detail}" if detail else ""))
+
+
+class RunHasChildren(StatekernelError):
+    """A run to delete has child runs and deleting them too was not asked for."""
+
+    def __init__(self, run_id: str, children: list[str]) -> None:
+        self.run_id = run_id
+        self.children = children
+        shown = ", ".join(children[:5]) + (" ..." if len(children) > 5 else "")
+        super().__init__(
+            f"run {run_id!r} has {len(children)} child run(s) ({shown}): delete them too"
+            " with children=True (--with-children)"
+        )
 
 
 class InvalidTransition(StatekernelError):

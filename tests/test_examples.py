@@ -70,3 +70,12 @@ def test_mcp_tools_example_calls_a_real_stdio_server(tmp_path: Path) -> None:
     assert lines[:2] == ["tool convert: idempotent=True", "tool note: idempotent=False"]
     assert lines[2:4] == ["convert: 69.8 F", "note: noted"]
     assert lines[-2:] == ["It is 69.8 F in Paris; noted.", "notes: Paris: 21 C"]
+
+
+def test_child_runs_example_delegates_and_takes_the_answer(tmp_path: Path) -> None:
+    lines = run_example("child_runs.py", tmp_path).splitlines()
+    assert lines == [
+        "child lead.call_0_0 of call call_0_0: completed",
+        "  answered: The Eiffel Tower is 330 m tall.",
+        "lead completed: It is 330 m tall.",
+    ]

@@ -298,16 +298,18 @@ async def check_crash_resume(
 
 
 def fuzz_agent(script: Sequence[object], *, max_concurrent: int = 2) -> AgentFactory:
-    """An agent for the fuzzer: a scripted model and four tools with a visible ledger.
+    """An agent for the fuzzer: a scripted model and five tools with a visible ledger.
 
-    ``side_effect`` is not idempotent, ``lookup`` is, ``explode`` always raises, and
-    ``ask`` (``ask_user``) pauses the run for an answer (``approve(run)`` gives it).
+    ``side_effect`` is not idempotent, ``lookup`` is, ``explode`` always raises,
+    ``ask`` (``ask_user``) pauses the run for an answer (``approve(run)`` gives it), and
+    ``helper`` (``delegate``) runs a child run that calls ``lookup`` and answers.
     Their outputs depend only on their input, as the invariants require.
     """
     from statekernel._asking import ask_user
+    from statekernel._delegate import delegate
     from statekernel._dispatch import DispatchPolicy
     from statekernel._tools import tool
-    from statekernel.testing._scripted import ScriptedProvider
+    from statekernel.testing._scripted import ScriptedProvider, call
 
     @tool
     def side_effect(key: str) -> str:
@@ -324,10 +326,16 @@ def fuzz_agent(script: Sequence[object], *, max_concurrent: int = 2) -> AgentFac
         """Always fails."""
         raise RuntimeError(f"exploded on {key}")
 
+    helper = delegate("helper", "Hand a task over.", model="child/fuzz", tools=[lookup])
+    child_script = [call("lookup", {"key": "child"}), "child done"]
+
     def make() -> Mapping[str, Any]:
         return {
-            "tools": [side_effect, lookup, explode, ask_user("ask")],
-            "providers": {"scripted": ScriptedProvider(list(script))},
+            "tools": [side_effect, lookup, explode, ask_user("ask"), helper],
+            "providers": {
+                "scripted": ScriptedProvider(list(script)),
+                "child": ScriptedProvider(child_script),
+            },
             "dispatch": DispatchPolicy(max_concurrent=max_concurrent),
             "max_turns": None,
         }

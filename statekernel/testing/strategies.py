@@ -289,8 +289,8 @@ def checkpoints_for(run: Run) -> list[Run]:
 
 def agent_scripts(max_turns: int = 4) -> st.SearchStrategy[list[Any]]:
     """Scripts for ``statekernel.testing.fuzz_agent``: text, single and parallel tool
-    calls (some failing, some invalid, some asking the user), model errors; always
-    ending with a text answer."""
+    calls (some failing, some invalid, some asking the user, some delegating to a child
+    run), model errors; always ending with a text answer."""
     from statekernel.errors import ProviderUnavailable
     from statekernel.testing._scripted import Fail, Reply, call
 
@@ -299,9 +299,11 @@ def agent_scripts(max_turns: int = 4) -> st.SearchStrategy[list[Any]]:
             return call("side_effect", '{"key": ')
         if kind == "ask":
             return call("ask", {"question": f"k{n}?"})
+        if kind == "helper":
+            return call("helper", {"task": f"k{n}"})
         return call(kind, {"key": f"k{n}"})
 
-    kinds = st.sampled_from(["side_effect", "lookup", "explode", "bad", "ask"])
+    kinds = st.sampled_from(["side_effect", "lookup", "explode", "bad", "ask", "helper"])
     calls = st.lists(st.tuples(kinds, st.integers(0, 3)), min_size=1, max_size=3).map(
         lambda items: [tool_call(kind, n) for kind, n in items]
     )

@@ -1,0 +1,248 @@
+"""Child runs: a ``delegate`` tool's call runs another agent as a run of its own, with
+an id derived from the parent run and the call, so a crash never starts two children
+for one call; a paused child pauses the parent; every store keeps the lineage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import statekernel as sk
+from statekernel.errors import RunHasChildren, RunNotFound
+from statekernel.stores import MemoryStore, open_store
+from statekernel.testing import Crash, CrashAt, FaultPlan, Reply, ScriptedProvider, call
+
+from .test_cli_runs import EXE, as_json, ok
+from .test_cli_runs import sk as sk_cli
+
+
+@sk.tool
+def transfer(amount: int) -> str:
+    """Move money."""
+    return f"moved {amount}"
+
+
+class Approvals(sk.Hooks):
+    def on_tool_call_started(self, run: sk.Run, record: sk.ToolCallRecord) -> sk.Decision | None:
+        if run.resume_value != {"approve": record.id}:
+            return sk.Pause("approval", {"call": record.id})
+        return None
+
+
+def _providers(parent: list[object], child: list[object]) -> dict[str, ScriptedProvider]:
+    return {"scripted": ScriptedProvider(parent), "helper": ScriptedProvider(child)}
+
+
+def _researcher(**kw: object) -> sk.Tool:
+    return sk.delegate(
+        "researcher",
+        "Find a fact.",
+        model="helper/small",
+        instructions="You research.",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def _drive(kernel: sk.Kernel, run_id: str) -> sk.Run:
+    async for _ in kernel.run(run_id):
+        pass
+    return await kernel.get(run_id)
+
+
+async def test_a_delegate_call_runs_a_child_and_takes_its_answer(every_store_url: str) -> None:
+    providers = _providers(
+        [call("researcher", {"task": "the answer?"}, id="d1"), "It is 42."], ["found: 42"]
+    )
+    kernel = sk.Kernel(every_store_url, tools=[_researcher()], providers=providers)
+    run = await kernel.start(model="scripted/lead", messages=["ask"], run_id="lead-1")
+    final = await _drive(kernel, run.run_id)
+    assert final.state == "completed"
+    assert final.turns[0].completed[0].output == "found: 42"
+    child_id = sk.child_run_id("lead-1", "d1")
+    assert child_id == "lead-1.d1"
+    [child] = await kernel.children("lead-1")
+    assert (child.run_id, child.parent_run_id, child.parent_call_id) == (child_id, "lead-1", "d1")
+    assert [(m.role, m.text) for m in child.messages] == [
+        ("system", "You research."),
+        ("user", "the answer?"),
+        ("assistant", "found: 42"),
+    ]
+    assert child.model == "helper/small"
+    assert (await kernel.get("lead-1")).parent_run_id is None
+    await kernel.aclose()
+    store = open_store(every_store_url) if every_store_url != "memory://" else None
+    if store is not None:
+        assert (await store.load(child_id)) == child
+        await store.aclose()
+
+
+async def test_a_crash_after_the_child_completed_takes_its_answer_without_a_second_child() -> None:
+    store = MemoryStore()
+    providers = _providers([call("researcher", {"task": "t"}, id="d1"), "done"], ["answer"])
+    plan = FaultPlan([CrashAt("tool_after_effect", 1)])
+    crashing = sk.Kernel(
+        store, tools=[_researcher()], providers=providers, middleware=[plan.middleware()]
+    )
+    run = await crashing.start(model="scripted/lead", messages=["go"])
+    with pytest.raises(Crash):
+        await _drive(crashing, run.run_id)
+    child = await store.load(sk.child_run_id(run.run_id, "d1"))
+    assert child.state == "completed"
+    kernel = sk.Kernel(store, tools=[_researcher()], providers=providers)
+    final = await _drive(kernel, run.run_id)
+    assert final.state == "completed"
+    assert final.turns[0].completed[0].output == "answer"
+    assert len(providers["helper"].requests) == 1  # the child's model was called once
+    assert (await store.load(child.run_id)).revision == child.revision
+
+
+async def test_a_paused_child_pauses_its_parent_until_it_is_resumed() -> None:
+    store = MemoryStore()
+    payer = sk.delegate("payer", "Pay.", model="helper/small", tools=[transfer], hooks=Approvals())
+    providers = _providers(
+        [call("payer", {"task": "pay 5"}, id="p1"), "paid"],
+        [call("transfer", {"amount": 5}, id="t1"), "transferred"],
+    )
+    kernel = sk.Kernel(store, tools=[payer], providers=providers)
+    run = await kernel.start(model="scripted/lead", messages=["go"], run_id="boss")
+    paused = await _drive(kernel, run.run_id)
+    assert paused.pause is not None
+    assert paused.pause.reason == "child_paused"
+    assert paused.pause.metadata == {
+        "call": "p1",
+        "calls": ["p1"],
+        "name": "payer",
+        "child": "boss.p1",
+        "child_pause": {"reason": "approval", "metadata": {"call": "t1"}},
+    }
+    await kernel.resume("boss")  # the child still waits: the parent pauses again
+    again = await _drive(kernel, "boss")
+    assert again.pause is not None
+    assert again.pause.reason == "child_paused"
+    await kernel.resume("boss.p1", value={"approve": "t1"})
+    await kernel.resume("boss")
+    final = await _drive(kernel, "boss")
+    assert final.state == "completed"
+    assert final.turns[0].completed[0].output == "transferred"
+    child = await kernel.get("boss.p1")
+    assert child.turns[0].completed[0].output == "moved 5"
+
+
+async def test_a_failed_child_is_an_error_result() -> None:
+    class Broken(sk.Hooks):
+        def on_turn_prepared(self, run: sk.Run, request: sk.ModelRequest) -> None:
+            raise RuntimeError("no model for you")
+
+    failing = sk.delegate("helper", "Help.", model="helper/small", hooks=Broken())
+    providers = _providers([call("helper", {"task": "t"}, id="h"), "oh well"], ["never"])
+    kernel = sk.Kernel(MemoryStore(), tools=[failing], providers=providers)
+    run = await kernel.start(model="scripted/lead", messages=["go"], run_id="r")
+    final = await _drive(kernel, run.run_id)
+    assert final.state == "completed"
+    error = final.turns[0].completed[0].error or ""
+    assert error == "child run r.h failed: RuntimeError: no model for you"
+
+
+def test_child_run_ids_are_derived_and_always_valid() -> None:
+    assert sk.child_run_id("a", "call_1") == "a.call_1"
+    long = sk.child_run_id("p" * 125, "call_1")
+    assert long == sk.child_run_id("p" * 125, "call_1")
+    assert len(long) <= 128
+    assert long.startswith("p" * 80 + ".")
+    assert sk.child_run_id("a", "toolu/01 x") != sk.child_run_id("a", "toolu/01 y")
+
+
+async def _nested(store: object) -> sk.Kernel:
+    """A lead whose researcher delegates again: lead-1 -> lead-1.d1 -> lead-1.d1.g1."""
+    deep = sk.delegate("digger", "Dig deeper.", model="helper/deep")
+    researcher = _researcher(tools=[deep])
+    providers = {
+        "scripted": ScriptedProvider([call("researcher", {"task": "t"}, id="d1"), "lead done"]),
+        "helper": ScriptedProvider(
+            [
+                Reply(text="", tool_calls=[call("digger", {"task": "dig"}, id="g1")]),
+                "researched",
+            ]
+        ),
+    }
+    kernel = sk.Kernel(store, tools=[researcher], providers=providers)  # type: ignore[arg-type]
+    run = await kernel.start(model="scripted/lead", messages=["go"], run_id="lead-1")
+    assert (await _drive(kernel, run.run_id)).state == "completed"
+    return kernel
+
+
+async def test_deleting_a_run_with_children_is_refused_unless_asked() -> None:
+    store = MemoryStore()
+    kernel = await _nested(store)
+    assert [c.run_id for c in await kernel.children("lead-1")] == ["lead-1.d1"]
+    assert (await store.load("lead-1.d1.g1")).parent_run_id == "lead-1.d1"
+    with pytest.raises(RunHasChildren) as refused:
+        await kernel.delete("lead-1")
+    assert refused.value.children == ["lead-1.d1", "lead-1.d1.g1"]
+    assert (await store.load("lead-1")).state == "completed"
+    assert await kernel.delete("lead-1", children=True) == ["lead-1.d1.g1", "lead-1.d1", "lead-1"]
+    for run_id in ("lead-1", "lead-1.d1", "lead-1.d1.g1"):
+        with pytest.raises(RunNotFound):
+            await store.load(run_id)
+
+
+@pytest.mark.skipif(EXE is None, reason="the statekernel console script is not installed")
+async def test_the_command_line_shows_lists_and_deletes_a_tree(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    kernel = await _nested(store)
+    await kernel.aclose()
+    drawn = ok(sk_cli("runs", "tree", "lead-1", "--store", store, cwd=tmp_path))
+    lines = drawn.splitlines()
+    assert lines[0].startswith("lead-1  completed")
+    assert "lead-1.d1  completed" in lines[1]
+    assert "(call d1)" in lines[1]
+    assert "lead-1.d1.g1  completed" in lines[2]
+    assert lines[2].index("lead-1.d1.g1") > lines[1].index("lead-1.d1")  # one level deeper
+    nodes = as_json(sk_cli("runs", "tree", "lead-1", "--store", store, "--json", cwd=tmp_path))
+    assert [(n["run_id"], n["depth"]) for n in nodes] == [
+        ("lead-1", 0),
+        ("lead-1.d1", 1),
+        ("lead-1.d1.g1", 2),
+    ]
+    listed = as_json(
+        sk_cli("runs", "list", "--root", "lead-1.d1", "--store", store, "--json", cwd=tmp_path)
+    )
+    assert sorted(r["run_id"] for r in listed) == ["lead-1.d1", "lead-1.d1.g1"]
+    refused = sk_cli("runs", "delete", "lead-1", "--yes", "--store", store, cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "has 2 child run(s)" in refused.stderr
+    gone = sk_cli(
+        "runs", "delete", "lead-1", "--yes", "--with-children", "--store", store, cwd=tmp_path
+    )
+    assert "deleted run lead-1 and 2 child run(s)" in ok(gone)
+    left = as_json(sk_cli("runs", "list", "--store", store, "--json", cwd=tmp_path))
+    assert left == []
+
+
+async def test_cancelling_the_parents_drive_leaves_the_child_resumable() -> None:
+    import asyncio
+
+    store = MemoryStore()
+    providers = _providers(
+        [call("researcher", {"task": "slow"}, id="d1"), "lead done"],
+        [Reply(text="slow answer", chunk=2, delay=0.05)],
+    )
+    kernel = sk.Kernel(store, tools=[_researcher()], providers=providers)
+    run = await kernel.start(model="scripted/lead", messages=["go"], run_id="p")
+    drive = asyncio.ensure_future(_drive(kernel, "p"))
+    for _ in range(200):  # until the child's model is streaming
+        await asyncio.sleep(0.01)
+        if providers["helper"].requests:
+            break
+    drive.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await drive
+    child = await store.load("p.d1")
+    assert child.state == "calling_model"  # its intent committed, its answer not
+    assert (await store.load("p")).state == "dispatching_tools"
+    final = await _drive(kernel, run.run_id)
+    assert final.state == "completed"
+    assert final.turns[0].completed[0].output == "slow answer"
+    assert (await store.load("p.d1")).state == "completed"
+    await kernel.aclose()
