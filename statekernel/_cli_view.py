@@ -193,6 +193,10 @@ def waiting_for(pause: PauseInfo) -> str:
     calls = meta.get("calls") if isinstance(meta, dict) else None
     if isinstance(calls, list) and all(isinstance(c, dict) for c in calls):
         detail = "calls " + ", ".join(f"{c.get('id')} ({c.get('name')})" for c in calls)
+    elif isinstance(meta, dict) and "child" in meta:
+        why = meta.get("child_pause")
+        reason = why.get("reason") if isinstance(why, dict) else None
+        detail = f"child run {meta['child']}" + (f" ({reason})" if reason else "")
     elif isinstance(meta, dict) and "question" in meta:
         question = meta["question"]
         text = question if isinstance(question, str) else json.dumps(question, ensure_ascii=False)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import statekernel as sk
+from statekernel._cli_view import waiting_for
 from statekernel.errors import RunHasChildren, RunNotFound
 from statekernel.stores import MemoryStore, open_store
 from statekernel.testing import Crash, CrashAt, FaultPlan, Reply, ScriptedProvider, call
@@ -116,6 +117,7 @@ async def test_a_paused_child_pauses_its_parent_until_it_is_resumed() -> None:
         "child": "boss.p1",
         "child_pause": {"reason": "approval", "metadata": {"call": "t1"}},
     }
+    assert waiting_for(paused.pause) == "child_paused: child run boss.p1 (approval)"
     await kernel.resume("boss")  # the child still waits: the parent pauses again
     again = await _drive(kernel, "boss")
     assert again.pause is not None
