@@ -229,13 +229,21 @@ def mcp_stdio(
     return MCPConnection(name or command, opener)
 
 
-def mcp_http(url: str, *, name: str | None = None) -> MCPConnection:
-    """A connection to an MCP server over streamable HTTP at ``url`` (e.g. ``.../mcp``)."""
+def mcp_http(
+    url: str, *, headers: Mapping[str, str] | None = None, name: str | None = None
+) -> MCPConnection:
+    """A connection to an MCP server over streamable HTTP at ``url`` (e.g. ``.../mcp``);
+    ``headers`` go with every request (``{"Authorization": "Bearer ..."}``)."""
+    import httpx2
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
 
     async def opener(stack: contextlib.AsyncExitStack) -> ClientSession:
-        read, write = await stack.enter_async_context(streamable_http_client(url))
+        timeout = httpx2.Timeout(30.0, read=300.0)  # a server may hold a stream open
+        client = httpx2.AsyncClient(headers=dict(headers or {}), timeout=timeout)
+        http = await stack.enter_async_context(client)
+        transport = streamable_http_client(url, http_client=http)
+        read, write = await stack.enter_async_context(transport)
         return await stack.enter_async_context(ClientSession(read, write))
 
     return MCPConnection(name or url, opener)

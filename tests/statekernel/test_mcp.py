@@ -167,3 +167,31 @@ async def test_a_server_that_cannot_start_is_a_config_error() -> None:
     with pytest.raises(sk.errors.ConfigError, match="MCP server"):
         async with sk.mcp_stdio(sys.executable, ["-c", "import sys; sys.exit(3)"]):
             pass
+
+
+async def test_http_headers_reach_the_server_and_a_refusal_is_a_config_error() -> None:
+    import asyncio
+
+    seen: list[bytes] = []
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    connection = sk.mcp_http(
+        f"http://127.0.0.1:{port}/mcp", headers={"Authorization": "Bearer t0ken"}, name="guarded"
+    )
+    connection.connect_timeout = 10
+    try:
+        with pytest.raises(sk.errors.ConfigError, match="MCP server 'guarded'"):
+            await connection.start()
+    finally:
+        await connection.aclose()
+        server.close()
+        await server.wait_closed()
+    assert seen
+    assert b"authorization: bearer t0ken" in seen[0].lower()
