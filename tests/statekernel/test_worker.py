@@ -260,12 +260,15 @@ async def test_an_entry_delivered_too_often_goes_to_the_dead_letter_stream(
 async def test_a_live_holder_keeps_its_run_past_the_lease_ttl(kernel: sk.Kernel) -> None:
     """Leases and entries are refreshed: a slow model call is not reclaimed by a peer."""
     ran: Counter[str] = Counter()
-    slow = [Reply(tool_calls=(call("note", {"text": "a"}),), delay=1.5), Reply("done")]
+    # the model call outlasts the ttl 2.5 times; the ttl leaves a loaded machine room
+    # to renew in time (renewals come every third of it)
+    timing = {**FAST, "lease_ttl": 1.0}
+    slow = [Reply(tool_calls=(call("note", {"text": "a"}),), delay=2.5), Reply("done")]
     ids = await submit_new(kernel, 1)
-    first = sk.Worker(kernel.store, agent=agent(slow, ran=ran), name="first", **FAST)
+    first = sk.Worker(kernel.store, agent=agent(slow, ran=ran), name="first", **timing)
     task1 = await serve(first)
     await until(lambda: all_in(kernel, ids, "calling_model"))
-    second = sk.Worker(kernel.store, agent=agent(slow, ran=ran), name="second", **FAST)
+    second = sk.Worker(kernel.store, agent=agent(slow, ran=ran), name="second", **timing)
     task2 = await serve(second)
     await until(lambda: all_in(kernel, ids, "completed"))
     first.stop()
