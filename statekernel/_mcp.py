@@ -69,6 +69,7 @@ class MCPConnection:
         """Connect and initialize; a server that cannot be reached raises ``ConfigError``."""
         if self._task is not None:
             return
+        self._stop = asyncio.Event()
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._task = asyncio.ensure_future(self._own(ready))
         task = self._task
@@ -109,8 +110,9 @@ class MCPConnection:
         self._stop.set()
         if self._session is None:
             task.cancel()  # still connecting
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            await task
+        await asyncio.wait([task])  # a cancellation of the caller still reaches it
+        if not task.cancelled():
+            task.exception()  # what closing raised is not the caller's concern
 
     @property
     def session(self) -> ClientSession:
