@@ -22,6 +22,7 @@ from typing import Any
 import jsonschema
 
 from statekernel._messages import JSON
+from statekernel._schema import schema_violation
 from statekernel._tools import Tool, tool
 from statekernel._values import as_stored
 from statekernel.errors import InvalidArgument
@@ -83,15 +84,13 @@ def answered(metadata: Mapping[str, Any], value: JSON) -> tuple[list[str], dict[
     none waits); ``InvalidArgument`` naming what is wrong if ``value`` does not satisfy
     the question's schema."""
     schema = metadata.get("schema")
-    if schema is not None:
-        validator = jsonschema.validators.validator_for(schema)(schema)
-        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
-        if error is not None:
-            where = "".join(f"[{p!r}]" for p in error.absolute_path)
-            raise InvalidArgument(
-                f"answer{where} to {metadata.get('name')!r} ({metadata.get('call')!r}) does not"
-                f" satisfy the question's schema: {error.message}"
-            )
+    violation = schema_violation(schema, value) if schema is not None else None
+    if violation is not None:
+        where, why = violation
+        raise InvalidArgument(
+            f"answer{where} to {metadata.get('name')!r} ({metadata.get('call')!r}) does not"
+            f" satisfy the question's schema: {why}"
+        )
     calls = [str(c) for c in metadata.get("calls", [metadata.get("call")])]
     waiting = list(metadata.get("waiting", []))
     if not waiting:

@@ -123,19 +123,20 @@ async def resume_run(
     out: Output,
     *,
     max_turns: int | None = None,
-    value: Any = None,
+    value: tuple[Any, ...] = (),
     agent: Mapping[str, Any] | None = None,
 ) -> Run:
-    """Resume a paused run (handing it ``value``), retry a failed one or continue an
-    interrupted one, to rest."""
+    """Resume a paused run (handing it ``value[0]`` when a value was given), retry a
+    failed one or continue an interrupted one, to rest."""
     run = await store.load(run_id)
     _check_resumable(run)
     async with _acting_on(kernel_for_run(run, store, agent), run_id) as kernel:
         if run.state == "paused":
-            await kernel.resume(run_id, value=value, max_turns=max_turns)
+            answer = {"value": value[0]} if value else {}
+            await kernel.resume(run_id, max_turns=max_turns, **answer)
         elif run.state == "failed":
             await kernel.retry(run_id)
-        elif max_turns is not None or value is not None:
+        elif max_turns is not None or value:
             raise UserError("--max-turns and --value apply to paused runs only")
         what = "demo run" if is_demo_run(run) else "run"
         out.note(f"resuming {what} {run_id} from {run.state} (revision {run.revision})")

@@ -195,7 +195,7 @@ def resume(
     out = Output(as_json)
     options = load_agent(agent)
 
-    given = None if value is None else _parse_output(value)
+    given = () if value is None else (_parse_output(value),)
 
     async def go() -> Run:
         async with open_cli_store(store) as s:

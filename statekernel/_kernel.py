@@ -492,20 +492,29 @@ class Kernel:
             await driver.commit("input", messages=_as_messages(messages))
             return driver.run
 
-    async def resume(self, run_id: str, *, value: JSON = None, max_turns: int | None = None) -> Run:
-        """Resume a paused run; ``value`` reaches hooks as ``run.resume_value``.
+    async def resume(
+        self, run_id: str, *, value: JSON = _MISSING, max_turns: int | None = None
+    ) -> Run:
+        """Resume a paused run; ``value`` (default None) reaches hooks as
+        ``run.resume_value``.
 
         A run paused with ``input_required`` (a tool asked, see ``NeedsInput``) takes
-        ``value`` as the answer: it must satisfy the question's schema
-        (``InvalidArgument`` otherwise, and nothing is committed) and becomes the asking
-        call's result, committed with the resume.
+        ``value`` as the answer, which must be given: it must satisfy the question's
+        schema (``InvalidArgument`` otherwise, and nothing is committed) and becomes the
+        asking call's result, committed with the resume.
 
         ``max_turns`` raises the turn budget (a run paused for ``max_turns`` needs it).
         """
-        value = checked(value, "value")
+        given = value is not _MISSING
+        value = checked(value, "value") if given else None
         async with self._fresh(run_id) as driver:
             pause = driver.run.pause
             if driver.run.state == "paused" and pause and pause.reason == INPUT_REQUIRED:
+                if not given:
+                    raise InvalidArgument(
+                        f"run {run_id!r} waits for an answer to {pause.metadata.get('question')!r}"
+                        f" (a call of tool {pause.metadata.get('name')!r}): give it as value="
+                    )
                 await driver.answer(pause, value, max_turns)
             else:
                 await driver.commit("resume", value=value, max_turns=max_turns)

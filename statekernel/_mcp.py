@@ -23,9 +23,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import jsonschema
 
 from statekernel._messages import JSON
+from statekernel._schema import schema_violation
 from statekernel._tools import Tool
 from statekernel.errors import ConfigError, ToolError
 
@@ -180,11 +180,10 @@ class MCPTool(Tool):
         """The arguments as given, if they satisfy the tool's schema; else ``ToolError``."""
         if not isinstance(arguments, dict):
             raise ToolError(f"arguments for {self.name} must be a JSON object")
-        validator = jsonschema.validators.validator_for(self.parameters)(self.parameters)
-        error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
-        if error is not None:
-            where = "".join(f"[{p!r}]" for p in error.absolute_path)
-            raise ToolError(f"invalid arguments for {self.name}{where}: {error.message}")
+        violation = schema_violation(self.parameters, arguments)
+        if violation is not None:
+            where, why = violation
+            raise ToolError(f"invalid arguments for {self.name}{where}: {why}")
         return dict(arguments)
 
 

@@ -16,8 +16,9 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import attrs
 import cattrs
+import jsonschema
 
-__all__ = ["parse_docstring", "schema_for", "strict_converter"]
+__all__ = ["parse_docstring", "schema_for", "schema_violation", "strict_converter"]
 
 _PRIMITIVES: dict[type, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
@@ -129,3 +130,13 @@ def strict_converter() -> cattrs.Converter:
 
     conv.register_structure_hook_factory(_is_sequence, sequence_hook)
     return conv
+
+
+def schema_violation(schema: Mapping[str, Any], value: Any) -> tuple[str, str] | None:
+    """Where and how ``value`` breaks the JSON Schema ``schema`` (the most relevant error,
+    its path as ``['key'][0]``), or None if it satisfies it."""
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    if error is None:
+        return None
+    return "".join(f"[{p!r}]" for p in error.absolute_path), error.message

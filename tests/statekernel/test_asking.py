@@ -109,6 +109,10 @@ async def test_an_answer_outside_the_schema_is_refused_and_nothing_commits() -> 
         await kernel.resume(run.run_id, value={"approved": "yes"})
     with pytest.raises(InvalidArgument, match="'approved' is a required property"):
         await kernel.resume(run.run_id, value={})
+    with pytest.raises(
+        InvalidArgument, match=r"waits for an answer to .*'pay\?'.*give it as value="
+    ):
+        await kernel.resume(run.run_id)  # no answer given: never taken for null
     assert await kernel.get(run.run_id) == paused
     await kernel.resume(run.run_id, value={"approved": True, "note": "fine"})
     final = await _drive(kernel, run.run_id)

@@ -143,6 +143,9 @@ def test_a_question_is_listed_and_answered_from_the_command_line(tmp_path: Path)
     _start(tmp_path, "asking_agent", store, "q-1")
     listed = ok(sk("runs", "list", "--state", "paused", "--store", store, cwd=tmp_path))
     assert "input_required: ask_user asks 'How many seats?'" in listed
+    unanswered = cli("runs", "resume", "q-1")
+    assert unanswered.returncode == 2
+    assert "waits for an answer to 'How many seats?'" in unanswered.stderr
     wrong = cli("runs", "resume", "q-1", "--value", '"two"')
     assert wrong.returncode == 2
     assert "'two' is not of type 'integer'" in wrong.stderr
