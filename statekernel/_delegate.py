@@ -11,6 +11,13 @@ pauses (an approval, uncertain calls, ``max_turns``...) pauses the parent with r
 runs the call again, which drives the child on and takes its answer. A child that
 fails is an error result.
 
+With ``queue=`` (a Redis store) the child is not driven by the caller's process: the
+call hands it to that queue's workers (``statekernel worker --queue``, started with the
+child agent's tools) whenever it is not at rest, and waits for it to come to rest,
+reading its head. Handing a run over twice is harmless (a worker drives a run only under
+its lease, and an entry for a run at rest is acknowledged), so a re-run of the call
+hands it over again rather than guessing whether a worker still has it.
+
 Where a crash can land: the call's intent is committed before the child starts (the
 tool is idempotent: a resumed parent runs it again, which finds the child); inside
 the child, the child's own commits decide; after the child completed and before the
@@ -20,6 +27,7 @@ without calling its model again.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import re
@@ -31,7 +39,7 @@ import attrs
 from statekernel._messages import JSON, Message
 from statekernel._middleware import Middleware
 from statekernel._tools import Tool, ToolContext, tool
-from statekernel.errors import ConflictError, RunNotFound, ToolError
+from statekernel.errors import ConflictError, InvalidArgument, RunNotFound, ToolError
 
 if TYPE_CHECKING:
     from statekernel._kernel import Kernel
@@ -90,6 +98,8 @@ def delegate(
     instructions: str | None = None,
     context: Mapping[str, Any] | None = None,
     max_turns: int | None = 20,
+    queue: str | None = None,
+    poll: float = 1.0,
 ) -> Tool:
     """A tool that hands a task to another agent, run as a child run of the caller.
 
@@ -98,8 +108,14 @@ def delegate(
     its user message, ``context`` as its context, and runs with ``tools``, ``hooks``
     and ``middleware`` over the parent kernel's store and providers. Its final answer
     is the call's result; while it is paused, so is the parent (``child_paused``).
+
+    ``queue``: run the child on the workers of that queue (the store must be Redis;
+    the workers bring the child agent's tools, hooks and providers) and wait for it,
+    reading its head at most every ``poll`` seconds.
     """
     child_tools = list(tools)
+    if poll <= 0:
+        raise InvalidArgument("poll must be a positive number of seconds")
 
     async def run_child(task: str, ctx: ToolContext) -> JSON:
         parent = ctx.kernel
@@ -109,9 +125,12 @@ def delegate(
         run_id = child_run_id(ctx.run_id, ctx.call_id)
         try:
             await _start_once(child, run_id, task, ctx, model, instructions, context, max_turns)
-            async for _ in child.run(run_id):
-                pass
-            done = await child.get(run_id)
+            if queue is None:
+                async for _ in child.run(run_id):
+                    pass
+                done = await child.get(run_id)
+            else:
+                done = await _on_workers(child, run_id, queue, poll)
         finally:
             await child.aclose()
         return _answer(done)
@@ -153,6 +172,20 @@ async def _start_once(
             parent_run_id=ctx.run_id,
             parent_call_id=ctx.call_id,
         )
+
+
+async def _on_workers(kernel: Kernel, run_id: str, queue: str, poll: float) -> Run:
+    """Hand the child to the workers of ``queue`` unless it is at rest, then wait until
+    it is (its head read after 0.05 s, then less and less often, up to ``poll``)."""
+    run = await kernel.get(run_id)
+    if not run.is_terminal:
+        await kernel.submit(run_id, queue=queue)
+    delay = 0.05
+    while not run.is_terminal:
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, poll)
+        run = await kernel.get(run_id)
+    return run
 
 
 def _answer(child: Run) -> JSON:

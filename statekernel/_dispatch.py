@@ -22,10 +22,21 @@ class DispatchPolicy:
     result; calls of any other tool always run one by one (two identical payments
     asked for in one answer are two payments). ``merge_identical=False`` runs every
     call. Results always go back to the model in the order the model asked for them.
+
+    ``eager``: a call whose arguments have finished streaming starts before the model's
+    answer ends, within the rules above (calls still start in call order). Its intent is
+    committed first, together with the answer so far. Merging joins calls that have not
+    started: a call identical to one that already started runs on its own (its tool is
+    idempotent, so that is safe). If the answer is cut off after calls started (its
+    stream fails, or the process dies), the answer committed with them is the turn's
+    answer: nothing is asked of the model again, the started calls finish (or resume
+    decides about them as about any call in flight), and the model reads their results
+    in the next turn.
     """
 
     max_concurrent: int = 4
     merge_identical: bool = True
+    eager: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.max_concurrent < 0:

@@ -36,10 +36,18 @@ from statekernel._events import Event
 from statekernel._lifecycle import Lifecycle
 from statekernel._messages import JSON, ModelRequest, ModelResult
 from statekernel._middleware import ModelCall, ToolInvocation, chain
-from statekernel._model import ReasoningDelta, ResultBuilder, TextDelta, ToolCallDelta, UsageUpdate
+from statekernel._model import (
+    ReasoningDelta,
+    ResultBuilder,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallDone,
+    UsageUpdate,
+)
 from statekernel._run import PauseInfo, Run, ToolCallRecord, Turn
 from statekernel._storage import Checkpoint, Lease
 from statekernel._tools import ToolContext, ToolOutput
+from statekernel._transitions import parse_call
 from statekernel._values import as_stored, parse_json
 from statekernel._waiting import wait_ended
 from statekernel.errors import (
@@ -66,6 +74,15 @@ COMMIT_RETRIES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 class _HookFailed(Exception):
     def __init__(self, original: BaseException) -> None:
         self.original = original
+
+
+@attrs.define
+class _Early:
+    """Eager dispatch while one answer streams: how many of its calls started, and
+    whether a call that could not start stopped the rest from starting early."""
+
+    started: int = 0
+    stopped: bool = False
 
 
 @attrs.define
@@ -105,6 +122,9 @@ class RunDriver:
         self.unstarted: dict[str, tuple[list[str], JSON]] = {}
         """Intents that landed while the drive was cancelled: their effect never began."""
         self.outcomes: list[_Outcome] = []
+        self.decided: dict[str, Any] = {}
+        """``on_tool_call_started`` decisions taken while the answer streamed (eager
+        dispatch) about calls that did not start then: dispatch uses them."""
         self.escaped: BaseException | None = None
         self.base: Run | None = None
         """The last committed run while transitions are gathered for the next commit."""
@@ -136,7 +156,8 @@ class RunDriver:
         if run.revision != self.lc.run.revision:
             self.lc.reset(run)
             self.model_claim = None
-            turn = run.current_turn if run.state == "dispatching_tools" else None
+            active = run.state in ("dispatching_tools", "calling_model")
+            turn = run.current_turn if active else None
             live = {r.id for r in turn.in_flight} if turn is not None else set()
             self.outcomes = [o for o in self.outcomes if live.issuperset(o.ids)]
             self.unstarted = {k: v for k, v in self.unstarted.items() if live.issuperset(v[0])}
@@ -459,6 +480,9 @@ class RunDriver:
     # -- the model ---------------------------------------------------------------
 
     async def _call_model(self) -> AsyncIterator[Event]:
+        if _turn(self.run).partial is not None:  # calls started, the stream did not end here
+            self.stage("answer_cut_off", reason="the drive reading the answer stopped")
+            return
         if self.base is not None or self.model_claim != self.run.revision:
             self.stage("model_started")  # the intent lands before the call
             await self.flush()
@@ -467,20 +491,25 @@ class RunDriver:
         run = self.run
         turn = _turn(run)
         holder: list[ModelResult] = []
+        self.decided = {}
         try:
             async for live in self._pump(self._model_result(run, turn, holder)):
                 yield live
         except (asyncio.CancelledError, GeneratorExit):
             raise
-        except _HookFailed:
+        except (_HookFailed, StoreError, ConflictError):
             raise
         except Exception as exc:
             self.model_claim = None
-            self.stage("fail", error=type(exc).__name__, message=str(exc))
+            why = f"{type(exc).__name__}: {exc}"
+            if _turn(self.run).partial is not None:
+                self.stage("answer_cut_off", reason=why)
+            else:
+                self.stage("fail", error=type(exc).__name__, message=str(exc))
             return
         result = holder[0]
         finish, then_pause = None, None
-        if not result.tool_calls:
+        if not result.tool_calls and not _turn(self.run).in_flight:
             finish, then_pause = await self._turn_decision(
                 attrs.evolve(turn, result=result), default=result.finish_reason
             )
@@ -490,10 +519,14 @@ class RunDriver:
     async def _model_result(self, run: Run, turn: Turn, holder: list[ModelResult]) -> None:
         emit = self.queue.put_nowait
         registry = self.kernel.registry
+        streams = 0
 
         async def terminal(call: ModelCall) -> ModelResult:
+            nonlocal streams
             provider = registry.get(call.request.model)
             builder = ResultBuilder()
+            early = _Early() if self.kernel.dispatch.eager and not streams else None
+            streams += 1
             stream = provider.stream(call.request)
             try:
                 async for part in stream:
@@ -501,6 +534,8 @@ class RunDriver:
                     live = _live_event(run, turn, part)
                     if live is not None:
                         emit(live)
+                    if early is not None and isinstance(part, ToolCallDelta | ToolCallDone):
+                        await self._start_early(builder, early)
             finally:
                 aclose = getattr(stream, "aclose", None)
                 if aclose is not None:
@@ -516,6 +551,41 @@ class RunDriver:
                 raise _HookFailed(TypeError("on_model_completed must return a ModelResult or None"))
             result = hooked
         holder.append(result)
+
+    async def _start_early(self, builder: ResultBuilder, early: _Early) -> None:
+        """Eager dispatch: start the calls whose arguments have finished streaming, in call
+        order, while the dispatch rules allow. Each intent lands with the answer so far
+        before its call starts; the first call that may not start now (the rules, a hook's
+        decision, invalid arguments) and the calls after it wait for the answer's end."""
+        calls = builder.complete_calls()
+        tools, policy = self.kernel.tools, self.kernel.dispatch
+        while not early.stopped and early.started < len(calls):
+            call = calls[early.started]
+            record = ToolCallRecord(call.id, call.name, call.arguments, parse_call(call.arguments))
+            running = [self.names[i] for i in self.tasks]
+            running += [self.names[ids[0]] for ids, _ in self.staged_intents]
+            if next_startable([record], running, tools, policy) is None:
+                break  # tried again with the next part
+            decision = await self._hook("on_tool_call_started", self.run, record)
+            call_input = decision.input if isinstance(decision, hk.Rewrite) else record.input
+            if not (decision is None or isinstance(decision, hk.Continue | hk.Rewrite)):
+                self.decided[call.id] = decision
+                early.stopped = True
+            elif self._precheck(record, call_input) is not None:
+                early.stopped = True
+            else:
+                partial = builder.so_far(calls[: early.started + 1])
+                self.stage("early_call_started", partial=partial, call_input=call_input)
+                started = _turn(self.run).in_flight[-1]
+                self.names[started.id] = started.name
+                self.staged_intents.append(([started.id], call_input))
+                early.started += 1
+        if self.staged_intents:
+            await self.flush()
+            self.model_claim = self.run.revision
+            for event in self.landed:  # shown as they land; the answer streams on
+                self.queue.put_nowait(event)
+            self.landed = []
 
     async def _turn_decision(self, turn: Turn, default: str) -> tuple[str | None, PauseInfo | None]:
         decision = await self._hook("on_turn_completed", self.run, turn)
@@ -629,15 +699,19 @@ class RunDriver:
     async def _decide(self, record: ToolCallRecord, turn: Turn) -> bool:
         """Stage the decision about ``record``; False defers a pause until the calls
         already in flight have finished (so a pause never strands them)."""
-        decision = await self._hook("on_tool_call_started", self.run, record)
+        if record.id in self.decided:  # taken while the answer streamed
+            decision = self.decided[record.id]
+        else:
+            decision = await self._hook("on_tool_call_started", self.run, record)
         ids = identical_group(record, turn.pending, self.kernel.tools, self.kernel.dispatch)
         call_input = record.input
+        if isinstance(decision, hk.Pause) and (self.tasks or self.staged_intents):
+            return False
+        self.decided.pop(record.id, None)
         if isinstance(decision, hk.Skip):
             self._stage_outcome(_Outcome(tuple(ids), decision.result, decision.error))
             return True
         if isinstance(decision, hk.Pause):
-            if self.tasks or self.staged_intents:
-                return False
             self.stage("pause", reason=decision.reason, metadata=decision.metadata)
             return True
         if isinstance(decision, hk.Finish):

@@ -25,6 +25,10 @@ Where a crash can land, and what resume does:
   transitions (hooks included) from the last commit.
 * after ``model_started``, before the answer's commit: the model is called again
   and ``model_restarted`` is recorded.
+* with eager dispatch, after an early ``tool_call_started`` (committed with the answer
+  so far), before the answer's commit: the answer is cut off there; the answer so far
+  becomes the turn's answer (``answer_cut_off``), the model is not called again, and
+  the started calls are in flight as below.
 * after ``tool_call_started``, before ``tool_call_completed``: the side effect may
   or may not have happened. Idempotent tools re-run with the same idempotency key;
   any other call pauses the run (``uncertain_tool_calls``) until
@@ -331,7 +335,8 @@ class Kernel:
         """Perform the effects up to the next commit and land it; returns its events.
 
         One step is one commit: the transitions between two effect boundaries (see
-        ``run``'s note on commits). Tool calls started by a step keep running in the
+        ``run``'s note on commits); with eager dispatch, the step that reads the model's
+        answer also commits the intent of each call started while the answer streamed. Tool calls started by a step keep running in the
         background; a later step commits their results.
         """
         async with self._driver(run_id) as driver:

@@ -96,11 +96,13 @@ class RunLifecycle(StateChart[_Cell]):
     start = init.to(preparing_turn)
     turn_prepared = preparing_turn.to(calling_model)
     model_started = calling_model.to.itself(internal=True)  # type: ignore[no-untyped-call]
+    early_call_started = calling_model.to.itself(internal=True)  # type: ignore[no-untyped-call]
     model_completed = (
         calling_model.to(dispatching_tools, cond="has_tool_calls")
         | calling_model.to(completed, cond="finishing")
         | calling_model.to(preparing_turn)
     )
+    answer_cut_off = calling_model.to(dispatching_tools)
     tool_call_started = dispatching_tools.to.itself(internal=True)  # type: ignore[no-untyped-call]
     tool_call_completed = dispatching_tools.to.itself(internal=True)  # type: ignore[no-untyped-call]
     tools_completed = dispatching_tools.to(completed, cond="finishing") | dispatching_tools.to(
@@ -123,7 +125,8 @@ class RunLifecycle(StateChart[_Cell]):
     # -- guards (read the run in the cell and the event payload) ----------------
 
     def has_tool_calls(self, result: ModelResult) -> bool:
-        return bool(result.tool_calls)
+        turn = self.model.run.current_turn
+        return bool(result.tool_calls) or (turn is not None and bool(turn.in_flight))
 
     def finishing(self, finish: str | None, then_pause: PauseInfo | None) -> bool:
         return finish is not None and then_pause is None
@@ -173,6 +176,12 @@ class RunLifecycle(StateChart[_Cell]):
     ) -> None:
         self._stage(tr.model_completed(self.model.run, result, finish, then_pause, at))
 
+    def on_early_call_started(self, partial: Message, call_input: JSON, at: Any) -> None:
+        self._stage(tr.early_call_started(self.model.run, partial, call_input, at))
+
+    def on_answer_cut_off(self, reason: str, at: Any) -> None:
+        self._stage(tr.answer_cut_off(self.model.run, reason, at))
+
     def on_tool_call_started(self, call_ids: list[str], call_input: JSON, at: Any) -> None:
         self._stage(tr.tool_call_started(self.model.run, call_ids, call_input, at))
 
@@ -212,6 +221,8 @@ EVENTS: dict[str, frozenset[str]] = {
     "turn_prepared": frozenset({"request"}),
     "model_started": frozenset(),
     "model_completed": frozenset({"result", "finish", "then_pause"}),
+    "early_call_started": frozenset({"partial", "call_input"}),
+    "answer_cut_off": frozenset({"reason"}),
     "tool_call_started": frozenset({"call_ids", "call_input"}),
     "tool_call_completed": frozenset({"call_ids", "output", "error", "resolved", "context"}),
     "tools_completed": frozenset({"finish", "then_pause"}),

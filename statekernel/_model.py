@@ -149,6 +149,40 @@ class ResultBuilder:
             self._finish = part.reason
             self._model = part.model or self._model
 
+    def complete_calls(self) -> list[ToolCall]:
+        """The calls whose arguments have finished streaming, in call order, while the
+        answer still streams: a call is complete when a later call began, when it came
+        whole, or when its arguments form a whole JSON object. Stops at the first call
+        not yet complete. An id the provider left out is given now (and kept)."""
+        done: list[ToolCall] = []
+        indices = sorted(self._calls)
+        for n, index in enumerate(indices):
+            if n + 1 == len(indices) and not self._done and not self._whole(index):
+                return done
+            done.append(self._call(index))
+        return [*done, *self._done]
+
+    def _whole(self, index: int) -> bool:
+        pieces = self._args.get(index, [])
+        if not pieces or not pieces[-1].rstrip().endswith("}"):
+            return False
+        try:
+            return isinstance(json.loads("".join(pieces)), dict)
+        except ValueError:
+            return False
+
+    def _call(self, index: int) -> ToolCall:
+        slot = self._calls[index]
+        call_id = slot[0] = slot[0] or f"call_{uuid.uuid4().hex[:24]}"
+        return ToolCall(id=call_id, name=slot[1] or "", arguments="".join(self._args[index]))
+
+    def so_far(self, calls: list[ToolCall]) -> Message:
+        """The answer streamed so far, ending with ``calls`` (the closed reasoning blocks
+        and the text, then the calls)."""
+        text = "".join(self._text)
+        said = (TextPart(text),) if text else ()
+        return Message("assistant", (*self._reasoning, *said, *calls))
+
     def _close_reasoning(self, signature: str | None) -> None:
         if self._reasoning_text or signature:
             self._reasoning.append(ReasoningPart("".join(self._reasoning_text), signature or None))
@@ -164,14 +198,7 @@ class ResultBuilder:
                 "the model's stream ended without a Finish part (incomplete answer)"
             )
         self._close_reasoning(None)
-        calls = [
-            ToolCall(
-                id=slot[0] or f"call_{uuid.uuid4().hex[:24]}",
-                name=slot[1] or "",
-                arguments="".join(self._args.get(index, [])),
-            )
-            for index, slot in sorted(self._calls.items())
-        ]
+        calls = [self._call(index) for index in sorted(self._calls)]
         calls.extend(self._done)
         text = "".join(self._text)
         content = (*self._reasoning, *((TextPart(text),) if text else ()), *calls)

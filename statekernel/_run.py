@@ -80,7 +80,12 @@ class ToolCallRecord:
 
 @attrs.frozen
 class Turn:
-    """One model round trip and the tool calls it asked for."""
+    """One model round trip and the tool calls it asked for.
+
+    ``partial`` is the model's answer so far while it still streams and calls it asked
+    for have already started (eager dispatch): it ends with the last call started, and
+    the final answer replaces it (or it becomes the answer when the stream was cut off).
+    """
 
     index: int
     request: ModelRequest
@@ -89,6 +94,7 @@ class Turn:
     pending: tuple[ToolCallRecord, ...] = ()
     in_flight: tuple[ToolCallRecord, ...] = ()
     completed: tuple[ToolCallRecord, ...] = ()
+    partial: Message | None = None
 
     def call(self, call_id: str) -> ToolCallRecord | None:
         """The record of one tool call of this turn, wherever it is."""

@@ -7,6 +7,8 @@ order. Each transition's events open with one that names it (``run_started``,
 ``run_completed`` follow the event that opened their transition. Events that change
 only data (``run_forked``, ``tool_call_resolved``, ``context_updated``) are not
 transitions. Identical calls merged into one execution count one transition per call.
+A ``tool_call_started`` marked ``early`` is ``early_call_started``; a ``model_completed``
+with ``cut_off`` is ``answer_cut_off``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ __all__ = ["RunTrace", "TransitionKey", "trace_events", "transitions_of"]
 TransitionKey = tuple[str, str, str]
 """(source state id, target state id, lifecycle event)."""
 
-_INTERNAL = {"model_started", "tool_call_started", "tool_call_completed"}
+_INTERNAL = {"model_started", "early_call_started", "tool_call_started", "tool_call_completed"}
 
 _OPENS = {
     "run_started": "start",
@@ -75,6 +77,10 @@ def _target(state: str, events: Sequence[Event]) -> tuple[str, str]:
     event = _OPENS[first.type]
     data = first.data if isinstance(first.data, dict) else {}
     finished = any(e.type == "run_completed" for e in events)
+    if event == "tool_call_started" and data.get("early"):
+        event = "early_call_started"  # a call started while the answer streamed
+    if event == "model_completed" and "cut_off" in data:
+        return "answer_cut_off", "dispatching_tools"
     if event in _INTERNAL:
         return event, state
     if event == "model_completed" and data.get("tool_calls"):

@@ -19,7 +19,7 @@ from statekernel._messages import JSON, Message, ModelRequest, ModelResult, Tool
 from statekernel._run import FailureInfo, PauseInfo, Run, ToolCallRecord, Turn
 from statekernel._values import merge_patch, parse_json
 
-__all__ = ["Effects", "Refused", "tool_result_text"]
+__all__ = ["Effects", "Refused", "parse_call", "tool_result_text"]
 
 Effects = tuple[Run, list[tuple[str, dict[str, Any]]]]
 """A transition's outcome: the next run and the (type, data) of its events."""
@@ -49,7 +49,7 @@ def _turn(run: Run) -> Turn:
     return run.current_turn
 
 
-def _parse(arguments: str) -> JSON:
+def parse_call(arguments: str) -> JSON:
     """The arguments as a JSON object, or None (the call then gets an error result)."""
     if not arguments.strip():
         return {}
@@ -120,14 +120,42 @@ def model_started(run: Run, at: datetime) -> Effects:
 def model_completed(
     run: Run, result: ModelResult, finish: str | None, then_pause: PauseInfo | None, at: datetime
 ) -> Effects:
-    """calling_model -> dispatching_tools | preparing_turn | completed."""
+    """calling_model -> dispatching_tools | preparing_turn | completed.
+
+    Calls that started while the answer streamed (eager dispatch) keep their place: they
+    are the answer's first calls, whatever the final answer says there."""
     turn = _turn(run)
+    result = _with_started(result, turn)
+    return _answered(run, turn, result, finish, then_pause, {})
+
+
+def answer_cut_off(run: Run, reason: str, at: datetime) -> Effects:
+    """calling_model -> dispatching_tools: the answer stopped streaming (its stream failed,
+    or the drive that read it stopped) after calls it asked for had started. The answer
+    committed with them is the turn's answer; the calls finish as any others do."""
+    turn = _turn(run)
+    if turn.partial is None:
+        raise Refused("no answer was cut off: no call started while the model streamed")
+    result = ModelResult(turn.partial, finish_reason="tool_calls")
+    return _answered(run, turn, result, None, None, {"cut_off": reason})
+
+
+def _answered(
+    run: Run,
+    turn: Turn,
+    result: ModelResult,
+    finish: str | None,
+    then_pause: PauseInfo | None,
+    extra: dict[str, Any],
+) -> Effects:
     result, renamed = _unique_calls(result, turn.index)
+    started = {r.id for r in turn.in_flight}
     pending = tuple(
-        ToolCallRecord(id=c.id, name=c.name, arguments=c.arguments, input=_parse(c.arguments))
+        ToolCallRecord(id=c.id, name=c.name, arguments=c.arguments, input=parse_call(c.arguments))
         for c in result.tool_calls
+        if c.id not in started
     )
-    turn = attrs.evolve(turn, result=result, pending=pending)
+    turn = attrs.evolve(turn, result=result, pending=pending, partial=None)
     messages = run.messages.grow((result.message,))
     run = attrs.evolve(run, messages=messages, usage=run.usage + result.usage)
     calls = [
@@ -136,15 +164,64 @@ def model_completed(
         else {"id": c.id, "name": c.name}
         for c in result.tool_calls
     ]
-    events: list[tuple[str, dict[str, Any]]] = [
-        (
-            "model_completed",
-            {"index": turn.index, "finish_reason": result.finish_reason, "tool_calls": calls},
-        )
-    ]
-    if pending:
+    data = {"index": turn.index, "finish_reason": result.finish_reason, "tool_calls": calls}
+    events: list[tuple[str, dict[str, Any]]] = [("model_completed", {**data, **extra})]
+    if pending or turn.in_flight:
         return attrs.evolve(run, current_turn=turn), events
     return _close_turn(run, turn, events, finish, then_pause)
+
+
+def _with_started(result: ModelResult, turn: Turn) -> ModelResult:
+    """``result`` whose first tool calls are the calls already started (in the order
+    they started), followed by the calls it asked for that are not among them (the
+    same id, or the same tool and arguments as a started call not matched yet)."""
+    if turn.partial is None:
+        return result
+    started = list(turn.partial.tool_calls)
+    unmatched = list(started)
+    others: list[Any] = []
+    later: list[ToolCall] = []
+    for part in result.message.content:
+        if not isinstance(part, ToolCall):
+            others.append(part)
+            continue
+        same = next((c for c in unmatched if c.id == part.id), None) or next(
+            (c for c in unmatched if (c.name, c.arguments) == (part.name, part.arguments)), None
+        )
+        if same is not None:
+            unmatched.remove(same)
+        else:
+            later.append(part)
+    finish = result.finish_reason if result.finish_reason != "stop" else "tool_calls"
+    message = attrs.evolve(result.message, content=(*others, *started, *later))
+    return attrs.evolve(result, message=message, finish_reason=finish)
+
+
+def early_call_started(run: Run, partial: Message, call_input: JSON, at: datetime) -> Effects:
+    """calling_model self-transition (eager dispatch): the answer so far, ending with a
+    call whose arguments have finished streaming, and the intent to run that call are
+    committed together before it starts. The answer's earlier calls started before."""
+    turn = _turn(run)
+    if partial.role != "assistant" or not partial.tool_calls:
+        raise Refused("the answer so far must be an assistant message ending with a call")
+    fixed, _ = _unique_calls(ModelResult(partial, finish_reason="tool_calls"), turn.index)
+    calls = fixed.tool_calls
+    earlier = [c.id for c in calls[:-1]]
+    started = [r.id for r in turn.in_flight]
+    if earlier != started or turn.result is not None:
+        raise Refused(f"the calls started so far are {started}, the answer so far has {earlier}")
+    call = calls[-1]
+    record = ToolCallRecord(
+        id=call.id,
+        name=call.name,
+        arguments=call.arguments,
+        input=call_input,
+        attempt=1,
+        started_at=at,
+    )
+    turn = attrs.evolve(turn, partial=fixed.message, in_flight=(*turn.in_flight, record))
+    data = {"call_id": call.id, "name": call.name, "attempt": 1, "early": True}
+    return attrs.evolve(run, current_turn=turn), [("tool_call_started", data)]
 
 
 def _close_turn(
@@ -309,6 +386,10 @@ def input_received(run: Run, messages: Sequence[Message], at: datetime) -> Effec
     """
     events: list[tuple[str, dict[str, Any]]] = []
     turn = run.current_turn
+    if turn is not None and turn.partial is not None:  # calls started while it streamed
+        why = "the run received new input"
+        run, events = answer_cut_off(run, why, at)
+        turn = run.current_turn
     if turn is not None and turn.result is not None:
         why = "the run received new input"
         closed = tuple(

@@ -79,3 +79,26 @@ def test_child_runs_example_delegates_and_takes_the_answer(tmp_path: Path) -> No
         "  answered: The Eiffel Tower is 330 m tall.",
         "lead completed: It is 330 m tall.",
     ]
+
+
+def test_eager_dispatch_example_starts_calls_early_and_closes_a_cut_off_answer(
+    tmp_path: Path,
+) -> None:
+    lines = run_example("eager_dispatch.py", tmp_path).splitlines()
+    lazy, eager, cut = lines[:6], lines[6:12], lines[12:]
+    assert [line.split()[-1] for line in lazy[1:4]] == [
+        "model_completed",
+        "tool_call_started",
+        "tool_call_started",
+    ]
+    assert [" ".join(line.split()[1:]) for line in eager[1:4]] == [
+        "tool_call_started (early)",
+        "tool_call_started (early)",
+        "model_completed",
+    ]
+    assert cut[2].endswith("model_completed cut off: ProviderError: connection reset")
+    assert all(
+        line.endswith("run completed: Sunny, with a jazz festival.")
+        for line in lines
+        if "run " in line
+    )

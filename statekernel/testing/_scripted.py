@@ -35,7 +35,12 @@ def _calls(value: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
 
 @attrs.frozen
 class Reply:
-    """One scripted answer (text, reasoning, tool calls), streamed in ``chunk``-sized deltas."""
+    """One scripted answer (text, reasoning, tool calls), streamed in ``chunk``-sized deltas.
+
+    ``between_calls``: seconds the stream waits before each tool call after the first
+    (a call started early runs meanwhile). ``cut_off``: raised once the tool calls have
+    streamed, before the answer ends (a stream that failed half way).
+    """
 
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = attrs.field(converter=_calls, default=())
@@ -44,6 +49,8 @@ class Reply:
     finish_reason: FinishReason | None = None
     chunk: int = 0
     delay: float = 0.0
+    between_calls: float = 0.0
+    cut_off: Exception | None = None
 
 
 @attrs.frozen
@@ -141,11 +148,15 @@ class ScriptedProvider:
         for piece in _chunks(reply.text, reply.chunk):
             yield TextDelta(piece)
         for index, tc in enumerate(reply.tool_calls):
+            if index and reply.between_calls:
+                await asyncio.sleep(reply.between_calls)
             call_id = tc.id or f"call_{turn}_{index}"
             pieces = _chunks(tc.arguments, reply.chunk) or [""]
             yield ToolCallDelta(index, call_id, tc.name, pieces[0])
             for piece in pieces[1:]:
                 yield ToolCallDelta(index, None, None, piece)
+        if reply.cut_off is not None:
+            raise reply.cut_off
         yield UsageUpdate(reply.usage)
         default: FinishReason = "tool_calls" if reply.tool_calls else "stop"
         yield Finish(reply.finish_reason or default, model=request.model_name)

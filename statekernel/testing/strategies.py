@@ -426,10 +426,23 @@ def _dispatching_turn(draw: st.DrawFn, transcript: Sequence[Message], index: int
     )
 
 
+@st.composite
+def _streaming_turn(draw: st.DrawFn, transcript: Sequence[Message], index: int) -> Turn:
+    """A turn asking the model whose answer so far has calls that started (eager)."""
+    answer = draw(_answers(1, 2)).message
+    started = tuple(
+        ToolCallRecord(c.id, c.name, c.arguments, draw(json_values(2)), attempt=1)
+        for c in answer.tool_calls
+    )
+    request = draw(model_requests(transcript))
+    return Turn(index, request, model_attempts=1, in_flight=started, partial=answer)
+
+
 def _turn_shaped(shape: str, transcript: Sequence[Message], index: int) -> Any:
     if shape == "asking":
         request = model_requests(transcript)
-        return st.builds(Turn, st.just(index), request, model_attempts=st.integers(0, 2))
+        asking = st.builds(Turn, st.just(index), request, model_attempts=st.integers(0, 2))
+        return asking | _streaming_turn(transcript, index)
     if shape == "dispatching":
         return _dispatching_turn(transcript, index)
     return st.none()
@@ -495,6 +508,18 @@ def _results(run: Run) -> st.SearchStrategy[ModelResult]:
     return st.one_of(_answers(0, 0), _answers(1, 3), model_results(run.messages))
 
 
+def _partials(run: Run) -> st.SearchStrategy[Message]:
+    """Answers so far: the calls already started (or not), then one more call."""
+    turn = run.current_turn
+    started = turn.partial.tool_calls if turn is not None and turn.partial is not None else ()
+    more = _answers(1, 1).map(lambda r: r.message.tool_calls)
+    return st.builds(
+        lambda keep, new: Message.assistant(tool_calls=[*(started if keep else ()), *new]),
+        st.booleans(),
+        more,
+    )
+
+
 def lifecycle_payloads(event: str, run: Run) -> st.SearchStrategy[dict[str, Any]]:
     """A payload for ``event`` sent to ``run`` (without ``at``), mostly one the transition
     accepts; call ids and results refer to the run's current turn or not."""
@@ -504,6 +529,8 @@ def lifecycle_payloads(event: str, run: Run) -> st.SearchStrategy[dict[str, Any]
         "model_started": {},
         "model_completed": {"result": _results(run), **_finishing()},
         "tool_call_started": {"call_ids": _call_ids(run), "call_input": json_values(4)},
+        "early_call_started": {"partial": _partials(run), "call_input": json_values(4)},
+        "answer_cut_off": {"reason": texts(12)},
         "tool_call_completed": {
             "call_ids": _call_ids(run),
             "output": json_values(4),

@@ -65,12 +65,15 @@ async def opened(url: str) -> AsyncIterator[CheckpointStore]:
         await store.aclose()
 
 
-def run_case(url: str, script: list[object], schedule: list[CrashAt]) -> None:
+def run_case(
+    url: str, script: list[object], schedule: list[CrashAt], *, eager: bool = False
+) -> None:
     async def case() -> None:
         async with opened(url) as store:
             start = {"model": "scripted/fuzz", "messages": ["go"], "run_id": uuid.uuid4().hex}
+            agent = fuzz_agent(script, eager=eager)
             report = await check_crash_resume(
-                fuzz_agent(script), start=start, schedule=schedule, store=lambda: store
+                agent, start=start, schedule=schedule, store=lambda: store
             )
             assert report.final.state == "completed"
             if currently_in_test_context():
@@ -82,11 +85,11 @@ def run_case(url: str, script: list[object], schedule: list[CrashAt]) -> None:
 
 
 @FUZZ
-@given(script=sts.agent_scripts(), schedule=sts.crash_schedules())
+@given(script=sts.agent_scripts(), schedule=sts.crash_schedules(), eager=st.booleans())
 def test_crash_resume_invariants(
-    store_url: Callable[[], str], script: list[object], schedule: list[CrashAt]
+    store_url: Callable[[], str], script: list[object], schedule: list[CrashAt], eager: bool
 ) -> None:
-    run_case(store_url(), script, schedule)
+    run_case(store_url(), script, schedule, eager=eager)
 
 
 TWO_CALLS = [[call("side_effect", {"key": "a"}), call("lookup", {"key": "b"})], "done"]
@@ -167,13 +170,13 @@ def test_racing_kernels_never_both_run_a_call(store_url: Callable[[], str]) -> N
 
 
 @settings(FUZZ, max_examples=100 if LONG else 12)
-@given(cut=st.integers(0, 40), script=sts.agent_scripts(max_turns=2))
+@given(cut=st.integers(0, 40), script=sts.agent_scripts(max_turns=2), eager=st.booleans())
 def test_cancellation_anywhere_is_resumable(
-    store_url: Callable[[], str], cut: int, script: list[object]
+    store_url: Callable[[], str], cut: int, script: list[object], eager: bool
 ) -> None:
     async def case() -> None:
         async with opened(store_url()) as store:
-            agent = fuzz_agent(script)
+            agent = fuzz_agent(script, eager=eager)
             kernel = sk.Kernel(store, **agent())
             run = await kernel.start(model="scripted/fuzz", messages=["go"])
             task = asyncio.ensure_future(_drain(kernel, run.run_id))

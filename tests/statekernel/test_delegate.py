@@ -4,13 +4,14 @@ for one call; a paused child pauses the parent; every store keeps the lineage.""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
 import statekernel as sk
 from statekernel._cli_view import waiting_for
-from statekernel.errors import RunHasChildren, RunNotFound
+from statekernel.errors import InvalidArgument, RunHasChildren, RunNotFound
 from statekernel.stores import MemoryStore, open_store
 from statekernel.testing import Crash, CrashAt, FaultPlan, Reply, ScriptedProvider, call
 
@@ -248,3 +249,44 @@ async def test_cancelling_the_parents_drive_leaves_the_child_resumable() -> None
     assert final.turns[0].completed[0].output == "slow answer"
     assert (await store.load("p.d1")).state == "completed"
     await kernel.aclose()
+
+
+@pytest.mark.redis
+async def test_children_run_on_the_workers_of_a_queue(redis_store_url: str) -> None:
+    """The parent's process drives only the parent: the child is handed to the workers
+    of its queue (which bring the child agent), paused there, resumed, and finished."""
+    child_model = ScriptedProvider([call("transfer", {"amount": 7}, id="t1"), "transferred 7"])
+    payer = sk.delegate("payer", "Pay.", model="helper/small", queue="payers", poll=0.1)
+    parent = sk.Kernel(
+        redis_store_url,
+        tools=[payer],
+        providers={"scripted": ScriptedProvider([call("payer", {"task": "pay 7"}, id="p1"), "ok"])},
+    )
+    agent = {"tools": [transfer], "hooks": Approvals(), "providers": {"helper": child_model}}
+    worker = sk.Worker(redis_store_url, queue="payers", agent=agent, lease_ttl=2.0, block=0.05)
+    serving = asyncio.ensure_future(worker.serve())
+    try:
+        run = await parent.start(model="scripted/lead", messages=["go"], run_id="q-boss")
+        paused = await _drive(parent, run.run_id)
+        assert paused.pause is not None
+        assert paused.pause.metadata["child"] == "q-boss.p1"
+        assert child_model.requests, "the worker drove the child"
+        await parent.resume("q-boss.p1", value={"approve": "t1"})
+        await parent.resume("q-boss")
+        final = await _drive(parent, "q-boss")
+        assert final.state == "completed"
+        assert final.turns[0].completed[0].output == "transferred 7"
+        child = await parent.get("q-boss.p1")
+        assert child.parent_run_id == "q-boss"
+        assert child.turns[0].completed[0].output == "moved 7"
+    finally:
+        worker.stop()
+        stats = await serving
+        await parent.aclose()
+    assert stats.completed == 1
+    assert stats.paused == 1
+
+
+def test_a_delegate_polls_at_a_positive_interval() -> None:
+    with pytest.raises(InvalidArgument, match="poll"):
+        sk.delegate("x", "X.", model="helper/small", queue="q", poll=0)

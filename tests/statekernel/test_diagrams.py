@@ -45,11 +45,14 @@ def test_graph_has_every_state_and_transition() -> None:
     assert graph.initial == "init"
     events = {t.event for t in graph.transitions}
     assert events == {
-        "start", "turn_prepared", "model_started", "model_completed", "tool_call_started",
-        "tool_call_completed", "tools_completed", "pause", "resume", "fail", "retry", "input",
+        "start", "turn_prepared", "model_started", "early_call_started", "model_completed",
+        "answer_cut_off", "tool_call_started", "tool_call_completed", "tools_completed",
+        "pause", "resume", "fail", "retry", "input",
     }  # fmt: skip
     internal = {t.event for t in graph.transitions if t.internal}
-    assert internal == {"model_started", "tool_call_started", "tool_call_completed"}
+    assert internal == {
+        "model_started", "early_call_started", "tool_call_started", "tool_call_completed"
+    }  # fmt: skip
 
 
 @pytest.mark.skipif(not HAS_DOT or shutil.which("statekernel") is None, reason="needs dot")

@@ -40,6 +40,8 @@ DECLARED: dict[tuple[str, str], set[str]] = {
     ("init", "start"): {"preparing_turn"},
     ("preparing_turn", "turn_prepared"): {"calling_model"},
     ("calling_model", "model_started"): {"calling_model"},
+    ("calling_model", "early_call_started"): {"calling_model"},
+    ("calling_model", "answer_cut_off"): {"dispatching_tools"},
     ("calling_model", "model_completed"): {"dispatching_tools", "preparing_turn", "completed"},
     ("dispatching_tools", "tool_call_started"): {"dispatching_tools"},
     ("dispatching_tools", "tool_call_completed"): {"dispatching_tools"},
@@ -88,6 +90,11 @@ def payload(event: str, run: Run) -> dict[str, Any]:
             "then_pause": None,
         },
         "tool_call_started": {"call_ids": ["c1"], "call_input": {"x": 1}},
+        "early_call_started": {
+            "partial": Message.assistant(tool_calls=[CALL]),
+            "call_input": {"x": 1},
+        },
+        "answer_cut_off": {"reason": "the stream failed"},
         "tool_call_completed": {
             "call_ids": ["c1"],
             "output": "ok",
@@ -106,6 +113,8 @@ def payload(event: str, run: Run) -> dict[str, Any]:
 
 def ready(state: str, event: str) -> Run:
     run = run_in(state)
+    if (state, event) == ("calling_model", "answer_cut_off"):
+        run, _ = Lifecycle(run).apply("early_call_started", **payload("early_call_started", run))
     if (state, event) == ("dispatching_tools", "tools_completed"):
         lc = Lifecycle(run)
         run, _ = lc.apply(
