@@ -336,8 +336,9 @@ class Kernel:
 
         One step is one commit: the transitions between two effect boundaries (see
         ``run``'s note on commits); with eager dispatch, the step that reads the model's
-        answer also commits the intent of each call started while the answer streamed. Tool calls started by a step keep running in the
-        background; a later step commits their results.
+        answer also commits the intent of each call started while the answer streamed.
+        Tool calls started by a step keep running in the background; a later step
+        commits their results.
         """
         async with self._driver(run_id) as driver:
             return [event async for event in driver.advance()]

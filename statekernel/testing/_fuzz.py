@@ -14,6 +14,7 @@ The invariants checked (each failure raises ``AssertionError`` saying which):
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import inspect
 import itertools
@@ -89,12 +90,16 @@ class Ledger:
         return record
 
     def wrap(self, tool: Tool) -> Tool:
-        """``tool`` with its function recording each execution and its outcome."""
+        """``tool`` with its function recording each execution and its outcome.
+
+        An async call of a tool that is not idempotent runs to its end even when its drive
+        is cancelled (as a sync tool's thread does), so its outcome is known when the
+        harness answers for it as an operator would, from what really happened.
+        """
         fn = tool.fn
         if inspect.iscoroutinefunction(fn):
 
-            async def run_async(**kwargs: Any) -> Any:
-                key = self._started()
+            async def execute(key: str, kwargs: dict[str, Any]) -> Any:
                 try:
                     output = await fn(**kwargs)
                 except Exception as exc:
@@ -102,6 +107,17 @@ class Ledger:
                     raise
                 self.outcomes[key] = (True, output)
                 return output
+
+            async def run_async(**kwargs: Any) -> Any:
+                key = self._started()
+                if tool.idempotent:
+                    return await execute(key, kwargs)
+                task = asyncio.ensure_future(execute(key, kwargs))
+                try:
+                    return await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    await asyncio.wait([task])
+                    raise
 
             return attrs.evolve(tool, fn=run_async)
 

@@ -6,6 +6,7 @@ running a side effect twice."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import sys
@@ -16,10 +17,20 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import statekernel as sk
 from statekernel.stores import MemoryStore
-from statekernel.testing import Crash, CrashAt, FaultPlan, ScriptedProvider, call
+from statekernel.testing import (
+    Crash,
+    CrashAt,
+    FaultPlan,
+    ScriptedProvider,
+    call,
+    check_crash_resume,
+)
+from statekernel.testing import strategies as sts
 
 SERVER = Path(__file__).with_name("mcp_server.py")
 
@@ -195,3 +206,44 @@ async def test_http_headers_reach_the_server_and_a_refusal_is_a_config_error() -
         await server.wait_closed()
     assert seen
     assert b"authorization: bearer t0ken" in seen[0].lower()
+
+
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(schedule=sts.crash_schedules(max_commit=14, max_other=4), eager=st.booleans())
+def test_crash_resume_invariants_hold_for_mcp_tools(
+    http_url: str, tmp_path: Path, schedule: list[CrashAt], eager: bool
+) -> None:
+    """The crash/resume fuzzing over MCP tools (the loopback HTTP server): a crash at any
+    point, the run resumed in a fresh kernel, never runs ``append_line`` twice."""
+    os.environ["MCP_TEST_LOG"] = str(tmp_path / "fuzz.log")
+    script = [
+        [call("append_line", {"line": "a"}), call("echo", {"text": "b"})],
+        [call("append_line", {"line": "c"})],
+        "done",
+    ]
+
+    async def case() -> None:
+        async with sk.mcp_http(http_url, name="fuzz") as connection:
+            tools = await connection.tools()
+
+            def agent() -> dict[str, object]:
+                return {
+                    "tools": tools,
+                    "providers": {"scripted": ScriptedProvider(script)},
+                    "dispatch": sk.DispatchPolicy(eager=eager),
+                }
+
+            store = MemoryStore()
+            report = await check_crash_resume(
+                agent,
+                start={"model": "scripted/x", "messages": ["go"]},
+                schedule=schedule,
+                store=lambda: store,
+            )
+            assert report.final.state == "completed"
+
+    asyncio.run(case())
