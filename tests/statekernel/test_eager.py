@@ -379,3 +379,25 @@ def test_the_final_answer_keeps_started_calls_first_and_drops_none() -> None:
     assert [r.id for r in turn_after.pending] == ["n1"]
     assert after.state == "dispatching_tools"
     assert [c["id"] for c in events[0].data["tool_calls"]] == ["s1", "n1"]
+
+
+def test_calls_are_complete_once_a_later_call_begins_or_their_json_closes() -> None:
+    from statekernel.providers import Finish, ResultBuilder, ToolCallDelta
+
+    builder = ResultBuilder()
+    builder.add(ToolCallDelta(0, None, "look", '{"label": '))
+    assert builder.complete_calls() == []
+    builder.add(ToolCallDelta(0, None, None, '"a"'))
+    assert builder.complete_calls() == []
+    builder.add(ToolCallDelta(0, None, None, "}"))
+    [first] = builder.complete_calls()  # its JSON closed: complete before anything follows
+    assert (first.name, first.arguments) == ("look", '{"label": "a"}')
+    assert first.id.startswith("call_")  # given now, and kept in the result
+    builder.add(ToolCallDelta(1, "c2", "book", ""))
+    assert [c.id for c in builder.complete_calls()] == [first.id]
+    builder.add(ToolCallDelta(1, None, None, '{"label": "b"'))
+    builder.add(ToolCallDelta(2, "c3", "look", "{}"))
+    assert [c.id for c in builder.complete_calls()] == [first.id, "c2", "c3"]
+    builder.add(Finish("tool_calls"))
+    assert [c.id for c in builder.result().tool_calls] == [first.id, "c2", "c3"]
+    assert builder.so_far(builder.complete_calls()[:1]).tool_calls == (first,)
