@@ -35,7 +35,7 @@ from statekernel._demo import (
     demo_kernel,
     demo_messages,
 )
-from statekernel._diagram import FORMATS, write_diagrams
+from statekernel._diagram import DIAGRAM_NAME, FORMATS, can_render_svg, write_diagrams
 from statekernel._events import PERSISTED_EVENTS
 from statekernel._run import Run
 from statekernel.errors import ConflictError, StatekernelError
@@ -221,12 +221,15 @@ def diagram(output_dir: Path, formats: tuple[str, ...], check: bool, as_json: bo
         for path in stale:
             out.note(f"out of date: {path}")
         sys.exit(1 if stale else 0)
-    written = write_diagrams(output_dir, chosen)
+    skipped = [f for f in chosen if f == "svg" and not can_render_svg()]
+    written = write_diagrams(output_dir, [f for f in chosen if f not in skipped])
     if as_json:
-        out.json({"written": [str(p) for p in written]})
+        out.json({"written": [str(p) for p in written], "skipped": skipped})
     else:
         for path in written:
             out.console.print(f"wrote {path}")
+    for fmt in skipped:
+        out.note(f"skipped {DIAGRAM_NAME}.{fmt}: graphviz's 'dot' is not installed")
 
 
 def _stale(directory: Path, formats: Sequence[str]) -> list[Path]:

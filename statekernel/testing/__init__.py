@@ -24,6 +24,7 @@ from statekernel.testing._raw import (
     SQLiteRecords,
 )
 from statekernel.testing._scripted import Fail, Reply, ScriptedProvider, call
+from statekernel.testing._servers import redis_server_path
 from statekernel.testing._store_check import StoreFactory, check_store
 
 __all__ = [
@@ -52,5 +53,6 @@ __all__ = [
     "check_crash_resume",
     "check_store",
     "fuzz_agent",
+    "redis_server_path",
     "request_key",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import xml.etree.ElementTree as ET
@@ -10,12 +11,18 @@ from pathlib import Path
 import pytest
 
 import statekernel as sk
-from statekernel._diagram import lifecycle_dot, lifecycle_graph, lifecycle_mermaid, write_diagrams
+from statekernel._diagram import (
+    can_render_svg,
+    lifecycle_dot,
+    lifecycle_graph,
+    lifecycle_mermaid,
+    write_diagrams,
+)
 from statekernel._trace import trace_events
 from statekernel.testing import ScriptedProvider, call
 
 DIAGRAMS = Path(__file__).resolve().parents[2] / "diagrams"
-HAS_DOT = shutil.which("dot") is not None
+HAS_DOT = can_render_svg()  # graphviz's dot, or the pygraphviz wheel
 
 
 @pytest.mark.parametrize("fmt", ["mmd", "dot"])
@@ -70,6 +77,32 @@ def test_diagram_command_writes_and_checks(tmp_path: Path) -> None:
     (out / "run_lifecycle.mmd").write_text("stale\n")
     stale = subprocess.run([exe, "diagram", "--check", "-o", str(out)], capture_output=True)
     assert stale.returncode == 1
+
+
+@pytest.mark.skipif(shutil.which("statekernel") is None, reason="needs the installed command")
+def test_without_graphviz_the_command_writes_the_text_formats_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """No dot on PATH and no pygraphviz: .mmd and .dot are written, .svg is skipped
+    with a note, and the command succeeds."""
+    exe = str(shutil.which("statekernel"))
+    bare = tmp_path / "bin"  # a PATH with the command and without graphviz's dot
+    bare.mkdir()
+    (bare / "statekernel").symlink_to(exe)
+    hiding = tmp_path / "hide"  # and no pygraphviz wheel either
+    hiding.mkdir()
+    (hiding / "pygraphviz.py").write_text("raise ImportError('hidden')\n")
+    out = tmp_path / "d"
+    done = subprocess.run(
+        [exe, "diagram", "-o", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(bare), "PYTHONPATH": str(hiding)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["run_lifecycle.dot", "run_lifecycle.mmd"]
+    assert json.loads(done.stdout)["skipped"] == ["svg"]
+    assert "skipped run_lifecycle.svg: graphviz's 'dot' is not installed" in done.stderr
 
 
 @sk.tool(idempotent=True)

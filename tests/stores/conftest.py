@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import time
@@ -11,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import redis as redis_sync
+
+from statekernel.testing import redis_server_path
 
 REDIS_PASSWORD = "pw-RECOGNISABLE-7f3a9c"
 """The password of the ``redis_password_url`` server (tests look for it in stored bytes)."""
@@ -25,7 +26,9 @@ def free_port() -> int:
 
 def serve(folder: Path, args: list[str], url: str, **client: object) -> subprocess.Popen[bytes]:
     """Start a redis-server (persistence off) with ``args``; return once ``url`` answers."""
-    base = ["redis-server", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    binary = redis_server_path()
+    assert binary is not None, "server_dir skips when there is no redis-server"
+    base = [binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     proc = subprocess.Popen(
         [*base, "--dir", str(folder), *args],
         stdout=subprocess.DEVNULL,
@@ -61,7 +64,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 @pytest.fixture(scope="session")
 def server_dir(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Path:
     """A folder for extra servers (needs what ``redis_url`` needs: a redis-server)."""
-    if shutil.which("redis-server") is None:
+    if redis_server_path() is None:
         pytest.skip("redis-server not found (REDIS_URL servers cannot be reconfigured)")
     return tmp_path_factory.mktemp("redis-extra")
 

