@@ -18,6 +18,7 @@ import click
 from statekernel._cli_common import (
     Output,
     UserError,
+    command_hint,
     common_options,
     debug_enabled,
     one_line,
@@ -86,14 +87,6 @@ def _crash_point(
     return CrashPoint(event, int(nth or 1))
 
 
-def _resume_hint(run_id: str, store: str | None) -> str:
-    hint = f"statekernel runs resume {run_id}"
-    if store is None:
-        return hint
-    shown = redact_url(store)
-    return hint + (" --store " + (shown if shown == store else "URL"))
-
-
 @cli.command()
 @click.option("--model", metavar="PROVIDER/NAME", help="Model to use (default: local or scripted).")
 @click.option(
@@ -136,13 +129,13 @@ def demo(
                 )
                 where = redact_url(store_url(store))
                 out.note(f"demo run [bold]{run.run_id}[/bold] on {chosen} (store {where})")
-                hint = _resume_hint(run.run_id, store)
+                hint = command_hint(f"statekernel runs resume {run.run_id}", store)
                 return await drive(kernel, run.run_id, out, crash=crash, crash_hint=hint)
             finally:
                 await kernel.aclose()
 
     run = run_async(go())
-    out.note(summary_line(run))
+    out.note(summary_line(run, command_hint("", store)))
     if crash is not None:
         out.note(
             f"[yellow]note:[/yellow] the run came to rest before {crash.event} happened "

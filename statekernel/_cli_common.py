@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import IO, Any, TypeVar
@@ -23,6 +24,7 @@ __all__ = [
     "EXIT_USER_ERROR",
     "Output",
     "UserError",
+    "command_hint",
     "common_options",
     "one_line",
     "open_cli_store",
@@ -76,6 +78,20 @@ def store_url(explicit: str | None) -> str:
     from statekernel._config import default_store_url
 
     return default_store_url()
+
+
+def command_hint(command: str, store: str | None, agent: str | None = None) -> str:
+    """``command`` with the ``--store`` and ``--agent`` it needs to work as printed (a
+    store URL holding a password shows as ``URL``)."""
+    from statekernel.stores import redact_url
+
+    hint = command
+    if store:
+        shown = redact_url(store)
+        hint += " --store " + (shlex.quote(shown) if shown == store else "URL")
+    if agent:
+        hint += " --agent " + shlex.quote(agent)
+    return hint
 
 
 @contextlib.asynccontextmanager

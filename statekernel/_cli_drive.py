@@ -34,9 +34,14 @@ class CrashPoint:
 
 def _crash(event_type: str, run_id: str, revision: int, hint: str, out: Output) -> None:
     out.console.print()
+    then = (
+        f"The run had completed: nothing is left to resume (statekernel runs show {run_id})."
+        if event_type == "run_completed"
+        else f"Finish the run with: {hint}"
+    )
     out.errors.print(
         f"[bold red]crash:[/bold red] killing this process right after {event_type} "
-        f"(run {run_id}, revision {revision}).\nFinish the run with: {hint}"
+        f"(run {run_id}, revision {revision}).\n{then}"
     )
     sys.stdout.flush()
     sys.stderr.flush()
@@ -100,7 +105,7 @@ def kernel_for_run(
     return kernel
 
 
-def _check_resumable(run: Run) -> None:
+def _check_resumable(run: Run, flags: str = "") -> None:
     if run.state == "completed":
         raise UserError(
             f"run {run.run_id} is completed: nothing to resume (fork it, or send new input)"
@@ -113,7 +118,7 @@ def _check_resumable(run: Run) -> None:
         raise UserError(
             f"run {run.run_id} is paused on tool calls that may or may not have run: "
             f"{', '.join(open_calls)}; say what happened with: statekernel runs resolve "
-            f"{run.run_id} CALL_ID --output JSON | --error TEXT | --rerun"
+            f"{run.run_id} CALL_ID --output JSON | --error TEXT | --rerun{flags}"
         )
 
 
@@ -125,11 +130,13 @@ async def resume_run(
     max_turns: int | None = None,
     value: tuple[Any, ...] = (),
     agent: Mapping[str, Any] | None = None,
+    flags: str = "",
 ) -> Run:
     """Resume a paused run (handing it ``value[0]`` when a value was given), retry a
-    failed one or continue an interrupted one, to rest."""
+    failed one or continue an interrupted one, to rest. ``flags`` (``--store ...``)
+    complete the commands it suggests."""
     run = await store.load(run_id)
-    _check_resumable(run)
+    _check_resumable(run, flags)
     async with _acting_on(kernel_for_run(run, store, agent), run_id) as kernel:
         if run.state == "paused":
             answer = {"value": value[0]} if value else {}
@@ -173,15 +180,16 @@ async def _acting_on(kernel: Kernel, run_id: str) -> AsyncIterator[Kernel]:
         await kernel.aclose()
 
 
-def summary_line(run: Run) -> str:
-    """One line saying where a run came to rest."""
+def summary_line(run: Run, flags: str = "") -> str:
+    """One line saying where a run came to rest; ``flags`` (``--store ...``) complete
+    the commands it suggests."""
     line = f"run {run.run_id}: {run.state} at revision {run.revision}"
     if run.pause is not None:
         line += f" ({run.pause.reason})"
         if run.pause.reason == UNCERTAIN:
             line += (
                 f"\n  say what happened: statekernel runs resolve {run.run_id} CALL_ID "
-                "--output JSON | --error TEXT | --rerun"
+                f"--output JSON | --error TEXT | --rerun{flags}"
             )
     if run.failure is not None:
         line += f" ({run.failure.error}: {short(run.failure.message, 100)})"

@@ -11,7 +11,14 @@ from typing import Any
 
 import click
 
-from statekernel._cli_common import Output, UserError, common_options, open_cli_store, run_async
+from statekernel._cli_common import (
+    Output,
+    UserError,
+    command_hint,
+    common_options,
+    open_cli_store,
+    run_async,
+)
 from statekernel._cli_drive import resume_run, send_run, summary_line
 from statekernel._cli_view import (
     EventPrinter,
@@ -199,10 +206,13 @@ def resume(
 
     async def go() -> Run:
         async with open_cli_store(store) as s:
-            return await resume_run(s, run_id, out, max_turns=max_turns, value=given, agent=options)
+            return await resume_run(
+                s, run_id, out, max_turns=max_turns, value=given, agent=options, flags=flags
+            )
 
+    flags = command_hint("", store, agent)
     run = run_async(go())
-    out.note(summary_line(run))
+    out.note(summary_line(run, flags))
     _exit_for(run)
 
 
@@ -225,7 +235,7 @@ def send(run_id: str, text: str, agent: str | None, store: str | None, as_json: 
             return await send_run(s, run_id, text, out, agent=options)
 
     run = run_async(go())
-    out.note(summary_line(run))
+    out.note(summary_line(run, command_hint("", store, agent)))
     _exit_for(run)
 
 
@@ -281,8 +291,8 @@ def resolve(
         out.console.print(f"resolved {call_id}; run {run_id} still waits for other calls")
     else:
         out.console.print(
-            f"resolved {call_id}; run {run_id} is back in {run.state}: "
-            f"continue it with: statekernel runs resume {run_id}"
+            f"resolved {call_id}; run {run_id} is back in {run.state}: continue it with: "
+            + command_hint(f"statekernel runs resume {run_id}", store)
         )
 
 
@@ -310,7 +320,8 @@ def fork(run_id: str, at: int | None, store: str | None, as_json: bool) -> None:
         out.json({"run_id": run.run_id, "from_run_id": run_id, "state": run.state})
     else:
         out.console.print(f"forked {run_id} -> {run.run_id} ({run.state})")
-        out.console.print(f"continue it with: statekernel runs resume {run.run_id}")
+        hint = command_hint(f"statekernel runs resume {run.run_id}", store)
+        out.console.print(f"continue it with: {hint}")
 
 
 @runs.command("delete")
@@ -321,8 +332,13 @@ def fork(run_id: str, at: int | None, store: str | None, as_json: bool) -> None:
 def delete(run_id: str, yes: bool, with_children: bool, store: str | None, as_json: bool) -> None:
     """Delete a run with all its revisions and events (a run with child runs only with
     --with-children)."""
-    if not yes and not as_json and sys.stdin.isatty():
-        what = " and its child runs" if with_children else ""
+    what = " and its child runs" if with_children else ""
+    if not yes:
+        if as_json or not sys.stdin.isatty():
+            raise UserError(
+                f"not deleting run {run_id}{what}: nobody can confirm it here "
+                "(no terminal, or --json); pass --yes"
+            )
         click.confirm(f"delete run {run_id}{what} and all their data?", abort=True)
 
     async def go() -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Mapping
@@ -22,7 +23,8 @@ __all__ = ["load_agent", "worker"]
 def load_agent(spec: str | None) -> Mapping[str, Any]:
     """The ``Kernel`` keyword arguments named by ``package.module:attribute``.
 
-    The attribute is a function returning them (called once, with no arguments) or
+    The module is looked for in the current directory too (as ``python -m`` does). The
+    attribute is a function returning them (called once, with no arguments) or
     the mapping itself.
     """
     if not spec:
@@ -30,6 +32,9 @@ def load_agent(spec: str | None) -> Mapping[str, Any]:
     module_name, sep, attr = spec.partition(":")
     if not (module_name and sep and attr):
         raise UserError(f"--agent must look like package.module:function, got {spec!r}")
+    here = os.getcwd()  # a module of the current directory, as `python -m` finds it
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
     try:
         target: Any = importlib.import_module(module_name)
         for part in attr.split("."):

@@ -108,7 +108,10 @@ def test_crash_after_an_idempotent_call_then_resume_finishes(tmp_path: Path, sto
         cwd=tmp_path,
     )  # fmt: skip
     assert crashed.returncode == -signal.SIGKILL
-    assert "statekernel runs resume crash-1" in crashed.stderr
+    # the hint works as printed: it names the store that was used
+    assert f"Finish the run with: statekernel runs resume crash-1 --store {store}" in " ".join(
+        crashed.stderr.split()
+    )
     assert lines_of(crashed.stdout)[-1]["type"] == "tool_call_started"
     before = run_state("crash-1", store, tmp_path)
     assert before["state"] == "dispatching_tools"
@@ -138,8 +141,9 @@ def test_crash_after_a_side_effect_pauses_until_resolved(tmp_path: Path, store: 
     assert run["state"] == "paused"
     assert [c["id"] for c in run["pause"]["metadata"]["calls"]] == ["call_1_0"]
 
+    assert f"--rerun --store {store}" in " ".join(first.stdout.split() + first.stderr.split())
     again = sk("runs", "resume", "crash-2", "--store", store, cwd=tmp_path)
-    assert_user_error(again, "call_1_0", "runs resolve")
+    assert_user_error(again, "call_1_0", "runs resolve", f"--rerun --store {store}")
 
     resolved = sk(
         "runs", "resolve", "crash-2", "call_1_0", "--output", '{"confirmation": "SK-BYHAND"}',
@@ -153,6 +157,17 @@ def test_crash_after_a_side_effect_pauses_until_resolved(tmp_path: Path, store: 
     assert done["state"] == "completed"
     booked = [m for m in done["messages"] if m["role"] == "tool"]
     assert "SK-BYHAND" in json.dumps(booked[-1])
+
+
+def test_a_crash_after_the_run_completed_suggests_no_resume(tmp_path: Path, store: str) -> None:
+    crashed = sk(
+        "demo", "--model", SCRIPTED, "--store", store, "--crash-after", "run_completed",
+        "--run-id", "crash-3", cwd=tmp_path,
+    )  # fmt: skip
+    assert crashed.returncode == -signal.SIGKILL
+    said = " ".join(crashed.stderr.split())
+    assert "The run had completed: nothing is left to resume" in said
+    assert "runs resume" not in said
 
 
 def test_crash_after_rejects_unknown_events(tmp_path: Path, store: str) -> None:
@@ -172,7 +187,7 @@ def test_crash_after_rejects_unknown_events(tmp_path: Path, store: str) -> None:
         ("runs", "events", "nope"),
         ("runs", "resume", "nope"),
         ("runs", "fork", "nope"),
-        ("runs", "delete", "nope"),
+        ("runs", "delete", "nope", "--yes"),
         ("runs", "diagram", "nope", "-o", "x.svg"),
         ("runs", "resolve", "nope", "call_1", "--rerun"),
     ],

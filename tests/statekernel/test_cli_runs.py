@@ -150,7 +150,12 @@ def test_fork_and_resume(work: tuple[Path, str]) -> None:
 def test_delete(work: tuple[Path, str]) -> None:
     cwd, store = work
     forked = as_json(sk("runs", "fork", "run-b", "--store", store, "--json", cwd=cwd))
-    out = ok(sk("runs", "delete", forked["run_id"], "--store", store, cwd=cwd))
+    for asked in (["--json"], []):  # nobody can confirm: no terminal, or JSON wanted
+        refused = sk("runs", "delete", forked["run_id"], *asked, "--store", store, cwd=cwd)
+        assert refused.returncode == 2
+        assert "pass --yes" in refused.stderr
+    assert ok(sk("runs", "show", forked["run_id"], "--store", store, cwd=cwd))
+    out = ok(sk("runs", "delete", forked["run_id"], "--yes", "--store", store, cwd=cwd))
     assert "deleted" in out
     gone = sk("runs", "show", forked["run_id"], "--store", store, cwd=cwd)
     assert gone.returncode == 2
@@ -226,12 +231,10 @@ def test_resume_an_application_run_with_its_agent(tmp_path: Path) -> None:
     assert "--agent" in refused.stderr
     assert "Traceback" not in refused.stderr
 
-    env_path = {"PYTHONPATH": str(tmp_path)}
-    done = subprocess.run(
-        [str(EXE), "runs", "resume", "app-1", "--agent", "my_agent:kernel_options",
-         "--store", store, "--json"],
-        cwd=tmp_path, env={**os.environ, **env_path}, capture_output=True, text=True,
-        timeout=60, check=False,
+    # the module is found in the current directory, without PYTHONPATH
+    done = sk(
+        "runs", "resume", "app-1", "--agent", "my_agent:kernel_options", "--store", store,
+        "--json", cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     shown = as_json(sk("runs", "show", "app-1", "--store", store, "--json", cwd=tmp_path))
