@@ -61,7 +61,13 @@ def _exit_for(run: Run) -> None:
 def list_runs(
     state: StateId | None, root: str | None, limit: int, store: str | None, as_json: bool
 ) -> None:
-    """List runs, most recently updated first."""
+    """List runs, most recently updated first.
+
+    A run whose stored head cannot be read is left out and named on stderr (and, with
+    --json, listed after the others as ``{"run_id": ..., "damaged": problem}``).
+    """
+
+    damaged: dict[str, str] = {}
 
     async def go() -> list[RunSummary]:
         async with open_cli_store(store) as s:
@@ -74,6 +80,7 @@ def list_runs(
             while len(rows) < limit:
                 page = await s.list_runs(state=state, limit=limit - len(rows), cursor=cursor)
                 rows.extend(page.runs)
+                damaged.update((d.run_id, d.problem) for d in page.damaged)
                 cursor = page.next_cursor
                 if cursor is None:
                     break
@@ -81,8 +88,10 @@ def list_runs(
 
     rows = run_async(go())
     out = Output(as_json)
-    if as_json:
-        out.json(rows)
+    for run_id, problem in damaged.items():
+        out.errors.print(f"skipped damaged run {run_id}: {problem}", markup=False)
+    if as_json:  # damaged runs follow the listed ones, each with its problem
+        out.json([*rows, *({"run_id": r, "damaged": p} for r, p in damaged.items())])
     elif rows:
         out.console.print(runs_table(rows))
     else:

@@ -28,6 +28,7 @@ from statekernel._run import PauseInfo, Run, StateId
 __all__ = [
     "Checkpoint",
     "CheckpointStore",
+    "DamagedRun",
     "Lease",
     "RunPage",
     "RunSummary",
@@ -118,11 +119,24 @@ class RunSummary:
 
 
 @attrs.frozen
+class DamagedRun:
+    """A run a listing left out because its stored head cannot be read, and why."""
+
+    run_id: str
+    problem: str
+
+
+@attrs.frozen
 class RunPage:
-    """One page of a run listing; pass ``next_cursor`` back to get the next page."""
+    """One page of a run listing; pass ``next_cursor`` back to get the next page.
+
+    ``damaged``: runs of this page's range whose head cannot be read (left out of
+    ``runs``, named here so one damaged run never hides the others).
+    """
 
     runs: tuple[RunSummary, ...]
     next_cursor: str | None = None
+    damaged: tuple[DamagedRun, ...] = ()
 
 
 @runtime_checkable

@@ -9,6 +9,7 @@ from __future__ import annotations
 from statekernel._storage import (
     Checkpoint,
     CheckpointStore,
+    DamagedRun,
     Lease,
     RunPage,
     RunSummary,
@@ -24,6 +25,7 @@ from statekernel.stores._sqlite import SQLiteStore
 __all__ = [
     "Checkpoint",
     "CheckpointStore",
+    "DamagedRun",
     "FileStore",
     "Lease",
     "MemoryStore",

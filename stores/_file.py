@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import attrs
+
 from statekernel._codec import (
     check_log,
     decode_events,
@@ -36,7 +38,7 @@ from statekernel._codec import (
 )
 from statekernel._events import Event
 from statekernel._run import Run, StateId
-from statekernel._storage import Checkpoint, Lease, RunPage, RunSummary
+from statekernel._storage import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
 from statekernel.stores._common import check_head, check_revision, checked_revision
 from statekernel.stores._file_io import (
@@ -194,12 +196,14 @@ class FileStore:
         cursor: str | None = None,
     ) -> RunPage:
         """Runs, newest update first (reads every run's head)."""
-        summaries = await asyncio.to_thread(lambda: list(self._summaries()))
-        return page_of(
+        damaged: list[DamagedRun] = []
+        summaries = await asyncio.to_thread(lambda: list(self._summaries(damaged)))
+        page = page_of(
             summaries, state=state, updated_after=updated_after, limit=limit, cursor=cursor
         )
+        return attrs.evolve(page, damaged=tuple(damaged))
 
-    def _summaries(self) -> Iterator[RunSummary]:
+    def _summaries(self, damaged: list[DamagedRun]) -> Iterator[RunSummary]:
         try:
             names = sorted(os.listdir(self.root))
         except FileNotFoundError:
@@ -210,9 +214,12 @@ class FileStore:
             if name.startswith("."):
                 continue
             folder = RunFolder(self.root / name, self.url)
-            doc = read_head(folder)
-            if doc is not None:
-                yield head_summary(doc["head"], what=f"head in {folder.path}")
+            try:
+                doc = read_head(folder)
+                if doc is not None:
+                    yield head_summary(doc["head"], what=f"head in {folder.path}")
+            except CorruptCheckpoint as exc:
+                damaged.append(DamagedRun(name, str(exc)))  # a hashed id: its folder
 
     async def delete(self, run_id: str) -> bool:
         """Remove the run's folder (renamed aside under its lock, then deleted)."""

@@ -30,7 +30,7 @@ from statekernel._codec_base import dump_bytes, load_json
 from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._events import Event
 from statekernel._run import Run, StateId
-from statekernel._storage import Checkpoint, Lease, RunPage
+from statekernel._storage import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel.errors import ConflictError, CorruptCheckpoint, RunNotFound
 from statekernel.stores._common import check_revision, checked_revision
 from statekernel.stores._listing import page_of
@@ -186,10 +186,17 @@ class MemoryStore:
     ) -> RunPage:
         """Runs, newest update first."""
         what = f"run head in {self.url}"
-        summaries = [head_summary(_head(e.head, what), what=what) for e in self._runs.values()]
-        return page_of(
+        summaries: list[RunSummary] = []
+        damaged: list[DamagedRun] = []
+        for run_id, entry in self._runs.items():
+            try:
+                summaries.append(head_summary(_head(entry.head, what), what=what))
+            except CorruptCheckpoint as exc:
+                damaged.append(DamagedRun(run_id, str(exc)))
+        page = page_of(
             summaries, state=state, updated_after=updated_after, limit=limit, cursor=cursor
         )
+        return attrs.evolve(page, damaged=tuple(damaged))
 
     async def delete(self, run_id: str) -> bool:
         """Forget a run entirely."""

@@ -50,7 +50,7 @@ from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._events import Event
 from statekernel._fencing import FENCE_KEY_TTL_MS, RELEASE, RENEW, Fence
 from statekernel._run import Run, StateId
-from statekernel._storage import Checkpoint, Lease, RunPage, RunSummary
+from statekernel._storage import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel.errors import (
     ConfigError,
     ConflictError,
@@ -436,6 +436,7 @@ class RedisStore:
         low = f"({micros(updated_after)}" if updated_after is not None else "-inf"
         high = str(top[0]) if top else "+inf"
         found: list[RunSummary] = []
+        damaged: list[DamagedRun] = []
         offset = 0
         while len(found) <= limit:
             batch: list[Any] = await self._call(
@@ -446,14 +447,18 @@ class RedisStore:
             offset += len(batch)
             scored = [(m.decode(), int(s)) for m, s in batch]
             scored = [(m, s) for m, s in scored if top is None or (s, m) < top]
-            summaries = await self._summaries(scored)
+            summaries = await self._summaries(scored, damaged)
             found += [s for s in summaries if state is None or s.state == state]
         page = tuple(found[:limit])
         more = len(found) > limit and bool(page)
-        return RunPage(page, encode_cursor(page[-1]) if more else None)
+        cursor_out = encode_cursor(page[-1]) if more else None
+        return RunPage(page, cursor_out, tuple(damaged))
 
-    async def _summaries(self, scored: list[tuple[str, int]]) -> list[RunSummary]:
-        """Summaries from the heads (the truth); index entries that lag are repaired."""
+    async def _summaries(
+        self, scored: list[tuple[str, int]], damaged: list[DamagedRun]
+    ) -> list[RunSummary]:
+        """Summaries from the heads (the truth); index entries that lag are repaired, and
+        runs whose head cannot be read are left out and named in ``damaged``."""
         pipe = self._client.pipeline(transaction=False)
         for run_id, _ in scored:
             pipe.hget(self._keys(run_id)[0], "doc")
@@ -463,7 +468,11 @@ class RedisStore:
         for (run_id, score), doc in zip(scored, docs, strict=True):
             if doc is None:
                 continue
-            summary = head_summary(_load_head(doc, what))
+            try:
+                summary = head_summary(_load_head(doc, what))
+            except CorruptCheckpoint as exc:
+                damaged.append(DamagedRun(run_id, str(exc)))
+                continue
             if micros(summary.updated_at) != score:
                 fixed = {run_id: micros(summary.updated_at)}
                 await self._call(self._client.zadd(self._index, fixed, xx=True))

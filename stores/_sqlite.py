@@ -48,7 +48,7 @@ from statekernel._codec_base import dump_bytes, enc_time, load_json
 from statekernel._codec_dict import dump_entry, load_entry
 from statekernel._events import Event
 from statekernel._run import Run, StateId
-from statekernel._storage import Checkpoint, Lease, RunPage
+from statekernel._storage import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel.errors import (
     ConfigError,
     CorruptCheckpoint,
@@ -335,14 +335,20 @@ class SQLiteStore:
     ) -> RunPage:
         """Runs, newest update first."""
         where, params = _filters(state, updated_after, cursor)
-        sql = f"SELECT head FROM runs{where} ORDER BY updated_us DESC, run_id DESC LIMIT ?"
+        sql = f"SELECT run_id, head FROM runs{where} ORDER BY updated_us DESC, run_id DESC LIMIT ?"
         params.append(max(limit, 0) + 1)
         rows = await self._shielded(lambda: self._call(fetch_all, sql, params))
         what = f"run head in {self.url}"
-        summaries = [head_summary(load_json(unseal(h, what), what)) for (h,) in rows]
+        summaries: list[RunSummary] = []
+        damaged: list[DamagedRun] = []
+        for run_id, head in rows:
+            try:
+                summaries.append(head_summary(load_json(unseal(head, what), what)))
+            except CorruptCheckpoint as exc:
+                damaged.append(DamagedRun(str(run_id), str(exc)))
         page = tuple(summaries[:limit])
-        more = len(summaries) > limit and bool(page)
-        return RunPage(page, encode_cursor(page[-1]) if more else None)
+        more = len(rows) > limit and bool(page)
+        return RunPage(page, encode_cursor(page[-1]) if more else None, tuple(damaged))
 
     async def delete(self, run_id: str) -> bool:
         """Remove the run with every revision, part, blob and event."""

@@ -56,7 +56,8 @@ def _holding(records: dict[RecordKey, bytes], kind: str, needle: bytes) -> Recor
 
 async def check_damaged_records(store: CheckpointStore, raw: RawRecords) -> None:
     """A byte flipped inside a stored message, turn, blob, head or commit log entry raises
-    ``CorruptCheckpoint`` naming the run and the record, on load and on ``events``."""
+    ``CorruptCheckpoint`` naming the run and the record, on load and on ``events``; a
+    listing leaves a run with a damaged head out and names it in ``damaged``."""
     run_id = "damaged"
     chain = await _chain(store, run_id, 3)
     records = await raw.read(store, run_id)
@@ -71,6 +72,11 @@ async def check_damaged_records(store: CheckpointStore, raw: RawRecords) -> None
         original = records[key]
         await raw.write(store, run_id, key, _flip(original, original.index(needle) + 2))
         await corrupt_raised(store.load(run_id), run_id, words, f"load with a damaged {kind}")
+        if kind == "head":  # a listing leaves it out and names it, listing the others
+            page = await store.list_runs()
+            assert run_id not in [s.run_id for s in page.runs], "a damaged run was listed"
+            assert [d.run_id for d in page.damaged] == [run_id], "damaged run not named"
+            assert "head" in page.damaged[0].problem, "the problem names the record"
         await raw.write(store, run_id, key, original)
         assert await store.load(run_id) == chain[-1], f"load after the {kind} was repaired"
     key = ("entry", 1)

@@ -244,3 +244,31 @@ def test_resume_an_application_run_with_its_agent(tmp_path: Path) -> None:
     )
     assert bad.returncode == 2
     assert "cannot load --agent" in bad.stderr
+
+
+def test_a_damaged_run_is_named_and_the_others_still_listed(tmp_path: Path) -> None:
+    import asyncio
+
+    import statekernel as statek
+    from statekernel.testing import ScriptedProvider, SQLiteRecords
+
+    store = f"sqlite:///{tmp_path / 'mixed.db'}"
+
+    async def two_runs() -> None:
+        kernel = statek.Kernel(store, providers={"scripted": ScriptedProvider(["ok"])})
+        async with kernel:
+            for run_id in ("good", "bad"):
+                await kernel.start(model="scripted/x", messages=["hi"], run_id=run_id)
+            raw = SQLiteRecords()
+            head = (await raw.read(kernel.store, "bad"))[("head", 0)]
+            await raw.write(kernel.store, "bad", ("head", 0), head[:-3] + b"xyz")
+
+    asyncio.run(two_runs())
+    listed = sk("runs", "list", "--store", store, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "good" in listed.stdout
+    assert "skipped damaged run bad:" in listed.stderr
+    rows = as_json(sk("runs", "list", "--json", "--store", store, cwd=tmp_path))
+    assert [r["run_id"] for r in rows] == ["good", "bad"]
+    assert "damaged" not in rows[0]
+    assert "checksum mismatch" in rows[1]["damaged"]
