@@ -18,6 +18,7 @@ import click
 from statekernel._cli_common import (
     Output,
     UserError,
+    check_existing_store,
     command_hint,
     common_options,
     debug_enabled,
@@ -39,7 +40,7 @@ from statekernel._demo import (
 from statekernel._diagram import DIAGRAM_NAME, FORMATS, can_render_svg, write_diagrams
 from statekernel._events import PERSISTED_EVENTS
 from statekernel._run import Run
-from statekernel.errors import ConflictError, StatekernelError
+from statekernel.errors import ConflictError, CorruptCheckpoint, StatekernelError
 from statekernel.stores import redact_url
 
 __all__ = ["cli", "main"]
@@ -117,7 +118,7 @@ def demo(
     chosen = model or default_demo_model()
 
     async def go() -> Run:
-        async with open_cli_store(store) as s:
+        async with open_cli_store(store, existing=False) as s:
             kernel = demo_kernel(s)
             try:
                 kernel.registry.get(chosen)
@@ -152,35 +153,68 @@ def demo(
 @cli.command()
 @click.argument("src_url")
 @click.argument("dst_url")
+@click.option(
+    "--skip-corrupt",
+    is_flag=True,
+    help="Skip runs whose stored data cannot be read (named at the end) instead of stopping.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
-def migrate(src_url: str, dst_url: str, as_json: bool) -> None:
-    """Copy every run (all revisions and events) from one store to another."""
-    from rich.progress import Progress
+def migrate(src_url: str, dst_url: str, skip_corrupt: bool, as_json: bool) -> None:
+    """Copy every run (all revisions and events) from one store to another.
+
+    Run again after it stopped, it goes on where it stopped: runs the destination
+    holds whole are kept, a run it holds part of gets the revisions it lacks.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from statekernel.stores import migrate as migrate_store
 
     out = Output(as_json)
+    check_existing_store(src_url)
     quiet = as_json or not out.errors.is_terminal
-    with Progress(console=out.errors, transient=True, disable=quiet) as progress:
+    columns = (TextColumn("migrating runs"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, console=out.errors, transient=True, disable=quiet) as progress:
         task = progress.add_task("migrating runs", total=None)
 
         def report(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
         try:
-            copied = run_async(migrate_store(src_url, dst_url, progress=report))
+            result = run_async(
+                migrate_store(src_url, dst_url, progress=report, skip_corrupt=skip_corrupt)
+            )
         except UserError as exc:
-            if isinstance(exc.__cause__, ConflictError):
+            cause = exc.__cause__
+            if isinstance(cause, ConflictError):
                 raise UserError(
-                    f"the destination already holds run {exc.__cause__.run_id!r}: "
-                    "migrate into an empty store"
+                    f"the destination holds another run with the id {cause.run_id!r} "
+                    "(a different history): migrate into another store"
                 ) from exc
+            if isinstance(cause, CorruptCheckpoint):
+                raise UserError(f"{cause}; pass --skip-corrupt to copy the other runs") from exc
             raise
     src, dst = redact_url(src_url), redact_url(dst_url)
+    for damaged in result.skipped:
+        out.errors.print(f"skipped damaged run {damaged.run_id}: {damaged.problem}", markup=False)
     if as_json:
-        out.json({"source": src, "destination": dst, "runs": copied})
+        skipped = [{"run_id": d.run_id, "problem": d.problem} for d in result.skipped]
+        out.json(
+            {
+                "source": src,
+                "destination": dst,
+                "runs": result.copied,
+                "kept": result.kept,
+                "skipped": skipped,
+            }
+        )
     else:
-        out.console.print(f"migrated {copied} run{'' if copied == 1 else 's'} from {src} to {dst}")
+        copied = result.copied
+        line = f"migrated {copied} run{'' if copied == 1 else 's'} from {src} to {dst}"
+        if result.kept:
+            line += f" ({result.kept} already there)"
+        if result.skipped:
+            line += f"; skipped {len(result.skipped)} damaged"
+        out.console.print(line)
 
 
 # -- diagram -----------------------------------------------------------------------

@@ -10,6 +10,7 @@ import re
 import shlex
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import attrs
@@ -24,6 +25,7 @@ __all__ = [
     "EXIT_USER_ERROR",
     "Output",
     "UserError",
+    "check_existing_store",
     "command_hint",
     "common_options",
     "one_line",
@@ -72,12 +74,36 @@ def run_async(coro: Awaitable[T]) -> T:
 
 def store_url(explicit: str | None) -> str:
     """The ``--store`` URL, else the configured store (``STATEKERNEL_STORE``, config files,
-    then the embedded SQLite default)."""
-    if explicit:
+    then the embedded SQLite default); an empty ``--store`` is a ``UserError``."""
+    if explicit is not None:
+        if not explicit.strip():
+            raise UserError("--store is empty: give a store URL (or leave it out)")
         return explicit
     from statekernel._config import default_store_url
 
-    return default_store_url()
+    try:
+        return default_store_url()
+    except StatekernelError as exc:
+        raise UserError(str(exc)) from exc
+
+
+def check_existing_store(url: str) -> None:
+    """Refuse a store URL that names no store yet (a missing or empty SQLite file, a
+    missing file-store folder): commands that read never create one."""
+    from statekernel.stores import FileStore, SQLiteStore, open_store
+
+    try:
+        store = open_store(url)  # lazy: nothing is opened or created
+    except StatekernelError as exc:
+        raise UserError(str(exc)) from exc
+    if isinstance(store, SQLiteStore) and store.path != ":memory:":
+        path = Path(store.path)
+        if not path.is_file():
+            raise UserError(f"no SQLite store at {str(path)!r}: the file does not exist")
+        if path.stat().st_size == 0:
+            raise UserError(f"{str(path)!r} is empty: not a statekernel store")
+    elif isinstance(store, FileStore) and not store.root.is_dir():
+        raise UserError(f"no file store at {str(store.root)!r}: the folder does not exist")
 
 
 def command_hint(command: str, store: str | None, agent: str | None = None) -> str:
@@ -95,11 +121,18 @@ def command_hint(command: str, store: str | None, agent: str | None = None) -> s
 
 
 @contextlib.asynccontextmanager
-async def open_cli_store(url: str | None) -> AsyncIterator[CheckpointStore]:
-    """Open the store named by ``--store`` (or the configured one), closed on exit."""
+async def open_cli_store(
+    url: str | None, *, existing: bool = True
+) -> AsyncIterator[CheckpointStore]:
+    """Open the store named by ``--store`` (or the configured one), closed on exit.
+    With ``existing`` (commands that act on stored runs) a store that does not exist
+    yet is a ``UserError`` naming it, and nothing is created."""
     from statekernel.stores import open_store
 
-    store = open_store(store_url(url))
+    chosen = store_url(url)
+    if existing:
+        check_existing_store(chosen)
+    store = open_store(chosen)
     try:
         yield store
     finally:

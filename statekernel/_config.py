@@ -16,6 +16,9 @@ ENV_VAR = "STATEKERNEL_STORE"
 DEFAULT_STORE_URL = "sqlite:///.statekernel/runs.db"
 """The embedded default: a SQLite file under ``.statekernel/`` in the working directory."""
 
+_KEYS = frozenset({"store"})
+"""The keys statekernel reads from its config section."""
+
 _FILES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("statekernel.toml", ()),
     ("pyproject.toml", ("tool", "statekernel")),
@@ -27,22 +30,45 @@ def default_store_url(
 ) -> str:
     """The store URL to use when none is given.
 
-    In order: the ``STATEKERNEL_STORE`` environment variable; ``store = ...`` under
-    ``[tool.statekernel]`` in ``pyproject.toml`` or at the top of ``statekernel.toml``
-    in the working directory (``statekernel.toml`` first); then
-    ``sqlite:///.statekernel/runs.db``. A malformed file or value raises
-    ``ConfigError`` naming the file.
+    In order: the ``STATEKERNEL_STORE`` environment variable; ``store = ...`` at the top
+    of ``statekernel.toml`` or under ``[tool.statekernel]`` in ``pyproject.toml``, looked
+    for in the working directory and then in each folder above it up to the project's
+    root (the first folder holding either file or ``.git``); then the embedded default,
+    ``.statekernel/runs.db`` in the project's root (the working directory outside a
+    project). A relative SQLite or file path in a config file is relative to that file's
+    folder. A malformed file, an unknown key or a bad value raises ``ConfigError``
+    naming the file.
     """
     env = os.environ if environ is None else environ
     value = env.get(ENV_VAR, "").strip()
     if value:
         return value
-    folder = Path.cwd() if cwd is None else Path(cwd)
-    for name, section in _FILES:
-        found = _store_in(folder / name, section)
-        if found is not None:
-            return found
-    return DEFAULT_STORE_URL
+    start = Path.cwd() if cwd is None else Path(cwd)
+    root = start
+    for folder in (start, *start.parents):
+        for name, section in _FILES:
+            found = _store_in(folder / name, section)
+            if found is not None:
+                return _anchored(found, folder)
+        if any((folder / marker).exists() for marker in (*(n for n, _ in _FILES), ".git")):
+            root = folder
+            break
+    return _anchored(DEFAULT_STORE_URL, root)
+
+
+def _anchored(url: str, folder: Path) -> str:
+    """``url`` with a relative SQLite or file path made absolute against ``folder``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    if scheme == "sqlite" and rest.startswith("/") and not rest.startswith("//"):
+        path, query = rest[1:], ""
+        if "?" in path:
+            path, query = path.split("?", 1)
+            query = "?" + query
+        if path and path != ":memory:" and not Path(path).is_absolute():
+            return f"sqlite:///{folder / path}{query}"
+    return url
 
 
 def _store_in(path: Path, section: tuple[str, ...]) -> str | None:
@@ -54,7 +80,16 @@ def _store_in(path: Path, section: tuple[str, ...]) -> str | None:
         raise ConfigError(f"cannot read {str(path)!r}: {exc}") from exc
     for key in section:
         data = data.get(key) if isinstance(data, dict) else None
-    if not isinstance(data, dict) or "store" not in data:
+    if not isinstance(data, dict):
+        return None
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        where = f"[{'.'.join(section)}]" if section else "the top level"
+        raise ConfigError(
+            f"{str(path)!r}: unknown key(s) {', '.join(unknown)} at {where} "
+            f"(known: {', '.join(sorted(_KEYS))})"
+        )
+    if "store" not in data:
         return None
     store = data["store"]
     if not isinstance(store, str) or not store.strip():

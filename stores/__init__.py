@@ -17,7 +17,7 @@ from statekernel._storage import (
 )
 from statekernel.stores._file import FileStore
 from statekernel.stores._memory import MemoryStore
-from statekernel.stores._migrate import migrate
+from statekernel.stores._migrate import Migration, migrate
 from statekernel.stores._open import open_store, redact_url
 from statekernel.stores._redis import RedisStore
 from statekernel.stores._sqlite import SQLiteStore
@@ -29,6 +29,7 @@ __all__ = [
     "FileStore",
     "Lease",
     "MemoryStore",
+    "Migration",
     "RedisStore",
     "RunPage",
     "RunSummary",

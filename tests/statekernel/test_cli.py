@@ -64,6 +64,12 @@ def assert_user_error(done: subprocess.CompletedProcess[str], *needles: str) -> 
         assert needle in err
 
 
+def as_json_out(done: subprocess.CompletedProcess[str]) -> Any:
+    """The JSON a command printed (it must succeed)."""
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    return json.loads(done.stdout)
+
+
 def run_state(run_id: str, store: str, cwd: Path) -> dict[str, Any]:
     done = sk("runs", "show", run_id, "--store", store, "--json", cwd=cwd)
     assert done.returncode == 0, done.stderr
@@ -264,8 +270,14 @@ def test_migrate_copies_every_run(shared: tuple[Path, str], tmp_path: Path) -> N
     events = sk("runs", "events", "done-1", "--store", target, "--json", cwd=cwd)
     original = sk("runs", "events", "done-1", "--store", store, "--json", cwd=cwd)
     assert events.stdout == original.stdout
-    again = sk("migrate", store, target, "--json", cwd=cwd)
-    assert_user_error(again, "already holds run 'done-1'")
+    again = as_json_out(sk("migrate", store, target, "--json", cwd=cwd))
+    assert (again["runs"], again["kept"], again["skipped"]) == (0, 1, [])  # went on: all there
+    other = tmp_path / "other.db"
+    ok_run = sk("demo", "--model", SCRIPTED, "--store", f"sqlite:///{other}", "--run-id", "done-1",
+                cwd=tmp_path)  # fmt: skip
+    assert ok_run.returncode == 0, ok_run.stderr
+    clash = sk("migrate", f"sqlite:///{other}", target, cwd=cwd)
+    assert_user_error(clash, "holds another run with the id 'done-1'")
 
 
 @pytest.mark.llama

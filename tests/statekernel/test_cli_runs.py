@@ -272,3 +272,49 @@ def test_a_damaged_run_is_named_and_the_others_still_listed(tmp_path: Path) -> N
     assert [r["run_id"] for r in rows] == ["good", "bad"]
     assert "damaged" not in rows[0]
     assert "checksum mismatch" in rows[1]["damaged"]
+
+
+def test_reading_a_store_that_does_not_exist_creates_nothing(tmp_path: Path) -> None:
+    typo = tmp_path / "data" / "typo.db"
+    for args in (
+        ("runs", "list", "--store", f"sqlite:///{typo}"),
+        ("runs", "show", "x", "--store", f"sqlite:///{typo}"),
+        ("migrate", f"sqlite:///{typo}", f"file://{tmp_path}/out"),
+    ):
+        done = sk(*args, cwd=tmp_path)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip() == f"error: no SQLite store at '{typo}': the file does not exist"
+    assert not typo.exists()
+    assert not (tmp_path / "data").exists()
+    assert not (tmp_path / "out").exists()
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    done = sk("runs", "list", "--store", f"sqlite:///{empty}", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "is empty: not a statekernel store" in done.stderr
+    assert empty.stat().st_size == 0
+    missing = sk("runs", "list", "--store", f"file://{tmp_path}/nowhere", cwd=tmp_path)
+    assert missing.returncode == 2
+    assert "no file store at" in missing.stderr
+    assert not (tmp_path / "nowhere").exists()
+    blank = sk("runs", "list", "--store", "", cwd=tmp_path)
+    assert blank.returncode == 2
+    assert "--store is empty" in blank.stderr
+
+
+def test_config_is_found_from_a_subfolder_and_an_unknown_key_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    sub = tmp_path / "pkg" / "deep"
+    sub.mkdir(parents=True)
+    ok(sk("demo", "--model", "scripted/demo", "--run-id", "at-root", cwd=tmp_path))
+    assert (tmp_path / ".statekernel" / "runs.db").is_file()
+    rows = as_json(sk("runs", "list", "--json", cwd=sub))
+    assert [r["run_id"] for r in rows] == ["at-root"]
+    assert not (sub / ".statekernel").exists()
+    (tmp_path / "statekernel.toml").write_text(
+        'store = "sqlite:///.statekernel/runs.db"\nstroe = 1\n'
+    )
+    bad = sk("runs", "list", cwd=sub)
+    assert bad.returncode == 2
+    assert "unknown key(s) stroe" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1

@@ -11,8 +11,41 @@ from statekernel.errors import ConfigError
 
 
 def test_built_in_default(tmp_path: Path) -> None:
-    assert default_store_url(environ={}, cwd=tmp_path) == DEFAULT_STORE_URL
+    """Outside a project: ``.statekernel/runs.db`` in the working directory."""
+    default = f"sqlite:///{tmp_path}/.statekernel/runs.db"
+    assert default_store_url(environ={}, cwd=tmp_path) == default
     assert DEFAULT_STORE_URL == "sqlite:///.statekernel/runs.db"
+
+
+def test_from_a_subfolder_the_projects_config_and_default_are_found(tmp_path: Path) -> None:
+    deep = tmp_path / "src" / "app"
+    deep.mkdir(parents=True)
+    (tmp_path / ".git").mkdir()  # the project's root
+    root_default = f"sqlite:///{tmp_path}/.statekernel/runs.db"
+    assert default_store_url(environ={}, cwd=deep) == root_default
+    (tmp_path / "statekernel.toml").write_text(
+        'store = "sqlite:///data/runs.db?synchronous=normal"\n'
+    )
+    found = f"sqlite:///{tmp_path}/data/runs.db?synchronous=normal"  # relative to the file
+    assert default_store_url(environ={}, cwd=deep) == found
+    (tmp_path / "src" / "pyproject.toml").write_text('[project]\nname = "inner"\n')
+    inner_default = f"sqlite:///{tmp_path}/src/.statekernel/runs.db"  # a nearer root
+    assert default_store_url(environ={}, cwd=deep) == inner_default
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("statekernel.toml", 'store = "memory://x"\nstroe = "typo"\n'),
+        ("pyproject.toml", '[tool.statekernel]\nstores = "memory://x"\n'),
+    ],
+)
+def test_an_unknown_key_names_the_file_and_the_key(tmp_path: Path, name: str, text: str) -> None:
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError, match="unknown key") as info:
+        default_store_url(environ={}, cwd=tmp_path)
+    assert str(tmp_path / name) in str(info.value)
+    assert ("stroe" if name == "statekernel.toml" else "stores") in str(info.value)
 
 
 def test_environment_comes_first(tmp_path: Path) -> None:
@@ -35,7 +68,8 @@ def test_process_environment_and_working_directory(
 
 def test_statekernel_toml(tmp_path: Path) -> None:
     (tmp_path / "statekernel.toml").write_text('# runs\nstore = "sqlite:///runs/here.db"\n')
-    assert default_store_url(environ={}, cwd=tmp_path) == "sqlite:///runs/here.db"
+    here = f"sqlite:///{tmp_path}/runs/here.db"  # relative to the file's folder
+    assert default_store_url(environ={}, cwd=tmp_path) == here
 
 
 def test_tool_section_of_pyproject(tmp_path: Path) -> None:
@@ -62,7 +96,8 @@ def test_statekernel_toml_before_pyproject(tmp_path: Path) -> None:
 )
 def test_pyproject_without_a_store_falls_through(tmp_path: Path, text: str) -> None:
     (tmp_path / "pyproject.toml").write_text(text)
-    assert default_store_url(environ={}, cwd=tmp_path) == DEFAULT_STORE_URL
+    default = f"sqlite:///{tmp_path}/.statekernel/runs.db"
+    assert default_store_url(environ={}, cwd=tmp_path) == default
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,9 @@ import pytest
 from statekernel._events import Event
 from statekernel._messages import Message
 from statekernel._run import Run
-from statekernel.errors import ConflictError
-from statekernel.stores import Checkpoint, CheckpointStore, migrate, open_store
+from statekernel.errors import ConflictError, CorruptCheckpoint
+from statekernel.stores import Checkpoint, CheckpointStore, Migration, migrate, open_store
+from statekernel.testing import SQLiteRecords
 from statekernel.testing._store_cases import T0, events_for, next_revision, sample_run
 
 pytestmark = pytest.mark.redis
@@ -68,14 +69,59 @@ async def test_migrate_memory_sqlite_file_redis(tmp_path: Path, redis_store_url:
     sqlite_url = f"sqlite:///{tmp_path}/runs.db"
     file_url = f"file://{tmp_path}/files"
     seen: list[tuple[int, int]] = []
-    assert await migrate(source, sqlite_url, progress=lambda d, t: seen.append((d, t))) == 3
+    done = await migrate(source, sqlite_url, progress=lambda d, t: seen.append((d, t)))
+    assert done == Migration(copied=3)
     assert seen == [(1, 3), (2, 3), (3, 3)]
-    assert await migrate(sqlite_url, file_url) == 3
-    assert await migrate(file_url, redis_store_url) == 3
+    assert await migrate(sqlite_url, file_url) == Migration(copied=3)
+    assert await migrate(file_url, redis_store_url) == Migration(copied=3)
     opened = [open_store(url) for url in (sqlite_url, file_url, redis_store_url)]
     for previous, store in zip([source, *opened], opened, strict=False):
         await _same_runs(previous, store, chains)
     for store in opened:
         await store.aclose()
+    assert await migrate(sqlite_url, file_url) == Migration(kept=3)  # run again: nothing to do
+
+
+async def test_a_migration_run_again_goes_on_where_it_stopped(tmp_path: Path) -> None:
+    source = open_store(f"memory://migrate-{uuid.uuid4().hex}")
+    chain = await _history(source, "long", 12)
+    await _history(source, "short", 2)
+    target = open_store(f"sqlite:///{tmp_path}/part.db")
+    history = [(await source.load("long", revision=r)) for r in range(5)]
+    events = await source.events("long")
+    previous = None
+    for run in history:  # a migration that stopped after revision 4 of "long"
+        batch = tuple(e for e in events if e.revision == run.revision)
+        await target.commit(Checkpoint.between(previous, run, batch))
+        previous = run
+    assert await migrate(source, target) == Migration(copied=2)
+    assert await target.load("long") == chain[-1]
+    assert await target.events("long") == events
+    other = open_store(f"memory://migrate-{uuid.uuid4().hex}")
+    await _history(other, "long", 3)  # another run with the same id
     with pytest.raises(ConflictError):
-        await migrate(sqlite_url, file_url)
+        await migrate(other, target)
+    await target.aclose()
+
+
+async def test_damaged_runs_stop_a_migration_or_are_skipped_and_named(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/src.db"
+    source = open_store(url)
+    await _history(source, "fine", 3)
+    await _history(source, "broken", 3)
+    raw = SQLiteRecords()
+    entry = (await raw.read(source, "broken"))[("entry", 2)]
+    await raw.write(source, "broken", ("entry", 2), entry[:-4] + b"oops")
+    await source.aclose()
+    target_url = f"sqlite:///{tmp_path}/dst.db"
+    with pytest.raises(CorruptCheckpoint):
+        await migrate(url, target_url)
+    target = open_store(target_url)
+    held = [s.run_id for s in (await target.list_runs()).runs]
+    assert "broken" not in held  # nothing of a damaged run is written
+    done = await migrate(url, target, skip_corrupt=True)
+    assert done.copied + done.kept == 1
+    assert [d.run_id for d in done.skipped] == ["broken"]
+    assert "revision 2" in done.skipped[0].problem
+    assert [s.run_id for s in (await target.list_runs()).runs] == ["fine"]
+    await target.aclose()
