@@ -88,14 +88,28 @@ class ProviderRegistry:
 
     def get(self, model: str) -> ModelProvider:
         """The provider for ``model`` (``"provider/name"``)."""
-        name, sep, rest = model.partition("/")
-        if not sep or not name or not rest:
-            raise ConfigError(f"model must look like 'provider/name', got {model!r}")
+        name = self.check(model)
         if name in self._explicit:
             return self._explicit[name]
         if name not in self._created:
             self._created[name] = builtin_provider(name)
         return self._created[name]
+
+    def check(self, model: str) -> str:
+        """The provider name of ``model`` if this registry can serve it (without creating
+        the provider); else ``ConfigError`` naming the providers it knows."""
+        name, sep, rest = model.partition("/")
+        if not sep or not name or not rest:
+            raise ConfigError(f"model must look like 'provider/name', got {model!r}")
+        if name in self._explicit or name in builtin_names():
+            return name
+        given = ", ".join(sorted(self._explicit))
+        raise ConfigError(
+            f"unknown model provider {name!r} in {model!r} ("
+            + (f"this kernel's: {given}; " if given else "")
+            + f"built in: {', '.join(builtin_names())}; or pass your own with"
+            " Kernel(providers={...}))"
+        )
 
     def shared(self) -> ProviderRegistry:
         """A registry that resolves through this one and closes nothing (for a kernel
@@ -116,6 +130,9 @@ class _Borrowed(ProviderRegistry):
 
     def get(self, model: str) -> ModelProvider:
         return self._owner.get(model)
+
+    def check(self, model: str) -> str:
+        return self._owner.check(model)
 
     async def aclose(self) -> None:
         """Nothing to close: the providers are the owner's."""

@@ -124,7 +124,10 @@ def delegate(
         child = parent.child_kernel(child_tools, hooks=hooks, middleware=middleware)
         run_id = child_run_id(ctx.run_id, ctx.call_id)
         try:
-            await _start_once(child, run_id, task, ctx, model, instructions, context, max_turns)
+            queued = queue is not None  # its workers bring the provider, not this process
+            await _start_once(
+                child, run_id, task, ctx, model, instructions, context, max_turns, queued
+            )
             if queue is None:
                 async for _ in child.run(run_id):
                     pass
@@ -153,8 +156,11 @@ async def _start_once(
     instructions: str | None,
     context: Mapping[str, Any] | None,
     max_turns: int | None,
+    queued: bool,
 ) -> None:
-    """Start the child unless it exists (a call run again finds the one it started)."""
+    """Start the child unless it exists (a call run again finds the one it started); a
+    child for a queue's workers is started without asking whether this process has its
+    model's provider."""
     try:
         await kernel.get(run_id)
         return
@@ -162,8 +168,9 @@ async def _start_once(
         pass
     messages = [Message.system(instructions)] if instructions else []
     messages.append(Message.user(task))
+    create = kernel._create if queued else kernel.start
     with contextlib.suppress(ConflictError):  # another attempt of this call started it
-        await kernel.start(
+        await create(
             model=model,
             messages=messages,
             context=dict(context or {}),

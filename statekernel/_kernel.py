@@ -208,8 +208,33 @@ class Kernel:
         """Create a run at ``init`` (revision 0). Nothing runs until ``run`` is iterated.
 
         ``parent_run_id`` and ``parent_call_id`` (both or neither) make it the child
-        run of that call (``delegate`` tools start their child runs so).
+        run of that call (``delegate`` tools start their child runs so). A model whose
+        provider this kernel does not know is a ``ConfigError`` and creates nothing.
         """
+        self.registry.check(model)  # an unknown provider is refused before a run exists
+        return await self._create(
+            model=model,
+            messages=messages,
+            context=context,
+            run_id=run_id,
+            max_turns=max_turns,
+            parent_run_id=parent_run_id,
+            parent_call_id=parent_call_id,
+        )
+
+    async def _create(
+        self,
+        *,
+        model: str,
+        messages: Iterable[Message | str],
+        context: JSON,
+        run_id: str | None,
+        max_turns: int | None,
+        parent_run_id: str | None,
+        parent_call_id: str | None,
+    ) -> Run:
+        """``start`` without asking whether this kernel can call the model (a run that
+        other processes drive, with providers of their own)."""
         if (parent_run_id is None) != (parent_call_id is None):
             raise InvalidArgument("give both parent_run_id and parent_call_id, or neither")
         provider, sep, name = model.partition("/")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import statekernel as sk
-from statekernel.testing import Reply, call
+from statekernel.testing import Reply, ScriptedProvider, call
 
 from .conftest import MakeKernel, RecordingStore, drain, start
 
@@ -234,7 +234,7 @@ async def test_partial_resolution_waits_for_every_uncertain_call(make_kernel: Ma
 async def test_a_failure_of_the_model_work_while_stopping_is_raised() -> None:
     from statekernel._driver import RunDriver
 
-    kernel = sk.Kernel(RecordingStore())
+    kernel = sk.Kernel(RecordingStore(), providers={"scripted": ScriptedProvider([])})
     run = await start(kernel)
     driver = RunDriver(kernel, run)
     stopped = asyncio.Event()

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from statekernel.errors import ConfigError
+
 EXE = shutil.which("statekernel")
 pytestmark = pytest.mark.skipif(
     EXE is None, reason="the statekernel console script is not installed"
@@ -301,9 +303,13 @@ def test_resume_refuses_runs_whose_provider_is_not_configured(tmp_path: Path, st
     import asyncio
 
     import statekernel as sk_api
+    from statekernel.testing import ScriptedProvider
 
-    async def make() -> None:
-        async with sk_api.Kernel(store) as kernel:
+    async def make() -> None:  # started by an application that has the provider
+        elsewhere = {"elsewhere": ScriptedProvider(["hi"])}
+        async with sk_api.Kernel(store, providers=elsewhere) as kernel:
+            with pytest.raises(ConfigError, match="unknown model provider 'nowhere'"):
+                await kernel.start(model="nowhere/model-1", messages=["hi"], run_id="app-3")
             await kernel.start(model="elsewhere/model-1", messages=["hi"], run_id="app-2")
 
     asyncio.run(make())

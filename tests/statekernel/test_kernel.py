@@ -426,3 +426,20 @@ async def test_calls_that_start_together_share_their_intent_commit(
     assert [e.seq for e in answer.events] == list(
         range(answer.events[0].seq, answer.run.event_count)
     )
+
+
+async def test_a_model_of_an_unknown_provider_is_refused_before_a_run_exists() -> None:
+    from statekernel.errors import ConfigError
+    from statekernel.stores import MemoryStore
+    from statekernel.testing import ScriptedProvider
+
+    store = MemoryStore()
+    kernel = sk.Kernel(store, providers={"scripted": ScriptedProvider(["hi"])})
+    with pytest.raises(ConfigError) as info:
+        await kernel.start(model="nope/x", messages=["hi"], run_id="never")
+    assert "unknown model provider 'nope'" in str(info.value)
+    assert "this kernel's: scripted" in str(info.value)  # the kernel's own are named too
+    assert "openai" in str(info.value)
+    assert (await store.list_runs()).runs == ()
+    await kernel.start(model="openai/gpt-4o-mini", messages=["hi"])  # built in: no key needed yet
+    await kernel.aclose()

@@ -18,11 +18,13 @@ from statekernel.testing import Fail, Reply, ScriptedProvider, call
 
 pytestmark = pytest.mark.redis
 FAST = {"lease_ttl": 0.6, "block": 0.05, "grace": 5.0}
+SUBMITTER = {"scripted": ScriptedProvider([])}
+"""What a process that only starts runs for the workers needs: the provider's name."""
 
 
 @pytest.fixture
 async def kernel(redis_store_url: str) -> AsyncIterator[sk.Kernel]:
-    k = sk.Kernel(redis_store_url)
+    k = sk.Kernel(redis_store_url, providers=SUBMITTER)
     yield k
     await k.aclose()
 
@@ -193,7 +195,7 @@ async def test_entry_for_an_unknown_run_goes_to_the_dead_letter_stream(kernel: s
 async def test_submit_needs_a_redis_store_an_existing_run_and_a_valid_queue(
     kernel: sk.Kernel,
 ) -> None:
-    memory = sk.Kernel("memory://")
+    memory = sk.Kernel("memory://", providers=SUBMITTER)
     run = await memory.start(model="scripted/x", run_id="m1")
     with pytest.raises(ConfigError, match="Redis store"):
         await memory.submit(run.run_id)

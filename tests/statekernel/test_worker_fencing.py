@@ -26,7 +26,7 @@ async def store(redis_store_url: str) -> AsyncIterator[RedisStore]:
 
 
 async def started(store: RedisStore, run_id: str = "r1") -> sk.Run:
-    kernel = sk.Kernel(store)
+    kernel = sk.Kernel(store, providers={"scripted": ScriptedProvider([])})
     return await kernel.start(model="scripted/x", messages=["hi"], run_id=run_id)
 
 
