@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,9 @@ from statekernel._delegate import run_tree
 from statekernel._diagram import FORMATS, render
 from statekernel._kernel import Kernel
 from statekernel._run import STATE_IDS, Run, StateId
-from statekernel._storage import RunSummary
+from statekernel._storage import CheckpointStore, RunSummary
 from statekernel._trace import trace_events
-from statekernel.errors import RunHasChildren, RunNotFound
+from statekernel.errors import RunBusy, RunHasChildren, RunNotFound
 from statekernel.stores._listing import summary_of
 
 __all__ = ["runs"]
@@ -126,7 +127,16 @@ def show(run_id: str, revision: int | None, full: bool, store: str | None, as_js
 
     async def go() -> Run:
         async with open_cli_store(store) as s:
-            return await s.load(run_id, revision=revision)
+            try:
+                return await s.load(run_id, revision=revision)
+            except RunNotFound:
+                if revision is None:
+                    raise
+                head = await s.load(run_id)  # RunNotFound when the run itself is missing
+                raise UserError(
+                    f"run {run_id} has no revision {revision} (its head is at revision "
+                    f"{head.revision})"
+                ) from None
 
     run = run_async(go())
     out = Output(as_json)
@@ -137,6 +147,21 @@ def show(run_id: str, revision: int | None, full: bool, store: str | None, as_js
 
 
 # -- events ------------------------------------------------------------------------
+
+IDLE_NOTE_AFTER = 3.0
+"""Seconds without a new event after which ``events --follow`` checks that someone
+drives the run."""
+
+
+async def _driven(store: CheckpointStore, run_id: str) -> bool:
+    """Whether a live owner holds the run's lease: a probe takes it for a moment when
+    nobody does (and gives it back at once)."""
+    try:
+        lease = await store.acquire(run_id, f"events-follow-{os.getpid()}", ttl=5.0)
+    except RunBusy:
+        return True
+    await store.release(lease)
+    return False
 
 
 @runs.command("events")
@@ -157,6 +182,8 @@ def events(
     async def go() -> None:
         nonlocal after
         async with open_cli_store(store) as s:
+            loop = asyncio.get_running_loop()
+            quiet_since, told = loop.time(), False
             while True:
                 for event in await s.events(run_id, after_revision=after):
                     if as_json:
@@ -164,11 +191,20 @@ def events(
                     else:
                         printer.show(event)
                     after = max(after, event.revision)
+                    quiet_since, told = loop.time(), False
                 if not follow:
                     return
                 run = await s.load(run_id)
                 if run.is_terminal and run.revision <= after:
                     return
+                if not told and loop.time() - quiet_since >= IDLE_NOTE_AFTER:
+                    told = True
+                    if not await _driven(s, run_id):
+                        hint = command_hint(f"statekernel runs resume {run_id}", store)
+                        out.note(
+                            f"run {run_id} is in {run.state} at revision {run.revision} and no "
+                            f"process drives it (its last owner stopped or died): {hint}"
+                        )
                 await asyncio.sleep(interval)
 
     run_async(go())

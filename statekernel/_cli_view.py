@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console, Group
@@ -32,6 +32,7 @@ __all__ = [
     "run_tree_view",
     "runs_table",
     "short",
+    "stamp",
     "state_text",
     "tree_node",
     "waiting_for",
@@ -73,8 +74,9 @@ def state_text(state: str) -> Text:
     return Text(state, style=STATE_STYLES.get(state, ""))
 
 
-def _clock(at: datetime) -> str:
-    return at.astimezone().strftime("%H:%M:%S")
+def stamp(at: datetime) -> str:
+    """A moment as every command shows it: ISO 8601 in UTC, to the second."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _event_data(event: Event) -> str:
@@ -103,7 +105,7 @@ class EventPrinter:
         if event.persisted:
             self._end_inline()
             style = _EVENT_STYLES.get(event.type, "")
-            head = f"[dim]{_clock(event.at)} r{event.revision:<3} #{event.seq:<4}[/dim]"
+            head = f"[dim]{stamp(event.at)} r{event.revision:<3} #{event.seq:<4}[/dim]"
             line = f"{head} [{style}]{event.type}[/{style}] " if style else f"{head} {event.type} "
             self.console.print(line + escape(_event_data(event)), soft_wrap=True)
         elif self.live:
@@ -137,7 +139,7 @@ def runs_table(rows: Iterable[RunSummary]) -> Table:
     for name in [*names, "waiting for"] if paused else names:
         table.add_column(name, justify="right" if name in ("turns", "rev") else "left")
     for s in rows:
-        updated = s.updated_at.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+        updated = stamp(s.updated_at)
         cells: list[str | Text] = [
             s.run_id,
             state_text(s.state),
@@ -251,8 +253,8 @@ def _header(run: Run) -> Table:
     grid.add_row("revision", str(run.revision))
     grid.add_row("model", run.model)
     grid.add_row("turns", f"{run.turn_count}" + (f" / {run.max_turns}" if run.max_turns else ""))
-    grid.add_row("created", run.created_at.astimezone().isoformat(timespec="seconds"))
-    grid.add_row("updated", run.updated_at.astimezone().isoformat(timespec="seconds"))
+    grid.add_row("created", stamp(run.created_at))
+    grid.add_row("updated", stamp(run.updated_at))
     if run.pause is not None:
         detail = f"{run.pause.reason} (resumes to {run.pause.resume_to})"
         grid.add_row("paused", Text(detail, style="yellow"))

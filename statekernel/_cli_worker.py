@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import logging
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
 import click
 
 from statekernel._cli_common import UserError, run_async, store_url
@@ -96,6 +98,7 @@ async def _serve(worker: Worker) -> WorkerStats:
     help="Seconds SIGTERM lets runs reach a clean stopping point.",
 )
 @click.option("--name", help="Consumer name (default: host-pid-random).")
+@click.option("--json", "as_json", is_flag=True, help="Print the final counts as JSON.")
 def worker(
     store: str | None,
     queue: str,
@@ -104,6 +107,7 @@ def worker(
     lease_ttl: float,
     grace: float,
     name: str | None,
+    as_json: bool,
 ) -> None:
     """Drive the runs submitted to a Redis queue (kernel.submit), many at once.
 
@@ -113,6 +117,9 @@ def worker(
     the others after --lease-ttl seconds.
     """
     url = store_url(store)
+    if url.partition("://")[0].lower() not in ("redis", "rediss"):
+        shown = redact_url(url)
+        raise UserError(f"a worker needs a Redis store (redis:// or rediss://), not {shown!r}")
     options = load_agent(agent)
     runner = Worker(
         url,
@@ -127,6 +134,8 @@ def worker(
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     click.echo(f"worker {runner.name}: queue {queue!r} on {redact_url(url)}", err=True)
     stats = run_async(_serve(runner))
+    if as_json:
+        click.echo(json.dumps({"worker": runner.name, "queue": queue, **attrs.asdict(stats)}))
     click.echo(
         f"worker {runner.name} stopped: {stats.completed} completed, {stats.paused} paused, "
         f"{stats.failed} failed, {stats.requeued} handed back, {stats.reclaimed} reclaimed",

@@ -184,8 +184,17 @@ def _build(
     concurrency_safe: bool,
     timeout: float | None,
 ) -> Tool:
+    if name is None and fn.__name__ == "<lambda>":
+        raise ConfigError("a tool made from a lambda needs a name: tool(name=...)(lambda ...)")
     hints = typing.get_type_hints(fn)
     summary, docs = parse_docstring(fn.__doc__)
+    params = inspect.signature(fn).parameters
+    unknown = [p for p in docs if p not in params]
+    if unknown:
+        raise ConfigError(
+            f"tool {name or fn.__name__}: its docstring describes {', '.join(map(repr, unknown))} "
+            f"under Args:, which is not a parameter (parameters: {', '.join(params) or 'none'})"
+        )
     properties: dict[str, Any] = {}
     required: list[str] = []
     fields: dict[str, Any] = {}

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -318,3 +320,41 @@ def test_config_is_found_from_a_subfolder_and_an_unknown_key_is_an_error(tmp_pat
     assert bad.returncode == 2
     assert "unknown key(s) stroe" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_python_dash_m_runs_the_command(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "statekernel", "--help"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "statekernel: durable run loops" in done.stdout
+
+
+def test_times_are_iso_utc_and_a_missing_revision_is_named(work: tuple[Path, str]) -> None:
+    cwd, store = work
+    iso = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+    listed = ok(sk("runs", "list", "--store", store, cwd=cwd))
+    assert iso.search(listed)
+    shown = ok(sk("runs", "show", "run-a", "--store", store, cwd=cwd))
+    assert len(iso.findall(shown)) >= 2
+    events = ok(sk("runs", "events", "run-a", "--store", store, cwd=cwd))
+    assert iso.search(events.splitlines()[0])
+    missing = sk("runs", "show", "run-a", "--revision", "999", "--store", store, cwd=cwd)
+    assert missing.returncode == 2
+    assert "run run-a has no revision 999 (its head is at revision" in missing.stderr
+
+
+def test_following_a_run_nobody_drives_says_so(work: tuple[Path, str]) -> None:
+    cwd, store = work  # run-c stopped mid-run (its process died)
+    proc = subprocess.Popen(
+        [str(EXE), "runs", "events", "run-c", "--follow", "--interval", "0.2", "--store", store],
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        said, _ = proc.communicate(timeout=8)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        said, _ = proc.communicate(timeout=10)
+    assert "no process drives it" in " ".join(said.split())
+    assert f"statekernel runs resume run-c --store {store}" in " ".join(said.split())

@@ -269,3 +269,24 @@ async def test_a_timed_out_call_is_recorded_as_outcome_unknown(make_kernel: Make
     assert final.state == "completed"
     record = final.turns[0].completed[0]
     assert record.error == "outcome unknown: pay timed out after 0.05 s; it may have run"
+
+
+def test_a_lambda_needs_a_name_and_docstring_args_must_be_parameters() -> None:
+    from statekernel.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="lambda needs a name"):
+        sk.tool(lambda x: x)
+    named = sk.tool(name="double", description="Double it.")(lambda x: 2 * x)
+    assert named.name == "double"
+
+    def search(query: str) -> str:
+        """Search.
+
+        Args:
+            query: What to look for.
+            limit: How many results.
+        """
+        return query
+
+    with pytest.raises(ConfigError, match="'limit' under Args:, which is not a parameter"):
+        sk.tool(search)

@@ -378,6 +378,13 @@ def test_worker_command_reports_mistakes_in_one_line(kernel: sk.Kernel) -> None:
         assert (done.exit_code, needle in done.output) == (2, True), done.output
     done = runner.invoke(cli, ["worker", "--store", "memory://"])
     assert (done.exit_code, "needs a Redis store" in done.output) == (2, True), done.output
+    done = runner.invoke(cli, ["worker", "--store", "sqlite:///x.db"])
+    assert done.exit_code == 2
+    assert done.output.strip().splitlines() == [  # no banner before the error
+        "error: a worker needs a Redis store (redis:// or rediss://), not 'sqlite:///x.db'"
+    ]
+    done = runner.invoke(cli, ["worker", "--help"])
+    assert "--json" in done.output
 
 
 def test_load_agent_calls_a_factory_or_takes_a_mapping(
