@@ -11,17 +11,20 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import attrs
+from rich.console import Console
+from rich.status import Status
 
 from statekernel._cli_common import Output, UserError
 from statekernel._cli_view import EventPrinter, short
 from statekernel._demo import demo_kernel, is_demo_run
 from statekernel._driver import UNCERTAIN
+from statekernel._events import Event
 from statekernel._kernel import Kernel
 from statekernel._run import Run
 from statekernel._storage import CheckpointStore
 from statekernel.errors import ConflictError
 
-__all__ = ["CrashPoint", "drive", "kernel_for_run", "resume_run"]
+__all__ = ["CrashPoint", "ModelWait", "drive", "kernel_for_run", "resume_run"]
 
 
 @attrs.frozen
@@ -64,18 +67,47 @@ async def drive(
     ``messages`` are new user input, committed with the first commit of the drive.
     """
     printer = EventPrinter(out.console)
+    waiting = ModelWait(out.errors, (await kernel.get(run_id)).model)
     seen = 0
-    async for event in kernel.run(run_id, *messages):
-        if out.as_json:
-            out.json(event, lines=True)
-        else:
-            printer.show(event)
-        if crash is not None and event.persisted and event.type == crash.event:
-            seen += 1
-            if seen == crash.nth:
-                _crash(event.type, run_id, event.revision, crash_hint, out)
+    try:
+        async for event in kernel.run(run_id, *messages):
+            waiting.saw(event)
+            if out.as_json:
+                out.json(event, lines=True)
+            else:
+                printer.show(event)
+            if crash is not None and event.persisted and event.type == crash.event:
+                seen += 1
+                if seen == crash.nth:
+                    waiting.stop()
+                    _crash(event.type, run_id, event.revision, crash_hint, out)
+    finally:
+        waiting.stop()
     printer.close()
     return await kernel.get(run_id)
+
+
+class ModelWait:
+    """A spinner on a terminal's stderr while a model call has produced nothing yet (a
+    local model loads, a hosted one thinks): from ``model_started`` to the next event."""
+
+    def __init__(self, console: Console, model: str) -> None:
+        self.console = console
+        self.model = model
+        self.status: Status | None = None
+
+    def saw(self, event: Event) -> None:
+        """Follow the run: start at a model call's intent, stop at anything else."""
+        self.stop()
+        if event.type in ("model_started", "model_restarted") and self.console.is_terminal:
+            self.status = self.console.status(f"waiting for {self.model}...")
+            self.status.start()
+
+    def stop(self) -> None:
+        """Take the spinner away (nothing if none runs)."""
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
 
 
 def _tools_of(run: Run) -> list[str]:

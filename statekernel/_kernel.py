@@ -56,6 +56,7 @@ import asyncio
 import contextlib
 import copy
 import inspect
+import logging
 import os
 import re
 import socket
@@ -96,6 +97,8 @@ if TYPE_CHECKING:
     from statekernel.providers import ProviderRegistry
 
 __all__ = ["Kernel"]
+
+_log = logging.getLogger(__name__)
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _MISSING: Any = object()
@@ -421,6 +424,7 @@ class Kernel:
         loop = asyncio.get_running_loop()
         started = loop.time()
         delay = 0.01
+        told = False
         while True:
             driver = self._drivers.get(run_id)
             if share and driver is not None and not driver.lost:
@@ -431,6 +435,15 @@ class Kernel:
                 waited = loop.time() - started
                 if waited + delay > self.busy_timeout:
                     raise RunBusy(run_id, busy.owner, waited) from None
+                if not told:  # said once, so a wait is never silent
+                    told = True
+                    _log.warning(
+                        "run %s is held by %s; waiting up to %.0f s for it",
+                        run_id,
+                        busy.owner,
+                        self.busy_timeout,
+                        extra={"run_id": run_id},
+                    )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.25)
 

@@ -316,3 +316,23 @@ def test_resume_refuses_runs_whose_provider_is_not_configured(tmp_path: Path, st
     done = sk("runs", "resume", "app-2", "--store", store, cwd=tmp_path)
     assert_user_error(done, "unknown model provider 'elsewhere'")
     assert run_state("app-2", store, tmp_path)["state"] == "init"  # untouched
+
+
+def test_a_spinner_shows_while_the_model_has_said_nothing_yet() -> None:
+    import io
+
+    from rich.console import Console
+
+    from statekernel._cli_drive import ModelWait
+    from statekernel._events import Event
+
+    screen = io.StringIO()
+    wait = ModelWait(Console(file=screen, force_terminal=True, width=80), "local/smollm2")
+    wait.saw(Event("model_started", "r", 1, 3, {"index": 0, "attempt": 1}))
+    assert wait.status is not None
+    wait.saw(Event("text_delta", "r", 1, -1, {"text": "hi"}))  # the model spoke
+    assert wait.status is None
+    assert "waiting for local/smollm2" in screen.getvalue()
+    quiet = ModelWait(Console(file=io.StringIO(), force_terminal=False), "x/y")
+    quiet.saw(Event("model_started", "r", 1, 3, {}))
+    assert quiet.status is None  # not a terminal: nothing drawn

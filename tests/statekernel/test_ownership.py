@@ -93,7 +93,9 @@ async def drain(kernel: sk.Kernel, run_id: str) -> list[sk.Event]:
     return [e async for e in kernel.run(run_id)]
 
 
-async def test_a_second_owner_waits_then_gets_run_busy(store_url: str) -> None:
+async def test_a_second_owner_waits_then_gets_run_busy(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     ledger = Ledger()
     async with opened(store_url) as store:
         owner = kernel_on(store, ledger, hold=True)
@@ -106,6 +108,10 @@ async def test_a_second_owner_waits_then_gets_run_busy(store_url: str) -> None:
             await drain(other, run.run_id)
         assert busy.value.owner == owner.owner
         assert busy.value.waited >= 0.1
+        said = [r for r in caplog.records if "waiting up to" in r.getMessage()]
+        assert len(said) == 1  # the wait is said once, naming the holder and the run
+        assert owner.owner in said[0].getMessage()
+        assert said[0].run_id == run.run_id  # type: ignore[attr-defined]
         with pytest.raises(sk.RunBusy):
             await other.send(run.run_id, "more")  # commands wait for the owner too
         head = await store.load(run.run_id)
