@@ -16,10 +16,10 @@ from typing import Any
 
 import attrs
 
-from statekernel._hooks import Hooks
+from statekernel._hooks import Decision, Hooks, Skip
 from statekernel._kernel import Kernel
 from statekernel._messages import JSON, Message, ModelRequest, ToolCall
-from statekernel._run import Run
+from statekernel._run import Run, ToolCallRecord
 from statekernel._storage import CheckpointStore
 from statekernel._tools import Tool, ToolContext, tool
 from statekernel.testing import Reply, ScriptedProvider, call
@@ -172,14 +172,51 @@ def is_demo_run(run: Run) -> bool:
     return isinstance(run.context, dict) and run.context.get("demo") == DEMO_VERSION
 
 
+NOT_YET = "not booked: call get_forecast first, and book only once it says the sky is dry"
+"""The result of a ``book_table`` call made before a dry forecast was in hand."""
+
+
+def _dry_forecast_seen(run: Run) -> bool:
+    turns = (*run.turns, *([run.current_turn] if run.current_turn else []))
+    for turn in turns:
+        for record in turn.completed:
+            output = record.output
+            if (
+                record.name == "get_forecast"
+                and isinstance(output, dict)
+                and output.get("sky") == "dry"
+            ):
+                return True
+    return False
+
+
+def _booked(run: Run) -> bool:
+    turns = (*run.turns, *([run.current_turn] if run.current_turn else []))
+    return any(r.name == "book_table" and r.error is None for t in turns for r in t.completed)
+
+
 class DemoHooks(Hooks):
-    """Caps the answer length of every demo turn at ``MAX_TOKENS``."""
+    """Caps the answer length of every demo turn at ``MAX_TOKENS`` and keeps the story in
+    order, as an application guides a small model: each turn offers only the tool the
+    story needs next, and a booking asked for before a dry forecast came back is not
+    made (the model reads why)."""
 
     def on_turn_prepared(self, run: Run, request: ModelRequest) -> ModelRequest | None:
-        """The request with ``max_tokens`` set when it has none."""
-        if request.max_tokens is not None:
-            return None
-        return attrs.evolve(request, max_tokens=MAX_TOKENS)
+        """The request with ``max_tokens`` set when it has none, offering the tool the
+        story needs next: the forecast, then (once it came back dry) the booking, then
+        none, so the model answers."""
+        if _dry_forecast_seen(run):
+            wanted: tuple[str, ...] = () if _booked(run) else ("get_forecast", "book_table")
+        else:
+            wanted = ("get_forecast",)
+        tools = tuple(t for t in request.tools if t.name in wanted)
+        return attrs.evolve(request, max_tokens=request.max_tokens or MAX_TOKENS, tools=tools)
+
+    def on_tool_call_started(self, run: Run, call: ToolCallRecord) -> Decision | None:
+        """Skip ``book_table`` (with an error result saying why) until a dry forecast."""
+        if call.name == "book_table" and not _dry_forecast_seen(run):
+            return Skip(error=NOT_YET)
+        return None
 
 
 def demo_kernel(store: CheckpointStore | str | None) -> Kernel:
