@@ -33,6 +33,7 @@ from statekernel._messages import (
 )
 from statekernel._middleware import Middleware, ModelCall, ToolInvocation
 from statekernel._run import STATE_IDS, FailureInfo, PauseInfo, Run, StateId, ToolCallRecord, Turn
+from statekernel._telemetry import set_tracer_provider
 from statekernel._tools import Tool, ToolContext, ToolOutput, tool
 from statekernel._worker import Worker, WorkerStats
 from statekernel.errors import (
@@ -103,5 +104,6 @@ __all__ = [
     "errors",
     "mcp_http",
     "mcp_stdio",
+    "set_tracer_provider",
     "tool",
 ]

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from statekernel import _hooks as hk
+from statekernel import _telemetry as telemetry
 from statekernel._asking import INPUT_REQUIRED, NeedsInput, answered, asked, questions
 from statekernel._delegate import CHILD_PAUSED, ChildPaused
 from statekernel._dispatch import identical_group, next_startable
@@ -62,8 +64,11 @@ from statekernel.errors import (
 
 if TYPE_CHECKING:
     from statekernel._kernel import Kernel
+    from statekernel._telemetry import TraceContext
 
 __all__ = ["RunDriver"]
+
+log = logging.getLogger("statekernel")
 
 NOT_RUN_FINISHED = "not run: the run finished ({reason})"
 UNCERTAIN = "uncertain_tool_calls"
@@ -137,6 +142,9 @@ class RunDriver:
         """Whether the hooks observe committed results (``on_tool_call_completed``): the
         commit of a result then lands before anything else is decided."""
         self.queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        self.trace_parent: TraceContext | None = None
+        """The span of the drive in progress (see ``_telemetry``): parent of the spans of
+        this driver's commits, model calls and tool calls."""
 
     @property
     def run(self) -> Run:
@@ -290,30 +298,39 @@ class RunDriver:
         without a landed commit the copy goes back to ``previous``; a cancellation after
         the commit landed keeps it.
         """
-        for pause in (*COMMIT_RETRIES, None):
-            try:
-                if await self._attempt(checkpoint):
-                    return
-            except asyncio.CancelledError:
-                if not await self._landed_anyway(checkpoint):
-                    self.lc.reset(previous)
-                raise
-            except StoreError:
+        with telemetry.commit_span(self.trace_parent, checkpoint) as span:
+            for attempt, pause in enumerate((*COMMIT_RETRIES, None), 1):
+                span.attempts = attempt
                 try:
-                    landed = await self._settle(checkpoint)
+                    if await self._attempt(checkpoint):
+                        break
+                except asyncio.CancelledError:
+                    if not await self._landed_anyway(checkpoint):
+                        self.lc.reset(previous)
+                    raise
+                except StoreError as exc:
+                    try:
+                        landed = await self._settle(checkpoint)
+                    except BaseException:
+                        self.lc.reset(previous)
+                        raise
+                    if landed:
+                        break
+                    if pause is None:
+                        self.lc.reset(previous)
+                        raise
+                    _log_retry(checkpoint, attempt, pause, exc)
+                except LeaseLost:
+                    self.lc.reset(previous)
+                    run = checkpoint.run
+                    log_lease_lost(run.run_id, run.revision, "its commit was refused")
+                    raise
                 except BaseException:
                     self.lc.reset(previous)
                     raise
-                if landed:
-                    return
-                if pause is None:
-                    self.lc.reset(previous)
-                    raise
-            except BaseException:
-                self.lc.reset(previous)
-                raise
-            if pause is not None:
-                await asyncio.sleep(pause)
+                if pause is not None:
+                    await asyncio.sleep(pause)
+        _log_commit(checkpoint)
 
     async def _attempt(self, checkpoint: Checkpoint) -> bool:
         """One commit attempt, run to its end by the store even if the caller is cancelled
@@ -523,24 +540,27 @@ class RunDriver:
 
         async def terminal(call: ModelCall) -> ModelResult:
             nonlocal streams
-            provider = registry.get(call.request.model)
-            builder = ResultBuilder()
-            early = _Early() if self.kernel.dispatch.eager and not streams else None
-            streams += 1
-            stream = provider.stream(call.request)
-            try:
-                async for part in stream:
-                    builder.add(part)
-                    live = _live_event(run, turn, part)
-                    if live is not None:
-                        emit(live)
-                    if early is not None and isinstance(part, ToolCallDelta | ToolCallDone):
-                        await self._start_early(builder, early)
-            finally:
-                aclose = getattr(stream, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-            return builder.result()
+            with telemetry.model_span(self.trace_parent, run.run_id, call.request) as span:
+                provider = registry.get(call.request.model)
+                builder = ResultBuilder()
+                early = _Early() if self.kernel.dispatch.eager and not streams else None
+                streams += 1
+                stream = provider.stream(call.request)
+                try:
+                    async for part in stream:
+                        builder.add(part)
+                        live = _live_event(run, turn, part)
+                        if live is not None:
+                            emit(live)
+                        if early is not None and isinstance(part, ToolCallDelta | ToolCallDone):
+                            await self._start_early(builder, early)
+                finally:
+                    aclose = getattr(stream, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
+                result = builder.result()
+                span.answered(result)
+                return result
 
         result = await chain(self.kernel.middleware, terminal)(ModelCall(run, turn.request))
         if not isinstance(result, ModelResult):
@@ -809,29 +829,33 @@ class RunDriver:
             return await tool.invoke(invocation.input, ctx)
 
         invocation = ToolInvocation(run, record, call_input, tool.idempotent)
-        try:
-            output = await chain(self.kernel.middleware, terminal)(invocation)
-            outcome = _stored_outcome(ids, output)
-        except asyncio.CancelledError:
-            self.tasks.pop(ids[0], None)
-            queue.put_nowait(None)  # a drive waiting for this call must not wait forever
-            raise
-        except NeedsInput as request:
-            question, problem = asked(request)
-            outcome = _Outcome(ids, None, problem, asked=question)
-        except ChildPaused as paused:
-            pause = paused.pause
-            why = {"reason": pause.reason, "metadata": pause.metadata} if pause else {}
-            outcome = _Outcome(ids, child={"child": paused.child_run_id, "child_pause": why})
-        except ToolError as exc:
-            outcome = _Outcome(ids, None, str(exc))
-        except Exception as exc:
-            outcome = _Outcome(ids, None, f"{type(exc).__name__}: {exc}")
-        except BaseException as exc:  # SystemExit, KeyboardInterrupt, an injected crash
-            self.tasks.pop(ids[0], None)
-            self.escaped = exc
-            queue.put_nowait(None)
-            return
+        with telemetry.tool_span(self.trace_parent, run.run_id, record, tool, ids) as span:
+            try:
+                output = await chain(self.kernel.middleware, terminal)(invocation)
+                outcome = _stored_outcome(ids, output)
+            except asyncio.CancelledError:
+                self.tasks.pop(ids[0], None)
+                queue.put_nowait(None)  # a drive waiting for this call must not wait forever
+                raise
+            except NeedsInput as request:
+                question, problem = asked(request)
+                outcome = _Outcome(ids, None, problem, asked=question)
+            except ChildPaused as paused:
+                pause = paused.pause
+                why = {"reason": pause.reason, "metadata": pause.metadata} if pause else {}
+                outcome = _Outcome(ids, child={"child": paused.child_run_id, "child_pause": why})
+            except ToolError as exc:
+                outcome = _Outcome(ids, None, str(exc))
+                span.failed(exc)
+            except Exception as exc:
+                outcome = _Outcome(ids, None, f"{type(exc).__name__}: {exc}")
+                span.failed(exc)
+            except BaseException as exc:  # SystemExit, KeyboardInterrupt, an injected crash
+                self.tasks.pop(ids[0], None)
+                self.escaped = exc
+                queue.put_nowait(None)
+                return
+            span.settle(outcome)
         self.tasks.pop(ids[0], None)
         self.outcomes.append(outcome)
         queue.put_nowait(None)
@@ -865,6 +889,61 @@ class RunDriver:
         if self.escaped is not None:
             escaped, self.escaped = self.escaped, None
             raise escaped
+
+
+_AT_REST = {"run_paused", "run_failed", "run_completed"}
+
+
+def _log_commit(checkpoint: Checkpoint) -> None:
+    """DEBUG: a commit landed; INFO: it brought the run to rest."""
+    run = checkpoint.run
+    rested = [e.type for e in checkpoint.events if e.type in _AT_REST]
+    if not (rested or log.isEnabledFor(logging.DEBUG)):
+        return
+    types = [event.type for event in checkpoint.events]
+    fields = {"run_id": run.run_id, "revision": run.revision, "state": run.state}
+    log.debug(
+        "run %s: committed revision %d (%s)",
+        run.run_id,
+        run.revision,
+        ", ".join(types),
+        extra={**fields, "events": types},
+    )
+    if rested:
+        reason = run.pause.reason if run.state == "paused" and run.pause else None
+        why = f" ({reason})" if reason else ""
+        log.info(
+            "run %s %s at revision %d%s",
+            run.run_id,
+            run.state,
+            run.revision,
+            why,
+            extra={**fields, "reason": reason},
+        )
+
+
+def _log_retry(checkpoint: Checkpoint, attempt: int, pause: float, exc: BaseException) -> None:
+    run = checkpoint.run
+    log.warning(
+        "run %s: commit of revision %d failed in the store (%s); trying again in %.2f s",
+        run.run_id,
+        run.revision,
+        exc,
+        pause,
+        extra={"run_id": run.run_id, "revision": run.revision, "attempt": attempt},
+    )
+
+
+def log_lease_lost(run_id: str, revision: int, why: str) -> None:
+    """WARNING: this kernel lost the run's lease (another owner may drive it now);
+    ``revision``: of the refused commit, else the last one this kernel knows."""
+    log.warning(
+        "run %s: lease lost (revision %d): %s",
+        run_id,
+        revision,
+        why,
+        extra={"run_id": run_id, "revision": revision},
+    )
 
 
 def _stored_outcome(ids: tuple[str, ...], output: JSON) -> _Outcome:

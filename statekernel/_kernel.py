@@ -67,10 +67,11 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from statekernel import _telemetry as telemetry
 from statekernel._asking import INPUT_REQUIRED
 from statekernel._delegate import DelegateTool, child_runs, run_tree
 from statekernel._dispatch import DispatchPolicy
-from statekernel._driver import UNCERTAIN, RunDriver
+from statekernel._driver import UNCERTAIN, RunDriver, log_lease_lost
 from statekernel._events import Event
 from statekernel._hooks import Hooks, check_hooks
 from statekernel._messages import JSON, Message
@@ -337,27 +338,29 @@ class Kernel:
         commit (with the next turn's start), so a crash before it leaves no input.
         """
         new_input = _as_messages(messages) if messages else ()
-        async with self._driver(run_id) as driver:
-            keep = False
-            if new_input:
-                _check_input(driver.run)
-                driver.stage("input", messages=new_input)
-            try:
-                while not driver.run.is_terminal:
-                    async for event in driver.advance():
-                        yield event
-            except StoreError:
-                keep = True  # the store failed: calls go on, their results wait for a drive
-                raise
-            except (Exception, asyncio.CancelledError, GeneratorExit):
-                raise  # stopped: results in hand stay with the driver for the next drive
-            except BaseException:
-                driver.forget()  # the process is going down (an injected crash, an exit)
-                raise
-            finally:
-                if not keep:
-                    await driver.stop_tasks()
-                driver.model_claim = None
+        with telemetry.drive_span(run_id) as span:
+            async with self._driver(run_id) as driver:
+                span.watch(driver)
+                keep = False
+                if new_input:
+                    _check_input(driver.run)
+                    driver.stage("input", messages=new_input)
+                try:
+                    while not driver.run.is_terminal:
+                        async for event in driver.advance():
+                            yield event
+                except StoreError:
+                    keep = True  # the store failed: calls go on, their results wait for a drive
+                    raise
+                except (Exception, asyncio.CancelledError, GeneratorExit):
+                    raise  # stopped: results in hand stay with the driver for the next drive
+                except BaseException:
+                    driver.forget()  # the process is going down (an injected crash, an exit)
+                    raise
+                finally:
+                    if not keep:
+                        await driver.stop_tasks()
+                    driver.model_claim = None
 
     async def step(self, run_id: str) -> list[Event]:
         """Perform the effects up to the next commit and land it; returns its events.
@@ -493,6 +496,7 @@ class Kernel:
                     await self.store.renew(lease, ttl=self.lease_ttl)
                 except LeaseLost:
                     driver.lost = True  # its next commit is refused; nothing it holds is lost
+                    log_lease_lost(driver.run.run_id, driver.run.revision, "renewal refused")
                 except StatekernelError:
                     continue  # the store is unreachable now: try again next round
 
