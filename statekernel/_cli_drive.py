@@ -147,6 +147,8 @@ def _check_resumable(run: Run, flags: str = "") -> None:
         calls = pause.metadata.get("calls", []) if isinstance(pause.metadata, dict) else []
         done = pause.metadata.get("resolutions", {}) if isinstance(pause.metadata, dict) else {}
         open_calls = [f"{c['id']} ({c['name']})" for c in calls if c["id"] not in done]
+        if not open_calls:
+            return  # all answered, the resume that follows was lost in a crash: go on
         raise UserError(
             f"run {run.run_id} is paused on tool calls that may or may not have run: "
             f"{', '.join(open_calls)}; say what happened with: statekernel runs resolve "

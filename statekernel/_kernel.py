@@ -77,7 +77,7 @@ from statekernel._hooks import Hooks, check_hooks
 from statekernel._messages import JSON, Message
 from statekernel._middleware import Middleware
 from statekernel._model import ModelProvider
-from statekernel._run import Run, utcnow
+from statekernel._run import PauseInfo, Run, utcnow
 from statekernel._storage import Checkpoint, CheckpointStore, Lease, commit_settled
 from statekernel._tools import Tool, tools_by_name
 from statekernel._values import check_messages, checked
@@ -552,11 +552,17 @@ class Kernel:
         asking call's result, committed with the resume.
 
         ``max_turns`` raises the turn budget (a run paused for ``max_turns`` needs it).
+
+        A run paused on uncertain calls that were all resolved (a crash came between the
+        last ``resolve_tool_call`` and the resume it commits) goes on with those answers.
         """
         given = value is not _MISSING
         value = checked(value, "value") if given else None
         async with self._fresh(run_id) as driver:
             pause = driver.run.pause
+            answered = _all_resolved(pause) if driver.run.state == "paused" else None
+            if answered is not None and not given:
+                value = {"resolutions": answered}
             if driver.run.state == "paused" and pause and pause.reason == INPUT_REQUIRED:
                 if not given:
                     raise InvalidArgument(
@@ -617,7 +623,7 @@ class Kernel:
             )
             data = {"call_id": call_id, "resolution": resolution}
             await driver.commit_data(updated, "tool_call_resolved", data)
-            if set(resolutions) >= set(attempts):  # every uncertain call answered: go on
+            if _all_resolved(driver.run.pause) is not None:  # every call answered: go on
                 await driver.commit("resume", value={"resolutions": resolutions}, max_turns=None)
             return driver.run
 
@@ -675,6 +681,17 @@ def _as_messages(messages: Iterable[Message | str]) -> tuple[Message, ...]:
             raise InvalidArgument(f"not a message: {m!r}")
     check_messages(out)
     return tuple(out)
+
+
+def _all_resolved(pause: PauseInfo | None) -> dict[str, JSON] | None:
+    """The resolutions of a pause on uncertain calls once every call has one, else None."""
+    if pause is None or pause.reason != UNCERTAIN or not isinstance(pause.metadata, dict):
+        return None
+    calls = {c["id"] for c in pause.metadata.get("calls", [])}
+    resolutions = pause.metadata.get("resolutions", {})
+    if not isinstance(resolutions, dict) or not calls <= set(resolutions):
+        return None
+    return resolutions
 
 
 def _check_run_id(run_id: str) -> None:

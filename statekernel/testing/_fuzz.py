@@ -206,7 +206,11 @@ async def _settle(kernel: Kernel, run: Run, ledger: Ledger, approve: Any) -> boo
     if run.state == "failed":
         await kernel.retry(run.run_id)
     elif run.pause is not None and run.pause.reason == UNCERTAIN:
-        for call in run.pause.metadata["calls"]:
+        answered = run.pause.metadata.get("resolutions", {})
+        open_calls = [c for c in run.pause.metadata["calls"] if c["id"] not in answered]
+        if not open_calls:  # all answered before a crash came ahead of the resume
+            await kernel.resume(run.run_id)
+        for call in open_calls:
             done = ledger.outcomes.get(f"{run.run_id}:{call['id']}")
             if done is None:
                 await kernel.resolve_tool_call(run.run_id, call["id"], rerun=True)

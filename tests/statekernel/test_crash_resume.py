@@ -214,3 +214,44 @@ def test_cancellation_anywhere_is_resumable(
 async def _drain(kernel: sk.Kernel, run_id: str) -> None:
     async for _ in kernel.run(run_id):
         pass
+
+
+async def test_a_crash_between_the_last_resolution_and_its_resume_is_resumable() -> None:
+    """All uncertain calls answered, then the resume commit lost to a crash: the run
+    stays paused with every answer stored, and ``resume`` goes on with them."""
+    from statekernel.stores import MemoryStore
+    from statekernel.testing import Crash, FaultPlan, FaultyStore
+
+    store = MemoryStore()
+    script = [[call("side_effect", {"key": "a"}), call("side_effect", {"key": "b"})], "done"]
+    agent = fuzz_agent(script)
+    first = sk.Kernel(
+        store,
+        **{**agent(), "middleware": [FaultPlan([CrashAt("tool_after_effect", 1)]).middleware()]},
+    )
+    run = await first.start(model="scripted/fuzz", messages=["go"])
+    with pytest.raises(Crash):
+        await _drain(first, run.run_id)
+    await first.aclose()
+    second = sk.Kernel(store, **agent())
+    await _drain(second, run.run_id)
+    paused = await second.get(run.run_id)
+    assert paused.pause is not None
+    assert paused.pause.reason == "uncertain_tool_calls"
+    calls = [c["id"] for c in paused.pause.metadata["calls"]]
+    plan = FaultPlan([CrashAt("before_commit", len(calls) + 1)])  # the resume commit
+    crashing = sk.Kernel(FaultyStore(store, plan), **agent())
+    for call_id in calls[:-1]:
+        await crashing.resolve_tool_call(run.run_id, call_id, output="done by hand")
+    with pytest.raises(Crash):  # its answer lands, the resume that follows does not
+        await crashing.resolve_tool_call(run.run_id, calls[-1], output="done by hand")
+    stuck = await second.get(run.run_id)
+    assert stuck.state == "paused"
+    assert set(stuck.pause.metadata["resolutions"]) == set(calls)  # type: ignore[union-attr]
+    await second.resume(run.run_id)
+    await _drain(second, run.run_id)
+    final = await second.get(run.run_id)
+    assert final.state == "completed"
+    outputs = {r.id: (r.output, r.resolved) for r in final.turns[0].completed}
+    assert all(outputs[c] == ("done by hand", True) for c in calls)
+    await second.aclose()

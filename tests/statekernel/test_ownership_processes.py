@@ -27,6 +27,7 @@ import pytest
 
 import statekernel as sk
 from statekernel.stores import open_store
+from statekernel.testing import ScriptedProvider
 from statekernel.testing._fuzz import run_history_ok, run_outcome
 
 DRIVER = Path(__file__).with_name("race_driver.py")
@@ -165,7 +166,8 @@ def wait_for(check: Callable[[], bool], what: str, within: float = 30.0) -> None
 
 
 async def create_runs(url: str, run_ids: list[str]) -> None:
-    async with sk.Kernel(url) as kernel:
+    providers = {"scripted": ScriptedProvider([])}  # the processes bring the real one
+    async with sk.Kernel(url, providers=providers) as kernel:
         for run_id in run_ids:
             await kernel.start(model="scripted/race", messages=["go"], run_id=run_id)
 

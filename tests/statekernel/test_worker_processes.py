@@ -22,6 +22,7 @@ import pytest
 import statekernel as sk
 from statekernel._queue import RunQueue
 from statekernel.stores import RedisStore
+from statekernel.testing import ScriptedProvider
 from statekernel.testing._fuzz import run_history_ok, run_outcome
 
 HERE = Path(__file__).parent
@@ -61,7 +62,8 @@ def wait_for(check: Callable[[], bool], what: str, within: float = 60.0) -> None
 
 
 async def submit_all(url: str) -> None:
-    async with sk.Kernel(url) as kernel:
+    providers = {"scripted": ScriptedProvider([])}  # the workers bring the real one
+    async with sk.Kernel(url, providers=providers) as kernel:
         for i in range(RUNS):
             run = await kernel.start(model="scripted/w", messages=["go"], run_id=f"run-{i:03}")
             await kernel.submit(run.run_id, queue="q")
