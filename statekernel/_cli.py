@@ -27,6 +27,7 @@ from statekernel._cli_common import (
     run_async,
     store_url,
 )
+from statekernel._cli_doctor import doctor
 from statekernel._cli_drive import CrashPoint, drive, summary_line
 from statekernel._cli_runs import runs
 from statekernel._cli_worker import worker
@@ -69,6 +70,7 @@ def cli() -> None:
 
 cli.add_command(runs)
 cli.add_command(worker)
+cli.add_command(doctor)
 
 
 # -- demo --------------------------------------------------------------------------

@@ -1,0 +1,194 @@
+"""``statekernel doctor`` through the installed console script, on real stores."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statekernel.stores import open_store
+from statekernel.testing import FileRecords, RawRecords, RecordKey, RedisRecords, SQLiteRecords
+
+EXE = shutil.which("statekernel")
+pytestmark = pytest.mark.skipif(
+    EXE is None, reason="the statekernel console script is not installed"
+)
+
+
+def sk(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the console script with ``args`` in ``cwd``, capturing its output."""
+    env = {k: v for k, v in os.environ.items() if k != "STATEKERNEL_STORE"}
+    env.update(COLUMNS="200", NO_COLOR="1")
+    return subprocess.run(
+        [str(EXE), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def demo(store: str, run_id: str, cwd: Path, *, crash: str | None = None) -> None:
+    """A demo run on the scripted model; with ``crash`` the process dies mid-run."""
+    args = ["demo", "--model", "scripted/demo", "--store", store, "--run-id", run_id]
+    done = sk(*args, *(["--crash-after", crash] if crash else []), cwd=cwd)
+    assert (done.returncode != 0) == (crash is not None), (done.stdout, done.stderr)
+
+
+def doctor(store: str, cwd: Path, status: int) -> list[dict[str, str]]:
+    """The findings of ``statekernel doctor --json``, checking its exit status."""
+    done = sk("doctor", "--store", store, "--json", cwd=cwd)
+    assert done.returncode == status, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr
+    findings: list[dict[str, str]] = json.loads(done.stdout)
+    assert all(set(f) == {"check", "subject", "status", "detail"} for f in findings)
+    return findings
+
+
+def finding(findings: list[dict[str, str]], check: str, subject: str) -> dict[str, str]:
+    found = [f for f in findings if f["check"] == check and f["subject"] == subject]
+    assert len(found) == 1, (check, subject, findings)
+    return found[0]
+
+
+def damage(store: str, raw: RawRecords, run_id: str, kind: str, at: int | None = None) -> None:
+    """Flip a byte in the run's first stored record of ``kind`` (or remove the one at
+    ``at``), below the store's own checks."""
+
+    async def go() -> None:
+        s = open_store(store)
+        try:
+            records = await raw.read(s, run_id)
+            if at is not None:
+                await raw.write(s, run_id, (kind, at), None)
+                return
+            key: RecordKey = min(k for k in records if k[0] == kind)
+            data = records[key]
+            middle = len(data) // 2
+            flipped = data[:middle] + bytes([data[middle] ^ 0x01]) + data[middle + 1 :]
+            await raw.write(s, run_id, key, flipped)
+        finally:
+            await s.aclose()
+
+    asyncio.run(go())
+
+
+def stored_bytes(folder: Path) -> dict[str, bytes]:
+    """The store's files as they are (SQLite's shared-memory index aside)."""
+    return {
+        p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and "-shm" not in p.name
+    }
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> str:
+    """A SQLite store with two completed demo runs and one whose process died mid-run."""
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    demo(store, "run-a", tmp_path)
+    demo(store, "run-b", tmp_path)
+    demo(store, "run-c", tmp_path, crash="model_completed")
+    return store
+
+
+def test_healthy_sqlite_store(tmp_path: Path, sqlite_store: str) -> None:
+    before = stored_bytes(tmp_path)
+    findings = doctor(sqlite_store, tmp_path, 0)
+    assert stored_bytes(tmp_path) == before  # read only
+    assert not [f for f in findings if f["status"] == "damaged"]
+    path = str(tmp_path / "runs.db")
+    for check in ("permissions", "store layout", "integrity", "journal_mode", "synchronous"):
+        assert finding(findings, check, path)["status"] == "ok"
+    for run_id in ("run-a", "run-b", "run-c"):
+        assert finding(findings, "records", run_id)["status"] == "ok"
+        assert finding(findings, "commit log", run_id)["status"] == "ok"
+    assert finding(findings, "lease", "run-a")["status"] == "ok"
+    left = finding(findings, "lease", "run-c")  # its process was killed holding the lease
+    assert left["status"] == "warning"
+    assert "gone" in left["detail"]
+
+    table = sk("doctor", "--store", sqlite_store, cwd=tmp_path)
+    assert table.returncode == 0, table.stderr
+    for word in ("check", "subject", "status", "detail", "run-a", "commit log", "journal_mode"):
+        assert word in table.stdout
+    assert "3 runs checked: 0 damaged, 1 warning" in table.stdout
+
+    normal = doctor(sqlite_store + "?synchronous=normal", tmp_path, 0)
+    sync = finding(normal, "synchronous", path)
+    assert sync["status"] == "warning"
+    assert "not durable" in sync["detail"]
+
+
+def test_damaged_sqlite_store(tmp_path: Path, sqlite_store: str) -> None:
+    damage(sqlite_store, SQLiteRecords(), "run-b", "message")
+    damage(sqlite_store, SQLiteRecords(), "run-a", "entry", at=2)
+    findings = doctor(sqlite_store, tmp_path, 1)
+    damaged = {(f["check"], f["subject"]) for f in findings if f["status"] == "damaged"}
+    assert ("records", "run-b") in damaged
+    assert "message" in finding(findings, "records", "run-b")["detail"]
+    assert ("commit log", "run-a") in damaged
+    assert "revision 2" in finding(findings, "commit log", "run-a")["detail"]
+    assert finding(findings, "records", "run-a")["status"] == "ok"  # its head is intact
+    assert {s for _, s in damaged} == {"run-a", "run-b"}
+
+
+def test_file_store(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    store = f"file://{root}"
+    demo(store, "plain", tmp_path)
+    demo(store, "Mixed.Case", tmp_path)  # a folder named by a hash of the run id
+    findings = doctor(store, tmp_path, 0)
+    assert [f for f in findings if f["status"] != "ok"] == []
+    assert finding(findings, "commit log", "Mixed.Case")["status"] == "ok"
+
+    (root / "plain").chmod(0o777)
+    loose = finding(doctor(store, tmp_path, 0), "permissions", str(root))
+    assert loose["status"] == "warning"
+    assert f"{root / 'plain'} is world-writable" in loose["detail"]
+
+    damage(store, FileRecords(), "Mixed.Case", "turn")
+    broken = finding(doctor(store, tmp_path, 1), "records", "Mixed.Case")
+    assert broken["status"] == "damaged"
+    assert "turn" in broken["detail"]
+
+
+@pytest.mark.redis
+def test_redis_store(tmp_path: Path, redis_store_url: str) -> None:
+    demo(redis_store_url, "run-r", tmp_path)
+    findings = doctor(redis_store_url, tmp_path, 0)
+    persistence = [f for f in findings if f["check"] == "persistence"]
+    assert [f["status"] for f in persistence] == ["warning"]  # the test server has AOF off
+    for word in ("AOF", "appendfsync always", "not durable"):
+        assert word in persistence[0]["detail"]
+    assert finding(findings, "records", "run-r")["status"] == "ok"
+    assert finding(findings, "commit log", "run-r")["status"] == "ok"
+    assert not [f for f in findings if f["status"] == "damaged"]
+
+    damage(redis_store_url, RedisRecords(), "run-r", "entry")
+    log = finding(doctor(redis_store_url, tmp_path, 1), "commit log", "run-r")
+    assert "revision 0" in log["detail"]
+
+
+def test_user_errors_create_nothing(tmp_path: Path) -> None:
+    cases: list[tuple[list[str], Any]] = [
+        (["--store", f"sqlite:///{tmp_path / 'none' / 'runs.db'}"], tmp_path / "none"),
+        (["--store", f"file://{tmp_path / 'folder'}"], tmp_path / "folder"),
+        ([], tmp_path / ".statekernel"),  # the default store
+        (["--store", "nosuch://x"], None),
+    ]
+    for args, path in cases:
+        done = sk("doctor", *args, cwd=tmp_path)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1
+        assert lines[0].startswith("error: ")
+        if path is not None:
+            assert str(path) in lines[0] or path.name in lines[0]
+            assert not path.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_memory_store_is_not_durable(tmp_path: Path) -> None:
+    findings = doctor("memory://", tmp_path, 0)
+    assert [(f["check"], f["status"]) for f in findings] == [("durability", "warning")]
