@@ -7,6 +7,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from statekernel.errors import ConfigError
 
@@ -61,13 +62,13 @@ def _anchored(url: str, folder: Path) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    if scheme == "sqlite" and rest.startswith("/") and not rest.startswith("//"):
+    if scheme.lower() == "sqlite" and rest.startswith("/") and not rest.startswith("//"):
         path, query = rest[1:], ""
         if "?" in path:
             path, query = path.split("?", 1)
             query = "?" + query
         if path and path != ":memory:" and not Path(path).is_absolute():
-            return f"sqlite:///{folder / path}{query}"
+            return f"sqlite:///{quote(str(folder / path), safe='/')}{query}"
     return url
 
 

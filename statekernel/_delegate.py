@@ -213,7 +213,8 @@ async def child_runs(
     turns = [*run.turns, *([run.current_turn] if run.current_turn else [])]
     found = []
     for turn in turns:
-        for model_call in turn.result.tool_calls if turn.result else ():
+        answer = turn.result.message if turn.result else turn.partial  # partial: cut off
+        for model_call in answer.tool_calls if answer else ():
             if delegates is not None and not delegates(model_call.name):
                 continue
             with contextlib.suppress(RunNotFound):

@@ -498,6 +498,7 @@ class RunDriver:
 
     async def _call_model(self) -> AsyncIterator[Event]:
         if _turn(self.run).partial is not None:  # calls started, the stream did not end here
+            self.model_claim = None
             self.stage("answer_cut_off", reason="the drive reading the answer stopped")
             return
         if self.base is not None or self.model_claim != self.run.revision:
@@ -577,9 +578,12 @@ class RunDriver:
         order, while the dispatch rules allow. Each intent lands with the answer so far
         before its call starts; the first call that may not start now (the rules, a hook's
         decision, invalid arguments) and the calls after it wait for the answer's end."""
+        self._raise_escaped()  # a call that took the process down stops everything
         calls = builder.complete_calls()
         tools, policy = self.kernel.tools, self.kernel.dispatch
         while not early.stopped and early.started < len(calls):
+            if self.observing and self._ready_outcomes():
+                break  # a result the hooks observe lands before anything else is decided
             call = calls[early.started]
             record = ToolCallRecord(call.id, call.name, call.arguments, parse_call(call.arguments))
             running = [self.names[i] for i in self.tasks]
@@ -592,6 +596,7 @@ class RunDriver:
                 self.decided[call.id] = decision
                 early.stopped = True
             elif self._precheck(record, call_input) is not None:
+                self.decided[call.id] = decision  # asked once: dispatch gives the error
                 early.stopped = True
             else:
                 partial = builder.so_far(calls[: early.started + 1])

@@ -157,7 +157,7 @@ class ResultBuilder:
         done: list[ToolCall] = []
         indices = sorted(self._calls)
         for n, index in enumerate(indices):
-            if n + 1 == len(indices) and not self._done and not self._whole(index):
+            if n + 1 == len(indices) and not self._whole(index):
                 return done
             done.append(self._call(index))
         return [*done, *self._done]

@@ -113,7 +113,8 @@ async def _all_run_ids(store: CheckpointStore) -> tuple[list[str], list[DamagedR
     while True:
         page = await store.list_runs(limit=500, cursor=cursor)
         ids += [s.run_id for s in page.runs]
-        damaged += page.damaged
+        named = {d.run_id for d in damaged}
+        damaged += [d for d in page.damaged if d.run_id not in named]  # a page may repeat one
         cursor = page.next_cursor
         if cursor is None:
             return ids, damaged

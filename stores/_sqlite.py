@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar, cast
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import aiosqlite
 import attrs
@@ -93,7 +93,7 @@ def parse_sqlite_url(url: str) -> tuple[str, str, int]:
     parts = urlsplit(url)
     if parts.netloc or not parts.path.startswith("/") or parts.path == "/":
         raise ConfigError(f"bad SQLite URL {url!r}: expected sqlite:///relative or sqlite:////abs")
-    path = parts.path[1:]
+    path = unquote(parts.path[1:])  # %xx: a folder with '#' or '?' in its name
     options = dict(parse_qsl(parts.query, keep_blank_values=True))
     sync = options.pop("synchronous", "full").lower()
     timeout = options.pop("busy_timeout", "10000")

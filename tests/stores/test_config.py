@@ -134,3 +134,15 @@ def test_unreadable_file_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         default_store_url(environ={}, cwd=tmp_path)
     assert "statekernel.toml" in str(info.value)
+
+
+def test_a_project_folder_with_url_characters_in_its_name(tmp_path: Path) -> None:
+    from statekernel.stores import SQLiteStore, open_store
+
+    odd = tmp_path / "C# proj?x"
+    odd.mkdir()
+    (odd / ".git").mkdir()
+    url = default_store_url(environ={}, cwd=odd)
+    store = open_store(url)
+    assert isinstance(store, SQLiteStore)
+    assert store.path == str(odd / ".statekernel" / "runs.db")
