@@ -19,11 +19,27 @@ from collections.abc import Iterable, Iterator, Sequence
 import attrs
 
 from statekernel._events import Event
+from statekernel._lifecycle import TABLE
 
-__all__ = ["RunTrace", "TransitionKey", "trace_events", "transitions_of"]
+__all__ = [
+    "DATA_EVENTS",
+    "DECLARED",
+    "RunTrace",
+    "TransitionKey",
+    "trace_events",
+    "transitions_of",
+]
 
 TransitionKey = tuple[str, str, str]
 """(source state id, target state id, lifecycle event)."""
+
+DATA_EVENTS = frozenset({"context_updated", "tool_call_resolved", "run_forked"})
+"""Events of commits that change a run's data, not its lifecycle state."""
+
+DECLARED: frozenset[TransitionKey] = frozenset(
+    (state, route.target, event) for (state, event), routes in TABLE.items() for route in routes
+)
+"""(source, target, event) of every transition the lifecycle declares."""
 
 _INTERNAL = {"model_started", "early_call_started", "tool_call_started", "tool_call_completed"}
 

@@ -25,9 +25,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from statekernel._events import Event
-from statekernel._lifecycle import TABLE
 from statekernel._run import STATE_IDS, Run
-from statekernel._trace import transitions_of
+from statekernel._trace import DATA_EVENTS, DECLARED, transitions_of
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
 from statekernel.stores._doctor_probe import (
     DAMAGED,
@@ -42,14 +41,6 @@ from statekernel.stores._doctor_probe import (
 from statekernel.stores._open import redact_url
 
 __all__ = ["DAMAGED", "OK", "WARNING", "Finding", "Status", "diagnose", "lease_finding"]
-
-DATA_EVENTS = frozenset({"context_updated", "tool_call_resolved", "run_forked"})
-"""Events of commits that change a run's data, not its lifecycle state."""
-
-DECLARED = frozenset(
-    (state, route.target, event) for (state, event), routes in TABLE.items() for route in routes
-)
-"""(source, target, event) of every transition the lifecycle declares."""
 
 
 async def diagnose(url: str) -> list[Finding]:

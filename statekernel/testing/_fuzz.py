@@ -27,12 +27,11 @@ import attrs
 from statekernel._driver import UNCERTAIN
 from statekernel._events import Event
 from statekernel._kernel import Kernel
-from statekernel._lifecycle import RunLifecycle
 from statekernel._middleware import ToolInvocation
 from statekernel._run import STATE_IDS, Run, Turn
 from statekernel._storage import CheckpointStore
 from statekernel._tools import Tool
-from statekernel._trace import transitions_of
+from statekernel._trace import DATA_EVENTS, DECLARED, transitions_of
 from statekernel.errors import RunNotFound
 from statekernel.testing._faults import Crash, CrashAt, FaultPlan, FaultyProvider, FaultyStore
 
@@ -49,13 +48,6 @@ AgentFactory = Callable[[], Mapping[str, Any]]
 """Returns fresh ``Kernel`` keyword arguments (tools, hooks, providers, ...), as a new
 process would build them."""
 
-DATA_EVENTS = frozenset({"context_updated", "tool_call_resolved", "run_forked"})
-DECLARED = frozenset(
-    (t.source.value, t.target.value, str(e))
-    for s in RunLifecycle.states
-    for t in s.transitions
-    for e in t.events
-)
 """(source, target, event) of every transition the chart declares."""
 
 

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,19 +12,11 @@ import pytest
 from statekernel.stores import open_store
 from statekernel.testing import FileRecords, RawRecords, RecordKey, RedisRecords, SQLiteRecords
 
-EXE = shutil.which("statekernel")
+from .test_cli_runs import EXE, sk
+
 pytestmark = pytest.mark.skipif(
     EXE is None, reason="the statekernel console script is not installed"
 )
-
-
-def sk(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run the console script with ``args`` in ``cwd``, capturing its output."""
-    env = {k: v for k, v in os.environ.items() if k != "STATEKERNEL_STORE"}
-    env.update(COLUMNS="200", NO_COLOR="1")
-    return subprocess.run(
-        [str(EXE), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def demo(store: str, run_id: str, cwd: Path, *, crash: str | None = None) -> None:
