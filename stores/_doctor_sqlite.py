@@ -9,8 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
-
 from statekernel._storage import CheckpointStore
 from statekernel.errors import (
     ConfigError,
@@ -29,6 +27,7 @@ from statekernel.stores._doctor_probe import (
     permissions,
 )
 from statekernel.stores._sqlite import SQLiteStore, parse_sqlite_url
+from statekernel.stores._sqlite_file import connect
 from statekernel.stores._sqlite_schema import STORE_VERSION
 
 __all__ = ["SQLiteProbe"]
@@ -37,39 +36,17 @@ __all__ = ["SQLiteProbe"]
 
 
 class ReadOnlySQLiteStore(SQLiteStore):
-    """A ``SQLiteStore`` on a read-only connection: it neither creates the file nor
-    sets pragmas nor migrates the schema (so ``commit`` and ``delete`` fail).
+    """A ``SQLiteStore`` opened read-only, on which a damaged database file
+    (``sqlite3.DatabaseError`` other than an operational error such as a lock) is
+    reported as ``CorruptCheckpoint``."""
 
-    A damaged database file (``sqlite3.DatabaseError`` other than an operational error
-    such as a lock) is reported as ``CorruptCheckpoint``.
-    """
-
-    def _connect(self) -> sqlite3.Connection:
-        self._raw = _read_only(self.path, self._timeout)
-        return self._raw
-
-    async def _open(self) -> aiosqlite.Connection:
-        async with self._lock:
-            if self._conn is None:
-                try:
-                    self._conn = await aiosqlite.Connection(self._connect, 64)
-                except (OSError, sqlite3.Error) as exc:
-                    raise self._error(exc) from exc
-            return self._conn
+    def __init__(self, url: str) -> None:
+        super().__init__(url, read_only=True)
 
     def _typed(self, exc: Exception) -> Exception:
         if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
             return CorruptCheckpoint(f"damaged SQLite store {self.path!r}: {exc}")
         return super()._typed(exc)
-
-
-def _read_only(path: str, timeout_ms: int) -> sqlite3.Connection:
-    """A connection that cannot write (SQLite may still add the empty ``-wal`` and
-    ``-shm`` files a reader of a WAL database needs, as any reader does)."""
-    uri = Path(path).resolve().as_uri() + "?mode=ro"
-    return sqlite3.connect(
-        uri, uri=True, timeout=timeout_ms / 1000, isolation_level=None, check_same_thread=False
-    )
 
 
 _DURABLE_JOURNALS = ("wal", "delete", "truncate", "persist")
@@ -105,7 +82,7 @@ class SQLiteProbe:
 
     def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         if self._conn is None:
-            self._conn = _read_only(str(self.path), self._timeout)
+            self._conn = connect(str(self.path), read_only=True, timeout_ms=self._timeout)
         return self._conn.execute(sql, params).fetchall()
 
     async def settings(self) -> list[Finding]:
@@ -130,7 +107,7 @@ class SQLiteProbe:
         else:
             shown = "; ".join(lines[:SHOWN])
             found.append(Finding("integrity", self.subject, DAMAGED, f"quick_check: {shown}"))
-        found.append(self._journal(str(self._query("PRAGMA journal_mode")[0][0]).lower()))
+        found.append(self._journal(self._journal_mode()))
         found.append(self._synchronous())
         return found
 
@@ -156,6 +133,14 @@ class SQLiteProbe:
             )
         detail = f"layout version {version!r}: this release reads only {STORE_VERSION}"
         return Finding("store layout", self.subject, DAMAGED, detail)
+
+    def _journal_mode(self) -> str:
+        """The file's journal mode; a file opened ``immutable`` (read-only folder) reports
+        ``delete`` whatever it is, so its header says whether it is in WAL mode."""
+        mode = str(self._query("PRAGMA journal_mode")[0][0]).lower()
+        with self.path.open("rb") as file:
+            header = file.read(20)
+        return "wal" if mode == "delete" and header[18:20] == b"\x02\x02" else mode
 
     def _journal(self, mode: str) -> Finding:
         if mode == "wal":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
@@ -67,6 +66,7 @@ from statekernel.stores._common import (
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._owners import HostLeases, LeaseChange, LeaseRecord
+from statekernel.stores._sqlite_file import check_layout, connect, needs_read_only, prepare_file
 from statekernel.stores._sqlite_ops import (
     BadRow,
     CommitRows,
@@ -111,9 +111,12 @@ class SQLiteStore:
     """A cancelled commit has landed whole or not at all when the cancellation propagates
     (one still queued is not written; one being written is waited for)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, read_only: bool | None = None) -> None:
+        """``read_only`` None: read-only when the file exists but it or its folder
+        cannot be written (a commit then fails with ``StoreError``)."""
         self.url = url
         self.path, self._sync, self._timeout = parse_sqlite_url(url)
+        self.read_only = needs_read_only(self.path) if read_only is None else read_only
         self._conn: aiosqlite.Connection | None = None
         self._raw: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
@@ -123,16 +126,20 @@ class SQLiteStore:
         self._group: GroupCommit[_Commit, Outcome] = GroupCommit(self._write, self._failed)
 
     def _error(self, exc: BaseException) -> StoreError:
-        return StoreError(f"SQLite store {self.path!r}: {exc}")
+        mode = " (opened read-only: it or its folder cannot be written)" if self.read_only else ""
+        return StoreError(f"SQLite store {self.path!r}{mode}: {exc}")
 
     def _connect(self) -> sqlite3.Connection:
         """Open the database file (runs on the connection's own thread)."""
-        self._raw = sqlite3.connect(self.path, isolation_level=None)
+        self._raw = connect(self.path, read_only=self.read_only, timeout_ms=self._timeout)
         return self._raw
 
     def _setup(self, raw: sqlite3.Connection) -> None:
-        """Pragmas and the store's own schema migrations."""
+        """Pragmas and the store's own schema migrations (read-only: a layout check)."""
         raw.execute(f"PRAGMA busy_timeout = {self._timeout}")
+        if self.read_only:
+            check_layout(raw, self.path)
+            return
         raw.execute("PRAGMA journal_mode = WAL")
         raw.execute(f"PRAGMA synchronous = {self._sync}")
         raw.execute("PRAGMA secure_delete = ON")
@@ -143,8 +150,8 @@ class SQLiteStore:
             if self._conn is not None:
                 return self._conn
             try:
-                if self.path != ":memory:":
-                    _prepare_file(Path(self.path))
+                if self.path != ":memory:" and not self.read_only:
+                    prepare_file(Path(self.path))
                 conn = await aiosqlite.Connection(self._connect, 64)
             except (OSError, sqlite3.Error) as exc:
                 raise self._error(exc) from exc
@@ -436,15 +443,6 @@ def _decode(parts: Parts, what: str) -> Run:
 def _parse(docs: list[bytes], what: str) -> list[Any]:
     parsed = load_json(b"[" + b",".join(docs) + b"]", what)
     return parsed  # type: ignore[no-any-return]
-
-
-def _prepare_file(path: Path) -> None:
-    """Create the parent folder (0700) and the database file (0600) if missing."""
-    parent = path.parent
-    if not parent.exists():
-        parent.mkdir(mode=0o700, parents=True)
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
 
 
 def _filters(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +24,20 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def sk(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def sk(
+    *args: str, cwd: Path, timeout: float = 60, preexec: Callable[[], None] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the console script with ``args`` in ``cwd``, capturing its output."""
     env = {k: v for k, v in os.environ.items() if k != "STATEKERNEL_STORE"}
     env.update(COLUMNS="200", NO_COLOR="1")
     return subprocess.run(
-        [str(EXE), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        [str(EXE), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=preexec,
     )
 
 
@@ -358,3 +368,43 @@ def test_following_a_run_nobody_drives_says_so(work: tuple[Path, str]) -> None:
         said, _ = proc.communicate(timeout=10)
     assert "no process drives it" in " ".join(said.split())
     assert f"statekernel runs resume run-c --store {store}" in " ".join(said.split())
+
+
+def _no_write_override() -> None:
+    """Drop root's power to write where permissions forbid it (CAP_DAC_OVERRIDE and
+    CAP_DAC_READ_SEARCH) for the command, so a read-only folder is read-only to it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (1, 2):
+        if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def test_store_in_read_only_folder(tmp_path: Path) -> None:
+    """A SQLite store in a folder the command cannot write is listed, shown and checked;
+    a command that writes fails with one line saying the store is read-only."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    store = f"sqlite:///{folder / 'runs.db'}"
+    ok(sk("demo", "--model", "scripted/demo", "--store", store, "--run-id", "ro-1", cwd=tmp_path))
+    before = sorted(p.name for p in folder.iterdir())
+    folder.chmod(0o555)
+    preexec = _no_write_override if os.geteuid() == 0 else None
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        try:
+            return sk(*args, "--store", store, cwd=tmp_path, preexec=preexec)
+        except subprocess.SubprocessError as exc:  # no CAP_SETPCAP in this container
+            pytest.skip(f"cannot drop root's write override here: {exc}")
+
+    try:
+        assert "ro-1" in ok(cli("runs", "list"))
+        assert "completed" in ok(cli("runs", "show", "ro-1"))
+        assert {f["status"] for f in as_json(cli("doctor", "--json"))} == {"ok"}
+        refused = cli("runs", "delete", "ro-1", "--yes")
+        assert refused.returncode == 2
+        assert "opened read-only" in refused.stderr
+        assert "Traceback" not in refused.stderr
+    finally:
+        folder.chmod(0o755)
+    assert sorted(p.name for p in folder.iterdir()) == before
+    assert "ro-1" in ok(sk("runs", "list", "--store", store, cwd=tmp_path))
