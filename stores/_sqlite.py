@@ -66,7 +66,7 @@ from statekernel.stores._common import (
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._owners import HostLeases, LeaseChange, LeaseRecord
-from statekernel.stores._sqlite_file import check_layout, connect, needs_read_only, prepare_file
+from statekernel.stores._sqlite_file import connect, needs_read_only, prepare_file
 from statekernel.stores._sqlite_ops import (
     BadRow,
     CommitRows,
@@ -79,7 +79,7 @@ from statekernel.stores._sqlite_ops import (
     read_head,
     read_parts,
 )
-from statekernel.stores._sqlite_schema import migrate_schema
+from statekernel.stores._sqlite_schema import check_layout, migrate_schema
 from statekernel.stores._sqlite_writer import Outcome, Pending, write_commits
 
 __all__ = ["SQLiteStore"]
@@ -136,7 +136,6 @@ class SQLiteStore:
 
     def _setup(self, raw: sqlite3.Connection) -> None:
         """Pragmas and the store's own schema migrations (read-only: a layout check)."""
-        raw.execute(f"PRAGMA busy_timeout = {self._timeout}")
         if self.read_only:
             check_layout(raw, self.path)
             return

@@ -1,5 +1,9 @@
 """How a SQLite store's file is opened: for writing, or read-only when it cannot be written.
 
+A write waits for the database's write lock up to the store's ``busy_timeout``; when
+it has waited ``FIRST_WAIT_MS`` it says so once on the ``statekernel.stores`` logger
+(another process is writing), then waits the rest.
+
 A store in a folder (or a file) this process may not write is still readable: listing,
 showing and checking its runs work, and a commit fails with a ``StoreError`` saying
 the store is read-only. SQLite reads a WAL database through its ``-shm`` file; in a
@@ -10,14 +14,59 @@ process can be writing it then: a writer needs that file too).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 from pathlib import Path
 
 from statekernel.errors import StoreError
-from statekernel.stores._sqlite_schema import STORE_VERSION
 
-__all__ = ["check_layout", "connect", "needs_read_only", "prepare_file"]
+__all__ = [
+    "FIRST_WAIT_MS",
+    "StoreConnection",
+    "begin_immediate",
+    "connect",
+    "needs_read_only",
+    "prepare_file",
+]
+
+FIRST_WAIT_MS = 1000
+"""How long a write waits for the lock before it says that it waits."""
+
+log = logging.getLogger("statekernel.stores")
+
+
+class StoreConnection(sqlite3.Connection):
+    """A connection that knows its store's path and how long a write may wait."""
+
+    path = ""
+    patience_ms = 0
+
+
+def begin_immediate(conn: sqlite3.Connection) -> None:
+    """``BEGIN IMMEDIATE``; a wait for another writer's lock longer than
+    ``FIRST_WAIT_MS`` is logged once, naming the store, and goes on to the full
+    ``busy_timeout``."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        if not isinstance(conn, StoreConnection) or exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+            raise
+        rest = conn.patience_ms - FIRST_WAIT_MS
+        if rest <= 0:
+            raise
+        log.warning(
+            "SQLite store %r: waiting for its write lock, held by another connection"
+            " (up to %.1f s more)",
+            conn.path,
+            rest / 1000,
+            extra={"store": conn.path},
+        )
+        conn.execute(f"PRAGMA busy_timeout = {rest}")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {FIRST_WAIT_MS}")
 
 
 def prepare_file(path: Path) -> None:
@@ -39,9 +88,14 @@ def needs_read_only(path: str) -> bool:
 
 
 def connect(path: str, *, read_only: bool, timeout_ms: int) -> sqlite3.Connection:
-    """A connection to the store's file; a read-only one may be used from any thread."""
+    """A connection to the store's file, its busy timeout set (the first wait of a
+    write: ``begin_immediate`` waits the rest); a read-only one may be used from any
+    thread."""
     if not read_only:
-        return sqlite3.connect(path, isolation_level=None)
+        conn = sqlite3.connect(path, isolation_level=None, factory=StoreConnection)
+        conn.path, conn.patience_ms = path, timeout_ms
+        conn.execute(f"PRAGMA busy_timeout = {min(timeout_ms, FIRST_WAIT_MS)}")
+        return conn
     file = Path(path).resolve()
     uri = file.as_uri() + "?mode=ro"
     if not Path(f"{file}-shm").exists() and not os.access(file.parent, os.W_OK):
@@ -55,20 +109,3 @@ def connect(path: str, *, read_only: bool, timeout_ms: int) -> sqlite3.Connectio
     return sqlite3.connect(
         uri, uri=True, timeout=timeout_ms / 1000, isolation_level=None, check_same_thread=False
     )
-
-
-def check_layout(conn: sqlite3.Connection, path: str) -> None:
-    """Refuse, without writing, a read-only file that is not this release's store layout."""
-    try:
-        row = conn.execute("SELECT version FROM statekernel_schema").fetchone()
-    except sqlite3.OperationalError as exc:
-        if "no such table" not in str(exc):
-            raise
-        row = None
-    if row is None:
-        raise StoreError(f"{path!r} is not a statekernel SQLite store (no store layout)")
-    if row[0] != STORE_VERSION:
-        raise StoreError(
-            f"SQLite store {path!r} has layout version {row[0]!r}, this release reads"
-            f" {STORE_VERSION}; it is read-only here, so it cannot be upgraded"
-        )

@@ -21,6 +21,7 @@ import attrs
 from statekernel._storage import Lease
 from statekernel.errors import RunNotFound
 from statekernel.stores._owners import LeaseRecord, check_fence
+from statekernel.stores._sqlite_file import begin_immediate
 
 __all__ = [
     "BadRow",
@@ -80,9 +81,13 @@ class CommitRows:
 
 
 @contextmanager
-def transaction(conn: sqlite3.Connection, begin: str = "BEGIN") -> Iterator[sqlite3.Connection]:
-    """One transaction: committed when the block ends, rolled back when it raises."""
-    conn.execute(begin)
+def transaction(conn: sqlite3.Connection, *, write: bool = False) -> Iterator[sqlite3.Connection]:
+    """One transaction (``write``: ``BEGIN IMMEDIATE``, which takes the write lock at
+    once): committed when the block ends, rolled back when it raises."""
+    if write:
+        begin_immediate(conn)
+    else:
+        conn.execute("BEGIN")
     try:
         yield conn
     except BaseException:
@@ -126,7 +131,7 @@ def lease_op(
     sync = conn.execute("PRAGMA synchronous").fetchone()[0]
     conn.execute("PRAGMA synchronous = NORMAL")
     try:
-        with transaction(conn, "BEGIN IMMEDIATE"):
+        with transaction(conn, write=True):
             if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
                 raise RunNotFound(run_id)
             old = _lease(conn, run_id)
@@ -294,7 +299,7 @@ def read_events(
 
 def delete_run(conn: sqlite3.Connection, run_id: str) -> bool:
     """Remove a run with all its rows; False if there was none."""
-    with transaction(conn, "BEGIN IMMEDIATE"):
+    with transaction(conn, write=True):
         row = conn.execute("SELECT id FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         if row is None:
             return False

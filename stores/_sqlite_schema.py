@@ -5,8 +5,9 @@ from __future__ import annotations
 import sqlite3
 
 from statekernel.errors import StoreError
+from statekernel.stores._sqlite_file import begin_immediate
 
-__all__ = ["SCHEMA", "STORE_VERSION", "migrate_schema"]
+__all__ = ["SCHEMA", "STORE_VERSION", "check_layout", "migrate_schema"]
 
 STORE_VERSION = 4
 """The layout version of the SQLite store written by this release.
@@ -63,7 +64,7 @@ _MIGRATIONS: dict[int, str] = {}
 
 def migrate_schema(conn: sqlite3.Connection) -> None:
     """Create the tables in a new database, or upgrade an older layout, in one transaction."""
-    conn.execute("BEGIN IMMEDIATE")
+    begin_immediate(conn)
     try:
         conn.execute("CREATE TABLE IF NOT EXISTS statekernel_schema (version INTEGER NOT NULL)")
         row = conn.execute("SELECT version FROM statekernel_schema").fetchone()
@@ -99,3 +100,20 @@ def migrate_schema(conn: sqlite3.Connection) -> None:
 
 def _statements(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
+
+
+def check_layout(conn: sqlite3.Connection, path: str) -> None:
+    """Refuse, without writing, a read-only file that is not this release's store layout."""
+    try:
+        row = conn.execute("SELECT version FROM statekernel_schema").fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such table" not in str(exc):
+            raise
+        row = None
+    if row is None:
+        raise StoreError(f"{path!r} is not a statekernel SQLite store (no store layout)")
+    if row[0] != STORE_VERSION:
+        raise StoreError(
+            f"SQLite store {path!r} has layout version {row[0]!r}, this release reads"
+            f" {STORE_VERSION}; it is read-only here, so it cannot be upgraded"
+        )

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import attrs
 
 from statekernel._storage import Lease
+from statekernel.stores._sqlite_file import begin_immediate
 from statekernel.stores._sqlite_ops import CommitRows, Stored, apply_commit
 
 __all__ = ["Outcome", "Pending", "write_commits"]
@@ -48,7 +49,7 @@ class Pending:
 def write_commits(conn: sqlite3.Connection, batch: Sequence[Pending]) -> list[Outcome | Exception]:
     """Apply ``batch`` in one transaction; each commit's outcome or its own exception."""
     grouped = len(batch) > 1
-    conn.execute("BEGIN IMMEDIATE")
+    begin_immediate(conn)
     try:
         outcomes = [_apply(conn, pending, grouped) for pending in batch]
         if conn.in_transaction:

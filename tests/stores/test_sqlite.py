@@ -1,15 +1,20 @@
-"""SQLite store: a cancelled commit has settled when the cancellation reaches the caller."""
+"""SQLite store: a cancelled commit has settled when the cancellation reaches the caller;
+a write held up by another writer says so."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import sqlite3
 from pathlib import Path
 
 import attrs
 import pytest
 
 from statekernel._storage import commit_settled
+from statekernel.errors import StoreError
 from statekernel.stores import Checkpoint, SQLiteStore
+from statekernel.stores._sqlite_file import FIRST_WAIT_MS
 from statekernel.testing._store_cases import next_revision, sample_run
 
 
@@ -47,3 +52,36 @@ async def test_synchronous_option(tmp_path: Path, sync: str) -> None:
     await store.commit(Checkpoint.between(None, run))
     assert await store.load("r") == run
     await store.aclose()
+
+
+async def test_a_write_waiting_for_the_lock_says_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A commit held up by another connection's write lock logs one warning naming the
+    store after ``FIRST_WAIT_MS``, then lands once the lock is released; a commit that
+    waits past ``busy_timeout`` fails with ``StoreError``."""
+    path = tmp_path / "runs.db"
+    store = SQLiteStore(f"sqlite:///{path}?busy_timeout=4000")
+    run = sample_run("held")
+    await store.commit(Checkpoint.between(None, run))
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    loop = asyncio.get_running_loop()
+    loop.call_later(FIRST_WAIT_MS / 1000 + 0.5, blocker.execute, "COMMIT")
+    nxt = next_revision(run)
+    with caplog.at_level(logging.WARNING, logger="statekernel.stores"):
+        await store.commit(Checkpoint.between(run, nxt))
+    waits = [r for r in caplog.records if "waiting for its write lock" in r.getMessage()]
+    assert len(waits) == 1
+    assert str(path) in waits[0].getMessage()
+    assert await store.load("held") == nxt
+    await store.aclose()
+
+    impatient = SQLiteStore(f"sqlite:///{path}?busy_timeout=1500")
+    blocker.execute("BEGIN IMMEDIATE")
+    with pytest.raises(StoreError, match="database is locked"):
+        await impatient.commit(Checkpoint.between(nxt, next_revision(nxt)))
+    blocker.execute("ROLLBACK")
+    assert await impatient.load("held") == nxt
+    await impatient.aclose()
+    blocker.close()
