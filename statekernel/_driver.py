@@ -47,7 +47,7 @@ from statekernel._model import (
     UsageUpdate,
 )
 from statekernel._run import PauseInfo, Run, ToolCallRecord, Turn
-from statekernel._storage import Checkpoint, Lease
+from statekernel._storage import Checkpoint, Lease, settles_on_cancel
 from statekernel._tools import ToolContext, ToolOutput
 from statekernel._transitions import parse_call
 from statekernel._values import as_stored, parse_json
@@ -339,7 +339,7 @@ class RunDriver:
         store = self.kernel.store
         if self.lost:
             raise LeaseLost(checkpoint.run.run_id, checkpoint.expected_revision)
-        if getattr(store, "settles_on_cancel", False):
+        if settles_on_cancel(store):
             # its commit has ended, landed or not, when a cancellation comes out of it:
             # no task of our own (the head tells the outcome on that rare path)
             await store.commit(checkpoint, lease=self.lease)

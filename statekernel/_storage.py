@@ -16,7 +16,7 @@ on one host) or once it expires (``ttl`` seconds after it was last renewed).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
@@ -30,10 +30,13 @@ __all__ = [
     "CheckpointStore",
     "DamagedRun",
     "Lease",
+    "RevisionHistory",
     "RunPage",
     "RunSummary",
+    "SettlesOnCancel",
     "StoreWrapper",
     "commit_settled",
+    "settles_on_cancel",
 ]
 
 
@@ -203,6 +206,34 @@ class CheckpointStore(Protocol):
         ...
 
 
+@runtime_checkable
+class SettlesOnCancel(Protocol):
+    """What a store may declare beyond ``CheckpointStore``: ``settles_on_cancel = True``
+    when a commit whose await is cancelled has landed whole or not at all by the time
+    the cancellation propagates (nothing of it keeps running). The kernel then awaits
+    its commits directly instead of shielding each in a task of its own.
+    ``check_store`` checks the claim."""
+
+    settles_on_cancel: bool
+
+
+@runtime_checkable
+class RevisionHistory(Protocol):
+    """What a store may offer beyond ``CheckpointStore``: every revision of a run, oldest
+    first, each with the events of its commit, read in one pass (``migrate`` uses it;
+    without it, it loads each revision). ``check_store`` compares it with ``load`` and
+    ``events``."""
+
+    def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
+        """Every revision of the run with its commit's events; ``RunNotFound`` if none."""
+        ...
+
+
+def settles_on_cancel(store: CheckpointStore) -> bool:
+    """True when ``store`` declares that a cancelled commit has settled (``SettlesOnCancel``)."""
+    return isinstance(store, SettlesOnCancel) and store.settles_on_cancel is True
+
+
 async def commit_settled(
     store: CheckpointStore, checkpoint: Checkpoint, lease: Lease | None = None
 ) -> None:
@@ -211,11 +242,10 @@ async def commit_settled(
     A store may write in a thread or over a socket; cancelling the await does not
     stop that write. Waiting for it means that when the cancellation propagates the
     commit has either landed whole or not at all, and no orphaned write can land
-    under a process that resumes the run right after. A store whose class sets
-    ``settles_on_cancel = True`` (its commit never leaves work running when the
-    await is cancelled) is awaited directly.
+    under a process that resumes the run right after. A store that declares
+    ``SettlesOnCancel`` is awaited directly.
     """
-    if getattr(store, "settles_on_cancel", False):
+    if settles_on_cancel(store):
         await store.commit(checkpoint, lease=lease)  # nothing outlives a cancelled await
         return
     task = asyncio.ensure_future(store.commit(checkpoint, lease=lease))

@@ -1,7 +1,9 @@
 """Checkpoint stores behind one async protocol, chosen by URL.
 
 ``memory://``, ``file:///dir``, ``sqlite:///path.db`` and ``redis://host:port/db``
-(also ``rediss://``) all implement :class:`CheckpointStore`.
+(also ``rediss://``) all implement :class:`CheckpointStore`. What a store may offer
+beyond it is declared by two small protocols, checked by ``check_store`` when a store
+declares them: :class:`RevisionHistory` and :class:`SettlesOnCancel`.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from statekernel._storage import (
     CheckpointStore,
     DamagedRun,
     Lease,
+    RevisionHistory,
     RunPage,
     RunSummary,
+    SettlesOnCancel,
     StoreWrapper,
 )
 from statekernel.stores._file import FileStore
@@ -31,9 +35,11 @@ __all__ = [
     "MemoryStore",
     "Migration",
     "RedisStore",
+    "RevisionHistory",
     "RunPage",
     "RunSummary",
     "SQLiteStore",
+    "SettlesOnCancel",
     "StoreWrapper",
     "migrate",
     "open_store",

@@ -9,7 +9,7 @@ import attrs
 
 from statekernel._events import Event
 from statekernel._run import Run
-from statekernel._storage import Checkpoint, CheckpointStore, DamagedRun
+from statekernel._storage import Checkpoint, CheckpointStore, DamagedRun, RevisionHistory
 from statekernel.errors import ConflictError, CorruptCheckpoint, RunNotFound
 from statekernel.stores._open import open_store
 
@@ -121,10 +121,9 @@ async def _all_run_ids(store: CheckpointStore) -> tuple[list[str], list[DamagedR
 
 
 async def _history(store: CheckpointStore, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
-    """Revisions oldest first with their events; stores may offer a faster ``history``."""
-    fast = getattr(store, "history", None)
-    if fast is not None:
-        async for item in fast(run_id):
+    """Revisions oldest first with their events, in one pass where the store offers it."""
+    if isinstance(store, RevisionHistory):
+        async for item in store.history(run_id):
             yield item
         return
     head = await store.load(run_id)

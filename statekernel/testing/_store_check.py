@@ -6,7 +6,8 @@ new, empty store each time it is called; each check runs on its own store and
 closes it. With ``raw`` (``RawRecords`` of the store: ``MemoryRecords``,
 ``FileRecords``, ``SQLiteRecords``, ``RedisRecords`` or one of your own), the
 checks on damaged storage run too, and with ``RawDocuments`` (the built-in ones are)
-the check that migrations of a run stored at an older version persist.
+the check that migrations of a run stored at an older version persist. What a store
+declares beyond the protocol (``RevisionHistory``, ``SettlesOnCancel``) is checked too.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 
-from statekernel._storage import CheckpointStore
+from statekernel._storage import CheckpointStore, RevisionHistory, settles_on_cancel
 from statekernel.testing import _store_cases as c
 from statekernel.testing._raw import RawDocuments, RawRecords
 from statekernel.testing._store_damage import check_damaged_records, check_log_gaps
+from statekernel.testing._store_features import check_history, check_settles_on_cancel
 from statekernel.testing._store_migration import check_persisting_migrations
 
 __all__ = ["StoreFactory", "check_store"]
@@ -53,6 +55,12 @@ async def check_store(
         ("non-ASCII text", c.check_non_ascii),
         ("leases", c.check_leases),
     ]
+    probe = await _open(factory)
+    if isinstance(probe, RevisionHistory):
+        checks.append(("history of every revision (RevisionHistory)", check_history))
+    if settles_on_cancel(probe):
+        checks.append(("a cancelled commit has settled (SettlesOnCancel)", check_settles_on_cancel))
+    await probe.aclose()
     if raw is not None:
         checks.append(("damaged records", lambda s: check_damaged_records(s, raw)))
         checks.append(("commit log gaps", lambda s: check_log_gaps(s, raw)))

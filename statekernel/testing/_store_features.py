@@ -1,0 +1,69 @@
+"""Conformance checks of what a store may declare beyond ``CheckpointStore``:
+``RevisionHistory`` (every revision in one pass) and ``SettlesOnCancel``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import attrs
+
+from statekernel._events import Event
+from statekernel._run import Run
+from statekernel._storage import Checkpoint, CheckpointStore, RevisionHistory, settles_on_cancel
+from statekernel.errors import RunNotFound
+from statekernel.testing._store_cases import events_for, next_revision, sample_run
+
+__all__ = ["check_history", "check_settles_on_cancel"]
+
+
+async def check_history(store: CheckpointStore) -> None:
+    """``history`` yields every revision oldest first, equal to ``load(revision=)``, each
+    with exactly the events of its commit; a missing run raises ``RunNotFound``."""
+    if not isinstance(store, RevisionHistory):
+        return
+    run = sample_run("hist")
+    chain: list[tuple[Run, tuple[Event, ...]]] = [(run, events_for(run, 1, 0))]
+    await store.commit(Checkpoint.between(None, run, chain[0][1]))
+    seq = 1
+    for i in range(12):
+        previous = chain[-1][0]
+        nxt = next_revision(previous)
+        batch = events_for(nxt, i % 3, seq)
+        seq += len(batch)
+        await store.commit(Checkpoint.between(previous, nxt, batch))
+        chain.append((nxt, batch))
+    got = [(r, list(e)) async for r, e in store.history("hist")]
+    assert [r.revision for r, _ in got] == [r.revision for r, _ in chain], "revisions differ"
+    for (run_at, events), (want, want_events) in zip(got, chain, strict=True):
+        assert run_at == want, f"revision {want.revision} differs from what was committed"
+        assert events == list(want_events), f"events of revision {want.revision} differ"
+    try:
+        async for _ in store.history("no-such-run"):
+            raise AssertionError("history of a missing run yielded a revision")
+    except RunNotFound:
+        pass
+    else:
+        raise AssertionError("history of a missing run did not raise RunNotFound")
+
+
+async def check_settles_on_cancel(store: CheckpointStore) -> None:
+    """A store declaring ``settles_on_cancel``: when a cancelled commit's cancellation
+    reaches the caller, the commit has landed whole or not at all, and nothing of it
+    lands later."""
+    if not settles_on_cancel(store):
+        return
+    run = sample_run("settle")
+    await store.commit(Checkpoint.between(None, run))
+    for delay in (0, 0.001, 0.003, 0.01):
+        big = attrs.evolve(next_revision(run), context={"blob": "x" * 2_000_000 + str(delay)})
+        task = asyncio.ensure_future(store.commit(Checkpoint.between(run, big)))
+        await asyncio.sleep(delay)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        at_cancel = await store.load("settle")
+        await asyncio.sleep(0.05)  # an orphaned write would land now
+        assert await store.load("settle") == at_cancel, "a cancelled commit landed later"
+        assert at_cancel in (run, big), "a cancelled commit landed in part"
+        run = at_cancel
