@@ -12,7 +12,7 @@ import asyncio
 import importlib.util
 import json
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -69,16 +69,21 @@ async def get_forecast(city: str, ctx: ToolContext, day: str = "tomorrow") -> di
     return {"city": city, "day": day, "sky": "rain" if rain else "dry", "high_c": 21}
 
 
+Slot = Literal["18:00", "18:30", "19:00", "19:30", "20:00", "20:30", "21:00", "21:30", "22:00"]
+"""The times a demo restaurant takes bookings for."""
+PartySize = Literal[1, 2, 3, 4, 5, 6, 7, 8]
+
+
 @tool
 async def book_table(
-    restaurant: str, time: str, ctx: ToolContext, people: int = 2
+    restaurant: str, time: Slot, ctx: ToolContext, people: PartySize = 2
 ) -> dict[str, JSON]:
     """Book a table at a restaurant. Not idempotent: every call makes a new booking.
 
     Args:
         restaurant: The restaurant's name.
-        time: The time, e.g. "20:00".
-        people: How many people.
+        time: The time of the booking, a half hour between 18:00 and 22:00.
+        people: How many people (1 to 8).
     """
     ctx.report({"status": f"booking {restaurant} at {time}"})
     await asyncio.sleep(TOOL_DELAY)
@@ -145,19 +150,30 @@ def default_demo_model() -> str:
 def demo_messages(model: str = SCRIPTED_MODEL) -> list[Message]:
     """The demo's opening transcript.
 
-    A small local model calls tools only after it has seen one example tool turn, so
-    for ``local/...`` the transcript starts with one (a forecast for Rome).
+    A small local model follows the format of what it has seen, so for ``local/...``
+    the transcript starts with one worked example of the whole story (in Rome): a
+    forecast, a booking with its arguments spelled out, and a one-sentence answer.
     """
     if not model.startswith("local/"):
         return [Message.system(_SYSTEM), Message.user(_PROMPT)]
-    example = ToolCall("call_example_0", "get_forecast", '{"city": "Rome", "day": "today"}')
+    forecast_call = ToolCall("call_example_0", "get_forecast", '{"city": "Rome", "day": "today"}')
     forecast = {"city": "Rome", "day": "today", "sky": "dry", "high_c": 24}
+    booking_args = {"restaurant": "Da Enzo", "time": "19:30", "people": 4}
+    booking_call = ToolCall("call_example_1", "book_table", json.dumps(booking_args))
+    booking = {**booking_args, "confirmation": "SK-0A1B2C"}
     return [
         Message.system(_SYSTEM),
-        Message.user("What's the weather in Rome today?"),
-        Message.assistant(tool_calls=[example]),
-        Message.tool(example.id, "get_forecast", json.dumps(forecast)),
-        Message.assistant("Rome is dry today, 24 °C."),
+        Message.user(
+            "What's the weather in Rome today? If it stays dry, book a table for four "
+            "at Da Enzo at 19:30."
+        ),
+        Message.assistant(tool_calls=[forecast_call]),
+        Message.tool(forecast_call.id, "get_forecast", json.dumps(forecast)),
+        Message.assistant(tool_calls=[booking_call]),
+        Message.tool(booking_call.id, "book_table", json.dumps(booking)),
+        Message.assistant(
+            "Rome stays dry today, so I booked Da Enzo at 19:30 for four (SK-0A1B2C)."
+        ),
         Message.user(_PROMPT),
     ]
 
@@ -176,18 +192,22 @@ NOT_YET = "not booked: call get_forecast first, and book only once it says the s
 """The result of a ``book_table`` call made before a dry forecast was in hand."""
 
 
-def _dry_forecast_seen(run: Run) -> bool:
+def _forecasts(run: Run) -> list[dict[str, Any]]:
     turns = (*run.turns, *([run.current_turn] if run.current_turn else []))
-    for turn in turns:
-        for record in turn.completed:
-            output = record.output
-            if (
-                record.name == "get_forecast"
-                and isinstance(output, dict)
-                and output.get("sky") == "dry"
-            ):
-                return True
-    return False
+    return [
+        r.output
+        for t in turns
+        for r in t.completed
+        if r.name == "get_forecast" and isinstance(r.output, dict)
+    ]
+
+
+def _forecast_seen(run: Run) -> bool:
+    return bool(_forecasts(run))
+
+
+def _dry_forecast_seen(run: Run) -> bool:
+    return any(f.get("sky") == "dry" for f in _forecasts(run))
 
 
 def _booked(run: Run) -> bool:
@@ -195,22 +215,55 @@ def _booked(run: Run) -> bool:
     return any(r.name == "book_table" and r.error is None for t in turns for r in t.completed)
 
 
+_CALL_START = "<tool_call>\n"
+_CALL_END = "</tool_call>"
+"""How a call starts and ends in the local model's chat template (``chatml_tools``)."""
+
+
+def _next_tool(run: Run) -> str | None:
+    if not _forecast_seen(run):
+        return "get_forecast"
+    if _dry_forecast_seen(run) and not _booked(run):
+        return "book_table"
+    return None
+
+
 class DemoHooks(Hooks):
     """Caps the answer length of every demo turn at ``MAX_TOKENS`` and keeps the story in
-    order, as an application guides a small model: each turn offers only the tool the
-    story needs next, and a booking asked for before a dry forecast came back is not
-    made (the model reads why)."""
+    order, as an application guides a small model: each turn offers exactly the one tool
+    the story needs next and makes the model call it (the forecast, then the booking
+    once a dry forecast is in hand), then offers none, so the model answers in text. The
+    arguments of a call stay the model's choice. A booking asked for before a dry
+    forecast came back is not made (the model reads why).
+
+    Measured on SmolLM2 (``local/smollm2``): offered both tools after the forecast, it
+    answered in text without booking; ``tool_choice="required"`` alone lets it write
+    text before the call (llama.cpp's grammar allows that), and it rambled to
+    ``max_tokens`` without calling; llama.cpp ignores a named ``tool_choice``. So for a
+    ``local/...`` model the request also ends with the start of the call (an assistant
+    prefill of ``<tool_call>``), and stops after one call (llama.cpp's grammar allows
+    several, and ``parallel_tool_calls`` does not change that).
+    """
 
     def on_turn_prepared(self, run: Run, request: ModelRequest) -> ModelRequest | None:
-        """The request with ``max_tokens`` set when it has none, offering the tool the
-        story needs next: the forecast, then (once it came back dry) the booking, then
-        none, so the model answers."""
-        if _dry_forecast_seen(run):
-            wanted: tuple[str, ...] = () if _booked(run) else ("get_forecast", "book_table")
-        else:
-            wanted = ("get_forecast",)
-        tools = tuple(t for t in request.tools if t.name in wanted)
-        return attrs.evolve(request, max_tokens=request.max_tokens or MAX_TOKENS, tools=tools)
+        """The request with ``max_tokens`` set when it has none and only the tool the
+        story needs next, with ``tool_choice="required"``: ``get_forecast`` until a
+        forecast came back, then ``book_table`` if it was dry and nothing is booked yet;
+        after that no tools (and no ``tool_choice``), so the model answers. For a local
+        model a forced call is prefilled with ``<tool_call>`` and stops at its end."""
+        wanted = _next_tool(run)
+        tools = tuple(t for t in request.tools if t.name == wanted)
+        max_tokens = request.max_tokens or MAX_TOKENS
+        if not tools:
+            return attrs.evolve(request, max_tokens=max_tokens, tools=(), tool_choice=None)
+        forced = attrs.evolve(request, max_tokens=max_tokens, tools=tools, tool_choice="required")
+        if request.provider != "local":
+            return forced
+        return attrs.evolve(
+            forced,
+            messages=(*request.messages, Message.assistant(_CALL_START)),
+            stop=(*request.stop, _CALL_END),
+        )
 
     def on_tool_call_started(self, run: Run, call: ToolCallRecord) -> Decision | None:
         """Skip ``book_table`` (with an error result saying why) until a dry forecast."""

@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 
 from statekernel.errors import ConfigError
@@ -337,36 +336,3 @@ def test_a_spinner_shows_while_the_model_has_said_nothing_yet() -> None:
     quiet = ModelWait(Console(file=io.StringIO(), force_terminal=False), "x/y")
     quiet.saw(Event("model_started", "r", 1, 3, {}))
     assert quiet.status is None  # not a terminal: nothing drawn
-
-
-def test_the_demo_offers_the_tool_its_story_needs_next() -> None:
-    import statekernel as sk_api
-    from statekernel._demo import NOT_YET, DemoHooks, demo_tools
-
-    hooks = DemoHooks()
-    specs = tuple(t.spec for t in demo_tools())
-    request = sk_api.ModelRequest("local/smollm2", (sk_api.Message.user("go"),), tools=specs)
-    fresh = sk_api.Run("r", "local/smollm2")
-    first = hooks.on_turn_prepared(fresh, request)
-    assert first is not None
-    assert [t.name for t in first.tools] == ["get_forecast"]
-    assert first.max_tokens is not None
-    book = sk_api.ToolCallRecord("c2", "book_table", "{}", {})
-    assert hooks.on_tool_call_started(fresh, book) == sk_api.Skip(error=NOT_YET)
-    forecast = sk_api.ToolCallRecord("c1", "get_forecast", "{}", {}, output={"sky": "dry"})
-    request_0 = sk_api.ModelRequest("local/smollm2")
-    dry = sk_api.Run(
-        "r", "local/smollm2", turns=(sk_api.Turn(0, request_0, completed=(forecast,)),)
-    )
-    second = hooks.on_turn_prepared(dry, request)
-    assert second is not None
-    assert [t.name for t in second.tools] == ["get_forecast", "book_table"]
-    assert hooks.on_tool_call_started(dry, book) is None
-    done = attrs.evolve(book, output={"confirmation": "SK-1"})
-    turns = (
-        sk_api.Turn(0, request_0, completed=(forecast,)),
-        sk_api.Turn(1, request_0, completed=(done,)),
-    )
-    last = hooks.on_turn_prepared(sk_api.Run("r", "local/smollm2", turns=turns), request)
-    assert last is not None
-    assert last.tools == ()
