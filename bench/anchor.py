@@ -69,7 +69,7 @@ from anchor_workload import (
 )
 
 import statekernel as sk
-from statekernel._storage import Checkpoint, CheckpointStore, Lease
+from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease
 from statekernel.stores import open_store
 from statekernel.testing import ScriptedProvider, call
 

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import statekernel as sk
-from statekernel._storage import Checkpoint, CheckpointStore, Lease, StoreWrapper
+from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease, StoreWrapper
 from statekernel.stores import SQLiteStore, open_store
 from statekernel.testing import Reply, ScriptedProvider, call
 

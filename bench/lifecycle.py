@@ -4,7 +4,7 @@ Drives runs of ``--turns`` turns with the payloads a kernel sends: each turn the
 asks for one tool call with ~200 bytes of arguments, the tool returns ~1 KB, and the last
 turn answers with text. The same events go through ``Lifecycle`` (the table derived from
 ``RunLifecycle``), through ``LibraryLifecycle`` (the library's engine), and through the
-pure ``_transitions`` functions alone (what any engine has to pay). Prints medians over
+pure ``_lifecycle.transitions`` functions alone (what any engine has to pay). Prints medians over
 repeats: us per event, and us to build one lifecycle.
 Run: ``python bench/lifecycle.py [--repeats 7] [--turns 50]``.
 """
@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import statekernel as sk
-from statekernel import _transitions as tr
-from statekernel._lifecycle import LibraryLifecycle
+from statekernel._lifecycle import transitions as tr
+from statekernel._lifecycle.chart import LibraryLifecycle, Lifecycle
 
 AT = datetime(2025, 1, 1, tzinfo=UTC)
 ARGUMENTS = '{"payload": "' + "x" * 180 + '"}'
@@ -56,7 +56,7 @@ def new_run() -> sk.Run:
     return sk.Run("bench", "scripted/bench", messages=(sk.Message.user("go"),))
 
 
-def drive(make: Callable[[sk.Run], sk.Lifecycle], turns: int) -> float:
+def drive(make: Callable[[sk.Run], Lifecycle], turns: int) -> float:
     """Seconds per event over a run of ``turns`` turns."""
     lc = make(new_run())
     gc.collect()
@@ -86,7 +86,7 @@ def drive_transitions(turns: int) -> float:
     return (time.perf_counter() - began) / n
 
 
-def construction(make: Callable[[sk.Run], sk.Lifecycle], count: int = 200) -> float:
+def construction(make: Callable[[sk.Run], Lifecycle], count: int = 200) -> float:
     """Seconds to build one lifecycle at a run."""
     run = new_run()
     gc.collect()
@@ -102,14 +102,14 @@ def median_us(sample: Callable[[], float], repeats: int) -> float:
 
 
 def main(repeats: int, turns: int) -> None:
-    table = median_us(lambda: drive(sk.Lifecycle, turns), repeats)
+    table = median_us(lambda: drive(Lifecycle, turns), repeats)
     engine = median_us(lambda: drive(LibraryLifecycle, turns), repeats)
     floor = median_us(lambda: drive_transitions(turns), repeats)
     events = 1 + 6 * (turns - 1) + 3  # start, full turns, the last (text) turn
     print(f"{turns} turns, {events} events per run, medians of {repeats} runs")
     print(f"{'':28} {'us/event':>9} {'build us':>9}")
     for name, per_event, make in (
-        ("Lifecycle (table)", table, sk.Lifecycle),
+        ("Lifecycle (table)", table, Lifecycle),
         ("LibraryLifecycle (engine)", engine, LibraryLifecycle),
     ):
         build = median_us(functools.partial(construction, make), repeats)

@@ -57,7 +57,7 @@ from anchor import (
 from anchor_workload import tool_arguments
 
 import statekernel as sk
-from statekernel._run import Run, Turn
+from statekernel._records.run import Run, Turn
 from statekernel.testing import ScriptedProvider
 from stores import redis_bytes
 

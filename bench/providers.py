@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
-from statekernel._messages import Message, ModelRequest
+from statekernel._records.messages import Message, ModelRequest
 from statekernel.providers import OpenAIProvider, ResultBuilder
 
 MODEL = "gpt-4o-mini-2024-07-18"

@@ -30,8 +30,8 @@ import uuid
 from typing import Any
 
 import statekernel as sk
-from statekernel._queue import RunQueue
 from statekernel.stores import RedisStore
+from statekernel.stores._redis_queue import RunQueue
 from statekernel.testing import Reply, ScriptedProvider, call
 
 QUEUE = "bench"

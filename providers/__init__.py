@@ -8,11 +8,14 @@ same wire at a deployment URL), ``anthropic`` (messages API), ``ollama`` (native
 
 from __future__ import annotations
 
-from statekernel._model import (
-    Finish,
+from typing import TYPE_CHECKING
+
+from statekernel import _exports
+from statekernel._kernel.model import (
     ModelProvider,
     ReasoningDelta,
     ResultBuilder,
+    StreamEnd,
     StreamPart,
     TextDelta,
     ToolCallDelta,
@@ -20,21 +23,39 @@ from statekernel._model import (
     UsageUpdate,
     assemble,
 )
-from statekernel.providers._anthropic import AnthropicProvider
-from statekernel.providers._azure import AzureOpenAIProvider
-from statekernel.providers._complete import complete
-from statekernel.providers._http import DEFAULT_TIMEOUT, HTTPProvider, RetryPolicy
-from statekernel.providers._local import LocalProvider
-from statekernel.providers._ollama import OllamaProvider
-from statekernel.providers._openai import OpenAIProvider
 from statekernel.providers._registry import ProviderRegistry, builtin_names, builtin_provider
-from statekernel.providers._vendors import VENDORS, Vendor
+
+if TYPE_CHECKING:
+    from statekernel.providers._anthropic import AnthropicProvider
+    from statekernel.providers._azure import AzureOpenAIProvider
+    from statekernel.providers._complete import complete
+    from statekernel.providers._http import DEFAULT_TIMEOUT, HTTPProvider, RetryPolicy
+    from statekernel.providers._local import LocalProvider
+    from statekernel.providers._ollama import OllamaProvider
+    from statekernel.providers._openai import OpenAIProvider
+    from statekernel.providers._vendors import VENDORS, Vendor
+
+__getattr__, __dir__ = _exports.lazy_exports(
+    __name__,
+    {
+        "AnthropicProvider": "._anthropic",
+        "AzureOpenAIProvider": "._azure",
+        "DEFAULT_TIMEOUT": "._http",
+        "HTTPProvider": "._http",
+        "LocalProvider": "._local",
+        "OllamaProvider": "._ollama",
+        "OpenAIProvider": "._openai",
+        "RetryPolicy": "._http",
+        "VENDORS": "._vendors",
+        "Vendor": "._vendors",
+        "complete": "._complete",
+    },
+)
 
 __all__ = [
     "AnthropicProvider",
     "AzureOpenAIProvider",
     "DEFAULT_TIMEOUT",
-    "Finish",
     "HTTPProvider",
     "LocalProvider",
     "ModelProvider",
@@ -44,6 +65,7 @@ __all__ = [
     "ReasoningDelta",
     "ResultBuilder",
     "RetryPolicy",
+    "StreamEnd",
     "StreamPart",
     "TextDelta",
     "ToolCallDelta",

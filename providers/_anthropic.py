@@ -15,7 +15,17 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource
 
-from statekernel._messages import (
+from statekernel._kernel.model import (
+    ReasoningDelta,
+    StreamEnd,
+    StreamPart,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallDone,
+    UsageUpdate,
+    tool_call_arguments_json,
+)
+from statekernel._records.messages import (
     FinishReason,
     ImagePart,
     Message,
@@ -25,16 +35,6 @@ from statekernel._messages import (
     ToolCall,
     ToolResult,
     Usage,
-)
-from statekernel._model import (
-    Finish,
-    ReasoningDelta,
-    StreamPart,
-    TextDelta,
-    ToolCallDelta,
-    ToolCallDone,
-    UsageUpdate,
-    tool_call_arguments_json,
 )
 from statekernel.errors import ConfigError, ProviderUnavailable
 from statekernel.providers._errors import error_for_type
@@ -162,7 +162,7 @@ class AnthropicProvider(HTTPProvider):
             raise ProviderUnavailable(
                 f"{self.name}: stream ended before message_stop", provider=self.name
             )
-        yield Finish(state.finish, state.model)
+        yield StreamEnd(state.finish, state.model)
 
     def _parse_body(self, data: Any, request: ModelRequest) -> Iterable[StreamPart]:
         if not isinstance(data, dict):
@@ -175,7 +175,9 @@ class AnthropicProvider(HTTPProvider):
             parts.extend(_whole_block(block))
         if data.get("usage"):
             parts.append(UsageUpdate(anthropic_usage(data["usage"])))
-        parts.append(Finish(_FINISH.get(data.get("stop_reason") or "", "other"), data.get("model")))
+        parts.append(
+            StreamEnd(_FINISH.get(data.get("stop_reason") or "", "other"), data.get("model"))
+        )
         return parts
 
 

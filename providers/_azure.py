@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
 
-from statekernel._messages import ModelRequest
+from statekernel._records.messages import ModelRequest
 from statekernel.errors import ConfigError
 from statekernel.providers._openai import OpenAIProvider
 

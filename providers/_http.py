@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 import attrs
 import httpx
 
-from statekernel._messages import ModelRequest
-from statekernel._model import StreamPart, UsageUpdate
+from statekernel._kernel.model import StreamPart, UsageUpdate
+from statekernel._records.messages import ModelRequest
 from statekernel.errors import ProviderError, ProviderUnavailable, RateLimited
 from statekernel.providers._errors import error_for_status, error_from_exception, redact
 

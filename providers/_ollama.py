@@ -13,7 +13,16 @@ from typing import Any
 
 import httpx
 
-from statekernel._messages import (
+from statekernel._kernel.model import (
+    ReasoningDelta,
+    StreamEnd,
+    StreamPart,
+    TextDelta,
+    ToolCallDone,
+    UsageUpdate,
+    tool_call_arguments_json,
+)
+from statekernel._records.messages import (
     FinishReason,
     ImagePart,
     Message,
@@ -22,15 +31,6 @@ from statekernel._messages import (
     ToolCall,
     ToolResult,
     Usage,
-)
-from statekernel._model import (
-    Finish,
-    ReasoningDelta,
-    StreamPart,
-    TextDelta,
-    ToolCallDone,
-    UsageUpdate,
-    tool_call_arguments_json,
 )
 from statekernel.errors import BadRequest, ProviderUnavailable
 from statekernel.providers._errors import error_for_type
@@ -168,7 +168,9 @@ class OllamaProvider(HTTPProvider):
                     output_tokens=int(data.get("eval_count") or 0),
                 )
             )
-            yield Finish(_FINISH.get(data.get("done_reason") or "stop", "other"), data.get("model"))
+            yield StreamEnd(
+                _FINISH.get(data.get("done_reason") or "stop", "other"), data.get("model")
+            )
 
 
 def ollama_messages(messages: Iterable[Message]) -> list[dict[str, Any]]:

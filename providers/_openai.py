@@ -18,7 +18,17 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource
 
-from statekernel._messages import (
+from statekernel._kernel.model import (
+    ReasoningDelta,
+    StreamEnd,
+    StreamPart,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallDone,
+    UsageUpdate,
+    tool_call_arguments_json,
+)
+from statekernel._records.messages import (
     FinishReason,
     ImagePart,
     Message,
@@ -28,16 +38,6 @@ from statekernel._messages import (
     ToolResult,
     ToolSpec,
     Usage,
-)
-from statekernel._model import (
-    Finish,
-    ReasoningDelta,
-    StreamPart,
-    TextDelta,
-    ToolCallDelta,
-    ToolCallDone,
-    UsageUpdate,
-    tool_call_arguments_json,
 )
 from statekernel.errors import ConfigError, ProviderUnavailable
 from statekernel.providers._errors import error_for_type
@@ -194,7 +194,7 @@ class OpenAIProvider(HTTPProvider):
             )
         for held in think.end() if think is not None else ():
             yield held
-        yield Finish(openai_finish_reason(state.finish), state.model)
+        yield StreamEnd(openai_finish_reason(state.finish), state.model)
 
     def _chunk(self, raw: str) -> dict[str, Any]:
         data = self._json(raw)
@@ -238,7 +238,9 @@ class OpenAIProvider(HTTPProvider):
             )
         if data.get("usage"):
             parts.append(UsageUpdate(openai_usage(data["usage"])))
-        parts.append(Finish(openai_finish_reason(choice.get("finish_reason")), data.get("model")))
+        parts.append(
+            StreamEnd(openai_finish_reason(choice.get("finish_reason")), data.get("model"))
+        )
         return parts
 
 

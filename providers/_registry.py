@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from statekernel._model import ModelProvider
+from statekernel._kernel.model import ModelProvider
 from statekernel.errors import ConfigError
 
 __all__ = ["NATIVE_NAMES", "ProviderRegistry", "builtin_names", "builtin_provider"]

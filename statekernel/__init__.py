@@ -8,17 +8,18 @@ resumes where it stopped without repeating a side effect that must not repeat.
 from __future__ import annotations
 
 from statekernel import errors
-from statekernel._asking import NeedsInput, ask_user
-from statekernel._delegate import child_run_id, delegate
-from statekernel._dispatch import DispatchPolicy
-from statekernel._events import LIVE_EVENTS, PERSISTED_EVENTS, Event
-from statekernel._fencing import Fence
-from statekernel._hooks import Continue, Decision, Finish, Hooks, Pause, Rewrite, Skip
-from statekernel._kernel import Kernel
-from statekernel._lazy import LazyTuple
-from statekernel._lifecycle import Lifecycle, RunLifecycle
-from statekernel._mcp import MCPConnection, mcp_http, mcp_stdio
-from statekernel._messages import (
+from statekernel._kernel.asking import NeedsInput, ask_user
+from statekernel._kernel.delegate import child_run_id, delegate
+from statekernel._kernel.dispatch import DispatchPolicy
+from statekernel._kernel.hooks import Continue, Decision, Finish, Hooks, Pause, Rewrite, Skip
+from statekernel._kernel.kernel import Kernel
+from statekernel._kernel.mcp import MCPConnection, mcp_http, mcp_stdio
+from statekernel._kernel.middleware import Middleware, ModelCall, ToolInvocation
+from statekernel._kernel.telemetry import set_tracer_provider
+from statekernel._kernel.tools import Tool, ToolContext, ToolOutput, tool
+from statekernel._lifecycle.chart import RunLifecycle
+from statekernel._records.events import LIVE_EVENTS, PERSISTED_EVENTS, Event
+from statekernel._records.messages import (
     ContentPart,
     ImagePart,
     Message,
@@ -31,11 +32,16 @@ from statekernel._messages import (
     ToolSpec,
     Usage,
 )
-from statekernel._middleware import Middleware, ModelCall, ToolInvocation
-from statekernel._run import STATE_IDS, FailureInfo, PauseInfo, Run, StateId, ToolCallRecord, Turn
-from statekernel._telemetry import set_tracer_provider
-from statekernel._tools import Tool, ToolContext, ToolOutput, tool
-from statekernel._worker import Worker, WorkerStats
+from statekernel._records.run import (
+    STATE_IDS,
+    FailureInfo,
+    PauseInfo,
+    Run,
+    StateId,
+    ToolCallRecord,
+    Turn,
+)
+from statekernel._workers.worker import Worker, WorkerStats
 from statekernel.errors import (
     ConflictError,
     CorruptCheckpoint,
@@ -44,6 +50,7 @@ from statekernel.errors import (
     RunBusy,
     RunNotFound,
     StatekernelError,
+    ToolError,
 )
 
 __all__ = [
@@ -55,15 +62,12 @@ __all__ = [
     "DispatchPolicy",
     "Event",
     "FailureInfo",
-    "Fence",
     "Finish",
     "Hooks",
     "ImagePart",
     "InvalidTransition",
     "Kernel",
     "LIVE_EVENTS",
-    "LazyTuple",
-    "Lifecycle",
     "MCPConnection",
     "Message",
     "Middleware",
@@ -90,6 +94,7 @@ __all__ = [
     "ToolCall",
     "ToolCallRecord",
     "ToolContext",
+    "ToolError",
     "ToolInvocation",
     "ToolOutput",
     "ToolResult",

@@ -1,6 +1,6 @@
 """``python -m statekernel``: the ``statekernel`` command."""
 
-from statekernel._cli import main
+from statekernel._cli.main import main
 
 if __name__ == "__main__":
     main()

@@ -8,24 +8,42 @@ declares them: :class:`RevisionHistory` and :class:`SettlesOnCancel`.
 
 from __future__ import annotations
 
-from statekernel._storage import (
+from typing import TYPE_CHECKING
+
+from statekernel import _exports
+from statekernel._storage.protocol import (
     Checkpoint,
     CheckpointStore,
     DamagedRun,
     Lease,
     RevisionHistory,
     RunPage,
+    RunQueues,
     RunSummary,
     SettlesOnCancel,
     StoreWrapper,
 )
-from statekernel.stores._file import FileStore
-from statekernel.stores._memory import MemoryStore
-from statekernel.stores._migrate import Migration, migrate
-from statekernel.stores._open import open_store, redact_url
-from statekernel.stores._redis import RedisStore
-from statekernel.stores._sqlite import SQLiteStore
+from statekernel.stores._open import open_store
+from statekernel.stores._redact import redact_url
 
+if TYPE_CHECKING:
+    from statekernel.stores._file import FileStore
+    from statekernel.stores._memory import MemoryStore
+    from statekernel.stores._migrate import Migration, migrate
+    from statekernel.stores._redis import RedisStore
+    from statekernel.stores._sqlite import SQLiteStore
+
+__getattr__, __dir__ = _exports.lazy_exports(
+    __name__,
+    {
+        "FileStore": "._file",
+        "MemoryStore": "._memory",
+        "Migration": "._migrate",
+        "RedisStore": "._redis",
+        "SQLiteStore": "._sqlite",
+        "migrate": "._migrate",
+    },
+)
 __all__ = [
     "Checkpoint",
     "CheckpointStore",
@@ -37,6 +55,7 @@ __all__ = [
     "RedisStore",
     "RevisionHistory",
     "RunPage",
+    "RunQueues",
     "RunSummary",
     "SQLiteStore",
     "SettlesOnCancel",

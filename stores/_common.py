@@ -8,7 +8,7 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
-from statekernel._storage import Checkpoint
+from statekernel._storage.protocol import Checkpoint
 from statekernel.errors import ConflictError, InvalidArgument, RunNotFound
 
 __all__ = [

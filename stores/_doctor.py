@@ -24,9 +24,9 @@ import itertools
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from statekernel._events import Event
-from statekernel._run import STATE_IDS, Run
-from statekernel._trace import DATA_EVENTS, DECLARED, transitions_of
+from statekernel._lifecycle.trace import DATA_EVENTS, DECLARED, transitions_of
+from statekernel._records.events import Event
+from statekernel._records.run import STATE_IDS, Run
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
 from statekernel.stores._doctor_probe import (
     DAMAGED,
@@ -38,7 +38,7 @@ from statekernel.stores._doctor_probe import (
     RunRef,
     Status,
 )
-from statekernel.stores._open import redact_url
+from statekernel.stores._redact import redact_url
 
 __all__ = ["DAMAGED", "OK", "WARNING", "Finding", "Status", "diagnose", "lease_finding"]
 

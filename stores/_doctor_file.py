@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from statekernel._storage import CheckpointStore
+from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import (
     StatekernelError,
     StoreError,

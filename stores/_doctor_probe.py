@@ -21,7 +21,7 @@ from typing import Literal, Protocol
 
 import attrs
 
-from statekernel._storage import CheckpointStore
+from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import (
     StoreError,
 )

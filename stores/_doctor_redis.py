@@ -6,7 +6,7 @@ from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
-from statekernel._storage import CheckpointStore
+from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import (
     CorruptCheckpoint,
     StoreError,
@@ -20,7 +20,7 @@ from statekernel.stores._doctor_probe import (
     LeaseView,
     RunRef,
 )
-from statekernel.stores._open import redact_url
+from statekernel.stores._redact import redact_url
 from statekernel.stores._redis import RedisStore, _load_head
 
 __all__ = ["RedisProbe"]

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from statekernel._storage import CheckpointStore
+from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import (
     ConfigError,
     CorruptCheckpoint,

@@ -25,20 +25,9 @@ from urllib.parse import unquote, urlsplit
 
 import attrs
 
-from statekernel._codec import (
-    check_log,
-    decode_events,
-    decode_run,
-    encode_commit,
-    head_summary,
-    iter_history,
-    log_ends,
-    replay,
-    snapshot_of,
-)
-from statekernel._events import Event
-from statekernel._run import Run, StateId
-from statekernel._storage import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
+from statekernel._records.events import Event
+from statekernel._records.run import Run, StateId
+from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
 from statekernel.stores._common import check_head, check_revision, checked_revision
 from statekernel.stores._file_io import (
@@ -51,6 +40,17 @@ from statekernel.stores._file_io import (
     read_lease,
     write_head,
     write_lease,
+)
+from statekernel.stores._format.codec import (
+    check_log,
+    decode_events,
+    decode_run,
+    encode_commit,
+    head_summary,
+    iter_history,
+    log_ends,
+    replay,
+    snapshot_of,
 )
 from statekernel.stores._listing import page_of
 from statekernel.stores._owners import HostLeases, LeaseChange, LeaseRecord, check_fence

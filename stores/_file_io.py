@@ -12,10 +12,10 @@ from typing import Any
 
 import attrs
 
-from statekernel._checksum import seal_line, unseal_line
-from statekernel._codec_base import blob_text, dump_bytes, load_json
-from statekernel._codec_dict import dump_entry, load_entry
+from statekernel._records.encoding import blob_text, dump_bytes, load_json
 from statekernel.errors import CorruptCheckpoint, StoreError
+from statekernel.stores._format.checksum import seal_line, unseal_line
+from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._owners import LeaseRecord
 
 __all__ = [

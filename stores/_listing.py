@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from statekernel._run import Run, StateId
-from statekernel._storage import RunPage, RunSummary
+from statekernel._records.run import Run, StateId
+from statekernel._storage.protocol import RunPage, RunSummary
 from statekernel.errors import StoreError
 
 __all__ = ["decode_cursor", "encode_cursor", "page_of", "summary_of"]

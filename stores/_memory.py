@@ -1,8 +1,8 @@
 """``memory://``: an in-process store for tests and throwaway runs, in the stored format.
 
-A run is kept as the persistent stores keep it (``statekernel._codec``): a head
+A run is kept as the persistent stores keep it (``statekernel.stores._format.codec``): a head
 document, the commit log (one entry per revision, with the commit's events), the
-message and turn logs and the blobs, each as checksummed bytes (``_checksum``).
+message and turn logs and the blobs, each as checksummed bytes (``stores._format.checksum``).
 So every test that uses ``memory://`` goes through the one stored format, and a
 load gives a run decoded from bytes, sharing nothing with the committed objects.
 """
@@ -15,8 +15,14 @@ from typing import Any
 
 import attrs
 
-from statekernel._checksum import seal, unseal, unseal_blobs, unseal_each
-from statekernel._codec import (
+from statekernel._records.encoding import dump_bytes, load_json
+from statekernel._records.events import Event
+from statekernel._records.run import Run, StateId
+from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
+from statekernel.errors import ConflictError, CorruptCheckpoint, RunNotFound
+from statekernel.stores._common import check_revision, checked_revision
+from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
+from statekernel.stores._format.codec import (
     check_log,
     decode_events,
     decode_run,
@@ -26,13 +32,7 @@ from statekernel._codec import (
     replay,
     snapshot_of,
 )
-from statekernel._codec_base import dump_bytes, load_json
-from statekernel._codec_dict import dump_entry, load_entry
-from statekernel._events import Event
-from statekernel._run import Run, StateId
-from statekernel._storage import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
-from statekernel.errors import ConflictError, CorruptCheckpoint, RunNotFound
-from statekernel.stores._common import check_revision, checked_revision
+from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._listing import page_of
 from statekernel.stores._owners import HostLeases, LeaseChange, LeaseRecord, check_fence
 

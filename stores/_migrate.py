@@ -7,9 +7,9 @@ from typing import Any
 
 import attrs
 
-from statekernel._events import Event
-from statekernel._run import Run
-from statekernel._storage import Checkpoint, CheckpointStore, DamagedRun, RevisionHistory
+from statekernel._records.events import Event
+from statekernel._records.run import Run
+from statekernel._storage.protocol import Checkpoint, CheckpointStore, DamagedRun, RevisionHistory
 from statekernel.errors import ConflictError, CorruptCheckpoint, RunNotFound
 from statekernel.stores._open import open_store
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import attrs
 
-from statekernel._storage import Lease
+from statekernel._storage.protocol import Lease
 from statekernel.errors import LeaseLost, RunBusy, StoreError
 
 __all__ = [

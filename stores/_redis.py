@@ -33,24 +33,10 @@ import attrs
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
-from statekernel._checksum import seal, unseal, unseal_blobs, unseal_each
-from statekernel._codec import (
-    check_log,
-    decode_events,
-    decode_run,
-    encode_commit,
-    head_summary,
-    iter_history,
-    log_ends,
-    replay,
-    snapshot_of,
-)
-from statekernel._codec_base import dump_bytes, load_json
-from statekernel._codec_dict import dump_entry, load_entry
-from statekernel._events import Event
-from statekernel._fencing import FENCE_KEY_TTL_MS, RELEASE, RENEW, Fence
-from statekernel._run import Run, StateId
-from statekernel._storage import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
+from statekernel._records.encoding import dump_bytes, load_json
+from statekernel._records.events import Event
+from statekernel._records.run import Run, StateId
+from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel.errors import (
     ConfigError,
     ConflictError,
@@ -69,10 +55,25 @@ from statekernel.stores._common import (
     checked_revision,
     micros,
 )
+from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
+from statekernel.stores._format.codec import (
+    check_log,
+    decode_events,
+    decode_run,
+    encode_commit,
+    head_summary,
+    iter_history,
+    log_ends,
+    replay,
+    snapshot_of,
+)
+from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
-from statekernel.stores._open import redact_url
+from statekernel.stores._redact import redact_url
+from statekernel.stores._redis_fencing import FENCE_KEY_TTL_MS, RELEASE, RENEW, Fence
 from statekernel.stores._redis_index import RunIndex
+from statekernel.stores._redis_queue import RunQueue
 from statekernel.stores._redis_wire import Command, Wire
 
 __all__ = ["RedisStore"]
@@ -215,6 +216,12 @@ class RedisStore:
     @property
     def _index(self) -> str:
         return f"{self.prefix}:runs"
+
+    async def submit(self, run_id: str, queue: str = "default") -> str:
+        """Enqueue the existing run on the run queue ``queue`` for workers; the entry id."""
+        run_queue = RunQueue(self, queue)
+        await self.load(run_id)  # RunNotFound for a run that does not exist
+        return await run_queue.submit(run_id)
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision`` (one transaction)."""

@@ -30,24 +30,10 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import aiosqlite
 import attrs
 
-from statekernel._checksum import seal, unseal, unseal_blobs, unseal_each
-from statekernel._codec import (
-    EncodedCommit,
-    check_log,
-    decode_events,
-    decode_run,
-    encode_commit,
-    head_summary,
-    iter_history,
-    log_ends,
-    replay,
-    snapshot_of,
-)
-from statekernel._codec_base import dump_bytes, enc_time, load_json
-from statekernel._codec_dict import dump_entry, load_entry
-from statekernel._events import Event
-from statekernel._run import Run, StateId
-from statekernel._storage import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
+from statekernel._records.encoding import dump_bytes, enc_time, load_json
+from statekernel._records.events import Event
+from statekernel._records.run import Run, StateId
+from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel.errors import (
     ConfigError,
     CorruptCheckpoint,
@@ -63,6 +49,20 @@ from statekernel.stores._common import (
     checked_revision,
     micros,
 )
+from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
+from statekernel.stores._format.codec import (
+    EncodedCommit,
+    check_log,
+    decode_events,
+    decode_run,
+    encode_commit,
+    head_summary,
+    iter_history,
+    log_ends,
+    replay,
+    snapshot_of,
+)
+from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._owners import HostLeases, LeaseChange, LeaseRecord

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from statekernel._storage import Lease
+from statekernel._storage.protocol import Lease
 from statekernel.errors import RunNotFound
 from statekernel.stores._owners import LeaseRecord, check_fence
 from statekernel.stores._sqlite_file import begin_immediate

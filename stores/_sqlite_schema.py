@@ -12,7 +12,7 @@ __all__ = ["SCHEMA", "STORE_VERSION", "check_layout", "migrate_schema"]
 STORE_VERSION = 4
 """The layout version of the SQLite store written by this release.
 
-Every stored value ends with its checksum (``statekernel._checksum``). Earlier
+Every stored value ends with its checksum (``statekernel.stores._format.checksum``). Earlier
 layouts were never released; a database in one is refused, not misread.
 """
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from statekernel._storage import Lease
+from statekernel._storage.protocol import Lease
 from statekernel.stores._sqlite_file import begin_immediate
 from statekernel.stores._sqlite_ops import CommitRows, Stored, apply_commit
 

@@ -23,18 +23,18 @@ import cattrs
 from cattrs.strategies import configure_tagged_union
 
 from statekernel import errors
-from statekernel._convert import unstructure
-from statekernel._messages import ModelRequest
-from statekernel._model import (
-    Finish,
+from statekernel._kernel.model import (
     ModelProvider,
     ReasoningDelta,
+    StreamEnd,
     StreamPart,
     TextDelta,
     ToolCallDelta,
     ToolCallDone,
     UsageUpdate,
 )
+from statekernel._records.convert import unstructure
+from statekernel._records.messages import ModelRequest
 from statekernel.errors import BadRequest, ProviderError
 
 __all__ = ["Cassette", "CassetteMode", "request_key"]
@@ -48,7 +48,7 @@ _TAGS: dict[type, str] = {
     ToolCallDelta: "tool_call_delta",
     ToolCallDone: "tool_call",
     UsageUpdate: "usage",
-    Finish: "finish",
+    StreamEnd: "finish",
 }
 _parts = cattrs.Converter(omit_if_default=True, forbid_extra_keys=True)
 configure_tagged_union(

@@ -8,10 +8,10 @@ from typing import Any, Literal, TypeAlias
 
 import attrs
 
-from statekernel._messages import ModelRequest
-from statekernel._middleware import Middleware, ToolInvocation
-from statekernel._model import ModelProvider, StreamPart
-from statekernel._storage import Checkpoint, CheckpointStore, Lease, StoreWrapper
+from statekernel._kernel.middleware import Middleware, ToolInvocation
+from statekernel._kernel.model import ModelProvider, StreamPart
+from statekernel._records.messages import ModelRequest
+from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease, StoreWrapper
 
 __all__ = [
     "CRASH_POINTS",

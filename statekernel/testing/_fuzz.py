@@ -24,14 +24,14 @@ from typing import Any
 
 import attrs
 
-from statekernel._driver import UNCERTAIN
-from statekernel._events import Event
-from statekernel._kernel import Kernel
-from statekernel._middleware import ToolInvocation
-from statekernel._run import STATE_IDS, Run, Turn
-from statekernel._storage import CheckpointStore
-from statekernel._tools import Tool
-from statekernel._trace import DATA_EVENTS, DECLARED, transitions_of
+from statekernel._kernel.drive import UNCERTAIN
+from statekernel._kernel.kernel import Kernel
+from statekernel._kernel.middleware import ToolInvocation
+from statekernel._kernel.tools import Tool
+from statekernel._lifecycle.trace import DATA_EVENTS, DECLARED, transitions_of
+from statekernel._records.events import Event
+from statekernel._records.run import STATE_IDS, Run, Turn
+from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import RunNotFound
 from statekernel.testing._faults import Crash, CrashAt, FaultPlan, FaultyProvider, FaultyStore
 
@@ -342,10 +342,10 @@ def fuzz_agent(
     ``helper`` (``delegate``) runs a child run that calls ``lookup`` and answers.
     Their outputs depend only on their input, as the invariants require.
     """
-    from statekernel._asking import ask_user
-    from statekernel._delegate import delegate
-    from statekernel._dispatch import DispatchPolicy
-    from statekernel._tools import tool
+    from statekernel._kernel.asking import ask_user
+    from statekernel._kernel.delegate import delegate
+    from statekernel._kernel.dispatch import DispatchPolicy
+    from statekernel._kernel.tools import tool
     from statekernel.testing._scripted import ScriptedProvider, call
 
     @tool

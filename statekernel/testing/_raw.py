@@ -19,11 +19,11 @@ import sqlite3
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from statekernel._checksum import seal, seal_line, unseal, unseal_line
-from statekernel._codec_base import dump_bytes, load_json
-from statekernel._codec_dict import dump_entry, load_entry
-from statekernel._storage import CheckpointStore
+from statekernel._records.encoding import dump_bytes, load_json
+from statekernel._storage.protocol import CheckpointStore
 from statekernel.stores._file import FileStore, folder_name
+from statekernel.stores._format.checksum import seal, seal_line, unseal, unseal_line
+from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._memory import MemoryStore, StoredRun
 from statekernel.stores._redis import RedisStore
 from statekernel.stores._sqlite import SQLiteStore

@@ -9,15 +9,15 @@ from typing import TypeAlias
 
 import attrs
 
-from statekernel._messages import FinishReason, ModelRequest, ToolCall, Usage
-from statekernel._model import (
-    Finish,
+from statekernel._kernel.model import (
     ReasoningDelta,
+    StreamEnd,
     StreamPart,
     TextDelta,
     ToolCallDelta,
     UsageUpdate,
 )
+from statekernel._records.messages import FinishReason, ModelRequest, ToolCall, Usage
 from statekernel.errors import ProviderError
 
 __all__ = ["Fail", "Reply", "ScriptedProvider", "call"]
@@ -159,7 +159,7 @@ class ScriptedProvider:
             raise reply.cut_off
         yield UsageUpdate(reply.usage)
         default: FinishReason = "tool_calls" if reply.tool_calls else "stop"
-        yield Finish(reply.finish_reason or default, model=request.model_name)
+        yield StreamEnd(reply.finish_reason or default, model=request.model_name)
 
     async def aclose(self) -> None:
         """Nothing to close."""

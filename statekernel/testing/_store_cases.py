@@ -9,13 +9,36 @@ from typing import Any
 
 import attrs
 
-from statekernel._events import Event
-from statekernel._messages import Message, ModelRequest, ModelResult, ToolCall
-from statekernel._run import Run, StateId, ToolCallRecord, Turn
-from statekernel._storage import Checkpoint, CheckpointStore, Lease
+from statekernel._records.events import Event
+from statekernel._records.messages import Message, ModelRequest, ModelResult, ToolCall
+from statekernel._records.run import Run, StateId, ToolCallRecord, Turn
+from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease
 from statekernel.errors import ConflictError, InvalidArgument, LeaseLost, RunBusy, RunNotFound
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+__all__ = [
+    "T0",
+    "check_bad_revision",
+    "check_compare_and_set",
+    "check_concurrent_committers",
+    "check_deletion",
+    "check_events",
+    "check_group_commit",
+    "check_isolation",
+    "check_large_output",
+    "check_leases",
+    "check_listing",
+    "check_many_events",
+    "check_missing",
+    "check_non_ascii",
+    "check_past_revisions",
+    "commit_chain",
+    "events_for",
+    "next_revision",
+    "sample_run",
+]
 
 
 def sample_run(run_id: str, *, turns: int = 2, at: datetime = T0) -> Run:

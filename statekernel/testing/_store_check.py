@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 
-from statekernel._storage import CheckpointStore, RevisionHistory, settles_on_cancel
+from statekernel._storage.protocol import CheckpointStore, RevisionHistory, settles_on_cancel
 from statekernel.testing import _store_cases as c
 from statekernel.testing._raw import RawDocuments, RawRecords
 from statekernel.testing._store_damage import check_damaged_records, check_log_gaps

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import attrs
 
-from statekernel._run import Run
-from statekernel._storage import Checkpoint, CheckpointStore
+from statekernel._records.run import Run
+from statekernel._storage.protocol import Checkpoint, CheckpointStore
 from statekernel.errors import CorruptCheckpoint
 from statekernel.testing._raw import RawRecords, RecordKey
 from statekernel.testing._store_cases import events_for, next_revision, sample_run

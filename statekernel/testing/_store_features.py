@@ -8,9 +8,14 @@ import contextlib
 
 import attrs
 
-from statekernel._events import Event
-from statekernel._run import Run
-from statekernel._storage import Checkpoint, CheckpointStore, RevisionHistory, settles_on_cancel
+from statekernel._records.events import Event
+from statekernel._records.run import Run
+from statekernel._storage.protocol import (
+    Checkpoint,
+    CheckpointStore,
+    RevisionHistory,
+    settles_on_cancel,
+)
 from statekernel.errors import RunNotFound
 from statekernel.testing._store_cases import events_for, next_revision, sample_run
 

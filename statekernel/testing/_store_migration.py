@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from statekernel import _convert
-from statekernel._messages import Message
-from statekernel._storage import Checkpoint, CheckpointStore
+from statekernel._records import convert
+from statekernel._records.messages import Message
+from statekernel._storage.protocol import Checkpoint, CheckpointStore
 from statekernel.testing._raw import RawDocuments
 from statekernel.testing._store_cases import next_revision, sample_run
 from statekernel.testing._store_damage import corrupt_raised
@@ -90,11 +90,11 @@ async def check_persisting_migrations(store: CheckpointStore, raw: RawDocuments)
     await store.commit(Checkpoint.between(None, run))
     await store.commit(Checkpoint.between(run, one))
     await _make_old(store, raw, "old")
-    saved = dict(_convert._MIGRATIONS)
+    saved = dict(convert._MIGRATIONS)
     try:
-        _convert._MIGRATIONS.clear()
+        convert._MIGRATIONS.clear()
         await _refused(store, "old", None, "a version 0 run without a migration")
-        _convert._MIGRATIONS[0] = to_current
+        convert._MIGRATIONS[0] = to_current
         loaded = await store.load("old")
         assert loaded == one, "the migrated run differs from the one committed"
         assert list(loaded.turns) == list(one.turns), "its completed turns differ"
@@ -104,10 +104,10 @@ async def check_persisting_migrations(store: CheckpointStore, raw: RawDocuments)
         two = next_revision(loaded, messages=loaded.messages + (Message.user("after"),))  # noqa: RUF005
         await store.commit(Checkpoint.between(loaded, two))
         head = raw.decode(("head", 0), (await raw.read(store, "old"))[("head", 0)])
-        assert head["schema_version"] == _convert.SCHEMA_VERSION, "the head was not rewritten"
+        assert head["schema_version"] == convert.SCHEMA_VERSION, "the head was not rewritten"
         assert head["model"] == run.model, "the rewritten head keeps the old field name"
 
-        _convert._MIGRATIONS.clear()  # from now on the head reads current records only
+        convert._MIGRATIONS.clear()  # from now on the head reads current records only
         loaded = await store.load("old")
         assert loaded == two, "the run after the commit needs the migration still"
         assert list(loaded.turns) == list(two.turns), "completed turns need the migration still"
@@ -117,5 +117,5 @@ async def check_persisting_migrations(store: CheckpointStore, raw: RawDocuments)
         assert await store.load("old", revision=2) == two
         await _refused(store, "old", 0, "the revisions before the migration stay as stored")
     finally:
-        _convert._MIGRATIONS.clear()
-        _convert._MIGRATIONS.update(saved)
+        convert._MIGRATIONS.clear()
+        convert._MIGRATIONS.update(saved)

@@ -6,8 +6,10 @@ import functools
 
 import attrs
 
-from statekernel._run import Run
-from statekernel._storage import Checkpoint, CheckpointStore
+from statekernel._records.run import Run
+from statekernel._storage.protocol import Checkpoint, CheckpointStore
+
+__all__ = ["check_generated_runs"]
 
 
 @functools.lru_cache(maxsize=4)

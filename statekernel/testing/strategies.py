@@ -16,9 +16,9 @@ from typing import Any
 import attrs
 from hypothesis import strategies as st
 
-from statekernel._events import PERSISTED_EVENTS, Event
-from statekernel._lifecycle import EVENTS, RunLifecycle
-from statekernel._messages import (
+from statekernel._lifecycle.chart import EVENTS, RunLifecycle
+from statekernel._records.events import PERSISTED_EVENTS, Event
+from statekernel._records.messages import (
     ContentPart,
     ImagePart,
     Message,
@@ -31,7 +31,7 @@ from statekernel._messages import (
     ToolSpec,
     Usage,
 )
-from statekernel._run import (
+from statekernel._records.run import (
     STATE_IDS,
     FailureInfo,
     PauseInfo,

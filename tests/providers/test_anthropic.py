@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from statekernel._messages import (
+from statekernel._records.messages import (
     ImagePart,
     Message,
     ModelRequest,
@@ -19,8 +19,8 @@ from statekernel._messages import (
 from statekernel.errors import BadRequest, ProviderUnavailable, RateLimited
 from statekernel.providers import (
     AnthropicProvider,
-    Finish,
     ReasoningDelta,
+    StreamEnd,
     TextDelta,
     ToolCallDelta,
     assemble,
@@ -143,7 +143,7 @@ async def test_full_event_set(wire, provider):
     ]
     assert ToolCallDelta(0, "toolu_01T1x1fJ34qAmk2tNTrN7Up6", "get_weather") in parts
     assert ToolCallDelta(1, "toolu_02", "get_time") in parts
-    assert parts[-1] == Finish("tool_calls", MODEL)
+    assert parts[-1] == StreamEnd("tool_calls", MODEL)
     result = assemble(parts)
     assert result.message.content == (
         ReasoningPart("The user wants Paris weather.", "EqQBCgIYAhIM1gbcDa9GJwZA2b3h"),
@@ -409,7 +409,7 @@ async def test_non_streaming(wire, provider):
 async def test_stop_reasons(wire, provider, stop_reason, neutral):
     wire.sse([message_start(), message_delta(stop_reason, 1), STOP])
     parts = await collect(provider, request())
-    assert parts[-1] == Finish(neutral, MODEL)
+    assert parts[-1] == StreamEnd(neutral, MODEL)
 
 
 async def drain(stream, parts: list) -> None:

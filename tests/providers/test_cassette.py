@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from statekernel._messages import Message, ModelRequest, ToolSpec
+from statekernel._records.messages import Message, ModelRequest, ToolSpec
 from statekernel.errors import BadRequest, ConfigError, RateLimited
 from statekernel.providers import OpenAIProvider, complete
 from statekernel.testing import Cassette, Fail, Reply, ScriptedProvider, call, request_key

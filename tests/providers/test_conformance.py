@@ -9,14 +9,14 @@ from typing import Any
 import attrs
 import pytest
 
-from statekernel._messages import Message, ModelRequest, ModelResult, ToolSpec, Usage
+from statekernel._records.messages import Message, ModelRequest, ModelResult, ToolSpec, Usage
 from statekernel.errors import ProviderUnavailable
 from statekernel.providers import (
     AnthropicProvider,
-    Finish,
     ModelProvider,
     OllamaProvider,
     OpenAIProvider,
+    StreamEnd,
     complete,
 )
 
@@ -226,8 +226,8 @@ async def test_stream_ends_with_exactly_one_finish(vendor):
     name, provider, script = vendor
     script("Hi.", False)
     parts = [part async for part in provider.stream(neutral(name))]
-    assert [type(p) for p in parts].count(Finish) == 1
-    assert isinstance(parts[-1], Finish)
+    assert [type(p) for p in parts].count(StreamEnd) == 1
+    assert isinstance(parts[-1], StreamEnd)
 
 
 async def test_truncated_stream_is_unavailable(vendor, wire):

@@ -11,7 +11,7 @@ from email.utils import format_datetime
 import httpx
 import pytest
 
-from statekernel._messages import Message, ModelRequest
+from statekernel._records.messages import Message, ModelRequest
 from statekernel.errors import (
     AuthenticationFailed,
     BadRequest,

@@ -19,10 +19,10 @@ import pytest
 import pytest_asyncio
 
 import statekernel as sk
-from statekernel._messages import Message, ModelRequest, ToolCall, ToolSpec
+from statekernel._records.messages import Message, ModelRequest, ToolCall, ToolSpec
 from statekernel.providers import (
-    Finish,
     LocalProvider,
+    StreamEnd,
     TextDelta,
     ToolCallDelta,
     UsageUpdate,
@@ -100,7 +100,7 @@ async def test_streamed_plain_answer(local):
     )
     parts = await stream(local, request)
     assert sum(isinstance(p, TextDelta) for p in parts) >= 2  # really streamed
-    assert isinstance(parts[-1], Finish)
+    assert isinstance(parts[-1], StreamEnd)
     assert parts[-1].reason in ("stop", "length")
     assert any(isinstance(p, UsageUpdate) for p in parts)
     result = assemble(parts)

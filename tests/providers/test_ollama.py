@@ -6,12 +6,19 @@ from typing import Any
 
 import pytest
 
-from statekernel._messages import ImagePart, Message, ModelRequest, ToolCall, ToolSpec, Usage
+from statekernel._records.messages import (
+    ImagePart,
+    Message,
+    ModelRequest,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
 from statekernel.errors import BadRequest, ProviderUnavailable
 from statekernel.providers import (
-    Finish,
     OllamaProvider,
     ReasoningDelta,
+    StreamEnd,
     TextDelta,
     ToolCallDone,
     assemble,
@@ -86,7 +93,7 @@ async def test_stream_with_thinking_text_and_tool_calls(wire, provider):
     assert done.call.name == "get_current_weather"
     assert done.call.parsed_arguments() == {"format": "celsius", "location": "Toronto"}
     assert done.call.id.startswith("call_")
-    assert parts[-1] == Finish("stop", MODEL)
+    assert parts[-1] == StreamEnd("stop", MODEL)
     result = assemble(parts)
     assert result.finish_reason == "tool_calls"
     assert result.usage == Usage(26, 12)

@@ -6,12 +6,19 @@ from typing import Any
 
 import pytest
 
-from statekernel._messages import ImagePart, Message, ModelRequest, ToolCall, ToolSpec, Usage
+from statekernel._records.messages import (
+    ImagePart,
+    Message,
+    ModelRequest,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
 from statekernel.errors import AuthenticationFailed, ConfigError, ProviderUnavailable
 from statekernel.providers import (
-    Finish,
     OpenAIProvider,
     ReasoningDelta,
+    StreamEnd,
     TextDelta,
     ToolCallDelta,
     assemble,
@@ -117,7 +124,7 @@ async def test_tool_call_deltas_spread_over_chunks(wire, provider):
     assert parts[0] == TextDelta("Checking")
     deltas = [p for p in parts if isinstance(p, ToolCallDelta)]
     assert [d.index for d in deltas] == [0, 0, 1, 0, 1, 0]
-    assert parts[-1] == Finish("tool_calls", MODEL)
+    assert parts[-1] == StreamEnd("tool_calls", MODEL)
     result = assemble(parts)
     assert result.text == "Checking both."
     assert result.tool_calls == (
@@ -242,7 +249,7 @@ async def test_reasoning_content_deltas(wire, provider):
 async def test_finish_reasons_normalized(wire, provider, wire_reason, neutral):
     wire.sse([chunk({"content": "x"}), chunk({}, wire_reason)], done=True)
     parts = await collect(provider, request())
-    assert parts[-1] == Finish(neutral, MODEL)
+    assert parts[-1] == StreamEnd(neutral, MODEL)
 
 
 async def test_invalid_tool_arguments_pass_through_as_raw_text(wire, provider):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import statekernel.providers as providers
-from statekernel._messages import Message, ModelRequest
+from statekernel._records.messages import Message, ModelRequest
 from statekernel.errors import ConfigError
 from statekernel.providers import (
     AnthropicProvider,

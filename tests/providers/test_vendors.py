@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from statekernel._messages import (
+from statekernel._records.messages import (
     Message,
     ModelRequest,
     ModelResult,

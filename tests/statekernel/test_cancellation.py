@@ -232,7 +232,7 @@ async def test_partial_resolution_waits_for_every_uncertain_call(make_kernel: Ma
 
 
 async def test_a_failure_of_the_model_work_while_stopping_is_raised() -> None:
-    from statekernel._driver import RunDriver
+    from statekernel._kernel.drive import RunDriver
 
     kernel = sk.Kernel(RecordingStore(), providers={"scripted": ScriptedProvider([])})
     run = await start(kernel)

@@ -323,8 +323,8 @@ def test_a_spinner_shows_while_the_model_has_said_nothing_yet() -> None:
 
     from rich.console import Console
 
-    from statekernel._cli_drive import ModelWait
-    from statekernel._events import Event
+    from statekernel._cli.drive import ModelWait
+    from statekernel._records.events import Event
 
     screen = io.StringIO()
     wait = ModelWait(Console(file=screen, force_terminal=True, width=80), "local/smollm2")

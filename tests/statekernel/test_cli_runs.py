@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from statekernel._diagram import can_render_svg
+from statekernel._lifecycle.diagram import can_render_svg
 
 EXE = shutil.which("statekernel")
 pytestmark = pytest.mark.skipif(

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 import statekernel as sk
-from statekernel._run import Run
+from statekernel._records.run import Run
 from statekernel.stores import MemoryStore, open_store
 from statekernel.testing import Crash, CrashAt, FaultPlan, FaultyStore, ScriptedProvider, call
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 import statekernel as sk
-from statekernel._demo import NOT_YET, DemoHooks, demo_tools
+from statekernel._cli.demo import NOT_YET, DemoHooks, demo_tools
 
 SPECS = tuple(t.spec for t in demo_tools())
 

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 import statekernel as sk
-from statekernel._diagram import (
+from statekernel._lifecycle.diagram import (
     can_render_svg,
     lifecycle_dot,
     lifecycle_graph,
     lifecycle_mermaid,
     write_diagrams,
 )
-from statekernel._trace import trace_events
+from statekernel._lifecycle.trace import trace_events
 from statekernel.testing import ScriptedProvider, call
 
 DIAGRAMS = Path(__file__).resolve().parents[2] / "diagrams"

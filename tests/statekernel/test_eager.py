@@ -353,7 +353,7 @@ def test_the_final_answer_keeps_started_calls_first_and_drops_none() -> None:
     """A final answer read from a second stream (a middleware retried the model) may give
     a started call another id: it is matched by tool and arguments, never run twice, and
     a call the model asked for only now is kept after the started ones."""
-    from statekernel._lifecycle import Lifecycle
+    from statekernel._lifecycle.chart import Lifecycle
 
     request = sk.ModelRequest("scripted/x", (sk.Message.user("go"),))
     turn = sk.Turn(0, request, model_attempts=1)
@@ -382,7 +382,7 @@ def test_the_final_answer_keeps_started_calls_first_and_drops_none() -> None:
 
 
 def test_calls_are_complete_once_a_later_call_begins_or_their_json_closes() -> None:
-    from statekernel.providers import Finish, ResultBuilder, ToolCallDelta
+    from statekernel.providers import ResultBuilder, StreamEnd, ToolCallDelta
 
     builder = ResultBuilder()
     builder.add(ToolCallDelta(0, None, "look", '{"label": '))
@@ -398,6 +398,6 @@ def test_calls_are_complete_once_a_later_call_begins_or_their_json_closes() -> N
     builder.add(ToolCallDelta(1, None, None, '{"label": "b"'))
     builder.add(ToolCallDelta(2, "c3", "look", "{}"))
     assert [c.id for c in builder.complete_calls()] == [first.id, "c2", "c3"]
-    builder.add(Finish("tool_calls"))
+    builder.add(StreamEnd("tool_calls"))
     assert [c.id for c in builder.result().tool_calls] == [first.id, "c2", "c3"]
     assert builder.so_far(builder.complete_calls()[:1]).tool_calls == (first,)

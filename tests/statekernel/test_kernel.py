@@ -10,7 +10,7 @@ import pytest
 
 import statekernel as sk
 from statekernel.errors import ConflictError, InvalidArgument, InvalidTransition, RunNotFound
-from statekernel.providers import Finish, StreamPart, TextDelta
+from statekernel.providers import StreamEnd, StreamPart, TextDelta
 from statekernel.stores import MemoryStore
 from statekernel.testing import Fail, Reply, call
 
@@ -263,7 +263,7 @@ async def test_model_error_fails_the_run_and_retry_completes_it(make_kernel: Mak
 
 
 class CutShort:
-    """A model whose first answer stops without a ``Finish``; later ones are whole."""
+    """A model whose first answer stops without a ``StreamEnd``; later ones are whole."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -273,7 +273,7 @@ class CutShort:
         yield TextDelta("half an answ")
         if self.calls > 1:
             yield TextDelta("er")
-            yield Finish("stop", request.model_name)
+            yield StreamEnd("stop", request.model_name)
 
     async def aclose(self) -> None:
         pass
@@ -288,7 +288,7 @@ async def test_a_stream_without_finish_fails_the_run_and_retry_calls_again() -> 
     failed = await kernel.get(run.run_id)
     assert failed.failure is not None
     assert (failed.failure.error, failed.failure.failed_in) == ("ProviderError", "calling_model")
-    assert "Finish" in failed.failure.message
+    assert "StreamEnd" in failed.failure.message
     await kernel.retry(run.run_id)
     await drain(kernel, run.run_id)
     done = await kernel.get(run.run_id)
@@ -362,7 +362,7 @@ async def test_two_kernels_racing_on_one_run_conflict(make_kernel: MakeKernel) -
     await other.step(run.run_id)  # other moves the run on
     driver_run = await store.load(run.run_id)
     assert driver_run.revision == stale.revision + 1
-    from statekernel._driver import RunDriver
+    from statekernel._kernel.drive import RunDriver
 
     loser = RunDriver(kernel, stale)
     with pytest.raises(ConflictError):

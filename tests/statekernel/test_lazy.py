@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 
-from statekernel._lazy import Deferred, LazyTuple
+from statekernel._records.lazy import Deferred, LazyTuple
 from statekernel.testing.strategies import SequenceOp, sequence_ops
 
 
@@ -138,7 +138,7 @@ def test_growing_an_older_view_never_changes_a_newer_one() -> None:
 
 
 def test_a_long_tail_moves_to_a_buffer_of_its_own() -> None:
-    from statekernel._lazy import TAIL_MAX
+    from statekernel._records.lazy import TAIL_MAX
 
     base = LazyTuple(["a", "b"])
     branch = base

@@ -15,7 +15,6 @@ from statemachine.exceptions import InvalidDefinition
 
 from statekernel import (
     STATE_IDS,
-    Lifecycle,
     Message,
     ModelRequest,
     ModelResult,
@@ -25,10 +24,10 @@ from statekernel import (
     ToolCall,
     ToolCallRecord,
     Turn,
-    _transitions,
 )
-from statekernel._lifecycle import EVENTS, TABLE, LibraryLifecycle, derive_table
-from statekernel._run import StateId
+from statekernel._lifecycle import transitions as _transitions
+from statekernel._lifecycle.chart import EVENTS, TABLE, LibraryLifecycle, Lifecycle, derive_table
+from statekernel._records.run import StateId
 from statekernel.errors import CorruptCheckpoint, InvalidTransition
 from statekernel.testing.strategies import LifecycleStep, lifecycle_payloads, lifecycle_steps
 

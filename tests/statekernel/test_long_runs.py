@@ -9,7 +9,7 @@ import tracemalloc
 import attrs
 
 import statekernel as sk
-from statekernel._run import Run
+from statekernel._records.run import Run
 from statekernel.stores import open_store
 from statekernel.testing import ScriptedProvider, call
 

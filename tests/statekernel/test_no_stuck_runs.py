@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import statekernel as sk
-from statekernel._messages import ModelResult, ToolCall
-from statekernel._middleware import ModelCall
-from statekernel._transitions import _unique_calls
+from statekernel._kernel.middleware import ModelCall
+from statekernel._lifecycle.transitions import _unique_calls
+from statekernel._records.messages import ModelResult, ToolCall
 from statekernel.errors import InvalidArgument, ProviderUnavailable
 from statekernel.stores import open_store
 from statekernel.testing import Crash, CrashAt, FaultPlan, ScriptedProvider

@@ -8,8 +8,6 @@ import pkgutil
 
 import pytest
 
-import statekernel
-
 PUBLIC_MODULES = [
     "statekernel",
     "statekernel.errors",
@@ -51,8 +49,23 @@ def test_every_error_derives_from_the_one_root() -> None:
         assert issubclass(cls, errors.StatekernelError)
 
 
-def test_private_modules_declare_all() -> None:
-    for info in pkgutil.iter_modules(statekernel.__path__, "statekernel."):
+def test_every_module_declares_an_honest_all() -> None:
+    """Every module and package, at any depth, says what it exports, and it exists."""
+    seen = 0
+    import statekernel.providers
+    import statekernel.stores
+
+    found = [
+        *pkgutil.walk_packages(statekernel.__path__, "statekernel."),
+        *pkgutil.walk_packages(statekernel.stores.__path__, "statekernel.stores."),
+        *pkgutil.walk_packages(statekernel.providers.__path__, "statekernel.providers."),
+    ]
+    for info in found:
+        if info.name == "statekernel.__main__":
+            continue
         module = importlib.import_module(info.name)
-        if info.name.rsplit(".", 1)[1].startswith("_") and info.name != "statekernel.__main__":
-            assert hasattr(module, "__all__"), f"{info.name} has no __all__"
+        assert hasattr(module, "__all__"), f"{info.name} has no __all__"
+        missing = [n for n in module.__all__ if not hasattr(module, n)]
+        assert missing == [], f"{info.name}.__all__ names what it lacks: {missing}"
+        seen += 1
+    assert seen > 100

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 
 import statekernel as sk
-from statekernel import _convert
+from statekernel._records import convert
 from statekernel.errors import CorruptCheckpoint
 from statekernel.testing import strategies as sts
 
@@ -16,29 +16,29 @@ from statekernel.testing import strategies as sts
 @settings(max_examples=100, deadline=None)
 @given(sts.runs())
 def test_run_json_round_trip_is_exact(run: sk.Run) -> None:
-    text = _convert.dumps(run)
-    back = _convert.loads(text, sk.Run)
+    text = convert.dumps(run)
+    back = convert.loads(text, sk.Run)
     assert back == run
-    assert _convert.dumps(back) == text
+    assert convert.dumps(back) == text
 
 
 @settings(max_examples=100, deadline=None)
 @given(sts.messages())
 def test_message_round_trip_is_exact(message: sk.Message) -> None:
-    assert _convert.loads(_convert.dumps(message), sk.Message) == message
+    assert convert.loads(convert.dumps(message), sk.Message) == message
 
 
 @settings(max_examples=50, deadline=None)
 @given(sts.events("r", 3, 0))
 def test_event_round_trip_is_exact(events: list[sk.Event]) -> None:
     for event in events:
-        assert _convert.loads(_convert.dumps(event), sk.Event) == event
+        assert convert.loads(convert.dumps(event), sk.Event) == event
 
 
 def test_stored_runs_carry_their_schema_version() -> None:
-    data = _convert.unstructure(sk.Run("r", "scripted/x"))
+    data = convert.unstructure(sk.Run("r", "scripted/x"))
     assert data["schema_version"] == 1
-    assert json.loads(_convert.dumps(sk.Run("r", "scripted/x")))["schema_version"] == 1
+    assert json.loads(convert.dumps(sk.Run("r", "scripted/x")))["schema_version"] == 1
 
 
 @pytest.mark.parametrize(
@@ -56,39 +56,39 @@ def test_stored_runs_carry_their_schema_version() -> None:
     ],
 )
 def test_corrupt_or_unknown_data_raises_corrupt_checkpoint(mutate, problem: str) -> None:  # type: ignore[no-untyped-def]
-    data = _convert.unstructure(sk.Run("r", "scripted/x", messages=(sk.Message.user("hi"),)))
+    data = convert.unstructure(sk.Run("r", "scripted/x", messages=(sk.Message.user("hi"),)))
     mutate(data)
     with pytest.raises(CorruptCheckpoint) as info:
-        _convert.structure_run(data)
+        convert.structure_run(data)
     assert problem in str(info.value)
     assert not isinstance(info.value, KeyError)
 
 
 def test_not_json_raises_corrupt_checkpoint() -> None:
     with pytest.raises(CorruptCheckpoint, match="not JSON"):
-        _convert.loads('{"run_id": ', sk.Run)
+        convert.loads('{"run_id": ', sk.Run)
     with pytest.raises(CorruptCheckpoint, match="expected an object"):
-        _convert.loads("[1, 2]", sk.Run)
+        convert.loads("[1, 2]", sk.Run)
 
 
 def test_migrations_upgrade_old_versions(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_convert, "SCHEMA_VERSION", 2)
-    monkeypatch.setattr(_convert, "_MIGRATIONS", {})
+    monkeypatch.setattr(convert, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(convert, "_MIGRATIONS", {})
 
     def rename_ctx(kind: str, data: dict[str, object]) -> dict[str, object]:
         assert kind == "run"
         data["context"] = data.pop("ctx", {})
         return data
 
-    _convert.register_migration(1, rename_ctx)
+    convert.register_migration(1, rename_ctx)
     old = {"run_id": "r", "model": "scripted/x", "schema_version": 1, "ctx": {"a": 1}}
     old.update(created_at="2026-01-01T00:00:00+00:00", updated_at="2026-01-01T00:00:00+00:00")
-    upgraded = _convert.upgrade(old)
+    upgraded = convert.upgrade(old)
     assert upgraded["schema_version"] == 2
     assert upgraded["context"] == {"a": 1}
-    monkeypatch.setattr(_convert, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(convert, "SCHEMA_VERSION", 3)
     with pytest.raises(CorruptCheckpoint, match="no migration from schema_version 2"):
-        _convert.upgrade(dict(old))
+        convert.upgrade(dict(old))
 
 
 def test_message_helpers() -> None:
@@ -101,8 +101,8 @@ def test_message_helpers() -> None:
 
 
 def test_output_is_the_final_answer_of_a_completed_run() -> None:
-    from statekernel._messages import Message
-    from statekernel._run import Run
+    from statekernel._records.messages import Message
+    from statekernel._records.run import Run
 
     messages = (Message.user("hi"), Message.assistant("hello"), Message.user("and?"))
     assert Run("r", "p/m", state="completed", messages=messages).output == "hello"

@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 import statekernel as sk
-from statekernel._values import INT_MAX, INT_MIN, MAX_DEPTH, check_messages, checked, json_problem
+from statekernel._records.values import (
+    INT_MAX,
+    INT_MIN,
+    MAX_DEPTH,
+    check_messages,
+    checked,
+    json_problem,
+)
 from statekernel.errors import InvalidArgument
 from statekernel.stores import CheckpointStore, open_store
 from statekernel.testing import ScriptedProvider

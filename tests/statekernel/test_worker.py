@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 import statekernel as sk
-from statekernel._lease import Leases
-from statekernel._queue import GROUP, RunQueue
+from statekernel._workers.lease import Leases
 from statekernel.errors import ConfigError, InvalidArgument, ProviderError, RunNotFound
 from statekernel.stores import RedisStore
+from statekernel.stores._redis_queue import GROUP, RunQueue
 from statekernel.testing import Fail, Reply, ScriptedProvider, call
 
 pytestmark = pytest.mark.redis
@@ -218,7 +218,7 @@ async def crashed_holder(kernel: sk.Kernel, ttl: float) -> tuple[list[str], RunQ
     lease = await Leases(store, "dead-worker", ttl).acquire(entry.run_id)
     assert lease is not None
     held = {entry.run_id: lease}
-    from statekernel._lease import LeasedStore
+    from statekernel._workers.lease import LeasedStore
 
     dying = sk.Kernel(LeasedStore(store, held), **agent(note_then_done())())
     for _ in range(3):  # start, turn_prepared, model_started
@@ -363,7 +363,7 @@ async def test_duplicate_submissions_drive_a_run_once(kernel: sk.Kernel) -> None
 def test_worker_command_reports_mistakes_in_one_line(kernel: sk.Kernel) -> None:
     from click.testing import CliRunner
 
-    from statekernel._cli import cli
+    from statekernel._cli.main import cli
 
     runner = CliRunner()
     done = runner.invoke(cli, ["worker", "--help"])
@@ -392,7 +392,7 @@ def test_load_agent_calls_a_factory_or_takes_a_mapping(
 ) -> None:
     from click import ClickException
 
-    from statekernel._cli_worker import load_agent
+    from statekernel._cli.worker import load_agent
 
     (tmp_path / "my_agent_options.py").write_text(
         "OPTIONS = {'max_turns': 3}\n"

@@ -9,8 +9,8 @@ import attrs
 import pytest
 
 import statekernel as sk
-from statekernel._lease import Lease, LeasedStore, Leases
-from statekernel._storage import Checkpoint
+from statekernel._storage.protocol import Checkpoint
+from statekernel._workers.lease import Lease, LeasedStore, Leases
 from statekernel.errors import ConfigError, ConflictError, LeaseLost
 from statekernel.stores import RedisStore
 from statekernel.testing import ScriptedProvider

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 import statekernel as sk
-from statekernel._queue import RunQueue
 from statekernel.stores import RedisStore
+from statekernel.stores._redis_queue import RunQueue
 from statekernel.testing import ScriptedProvider
 from statekernel.testing._fuzz import run_history_ok, run_outcome
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import redis as redis_sync
 
-from statekernel._checksum import seal, seal_line, unseal, unseal_line
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
 from statekernel.stores import Checkpoint, open_store, redact_url
+from statekernel.stores._format.checksum import seal, seal_line, unseal, unseal_line
 from statekernel.testing._store_cases import next_revision, sample_run
 
 

@@ -13,20 +13,20 @@ from typing import Any, Literal, get_args, get_origin
 import attrs
 import pytest
 
-from statekernel import _convert
-from statekernel._codec import decode_run, encode_commit
-from statekernel._codec_base import blob_bytes, blob_text
-from statekernel._codec_dict import dump_entry, load_entry
-from statekernel._codec_events import decode_events, encode_events
-from statekernel._events import Event
-from statekernel._lazy import LazyTuple
-from statekernel._messages import (
+from statekernel._records import convert
+from statekernel._records.encoding import blob_bytes, blob_text
+from statekernel._records.events import Event
+from statekernel._records.lazy import LazyTuple
+from statekernel._records.messages import (
     ModelRequest,
     ToolSpec,
 )
-from statekernel._run import Run, ToolCallRecord, Turn
+from statekernel._records.run import Run, ToolCallRecord, Turn
 from statekernel.errors import CorruptCheckpoint, StoreError
 from statekernel.stores import Checkpoint, open_store
+from statekernel.stores._format.codec import decode_run, encode_commit
+from statekernel.stores._format.dicts import dump_entry, load_entry
+from statekernel.stores._format.events import decode_events, encode_events
 from statekernel.stores._sqlite_schema import SCHEMA
 from statekernel.testing._store_cases import next_revision, sample_run
 
@@ -40,7 +40,7 @@ def full(cls: type, tag: str = "x") -> Any:
     attrs.resolve_types(cls)
     values = {f.name: _value(f.type, f"{tag}.{f.name}", f.default) for f in attrs.fields(cls)}
     if cls is Run:
-        values["schema_version"] = _convert.SCHEMA_VERSION
+        values["schema_version"] = convert.SCHEMA_VERSION
     return cls(**values)
 
 
@@ -128,8 +128,8 @@ async def test_older_schema_version_goes_through_the_migrations(
             doc["context"] = {"migrated": doc["context"]}
         return doc
 
-    monkeypatch.setattr(_convert, "SCHEMA_VERSION", 2)
-    monkeypatch.setattr(_convert, "_MIGRATIONS", {1: to_v2})
+    monkeypatch.setattr(convert, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(convert, "_MIGRATIONS", {1: to_v2})
     store = open_store(url)
     for revision, expected in ((None, one), (0, run)):
         got = await store.load("old", revision=revision)
@@ -139,7 +139,7 @@ async def test_older_schema_version_goes_through_the_migrations(
         )
     await store.aclose()
 
-    monkeypatch.setattr(_convert, "_MIGRATIONS", {})
+    monkeypatch.setattr(convert, "_MIGRATIONS", {})
     store = open_store(url)
     with pytest.raises(CorruptCheckpoint, match="no migration from schema_version 1") as info:
         await store.load("old")
@@ -155,7 +155,7 @@ async def test_newer_schema_version_is_refused_naming_the_store(
     store = open_store(url)
     await store.commit(Checkpoint.between(None, sample_run("new")))
     await store.aclose()
-    monkeypatch.setattr(_convert, "SCHEMA_VERSION", 0)
+    monkeypatch.setattr(convert, "SCHEMA_VERSION", 0)
     store = open_store(url)
     with pytest.raises(CorruptCheckpoint, match="unknown schema_version 1") as info:
         await store.load("new")
@@ -214,17 +214,17 @@ def test_damaged_compressed_parts_are_corrupt_checkpoints() -> None:
 
 
 def test_tool_specs_are_encoded_from_the_tuple_they_are() -> None:
-    from statekernel._codec_records import Loading, Storing, loading, storing
-    from statekernel._messages import ToolSpec
+    from statekernel._records.messages import ToolSpec
+    from statekernel._records.storing import Loading, Storing, loading, storing
 
     def round_trip(tools: tuple[ToolSpec, ...]) -> tuple[ToolSpec, ...]:
         ctx = Storing()
         with storing(ctx):
-            doc = _convert.converter.unstructure(ModelRequest("p/m", (), tools), ModelRequest)
+            doc = convert.converter.unstructure(ModelRequest("p/m", (), tools), ModelRequest)
         stored = json.loads(json.dumps(doc))
         with loading(Loading(ctx.blobs.blobs)):
-            first = _convert.converter.structure(stored, ModelRequest).tools
-            again = _convert.converter.structure(stored, ModelRequest).tools
+            first = convert.converter.structure(stored, ModelRequest).tools
+            again = convert.converter.structure(stored, ModelRequest).tools
         if len(json.dumps(doc["tools"])) > 50:  # a blob: read once, shared
             assert again is first, "requests loaded together share their tool specs"
         return first
@@ -239,7 +239,7 @@ def test_tool_specs_are_encoded_from_the_tuple_they_are() -> None:
 
 
 def test_an_input_stored_as_its_parsed_arguments_keeps_keys_that_look_like_markers() -> None:
-    from statekernel._messages import Message, ModelResult, ToolCall
+    from statekernel._records.messages import Message, ModelResult, ToolCall
 
     arguments = '{"$b": [null], "$e": {}, "$r": {"$v": 1}, "x": "' + "y" * 300 + '"}'
     call = ToolCall("c1", "echo", arguments)

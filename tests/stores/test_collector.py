@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from statekernel._codec import _Decoder
 from statekernel.stores import open_store
+from statekernel.stores._format.codec import _Decoder
 from statekernel.testing._store_cases import commit_chain, sample_run
 
 KINDS = ["file", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from statekernel._config import DEFAULT_STORE_URL, ENV_VAR, default_store_url
+from statekernel._storage.config import DEFAULT_STORE_URL, ENV_VAR, default_store_url
 from statekernel.errors import ConfigError
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import redis as redis_sync
 
-from statekernel._checksum import seal
-from statekernel._run import Run
+from statekernel._records.run import Run
 from statekernel.errors import CorruptCheckpoint
 from statekernel.stores import Checkpoint, open_store
+from statekernel.stores._format.checksum import seal
 from statekernel.testing._store_cases import sample_run
 
 

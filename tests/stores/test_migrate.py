@@ -8,9 +8,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from statekernel._events import Event
-from statekernel._messages import Message
-from statekernel._run import Run
+from statekernel._records.events import Event
+from statekernel._records.messages import Message
+from statekernel._records.run import Run
 from statekernel.errors import ConflictError, CorruptCheckpoint
 from statekernel.stores import Checkpoint, CheckpointStore, Migration, migrate, open_store
 from statekernel.testing import SQLiteRecords

@@ -15,9 +15,9 @@ from typing import Any
 import attrs
 import pytest
 
-from statekernel._events import Event
-from statekernel._messages import Message, ModelRequest, ModelResult, ToolCall
-from statekernel._run import Run, ToolCallRecord, Turn
+from statekernel._records.events import Event
+from statekernel._records.messages import Message, ModelRequest, ModelResult, ToolCall
+from statekernel._records.run import Run, ToolCallRecord, Turn
 from statekernel.errors import ConflictError, RunNotFound
 from statekernel.stores import Checkpoint, open_store
 

@@ -21,8 +21,8 @@ import pytest
 import redis as redis_sync
 
 import statekernel as sk
-from statekernel._codec_base import blob_text
-from statekernel._codec_dict import ENTRY_DICT
+from statekernel._records.encoding import blob_text
+from statekernel.stores._format.dicts import ENTRY_DICT
 
 from .conftest import REDIS_PASSWORD
 

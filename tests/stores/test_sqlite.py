@@ -11,7 +11,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from statekernel._storage import commit_settled
+from statekernel._storage.protocol import commit_settled
 from statekernel.errors import StoreError
 from statekernel.stores import Checkpoint, SQLiteStore
 from statekernel.stores._sqlite_file import FIRST_WAIT_MS

@@ -1,0 +1,452 @@
+"""``statekernel runs ...``: list, inspect, follow, resume, send, resolve, fork, delete,
+diagram."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from statekernel._cli.common import (
+    Output,
+    UserError,
+    command_hint,
+    common_options,
+    open_cli_store,
+    run_async,
+)
+from statekernel._cli.drive import resume_run, send_run, summary_line
+from statekernel._cli.view import (
+    EventPrinter,
+    run_details,
+    run_tree_view,
+    runs_table,
+    tree_node,
+)
+from statekernel._cli.worker import load_agent
+from statekernel._kernel.delegate import run_tree
+from statekernel._kernel.kernel import Kernel
+from statekernel._lifecycle.diagram import FORMATS, render
+from statekernel._lifecycle.trace import trace_events
+from statekernel._records.run import STATE_IDS, Run, StateId
+from statekernel._storage.protocol import CheckpointStore, RunSummary
+from statekernel.errors import RunBusy, RunHasChildren, RunNotFound
+from statekernel.stores._listing import summary_of
+
+__all__ = ["runs"]
+
+
+@click.group()
+def runs() -> None:
+    """Inspect and act on stored runs."""
+
+
+def _exit_for(run: Run) -> None:
+    if run.state == "failed":
+        sys.exit(1)
+
+
+# -- list / show -------------------------------------------------------------------
+
+
+@runs.command("list")
+@click.option("--state", type=click.Choice(STATE_IDS), help="Only runs in this state.")
+@click.option("--root", help="Only this run and its child runs (delegations), at any depth.")
+@click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
+@common_options
+def list_runs(
+    state: StateId | None, root: str | None, limit: int, store: str | None, as_json: bool
+) -> None:
+    """List runs, most recently updated first.
+
+    A run whose stored head cannot be read is left out and named on stderr (and, with
+    --json, listed after the others as ``{"run_id": ..., "damaged": problem}``).
+    """
+
+    damaged: dict[str, str] = {}
+
+    async def go() -> list[RunSummary]:
+        async with open_cli_store(store) as s:
+            if root is not None:
+                tree = [summary_of(run) for _, run in await run_tree(s, root)]
+                tree = [row for row in tree if state is None or row.state == state]
+                return sorted(tree, key=lambda row: row.updated_at, reverse=True)[:limit]
+            rows: list[RunSummary] = []
+            cursor = None
+            while len(rows) < limit:
+                page = await s.list_runs(state=state, limit=limit - len(rows), cursor=cursor)
+                rows.extend(page.runs)
+                damaged.update((d.run_id, d.problem) for d in page.damaged)
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+            return rows
+
+    rows = run_async(go())
+    out = Output(as_json)
+    for run_id, problem in damaged.items():
+        out.errors.print(f"skipped damaged run {run_id}: {problem}", markup=False)
+    if as_json:  # damaged runs follow the listed ones, each with its problem
+        out.json([*rows, *({"run_id": r, "damaged": p} for r, p in damaged.items())])
+    elif rows:
+        out.console.print(runs_table(rows))
+    else:
+        out.console.print("no runs" + (f" in state {state}" if state else ""))
+
+
+@runs.command("tree")
+@click.argument("run_id")
+@common_options
+def tree(run_id: str, store: str | None, as_json: bool) -> None:
+    """Show a run and its child runs (delegations), as a tree."""
+
+    async def go() -> list[tuple[int, Run]]:
+        async with open_cli_store(store) as s:
+            return await run_tree(s, run_id)
+
+    nodes = run_async(go())
+    out = Output(as_json)
+    if as_json:
+        out.json([tree_node(depth, run) for depth, run in nodes])
+    else:
+        out.console.print(run_tree_view(nodes))
+
+
+@runs.command("show")
+@click.argument("run_id")
+@click.option("--revision", type=click.IntRange(0), help="Show the run as it was at this revision.")
+@click.option("--full", is_flag=True, help="Do not shorten long messages.")
+@common_options
+def show(run_id: str, revision: int | None, full: bool, store: str | None, as_json: bool) -> None:
+    """Show a run: state, context, transcript, tool calls in progress, usage."""
+
+    async def go() -> Run:
+        async with open_cli_store(store) as s:
+            try:
+                return await s.load(run_id, revision=revision)
+            except RunNotFound:
+                if revision is None:
+                    raise
+                head = await s.load(run_id)  # RunNotFound when the run itself is missing
+                raise UserError(
+                    f"run {run_id} has no revision {revision} (its head is at revision "
+                    f"{head.revision})"
+                ) from None
+
+    run = run_async(go())
+    out = Output(as_json)
+    if as_json:
+        out.json(run)
+    else:
+        out.console.print(run_details(run, limit=1_000_000 if full else 300))
+
+
+# -- events ------------------------------------------------------------------------
+
+IDLE_NOTE_AFTER = 3.0
+"""Seconds without a new event after which ``events --follow`` checks that someone
+drives the run."""
+
+
+async def _driven(store: CheckpointStore, run_id: str) -> bool:
+    """Whether a live owner holds the run's lease: a probe takes it for a moment when
+    nobody does (and gives it back at once)."""
+    try:
+        lease = await store.acquire(run_id, f"events-follow-{os.getpid()}", ttl=5.0)
+    except RunBusy:
+        return True
+    await store.release(lease)
+    return False
+
+
+@runs.command("events")
+@click.argument("run_id")
+@click.option("--after", type=int, default=-1, help="Only events of revisions after this one.")
+@click.option(
+    "--follow", "-f", is_flag=True, help="Keep printing new events until the run comes to rest."
+)
+@click.option("--interval", type=click.FloatRange(0.01), default=0.5, show_default=True)
+@common_options
+def events(
+    run_id: str, after: int, follow: bool, interval: float, store: str | None, as_json: bool
+) -> None:
+    """Print a run's persisted events (JSON lines with --json)."""
+    out = Output(as_json)
+    printer = EventPrinter(out.console, live=False)
+
+    async def go() -> None:
+        nonlocal after
+        async with open_cli_store(store) as s:
+            loop = asyncio.get_running_loop()
+            quiet_since, told = loop.time(), False
+            while True:
+                for event in await s.events(run_id, after_revision=after):
+                    if as_json:
+                        out.json(event, lines=True)
+                    else:
+                        printer.show(event)
+                    after = max(after, event.revision)
+                    quiet_since, told = loop.time(), False
+                if not follow:
+                    return
+                run = await s.load(run_id)
+                if run.is_terminal and run.revision <= after:
+                    return
+                if not told and loop.time() - quiet_since >= IDLE_NOTE_AFTER:
+                    told = True
+                    if not await _driven(s, run_id):
+                        hint = command_hint(f"statekernel runs resume {run_id}", store)
+                        out.note(
+                            f"run {run_id} is in {run.state} at revision {run.revision} and no "
+                            f"process drives it (its last owner stopped or died): {hint}"
+                        )
+                await asyncio.sleep(interval)
+
+    run_async(go())
+
+
+# -- resume / resolve --------------------------------------------------------------
+
+
+@runs.command("resume")
+@click.argument("run_id")
+@click.option("--max-turns", type=click.IntRange(1), help="Raise the turn budget of a paused run.")
+@click.option(
+    "--value",
+    "value",
+    metavar="JSON",
+    help="What a paused run waits for (an approval, an answer): its hooks read it as "
+    "run.resume_value. Text that is not JSON is taken as a string.",
+)
+@click.option(
+    "--agent",
+    metavar="MODULE:FUNCTION",
+    help="Kernel arguments (tools, hooks, providers) for a run started by your application.",
+)
+@common_options
+def resume(
+    run_id: str,
+    max_turns: int | None,
+    value: str | None,
+    agent: str | None,
+    store: str | None,
+    as_json: bool,
+) -> None:
+    """Continue a run from its last commit until it is paused, failed or completed.
+
+    A paused run is resumed, a failed one retried, an interrupted one (the process
+    died) picked up where it stopped. Demo runs get the demo's tools and model; other
+    runs get the tools, hooks and providers of ``--agent package.module:function``
+    (a function returning ``Kernel`` keyword arguments), or run without tools.
+    """
+    out = Output(as_json)
+    options = load_agent(agent)
+
+    given = () if value is None else (_parse_output(value),)
+
+    async def go() -> Run:
+        async with open_cli_store(store) as s:
+            return await resume_run(
+                s, run_id, out, max_turns=max_turns, value=given, agent=options, flags=flags
+            )
+
+    flags = command_hint("", store, agent)
+    run = run_async(go())
+    out.note(summary_line(run, flags))
+    _exit_for(run)
+
+
+@runs.command("send")
+@click.argument("run_id")
+@click.argument("text")
+@click.option(
+    "--agent",
+    metavar="MODULE:FUNCTION",
+    help="Kernel arguments (tools, hooks, providers) for a run started by your application.",
+)
+@common_options
+def send(run_id: str, text: str, agent: str | None, store: str | None, as_json: bool) -> None:
+    """Add a user message to a run at rest and continue it until it rests again."""
+    out = Output(as_json)
+    options = load_agent(agent)
+
+    async def go() -> Run:
+        async with open_cli_store(store) as s:
+            return await send_run(s, run_id, text, out, agent=options)
+
+    run = run_async(go())
+    out.note(summary_line(run, command_hint("", store, agent)))
+    _exit_for(run)
+
+
+def _parse_output(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@runs.command("resolve")
+@click.argument("run_id")
+@click.argument("call_id")
+@click.option("--output", "output", metavar="JSON", help="The call ran and returned this.")
+@click.option("--error", "error", metavar="TEXT", help="The call failed with this error.")
+@click.option("--rerun", is_flag=True, help="Run the call again.")
+@common_options
+def resolve(
+    run_id: str,
+    call_id: str,
+    output: str | None,
+    error: str | None,
+    rerun: bool,
+    store: str | None,
+    as_json: bool,
+) -> None:
+    """Say what happened to a tool call a crash left uncertain.
+
+    --output is parsed as JSON when it is valid JSON, else taken as a string.
+    When every uncertain call is resolved the run leaves 'paused'; continue it
+    with `statekernel runs resume RUN_ID`.
+    """
+    if (output is not None) + (error is not None) + rerun != 1:
+        raise UserError("give exactly one of --output, --error or --rerun")
+
+    async def go() -> Run:
+        async with open_cli_store(store) as s:
+            kernel = Kernel(s)
+            try:
+                if output is not None:
+                    return await kernel.resolve_tool_call(
+                        run_id, call_id, output=_parse_output(output)
+                    )
+                return await kernel.resolve_tool_call(run_id, call_id, error=error, rerun=rerun)
+            finally:
+                await kernel.aclose()
+
+    run = run_async(go())
+    out = Output(as_json)
+    if as_json:
+        out.json(run)
+    elif run.state == "paused":
+        out.console.print(f"resolved {call_id}; run {run_id} still waits for other calls")
+    else:
+        out.console.print(
+            f"resolved {call_id}; run {run_id} is back in {run.state}: continue it with: "
+            + command_hint(f"statekernel runs resume {run_id}", store)
+        )
+
+
+# -- fork / delete -----------------------------------------------------------------
+
+
+@runs.command("fork")
+@click.argument("run_id")
+@click.option("--at", "at", type=click.IntRange(0), help="Revision to fork from (default: head).")
+@common_options
+def fork(run_id: str, at: int | None, store: str | None, as_json: bool) -> None:
+    """Start a new, independent run from a run as it was at a revision."""
+
+    async def go() -> Run:
+        async with open_cli_store(store) as s:
+            kernel = Kernel(s)
+            try:
+                return await kernel.fork(run_id, at_revision=at)
+            finally:
+                await kernel.aclose()
+
+    run = run_async(go())
+    out = Output(as_json)
+    if as_json:
+        out.json({"run_id": run.run_id, "from_run_id": run_id, "state": run.state})
+    else:
+        out.console.print(f"forked {run_id} -> {run.run_id} ({run.state})")
+        hint = command_hint(f"statekernel runs resume {run.run_id}", store)
+        out.console.print(f"continue it with: {hint}")
+
+
+@runs.command("delete")
+@click.argument("run_id")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--with-children", is_flag=True, help="Delete its child runs too, at any depth.")
+@common_options
+def delete(run_id: str, yes: bool, with_children: bool, store: str | None, as_json: bool) -> None:
+    """Delete a run with all its revisions and events (a run with child runs only with
+    --with-children)."""
+    what = " and its child runs" if with_children else ""
+    if not yes:
+        if as_json or not sys.stdin.isatty():
+            raise UserError(
+                f"not deleting run {run_id}{what}: nobody can confirm it here "
+                "(no terminal, or --json); pass --yes"
+            )
+        click.confirm(f"delete run {run_id}{what} and all their data?", abort=True)
+
+    async def go() -> list[str]:
+        async with open_cli_store(store) as s:
+            kernel = Kernel(s)
+            try:
+                return await kernel.delete(run_id, children=with_children)
+            except RunHasChildren as exc:
+                raise UserError(str(exc)) from exc
+            finally:
+                await kernel.aclose()
+
+    deleted = run_async(go())
+    if not deleted:
+        raise UserError(str(RunNotFound(run_id)))
+    out = Output(as_json)
+    if as_json:
+        out.json({"run_id": run_id, "deleted": True, "runs": deleted})
+    else:
+        more = len(deleted) - 1
+        out.console.print(f"deleted run {run_id}" + (f" and {more} child run(s)" if more else ""))
+
+
+# -- diagram -----------------------------------------------------------------------
+
+
+@runs.command("diagram")
+@click.argument("run_id")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="File to write (.svg, .dot or .mmd; '-' for stdout). Default: RUN_ID.svg.",
+)
+@common_options
+def diagram(run_id: str, output: str | None, store: str | None, as_json: bool) -> None:
+    """Draw the lifecycle with the states and transitions this run went through."""
+    target = output or f"{run_id}.svg"
+    fmt = "svg" if target == "-" else Path(target).suffix.lstrip(".").lower()
+    if fmt not in FORMATS:
+        raise UserError(f"cannot tell the format of {target!r}: use .svg, .dot or .mmd")
+
+    async def go() -> bytes:
+        async with open_cli_store(store) as s:
+            run = await s.load(run_id)
+            try:
+                initial = (await s.load(run_id, revision=0)).state
+            except RunNotFound:
+                initial = "init"
+            title = f"run {run_id}: {run.state} at revision {run.revision}"
+            trace = trace_events(
+                await s.events(run_id), initial=initial, current=run.state, title=title
+            )
+            return render(fmt, trace)
+
+    data = run_async(go())
+    if target == "-":
+        sys.stdout.buffer.write(data)
+        return
+    Path(target).write_bytes(data)
+    out = Output(as_json)
+    if as_json:
+        out.json({"run_id": run_id, "path": target, "format": fmt})
+    else:
+        out.console.print(f"wrote {target}")

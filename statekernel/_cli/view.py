@@ -1,0 +1,294 @@
+"""How the ``statekernel`` command shows events and runs to people (rich)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from statekernel._records.events import Event
+from statekernel._records.messages import (
+    JSON,
+    Message,
+    ReasoningPart,
+    TextPart,
+    ToolCall,
+    ToolResult,
+)
+from statekernel._records.run import PauseInfo, Run, ToolCallRecord
+from statekernel._storage.protocol import RunSummary
+
+__all__ = [
+    "EventPrinter",
+    "run_details",
+    "run_tree_view",
+    "runs_table",
+    "short",
+    "stamp",
+    "state_text",
+    "tree_node",
+    "waiting_for",
+]
+
+STATE_STYLES = {
+    "init": "white",
+    "preparing_turn": "cyan",
+    "calling_model": "cyan",
+    "dispatching_tools": "cyan",
+    "paused": "yellow",
+    "failed": "red",
+    "completed": "green",
+}
+
+_EVENT_STYLES = {
+    "run_completed": "bold green",
+    "run_failed": "bold red",
+    "run_paused": "bold yellow",
+    "run_resumed": "yellow",
+    "run_retried": "yellow",
+    "tool_call_started": "magenta",
+    "tool_call_completed": "magenta",
+    "model_started": "blue",
+    "model_restarted": "bold blue",
+    "model_completed": "blue",
+}
+
+
+def short(value: JSON, limit: int = 120) -> str:
+    """Compact one-line JSON (or the string itself), cut to ``limit`` characters."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def state_text(state: str) -> Text:
+    """A state id, coloured."""
+    return Text(state, style=STATE_STYLES.get(state, ""))
+
+
+def stamp(at: datetime) -> str:
+    """A moment as every command shows it: ISO 8601 in UTC, to the second."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _event_data(event: Event) -> str:
+    data = event.data if isinstance(event.data, dict) else {"data": event.data}
+    return " ".join(f"{k}={short(v, 60)}" for k, v in data.items())
+
+
+class EventPrinter:
+    """Prints a run's events as they come: persisted ones as lines, live text inline.
+
+    ``live=False`` (``runs events``) prints persisted events only, with their time.
+    """
+
+    def __init__(self, console: Console, *, live: bool = True) -> None:
+        self.console = console
+        self.live = live
+        self._inline = False
+
+    def _end_inline(self) -> None:
+        if self._inline:
+            self.console.print()
+            self._inline = False
+
+    def show(self, event: Event) -> None:
+        """Print one event."""
+        if event.persisted:
+            self._end_inline()
+            style = _EVENT_STYLES.get(event.type, "")
+            head = f"[dim]{stamp(event.at)} r{event.revision:<3} #{event.seq:<4}[/dim]"
+            line = f"{head} [{style}]{event.type}[/{style}] " if style else f"{head} {event.type} "
+            self.console.print(line + escape(_event_data(event)), soft_wrap=True)
+        elif self.live:
+            self._show_live(event)
+
+    def _show_live(self, event: Event) -> None:
+        data = event.data if isinstance(event.data, dict) else {}
+        if event.type in ("text_delta", "reasoning_delta"):
+            if not self._inline:
+                self.console.print("[dim]   \u2502[/dim] ", end="")
+                self._inline = True
+            style = "italic dim" if event.type == "reasoning_delta" else "bold"
+            text = Text(str(data.get("text", "")), style=style)
+            self.console.print(text, end="", soft_wrap=True)
+        elif event.type == "tool_output":
+            self._end_inline()
+            out = escape(short(data.get("data"), 100))
+            self.console.print(f"[dim]   \u2502 {data.get('call_id')}: {out}[/dim]", soft_wrap=True)
+
+    def close(self) -> None:
+        """End a line of streamed text."""
+        self._end_inline()
+
+
+def runs_table(rows: Iterable[RunSummary]) -> Table:
+    """The ``runs list`` table."""
+    rows = list(rows)
+    paused = any(s.pause is not None for s in rows)
+    table = Table(show_edge=False, header_style="bold")
+    names = ["run id", "state", "turns", "rev", "model", "updated"]
+    for name in [*names, "waiting for"] if paused else names:
+        table.add_column(name, justify="right" if name in ("turns", "rev") else "left")
+    for s in rows:
+        updated = stamp(s.updated_at)
+        cells: list[str | Text] = [
+            s.run_id,
+            state_text(s.state),
+            str(s.turns),
+            str(s.revision),
+            s.model,
+            updated,
+        ]
+        if paused:
+            cells.append(waiting_for(s.pause) if s.pause is not None else "")
+        table.add_row(*cells)
+    return table
+
+
+def tree_node(depth: int, run: Run) -> dict[str, Any]:
+    """One run of ``runs tree --json``."""
+    pause = run.pause
+    return {
+        "run_id": run.run_id,
+        "depth": depth,
+        "state": run.state,
+        "revision": run.revision,
+        "model": run.model,
+        "parent_run_id": run.parent_run_id,
+        "parent_call_id": run.parent_call_id,
+        "pause": None if pause is None else {"reason": pause.reason, "metadata": pause.metadata},
+    }
+
+
+def run_tree_view(nodes: Sequence[tuple[int, Run]]) -> Tree:
+    """A run and its child runs (depth first, as ``run_tree`` gives them) as a tree."""
+
+    def label(run: Run) -> Text:
+        text = Text(run.run_id, style="bold") + Text("  ") + state_text(run.state)
+        text.append(f"  rev {run.revision}  {run.model}")
+        if run.parent_call_id:
+            text.append(f"  (call {run.parent_call_id})", style="dim")
+        if run.pause is not None:
+            text.append(f"  {waiting_for(run.pause)}", style="yellow")
+        return text
+
+    root = Tree(label(nodes[0][1]))
+    branches = [root]
+    for depth, run in nodes[1:]:
+        del branches[depth:]
+        branches.append(branches[-1].add(label(run)))
+    return root
+
+
+def waiting_for(pause: PauseInfo) -> str:
+    """A pause's reason and what it waits for, in one short line."""
+    meta = pause.metadata
+    calls = meta.get("calls") if isinstance(meta, dict) else None
+    if isinstance(calls, list) and all(isinstance(c, dict) for c in calls):
+        detail = "calls " + ", ".join(f"{c.get('id')} ({c.get('name')})" for c in calls)
+    elif isinstance(meta, dict) and "child" in meta:
+        why = meta.get("child_pause")
+        reason = why.get("reason") if isinstance(why, dict) else None
+        detail = f"child run {meta['child']}" + (f" ({reason})" if reason else "")
+    elif isinstance(meta, dict) and "question" in meta:
+        question = meta["question"]
+        text = question if isinstance(question, str) else json.dumps(question, ensure_ascii=False)
+        detail = f"{meta.get('name')} asks {text!r} (call {meta.get('call')})"
+    elif isinstance(meta, dict) and "call" in meta:
+        detail = f"call {meta['call']}"
+    elif meta in ({}, None):
+        detail = ""
+    else:
+        detail = json.dumps(meta, separators=(",", ":"), ensure_ascii=False)
+    return short(f"{pause.reason}: {detail}" if detail else pause.reason, 80)
+
+
+def _message_lines(message: Message, limit: int) -> list[Text]:
+    lines = []
+    role = Text(f"{message.role:>9} ", style="bold")
+    for part in message.content:
+        if isinstance(part, TextPart) and part.text:
+            lines.append(role + Text(short(part.text, limit)))
+        elif isinstance(part, ReasoningPart):
+            lines.append(role + Text(short(part.text, limit), style="italic dim"))
+        elif isinstance(part, ToolCall):
+            lines.append(role + Text(f"\u2192 {part.name}({short(part.arguments, limit)})"))
+            lines[-1].append(f"  [{part.id}]", style="dim")
+        elif isinstance(part, ToolResult):
+            style = "red" if part.is_error else ""
+            text = Text(f"\u2190 {part.name}: {short(part.content, limit)}", style=style)
+            lines.append(role + text)
+        role = Text(" " * 10)
+    return lines or [role + Text("(empty)", style="dim")]
+
+
+def _calls_table(title: str, records: Iterable[ToolCallRecord]) -> Table | None:
+    records = list(records)
+    if not records:
+        return None
+    table = Table(title=title, title_justify="left", show_edge=False, header_style="bold")
+    for name in ("call id", "tool", "input", "attempt", "result"):
+        table.add_column(name)
+    for r in records:
+        result = r.error if r.error is not None else short(r.output, 60) if r.finished_at else ""
+        table.add_row(r.id, r.name, short(r.input, 60), str(r.attempt), result or "")
+    return table
+
+
+def _header(run: Run) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("run", run.run_id)
+    grid.add_row("state", state_text(run.state))
+    grid.add_row("revision", str(run.revision))
+    grid.add_row("model", run.model)
+    grid.add_row("turns", f"{run.turn_count}" + (f" / {run.max_turns}" if run.max_turns else ""))
+    grid.add_row("created", stamp(run.created_at))
+    grid.add_row("updated", stamp(run.updated_at))
+    if run.pause is not None:
+        detail = f"{run.pause.reason} (resumes to {run.pause.resume_to})"
+        grid.add_row("paused", Text(detail, style="yellow"))
+        if run.pause.metadata:
+            grid.add_row("", short(run.pause.metadata, 200))
+    if run.failure is not None:
+        f = run.failure
+        grid.add_row("failed", Text(f"{f.error}: {f.message} (in {f.failed_in})", style="red"))
+    u = run.usage
+    usage = f"input {u.input_tokens}, output {u.output_tokens}"
+    if u.cache_read_tokens or u.cache_write_tokens:
+        usage += f", cache read {u.cache_read_tokens}, cache write {u.cache_write_tokens}"
+    if u.reasoning_tokens:
+        usage += f", reasoning {u.reasoning_tokens}"
+    grid.add_row("usage", usage + f" (total {u.total_tokens})")
+    grid.add_row("context", short(run.context, 200))
+    return grid
+
+
+def run_details(run: Run, *, limit: int = 300) -> Group:
+    """The ``runs show`` view: header, transcript and the current turn's tool calls."""
+    transcript = [line for m in run.messages for line in _message_lines(m, limit)]
+    parts: list[object] = [
+        _header(run),
+        Panel(Group(*transcript) if transcript else Text("(empty)"), title="transcript"),
+    ]
+    turn = run.current_turn
+    if turn is not None:
+        for title, records in (
+            ("pending tool calls", turn.pending),
+            ("in-flight tool calls", turn.in_flight),
+            ("completed tool calls (this turn)", turn.completed),
+        ):
+            table = _calls_table(title, records)
+            if table is not None:
+                parts.append(table)
+    return Group(*parts)  # type: ignore[arg-type]

@@ -1,0 +1,144 @@
+"""``statekernel worker``: drive the runs of a Redis queue until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import click
+
+from statekernel._cli.common import UserError, run_async, store_url
+from statekernel._workers.worker import Worker, WorkerStats
+from statekernel.stores import redact_url
+
+__all__ = ["load_agent", "worker"]
+
+
+def load_agent(spec: str | None) -> Mapping[str, Any]:
+    """The ``Kernel`` keyword arguments named by ``package.module:attribute``.
+
+    The module is looked for in the current directory too (as ``python -m`` does). The
+    attribute is a function returning them (called once, with no arguments) or
+    the mapping itself.
+    """
+    if not spec:
+        return {}
+    module_name, sep, attr = spec.partition(":")
+    if not (module_name and sep and attr):
+        raise UserError(f"--agent must look like package.module:function, got {spec!r}")
+    here = os.getcwd()  # a module of the current directory, as `python -m` finds it
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise UserError(f"cannot load --agent {spec!r}: {exc}") from exc
+    options = target() if callable(target) else target
+    if not isinstance(options, Mapping):
+        raise UserError(f"--agent {spec!r} gave {type(options).__name__}, not a mapping")
+    return options
+
+
+async def _serve(worker: Worker) -> WorkerStats:
+    loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        worker.stop(now=signals > 1)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        return await worker.serve()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+@click.command()
+@click.option("--store", metavar="URL", help="Redis store URL (default: the configured store).")
+@click.option("--queue", default="default", show_default=True, help="Queue to consume.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Runs in hand at most.",
+)
+@click.option(
+    "--agent",
+    metavar="MODULE:FUNCTION",
+    help="A function returning the Kernel keyword arguments the runs need "
+    "(tools, providers, hooks, middleware, dispatch, max_turns).",
+)
+@click.option(
+    "--lease-ttl",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    show_default=True,
+    help="Seconds a run's lease lives unrenewed (a crashed worker's runs wait this long).",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds SIGTERM lets runs reach a clean stopping point.",
+)
+@click.option("--name", help="Consumer name (default: host-pid-random).")
+@click.option("--json", "as_json", is_flag=True, help="Print the final counts as JSON.")
+def worker(
+    store: str | None,
+    queue: str,
+    concurrency: int,
+    agent: str | None,
+    lease_ttl: float,
+    grace: float,
+    name: str | None,
+    as_json: bool,
+) -> None:
+    """Drive the runs submitted to a Redis queue (kernel.submit), many at once.
+
+    Runs as many workers as you like, on as many machines. SIGTERM (or Ctrl-C) stops
+    taking work, lets each run reach a clean stopping point and hands it back to the
+    queue; a second signal stops at once. Runs of a worker that died are taken over by
+    the others after --lease-ttl seconds.
+    """
+    url = store_url(store)
+    if url.partition("://")[0].lower() not in ("redis", "rediss"):
+        shown = redact_url(url)
+        raise UserError(f"a worker needs a Redis store (redis:// or rediss://), not {shown!r}")
+    options = load_agent(agent)
+    runner = Worker(
+        url,
+        queue=queue,
+        concurrency=concurrency,
+        agent=options,
+        lease_ttl=lease_ttl,
+        grace=grace,
+        name=name,
+    )
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    click.echo(f"worker {runner.name}: queue {queue!r} on {redact_url(url)}", err=True)
+    stats = run_async(_serve(runner))
+    if as_json:
+        click.echo(json.dumps({"worker": runner.name, "queue": queue, **attrs.asdict(stats)}))
+    click.echo(
+        f"worker {runner.name} stopped: {stats.completed} completed, {stats.paused} paused, "
+        f"{stats.failed} failed, {stats.requeued} handed back, {stats.reclaimed} reclaimed",
+        err=True,
+    )
+    sys.stdout.flush()

@@ -1,0 +1,121 @@
+"""Interactive tools: a tool call that asks the user, and the answer as its result.
+
+A tool raises ``NeedsInput(question, schema=...)`` (a tool made by ``ask_user`` does
+nothing else). Its intent was committed before it started, like any call's; when it
+asks, the run pauses with reason ``input_required`` as soon as no other call of the turn
+is running, the question in the pause's metadata. ``kernel.resume(run_id,
+value=answer)`` checks the answer against the schema and commits in one commit the
+resume and the answer as the call's result (and, when several calls of the turn asked,
+the pause for the next question).
+
+Where a crash can land: before the pause commits, the asking call is in flight with no
+result, as after any crash inside a call: an idempotent tool runs again (an
+``ask_user`` tool is idempotent: it asks again), any other pauses the run with
+``uncertain_tool_calls``. After the pause commits, the question waits in the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jsonschema
+
+from statekernel._kernel.schema import schema_violation
+from statekernel._kernel.tools import Tool, tool
+from statekernel._records.messages import JSON
+from statekernel._records.values import as_stored
+from statekernel.errors import InvalidArgument
+
+__all__ = ["INPUT_REQUIRED", "NeedsInput", "answered", "ask_user", "asked", "questions"]
+
+INPUT_REQUIRED = "input_required"
+"""The pause reason of a run whose tool call waits for the user's answer."""
+
+
+class NeedsInput(Exception):
+    """Raise from a tool to ask the user; the answer becomes the call's result.
+
+    ``question`` (JSON: a string, or an object a user interface renders) is stored in
+    the pause's metadata; ``schema`` (a JSON Schema) is what an answer must satisfy
+    (none: any JSON value).
+    """
+
+    def __init__(self, question: JSON, *, schema: Mapping[str, Any] | None = None) -> None:
+        super().__init__(question)
+        self.question = question
+        self.schema = schema
+
+
+def asked(request: NeedsInput) -> tuple[dict[str, Any] | None, str | None]:
+    """The stored form of what a tool asked (question and schema), or why it cannot be
+    stored (then the call gets an error result)."""
+    question, problem = as_stored(request.question, "question")
+    if problem is not None:
+        return None, f"the tool asked a question that is not JSON: {problem}"
+    doc: dict[str, Any] = {"question": question}
+    if request.schema is not None:
+        schema, problem = as_stored(request.schema, "schema")
+        if problem is None and not isinstance(schema, dict):
+            problem = "not a JSON object"
+        if problem is None:
+            try:
+                jsonschema.validators.validator_for(schema).check_schema(schema)
+            except jsonschema.SchemaError as exc:
+                problem = f"not a valid JSON Schema: {exc.message}"
+        if problem is not None:
+            return None, f"the tool asked with a schema that is {problem}"
+        doc["schema"] = schema
+    return doc, None
+
+
+def questions(waiting: Sequence[tuple[Sequence[str], str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """The pause's metadata for calls that asked (ids, tool name, what it asked), in
+    call order: the first is the question now asked, the rest wait behind it."""
+    entries = [
+        {"call": ids[0], "calls": list(ids), "name": name, **doc} for ids, name, doc in waiting
+    ]
+    first, rest = entries[0], entries[1:]
+    return {**first, "waiting": rest} if rest else first
+
+
+def answered(metadata: Mapping[str, Any], value: JSON) -> tuple[list[str], dict[str, Any] | None]:
+    """The calls ``value`` answers and the metadata of the next question's pause (None:
+    none waits); ``InvalidArgument`` naming what is wrong if ``value`` does not satisfy
+    the question's schema."""
+    schema = metadata.get("schema")
+    violation = schema_violation(schema, value) if schema is not None else None
+    if violation is not None:
+        where, why = violation
+        raise InvalidArgument(
+            f"answer{where} to {metadata.get('name')!r} ({metadata.get('call')!r}) does not"
+            f" satisfy the question's schema: {why}"
+        )
+    calls = [str(c) for c in metadata.get("calls", [metadata.get("call")])]
+    waiting = list(metadata.get("waiting", []))
+    if not waiting:
+        return calls, None
+    first, rest = waiting[0], waiting[1:]
+    return calls, ({**first, "waiting": rest} if rest else dict(first))
+
+
+def ask_user(
+    name: str = "ask_user",
+    description: str = "Ask the user a question and wait for the answer.",
+    *,
+    answer_schema: Mapping[str, Any] | None = None,
+) -> Tool:
+    """A tool the model calls to ask the user something: the run pauses with reason
+    ``input_required`` and the question; the answer given to ``kernel.resume(run_id,
+    value=...)`` (checked against ``answer_schema``) is the call's result. It is
+    idempotent: after a crash before its pause was committed, it asks again."""
+
+    def ask(question: str) -> JSON:
+        raise NeedsInput(question, schema=answer_schema)
+
+    ask.__doc__ = f"""{description}
+
+    Args:
+        question: The question, as the user should read it.
+    """
+    return tool(name=name, description=description, idempotent=True)(ask)

@@ -1,0 +1,291 @@
+"""Child runs: a tool whose call runs another agent as a run of its own.
+
+``delegate(...)`` builds the tool. Its call derives the child's run id from the parent
+run and the call (``child_run_id``), so however often the call runs (a crash, a resume
+that re-runs it) there is one child per call: the first run of the call starts the
+child, every later one finds it. The child is driven by a kernel with the delegate's
+tools, hooks and middleware over the parent kernel's store and providers, and commits
+under its own lease, like any run. Its final answer is the call's result. A child that
+pauses (an approval, uncertain calls, ``max_turns``...) pauses the parent with reason
+``child_paused`` naming the child; after the child is resumed, resuming the parent
+runs the call again, which drives the child on and takes its answer. A child that
+fails is an error result.
+
+With ``queue=`` (a Redis store) the child is not driven by the caller's process: the
+call hands it to that queue's workers (``statekernel worker --queue``, started with the
+child agent's tools) whenever it is not at rest, and waits for it to come to rest,
+reading its head. Handing a run over twice is harmless (a worker drives a run only under
+its lease, and an entry for a run at rest is acknowledged), so a re-run of the call
+hands it over again rather than guessing whether a worker still has it.
+
+Where a crash can land: the call's intent is committed before the child starts (the
+tool is idempotent: a resumed parent runs it again, which finds the child); inside
+the child, the child's own commits decide; after the child completed and before the
+parent committed the result, the call runs again and takes the child's answer
+without calling its model again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import re
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+
+from statekernel._kernel.middleware import Middleware
+from statekernel._kernel.tools import Tool, ToolContext, tool
+from statekernel._records.messages import JSON, Message
+from statekernel.errors import ConflictError, InvalidArgument, RunNotFound, ToolError
+
+if TYPE_CHECKING:
+    from statekernel._records.events import Event
+    from statekernel._records.run import PauseInfo, Run
+    from statekernel._storage.protocol import CheckpointStore
+
+__all__ = [
+    "CHILD_PAUSED",
+    "Parent",
+    "ChildPaused",
+    "DelegateTool",
+    "child_run_id",
+    "child_runs",
+    "delegate",
+    "run_tree",
+]
+
+CHILD_PAUSED = "child_paused"
+"""The pause reason of a run whose delegated child run is paused."""
+
+_PLAIN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+class Parent(Protocol):
+    """What a delegate tool uses of the kernel that calls it (``Kernel`` is one).
+    ``_create`` is ``start`` without the check that this process has the model's
+    provider (a queued child's workers bring it)."""
+
+    def child_kernel(
+        self,
+        tools: Iterable[Tool],
+        *,
+        hooks: object | None = None,
+        middleware: Sequence[Middleware] = (),
+    ) -> Parent:
+        """A kernel for the child agent over the same store and providers."""
+        ...
+
+    async def get(self, run_id: str) -> Run:
+        """The run's head."""
+        ...
+
+    def run(self, run_id: str, *messages: Message | str) -> AsyncIterator[Event]:
+        """Drive the run until it rests."""
+        ...
+
+    async def submit(self, run_id: str, *, queue: str = "default") -> str:
+        """Hand the run to the workers of ``queue``."""
+        ...
+
+    async def start(
+        self,
+        *,
+        model: str,
+        messages: Iterable[Message | str],
+        context: JSON,
+        run_id: str | None,
+        max_turns: int | None,
+        parent_run_id: str | None,
+        parent_call_id: str | None,
+    ) -> Run:
+        """Create the run."""
+        ...
+
+    async def _create(
+        self,
+        *,
+        model: str,
+        messages: Iterable[Message | str],
+        context: JSON,
+        run_id: str | None,
+        max_turns: int | None,
+        parent_run_id: str | None,
+        parent_call_id: str | None,
+    ) -> Run:
+        """Create the run without checking the provider."""
+        ...
+
+
+def child_run_id(parent_run_id: str, call_id: str) -> str:
+    """The run id of the child run of a call: ``<parent>.<call>`` when that is a valid
+    run id, else the parent's id (shortened) and a digest of both."""
+    plain = f"{parent_run_id}.{call_id}"
+    if _PLAIN_ID.match(plain):
+        return plain
+    digest = hashlib.sha256(f"{parent_run_id}\0{call_id}".encode()).hexdigest()[:32]
+    return f"{parent_run_id[:80]}.{digest}"
+
+
+class ChildPaused(Exception):
+    """Raised by a delegate call whose child run is paused: the parent pauses too."""
+
+    def __init__(self, child: Run) -> None:
+        pause = child.pause
+        super().__init__(f"child run {child.run_id} is paused ({pause and pause.reason})")
+        self.child_run_id = child.run_id
+        self.pause: PauseInfo | None = pause
+
+
+@attrs.frozen
+class DelegateTool(Tool):
+    """A ``delegate`` tool: its calls run child runs (see ``statekernel.delegate``)."""
+
+
+def delegate(
+    name: str,
+    description: str,
+    *,
+    model: str,
+    tools: Iterable[Tool] = (),
+    hooks: object | None = None,
+    middleware: Sequence[Middleware] = (),
+    instructions: str | None = None,
+    context: Mapping[str, Any] | None = None,
+    max_turns: int | None = 20,
+    queue: str | None = None,
+    poll: float = 1.0,
+) -> Tool:
+    """A tool that hands a task to another agent, run as a child run of the caller.
+
+    The model calls it with a ``task``; the child run (id ``child_run_id(run, call)``)
+    starts on ``model`` with ``instructions`` as its system message and the task as
+    its user message, ``context`` as its context, and runs with ``tools``, ``hooks``
+    and ``middleware`` over the parent kernel's store and providers. Its final answer
+    is the call's result; while it is paused, so is the parent (``child_paused``).
+
+    ``queue``: run the child on the workers of that queue (the store must be Redis;
+    the workers bring the child agent's tools, hooks and providers) and wait for it,
+    reading its head at most every ``poll`` seconds.
+    """
+    child_tools = list(tools)
+    if poll <= 0:
+        raise InvalidArgument("poll must be a positive number of seconds")
+
+    async def run_child(task: str, ctx: ToolContext) -> JSON:
+        parent = ctx.kernel
+        if parent is None:
+            raise ToolError(f"{name} runs child runs: it must be called by a Kernel")
+        child = parent.child_kernel(child_tools, hooks=hooks, middleware=middleware)
+        run_id = child_run_id(ctx.run_id, ctx.call_id)
+        try:
+            queued = queue is not None  # its workers bring the provider, not this process
+            await _start_once(
+                child, run_id, task, ctx, model, instructions, context, max_turns, queued
+            )
+            if queue is None:
+                async for _ in child.run(run_id):
+                    pass
+                done = await child.get(run_id)
+            else:
+                done = await _on_workers(child, run_id, queue, poll)
+        finally:
+            await child.aclose()
+        return _answer(done)
+
+    run_child.__doc__ = f"""{description}
+
+    Args:
+        task: What the {name} agent should do, with everything it needs to know.
+    """
+    built = tool(name=name, description=description, idempotent=True)(run_child)
+    return DelegateTool(**attrs.asdict(built, recurse=False))
+
+
+async def _start_once(
+    kernel: Parent,
+    run_id: str,
+    task: str,
+    ctx: ToolContext,
+    model: str,
+    instructions: str | None,
+    context: Mapping[str, Any] | None,
+    max_turns: int | None,
+    queued: bool,
+) -> None:
+    """Start the child unless it exists (a call run again finds the one it started); a
+    child for a queue's workers is started without asking whether this process has its
+    model's provider."""
+    try:
+        await kernel.get(run_id)
+        return
+    except RunNotFound:
+        pass
+    messages = [Message.system(instructions)] if instructions else []
+    messages.append(Message.user(task))
+    create = kernel._create if queued else kernel.start
+    with contextlib.suppress(ConflictError):  # another attempt of this call started it
+        await create(
+            model=model,
+            messages=messages,
+            context=dict(context or {}),
+            run_id=run_id,
+            max_turns=max_turns,
+            parent_run_id=ctx.run_id,
+            parent_call_id=ctx.call_id,
+        )
+
+
+async def _on_workers(kernel: Parent, run_id: str, queue: str, poll: float) -> Run:
+    """Hand the child to the workers of ``queue`` unless it is at rest, then wait until
+    it is (its head read after 0.05 s, then less and less often, up to ``poll``)."""
+    run = await kernel.get(run_id)
+    if not run.is_terminal:
+        await kernel.submit(run_id, queue=queue)
+    delay = 0.05
+    while not run.is_terminal:
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, poll)
+        run = await kernel.get(run_id)
+    return run
+
+
+def _answer(child: Run) -> JSON:
+    if child.state == "completed":
+        return child.output
+    if child.state == "paused":
+        raise ChildPaused(child)
+    failure = child.failure
+    why = f"{failure.error}: {failure.message}" if failure else child.state
+    raise ToolError(f"child run {child.run_id} failed: {why}")
+
+
+async def child_runs(
+    store: CheckpointStore, run: Run, *, delegates: Callable[[str], bool] | None = None
+) -> list[Run]:
+    """The child runs of ``run``'s tool calls, in call order: of every call, or of the
+    calls whose tool name ``delegates`` accepts (calls without a child are left out)."""
+    turns = [*run.turns, *([run.current_turn] if run.current_turn else [])]
+    found = []
+    for turn in turns:
+        answer = turn.result.message if turn.result else turn.partial  # partial: cut off
+        for model_call in answer.tool_calls if answer else ():
+            if delegates is not None and not delegates(model_call.name):
+                continue
+            with contextlib.suppress(RunNotFound):
+                found.append(await store.load(child_run_id(run.run_id, model_call.id)))
+    return found
+
+
+async def run_tree(store: CheckpointStore, run_id: str) -> list[tuple[int, Run]]:
+    """The run and its descendants, depth first, each with its depth (the run's is 0)."""
+    tree: list[tuple[int, Run]] = []
+    stack = [(0, await store.load(run_id))]
+    while stack:
+        depth, run = stack.pop()
+        tree.append((depth, run))
+        children = await child_runs(store, run)
+        stack.extend((depth + 1, child) for child in reversed(children))
+    return tree

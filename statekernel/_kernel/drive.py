@@ -1,0 +1,1100 @@
+"""Drives one run: each ``advance`` performs effects and applies transitions up to the
+next effect boundary, then lands them in one commit. Transitions gathered for a commit
+that never lands are dropped: the driver's copy goes back to the last commit.
+
+Design: effect -> transition -> commit
+--------------------------------------
+A run moves by lifecycle transitions; the store sees them in commits::
+
+    effect      do what the state needs: call a hook, the model or a tool
+    transition  feed the effect's result to the lifecycle chart as an event payload;
+                a pure action builds the next run (no I/O inside)
+    commit      compare-and-set r -> r+1 in the store, with the events of every
+                transition since the last commit (each with its own ``seq``)
+
+A commit lands before an effect that must not repeat and after an effect whose
+result is costly to redo; transitions between which no such effect happens share
+one commit. So a commit lands: before the model is called (``model_started``, the
+intent); before tools start (their ``tool_call_started`` intents, with the model's
+answer that asked for them); before waiting for tools still running (the results in
+hand); before a hook observes a committed result; and when the run comes to rest
+(paused, failed, completed). A turn with tool calls takes two commits, a text turn
+one, and ``revision`` counts commits.
+
+Where a crash can land, and what resume does:
+
+* before a commit: nothing since the last commit is stored; resume redoes those
+  transitions (hooks included) from the last commit.
+* after ``model_started``, before the answer's commit: the model is called again
+  and ``model_restarted`` is recorded.
+* with eager dispatch, after an early ``tool_call_started`` (committed with the answer
+  so far), before the answer's commit: the answer is cut off there; the answer so far
+  becomes the turn's answer (``answer_cut_off``), the model is not called again, and
+  the started calls are in flight as below.
+* after ``tool_call_started``, before ``tool_call_completed``: the side effect may
+  or may not have happened. Idempotent tools re-run with the same idempotency key;
+  any other call pauses the run (``uncertain_tool_calls``) until
+  ``resolve_tool_call`` says what happened.
+* during a commit: the store lands all of it or none of it. The driver settles an
+  ambiguous outcome (a store error, a cancellation while the store works) by reading
+  the head before it decides anything; a landed commit is kept, one that did not land
+  is tried again with backoff.
+
+A driver holds the run's lease (one owner per run): every commit carries it, and the
+store refuses it once the lease moved on. It remembers the intents *it* committed
+(``model_started``, the tool calls it started and still runs, and those whose intent
+landed but whose effect it never began). Because only the lease holder commits, an
+intent found in the store that this driver does not know is a remnant of a dead or
+departed owner: the model is called again (``model_restarted``), idempotent tools
+re-run, any other in-flight call pauses the run.
+
+A commit whose outcome is ambiguous (the store failed after the write may have
+reached it, or the caller was cancelled while the store worked) is settled before
+anything is decided: the driver reads the head and checks whether it is this very
+commit (same revision, same instant of the transition, same events). A landed commit
+is kept; one that did not land is tried again with backoff, and results already in
+hand are never dropped for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+
+from statekernel._kernel import hooks as hk
+from statekernel._kernel import telemetry
+from statekernel._kernel.asking import INPUT_REQUIRED, NeedsInput, answered, asked, questions
+from statekernel._kernel.delegate import CHILD_PAUSED, ChildPaused
+from statekernel._kernel.dispatch import identical_group, next_startable
+from statekernel._kernel.middleware import Middleware, ModelCall, ToolInvocation, chain
+from statekernel._kernel.model import (
+    ModelProvider,
+    ReasoningDelta,
+    ResultBuilder,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallDone,
+    UsageUpdate,
+)
+from statekernel._kernel.tools import ToolContext, ToolOutput
+from statekernel._kernel.waiting import wait_ended
+from statekernel._lifecycle.chart import Lifecycle
+from statekernel._lifecycle.transitions import parse_call
+from statekernel._records.events import Event
+from statekernel._records.messages import JSON, ModelRequest, ModelResult
+from statekernel._records.run import PauseInfo, Run, ToolCallRecord, Turn
+from statekernel._records.values import as_stored, parse_json
+from statekernel._storage.protocol import Checkpoint, Lease, settles_on_cancel
+from statekernel.errors import (
+    ConflictError,
+    InvalidTransition,
+    LeaseLost,
+    RunNotFound,
+    StatekernelError,
+    StoreError,
+    ToolError,
+)
+
+if TYPE_CHECKING:
+    from statekernel._kernel.dispatch import DispatchPolicy
+    from statekernel._kernel.telemetry import TraceContext
+    from statekernel._kernel.tools import Tool
+    from statekernel._records.messages import ToolSpec
+    from statekernel._storage.protocol import CheckpointStore
+
+__all__ = ["Agent", "RunDriver"]
+
+
+class Models(Protocol):
+    """Resolves a ``provider/model`` string to its provider (``ProviderRegistry``)."""
+
+    def get(self, model: str) -> ModelProvider:
+        """The provider of ``model``."""
+        ...
+
+
+class Agent(Protocol):
+    """What a drive reads from its kernel (``Kernel`` is one): the store it commits to,
+    the agent's tools, hooks, middleware and dispatch policy, and its models."""
+
+    @property
+    def store(self) -> CheckpointStore:
+        """Where the run's commits land."""
+        ...
+
+    @property
+    def tools(self) -> Mapping[str, Tool]:
+        """The agent's tools by name."""
+        ...
+
+    @property
+    def tool_specs(self) -> tuple[ToolSpec, ...]:
+        """What the model is told about the tools."""
+        ...
+
+    @property
+    def hooks(self) -> object:
+        """The ``Hooks`` (any object with some of its methods)."""
+        ...
+
+    @property
+    def middleware(self) -> tuple[Middleware, ...]:
+        """Around every model and tool call, outermost first."""
+        ...
+
+    @property
+    def dispatch(self) -> DispatchPolicy:
+        """How tool calls are started."""
+        ...
+
+    @property
+    def registry(self) -> Models:
+        """The model providers."""
+        ...
+
+
+log = logging.getLogger("statekernel")
+
+NOT_RUN_FINISHED = "not run: the run finished ({reason})"
+UNCERTAIN = "uncertain_tool_calls"
+COMMIT_RETRIES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+"""Pauses between attempts of a commit that failed in the store (then ``StoreError``)."""
+
+
+class _HookFailed(Exception):
+    def __init__(self, original: BaseException) -> None:
+        self.original = original
+
+
+@attrs.define
+class _Early:
+    """Eager dispatch while one answer streams: how many of its calls started, and
+    whether a call that could not start stopped the rest from starting early."""
+
+    started: int = 0
+    stopped: bool = False
+
+
+@attrs.define
+class _Outcome:
+    ids: tuple[str, ...]
+    output: JSON = None
+    error: str | None = None
+    resolved: bool = False
+    context: JSON = None
+    asked: dict[str, Any] | None = None
+    """What the call asked the user (``NeedsInput``): it has no result yet."""
+    child: dict[str, Any] | None = None
+    """The paused child run the call waits for (``ChildPaused``): no result yet."""
+
+    @property
+    def waiting(self) -> bool:
+        """True if the call has no result but waits (for an answer, for a child)."""
+        return self.asked is not None or self.child is not None
+
+
+class RunDriver:
+    """One run's machine, its committed intents and its running tool calls."""
+
+    def __init__(self, kernel: Agent, run: Run, lease: Lease | None = None) -> None:
+        self.kernel = kernel
+        self.lease = lease
+        """The run's lease this driver commits under (None: unfenced, for new runs)."""
+        self.lost = False
+        """True once the lease was found to have moved on: the driver must stop."""
+        self.lc = Lifecycle(run)
+        self.lock = asyncio.Lock()
+        self.users = 0
+        """Drives that hold this driver."""
+        self.model_claim: int | None = None
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.names: dict[str, str] = {}
+        self.unstarted: dict[str, tuple[list[str], JSON]] = {}
+        """Intents that landed while the drive was cancelled: their effect never began."""
+        self.outcomes: list[_Outcome] = []
+        self.decided: dict[str, Any] = {}
+        """``on_tool_call_started`` decisions taken while the answer streamed (eager
+        dispatch) about calls that did not start then: dispatch uses them."""
+        self.escaped: BaseException | None = None
+        self.base: Run | None = None
+        """The last committed run while transitions are gathered for the next commit."""
+        self.staged: list[Event] = []
+        self.staged_intents: list[tuple[list[str], JSON]] = []
+        self.staged_outcomes: list[_Outcome] = []
+        self.landed: list[Event] = []
+        """Events of the commits landed by the current ``advance``."""
+        self.observing = hk.overrides(kernel.hooks, "on_tool_call_completed")
+        """Whether the hooks observe committed results (``on_tool_call_completed``): the
+        commit of a result then lands before anything else is decided."""
+        self.queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        self.trace_parent: TraceContext | None = None
+        """The span of the drive in progress (see ``_kernel.telemetry``): parent of the spans of
+        this driver's commits, model calls and tool calls."""
+
+    @property
+    def run(self) -> Run:
+        """The run at its last committed revision."""
+        return self.lc.run
+
+    @property
+    def busy(self) -> bool:
+        """True while the driver holds intents a later ``step`` must finish."""
+        return bool(self.tasks or self.outcomes or self.unstarted or self.model_claim is not None)
+
+    async def reset(self, run: Run) -> None:
+        """Point at a newer head loaded from the store (a command of this kernel, sharing
+        the lease, may have committed meanwhile). Calls still in flight in that head stay
+        this driver's: their tasks run on and their results in hand are kept; intents of
+        anything else lapse."""
+        if run.revision != self.lc.run.revision:
+            self.lc.reset(run)
+            self.model_claim = None
+            active = run.state in ("dispatching_tools", "calling_model")
+            turn = run.current_turn if active else None
+            live = {r.id for r in turn.in_flight} if turn is not None else set()
+            self.outcomes = [o for o in self.outcomes if live.issuperset(o.ids)]
+            self.unstarted = {k: v for k, v in self.unstarted.items() if live.issuperset(v[0])}
+            await self.stop_tasks(keep=live)
+
+    def forget(self) -> None:
+        """Drop what only this process knew (its process is going down): results in hand
+        and intents never started become what a crash leaves, for resume to decide."""
+        self.outcomes.clear()
+        self.unstarted.clear()
+
+    async def stop_tasks(self, keep: set[str] | frozenset[str] = frozenset()) -> None:
+        """Cancel running tool calls (but those of the calls in ``keep``) and wait until
+        each has ended (their intents stay committed: resume decides). Results already
+        in hand are kept: the driver stays busy, holding the run, and the next drive
+        commits them.
+
+        A sync tool's thread cannot be stopped: this waits for it to return, even if
+        the caller is cancelled meanwhile, so no call of this driver is still executing
+        when the drive reports that it stopped (and the run may be driven elsewhere).
+        """
+        tasks = [task for key, task in self.tasks.items() if key not in keep]
+        for task in tasks:
+            task.cancel()
+        self.tasks = {key: task for key, task in self.tasks.items() if key in keep}
+        held = {i for outcome in self.outcomes for i in outcome.ids} | set(keep)
+        self.names = {i: name for i, name in self.names.items() if i in held}
+        await wait_ended(tasks)
+
+    # -- commits ---------------------------------------------------------------
+
+    def stage(self, event: str, **payload: Any) -> None:
+        """Apply one transition to the driver's copy. It joins the commit being gathered
+        (the first one after a commit starts it); ``flush`` lands them together."""
+        joining = self.base is not None
+        base = self.base if joining else self.lc.run
+        _, events = self.lc.apply(event, join=joining, **payload)
+        self.base = base
+        self.staged.extend(events)
+
+    def _stage_outcome(self, outcome: _Outcome) -> None:
+        self.stage(
+            "tool_call_completed",
+            call_ids=list(outcome.ids),
+            output=outcome.output,
+            error=outcome.error,
+            resolved=outcome.resolved,
+            context=outcome.context,
+        )
+        self.staged_outcomes.append(outcome)
+
+    def _stage_intent(self, ids: list[str], call_input: JSON) -> None:
+        record = _turn(self.run).call(ids[0])
+        assert record is not None
+        self.stage("tool_call_started", call_ids=ids, call_input=call_input)
+        for call_id in ids:
+            self.names[call_id] = record.name
+        self.staged_intents.append((list(ids), call_input))
+
+    def _drop_staged(self) -> None:
+        """Forget the transitions gathered since the last commit (they did not land)."""
+        if self.base is not None:
+            self.lc.reset(self.base)
+        for ids, _ in self.staged_intents:
+            for call_id in ids:
+                self.names.pop(call_id, None)
+        self.base, self.staged, self.staged_intents, self.staged_outcomes = None, [], [], []
+
+    async def commit(self, event: str, **payload: Any) -> tuple[Event, ...]:
+        """Apply one transition and commit it; unless it landed, the run stays as it was."""
+        self.stage(event, **payload)
+        return await self.flush()
+
+    async def flush(self) -> tuple[Event, ...]:
+        """Commit the transitions gathered since the last commit (nothing if none).
+
+        On return they landed: the intents among them are started, the results among
+        them leave the driver, and the hooks observing results are called. On any way out
+        without a landed commit, the driver's copy is back at the last commit; an intent
+        that landed under a cancellation is kept as unstarted (the next step starts it).
+        """
+        base = self.base
+        if base is None:
+            return ()
+        events = tuple(self.staged)
+        intents, outcomes = self.staged_intents, self.staged_outcomes
+        checkpoint = Checkpoint.appended(base, self.lc.run, events)
+        self.base, self.staged, self.staged_intents, self.staged_outcomes = None, [], [], []
+        try:
+            await self._land(checkpoint, base)
+        except BaseException:
+            if self.lc.run.revision == base.revision:  # not landed
+                for ids, _ in intents:
+                    for call_id in ids:
+                        self.names.pop(call_id, None)
+                raise
+            self._landed(events, outcomes)
+            for ids, call_input in intents:
+                self.unstarted[ids[0]] = (ids, call_input)
+            raise
+        self._landed(events, outcomes)
+        for ids, call_input in intents:
+            self._spawn(ids, call_input)
+        await self._observe(outcomes)
+        return events
+
+    def _landed(self, events: tuple[Event, ...], outcomes: list[_Outcome]) -> None:
+        self.landed.extend(events)
+        self.outcomes = [o for o in self.outcomes if all(o is not s for s in outcomes)]
+        for outcome in outcomes:
+            for call_id in outcome.ids:
+                self.names.pop(call_id, None)
+
+    async def _observe(self, outcomes: list[_Outcome]) -> None:
+        """``on_tool_call_completed`` after the commit, once for each call it completed: at
+        most once per result (a crash before a hook skips it; a hook that raises fails the
+        run, and retry goes on from the committed result without calling it again)."""
+        if not outcomes or not self.observing:
+            return
+        run = self.run
+        for outcome in (o for o in outcomes if not o.waiting):
+            for call_id in outcome.ids:
+                await self._hook("on_tool_call_completed", run, _turn(run).call(call_id))
+
+    async def _land(self, checkpoint: Checkpoint, previous: Run) -> None:
+        """Commit ``checkpoint`` (the driver's copy is already at it): on return it landed.
+
+        A store failure is settled (did it land?), then the commit is tried again with
+        backoff; when every attempt failed, ``StoreError`` is raised. On any way out
+        without a landed commit the copy goes back to ``previous``; a cancellation after
+        the commit landed keeps it.
+        """
+        with telemetry.commit_span(self.trace_parent, checkpoint) as span:
+            for attempt, pause in enumerate((*COMMIT_RETRIES, None), 1):
+                span.attempts = attempt
+                try:
+                    if await self._attempt(checkpoint):
+                        break
+                except asyncio.CancelledError:
+                    if not await self._landed_anyway(checkpoint):
+                        self.lc.reset(previous)
+                    raise
+                except StoreError as exc:
+                    try:
+                        landed = await self._settle(checkpoint)
+                    except BaseException:
+                        self.lc.reset(previous)
+                        raise
+                    if landed:
+                        break
+                    if pause is None:
+                        self.lc.reset(previous)
+                        raise
+                    _log_retry(checkpoint, attempt, pause, exc)
+                except LeaseLost:
+                    self.lc.reset(previous)
+                    run = checkpoint.run
+                    log_lease_lost(run.run_id, run.revision, "its commit was refused")
+                    raise
+                except BaseException:
+                    self.lc.reset(previous)
+                    raise
+                if pause is not None:
+                    await asyncio.sleep(pause)
+        _log_commit(checkpoint)
+
+    async def _attempt(self, checkpoint: Checkpoint) -> bool:
+        """One commit attempt, run to its end by the store even if the caller is cancelled
+        (then the cancellation is raised once the store is done, and ``_cancel_landed``
+        says whether the commit landed, when that is known without reading the head)."""
+        store = self.kernel.store
+        if self.lost:
+            raise LeaseLost(checkpoint.run.run_id, checkpoint.expected_revision)
+        if settles_on_cancel(store):
+            # its commit has ended, landed or not, when a cancellation comes out of it:
+            # no task of our own (the head tells the outcome on that rare path)
+            await store.commit(checkpoint, lease=self.lease)
+            return True
+        task = asyncio.ensure_future(store.commit(checkpoint, lease=self.lease))
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                await asyncio.wait([task])
+            self._cancel_landed = not task.cancelled() and task.exception() is None
+            raise
+        return True
+
+    _cancel_landed = False
+
+    async def _landed_anyway(self, checkpoint: Checkpoint) -> bool:
+        """After a cancellation during a commit: whether the commit landed all the same
+        (the store's answer, or the head when the store failed)."""
+        if self._cancel_landed:
+            self._cancel_landed = False
+            return True
+        return bool(await self._settle(checkpoint))
+
+    async def _settle(self, checkpoint: Checkpoint) -> bool | None:
+        """Whether ``checkpoint`` landed, read from the head; None when the store cannot
+        tell right now. Only the lease holder commits, but a command of the same kernel
+        may share the lease, so the head must be this very commit: same revision, same
+        instant of the transition, same events."""
+        try:
+            head = await self.kernel.store.load(checkpoint.run.run_id)
+        except RunNotFound:
+            return False
+        except StatekernelError:
+            return None
+        mine = checkpoint.run
+        if head.revision == mine.revision and _same_commit(head, mine):
+            return True
+        if head.revision == checkpoint.expected_revision:
+            return False
+        raise ConflictError(mine.run_id, checkpoint.expected_revision, head.revision)
+
+    async def commit_data(self, run: Run, kind: str, data: dict[str, Any]) -> Event:
+        """Commit a change of data that is not a lifecycle transition (same state)."""
+        previous = self.lc.run
+        at = run.updated_at
+        event = Event(kind, run.run_id, previous.revision + 1, previous.event_count, data, at)
+        run = attrs.evolve(
+            run, revision=previous.revision + 1, event_count=previous.event_count + 1
+        )
+        self.lc.reset(run)
+        await self._land(Checkpoint.between(previous, run, (event,)), previous)
+        return event
+
+    # -- up to the next commit ---------------------------------------------------
+
+    async def advance(self) -> AsyncIterator[Event]:
+        """Perform effects and transitions up to the next commit, and land it (nothing if
+        the run is at rest). Yields live events while effects run, then the committed ones.
+
+        Transitions between which no effect happens share the commit: it lands before a
+        model call (``model_started``), before tools start (their intents, with the model
+        answer that asked for them), before waiting for tools still running (the results in
+        hand), before a hook observes a result, and when the run comes to rest.
+        """
+        self.landed = []
+        try:
+            try:
+                async for live in self._gather():
+                    yield live
+                await self.flush()
+            except _HookFailed as failed:
+                original = failed.original
+                self.stage("fail", error=type(original).__name__, message=str(original))
+                await self.flush()
+        except BaseException:
+            self._drop_staged()
+            raise
+        landed, self.landed = self.landed, []
+        for event in landed:
+            yield event
+
+    async def _gather(self) -> AsyncIterator[Event]:
+        """Stage transitions, effect by effect, until a commit landed or the run rests."""
+        while not self.landed:
+            state = self.run.state
+            if state == "init":
+                self.stage("start")
+            elif state == "preparing_turn":
+                await self._prepare()
+            elif state == "calling_model":
+                async for live in self._call_model():
+                    yield live
+            elif state == "dispatching_tools":
+                async for live in self._dispatch():
+                    yield live
+            else:
+                return
+            if self._must_flush():
+                await self.flush()
+
+    def _must_flush(self) -> bool:
+        return self.observing and bool(self.staged_outcomes)
+
+    async def answer(self, pause: PauseInfo, value: JSON, max_turns: int | None) -> None:
+        """Resume a run paused with ``input_required``: ``value`` (checked against the
+        question's schema first) is the asking call's result, committed with the resume,
+        and the next waiting question pauses the run again in the same commit."""
+        ids, waiting = answered(pause.metadata, value)
+        try:
+            self.stage("resume", value=value, max_turns=max_turns)
+            self._stage_outcome(_Outcome(tuple(ids), value))
+            if waiting is not None:
+                self.stage("pause", reason=INPUT_REQUIRED, metadata=waiting)
+            await self.flush()
+        except BaseException:
+            self._drop_staged()
+            raise
+
+    async def commit_outcomes(self) -> None:
+        """Commit the results in hand, and nothing else (a drive that lets the run go)."""
+        for outcome in self._ready_outcomes():
+            self._stage_outcome(outcome)
+        self.landed = []
+        try:
+            await self.flush()
+        except BaseException:
+            self._drop_staged()
+            raise
+
+    async def _hook(self, name: str, *args: Any) -> Any:
+        try:
+            return await hk.call_hook(self.kernel.hooks, name, *args)
+        except Exception as exc:
+            raise _HookFailed(exc) from exc
+
+    async def _prepare(self) -> None:
+        run = self.run
+        if run.pending_pause is not None:
+            info = run.pending_pause
+            self.stage("pause", reason=info.reason, metadata=info.metadata)
+            return
+        if run.max_turns is not None and len(run.turns) >= run.max_turns:
+            meta = {"max_turns": run.max_turns, "turns": len(run.turns)}
+            self.stage("pause", reason="max_turns", metadata=meta)
+            return
+        request = ModelRequest(model=run.model, messages=run.messages, tools=self.kernel.tool_specs)
+        hooked = await self._hook("on_turn_prepared", run, request)
+        if hooked is not None:
+            if not isinstance(hooked, ModelRequest):
+                raise _HookFailed(TypeError("on_turn_prepared must return a ModelRequest or None"))
+            request = hooked
+        self.stage("turn_prepared", request=request)
+
+    # -- the model ---------------------------------------------------------------
+
+    async def _call_model(self) -> AsyncIterator[Event]:
+        if _turn(self.run).partial is not None:  # calls started, the stream did not end here
+            self.model_claim = None
+            self.stage("answer_cut_off", reason="the drive reading the answer stopped")
+            return
+        if self.base is not None or self.model_claim != self.run.revision:
+            self.stage("model_started")  # the intent lands before the call
+            await self.flush()
+            self.model_claim = self.run.revision
+            return
+        run = self.run
+        turn = _turn(run)
+        holder: list[ModelResult] = []
+        self.decided = {}
+        try:
+            async for live in self._pump(self._model_result(run, turn, holder)):
+                yield live
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except (_HookFailed, StoreError, ConflictError):
+            raise
+        except Exception as exc:
+            self.model_claim = None
+            why = f"{type(exc).__name__}: {exc}"
+            if _turn(self.run).partial is not None:
+                self.stage("answer_cut_off", reason=why)
+            else:
+                self.stage("fail", error=type(exc).__name__, message=str(exc))
+            return
+        result = holder[0]
+        finish, then_pause = None, None
+        if not result.tool_calls and not _turn(self.run).in_flight:
+            finish, then_pause = await self._turn_decision(
+                attrs.evolve(turn, result=result), default=result.finish_reason
+            )
+        self.model_claim = None
+        self.stage("model_completed", result=result, finish=finish, then_pause=then_pause)
+
+    async def _model_result(self, run: Run, turn: Turn, holder: list[ModelResult]) -> None:
+        emit = self.queue.put_nowait
+        registry = self.kernel.registry
+        streams = 0
+
+        async def terminal(call: ModelCall) -> ModelResult:
+            nonlocal streams
+            with telemetry.model_span(self.trace_parent, run.run_id, call.request) as span:
+                provider = registry.get(call.request.model)
+                builder = ResultBuilder()
+                early = _Early() if self.kernel.dispatch.eager and not streams else None
+                streams += 1
+                stream = provider.stream(call.request)
+                try:
+                    async for part in stream:
+                        builder.add(part)
+                        live = _live_event(run, turn, part)
+                        if live is not None:
+                            emit(live)
+                        if early is not None and isinstance(part, ToolCallDelta | ToolCallDone):
+                            await self._start_early(builder, early)
+                finally:
+                    aclose = getattr(stream, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
+                result = builder.result()
+                span.answered(result)
+                return result
+
+        result = await chain(self.kernel.middleware, terminal)(ModelCall(run, turn.request))
+        if not isinstance(result, ModelResult):
+            raise TypeError(f"model middleware returned {type(result).__name__}, not ModelResult")
+        hooked = await self._hook("on_model_completed", run, result)
+        if hooked is not None:
+            if not isinstance(hooked, ModelResult):
+                raise _HookFailed(TypeError("on_model_completed must return a ModelResult or None"))
+            result = hooked
+        holder.append(result)
+
+    async def _start_early(self, builder: ResultBuilder, early: _Early) -> None:
+        """Eager dispatch: start the calls whose arguments have finished streaming, in call
+        order, while the dispatch rules allow. Each intent lands with the answer so far
+        before its call starts; the first call that may not start now (the rules, a hook's
+        decision, invalid arguments) and the calls after it wait for the answer's end."""
+        self._raise_escaped()  # a call that took the process down stops everything
+        calls = builder.complete_calls()
+        tools, policy = self.kernel.tools, self.kernel.dispatch
+        while not early.stopped and early.started < len(calls):
+            if self.observing and self._ready_outcomes():
+                break  # a result the hooks observe lands before anything else is decided
+            call = calls[early.started]
+            record = ToolCallRecord(call.id, call.name, call.arguments, parse_call(call.arguments))
+            running = [self.names[i] for i in self.tasks]
+            running += [self.names[ids[0]] for ids, _ in self.staged_intents]
+            if next_startable([record], running, tools, policy) is None:
+                break  # tried again with the next part
+            decision = await self._hook("on_tool_call_started", self.run, record)
+            call_input = decision.input if isinstance(decision, hk.Rewrite) else record.input
+            if not (decision is None or isinstance(decision, hk.Continue | hk.Rewrite)):
+                self.decided[call.id] = decision
+                early.stopped = True
+            elif self._precheck(record, call_input) is not None:
+                self.decided[call.id] = decision  # asked once: dispatch gives the error
+                early.stopped = True
+            else:
+                partial = builder.so_far(calls[: early.started + 1])
+                self.stage("early_call_started", partial=partial, call_input=call_input)
+                started = _turn(self.run).in_flight[-1]
+                self.names[started.id] = started.name
+                self.staged_intents.append(([started.id], call_input))
+                early.started += 1
+        if self.staged_intents:
+            await self.flush()
+            self.model_claim = self.run.revision
+            for event in self.landed:  # shown as they land; the answer streams on
+                self.queue.put_nowait(event)
+            self.landed = []
+
+    async def _turn_decision(self, turn: Turn, default: str) -> tuple[str | None, PauseInfo | None]:
+        decision = await self._hook("on_turn_completed", self.run, turn)
+        if decision is None:
+            return default, None
+        if isinstance(decision, hk.Continue):
+            return None, None
+        if isinstance(decision, hk.Finish):
+            return decision.reason, None
+        if isinstance(decision, hk.Pause):
+            return None, PauseInfo(decision.reason, "preparing_turn", decision.metadata)
+        raise _HookFailed(TypeError(f"on_turn_completed cannot return {decision!r}"))
+
+    async def _pump(self, work: Awaitable[None]) -> AsyncIterator[Event]:
+        """Run ``work`` while yielding the live events it puts on the queue."""
+        task = asyncio.ensure_future(work)
+        task.add_done_callback(lambda _: self.queue.put_nowait(None))
+        ended = False
+        try:
+            while True:
+                item = await self.queue.get()
+                if item is None:
+                    if task.done():
+                        ended = True
+                        break
+                    continue
+                yield item
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.wait([task])
+            if not ended and not task.cancelled():
+                task.result()  # a failure of the work is raised, never dropped
+        while not self.queue.empty():
+            item = self.queue.get_nowait()
+            if item is not None:
+                yield item
+        task.result()
+
+    # -- tools -------------------------------------------------------------------
+
+    def _ready_outcomes(self, *, asking: bool = False) -> list[_Outcome]:
+        """Results in hand not yet staged (``asking``: the calls that wait instead, for
+        an answer or for a child run)."""
+        return [
+            o
+            for o in self.outcomes
+            if o.waiting == asking and all(o is not s for s in self.staged_outcomes)
+        ]
+
+    async def _dispatch(self) -> AsyncIterator[Event]:
+        self._raise_escaped()
+        ready = self._ready_outcomes()
+        if ready:  # results in hand go first, all of them in one commit
+            for outcome in ready:
+                self._stage_outcome(outcome)
+            return
+        for ids, call_input in list(self.unstarted.values()):
+            del self.unstarted[ids[0]]
+            self._spawn(ids, call_input)
+        turn = _turn(self.run)
+        unowned = [r for r in turn.in_flight if r.id not in self.names]
+        if unowned and not self.tasks:
+            await self._recover(unowned)
+            return
+        await self._start_ready()
+        if self.landed or self.run.state != "dispatching_tools" or self._must_flush():
+            return
+        if self.tasks:
+            if self.base is not None:
+                await self.flush()  # what is decided lands before waiting for the tools
+                return
+            async for live in self._wait():
+                yield live
+            return
+        waiting = self._ready_outcomes(asking=True)
+        if waiting:  # nothing else runs now: pause for the first in call order
+            self._stage_waiting(waiting)
+            return
+        await self._end_tools(_turn(self.run))
+
+    async def _end_tools(self, turn: Turn) -> None:
+        if turn.pending or turn.in_flight:
+            raise InvalidTransition("tools_completed", self.run.state, "calls remain")
+        finished = [
+            r for r in turn.completed if (r.error or "").startswith("not run: the run finished")
+        ]
+        default = None
+        if finished:
+            default = (finished[0].error or "")[len("not run: the run finished (") : -1]
+        finish, then_pause = await self._turn_decision(turn, default="stop")
+        if default is not None and then_pause is None:
+            finish = default
+        elif finish == "stop" and then_pause is None:
+            finish = None
+        self.stage("tools_completed", finish=finish, then_pause=then_pause)
+
+    async def _start_ready(self) -> None:
+        """Decide about every call that may start now and stage what was decided (a
+        result, a pause, or the intent to run it); intents land before their calls start."""
+        while self.run.state == "dispatching_tools":
+            turn = _turn(self.run)
+            running = [self.names[i] for i in self.tasks]
+            running += [self.names[ids[0]] for ids, _ in self.staged_intents]
+            record = next_startable(turn.pending, running, self.kernel.tools, self.kernel.dispatch)
+            if record is None or not await self._decide(record, turn):
+                break
+        if self.staged_intents:
+            await self.flush()
+
+    async def _decide(self, record: ToolCallRecord, turn: Turn) -> bool:
+        """Stage the decision about ``record``; False defers a pause until the calls
+        already in flight have finished (so a pause never strands them)."""
+        if record.id in self.decided:  # taken while the answer streamed
+            decision = self.decided[record.id]
+        else:
+            decision = await self._hook("on_tool_call_started", self.run, record)
+        ids = identical_group(record, turn.pending, self.kernel.tools, self.kernel.dispatch)
+        call_input = record.input
+        if isinstance(decision, hk.Pause) and (self.tasks or self.staged_intents):
+            return False
+        self.decided.pop(record.id, None)
+        if isinstance(decision, hk.Skip):
+            self._stage_outcome(_Outcome(tuple(ids), decision.result, decision.error))
+            return True
+        if isinstance(decision, hk.Pause):
+            self.stage("pause", reason=decision.reason, metadata=decision.metadata)
+            return True
+        if isinstance(decision, hk.Finish):
+            why = NOT_RUN_FINISHED.format(reason=decision.reason)
+            self._stage_outcome(_Outcome(tuple(r.id for r in turn.pending), None, why))
+            return True
+        if isinstance(decision, hk.Rewrite):
+            call_input = decision.input
+        elif decision is not None and not isinstance(decision, hk.Continue):
+            raise _HookFailed(TypeError(f"on_tool_call_started cannot return {decision!r}"))
+        problem = self._precheck(record, call_input)
+        if problem is not None:
+            self._stage_outcome(_Outcome(tuple(ids), None, problem))
+        else:
+            self._stage_intent(ids, call_input)
+        return True
+
+    def _precheck(self, record: ToolCallRecord, call_input: JSON) -> str | None:
+        tool = self.kernel.tools.get(record.name)
+        if tool is None:
+            known = ", ".join(sorted(self.kernel.tools)) or "none"
+            return f"unknown tool {record.name!r} (available: {known})"
+        if call_input is None:
+            _, problem = parse_json(record.arguments, "arguments")
+            why = f"not a JSON object ({problem})" if problem else "not a JSON object"
+            return f"invalid arguments for {record.name}: {why}: {record.arguments[:200]!r}"
+        try:
+            tool.validate(call_input)
+        except ToolError as exc:
+            return str(exc)
+        return None
+
+    async def _recover(self, unowned: list[ToolCallRecord]) -> None:
+        """Calls in flight that no task of this driver runs (a crash's remnants): a
+        resolution given for them is used, idempotent tools run again, and the others
+        pause the run once nothing else can go on."""
+        resolutions = self.run.resume_value if isinstance(self.run.resume_value, dict) else {}
+        resolutions = resolutions.get("resolutions", {}) if isinstance(resolutions, dict) else {}
+        uncertain = []
+        for record in unowned:
+            resolution = resolutions.get(record.id)
+            if not isinstance(resolution, dict) or resolution.get("attempt") != record.attempt:
+                resolution = None
+            tool = self.kernel.tools.get(record.name)
+            if resolution is not None and not resolution.get("rerun"):
+                output, error = resolution.get("output"), resolution.get("error")
+                self._stage_outcome(_Outcome((record.id,), output, error, resolved=True))
+            elif resolution is not None or (tool is not None and tool.idempotent):
+                self._stage_intent([record.id], record.input)
+            else:
+                uncertain.append(record)
+        if self.staged_intents:
+            await self.flush()
+            return
+        if uncertain and not self._must_flush():
+            calls = [
+                {"id": r.id, "name": r.name, "input": r.input, "attempt": r.attempt}
+                for r in uncertain
+            ]
+            self.stage("pause", reason=UNCERTAIN, metadata={"calls": calls})
+
+    def _spawn(self, ids: list[str], call_input: JSON) -> None:
+        run = self.run
+        record = _turn(run).call(ids[0])
+        assert record is not None
+        for call_id in ids:
+            self.names[call_id] = record.name
+        task = asyncio.ensure_future(self._execute(run, record, tuple(ids), call_input))
+        self.tasks[ids[0]] = task
+
+    async def _execute(
+        self, run: Run, record: ToolCallRecord, ids: tuple[str, ...], call_input: JSON
+    ) -> None:
+        tool = self.kernel.tools[record.name]
+        queue = self.queue
+        loop = asyncio.get_running_loop()
+
+        def report(data: JSON) -> None:
+            event = Event(
+                "tool_output",
+                run.run_id,
+                run.revision,
+                -1,
+                {"call_id": record.id, "data": data},
+            )
+            if _in_loop(loop):
+                queue.put_nowait(event)
+            else:  # a sync tool reports from its thread
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+
+        context = copy.deepcopy(run.context)
+        ctx = ToolContext(run.run_id, record.id, record.attempt, context, report, self.kernel)
+
+        async def terminal(invocation: ToolInvocation) -> JSON:
+            return await tool.invoke(invocation.input, ctx)
+
+        invocation = ToolInvocation(run, record, call_input, tool.idempotent)
+        with telemetry.tool_span(self.trace_parent, run.run_id, record, tool, ids) as span:
+            try:
+                output = await chain(self.kernel.middleware, terminal)(invocation)
+                outcome = _stored_outcome(ids, output)
+            except asyncio.CancelledError:
+                self.tasks.pop(ids[0], None)
+                queue.put_nowait(None)  # a drive waiting for this call must not wait forever
+                raise
+            except NeedsInput as request:
+                question, problem = asked(request)
+                outcome = _Outcome(ids, None, problem, asked=question)
+            except ChildPaused as paused:
+                pause = paused.pause
+                why = {"reason": pause.reason, "metadata": pause.metadata} if pause else {}
+                outcome = _Outcome(ids, child={"child": paused.child_run_id, "child_pause": why})
+            except ToolError as exc:
+                outcome = _Outcome(ids, None, str(exc))
+                span.failed(exc)
+            except Exception as exc:
+                outcome = _Outcome(ids, None, f"{type(exc).__name__}: {exc}")
+                span.failed(exc)
+            except BaseException as exc:  # SystemExit, KeyboardInterrupt, an injected crash
+                self.tasks.pop(ids[0], None)
+                self.escaped = exc
+                queue.put_nowait(None)
+                return
+            span.settle(outcome)
+        self.tasks.pop(ids[0], None)
+        self.outcomes.append(outcome)
+        queue.put_nowait(None)
+
+    def _stage_waiting(self, waiting: list[_Outcome]) -> None:
+        """Pause for calls that wait: questions first (asked one after another, in call
+        order), else the first paused child. Calls that wait for a child stay in
+        flight: after the resume they run again (a delegate call is idempotent)."""
+        calls = _turn(self.run).result
+        order = [c.id for c in calls.tool_calls] if calls is not None else []
+        waiting.sort(key=lambda o: order.index(o.ids[0]) if o.ids[0] in order else len(order))
+        asks = [(o.ids, self.names[o.ids[0]], o.asked) for o in waiting if o.asked is not None]
+        if asks:
+            self.stage("pause", reason=INPUT_REQUIRED, metadata=questions(asks))
+        else:
+            first = waiting[0]
+            ids, name = list(first.ids), self.names[first.ids[0]]
+            about = {"call": ids[0], "calls": ids, "name": name, **(first.child or {})}
+            self.stage("pause", reason=CHILD_PAUSED, metadata=about)
+        self.staged_outcomes.extend(waiting)  # they leave the driver with the pause
+
+    async def _wait(self) -> AsyncIterator[Event]:
+        while not self._ready_outcomes() and self.tasks and self.escaped is None:
+            item = await self.queue.get()
+            if item is not None:
+                yield item
+        self._raise_escaped()
+
+    def _raise_escaped(self) -> None:
+        """Re-raise what escaped a tool task (a process-ending exception) in the driver."""
+        if self.escaped is not None:
+            escaped, self.escaped = self.escaped, None
+            raise escaped
+
+
+_AT_REST = {"run_paused", "run_failed", "run_completed"}
+
+
+def _log_commit(checkpoint: Checkpoint) -> None:
+    """DEBUG: a commit landed; INFO: it brought the run to rest."""
+    run = checkpoint.run
+    rested = [e.type for e in checkpoint.events if e.type in _AT_REST]
+    if not (rested or log.isEnabledFor(logging.DEBUG)):
+        return
+    types = [event.type for event in checkpoint.events]
+    fields = {"run_id": run.run_id, "revision": run.revision, "state": run.state}
+    log.debug(
+        "run %s: committed revision %d (%s)",
+        run.run_id,
+        run.revision,
+        ", ".join(types),
+        extra={**fields, "events": types},
+    )
+    if rested:
+        reason = run.pause.reason if run.state == "paused" and run.pause else None
+        why = f" ({reason})" if reason else ""
+        log.info(
+            "run %s %s at revision %d%s",
+            run.run_id,
+            run.state,
+            run.revision,
+            why,
+            extra={**fields, "reason": reason},
+        )
+
+
+def _log_retry(checkpoint: Checkpoint, attempt: int, pause: float, exc: BaseException) -> None:
+    run = checkpoint.run
+    log.warning(
+        "run %s: commit of revision %d failed in the store (%s); trying again in %.2f s",
+        run.run_id,
+        run.revision,
+        exc,
+        pause,
+        extra={"run_id": run.run_id, "revision": run.revision, "attempt": attempt},
+    )
+
+
+def log_lease_lost(run_id: str, revision: int, why: str) -> None:
+    """WARNING: this kernel lost the run's lease (another owner may drive it now);
+    ``revision``: of the refused commit, else the last one this kernel knows."""
+    log.warning(
+        "run %s: lease lost (revision %d): %s",
+        run_id,
+        revision,
+        why,
+        extra={"run_id": run_id, "revision": revision},
+    )
+
+
+def _stored_outcome(ids: tuple[str, ...], output: JSON) -> _Outcome:
+    """A tool's return value as stored (with the context patch of a ``ToolOutput``), or
+    an error result saying why it cannot be."""
+    patch = None
+    if isinstance(output, ToolOutput):
+        output, patch = output.output, output.context
+        patched, problem = as_stored(patch, "context")
+        if problem is not None or (patch is not None and type(patch) is not dict):
+            why = problem or "not a JSON object"
+            return _Outcome(ids, None, f"the tool returned a context patch that is {why}")
+        patch = patched
+    stored, problem = as_stored(output, "output")
+    if problem is not None:
+        return _Outcome(ids, None, f"the tool returned a value that is not JSON: {problem}")
+    return _Outcome(ids, stored, None, context=patch)
+
+
+def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _same_commit(head: Run, mine: Run) -> bool:
+    return (
+        head.updated_at == mine.updated_at
+        and head.event_count == mine.event_count
+        and head.state == mine.state
+    )
+
+
+def _turn(run: Run) -> Turn:
+    if run.current_turn is None:
+        raise InvalidTransition("advance", run.state, "no turn in progress")
+    return run.current_turn
+
+
+def _live_event(run: Run, turn: Turn, part: object) -> Event | None:
+    kind: str
+    data: dict[str, Any]
+    if isinstance(part, TextDelta):
+        kind, data = "text_delta", {"text": part.text}
+    elif isinstance(part, ReasoningDelta):
+        kind, data = "reasoning_delta", {"text": part.text}
+    elif isinstance(part, ToolCallDelta):
+        kind = "tool_call_delta"
+        data = {"index": part.index, "id": part.id, "name": part.name, "arguments": part.arguments}
+    elif isinstance(part, UsageUpdate):
+        kind, data = (
+            "usage",
+            {"input_tokens": part.usage.input_tokens, "output_tokens": part.usage.output_tokens},
+        )
+    else:
+        return None
+    data["turn"] = turn.index
+    return Event(kind, run.run_id, run.revision, -1, data)

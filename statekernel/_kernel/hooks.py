@@ -1,0 +1,166 @@
+"""Hooks: the product's say at each point of a turn, and the decisions they return.
+
+Every hook is optional and may be sync or async. A hook that raises moves the run
+to ``failed`` with the state it failed in; ``retry`` calls it again, except
+``on_tool_call_completed``, which runs after its result's commit (see there).
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from typing import Any, TypeAlias
+
+import attrs
+
+from statekernel._records.messages import JSON, ModelRequest, ModelResult
+from statekernel._records.run import Run, ToolCallRecord, Turn
+from statekernel._records.values import checked
+from statekernel.errors import ConfigError
+
+__all__ = [
+    "Continue",
+    "Decision",
+    "Finish",
+    "Hooks",
+    "Pause",
+    "Rewrite",
+    "Skip",
+    "HOOK_NAMES",
+    "call_hook",
+    "check_hooks",
+]
+
+
+def _rewrite_input(value: JSON) -> JSON:
+    return checked(value, "Rewrite.input")
+
+
+def _skip_result(value: JSON) -> JSON:
+    return checked(value, "Skip.result")
+
+
+def _pause_metadata(value: JSON) -> JSON:
+    return checked(value, "Pause.metadata")
+
+
+@attrs.frozen
+class Continue:
+    """Go on as the kernel would anyway (after a turn: take another turn)."""
+
+
+@attrs.frozen
+class Rewrite:
+    """Run the tool call with this input instead of the model's arguments."""
+
+    input: JSON = attrs.field(converter=_rewrite_input)
+
+
+@attrs.frozen
+class Skip:
+    """Do not run the tool; record ``result`` (or ``error``) as its outcome."""
+
+    result: JSON = attrs.field(default=None, converter=_skip_result)
+    error: str | None = None
+
+
+@attrs.frozen
+class Pause:
+    """Pause the run here (for approval, budget, ...); ``resume`` comes back to this point."""
+
+    reason: str
+    metadata: JSON = attrs.field(factory=dict, converter=_pause_metadata)
+
+
+@attrs.frozen
+class Finish:
+    """Complete the run (tool calls that did not run get a 'not run' error result)."""
+
+    reason: str = "finished"
+
+
+Decision: TypeAlias = Continue | Rewrite | Skip | Pause | Finish
+
+
+class Hooks:
+    """Base class with the default behaviour; override what you need.
+
+    Any object with some of these methods works as ``Kernel(hooks=...)`` too. Any
+    other ``on_*`` method on it (a misspelt hook) is a ``ConfigError`` at ``Kernel``.
+    """
+
+    def on_turn_prepared(self, run: Run, request: ModelRequest) -> ModelRequest | None:
+        """Return the exact request to send (None keeps the default: the whole transcript)."""
+        return None
+
+    def on_model_completed(self, run: Run, result: ModelResult) -> ModelResult | None:
+        """Inspect or replace the model's result before it enters the run."""
+        return None
+
+    def on_tool_call_started(self, run: Run, call: ToolCallRecord) -> Decision | None:
+        """Decide about one tool call: Continue, Rewrite, Skip, Pause or Finish."""
+        return None
+
+    def on_tool_call_completed(self, run: Run, call: ToolCallRecord) -> None:
+        """Observe a finished tool call (its output or error).
+
+        Runs after the commit of the call's result (``tool_call_completed``), once for
+        each call that commit completed, and at most once per result: a crash between
+        the commit and the hook skips it for good (resume goes on from the committed
+        result), and a hook that raises moves the run to ``failed`` while the result
+        stays committed, so ``retry`` goes on without calling it again. Tool middleware
+        runs before the commit, for work a crash there must not skip. A kernel whose
+        hooks define this commits each batch of results on its own, before the turn goes
+        on (without it, results land with the end of the turn).
+        """
+        return None
+
+    def on_turn_completed(self, run: Run, turn: Turn) -> Decision | None:
+        """After a turn: None (default), Continue, Pause or Finish."""
+        return None
+
+
+HOOK_NAMES = (
+    "on_turn_prepared",
+    "on_model_completed",
+    "on_tool_call_started",
+    "on_tool_call_completed",
+    "on_turn_completed",
+)
+"""The hooks the kernel calls; any other ``on_*`` method is a mistake."""
+
+
+def check_hooks(hooks: object) -> object:
+    """Return ``hooks``; an ``on_*`` method that is not a hook raises ``ConfigError``
+    (a misspelt hook would otherwise never run)."""
+    for name in dir(hooks):
+        if not name.startswith("on_") or name in HOOK_NAMES:
+            continue
+        if not callable(getattr(hooks, name, None)):
+            continue
+        close = difflib.get_close_matches(name, HOOK_NAMES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"hooks {type(hooks).__name__}: {name!r} is not a hook"
+            f" (known hooks: {', '.join(HOOK_NAMES)}){hint}"
+        )
+    return hooks
+
+
+def overrides(hooks: object, name: str) -> bool:
+    """Whether ``hooks`` has its own ``name`` (not the do-nothing default of ``Hooks``)."""
+    method = getattr(hooks, name, None)
+    if method is None:
+        return False
+    return getattr(method, "__func__", method) is not getattr(Hooks, name, None)
+
+
+async def call_hook(hooks: object, name: str, *args: Any) -> Any:
+    """Call ``hooks.name(*args)`` if it exists, awaiting it when it is async."""
+    method = getattr(hooks, name, None)
+    if method is None:
+        return None
+    result = method(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result

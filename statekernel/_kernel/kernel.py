@@ -1,0 +1,676 @@
+"""The kernel: drive runs through their lifecycle, committing at effect boundaries.
+
+How a drive moves a run (effect, transition, commit) and where a crash can land is
+told at the top of ``statekernel._kernel.drive``.
+
+One owner per run: a drive (``run``, ``step``) and a command (``send``, ``resume``...)
+first take the run's lease from the store; every commit carries its fencing token,
+which the store checks with the revision. While a live owner holds the lease, others
+wait up to ``busy_timeout`` and then get ``RunBusy``; they never take the owner's
+intents for crash remnants. A dead owner's lease is taken over at once where the store
+proves the death (an OS lock on one host), otherwise when it expires (``lease_ttl``
+after its last renewal; the kernel renews the leases it holds).
+
+Cancellation (task cancel, closing the ``run`` generator) stops between or inside
+effects; the transition in progress is not committed and no ``failed`` is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import inspect
+import logging
+import os
+import re
+import socket
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from statekernel._kernel import telemetry
+from statekernel._kernel.asking import INPUT_REQUIRED
+from statekernel._kernel.delegate import DelegateTool, child_runs, run_tree
+from statekernel._kernel.dispatch import DispatchPolicy
+from statekernel._kernel.drive import UNCERTAIN, RunDriver, log_lease_lost
+from statekernel._kernel.hooks import Hooks, check_hooks
+from statekernel._kernel.middleware import Middleware
+from statekernel._kernel.model import ModelProvider
+from statekernel._kernel.tools import Tool, tools_by_name
+from statekernel._kernel.waiting import wait_ended
+from statekernel._records.events import Event
+from statekernel._records.messages import JSON, Message
+from statekernel._records.run import PauseInfo, Run, utcnow
+from statekernel._records.values import check_messages, checked
+from statekernel._storage.protocol import (
+    Checkpoint,
+    CheckpointStore,
+    Lease,
+    RunQueues,
+    commit_settled,
+)
+from statekernel.errors import (
+    ConfigError,
+    ConflictError,
+    InvalidArgument,
+    InvalidTransition,
+    LeaseLost,
+    RunBusy,
+    RunHasChildren,
+    StatekernelError,
+    StoreError,
+)
+
+if TYPE_CHECKING:
+    from statekernel.providers import ProviderRegistry
+
+__all__ = ["Kernel"]
+
+_log = logging.getLogger(__name__)
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_MISSING: Any = object()
+
+
+def _resolve_store(store: CheckpointStore | str | None) -> tuple[CheckpointStore, bool]:
+    from statekernel.stores import open_store
+
+    if store is None:
+        from statekernel._storage.config import default_store_url
+
+        return open_store(default_store_url()), True
+    if isinstance(store, str):
+        return open_store(store), True
+    if not isinstance(store, CheckpointStore):
+        raise ConfigError(f"not a checkpoint store or URL: {store!r}")
+    return store, False
+
+
+class Kernel:
+    """Runs agents durably: every lifecycle transition is committed before the next effect.
+
+    ``store``: a URL or a ``CheckpointStore`` (None: ``STATEKERNEL_STORE``, config
+    files, then ``sqlite:///.statekernel/runs.db``). ``providers`` adds to or
+    overrides the built-in providers by name. Middleware wraps model and tool calls,
+    the first one outermost. ``max_turns`` is the default budget of new runs.
+    ``lease_ttl``: seconds a run's lease outlives its last renewal (a dead owner's runs
+    are taken over after that where the store cannot prove the death at once);
+    ``busy_timeout``: seconds to wait for another live owner of a run before ``RunBusy``.
+    """
+
+    def __init__(
+        self,
+        store: CheckpointStore | str | None = None,
+        *,
+        tools: Iterable[Tool] = (),
+        providers: Mapping[str, ModelProvider] | ProviderRegistry | None = None,
+        hooks: object | None = None,
+        middleware: Sequence[Middleware] = (),
+        dispatch: DispatchPolicy | None = None,
+        max_turns: int | None = 20,
+        lease_ttl: float = 15.0,
+        busy_timeout: float = 20.0,
+    ) -> None:
+        from statekernel.providers import ProviderRegistry
+
+        if max_turns is not None and max_turns < 1:
+            raise InvalidArgument("max_turns must be at least 1 (or None for no limit)")
+        if not lease_ttl > 0 or not busy_timeout >= 0:
+            raise InvalidArgument("lease_ttl must be > 0 and busy_timeout >= 0 (seconds)")
+        self.lease_ttl = float(lease_ttl)
+        self.busy_timeout = float(busy_timeout)
+        self.owner = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:12]}"
+        """Who this kernel is to the stores: host, process and a kernel id."""
+        self._renewer: asyncio.Task[None] | None = None
+        self.store, self._owns_store = _resolve_store(store)
+        self.tools: dict[str, Tool] = tools_by_name(list(tools))
+        self.tool_specs = tuple(t.spec for t in self.tools.values())
+        self.registry = (
+            providers if isinstance(providers, ProviderRegistry) else ProviderRegistry(providers)
+        )
+        self.hooks: object = check_hooks(hooks) if hooks is not None else Hooks()
+        self.middleware: tuple[Middleware, ...] = tuple(middleware)
+        self.dispatch = dispatch if dispatch is not None else DispatchPolicy()
+        self.max_turns = max_turns
+        self._drivers: dict[str, RunDriver] = {}
+
+    async def __aenter__(self) -> Kernel:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop background tool calls (waiting until each has ended), release the runs'
+        leases, close built-in providers and a store opened by URL."""
+        drivers, self._drivers = list(self._drivers.values()), {}
+        for driver in drivers:
+            if driver.lock.locked():
+                driver.lost = True  # a drive of another task has it: it must stop committing
+            await driver.stop_tasks()
+            await self._commit_held(driver)
+        if self._renewer is not None:
+            self._renewer.cancel()
+            self._renewer = None
+        for driver in drivers:
+            await self._release(driver)
+        await self.registry.aclose()
+        if self._owns_store:
+            await self.store.aclose()
+
+    # -- creating runs -----------------------------------------------------------
+
+    async def start(
+        self,
+        *,
+        model: str,
+        messages: Iterable[Message | str] = (),
+        context: JSON = None,
+        run_id: str | None = None,
+        max_turns: int | None = _MISSING,
+        parent_run_id: str | None = None,
+        parent_call_id: str | None = None,
+    ) -> Run:
+        """Create a run at ``init`` (revision 0). Nothing runs until ``run`` is iterated.
+
+        ``parent_run_id`` and ``parent_call_id`` (both or neither) make it the child
+        run of that call (``delegate`` tools start their child runs so). A model whose
+        provider this kernel does not know is a ``ConfigError`` and creates nothing.
+        """
+        self.registry.check(model)  # an unknown provider is refused before a run exists
+        return await self._create(
+            model=model,
+            messages=messages,
+            context=context,
+            run_id=run_id,
+            max_turns=max_turns,
+            parent_run_id=parent_run_id,
+            parent_call_id=parent_call_id,
+        )
+
+    async def _create(
+        self,
+        *,
+        model: str,
+        messages: Iterable[Message | str],
+        context: JSON,
+        run_id: str | None,
+        max_turns: int | None,
+        parent_run_id: str | None,
+        parent_call_id: str | None,
+    ) -> Run:
+        """``start`` without asking whether this kernel can call the model (a run that
+        other processes drive, with providers of their own)."""
+        if (parent_run_id is None) != (parent_call_id is None):
+            raise InvalidArgument("give both parent_run_id and parent_call_id, or neither")
+        provider, sep, name = model.partition("/")
+        if not (provider and sep and name):
+            raise ConfigError(f"model must look like 'provider/name', got {model!r}")
+        run_id = run_id if run_id is not None else uuid.uuid4().hex
+        _check_run_id(run_id)
+        budget = self.max_turns if max_turns is _MISSING else max_turns
+        now = utcnow()
+        run = Run(
+            run_id=run_id,
+            model=model,
+            context=checked(context, "context") if context is not None else {},
+            messages=_as_messages(messages),
+            max_turns=budget,
+            created_at=now,
+            updated_at=now,
+            parent_run_id=parent_run_id,
+            parent_call_id=parent_call_id,
+        )
+        await commit_settled(self.store, Checkpoint.between(None, run))
+        return run
+
+    async def fork(
+        self, run_id: str, *, at_revision: int | None = None, new_run_id: str | None = None
+    ) -> Run:
+        """A new, independent run starting from ``run_id`` as it was at ``at_revision``."""
+        source = await self.store.load(run_id, revision=at_revision)
+        new_id = new_run_id if new_run_id is not None else uuid.uuid4().hex
+        _check_run_id(new_id)
+        now = utcnow()
+        data = {"from_run_id": run_id, "from_revision": source.revision}
+        event = Event("run_forked", new_id, 0, 0, data, now)
+        run = attrs.evolve(
+            source, run_id=new_id, revision=0, event_count=1, created_at=now, updated_at=now
+        )
+        await commit_settled(self.store, Checkpoint.between(None, run, (event,)))
+        return run
+
+    def child_kernel(
+        self,
+        tools: Iterable[Tool],
+        *,
+        hooks: object | None = None,
+        middleware: Sequence[Middleware] = (),
+    ) -> Kernel:
+        """A kernel for child runs: other tools, hooks and middleware over this kernel's
+        store and providers (closing it closes neither), with its dispatch and leases."""
+        return Kernel(
+            self.store,
+            tools=tools,
+            providers=self.registry.shared(),
+            hooks=hooks,
+            middleware=middleware,
+            dispatch=self.dispatch,
+            max_turns=self.max_turns,
+            lease_ttl=self.lease_ttl,
+            busy_timeout=self.busy_timeout,
+        )
+
+    async def children(self, run_id: str) -> list[Run]:
+        """The child runs started by the run's calls of this kernel's ``delegate`` tools,
+        in call order (calls whose child was never started are left out)."""
+        run = await self.store.load(run_id)
+        return await child_runs(
+            self.store, run, delegates=lambda name: isinstance(self.tools.get(name), DelegateTool)
+        )
+
+    async def delete(self, run_id: str, *, children: bool = False) -> list[str]:
+        """Delete a run with all its revisions and events; returns the ids deleted.
+
+        A run with child runs raises ``RunHasChildren`` unless ``children=True``, which
+        deletes its whole subtree (the deepest runs first).
+        """
+        tree = await run_tree(self.store, run_id)
+        descendants = [run.run_id for _, run in tree[1:]]
+        if descendants and not children:
+            raise RunHasChildren(run_id, descendants)
+        deleted = []
+        for _, run in reversed(tree):
+            if await self.store.delete(run.run_id):
+                deleted.append(run.run_id)
+        return deleted
+
+    # -- driving -----------------------------------------------------------------
+
+    async def run(self, run_id: str, *messages: Message | str) -> AsyncIterator[Event]:
+        """Drive the run until it is paused, failed or completed, yielding its events.
+
+        Starts a new run or resumes one from its last commit. Live events
+        (``text_delta`` ...) are yielded as they happen, persisted ones after their
+        commit. Closing the generator or cancelling the task stops the run cleanly.
+
+        ``messages`` are new input to a run at rest, as ``send`` takes them (a string
+        is a user message): ``run(run_id, "next question")`` does what ``send`` then
+        ``run`` do with one load of the run, and the input lands in the drive's first
+        commit (with the next turn's start), so a crash before it leaves no input.
+        """
+        new_input = _as_messages(messages) if messages else ()
+        with telemetry.drive_span(run_id) as span:
+            async with self._driver(run_id) as driver:
+                span.watch(driver)
+                keep = False
+                if new_input:
+                    _check_input(driver.run)
+                    driver.stage("input", messages=new_input)
+                try:
+                    while not driver.run.is_terminal:
+                        async for event in driver.advance():
+                            yield event
+                except StoreError:
+                    keep = True  # the store failed: calls go on, their results wait for a drive
+                    raise
+                except (Exception, asyncio.CancelledError, GeneratorExit):
+                    raise  # stopped: results in hand stay with the driver for the next drive
+                except BaseException:
+                    driver.forget()  # the process is going down (an injected crash, an exit)
+                    raise
+                finally:
+                    if not keep:
+                        await driver.stop_tasks()
+                    driver.model_claim = None
+
+    async def step(self, run_id: str) -> list[Event]:
+        """Perform the effects up to the next commit and land it; returns its events.
+
+        One step is one commit: the transitions between two effect boundaries (see
+        ``run``'s note on commits); with eager dispatch, the step that reads the model's
+        answer also commits the intent of each call started while the answer streamed.
+        Tool calls started by a step keep running in the background; a later step
+        commits their results.
+        """
+        async with self._driver(run_id) as driver:
+            return [event async for event in driver.advance()]
+
+    async def submit(self, run_id: str, *, queue: str = "default") -> str:
+        """Hand the run to workers (``statekernel worker``): enqueue it on ``queue``.
+
+        Needs a store with run queues (``RunQueues``: Redis, where the queue lives next
+        to the runs); returns the entry id.
+        """
+        if not isinstance(self.store, RunQueues):
+            raise ConfigError(
+                "submit needs a Redis store (redis:// or rediss://), one with run queues,"
+                f" not {type(self.store).__name__}"
+            )
+        return await self.store.submit(run_id, queue)
+
+    @contextlib.asynccontextmanager
+    async def _driver(self, run_id: str) -> AsyncIterator[RunDriver]:
+        driver, fresh = await self._claim(run_id)
+        waited = driver.lock.locked()
+        driver.users += 1
+        try:
+            async with driver.lock:
+                try:
+                    if not fresh or waited:  # a driver just built from the head needs no reload
+                        await driver.reset(await self.store.load(run_id))
+                    yield driver
+                finally:
+                    last = driver.users == 1  # no other task waits for this driver
+                    if last and not driver.busy and self._drivers.get(run_id) is driver:
+                        del self._drivers[run_id]
+        finally:
+            driver.users -= 1
+            if not driver.users and not driver.busy and self._drivers.get(run_id) is not driver:
+                await self._release(driver)
+
+    async def _claim(self, run_id: str) -> tuple[RunDriver, bool]:
+        """This kernel's driver of the run, holding the run's lease; True if just built.
+
+        Waits up to ``busy_timeout`` while another owner holds the lease.
+        """
+        lease = await self._acquire(run_id, share=True)
+        if lease is None:
+            return self._drivers[run_id], False
+        try:
+            loaded = await self.store.load(run_id)
+        except BaseException:
+            await self._release_lease(lease)
+            raise
+        driver = RunDriver(self, loaded, lease)
+        self._drivers[run_id] = driver
+        self._keep_renewing()
+        return driver, True
+
+    async def _acquire(self, run_id: str, *, share: bool) -> Lease | None:
+        """The run's lease for this kernel (None: a driver of this kernel holds it and
+        ``share`` allows using that driver), after waiting for another owner if need be."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        delay = 0.01
+        told = False
+        while True:
+            driver = self._drivers.get(run_id)
+            if share and driver is not None and not driver.lost:
+                return None
+            try:
+                return await self._acquire_once(run_id)
+            except RunBusy as busy:
+                waited = loop.time() - started
+                if waited + delay > self.busy_timeout:
+                    raise RunBusy(run_id, busy.owner, waited) from None
+                if not told:  # said once, so a wait is never silent
+                    told = True
+                    _log.warning(
+                        "run %s is held by %s; waiting up to %.0f s for it",
+                        run_id,
+                        busy.owner,
+                        self.busy_timeout,
+                        extra={"run_id": run_id},
+                    )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+    async def _acquire_once(self, run_id: str) -> Lease:
+        """One attempt at the run's lease; a lease given to a cancelled caller goes back."""
+        task = asyncio.ensure_future(self.store.acquire(run_id, self.owner, ttl=self.lease_ttl))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await wait_ended([task])
+            if not task.cancelled() and task.exception() is None:
+                await self._release_lease(task.result())
+            raise
+
+    async def _commit_held(self, driver: RunDriver) -> None:
+        """Commit the results a driver still holds before it lets the run go (else the
+        next owner would find those calls uncertain); a store that fails leaves them so."""
+        if driver.lock.locked():
+            return  # a drive of another task still has it: that drive commits them
+        with contextlib.suppress(StatekernelError):
+            if driver.outcomes and not driver.lost and driver.run.state == "dispatching_tools":
+                await driver.commit_outcomes()
+
+    async def _release(self, driver: RunDriver) -> None:
+        lease = driver.lease
+        driver.lost = True  # a drive still using it (aclose meanwhile) commits nothing more
+        if lease is not None:
+            await self._release_lease(lease)
+
+    async def _release_lease(self, lease: Lease) -> None:
+        with contextlib.suppress(StatekernelError):  # an unreleased lease only expires later
+            await self.store.release(lease)
+
+    def _keep_renewing(self) -> None:
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.ensure_future(self._renew_leases())
+
+    async def _renew_leases(self) -> None:
+        """Renew the leases of the runs this kernel drives, every third of their ttl."""
+        while self._drivers:
+            await asyncio.sleep(self.lease_ttl / 3)
+            for driver in list(self._drivers.values()):
+                lease = driver.lease
+                if lease is None or driver.lost:
+                    continue
+                try:
+                    await self.store.renew(lease, ttl=self.lease_ttl)
+                except LeaseLost:
+                    driver.lost = True  # its next commit is refused; nothing it holds is lost
+                    log_lease_lost(driver.run.run_id, driver.run.revision, "renewal refused")
+                except StatekernelError:
+                    continue  # the store is unreachable now: try again next round
+
+    @contextlib.asynccontextmanager
+    async def _fresh(self, run_id: str) -> AsyncIterator[RunDriver]:
+        """A one-off driver at the stored head, for commands (send, resume, ...).
+
+        It commits under the run's lease: the lease of this kernel's own driver of the
+        run if there is one (commands do not wait for a ``run`` generator that may be
+        suspended at a ``yield`` in the caller's own loop: a driver overtaken by a
+        command reloads or gets ``ConflictError``), else a lease of its own, taken after
+        waiting for another owner and given back at the end.
+        """
+        lease = await self._acquire(run_id, share=True)
+        owned = lease is not None
+        if lease is None:
+            lease = self._drivers[run_id].lease
+        try:
+            driver = RunDriver(self, await self.store.load(run_id), lease)
+            yield driver
+        finally:
+            if owned and lease is not None:
+                await self._release_lease(lease)
+
+    # -- acting on a run ---------------------------------------------------------
+
+    async def get(self, run_id: str) -> Run:
+        """The run at its last committed revision."""
+        return await self.store.load(run_id)
+
+    async def events(self, run_id: str, *, after_revision: int = -1) -> list[Event]:
+        """The run's persisted events after ``after_revision``."""
+        return await self.store.events(run_id, after_revision=after_revision)
+
+    async def send(self, run_id: str, *messages: Message | str) -> Run:
+        """New input (a string is a user message) to a completed or paused run."""
+        if not messages:
+            raise InvalidArgument("send needs at least one message")
+        async with self._fresh(run_id) as driver:
+            _check_input(driver.run)
+            await driver.commit("input", messages=_as_messages(messages))
+            return driver.run
+
+    async def resume(
+        self, run_id: str, *, value: JSON = _MISSING, max_turns: int | None = None
+    ) -> Run:
+        """Resume a paused run; ``value`` (default None) reaches hooks as
+        ``run.resume_value``.
+
+        A run paused with ``input_required`` (a tool asked, see ``NeedsInput``) takes
+        ``value`` as the answer, which must be given: it must satisfy the question's
+        schema (``InvalidArgument`` otherwise, and nothing is committed) and becomes the
+        asking call's result, committed with the resume.
+
+        ``max_turns`` raises the turn budget (a run paused for ``max_turns`` needs it).
+
+        A run paused on uncertain calls that were all resolved (a crash came between the
+        last ``resolve_tool_call`` and the resume it commits) goes on with those answers.
+        """
+        given = value is not _MISSING
+        value = checked(value, "value") if given else None
+        async with self._fresh(run_id) as driver:
+            pause = driver.run.pause
+            answered = _all_resolved(pause) if driver.run.state == "paused" else None
+            if answered is not None and not given:
+                value = {"resolutions": answered}
+            if driver.run.state == "paused" and pause and pause.reason == INPUT_REQUIRED:
+                if not given:
+                    raise InvalidArgument(
+                        f"run {run_id!r} waits for an answer to {pause.metadata.get('question')!r}"
+                        f" (a call of tool {pause.metadata.get('name')!r}): give it as value="
+                    )
+                await driver.answer(pause, value, max_turns)
+            else:
+                await driver.commit("resume", value=value, max_turns=max_turns)
+            return driver.run
+
+    async def retry(self, run_id: str) -> Run:
+        """Return a failed run to the state it failed in."""
+        async with self._fresh(run_id) as driver:
+            await driver.commit("retry")
+            return driver.run
+
+    async def resolve_tool_call(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        output: JSON = _MISSING,
+        error: str | None = None,
+        rerun: bool = False,
+    ) -> Run:
+        """Say what happened to a call left in flight by a crash: exactly one of
+        ``output=``, ``error=`` or ``rerun=True``. When every uncertain call of the
+        pause is resolved, the run resumes.
+        """
+        given = (output is not _MISSING) + (error is not None) + bool(rerun)
+        if given != 1:
+            raise InvalidArgument("give exactly one of output=, error= or rerun=True")
+        if error is not None and type(error) is not str:
+            raise InvalidArgument(f"error: {type(error).__name__} is not str")
+        resolution: dict[str, JSON] = (
+            {"rerun": True}
+            if rerun
+            else {"error": error}
+            if error is not None
+            else {"output": checked(output, "output")}
+        )
+        async with self._fresh(run_id) as driver:
+            run = driver.run
+            pause = run.pause
+            if run.state != "paused" or pause is None or pause.reason != UNCERTAIN:
+                raise InvalidTransition("resolve_tool_call", run.state, "no uncertain tool calls")
+            attempts = {c["id"]: c["attempt"] for c in pause.metadata.get("calls", [])}
+            if call_id not in attempts:
+                raise InvalidArgument(f"{call_id!r} is not an uncertain call of run {run_id!r}")
+            # a resolution answers for one attempt: a re-run that is itself interrupted
+            # leaves a new attempt in flight, which needs a new answer
+            resolution["attempt"] = attempts[call_id]
+            resolutions = {**pause.metadata.get("resolutions", {}), call_id: resolution}
+            metadata = {**pause.metadata, "resolutions": resolutions}
+            updated = attrs.evolve(
+                run, pause=attrs.evolve(pause, metadata=metadata), updated_at=utcnow()
+            )
+            data = {"call_id": call_id, "resolution": resolution}
+            await driver.commit_data(updated, "tool_call_resolved", data)
+            if _all_resolved(driver.run.pause) is not None:  # every call answered: go on
+                await driver.commit("resume", value={"resolutions": resolutions}, max_turns=None)
+            return driver.run
+
+    async def update_context(
+        self, run_id: str, fn: Callable[[JSON], Any], *, attempts: int = 5
+    ) -> Run:
+        """Replace the run's context with ``fn(context)`` (sync or async), compare-and-set.
+
+        ``fn`` gets a deep copy; on a concurrent commit it is called again on the
+        newer context, up to ``attempts`` times, then ``ConflictError`` is raised.
+        ``attempts`` below 1 is ``InvalidArgument``.
+        """
+        if type(attempts) is not int or attempts < 1:
+            raise InvalidArgument(f"attempts must be an int of at least 1, got {attempts!r}")
+        for attempt in range(attempts):
+            async with self._fresh(run_id) as driver:
+                run = driver.run
+                new = fn(copy.deepcopy(run.context))
+                if inspect.isawaitable(new):
+                    new = await new
+                new = checked(new, "context")
+                updated = attrs.evolve(run, context=new, updated_at=utcnow())
+                try:
+                    await driver.commit_data(updated, "context_updated", {})
+                except ConflictError:
+                    if attempt == attempts - 1:
+                        raise
+                    await asyncio.sleep(0)
+                    continue
+                return driver.run
+        raise AssertionError("unreachable")
+
+
+def _check_input(run: Run) -> None:
+    """Refuse input to a run whose uncertain tool calls must be resolved first."""
+    pause = run.pause
+    if run.state == "paused" and pause is not None and pause.reason == UNCERTAIN:
+        calls = ", ".join(repr(c.get("id")) for c in pause.metadata.get("calls", []))
+        raise InvalidTransition(
+            "input",
+            "paused",
+            f"tool calls {calls} of run {run.run_id!r} may or may not have run: say what"
+            " happened with resolve_tool_call first",
+        )
+
+
+def _as_messages(messages: Iterable[Message | str]) -> tuple[Message, ...]:
+    out = []
+    for m in messages:
+        if isinstance(m, str):
+            out.append(Message.user(m))
+        elif isinstance(m, Message):
+            out.append(m)
+        else:
+            raise InvalidArgument(f"not a message: {m!r}")
+    check_messages(out)
+    return tuple(out)
+
+
+def _all_resolved(pause: PauseInfo | None) -> dict[str, JSON] | None:
+    """The resolutions of a pause on uncertain calls once every call has one, else None."""
+    if pause is None or pause.reason != UNCERTAIN or not isinstance(pause.metadata, dict):
+        return None
+    calls = {c["id"] for c in pause.metadata.get("calls", [])}
+    resolutions = pause.metadata.get("resolutions", {})
+    if not isinstance(resolutions, dict) or not calls <= set(resolutions):
+        return None
+    return resolutions
+
+
+def _check_run_id(run_id: str) -> None:
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        raise InvalidArgument(
+            f"invalid run id {run_id!r}: 1-128 characters of letters, digits, '.', '_', ':', '-'"
+        )

@@ -1,0 +1,227 @@
+"""The model provider protocol, the provider-neutral stream parts and their assembly."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from typing import Protocol, TypeAlias, runtime_checkable
+
+import attrs
+
+from statekernel._records.messages import (
+    FinishReason,
+    Message,
+    ModelRequest,
+    ModelResult,
+    ReasoningPart,
+    TextPart,
+    ToolCall,
+    Usage,
+)
+from statekernel.errors import ProviderError
+
+__all__ = [
+    "StreamEnd",
+    "ModelProvider",
+    "ReasoningDelta",
+    "ResultBuilder",
+    "StreamPart",
+    "TextDelta",
+    "ToolCallDelta",
+    "ToolCallDone",
+    "UsageUpdate",
+    "assemble",
+]
+
+
+@attrs.frozen
+class TextDelta:
+    """A piece of answer text."""
+
+    text: str
+
+
+@attrs.frozen
+class ReasoningDelta:
+    """A piece of reasoning text; ``signature`` arrives with the last piece of a block.
+
+    A ``redacted`` delta is a whole block the provider keeps encrypted: its opaque
+    data is the ``signature`` and must be sent back unchanged.
+    """
+
+    text: str
+    signature: str | None = None
+    redacted: bool = False
+
+
+@attrs.frozen
+class ToolCallDelta:
+    """A fragment of a tool call's argument JSON, keyed by the call's position ``index``."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@attrs.frozen
+class ToolCallDone:
+    """A complete tool call (providers that deliver calls whole, or after assembly)."""
+
+    call: ToolCall
+
+
+@attrs.frozen
+class UsageUpdate:
+    """Token usage reported by the provider; later reports replace earlier ones field-wise."""
+
+    usage: Usage
+
+
+@attrs.frozen
+class StreamEnd:
+    """The end of the stream with a normalized finish reason."""
+
+    reason: FinishReason
+    model: str | None = None
+
+
+StreamPart: TypeAlias = (
+    TextDelta | ReasoningDelta | ToolCallDelta | ToolCallDone | UsageUpdate | StreamEnd
+)
+
+
+@runtime_checkable
+class ModelProvider(Protocol):
+    """Streams a ``ModelRequest`` as provider-neutral parts.
+
+    The stream ends with a ``StreamEnd``. Failures raise the ``ProviderError`` tree.
+    """
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[StreamPart]:
+        """Send ``request`` and yield its parts as they arrive."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the provider's HTTP client or server."""
+        ...
+
+
+class ResultBuilder:
+    """Assembles stream parts into a ``ModelResult`` (tool calls from split deltas)."""
+
+    def __init__(self) -> None:
+        self._text: list[str] = []
+        self._reasoning: list[ReasoningPart] = []
+        self._reasoning_text: list[str] = []
+        self._calls: dict[int, list[str | None]] = {}
+        self._args: dict[int, list[str]] = {}
+        self._done: list[ToolCall] = []
+        self._usage = Usage()
+        self._finish: FinishReason | None = None
+        self._model: str | None = None
+
+    def add(self, part: StreamPart) -> None:
+        """Fold one part into the result."""
+        if isinstance(part, TextDelta):
+            self._text.append(part.text)
+        elif isinstance(part, ReasoningDelta):
+            if part.redacted:
+                self._close_reasoning(None)
+                self._reasoning.append(ReasoningPart(part.text, part.signature, redacted=True))
+                return
+            self._reasoning_text.append(part.text)
+            if part.signature is not None:
+                self._close_reasoning(part.signature)
+        elif isinstance(part, ToolCallDelta):
+            slot = self._calls.setdefault(part.index, [None, None])
+            if part.id:
+                slot[0] = part.id
+            if part.name and not slot[1]:
+                slot[1] = part.name
+            self._args.setdefault(part.index, []).append(part.arguments)
+        elif isinstance(part, ToolCallDone):
+            self._done.append(part.call)
+        elif isinstance(part, UsageUpdate):
+            self._usage = _merge_usage(self._usage, part.usage)
+        elif isinstance(part, StreamEnd):
+            self._finish = part.reason
+            self._model = part.model or self._model
+
+    def complete_calls(self) -> list[ToolCall]:
+        """The calls whose arguments have finished streaming, in call order, while the
+        answer still streams: a call is complete when a later call began, when it came
+        whole, or when its arguments form a whole JSON object. Stops at the first call
+        not yet complete. An id the provider left out is given now (and kept)."""
+        done: list[ToolCall] = []
+        indices = sorted(self._calls)
+        for n, index in enumerate(indices):
+            if n + 1 == len(indices) and not self._whole(index):
+                return done
+            done.append(self._call(index))
+        return [*done, *self._done]
+
+    def _whole(self, index: int) -> bool:
+        pieces = self._args.get(index, [])
+        if not pieces or not pieces[-1].rstrip().endswith("}"):
+            return False
+        try:
+            return isinstance(json.loads("".join(pieces)), dict)
+        except ValueError:
+            return False
+
+    def _call(self, index: int) -> ToolCall:
+        slot = self._calls[index]
+        call_id = slot[0] = slot[0] or f"call_{uuid.uuid4().hex[:24]}"
+        return ToolCall(id=call_id, name=slot[1] or "", arguments="".join(self._args[index]))
+
+    def so_far(self, calls: list[ToolCall]) -> Message:
+        """The answer streamed so far, ending with ``calls`` (the closed reasoning blocks
+        and the text, then the calls)."""
+        text = "".join(self._text)
+        said = (TextPart(text),) if text else ()
+        return Message("assistant", (*self._reasoning, *said, *calls))
+
+    def _close_reasoning(self, signature: str | None) -> None:
+        if self._reasoning_text or signature:
+            self._reasoning.append(ReasoningPart("".join(self._reasoning_text), signature or None))
+        self._reasoning_text = []
+
+    def result(self) -> ModelResult:
+        """The assembled result; tool calls ordered by index, then whole calls.
+
+        A stream that ended without a ``StreamEnd`` is incomplete: ``ProviderError``.
+        """
+        if self._finish is None:
+            raise ProviderError(
+                "the model's stream ended without a StreamEnd part (incomplete answer)"
+            )
+        self._close_reasoning(None)
+        calls = [self._call(index) for index in sorted(self._calls)]
+        calls.extend(self._done)
+        text = "".join(self._text)
+        content = (*self._reasoning, *((TextPart(text),) if text else ()), *calls)
+        finish = self._finish
+        if calls and finish == "stop":
+            finish = "tool_calls"
+        return ModelResult(Message("assistant", content), self._usage, finish, self._model)
+
+
+def _merge_usage(old: Usage, new: Usage) -> Usage:
+    return Usage(
+        *(n if n else o for o, n in zip(attrs.astuple(old), attrs.astuple(new), strict=True))
+    )
+
+
+def assemble(parts: Iterable[StreamPart]) -> ModelResult:
+    """A ``ModelResult`` from a complete sequence of stream parts."""
+    builder = ResultBuilder()
+    for part in parts:
+        builder.add(part)
+    return builder.result()
+
+
+def tool_call_arguments_json(arguments: object) -> str:
+    """Arguments given as an object (Anthropic, Ollama) as compact JSON text."""
+    return json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)

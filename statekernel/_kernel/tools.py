@@ -1,0 +1,289 @@
+"""``@statekernel.tool``: typed Python functions as tools the model can call."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, overload
+
+import attrs
+import cattrs
+
+from statekernel._kernel.schema import parse_docstring, schema_for, strict_converter
+from statekernel._kernel.waiting import wait_ended
+from statekernel._records.convert import converter as record_converter
+from statekernel._records.messages import JSON, ToolSpec
+from statekernel._records.values import as_stored
+from statekernel.errors import ConfigError, ToolError
+
+__all__ = ["Tool", "ToolContext", "ToolOutput", "tool"]
+
+_ARGS = strict_converter()
+
+
+@attrs.frozen
+class ToolContext:
+    """What a tool may know about the call it serves (add a ``ctx: ToolContext`` parameter).
+
+    ``idempotency_key`` is ``f"{run_id}:{call_id}"``: the same on every attempt of one
+    call, so an idempotent tool can pass it to the service it calls.
+    """
+
+    run_id: str
+    call_id: str
+    attempt: int
+    context: JSON
+    report: Callable[[JSON], None] = attrs.field(repr=False, default=lambda _: None)
+    kernel: Any = attrs.field(repr=False, default=None)
+    """The ``Kernel`` driving the call (None outside a kernel): its store and providers."""
+
+    @property
+    def idempotency_key(self) -> str:
+        """A key stable across re-runs of this call."""
+        return f"{self.run_id}:{self.call_id}"
+
+
+@attrs.frozen
+class ToolOutput:
+    """A tool's result with a change to the run's context.
+
+    Return ``ToolOutput(output, context={...})`` from a tool: ``output`` is the result
+    the model sees; ``context`` is a JSON Merge Patch (RFC 7396: keys set, nested
+    objects merged, ``None`` removes a key) committed with the result, in the same
+    commit, and applied to ``run.context`` when every call of the turn has completed,
+    in the order the model made the calls, whatever order they finished in. The next
+    turn's hooks (from ``on_turn_prepared`` on) see the patched context.
+    """
+
+    output: JSON = None
+    context: JSON = None
+
+
+@attrs.frozen
+class Tool:
+    """A callable tool: its spec for the model, its validator and its dispatch flags."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    fn: Callable[..., Any] = attrs.field(repr=False)
+    arguments_type: type = attrs.field(repr=False)
+    context_param: str | None = None
+    idempotent: bool = False
+    concurrency_safe: bool = True
+    timeout: float | None = None
+
+    @property
+    def spec(self) -> ToolSpec:
+        """The tool as the model sees it."""
+        return ToolSpec(self.name, self.description, self.parameters)
+
+    def validate(self, arguments: JSON) -> dict[str, Any]:
+        """Check and structure the model's arguments; raises ``ToolError`` explaining why not."""
+        if not isinstance(arguments, dict):
+            raise ToolError(f"arguments for {self.name} must be a JSON object")
+        try:
+            structured: Any = _ARGS.structure(arguments, self.arguments_type)
+        except cattrs.BaseValidationError as exc:
+            problems = "; ".join(cattrs.transform_error(exc))
+            raise ToolError(f"invalid arguments for {self.name}: {problems}") from exc
+        except (TypeError, ValueError) as exc:
+            raise ToolError(f"invalid arguments for {self.name}: {exc}") from exc
+        return {f.name: getattr(structured, f.name) for f in attrs.fields(self.arguments_type)}
+
+    async def invoke(self, arguments: JSON, ctx: ToolContext) -> JSON:
+        """Validate, call (with ``timeout``) and return JSON-able output (a
+        ``ToolOutput`` of JSON-able parts when the tool returned one).
+
+        A sync function runs in a thread of the loop's default executor. Cancelling
+        the call then waits for the thread to return (a thread cannot be stopped), so
+        a cancelled call has always ended. A timeout does not wait: the thread may go
+        on and its result is dropped.
+        """
+        kwargs = self.validate(arguments)
+        if self.context_param:
+            kwargs[self.context_param] = ctx
+        if _is_async(self.fn):
+            result = await self._awaited(self.fn(**kwargs))
+        else:
+            result = await self._in_thread(kwargs)
+            if inspect.isawaitable(result):
+                result = await self._awaited(result)
+        if isinstance(result, ToolOutput):
+            return ToolOutput(_jsonable(self.name, result.output), _patch(self.name, result))
+        return _jsonable(self.name, result)
+
+    async def _awaited(self, result: Any) -> Any:
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await result
+        except TimeoutError as exc:
+            raise self._timed_out() from exc
+
+    async def _in_thread(self, kwargs: dict[str, Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        call = functools.partial(contextvars.copy_context().run, self.fn, **kwargs)
+        future = loop.run_in_executor(None, call)
+        future.add_done_callback(_retrieve)
+        try:
+            done, _ = await asyncio.wait({future}, timeout=self.timeout)
+        except asyncio.CancelledError:
+            await wait_ended([future])
+            raise
+        if not done:
+            raise self._timed_out()
+        return future.result()
+
+    def _timed_out(self) -> ToolError:
+        """The error of a call that did not finish in time: a non-idempotent call may
+        have had its effect (or may still have it), and the words must say so."""
+        if self.idempotent:
+            return ToolError(f"{self.name} timed out after {self.timeout} s")
+        return ToolError(
+            f"outcome unknown: {self.name} timed out after {self.timeout} s; it may have run"
+        )
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    call = getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark the outcome of a thread nobody waits for any more as seen."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _jsonable(name: str, value: Any) -> JSON:
+    stored, problem = as_stored(record_converter.unstructure(value), "output")
+    if problem is not None:
+        raise ToolError(f"{name} returned a value that is not JSON: {problem}")
+    return stored
+
+
+def _patch(name: str, result: ToolOutput) -> JSON:
+    patch = result.context
+    if patch is not None and type(patch) is not dict:
+        raise ToolError(f"{name} returned a context patch that is not a JSON object")
+    stored, problem = as_stored(patch, "context")
+    if problem is not None:
+        raise ToolError(f"{name} returned a context patch that is not JSON: {problem}")
+    return stored
+
+
+def _build(
+    fn: Callable[..., Any],
+    name: str | None,
+    description: str | None,
+    idempotent: bool,
+    concurrency_safe: bool,
+    timeout: float | None,
+) -> Tool:
+    if name is None and fn.__name__ == "<lambda>":
+        raise ConfigError("a tool made from a lambda needs a name: tool(name=...)(lambda ...)")
+    hints = typing.get_type_hints(fn)
+    summary, docs = parse_docstring(fn.__doc__)
+    params = inspect.signature(fn).parameters
+    unknown = [p for p in docs if p not in params]
+    if unknown:
+        raise ConfigError(
+            f"tool {name or fn.__name__}: its docstring describes {', '.join(map(repr, unknown))} "
+            f"under Args:, which is not a parameter (parameters: {', '.join(params) or 'none'})"
+        )
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    fields: dict[str, Any] = {}
+    optional: dict[str, Any] = {}
+    context_param = None
+    for pname, param in inspect.signature(fn).parameters.items():
+        hint = hints.get(pname, Any)
+        if ToolContext in (hint, *typing.get_args(hint)):
+            context_param = pname
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ConfigError(f"tool {fn.__name__}: *args/**kwargs cannot be described to a model")
+        try:
+            schema = schema_for(hint)
+        except TypeError as exc:
+            raise ConfigError(f"tool {fn.__name__}, parameter {pname!r}: {exc}") from exc
+        if pname in docs:
+            schema = {**schema, "description": docs[pname]}
+        properties[pname] = schema
+        if param.default is param.empty:
+            required.append(pname)
+            fields[pname] = attrs.field(type=hint)
+        else:
+            optional[pname] = attrs.field(type=hint, default=param.default)
+    arguments_type = attrs.make_class(
+        f"{fn.__name__}_arguments", {**fields, **optional}, frozen=True
+    )
+    parameters: dict[str, Any] = {"type": "object", "properties": properties}
+    parameters["required"] = required
+    parameters["additionalProperties"] = False
+    return Tool(
+        name=name or fn.__name__,
+        description=description if description is not None else summary,
+        parameters=parameters,
+        fn=fn,
+        arguments_type=arguments_type,
+        context_param=context_param,
+        idempotent=idempotent,
+        concurrency_safe=concurrency_safe,
+        timeout=timeout,
+    )
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    idempotent: bool = False,
+    concurrency_safe: bool = True,
+    timeout: float | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    idempotent: bool = False,
+    concurrency_safe: bool = True,
+    timeout: float | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Turn a (sync or async) function into a ``Tool``.
+
+    The JSON schema comes from the type hints, the description and parameter
+    descriptions from the docstring (Google style ``Args:``). ``idempotent`` tools
+    are re-run on resume; ``concurrency_safe=False`` tools run alone; ``timeout``
+    (seconds) turns a slow call into an error result.
+    """
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return _build(f, name, description, idempotent, concurrency_safe, timeout)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def tools_by_name(tools: Mapping[str, Tool] | list[Tool] | tuple[Tool, ...]) -> dict[str, Tool]:
+    """Tools keyed by name; a duplicate name raises ``ConfigError``."""
+    found: dict[str, Tool] = {}
+    for t in tools.values() if isinstance(tools, Mapping) else tools:
+        if not isinstance(t, Tool):
+            raise ConfigError(f"not a tool: {t!r} (decorate it with @statekernel.tool)")
+        if t.name in found:
+            raise ConfigError(f"two tools are named {t.name!r}")
+        found[t.name] = t
+    return found

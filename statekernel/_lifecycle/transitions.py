@@ -1,0 +1,410 @@
+"""Pure transition actions: (run, payload) -> (next run, events to persist).
+
+No I/O here. The lifecycle chart calls these from its transition callbacks; the
+chart itself moves ``Run.state``. Each function returns the run *without* the new
+state, revision or event count, which the lifecycle sets once the chart accepted
+the transition.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import attrs
+
+from statekernel._records.messages import JSON, Message, ModelRequest, ModelResult, ToolCall
+from statekernel._records.run import FailureInfo, PauseInfo, Run, ToolCallRecord, Turn
+from statekernel._records.values import merge_patch, parse_json
+
+__all__ = ["Effects", "Refused", "parse_call", "tool_result_text"]
+
+Effects = tuple[Run, list[tuple[str, dict[str, Any]]]]
+"""A transition's outcome: the next run and the (type, data) of its events."""
+
+
+class Refused(ValueError):
+    """The run does not allow this transition with this payload (the lifecycle reports
+    it as ``InvalidTransition``); any other exception from a transition is a bug."""
+
+
+NOT_RUN = "not run: {why}"
+OUTCOME_UNKNOWN = "outcome unknown: {why}; it may or may not have run"
+
+
+def tool_result_text(record: ToolCallRecord) -> str:
+    """The text fed back to the model for a completed call."""
+    if record.error is not None:
+        return record.error
+    if isinstance(record.output, str):
+        return record.output
+    return json.dumps(record.output, ensure_ascii=False, separators=(",", ":"))
+
+
+def _turn(run: Run) -> Turn:
+    if run.current_turn is None:
+        raise Refused("no turn in progress")
+    return run.current_turn
+
+
+def parse_call(arguments: str) -> JSON:
+    """The arguments as a JSON object, or None (the call then gets an error result)."""
+    if not arguments.strip():
+        return {}
+    value, problem = parse_json(arguments, "arguments")
+    return value if problem is None and isinstance(value, dict) else None
+
+
+def _unique_calls(result: ModelResult, index: int) -> tuple[ModelResult, dict[str, str]]:
+    """``result`` with every tool call id unique and non-empty, and {new id: original}.
+
+    A model may repeat an id or leave it empty; such a call is given ``call_<turn>_<n>``
+    (its position in the answer), so the same answer always gets the same ids. The
+    assistant message carries the new ids, so each tool result names a call of it.
+    """
+    calls = result.tool_calls
+    taken = {c.id for c in calls}
+    seen: set[str] = set()
+    renamed: dict[str, str] = {}
+    fixed: list[ToolCall] = []
+    for n, call in enumerate(calls):
+        if call.id and call.id not in seen:
+            seen.add(call.id)
+            fixed.append(call)
+            continue
+        new_id, k = f"call_{index}_{n}", 0
+        while new_id in taken or new_id in seen:
+            k += 1
+            new_id = f"call_{index}_{n}_{k}"
+        seen.add(new_id)
+        renamed[new_id] = call.id
+        fixed.append(attrs.evolve(call, id=new_id))
+    if not renamed:
+        return result, renamed
+    replacements = iter(fixed)
+    content = tuple(
+        next(replacements) if isinstance(p, ToolCall) else p for p in result.message.content
+    )
+    message = attrs.evolve(result.message, content=content)
+    return attrs.evolve(result, message=message), renamed
+
+
+def start(run: Run, at: datetime) -> Effects:
+    """init -> preparing_turn."""
+    return run, [("run_started", {"model": run.model})]
+
+
+def turn_prepared(run: Run, request: ModelRequest, at: datetime) -> Effects:
+    """preparing_turn -> calling_model: the exact request of a new turn is fixed."""
+    index = len(run.turns)
+    turn = Turn(index=index, request=request)
+    data = {"index": index, "model": request.model, "messages": len(request.messages)}
+    data["tools"] = [t.name for t in request.tools]
+    return attrs.evolve(run, current_turn=turn), [
+        ("turn_started", {"index": index}),
+        ("turn_prepared", data),
+    ]
+
+
+def model_started(run: Run, at: datetime) -> Effects:
+    """calling_model self-transition: the intent to call the model is committed."""
+    turn = _turn(run)
+    kind = "model_restarted" if turn.model_attempts else "model_started"
+    turn = attrs.evolve(turn, model_attempts=turn.model_attempts + 1)
+    data = {"index": turn.index, "attempt": turn.model_attempts}
+    return attrs.evolve(run, current_turn=turn), [(kind, data)]
+
+
+def model_completed(
+    run: Run, result: ModelResult, finish: str | None, then_pause: PauseInfo | None, at: datetime
+) -> Effects:
+    """calling_model -> dispatching_tools | preparing_turn | completed.
+
+    Calls that started while the answer streamed (eager dispatch) keep their place: they
+    are the answer's first calls, whatever the final answer says there."""
+    turn = _turn(run)
+    result = _with_started(result, turn)
+    return _answered(run, turn, result, finish, then_pause, {})
+
+
+def answer_cut_off(run: Run, reason: str, at: datetime) -> Effects:
+    """calling_model -> dispatching_tools: the answer stopped streaming (its stream failed,
+    or the drive that read it stopped) after calls it asked for had started. The answer
+    committed with them is the turn's answer; the calls finish as any others do."""
+    turn = _turn(run)
+    if turn.partial is None:
+        raise Refused("no answer was cut off: no call started while the model streamed")
+    result = ModelResult(turn.partial, finish_reason="tool_calls")
+    return _answered(run, turn, result, None, None, {"cut_off": reason})
+
+
+def _answered(
+    run: Run,
+    turn: Turn,
+    result: ModelResult,
+    finish: str | None,
+    then_pause: PauseInfo | None,
+    extra: dict[str, Any],
+) -> Effects:
+    result, renamed = _unique_calls(result, turn.index)
+    started = {r.id for r in turn.in_flight}
+    pending = tuple(
+        ToolCallRecord(id=c.id, name=c.name, arguments=c.arguments, input=parse_call(c.arguments))
+        for c in result.tool_calls
+        if c.id not in started
+    )
+    turn = attrs.evolve(turn, result=result, pending=pending, partial=None)
+    messages = run.messages.grow((result.message,))
+    run = attrs.evolve(run, messages=messages, usage=run.usage + result.usage)
+    calls = [
+        {"id": c.id, "name": c.name, "original_id": renamed[c.id]}
+        if c.id in renamed
+        else {"id": c.id, "name": c.name}
+        for c in result.tool_calls
+    ]
+    data = {"index": turn.index, "finish_reason": result.finish_reason, "tool_calls": calls}
+    events: list[tuple[str, dict[str, Any]]] = [("model_completed", {**data, **extra})]
+    if pending or turn.in_flight:
+        return attrs.evolve(run, current_turn=turn), events
+    return _close_turn(run, turn, events, finish, then_pause)
+
+
+def _with_started(result: ModelResult, turn: Turn) -> ModelResult:
+    """``result`` whose first tool calls are the calls already started (in the order
+    they started), followed by the calls it asked for that are not among them (the
+    same id, or the same tool and arguments as a started call not matched yet)."""
+    if turn.partial is None:
+        return result
+    started = list(turn.partial.tool_calls)
+    unmatched = list(started)
+    others: list[Any] = []
+    later: list[ToolCall] = []
+    for part in result.message.content:
+        if not isinstance(part, ToolCall):
+            others.append(part)
+            continue
+        same = next((c for c in unmatched if c.id == part.id), None) or next(
+            (c for c in unmatched if (c.name, c.arguments) == (part.name, part.arguments)), None
+        )
+        if same is not None:
+            unmatched.remove(same)
+        else:
+            later.append(part)
+    finish = result.finish_reason if result.finish_reason != "stop" else "tool_calls"
+    message = attrs.evolve(result.message, content=(*others, *started, *later))
+    return attrs.evolve(result, message=message, finish_reason=finish)
+
+
+def early_call_started(run: Run, partial: Message, call_input: JSON, at: datetime) -> Effects:
+    """calling_model self-transition (eager dispatch): the answer so far, ending with a
+    call whose arguments have finished streaming, and the intent to run that call are
+    committed together before it starts. The answer's earlier calls started before."""
+    turn = _turn(run)
+    if partial.role != "assistant" or not partial.tool_calls:
+        raise Refused("the answer so far must be an assistant message ending with a call")
+    fixed, _ = _unique_calls(ModelResult(partial, finish_reason="tool_calls"), turn.index)
+    calls = fixed.tool_calls
+    earlier = [c.id for c in calls[:-1]]
+    started = [r.id for r in turn.in_flight]
+    if earlier != started or turn.result is not None:
+        raise Refused(f"the calls started so far are {started}, the answer so far has {earlier}")
+    call = calls[-1]
+    record = ToolCallRecord(
+        id=call.id,
+        name=call.name,
+        arguments=call.arguments,
+        input=call_input,
+        attempt=1,
+        started_at=at,
+    )
+    turn = attrs.evolve(turn, partial=fixed.message, in_flight=(*turn.in_flight, record))
+    data = {"call_id": call.id, "name": call.name, "attempt": 1, "early": True}
+    return attrs.evolve(run, current_turn=turn), [("tool_call_started", data)]
+
+
+def _close_turn(
+    run: Run,
+    turn: Turn,
+    events: list[tuple[str, dict[str, Any]]],
+    finish: str | None,
+    then_pause: PauseInfo | None = None,
+) -> Effects:
+    turns = run.turns.grow((turn,))
+    run = attrs.evolve(run, turns=turns, current_turn=None, pending_pause=then_pause)
+    events.append(("turn_completed", {"index": turn.index}))
+    if finish is not None and then_pause is None:
+        events.append(("run_completed", {"reason": finish}))
+    return run, events
+
+
+def _move(
+    turn: Turn, ids: Sequence[str], sources: Sequence[str]
+) -> tuple[Turn, list[ToolCallRecord]]:
+    """Take the records with ``ids`` out of the ``sources`` lists of ``turn``."""
+    wanted = set(ids)
+    moved: list[ToolCallRecord] = []
+    lists: dict[str, tuple[ToolCallRecord, ...]] = {}
+    for name in sources:
+        records: tuple[ToolCallRecord, ...] = getattr(turn, name)
+        moved.extend(r for r in records if r.id in wanted)
+        lists[name] = tuple(r for r in records if r.id not in wanted)
+    if not wanted or len(moved) != len(wanted):
+        missing = wanted - {r.id for r in moved}
+        raise Refused(f"unknown or already finished tool calls: {sorted(missing)}")
+    return attrs.evolve(turn, **lists), moved  # type: ignore[arg-type]
+
+
+def tool_call_started(run: Run, call_ids: Sequence[str], call_input: JSON, at: datetime) -> Effects:
+    """dispatching_tools self-transition: the intent to run these calls is committed.
+
+    ``call_ids`` are one call and its identical duplicates; they run once, together.
+    Calls come from ``pending``, or from ``in_flight`` when an idempotent call re-runs.
+    """
+    turn = _turn(run)
+    turn, moved = _move(turn, call_ids, ("pending", "in_flight"))
+    moved = [attrs.evolve(r, input=call_input, attempt=r.attempt + 1, started_at=at) for r in moved]
+    turn = attrs.evolve(turn, in_flight=(*turn.in_flight, *moved))
+    events = [
+        ("tool_call_started", {"call_id": r.id, "name": r.name, "attempt": r.attempt})
+        for r in moved
+    ]
+    return attrs.evolve(run, current_turn=turn), events
+
+
+def tool_call_completed(
+    run: Run,
+    call_ids: Sequence[str],
+    output: JSON,
+    error: str | None,
+    resolved: bool,
+    context: JSON,
+    at: datetime,
+) -> Effects:
+    """dispatching_tools self-transition: calls finished (or were skipped) with a result.
+
+    ``resolved``: the result is an operator's answer about an uncertain call, not an
+    execution (the record and the event say so). ``context``: the tool's context patch,
+    kept on the record until the turn's calls have all completed (``tools_completed``).
+    """
+    turn = _turn(run)
+    turn, moved = _move(turn, call_ids, ("in_flight", "pending"))
+    moved = [
+        attrs.evolve(
+            r, output=output, error=error, finished_at=at, resolved=resolved, context_patch=context
+        )
+        for r in moved
+    ]
+    turn = attrs.evolve(turn, completed=(*turn.completed, *moved))
+    events: list[tuple[str, dict[str, Any]]] = []
+    for r in moved:
+        data: dict[str, Any] = {"call_id": r.id, "name": r.name, "is_error": error is not None}
+        if resolved:
+            data["resolved"] = True
+        if context is not None:
+            data["context"] = sorted(context) if type(context) is dict else []
+        events.append(("tool_call_completed", data))
+    return attrs.evolve(run, current_turn=turn), events
+
+
+def _in_call_order(turn: Turn) -> list[ToolCallRecord]:
+    """The turn's completed calls in the order the model made them."""
+    done = {r.id: r for r in turn.completed}
+    order = turn.result.tool_calls if turn.result is not None else ()
+    return [done[c.id] for c in order if c.id in done]
+
+
+def _result_messages(turn: Turn) -> tuple[Message, ...]:
+    return tuple(
+        Message.tool(r.id, r.name, tool_result_text(r), is_error=r.error is not None)
+        for r in _in_call_order(turn)
+    )
+
+
+def tools_completed(
+    run: Run, finish: str | None, then_pause: PauseInfo | None, at: datetime
+) -> Effects:
+    """dispatching_tools -> preparing_turn | completed: results go back in call order,
+    and the calls' context patches apply to the run's context in that order."""
+    turn = _turn(run)
+    if turn.pending or turn.in_flight:
+        raise Refused("tool calls are still pending or in flight")
+    context, patched = run.context, []
+    for record in _in_call_order(turn):
+        if record.context_patch is not None:
+            context = merge_patch(context, record.context_patch)
+            patched.append(record.id)
+    run = attrs.evolve(run, messages=run.messages.grow(_result_messages(turn)), context=context)
+    data: dict[str, Any] = {"index": turn.index, "calls": len(turn.completed)}
+    if patched:
+        data["context_patched_by"] = patched
+    events: list[tuple[str, dict[str, Any]]] = [("tools_completed", data)]
+    return _close_turn(run, turn, events, finish, then_pause)
+
+
+def pause(run: Run, reason: str, metadata: JSON, at: datetime) -> Effects:
+    """An active state -> paused, remembering where to return."""
+    info = PauseInfo(reason=reason, resume_to=run.state, metadata=metadata or {})
+    data = {"reason": reason, "resume_to": run.state, "metadata": info.metadata}
+    nxt = attrs.evolve(run, pause=info, resume_value=None, pending_pause=None)
+    return nxt, [("run_paused", data)]
+
+
+def resume(run: Run, value: JSON, max_turns: int | None, at: datetime) -> Effects:
+    """paused -> the saved state."""
+    if run.pause is None:
+        raise Refused("paused run without pause info")
+    budget = run.max_turns if max_turns is None else max_turns
+    data: dict[str, Any] = {"reason": run.pause.reason, "resume_to": run.pause.resume_to}
+    if max_turns is not None:
+        data["max_turns"] = max_turns
+    nxt = attrs.evolve(run, pause=None, resume_value=value, max_turns=budget)
+    return nxt, [("run_resumed", data)]
+
+
+def fail(run: Run, error: str, message: str, at: datetime) -> Effects:
+    """An active state -> failed, remembering where a retry returns."""
+    info = FailureInfo(error=error, message=message, failed_in=run.state)
+    data = {"error": error, "message": message, "failed_in": run.state}
+    return attrs.evolve(run, failure=info), [("run_failed", data)]
+
+
+def retry(run: Run, at: datetime) -> Effects:
+    """failed -> the state it failed in."""
+    if run.failure is None:
+        raise Refused("failed run without failure info")
+    data = {"error": run.failure.error, "resume_to": run.failure.failed_in}
+    return attrs.evolve(run, failure=None), [("run_retried", data)]
+
+
+def input_received(run: Run, messages: Sequence[Message], at: datetime) -> Effects:
+    """completed | paused -> preparing_turn with new input appended.
+
+    A turn interrupted by a pause is closed first: calls that never finished get an
+    error result saying so, so the transcript stays valid for every provider.
+    """
+    events: list[tuple[str, dict[str, Any]]] = []
+    turn = run.current_turn
+    if turn is not None and turn.partial is not None:  # calls started while it streamed
+        why = "the run received new input"
+        run, events = answer_cut_off(run, why, at)
+        turn = run.current_turn
+    if turn is not None and turn.result is not None:
+        why = "the run received new input"
+        closed = tuple(
+            attrs.evolve(r, error=NOT_RUN.format(why=why), finished_at=at) for r in turn.pending
+        ) + tuple(
+            attrs.evolve(r, error=OUTCOME_UNKNOWN.format(why=f"{why} while it was in flight"))
+            for r in turn.in_flight
+        )
+        turn = attrs.evolve(turn, pending=(), in_flight=(), completed=(*turn.completed, *closed))
+        run = attrs.evolve(run, messages=run.messages.grow(_result_messages(turn)))
+        run, events = _close_turn(run, turn, events, None)
+    elif turn is not None:
+        run = attrs.evolve(run, current_turn=None)
+    run = attrs.evolve(
+        run, messages=run.messages.grow(messages), pause=None, failure=None, resume_value=None
+    )
+    roles = [m.role for m in messages]
+    return run, [*events, ("input_received", {"messages": len(messages), "roles": roles})]

@@ -1,0 +1,197 @@
+"""The durable run records: ``Run``, ``Turn``, ``ToolCallRecord``, pause and failure info."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Literal, TypeAlias
+
+import attrs
+
+from statekernel._records.lazy import LazyTuple
+from statekernel._records.messages import JSON, Message, ModelRequest, ModelResult, Usage
+
+__all__ = [
+    "FailureInfo",
+    "PauseInfo",
+    "Run",
+    "SCHEMA_VERSION",
+    "STATE_IDS",
+    "StateId",
+    "ToolCallRecord",
+    "Turn",
+    "utcnow",
+]
+
+SCHEMA_VERSION = 1
+"""The version of the stored record layout written by this release."""
+
+StateId: TypeAlias = Literal[
+    "init",
+    "preparing_turn",
+    "calling_model",
+    "dispatching_tools",
+    "paused",
+    "failed",
+    "completed",
+]
+
+STATE_IDS: tuple[StateId, ...] = (
+    "init",
+    "preparing_turn",
+    "calling_model",
+    "dispatching_tools",
+    "paused",
+    "failed",
+    "completed",
+)
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+@attrs.frozen
+class ToolCallRecord:
+    """One tool call through dispatch: pending -> in flight -> completed.
+
+    ``input`` is the parsed (or hook-rewritten) arguments, None when the model's
+    arguments were not valid JSON. A completed record has ``output`` or ``error``;
+    ``resolved`` is True when that result is an operator's answer given with
+    ``Kernel.resolve_tool_call`` (the call's outcome was uncertain), not an execution.
+    ``context_patch`` is the change to the run's context the tool returned with its
+    result (``ToolOutput``), a JSON Merge Patch applied when the turn's calls have all
+    completed, in call order.
+    """
+
+    id: str
+    name: str
+    arguments: str
+    input: JSON = None
+    output: JSON = None
+    error: str | None = None
+    attempt: int = 0
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    resolved: bool = False
+    context_patch: JSON = None
+
+
+@attrs.frozen
+class Turn:
+    """One model round trip and the tool calls it asked for.
+
+    ``partial`` is the model's answer so far while it still streams and calls it asked
+    for have already started (eager dispatch): it ends with the last call started, and
+    the final answer replaces it (or it becomes the answer when the stream was cut off).
+    """
+
+    index: int
+    request: ModelRequest
+    result: ModelResult | None = None
+    model_attempts: int = 0
+    pending: tuple[ToolCallRecord, ...] = ()
+    in_flight: tuple[ToolCallRecord, ...] = ()
+    completed: tuple[ToolCallRecord, ...] = ()
+    partial: Message | None = None
+
+    def call(self, call_id: str) -> ToolCallRecord | None:
+        """The record of one tool call of this turn, wherever it is."""
+        for rec in (*self.pending, *self.in_flight, *self.completed):
+            if rec.id == call_id:
+                return rec
+        return None
+
+
+def _turn_log(turns: Iterable[Turn]) -> LazyTuple[Turn]:
+    return turns if isinstance(turns, LazyTuple) else LazyTuple(turns)
+
+
+def _transcript(messages: Iterable[Message]) -> LazyTuple[Message]:
+    return messages if isinstance(messages, LazyTuple) else LazyTuple(messages)
+
+
+@attrs.frozen
+class PauseInfo:
+    """Why a run is paused and the state it returns to on ``resume``."""
+
+    reason: str
+    resume_to: StateId
+    metadata: JSON = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class FailureInfo:
+    """What failed (error type and message) and the state a ``retry`` returns to."""
+
+    error: str
+    message: str
+    failed_in: StateId
+
+
+@attrs.frozen
+class Run:
+    """The whole durable state of one agent run at one revision.
+
+    Runs are immutable; every transition builds the next one with ``attrs.evolve``.
+    ``messages`` (the transcript) and ``turns`` only grow by appending, so revisions
+    share them. Both are tuple-like ``LazyTuple`` views of append-only buffers (any
+    iterable is accepted): a revision's transcript, the next revision's and every
+    ``ModelRequest.messages`` taken from it share one buffer, so a run holds each
+    message once however many turns sent it. In a run loaded from a store, each
+    completed turn is decoded the first time it is read.
+    ``event_count`` is the number of persisted events up to this revision (the next
+    event's ``seq``); ``resume_value`` is what the latest ``resume`` handed in;
+    ``pending_pause`` is a pause a hook asked for at the end of a turn, taken
+    before the next turn starts. A child run (started by a ``delegate`` tool) names
+    the run and the tool call that started it in ``parent_run_id`` and
+    ``parent_call_id``.
+    """
+
+    run_id: str
+    model: str
+    revision: int = 0
+    state: StateId = "init"
+    context: JSON = attrs.field(factory=dict)
+    messages: LazyTuple[Message] = attrs.field(converter=_transcript, factory=LazyTuple)
+    turns: LazyTuple[Turn] = attrs.field(converter=_turn_log, factory=LazyTuple)
+    current_turn: Turn | None = None
+    pause: PauseInfo | None = None
+    failure: FailureInfo | None = None
+    usage: Usage = attrs.field(factory=Usage)
+    max_turns: int | None = None
+    resume_value: JSON = None
+    pending_pause: PauseInfo | None = None
+    event_count: int = 0
+    created_at: datetime = attrs.field(factory=utcnow)
+    updated_at: datetime = attrs.field(factory=utcnow)
+    schema_version: int = SCHEMA_VERSION
+    parent_run_id: str | None = None
+    parent_call_id: str | None = None
+
+    @property
+    def turn_count(self) -> int:
+        """Completed turns plus the one in progress."""
+        return len(self.turns) + (1 if self.current_turn is not None else 0)
+
+    @property
+    def last_message(self) -> Message | None:
+        """The newest message of the transcript, if any."""
+        return self.messages[-1] if self.messages else None
+
+    @property
+    def output(self) -> str | None:
+        """The final answer of a completed run (the text of its last assistant message);
+        None for a run that has not completed."""
+        if self.state != "completed":
+            return None
+        for message in reversed(self.messages):
+            if message.role == "assistant":
+                return message.text
+        return None
+
+    @property
+    def is_terminal(self) -> bool:
+        """True when nothing runs until someone acts (paused, failed or completed)."""
+        return self.state in ("paused", "failed", "completed")

@@ -1,0 +1,328 @@
+"""The checkpoint store protocol: what the kernel needs from any store.
+
+A commit is atomic and guarded by compare-and-set on the revision: the new head,
+the parts that are new since the previous revision (messages, completed turns)
+and the events of the transition land together or not at all.
+
+One owner per run: a drive first takes the run's lease (``acquire``), which gives it
+a fencing token larger than every token given for the run before. Every commit of
+the drive carries the lease, and the store checks the token in the same atomic step
+as the revision, so an owner that lost its lease can never commit again. A lease
+held by a live owner is not given to anyone else; a dead owner's lease is taken
+over as soon as the store can prove the death (an OS lock the owner's process held,
+on one host) or once it expires (``ttl`` seconds after it was last renewed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from statekernel._records.events import Event
+from statekernel._records.run import PauseInfo, Run, StateId
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointStore",
+    "DamagedRun",
+    "Lease",
+    "RevisionHistory",
+    "RunPage",
+    "RunQueues",
+    "RunSummary",
+    "SettlesOnCancel",
+    "StoreWrapper",
+    "commit_settled",
+    "settles_on_cancel",
+]
+
+
+@attrs.frozen
+class Checkpoint:
+    """One commit: the new head ``run`` and what is new since ``run.revision - 1``.
+
+    ``new_messages`` counts the messages at the end of ``run.messages`` that the
+    previous revision did not have; when ``transcript_replaced`` is True the whole
+    transcript was rewritten (by a hook or an edit) and every message is new.
+    ``new_turns`` counts the turns at the end of ``run.turns`` that are new.
+    A checkpoint at revision 0 creates the run and must not find one.
+    """
+
+    run: Run
+    events: tuple[Event, ...] = ()
+    new_messages: int = 0
+    new_turns: int = 0
+    transcript_replaced: bool = False
+
+    @property
+    def expected_revision(self) -> int:
+        """The revision the store must hold for this commit to land (-1: no run yet)."""
+        return self.run.revision - 1
+
+    @classmethod
+    def appended(cls, previous: Run, run: Run, events: Sequence[Event] = ()) -> Checkpoint:
+        """The checkpoint from ``previous`` to ``run`` when ``run`` only appended.
+
+        Lifecycle transitions never rewrite the transcript or completed turns, so
+        the kernel uses this O(1) form; ``between`` checks instead of assuming.
+        """
+        return cls(
+            run,
+            tuple(events),
+            new_messages=len(run.messages) - len(previous.messages),
+            new_turns=len(run.turns) - len(previous.turns),
+        )
+
+    @classmethod
+    def between(cls, previous: Run | None, run: Run, events: Sequence[Event] = ()) -> Checkpoint:
+        """The checkpoint that moves a store from ``previous`` to ``run``.
+
+        The transcript counts as appended when ``previous.messages`` is a prefix of
+        ``run.messages`` by identity (revisions share their message objects).
+        """
+        if previous is None:
+            return cls(run, tuple(events), len(run.messages), len(run.turns), True)
+        old, new = previous.messages, run.messages
+        appended = len(new) >= len(old) and (not old or new[len(old) - 1] is old[-1])
+        if appended and len(old) > 1 and new.shares_prefix(old) < len(old):
+            appended = all(a is b for a, b in zip(old, new, strict=False))
+        return cls(
+            run,
+            tuple(events),
+            new_messages=len(new) - len(old) if appended else len(new),
+            new_turns=len(run.turns) - len(previous.turns),
+            transcript_replaced=not appended,
+        )
+
+
+@attrs.frozen
+class Lease:
+    """A held lease on a run: its owner and the fencing token commits carry."""
+
+    run_id: str
+    owner: str
+    token: str
+
+
+@attrs.frozen
+class RunSummary:
+    """A line of a run listing; ``pause`` says why a paused run waits and for what."""
+
+    run_id: str
+    state: StateId
+    revision: int
+    model: str
+    turns: int
+    created_at: datetime
+    updated_at: datetime
+    pause: PauseInfo | None = None
+
+
+@attrs.frozen
+class DamagedRun:
+    """A run a listing left out because its stored head cannot be read, and why."""
+
+    run_id: str
+    problem: str
+
+
+@attrs.frozen
+class RunPage:
+    """One page of a run listing; pass ``next_cursor`` back to get the next page.
+
+    ``damaged``: runs of this page's range whose head cannot be read (left out of
+    ``runs``, named here so one damaged run never hides the others).
+    """
+
+    runs: tuple[RunSummary, ...]
+    next_cursor: str | None = None
+    damaged: tuple[DamagedRun, ...] = ()
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    """Durable storage of runs: heads, append-only parts and events.
+
+    Implementations: ``memory://``, ``file://``, ``sqlite://``, ``redis://``
+    (see ``statekernel.stores.open_store``). All methods are coroutines and
+    raise only ``statekernel.errors`` exceptions.
+    """
+
+    async def load(self, run_id: str, *, revision: int | None = None) -> Run:
+        """The run at its latest revision, or at ``revision``; raises ``RunNotFound``."""
+        ...
+
+    async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
+        """Land a checkpoint atomically if the head is ``checkpoint.expected_revision``.
+
+        Raises ``ConflictError`` when the head moved (or, at revision 0, when the run
+        exists). With ``lease``, the commit lands only while the lease is the run's
+        current one (checked in the same atomic step), else ``LeaseLost``.
+        """
+        ...
+
+    async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
+        """Take the run's lease for ``owner`` with a new, larger fencing token.
+
+        Raises ``RunBusy`` naming the holder while another live owner holds it (a lease
+        that expired, or whose owner is proven dead, is taken over).
+        """
+        ...
+
+    async def renew(self, lease: Lease, *, ttl: float) -> None:
+        """Extend the lease to ``ttl`` seconds from now; ``LeaseLost`` if it moved on."""
+        ...
+
+    async def release(self, lease: Lease) -> None:
+        """Give the lease up (nothing if it already moved on)."""
+        ...
+
+    async def events(
+        self, run_id: str, *, after_revision: int = -1, limit: int | None = None
+    ) -> list[Event]:
+        """Persisted events of revisions greater than ``after_revision``, in ``seq`` order."""
+        ...
+
+    async def list_runs(
+        self,
+        *,
+        state: StateId | None = None,
+        updated_after: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """Runs, newest update first, optionally filtered by state and update time."""
+        ...
+
+    async def delete(self, run_id: str) -> bool:
+        """Remove a run with all its revisions, parts and events; False if there was none."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections and files."""
+        ...
+
+
+@runtime_checkable
+class SettlesOnCancel(Protocol):
+    """What a store may declare beyond ``CheckpointStore``: ``settles_on_cancel = True``
+    when a commit whose await is cancelled has landed whole or not at all by the time
+    the cancellation propagates (nothing of it keeps running). The kernel then awaits
+    its commits directly instead of shielding each in a task of its own.
+    ``check_store`` checks the claim."""
+
+    settles_on_cancel: bool
+
+
+@runtime_checkable
+class RevisionHistory(Protocol):
+    """What a store may offer beyond ``CheckpointStore``: every revision of a run, oldest
+    first, each with the events of its commit, read in one pass (``migrate`` uses it;
+    without it, it loads each revision). ``check_store`` compares it with ``load`` and
+    ``events``."""
+
+    def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
+        """Every revision of the run with its commit's events; ``RunNotFound`` if none."""
+        ...
+
+
+@runtime_checkable
+class RunQueues(Protocol):
+    """What a store may offer beyond ``CheckpointStore``: run queues next to its runs,
+    from which workers (``statekernel worker``) take runs to drive
+    (``statekernel.stores.RedisStore``)."""
+
+    async def submit(self, run_id: str, queue: str = "default") -> str:
+        """Enqueue the existing run on ``queue``; the entry id. ``RunNotFound`` if the
+        run does not exist, ``InvalidArgument`` for a bad queue name."""
+        ...
+
+
+def settles_on_cancel(store: CheckpointStore) -> bool:
+    """True when ``store`` declares that a cancelled commit has settled (``SettlesOnCancel``)."""
+    return isinstance(store, SettlesOnCancel) and store.settles_on_cancel is True
+
+
+async def commit_settled(
+    store: CheckpointStore, checkpoint: Checkpoint, lease: Lease | None = None
+) -> None:
+    """Commit, and if the caller is cancelled meanwhile, let the commit settle first.
+
+    A store may write in a thread or over a socket; cancelling the await does not
+    stop that write. Waiting for it means that when the cancellation propagates the
+    commit has either landed whole or not at all, and no orphaned write can land
+    under a process that resumes the run right after. A store that declares
+    ``SettlesOnCancel`` is awaited directly.
+    """
+    if settles_on_cancel(store):
+        await store.commit(checkpoint, lease=lease)  # nothing outlives a cancelled await
+        return
+    task = asyncio.ensure_future(store.commit(checkpoint, lease=lease))
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            await asyncio.wait([task])
+        raise
+
+
+class StoreWrapper:
+    """A ``CheckpointStore`` that forwards every call to ``inner``.
+
+    Subclass it to change one thing (fault injection, fencing, timing) and leave
+    the rest as the wrapped store does it.
+    """
+
+    def __init__(self, inner: CheckpointStore) -> None:
+        self.inner = inner
+
+    async def load(self, run_id: str, *, revision: int | None = None) -> Run:
+        """Forwarded."""
+        return await self.inner.load(run_id, revision=revision)
+
+    async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
+        """Forwarded."""
+        await self.inner.commit(checkpoint, lease=lease)
+
+    async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
+        """Forwarded."""
+        return await self.inner.acquire(run_id, owner, ttl=ttl)
+
+    async def renew(self, lease: Lease, *, ttl: float) -> None:
+        """Forwarded."""
+        await self.inner.renew(lease, ttl=ttl)
+
+    async def release(self, lease: Lease) -> None:
+        """Forwarded."""
+        await self.inner.release(lease)
+
+    async def events(
+        self, run_id: str, *, after_revision: int = -1, limit: int | None = None
+    ) -> list[Event]:
+        """Forwarded."""
+        return await self.inner.events(run_id, after_revision=after_revision, limit=limit)
+
+    async def list_runs(
+        self,
+        *,
+        state: StateId | None = None,
+        updated_after: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """Forwarded."""
+        return await self.inner.list_runs(
+            state=state, updated_after=updated_after, limit=limit, cursor=cursor
+        )
+
+    async def delete(self, run_id: str) -> bool:
+        """Forwarded."""
+        return await self.inner.delete(run_id)
+
+    async def aclose(self) -> None:
+        """Forwarded."""
+        await self.inner.aclose()

@@ -1,0 +1,250 @@
+"""One queue entry in a worker: take the run's lease, drive the run, settle the entry.
+
+Settling follows the run's outcome, always after giving the lease back (a release is
+a check-and-delete, so it also tells whether the lease was still ours):
+
+* at rest (``completed``, ``paused``): acknowledge the entry;
+* ``failed``, or the entry cannot be driven (unknown run, corrupt data, a bug):
+  record it on the dead-letter stream and acknowledge, in one transaction;
+* stopped early (graceful shutdown) or the lease is busy elsewhere: hand the entry
+  back (a new entry replaces it, in one transaction);
+* the lease was lost: nothing; the entry belongs to whoever reclaims it;
+* the store is unreachable: nothing; the entry stays pending and is reclaimed later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Protocol, cast
+
+import attrs
+
+from statekernel._records.events import Event
+from statekernel._records.run import Run
+from statekernel._workers.lease import Lease
+from statekernel.errors import ConflictError, LeaseLost, StatekernelError, StoreError
+from statekernel.stores._redis_queue import Entry
+
+if TYPE_CHECKING:
+    from statekernel._kernel.kernel import Kernel
+    from statekernel._workers.lease import Leases
+    from statekernel.stores._redis_queue import RunQueue
+
+__all__ = ["Host", "RunTask", "WorkerStats"]
+
+log = logging.getLogger("statekernel.worker")
+
+CONFLICT_RETRIES = 3
+_STOPPED = None
+_REST = {"run_completed": "completed", "run_paused": "paused", "run_failed": "failed"}
+
+
+@attrs.frozen
+class Rest:
+    """Where a drive left the run: its state at rest, and the failure if it failed."""
+
+    state: str
+    detail: str = ""
+
+    @classmethod
+    def of(cls, run: Run) -> Rest:
+        """The rest position of a run loaded from the store."""
+        failure = run.failure
+        return cls(run.state, f"{failure.error}: {failure.message}" if failure else "")
+
+
+@attrs.define
+class WorkerStats:
+    """What a worker did since it started."""
+
+    taken: int = 0
+    reclaimed: int = 0
+    completed: int = 0
+    paused: int = 0
+    failed: int = 0
+    errors: int = 0
+    requeued: int = 0
+    lost: int = 0
+    max_in_flight: int = 0
+
+
+class Host(Protocol):
+    """What a task uses of its worker (``Worker`` is one)."""
+
+    name: str
+    lease_wait: float
+    """Seconds to wait for a run's lease held by a live owner before handing it back."""
+    held: dict[str, Lease]
+    """The leases the worker holds, by run id."""
+    holding: dict[str, Entry]
+    """The entries the worker works on, by run id."""
+    stats: WorkerStats
+
+    @property
+    def kernel(self) -> Kernel:
+        """The kernel that drives the worker's runs."""
+        ...
+
+    @property
+    def queue(self) -> RunQueue:
+        """The queue the worker takes entries from."""
+        ...
+
+    @property
+    def leases(self) -> Leases:
+        """Takes and gives up the worker's leases."""
+        ...
+
+    @property
+    def stopping(self) -> bool:
+        """True once the worker was asked to stop."""
+        ...
+
+
+class RunTask:
+    """Handles one entry for ``worker``."""
+
+    def __init__(self, worker: Host, entry: Entry) -> None:
+        self.worker = worker
+        self.entry = entry
+        self.run_id = entry.run_id
+
+    async def handle(self) -> None:
+        """Lease, drive, settle; never raises except on cancellation."""
+        w, entry = self.worker, self.entry
+        try:
+            if not self.run_id:
+                await self._dead("malformed", f"entry {entry.id} names no run")
+            elif w.stopping:
+                await self._requeue()
+            else:
+                await self._leased()
+        except StoreError as exc:
+            w.stats.errors += 1
+            log.warning("run %s: store unreachable, entry left pending: %s", self.run_id, exc)
+
+    async def _leased(self) -> None:
+        try:
+            lease = await self._acquire()
+        except asyncio.CancelledError:
+            with contextlib.suppress(StatekernelError):
+                await asyncio.shield(self._requeue())
+            raise
+        if lease is None:
+            await self._requeue()
+            return
+        w = self.worker
+        w.held[self.run_id] = lease
+        w.holding[self.run_id] = self.entry
+        try:
+            outcome = await self._outcome()
+        except LeaseLost:
+            self._lost()
+            return
+        except asyncio.CancelledError:
+            with contextlib.suppress(StatekernelError):
+                await asyncio.shield(self._settle(lease, _STOPPED))
+            raise
+        finally:
+            if w.held.get(self.run_id) is lease:
+                del w.held[self.run_id]
+                del w.holding[self.run_id]
+        await self._settle(lease, outcome)
+
+    async def _acquire(self) -> Lease | None:
+        """The run's lease, waiting a little while another worker (or entry) holds it."""
+        w = self.worker
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + w.lease_wait
+        delay = 0.02
+        while True:
+            lease = await w.leases.acquire(self.run_id)
+            if lease is not None or w.stopping or loop.time() >= deadline:
+                return lease
+            await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+            delay = min(delay * 2, 1.0)
+
+    async def _outcome(self) -> Rest | Exception | None:
+        """The run at rest, None when stopped early, or the error that ended the drive."""
+        try:
+            return await self._drive()
+        except (LeaseLost, StoreError):
+            raise
+        except Exception as exc:  # a run that cannot be driven: recorded, not retried
+            return exc
+
+    async def _drive(self) -> Rest | None:
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                return await self._drive_once()
+            except LeaseLost:
+                raise
+            except ConflictError:  # a command committed meanwhile: reload and go on
+                log.info("run %s: overtaken by another commit (%d)", self.run_id, attempt + 1)
+        return _STOPPED  # busy with commands: hand it back for later
+
+    async def _drive_once(self) -> Rest | None:
+        """Drive until at rest; when stopping, stop at the first commit after which no
+        tool call is in flight and no model call is about to be made."""
+        w = self.worker
+        in_flight: set[object] = set()
+        rest: Rest | None = None
+        run = cast("AsyncGenerator[Event, None]", w.kernel.run(self.run_id))
+        async with contextlib.aclosing(run) as events:
+            async for event in events:
+                if not event.persisted:
+                    continue
+                call_id = event.data.get("call_id") if isinstance(event.data, dict) else None
+                if event.type == "tool_call_started":
+                    in_flight.add(call_id)
+                elif event.type == "tool_call_completed":
+                    in_flight.discard(call_id)
+                elif event.type in _REST:
+                    rest = _rest(event)
+                if w.stopping and not in_flight and event.type != "model_started":
+                    return rest or _STOPPED
+        return rest or Rest.of(await w.kernel.get(self.run_id))
+
+    async def _settle(self, lease: Lease, outcome: Rest | Exception | None) -> None:
+        w = self.worker
+        if not await w.leases.release(lease):
+            self._lost()
+            return
+        if outcome is _STOPPED:
+            await self._requeue()
+        elif isinstance(outcome, Exception):
+            await self._dead("error", f"{type(outcome).__name__}: {outcome}")
+        elif outcome.state == "failed":
+            await self._dead("failed", outcome.detail or "failed")
+        else:
+            await w.queue.ack(self.entry)
+            if outcome.state == "completed":
+                w.stats.completed += 1
+            else:
+                w.stats.paused += 1
+
+    def _lost(self) -> None:
+        self.worker.stats.lost += 1
+        log.info("run %s: lease lost, the entry is left to whoever reclaims it", self.run_id)
+
+    async def _requeue(self) -> None:
+        await self.worker.queue.requeue(self.entry)
+        self.worker.stats.requeued += 1
+
+    async def _dead(self, reason: str, detail: str) -> None:
+        w = self.worker
+        await w.queue.dead(self.entry, reason, detail, w.name)
+        if reason == "failed":
+            w.stats.failed += 1
+        else:
+            w.stats.errors += 1
+        log.warning("run %s: %s: %s", self.run_id or "?", reason, detail)
+
+
+def _rest(event: Event) -> Rest:
+    data = event.data if isinstance(event.data, dict) else {}
+    detail = f"{data.get('error', '')}: {data.get('message', '')}" if data.get("error") else ""
+    return Rest(_REST[event.type], detail)

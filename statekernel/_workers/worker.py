@@ -1,0 +1,270 @@
+"""``Worker``: drive the runs of a Redis queue, many at once on one event loop.
+
+Ownership
+    Each run a worker drives is covered by a lease (``statekernel._workers.lease``): taken
+    before the first step, renewed every third of its time to live, released when the
+    run is settled. Every commit carries the lease's fencing token, checked by the
+    store's commit script together with the revision: a worker that lost its lease
+    (it stalled, or the network dropped) can never commit again for that run.
+Reclaim
+    While it holds a lease the worker also refreshes the run's queue entry (``XCLAIM``
+    with ``JUSTID`` resets its idle time). An entry idle longer than the lease's time
+    to live therefore belongs to a worker that stopped renewing: the others take it
+    over with ``XAUTOCLAIM``, wait for the lease to expire, and resume the run from
+    its last commit. An entry delivered more than ``max_deliveries`` times goes to the
+    dead-letter stream instead (a run that keeps killing its workers).
+Backpressure
+    At most ``concurrency`` entries are in hand; the worker reads only as many as it
+    has free slots.
+Shutdown
+    ``stop()`` (the command installs it on SIGTERM and SIGINT): take no new entries,
+    let each run reach a commit after which no tool call is in flight and no model
+    call is pending, release its lease and hand its entry back to the queue. After
+    ``grace`` seconds the rest are cancelled (nothing half-done is committed) and
+    handed back too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from statekernel._kernel.kernel import Kernel
+from statekernel._storage.protocol import CheckpointStore
+from statekernel._workers.lease import Lease, LeasedStore, Leases
+from statekernel._workers.task import RunTask, WorkerStats
+from statekernel.errors import ConfigError, InvalidArgument, StoreError
+from statekernel.stores._redis_fencing import redis_backed
+from statekernel.stores._redis_queue import Entry, RunQueue
+
+__all__ = ["AgentSpec", "Worker", "WorkerStats"]
+
+log = logging.getLogger("statekernel.worker")
+
+AgentSpec = Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None
+"""``Kernel`` keyword arguments (tools, providers, hooks, middleware, dispatch,
+max_turns), or a function returning them."""
+
+
+def _default_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    """Consumes a run queue of a Redis store and drives its runs durably.
+
+    ``store``: a ``redis://`` URL or a ``RedisStore`` (None: the configured store).
+    ``agent``: the ``Kernel`` keyword arguments the runs need (tools, providers,
+    hooks, ...), or a function returning them. ``concurrency``: runs in hand at most.
+    ``lease_ttl``: seconds a lease lives without renewal, and how long a crashed
+    worker's runs wait before others reclaim them. ``grace``: seconds ``stop()`` lets
+    runs reach a clean stopping point. ``serve()`` runs until ``stop()``.
+    """
+
+    queue: RunQueue
+    leases: Leases
+    kernel: Kernel
+
+    def __init__(
+        self,
+        store: CheckpointStore | str | None = None,
+        *,
+        queue: str = "default",
+        concurrency: int = 100,
+        agent: AgentSpec = None,
+        lease_ttl: float = 30.0,
+        grace: float = 30.0,
+        block: float = 1.0,
+        max_deliveries: int = 10,
+        name: str | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise InvalidArgument("concurrency must be at least 1")
+        if lease_ttl <= 0 or grace < 0 or block <= 0 or max_deliveries < 1:
+            raise InvalidArgument("lease_ttl and block must be positive, grace at least 0")
+        self.store_spec = store
+        self.queue_name = queue
+        self.concurrency = concurrency
+        self.agent = agent
+        self.lease_ttl = lease_ttl
+        self.lease_wait = lease_ttl / 3
+        self.grace = grace
+        self.block = block
+        self.max_deliveries = max_deliveries
+        self.name = name or _default_name()
+        self.stats = WorkerStats()
+        self.held: dict[str, Lease] = {}
+        self.holding: dict[str, Entry] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stop = asyncio.Event()
+        self._hurry = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._cursor = "0-0"
+        self._served = False
+
+    # -- control -----------------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        """True once ``stop()`` was called."""
+        return self._stop.is_set()
+
+    def stop(self, *, now: bool = False) -> None:
+        """Stop taking work and wind down (``now``: cancel runs without waiting)."""
+        self._stop.set()
+        if now:
+            self._hurry.set()
+        self._wake.set()
+
+    # -- serving -------------------------------------------------------------------
+
+    async def serve(self) -> WorkerStats:
+        """Take and drive runs until ``stop()``; returns what was done. Serves once."""
+        if self._served:
+            raise InvalidArgument("a Worker serves once: make a new one")
+        self._served = True
+        store, owned = _open(self.store_spec)
+        try:
+            backed = redis_backed(store, "a worker")
+            self.queue = RunQueue(backed, self.queue_name)
+            self.leases = Leases(backed, self.name, self.lease_ttl)
+            self.kernel = Kernel(LeasedStore(backed, self.held), **self._kernel_options())
+            try:
+                await self._serve()
+            finally:
+                await self.kernel.aclose()
+        finally:
+            if owned:
+                await store.aclose()
+        return self.stats
+
+    def _kernel_options(self) -> dict[str, Any]:
+        options = dict(self.agent() if callable(self.agent) else self.agent or {})
+        if "store" in options:
+            raise ConfigError("the worker's agent options must not name a store")
+        return options
+
+    async def _serve(self) -> None:
+        await self.queue.ensure_group()
+        log.info("worker %s: queue %r, %d at once", self.name, self.queue_name, self.concurrency)
+        renewer = asyncio.create_task(self._renew_loop())
+        try:
+            await self._take_loop()
+        except BaseException:  # cancelled, or a bug: hand the runs back at once
+            self.stop(now=True)
+            raise
+        finally:
+            self.stop()
+            await self._drain()
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+            with contextlib.suppress(StoreError):
+                await self.queue.leave(self.name)
+        log.info("worker %s stopped: %s", self.name, self.stats)
+
+    async def _take_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_claim = 0.0
+        while not self.stopping:
+            free = self.concurrency - len(self._tasks)
+            if free <= 0:
+                await self._sleep(None)
+                continue
+            try:
+                entries: list[Entry] = []
+                if loop.time() >= next_claim:
+                    entries = await self._reclaim(free)
+                    next_claim = loop.time() + min(self.lease_ttl / 2, 5.0)
+                if not entries:
+                    entries = await self.queue.read(self.name, free, round(self.block * 1000))
+            except StoreError as exc:
+                log.warning("worker %s: %s", self.name, exc)
+                await self._sleep(1.0)
+                continue
+            for entry in entries:
+                self._spawn(entry)
+
+    async def _reclaim(self, free: int) -> list[Entry]:
+        idle_ms = round(self.lease_ttl * 1000)
+        self._cursor, entries = await self.queue.reclaim(self.name, free, idle_ms, self._cursor)
+        taken = []
+        for entry in entries:
+            if entry.deliveries > self.max_deliveries:
+                detail = f"delivered {entry.deliveries} times without being settled"
+                await self.queue.dead(entry, "deliveries", detail, self.name)
+                self.stats.errors += 1
+                log.warning("run %s: %s", entry.run_id, detail)
+            else:
+                taken.append(entry)
+        self.stats.reclaimed += len(taken)
+        return taken
+
+    def _spawn(self, entry: Entry) -> None:
+        task = asyncio.create_task(RunTask(self, entry).handle())
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        self.stats.taken += 1
+        self.stats.max_in_flight = max(self.stats.max_in_flight, len(self._tasks))
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._wake.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("worker %s: entry handler failed", self.name, exc_info=task.exception())
+
+    async def _sleep(self, seconds: float | None) -> None:
+        """Until a run finishes, ``stop()`` is called or ``seconds`` pass."""
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace
+        while self._tasks and not self._hurry.is_set() and loop.time() < deadline:
+            await self._sleep(deadline - loop.time())
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_ttl / 3)
+            try:
+                await self._renew()
+            except Exception as exc:  # leases expire unrenewed: fencing keeps runs safe
+                log.warning("worker %s: renewing leases: %s", self.name, exc)
+
+    async def _renew(self) -> None:
+        held = list(self.held.values())
+        alive = await self.leases.renew(held)
+        refresh = []
+        for lease, ok in zip(held, alive, strict=True):
+            if ok:
+                entry = self.holding.get(lease.run_id)
+                if entry is not None:
+                    refresh.append(entry.id)
+            elif self.held.get(lease.run_id) is lease:
+                del self.held[lease.run_id]  # its next commit raises LeaseLost
+                self.holding.pop(lease.run_id, None)
+        await self.queue.refresh(self.name, refresh)
+
+
+def _open(store: CheckpointStore | str | None) -> tuple[CheckpointStore, bool]:
+    from statekernel.stores import open_store
+
+    if store is None:
+        from statekernel._storage.config import default_store_url
+
+        return open_store(default_store_url()), True
+    if isinstance(store, str):
+        return open_store(store), True
+    return store, False

@@ -1,0 +1,163 @@
+"""Run queues: a Redis Stream per queue, consumed by workers through one consumer group.
+
+Keys (the queue name is the hash tag, so a queue's keys share one Cluster slot):
+``<prefix>:queue:{name}`` (the stream; each entry names a run: fields ``run`` and
+``at``, the submit time in ms) and ``<prefix>:queue:{name}:dead`` (failures: runs
+that ended ``failed`` and entries that could not be driven, capped at about 10,000).
+Entries are deleted once acknowledged, so the stream holds only work not yet done:
+new entries and the consumer group's pending list.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
+
+import attrs
+
+from statekernel.errors import InvalidArgument, StoreError
+from statekernel.stores._redis_fencing import RedisBacked
+
+__all__ = ["GROUP", "Entry", "RunQueue"]
+
+T = TypeVar("T")
+GROUP = "workers"
+DEAD_MAXLEN = 10_000
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+@attrs.frozen
+class Entry:
+    """One queue entry: the run to drive, when it was submitted, how often delivered."""
+
+    id: str
+    run_id: str
+    submitted_ms: int = 0
+    deliveries: int = 1
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _entry(item: Any, deliveries: int = 1) -> Entry:
+    entry_id, fields = item
+    fields = {_text(k): _text(v) for k, v in (fields or {}).items()}
+    at = fields.get("at", "0")
+    return Entry(_text(entry_id), fields.get("run", ""), int(at) if at.isdigit() else 0, deliveries)
+
+
+class RunQueue:
+    """The queue ``name`` of a Redis store: submit, take, acknowledge, hand back."""
+
+    def __init__(self, store: RedisBacked, name: str) -> None:
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise InvalidArgument(
+                f"invalid queue name {name!r}: 1-128 letters, digits, '.', '_', ':', '-'"
+            )
+        self.name = name
+        self.client = store.client
+        self.key = f"{store.prefix}:queue:{{{name}}}"
+        self.dead_key = self.key + ":dead"
+
+    async def _call(self, work: Awaitable[T]) -> T:
+        from redis.exceptions import RedisError
+
+        try:
+            return await work
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"queue {self.name!r}: {type(exc).__name__}: {exc}") from exc
+
+    async def submit(self, run_id: str, submitted_ms: int | None = None) -> str:
+        """Append an entry for ``run_id``; returns the entry id."""
+        at = submitted_ms if submitted_ms is not None else int(time.time() * 1000)
+        fields: dict[Any, Any] = {"run": run_id, "at": at}
+        return _text(await self._call(self.client.xadd(self.key, fields)))
+
+    async def ensure_group(self) -> None:
+        """Create the consumer group (and the stream) if needed; it sees every entry."""
+        from redis.exceptions import RedisError, ResponseError
+
+        try:
+            await self.client.xgroup_create(self.key, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise StoreError(f"queue {self.name!r}: {exc}") from exc
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"queue {self.name!r}: {type(exc).__name__}: {exc}") from exc
+
+    async def read(self, consumer: str, count: int, block_ms: int) -> list[Entry]:
+        """Up to ``count`` new entries, waiting up to ``block_ms`` for the first one."""
+        streams: dict[Any, Any] = {self.key: ">"}
+        reply: Any = await self._call(
+            self.client.xreadgroup(GROUP, consumer, streams, count=count, block=block_ms)
+        )
+        return [_entry(item) for _, items in reply or [] for item in items]
+
+    async def reclaim(
+        self, consumer: str, count: int, min_idle_ms: int, cursor: str = "0-0"
+    ) -> tuple[str, list[Entry]]:
+        """Take over up to ``count`` entries pending longer than ``min_idle_ms`` (their
+        worker stopped refreshing them); returns the next cursor and the entries with
+        their delivery counts."""
+        reply = await self._call(
+            self.client.xautoclaim(self.key, GROUP, consumer, min_idle_ms, cursor, count=count)
+        )
+        next_cursor, items = _text(reply[0]), [i for i in reply[1] if i and i[1] is not None]
+        if not items:
+            return next_cursor, []
+        pipe = self.client.pipeline(transaction=False)
+        for entry_id, _ in items:
+            pipe.xpending_range(self.key, GROUP, min=entry_id, max=entry_id, count=1)
+        counts = [rows[0]["times_delivered"] if rows else 1 for rows in await pipe.execute()]
+        return next_cursor, [_entry(i, n) for i, n in zip(items, counts, strict=True)]
+
+    async def refresh(self, consumer: str, ids: Sequence[str]) -> None:
+        """Reset the idle time of entries this consumer is working on (not reclaimable)."""
+        if ids:
+            claim = self.client.xclaim(self.key, GROUP, consumer, 0, list(ids), justid=True)
+            await self._call(claim)
+
+    async def ack(self, entry: Entry) -> None:
+        """Acknowledge and delete an entry: its run is at rest."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xack(self.key, GROUP, entry.id)
+        pipe.xdel(self.key, entry.id)
+        await self._call(pipe.execute())
+
+    async def requeue(self, entry: Entry) -> str:
+        """Replace an entry by a new one at the end of the queue, atomically."""
+        fields: dict[Any, Any] = {"run": entry.run_id, "at": entry.submitted_ms}
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xadd(self.key, fields)
+        pipe.xack(self.key, GROUP, entry.id)
+        pipe.xdel(self.key, entry.id)
+        new_id, *_ = await self._call(pipe.execute())
+        return _text(new_id)
+
+    async def dead(self, entry: Entry, reason: str, detail: str, worker: str) -> None:
+        """Record a failure on the dead-letter stream and acknowledge the entry, atomically."""
+        fields: dict[Any, Any] = {"run": entry.run_id, "entry": entry.id, "reason": reason}
+        fields |= {"detail": detail[:2000], "worker": worker, "at": int(time.time() * 1000)}
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xadd(self.dead_key, fields, maxlen=DEAD_MAXLEN, approximate=True)
+        pipe.xack(self.key, GROUP, entry.id)
+        pipe.xdel(self.key, entry.id)
+        await self._call(pipe.execute())
+
+    async def pending(self, consumer: str | None = None) -> int:
+        """How many entries are delivered and not yet acknowledged (of ``consumer``)."""
+        if consumer is None:
+            summary = await self._call(self.client.xpending(self.key, GROUP))
+            return int(summary["pending"])
+        rows = await self._call(
+            self.client.xpending_range(self.key, GROUP, "-", "+", 1, consumername=consumer)
+        )
+        return len(rows)
+
+    async def leave(self, consumer: str) -> None:
+        """Remove ``consumer`` from the group if it has nothing pending."""
+        if await self.pending(consumer) == 0:
+            await self._call(self.client.xgroup_delconsumer(self.key, GROUP, consumer))

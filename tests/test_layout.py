@@ -1,0 +1,189 @@
+"""The layout: layers depend downward only and no module imports itself back.
+
+Every import counts, at any depth of a module and under ``TYPE_CHECKING`` too. The one
+upward tie allowed is the kernel's lazy registry: ``statekernel._kernel.kernel``
+imports ``statekernel.stores`` (to open a store URL) and ``statekernel.providers``
+(to resolve a model string) inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = {
+    "statekernel": "statekernel",
+    "stores": "statekernel.stores",
+    "providers": "statekernel.providers",
+}
+
+LAYERS = [
+    ("statekernel.errors", "statekernel._exports"),
+    ("statekernel._records",),
+    ("statekernel._lifecycle",),
+    ("statekernel._storage",),
+    ("statekernel._kernel",),
+    ("statekernel.stores", "statekernel.providers"),
+    ("statekernel._workers", "statekernel.testing"),
+    ("statekernel._cli",),
+    ("statekernel", "statekernel.__main__"),
+]
+"""Bottom to top: a module imports only from its own layer or the ones below."""
+
+UPWARD = {
+    ("statekernel._kernel.kernel", "statekernel.stores"),
+    ("statekernel._kernel.kernel", "statekernel.providers"),
+}
+"""(importer, imported package): the lazy registry that resolves a store URL or a model."""
+
+CORE = (
+    "statekernel._records",
+    "statekernel._lifecycle",
+    "statekernel._storage",
+    "statekernel._kernel",
+)
+OUTSIDE_CORE = (
+    "statekernel._cli",
+    "statekernel._workers",
+    "statekernel.stores",
+    "statekernel.providers",
+    "statekernel.testing",
+)
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for folder, package in FOLDERS.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join((package, *parts))] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(module: str) -> Iterator[str]:
+    """The project modules ``module`` imports, wherever the import statement is."""
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names if a.name in MODULES)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            for alias in node.names:
+                if f"{base}.{alias.name}" in MODULES:
+                    yield f"{base}.{alias.name}"
+                elif base in MODULES:
+                    yield base
+
+
+def _edges() -> dict[str, set[str]]:
+    return {m: {t for t in _imports(m) if t != m} for m in MODULES}
+
+
+def _layer(module: str) -> int:
+    best, length = -1, -1
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            owns = module == prefix or module.startswith(prefix + ".")
+            if owns and len(prefix) > length:
+                best, length = index, len(prefix)
+    assert best >= 0, f"{module} is in no layer: add it to LAYERS"
+    return best
+
+
+def _within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def _upward_allowed(importer: str, imported: str) -> bool:
+    return any(importer == a and _within(imported, (b,)) for a, b in UPWARD)
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for module in MODULES:
+        _layer(module)
+
+
+def test_layers_depend_downward_only() -> None:
+    wrong = [
+        f"{importer} (layer {_layer(importer)}) imports {imported} (layer {_layer(imported)})"
+        for importer, targets in _edges().items()
+        for imported in targets
+        if _layer(imported) > _layer(importer) and not _upward_allowed(importer, imported)
+    ]
+    assert wrong == []
+
+
+def test_the_core_imports_no_adapter_command_or_worker() -> None:
+    wrong = [
+        f"{importer} imports {imported}"
+        for importer, targets in _edges().items()
+        if _within(importer, CORE)
+        for imported in targets
+        if _within(imported, OUTSIDE_CORE) and not _upward_allowed(importer, imported)
+    ]
+    assert wrong == []
+
+
+def test_the_workers_never_import_the_command_line() -> None:
+    edges = _edges()
+    assert [
+        (m, t)
+        for m in MODULES
+        if _within(m, ("statekernel._workers",))
+        for t in edges[m]
+        if _within(t, ("statekernel._cli",))
+    ] == []
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle among ``edges`` (a path that returns to its start), or None."""
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(edges):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_no_import_cycle() -> None:
+    edges = _edges()
+    for importer, imported in UPWARD:  # the registry is looked up lazily, not a cycle
+        edges[importer] = {t for t in edges[importer] if not _within(t, (imported,))}
+    # a package's __init__ re-exports its modules; importing one of them is not a cycle
+    for module in MODULES:
+        if MODULES[module].name != "__init__.py":
+            edges[module] = {t for t in edges[module] if MODULES[t].name != "__init__.py"}
+    assert _cycle(edges) is None, " -> ".join(_cycle(edges) or [])
+
+
+@pytest.mark.parametrize(
+    ("edges", "cyclic"),
+    [({"a": {"b"}, "b": {"a"}}, True), ({"a": {"b"}, "b": {"c"}, "c": set()}, False)],
+)
+def test_the_cycle_finder_finds_cycles(edges: dict[str, set[str]], cyclic: bool) -> None:
+    assert (_cycle(edges) is not None) == cyclic
