@@ -14,7 +14,7 @@ import statekernel as sk
 from statekernel.errors import ConfigError, ToolError
 from statekernel.testing import call
 
-from .conftest import MakeKernel, drain, start
+from ..conftest import MakeKernel, drain, start
 
 
 class Unit(enum.Enum):

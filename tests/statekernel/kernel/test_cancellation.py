@@ -11,7 +11,7 @@ import pytest
 import statekernel as sk
 from statekernel.testing import Reply, ScriptedProvider, call
 
-from .conftest import MakeKernel, RecordingStore, drain, start
+from ..conftest import MakeKernel, RecordingStore, drain, start
 
 EFFECTS: list[tuple[str, str]] = []
 GATE: dict[str, asyncio.Event] = {}

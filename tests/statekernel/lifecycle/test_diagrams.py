@@ -21,7 +21,7 @@ from statekernel._lifecycle.diagram import (
 from statekernel._lifecycle.trace import trace_events
 from statekernel.testing import ScriptedProvider, call
 
-DIAGRAMS = Path(__file__).resolve().parents[2] / "diagrams"
+DIAGRAMS = Path(__file__).resolve().parents[3] / "diagrams"
 HAS_DOT = can_render_svg()  # graphviz's dot, or the pygraphviz wheel
 
 

@@ -10,7 +10,7 @@ import pytest
 import statekernel as sk
 from statekernel.testing import call
 
-from .conftest import MakeKernel, drain, start
+from ..conftest import MakeKernel, drain, start
 
 
 class Meter:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.statekernel.test_cli_runs import EXE, as_json, ok, sk
+from .test_cli_runs import EXE, as_json, ok, sk
 
 pytestmark = pytest.mark.skipif(
     EXE is None, reason="the statekernel console script is not installed"

@@ -14,7 +14,7 @@ from statekernel.providers import StreamEnd, StreamPart, TextDelta
 from statekernel.stores import MemoryStore
 from statekernel.testing import Fail, Reply, call
 
-from .conftest import MakeKernel, drain, start
+from ..conftest import MakeKernel, drain, start
 
 
 @sk.tool

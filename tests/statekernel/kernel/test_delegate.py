@@ -15,8 +15,8 @@ from statekernel.errors import InvalidArgument, RunHasChildren, RunNotFound
 from statekernel.stores import MemoryStore, open_store
 from statekernel.testing import Crash, CrashAt, FaultPlan, Reply, ScriptedProvider, call
 
-from .test_cli_runs import EXE, as_json, ok
-from .test_cli_runs import sk as sk_cli
+from ..cli.test_cli_runs import EXE, as_json, ok
+from ..cli.test_cli_runs import sk as sk_cli
 
 
 @sk.tool

@@ -10,7 +10,7 @@ from statekernel.errors import ConfigError
 from statekernel.stores import MemoryStore
 from statekernel.testing import Crash, CrashAt, FaultPlan, FaultyStore, ScriptedProvider, call
 
-from .conftest import MakeKernel, drain, start
+from ..conftest import MakeKernel, drain, start
 
 CALLS: list[dict[str, object]] = []
 

@@ -9,7 +9,7 @@ import attrs
 import statekernel as sk
 from statekernel.testing import call
 
-from .conftest import MakeKernel, drain, start
+from ..conftest import MakeKernel, drain, start
 
 
 @sk.tool
