@@ -60,8 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import logging
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -69,6 +68,7 @@ import attrs
 from statekernel._kernel import hooks as hk
 from statekernel._kernel import telemetry
 from statekernel._kernel.asking import INPUT_REQUIRED, NeedsInput, answered, asked, questions
+from statekernel._kernel.commit import Committer
 from statekernel._kernel.delegate import CHILD_PAUSED, ChildPaused
 from statekernel._kernel.dispatch import identical_group, next_startable
 from statekernel._kernel.middleware import Middleware, ModelCall, ToolInvocation, chain
@@ -89,13 +89,10 @@ from statekernel._records.events import Event
 from statekernel._records.messages import JSON, ModelRequest, ModelResult
 from statekernel._records.run import PauseInfo, Run, ToolCallRecord, Turn
 from statekernel._records.values import as_stored, parse_json
-from statekernel._storage.protocol import Checkpoint, Lease, settles_on_cancel
+from statekernel._storage.protocol import Checkpoint, Lease
 from statekernel.errors import (
     ConflictError,
     InvalidTransition,
-    LeaseLost,
-    RunNotFound,
-    StatekernelError,
     StoreError,
     ToolError,
 )
@@ -158,12 +155,8 @@ class Agent(Protocol):
         ...
 
 
-log = logging.getLogger("statekernel")
-
 NOT_RUN_FINISHED = "not run: the run finished ({reason})"
 UNCERTAIN = "uncertain_tool_calls"
-COMMIT_RETRIES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
-"""Pauses between attempts of a commit that failed in the store (then ``StoreError``)."""
 
 
 class _HookFailed(Exception):
@@ -203,10 +196,8 @@ class RunDriver:
 
     def __init__(self, kernel: Agent, run: Run, lease: Lease | None = None) -> None:
         self.kernel = kernel
-        self.lease = lease
-        """The run's lease this driver commits under (None: unfenced, for new runs)."""
-        self.lost = False
-        """True once the lease was found to have moved on: the driver must stop."""
+        self.committer = Committer(kernel.store, lease)
+        """Lands this driver's commits under the run's lease (None: unfenced, new runs)."""
         self.lc = Lifecycle(run)
         self.lock = asyncio.Lock()
         self.users = 0
@@ -235,6 +226,24 @@ class RunDriver:
         self.trace_parent: TraceContext | None = None
         """The span of the drive in progress (see ``_kernel.telemetry``): parent of the spans of
         this driver's commits, model calls and tool calls."""
+
+    @property
+    def lease(self) -> Lease | None:
+        """The run's lease this driver commits under (None: unfenced, for new runs)."""
+        return self.committer.lease
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease was found to have moved on: the driver must stop."""
+        return self.committer.lost
+
+    @lost.setter
+    def lost(self, value: bool) -> None:
+        self.committer.lost = value
+
+    def _undo(self, previous: Run) -> Callable[[], None]:
+        """Put the driver's copy back at ``previous`` (a commit did not land)."""
+        return lambda: self.lc.reset(previous)
 
     @property
     def run(self) -> Run:
@@ -345,7 +354,7 @@ class RunDriver:
         checkpoint = Checkpoint.appended(base, self.lc.run, events)
         self.base, self.staged, self.staged_intents, self.staged_outcomes = None, [], [], []
         try:
-            await self._land(checkpoint, base)
+            await self.committer.land(checkpoint, self._undo(base), self.trace_parent)
         except BaseException:
             if self.lc.run.revision == base.revision:  # not landed
                 for ids, _ in intents:
@@ -380,98 +389,6 @@ class RunDriver:
             for call_id in outcome.ids:
                 await self._hook("on_tool_call_completed", run, _turn(run).call(call_id))
 
-    async def _land(self, checkpoint: Checkpoint, previous: Run) -> None:
-        """Commit ``checkpoint`` (the driver's copy is already at it): on return it landed.
-
-        A store failure is settled (did it land?), then the commit is tried again with
-        backoff; when every attempt failed, ``StoreError`` is raised. On any way out
-        without a landed commit the copy goes back to ``previous``; a cancellation after
-        the commit landed keeps it.
-        """
-        with telemetry.commit_span(self.trace_parent, checkpoint) as span:
-            for attempt, pause in enumerate((*COMMIT_RETRIES, None), 1):
-                span.attempts = attempt
-                try:
-                    if await self._attempt(checkpoint):
-                        break
-                except asyncio.CancelledError:
-                    if not await self._landed_anyway(checkpoint):
-                        self.lc.reset(previous)
-                    raise
-                except StoreError as exc:
-                    try:
-                        landed = await self._settle(checkpoint)
-                    except BaseException:
-                        self.lc.reset(previous)
-                        raise
-                    if landed:
-                        break
-                    if pause is None:
-                        self.lc.reset(previous)
-                        raise
-                    _log_retry(checkpoint, attempt, pause, exc)
-                except LeaseLost:
-                    self.lc.reset(previous)
-                    run = checkpoint.run
-                    log_lease_lost(run.run_id, run.revision, "its commit was refused")
-                    raise
-                except BaseException:
-                    self.lc.reset(previous)
-                    raise
-                if pause is not None:
-                    await asyncio.sleep(pause)
-        _log_commit(checkpoint)
-
-    async def _attempt(self, checkpoint: Checkpoint) -> bool:
-        """One commit attempt, run to its end by the store even if the caller is cancelled
-        (then the cancellation is raised once the store is done, and ``_cancel_landed``
-        says whether the commit landed, when that is known without reading the head)."""
-        store = self.kernel.store
-        if self.lost:
-            raise LeaseLost(checkpoint.run.run_id, checkpoint.expected_revision)
-        if settles_on_cancel(store):
-            # its commit has ended, landed or not, when a cancellation comes out of it:
-            # no task of our own (the head tells the outcome on that rare path)
-            await store.commit(checkpoint, lease=self.lease)
-            return True
-        task = asyncio.ensure_future(store.commit(checkpoint, lease=self.lease))
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if not task.done():
-                await asyncio.wait([task])
-            self._cancel_landed = not task.cancelled() and task.exception() is None
-            raise
-        return True
-
-    _cancel_landed = False
-
-    async def _landed_anyway(self, checkpoint: Checkpoint) -> bool:
-        """After a cancellation during a commit: whether the commit landed all the same
-        (the store's answer, or the head when the store failed)."""
-        if self._cancel_landed:
-            self._cancel_landed = False
-            return True
-        return bool(await self._settle(checkpoint))
-
-    async def _settle(self, checkpoint: Checkpoint) -> bool | None:
-        """Whether ``checkpoint`` landed, read from the head; None when the store cannot
-        tell right now. Only the lease holder commits, but a command of the same kernel
-        may share the lease, so the head must be this very commit: same revision, same
-        instant of the transition, same events."""
-        try:
-            head = await self.kernel.store.load(checkpoint.run.run_id)
-        except RunNotFound:
-            return False
-        except StatekernelError:
-            return None
-        mine = checkpoint.run
-        if head.revision == mine.revision and _same_commit(head, mine):
-            return True
-        if head.revision == checkpoint.expected_revision:
-            return False
-        raise ConflictError(mine.run_id, checkpoint.expected_revision, head.revision)
-
     async def commit_data(self, run: Run, kind: str, data: dict[str, Any]) -> Event:
         """Commit a change of data that is not a lifecycle transition (same state)."""
         previous = self.lc.run
@@ -481,7 +398,11 @@ class RunDriver:
             run, revision=previous.revision + 1, event_count=previous.event_count + 1
         )
         self.lc.reset(run)
-        await self._land(Checkpoint.between(previous, run, (event,)), previous)
+        await self.committer.land(
+            Checkpoint.between(previous, run, (event,)),
+            self._undo(previous),
+            self.trace_parent,
+        )
         return event
 
     # -- up to the next commit ---------------------------------------------------
@@ -986,61 +907,6 @@ class RunDriver:
             raise escaped
 
 
-_AT_REST = {"run_paused", "run_failed", "run_completed"}
-
-
-def _log_commit(checkpoint: Checkpoint) -> None:
-    """DEBUG: a commit landed; INFO: it brought the run to rest."""
-    run = checkpoint.run
-    rested = [e.type for e in checkpoint.events if e.type in _AT_REST]
-    if not (rested or log.isEnabledFor(logging.DEBUG)):
-        return
-    types = [event.type for event in checkpoint.events]
-    fields = {"run_id": run.run_id, "revision": run.revision, "state": run.state}
-    log.debug(
-        "run %s: committed revision %d (%s)",
-        run.run_id,
-        run.revision,
-        ", ".join(types),
-        extra={**fields, "events": types},
-    )
-    if rested:
-        reason = run.pause.reason if run.state == "paused" and run.pause else None
-        why = f" ({reason})" if reason else ""
-        log.info(
-            "run %s %s at revision %d%s",
-            run.run_id,
-            run.state,
-            run.revision,
-            why,
-            extra={**fields, "reason": reason},
-        )
-
-
-def _log_retry(checkpoint: Checkpoint, attempt: int, pause: float, exc: BaseException) -> None:
-    run = checkpoint.run
-    log.warning(
-        "run %s: commit of revision %d failed in the store (%s); trying again in %.2f s",
-        run.run_id,
-        run.revision,
-        exc,
-        pause,
-        extra={"run_id": run.run_id, "revision": run.revision, "attempt": attempt},
-    )
-
-
-def log_lease_lost(run_id: str, revision: int, why: str) -> None:
-    """WARNING: this kernel lost the run's lease (another owner may drive it now);
-    ``revision``: of the refused commit, else the last one this kernel knows."""
-    log.warning(
-        "run %s: lease lost (revision %d): %s",
-        run_id,
-        revision,
-        why,
-        extra={"run_id": run_id, "revision": revision},
-    )
-
-
 def _stored_outcome(ids: tuple[str, ...], output: JSON) -> _Outcome:
     """A tool's return value as stored (with the context patch of a ``ToolOutput``), or
     an error result saying why it cannot be."""
@@ -1063,14 +929,6 @@ def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
-
-
-def _same_commit(head: Run, mine: Run) -> bool:
-    return (
-        head.updated_at == mine.updated_at
-        and head.event_count == mine.event_count
-        and head.state == mine.state
-    )
 
 
 def _turn(run: Run) -> Turn:

@@ -34,9 +34,10 @@ import attrs
 
 from statekernel._kernel import telemetry
 from statekernel._kernel.asking import INPUT_REQUIRED
+from statekernel._kernel.commit import log_lease_lost
 from statekernel._kernel.delegate import DelegateTool, child_runs, run_tree
 from statekernel._kernel.dispatch import DispatchPolicy
-from statekernel._kernel.drive import UNCERTAIN, RunDriver, log_lease_lost
+from statekernel._kernel.drive import UNCERTAIN, RunDriver
 from statekernel._kernel.hooks import Hooks, check_hooks
 from statekernel._kernel.middleware import Middleware
 from statekernel._kernel.model import ModelProvider
