@@ -16,6 +16,7 @@ import hashlib
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
@@ -53,7 +54,7 @@ from statekernel.stores._format.codec import (
     snapshot_of,
 )
 from statekernel.stores._listing import page_of
-from statekernel.stores._owners import HostLeases, LeaseChange, LeaseRecord, check_fence
+from statekernel.stores._owners import Clock, HostLeases, LeaseChange, LeaseRecord, check_fence
 
 __all__ = ["FileStore"]
 
@@ -70,15 +71,19 @@ def folder_name(run_id: str) -> str:
 
 
 class FileStore:
-    """Runs as folders of append-only files under one directory."""
+    """Runs as folders of append-only files under one directory.
 
-    def __init__(self, url: str) -> None:
+    Leases expire on ``clock`` (seconds since the epoch, ``time.time`` unless given
+    another, such as ``statekernel.testing.ManualClock``).
+    """
+
+    def __init__(self, url: str, *, clock: Clock = time.time) -> None:
         parts = urlsplit(url)
         if parts.netloc not in ("", "localhost") or not parts.path or parts.query:
             raise ConfigError(f"bad file store URL {url!r}: expected file:///path/to/dir")
         self.url = url
         self.root = Path(unquote(parts.path))
-        self._leases = HostLeases(self.root / ".owners", self._apply)
+        self._leases = HostLeases(self.root / ".owners", self._apply, clock=clock)
 
     def _folder(self, run_id: str) -> RunFolder:
         return RunFolder(self.root / folder_name(run_id), self.url, run_id)

@@ -9,6 +9,7 @@ load gives a run decoded from bytes, sharing nothing with the committed objects.
 
 from __future__ import annotations
 
+import time
 import weakref
 from datetime import datetime
 from typing import Any
@@ -34,7 +35,7 @@ from statekernel.stores._format.codec import (
 )
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._listing import page_of
-from statekernel.stores._owners import HostLeases, LeaseChange, LeaseRecord, check_fence
+from statekernel.stores._owners import Clock, HostLeases, LeaseChange, LeaseRecord, check_fence
 
 __all__ = ["MemoryStore", "StoredRun"]
 
@@ -73,16 +74,17 @@ class MemoryStore:
     point into, so memory grows with the change, not with the number of revisions
     times the transcript. Stores opened with the same ``memory://NAME`` URL in one
     process share data while any of them is alive; once the last one is gone, so
-    is the data.
+    is the data. Leases expire on ``clock`` (seconds since the epoch, ``time.time``
+    unless given another, such as ``statekernel.testing.ManualClock``).
     """
 
     settles_on_cancel = True
     """A commit runs without awaiting, so a cancelled caller leaves nothing in flight."""
 
-    def __init__(self, name: str = "") -> None:
+    def __init__(self, name: str = "", *, clock: Clock = time.time) -> None:
         self.url = f"memory://{name}"
         self._runs = _named.setdefault(name, _Runs()) if name else _Runs()
-        self._leases = HostLeases(None, self._apply)
+        self._leases = HostLeases(None, self._apply, clock=clock)
 
     def stored(self, run_id: str) -> StoredRun | None:
         """The stored records of a run (for inspection, and for tests that damage them)."""

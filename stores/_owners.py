@@ -10,6 +10,10 @@ holds ``flock`` on a file of its own in the store's owners folder. The kernel ho
 that lock in its process, so the OS releases it the moment the process dies; another
 process that finds the file unlocked knows the owner is dead and takes its leases
 over at once, without waiting for them to expire.
+
+Expiry is measured on a ``Clock``: wall-clock seconds since the epoch, ``time.time``
+unless a store was given another (``statekernel.testing.ManualClock`` in tests, so a
+lease expires when a test moves the clock on rather than after a real sleep).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from statekernel._storage.protocol import Lease
 from statekernel.errors import LeaseLost, RunBusy, StoreError
 
 __all__ = [
+    "Clock",
     "HostLeases",
     "LeaseChange",
     "LeaseRecord",
@@ -38,6 +43,11 @@ __all__ = [
     "renewed",
     "take",
 ]
+
+
+Clock = Callable[[], float]
+"""What lease expiry is measured on: a call that returns the current time in seconds
+since the epoch, like ``time.time`` (the default)."""
 
 
 @attrs.frozen
@@ -198,15 +208,19 @@ class HostLeases:
     ``apply(run_id, change)`` is the store's own atomic step: read the run's lease
     record, store ``change(record)`` and return it, all under the lock or transaction
     its commits take; it raises ``RunNotFound`` when there is no such run. Owners
-    prove they are alive with ``OwnerProofs`` in ``folder``.
+    prove they are alive with ``OwnerProofs`` in ``folder``. Leases expire on
+    ``clock`` (``time.time`` unless given another).
     """
 
     def __init__(
         self,
         folder: Path | None,
         apply: Callable[[str, LeaseChange], Awaitable[LeaseRecord | None]],
+        *,
+        clock: Clock = time.time,
     ) -> None:
         self.proofs = OwnerProofs(folder)
+        self.clock = clock
         self._apply = apply
 
     async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
@@ -214,7 +228,7 @@ class HostLeases:
         self.proofs.hold(owner)
         try:
             record = await self._apply(
-                run_id, lambda old: take(old, run_id, owner, ttl, time.time(), self.proofs.alive)
+                run_id, lambda old: take(old, run_id, owner, ttl, self.clock(), self.proofs.alive)
             )
         except BaseException:
             self.proofs.drop(owner)
@@ -224,7 +238,7 @@ class HostLeases:
 
     async def renew(self, lease: Lease, *, ttl: float) -> None:
         """Extend the lease (``LeaseLost`` if it moved on)."""
-        await self._apply(lease.run_id, lambda old: renewed(old, lease, ttl, time.time()))
+        await self._apply(lease.run_id, lambda old: renewed(old, lease, ttl, self.clock()))
 
     async def release(self, lease: Lease) -> None:
         """Give the lease up and, with the owner's last lease here, its owner lock."""

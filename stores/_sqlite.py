@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
@@ -65,7 +66,7 @@ from statekernel.stores._format.codec import (
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
-from statekernel.stores._owners import HostLeases, LeaseChange, LeaseRecord
+from statekernel.stores._owners import Clock, HostLeases, LeaseChange, LeaseRecord
 from statekernel.stores._sqlite_file import connect, needs_read_only, prepare_file
 from statekernel.stores._sqlite_ops import (
     BadRow,
@@ -111,9 +112,13 @@ class SQLiteStore:
     """A cancelled commit has landed whole or not at all when the cancellation propagates
     (one still queued is not written; one being written is waited for)."""
 
-    def __init__(self, url: str, *, read_only: bool | None = None) -> None:
+    def __init__(
+        self, url: str, *, read_only: bool | None = None, clock: Clock = time.time
+    ) -> None:
         """``read_only`` None: read-only when the file exists but it or its folder
-        cannot be written (a commit then fails with ``StoreError``)."""
+        cannot be written (a commit then fails with ``StoreError``). Leases expire on
+        ``clock`` (seconds since the epoch, ``time.time`` unless given another, such
+        as ``statekernel.testing.ManualClock``)."""
         self.url = url
         self.path, self._sync, self._timeout = parse_sqlite_url(url)
         self.read_only = needs_read_only(self.path) if read_only is None else read_only
@@ -122,7 +127,7 @@ class SQLiteStore:
         self._lock = asyncio.Lock()
         self._heads: HeadCache[Stored] = HeadCache()
         folder = None if self.path == ":memory:" else Path(self.path + "-owners")
-        self._leases = HostLeases(folder, self._apply)
+        self._leases = HostLeases(folder, self._apply, clock=clock)
         self._group: GroupCommit[_Commit, Outcome] = GroupCommit(self._write, self._failed)
 
     def _error(self, exc: BaseException) -> StoreError:

@@ -1,9 +1,10 @@
 """Testing helpers for users' own agents and stores: a scripted model, conformance
-suites and crash/resume fuzzing."""
+suites, crash/resume fuzzing and a manual clock for lease expiry."""
 
 from __future__ import annotations
 
 from statekernel.testing._cassette import Cassette, request_key
+from statekernel.testing._clock import ManualClock
 from statekernel.testing._faults import (
     CRASH_POINTS,
     Crash,
@@ -40,6 +41,7 @@ __all__ = [
     "FaultyStore",
     "FileRecords",
     "Ledger",
+    "ManualClock",
     "MemoryRecords",
     "RawDocuments",
     "RawRecords",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,11 +18,22 @@ from typing import Any
 import pytest
 
 import statekernel as sk
-from statekernel.errors import StoreError
-from statekernel.stores import Checkpoint, CheckpointStore, Lease, StoreWrapper, open_store
-from statekernel.testing import ScriptedProvider, call
+from statekernel.errors import InvalidArgument, LeaseLost, StoreError
+from statekernel.stores import (
+    Checkpoint,
+    CheckpointStore,
+    FileStore,
+    Lease,
+    MemoryStore,
+    SQLiteStore,
+    StoreWrapper,
+    open_store,
+)
+from statekernel.testing import ManualClock, ScriptedProvider, call
 
 KINDS = ["memory", "file", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+HOST_KINDS = ["memory", "file", "sqlite"]
+"""The stores whose leases expire on a clock they are given (Redis expires them itself)."""
 _n = itertools.count()
 
 
@@ -36,6 +48,51 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if kind == "sqlite":
         return f"sqlite:///{tmp_path}/runs.db"
     return str(request.getfixturevalue("redis_store_url"))
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(1_000_000.0)
+
+
+@pytest.fixture(params=HOST_KINDS)
+async def clocked_store(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
+) -> AsyncIterator[CheckpointStore]:
+    """A memory, file or SQLite store whose leases expire on ``clock``."""
+    store: CheckpointStore
+    if request.param == "memory":
+        store = MemoryStore(clock=clock)
+    elif request.param == "file":
+        store = FileStore(f"file://{tmp_path}/files", clock=clock)
+    else:
+        store = SQLiteStore(f"sqlite:///{tmp_path}/runs.db", clock=clock)
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+class Renewals(StoreWrapper):
+    """Notes when each lease renewal began on the store's clock, once it has landed."""
+
+    def __init__(self, inner: CheckpointStore, clock: ManualClock) -> None:
+        super().__init__(inner)
+        self.clock = clock
+        self.landed: list[float] = []
+
+    async def renew(self, lease: Lease, *, ttl: float) -> None:
+        began = self.clock()
+        await self.inner.renew(lease, ttl=ttl)
+        self.landed.append(began)
+
+    async def advance_renewed(self, seconds: float) -> None:
+        """Move the clock on, then wait for a renewal made at the new time to land."""
+        now = self.clock.advance(seconds)
+        deadline = asyncio.get_running_loop().time() + 10
+        while not any(t >= now for t in self.landed):  # at the renewer's real-time pace
+            assert asyncio.get_running_loop().time() < deadline, "the lease is not renewed"
+            await asyncio.sleep(0.005)
 
 
 @asynccontextmanager
@@ -148,21 +205,31 @@ async def test_a_waiting_owner_takes_over_when_the_first_finishes(store_url: str
         await second.aclose()
 
 
-async def test_leases_are_renewed_while_a_drive_runs(tmp_path: Path) -> None:
+TTL = 0.06
+"""The lease time to live of the kernels whose renewals the tests watch: they renew
+every third of it in real time, while the store's clock moves only when a test says."""
+
+
+async def test_leases_are_renewed_while_a_drive_runs(
+    clocked_store: CheckpointStore, clock: ManualClock
+) -> None:
     ledger = Ledger()
-    async with opened(f"sqlite:///{tmp_path}/runs.db") as store:
-        owner = kernel_on(store, ledger, hold=True, lease_ttl=0.3)
-        other = kernel_on(store, ledger, busy_timeout=0.1)
-        run = await owner.start(model="scripted/x", messages=["pay"])
-        driving = asyncio.create_task(drain(owner, run.run_id))
-        await asyncio.sleep(1.0)  # three times the lease's time to live
-        with pytest.raises(sk.RunBusy):
-            await drain(other, run.run_id)
-        ledger.gate.set()
-        await driving
-        assert len(ledger.started) == 2
-        await owner.aclose()
-        await other.aclose()
+    store = Renewals(clocked_store, clock)
+    owner = kernel_on(store, ledger, hold=True, lease_ttl=TTL)
+    other = kernel_on(store, ledger, busy_timeout=0.1)
+    run = await owner.start(model="scripted/x", messages=["pay"])
+    driving = asyncio.create_task(drain(owner, run.run_id))
+    while not ledger.started:  # noqa: ASYNC110 - waits for the tool to be inside its effect
+        await asyncio.sleep(0.005)
+    for _ in range(3):  # three times the lease's time to live, renewed on the way
+        await store.advance_renewed(TTL * 0.9)
+    with pytest.raises(sk.RunBusy):
+        await drain(other, run.run_id)
+    ledger.gate.set()
+    await driving
+    assert len(ledger.started) == 2
+    await owner.aclose()
+    await other.aclose()
 
 
 class Flaky(StoreWrapper):
@@ -337,35 +404,104 @@ class SlowHooks(sk.Hooks):
         await asyncio.sleep(0.1)
 
 
-async def test_a_drive_waiting_behind_a_step_keeps_the_lease(tmp_path: Path) -> None:
+async def test_a_drive_waiting_behind_a_step_keeps_the_lease(
+    clocked_store: CheckpointStore, clock: ManualClock
+) -> None:
     ledger = Ledger()
-    async with opened(f"sqlite:///{tmp_path}/runs.db") as store:
-        owner = sk.Kernel(
-            store,
-            tools=ledger.tools(hold=True),
-            providers={"scripted": ScriptedProvider(SCRIPT)},
-            hooks=SlowHooks(),
-            lease_ttl=0.3,
-        )
-        run = await owner.start(model="scripted/x", messages=["pay"])
-        await owner.step(run.run_id)
-        stepping = asyncio.create_task(owner.step(run.run_id))  # inside the slow hook
-        await asyncio.sleep(0.02)
-        driving = asyncio.create_task(drain(owner, run.run_id))  # waits for the step
-        await stepping
-        while not ledger.started:  # noqa: ASYNC110 - waits for the tool to be inside its effect
-            await asyncio.sleep(0.005)
-        assert run.run_id in owner._drivers  # the waiting drive's lease is renewed
-        await asyncio.sleep(1.0)  # three times the lease's time to live
-        other = kernel_on(store, ledger, busy_timeout=0.1)
-        with pytest.raises(sk.RunBusy):
-            await drain(other, run.run_id)
-        ledger.gate.set()
-        await driving
-        assert not ledger.overlaps
-        assert (await store.load(run.run_id)).state == "completed"
-        await owner.aclose()
-        await other.aclose()
+    store = Renewals(clocked_store, clock)
+    owner = sk.Kernel(
+        store,
+        tools=ledger.tools(hold=True),
+        providers={"scripted": ScriptedProvider(SCRIPT)},
+        hooks=SlowHooks(),
+        lease_ttl=TTL,
+    )
+    run = await owner.start(model="scripted/x", messages=["pay"])
+    await owner.step(run.run_id)
+    stepping = asyncio.create_task(owner.step(run.run_id))  # inside the slow hook
+    await asyncio.sleep(0.02)
+    driving = asyncio.create_task(drain(owner, run.run_id))  # waits for the step
+    await stepping
+    while not ledger.started:  # noqa: ASYNC110 - waits for the tool to be inside its effect
+        await asyncio.sleep(0.005)
+    assert run.run_id in owner._drivers  # the waiting drive's lease is renewed
+    for _ in range(3):  # three times the lease's time to live, renewed on the way
+        await store.advance_renewed(TTL * 0.9)
+    other = kernel_on(store, ledger, busy_timeout=0.1)
+    with pytest.raises(sk.RunBusy):
+        await drain(other, run.run_id)
+    ledger.gate.set()
+    await driving
+    assert not ledger.overlaps
+    assert (await store.load(run.run_id)).state == "completed"
+    await owner.aclose()
+    await other.aclose()
+
+
+EPS = 0.001
+
+
+async def test_a_lease_expires_exactly_when_the_clock_passes_its_ttl(
+    clocked_store: CheckpointStore, clock: ManualClock
+) -> None:
+    store = clocked_store
+    kernel = kernel_on(store, Ledger())
+    run = await kernel.start(model="scripted/x", messages=["pay"])
+    await kernel.aclose()
+    first = await store.acquire(run.run_id, "owner-a", ttl=10.0)
+    clock.advance(10.0 - EPS)
+    with pytest.raises(sk.RunBusy) as busy:
+        await store.acquire(run.run_id, "owner-b", ttl=10.0)
+    assert busy.value.owner == "owner-a"
+    clock.advance(2 * EPS)  # owner-a never renewed: its lease is over
+    second = await store.acquire(run.run_id, "owner-b", ttl=10.0)
+    assert int(second.token) > int(first.token)
+    with pytest.raises(LeaseLost):
+        await store.renew(first, ttl=10.0)
+    clock.advance(5.0)
+    await store.renew(second, ttl=10.0)  # counts from the renewal, not the acquisition
+    clock.advance(10.0 - EPS)
+    with pytest.raises(sk.RunBusy):
+        await store.acquire(run.run_id, "owner-c", ttl=10.0)
+    clock.advance(2 * EPS)
+    third = await store.acquire(run.run_id, "owner-c", ttl=10.0)
+    await store.release(third)
+    await store.release(second)  # moved on: changes nothing
+    await store.release(first)
+
+
+async def test_a_waiting_kernel_takes_over_once_a_dead_owners_lease_expires(
+    clocked_store: CheckpointStore, clock: ManualClock
+) -> None:
+    ledger = Ledger()
+    store = clocked_store
+    kernel = kernel_on(store, ledger, busy_timeout=30)
+    run = await kernel.start(model="scripted/x", messages=["pay"])
+    dead = await store.acquire(run.run_id, "dead-owner", ttl=15.0)  # never renewed
+    waiting = asyncio.create_task(drain(kernel, run.run_id))
+    await asyncio.sleep(0.05)
+    clock.advance(15.0 - EPS)
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # the lease is still live: the kernel keeps waiting
+    clock.advance(2 * EPS)
+    await asyncio.wait_for(waiting, timeout=5)
+    assert (await store.load(run.run_id)).state == "completed"
+    assert len(ledger.started) == 2
+    with pytest.raises(LeaseLost):
+        await store.renew(dead, ttl=15.0)
+    await kernel.aclose()
+
+
+def test_a_manual_clock_moves_only_forward_and_only_when_told() -> None:
+    before = time.time()
+    assert before <= ManualClock()() <= time.time()
+    clock = ManualClock(100.0)
+    assert clock() == clock() == 100.0
+    assert clock.advance(2.5) == clock() == 102.5
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(InvalidArgument):
+            clock.advance(bad)
+    assert clock() == 102.5
 
 
 async def test_a_cancelled_drive_forgets_a_result_that_landed(store_url: str) -> None:
