@@ -55,16 +55,30 @@ class Committer:
         trace_parent: telemetry.TraceContext | None = None,
     ) -> None:
         """Commit ``checkpoint``: on return it landed; on any way out without a landed
-        commit ``undo`` was called first (a cancellation after it landed keeps it)."""
+        commit ``undo`` was called first (a cancellation after it landed keeps it).
+
+        Each attempt is run to its end by the store even if the caller is cancelled: a
+        store that declares ``SettlesOnCancel`` has ended its commit when the
+        cancellation comes out of it; any other store's commit runs in a task of its
+        own, waited for before the cancellation goes on.
+        """
+        settles = settles_on_cancel(self.store)
         with telemetry.commit_span(trace_parent, checkpoint) as span:
             for attempt, pause in enumerate((*COMMIT_RETRIES, None), 1):
                 span.attempts = attempt
-                known: list[bool] = []  # set when a cancelled attempt knows its outcome
+                task: asyncio.Future[None] | None = None
                 try:
-                    await self._attempt(checkpoint, known)
+                    if self.lost:
+                        raise LeaseLost(checkpoint.run.run_id, checkpoint.expected_revision)
+                    write = self.store.commit(checkpoint, lease=self.lease)
+                    task = None if settles else asyncio.ensure_future(write)
+                    await (write if task is None else asyncio.shield(task))
                     break
                 except asyncio.CancelledError:
-                    if not (known[0] if known else await self._settle(checkpoint)):
+                    if task is not None and not task.done():
+                        await asyncio.wait([task])
+                    wrote = task is not None and not task.cancelled() and not task.exception()
+                    if not (wrote or await self._settle(checkpoint)):
                         undo()
                     raise
                 except StoreError as exc:
@@ -90,26 +104,6 @@ class Committer:
                 if pause is not None:
                     await asyncio.sleep(pause)
         _log_commit(checkpoint)
-
-    async def _attempt(self, checkpoint: Checkpoint, known: list[bool]) -> None:
-        """One commit attempt, run to its end by the store even if the caller is
-        cancelled; then ``known`` gets whether it landed, when the store's answer says."""
-        if self.lost:
-            raise LeaseLost(checkpoint.run.run_id, checkpoint.expected_revision)
-        store = self.store
-        if settles_on_cancel(store):
-            # its commit has ended, landed or not, when a cancellation comes out of it:
-            # no task of our own (the head tells the outcome on that rare path)
-            await store.commit(checkpoint, lease=self.lease)
-            return
-        task = asyncio.ensure_future(store.commit(checkpoint, lease=self.lease))
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if not task.done():
-                await asyncio.wait([task])
-            known.append(not task.cancelled() and task.exception() is None)
-            raise
 
     async def _settle(self, checkpoint: Checkpoint) -> bool | None:
         """Whether ``checkpoint`` landed, read from the head; None when the store cannot
