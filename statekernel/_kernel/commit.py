@@ -8,13 +8,15 @@ transition, same events). One that did not land is tried again with backoff
 (``COMMIT_RETRIES``); when every attempt failed, ``StoreError`` is raised. A
 cancellation while the store works waits for the store to finish (no orphaned write
 can land under a process that resumes the run right after), then says whether the
-commit landed the same way. On every way out without a landed commit, ``undo`` puts
-the driver's copy back at the last commit.
+commit landed the same way. On every way out without a landed commit (a cancellation
+during the pause between attempts, a head that cannot be read, a conflict), ``undo``
+puts the driver's copy back at the last commit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -60,49 +62,46 @@ class Committer:
         Each attempt is run to its end by the store even if the caller is cancelled: a
         store that declares ``SettlesOnCancel`` has ended its commit when the
         cancellation comes out of it; any other store's commit runs in a task of its
-        own, waited for before the cancellation goes on.
+        own, waited for (through further cancellations) before the cancellation goes on.
         """
         settles = settles_on_cancel(self.store)
-        with telemetry.commit_span(trace_parent, checkpoint) as span:
-            for attempt, pause in enumerate((*COMMIT_RETRIES, None), 1):
-                span.attempts = attempt
-                task: asyncio.Future[None] | None = None
-                try:
-                    if self.lost:
-                        raise LeaseLost(checkpoint.run.run_id, checkpoint.expected_revision)
-                    write = self.store.commit(checkpoint, lease=self.lease)
-                    task = None if settles else asyncio.ensure_future(write)
-                    await (write if task is None else asyncio.shield(task))
-                    break
-                except asyncio.CancelledError:
-                    if task is not None and not task.done():
-                        await asyncio.wait([task])
-                    wrote = task is not None and not task.cancelled() and not task.exception()
-                    if not (wrote or await self._settle(checkpoint)):
-                        undo()
-                    raise
-                except StoreError as exc:
+        landed = False
+        try:
+            with telemetry.commit_span(trace_parent, checkpoint) as span:
+                for attempt, pause in enumerate((*COMMIT_RETRIES, None), 1):
+                    span.attempts = attempt
+                    task: asyncio.Future[None] | None = None
                     try:
-                        landed = await self._settle(checkpoint)
-                    except BaseException:
-                        undo()
-                        raise
-                    if landed:
+                        if self.lost:
+                            raise LeaseLost(checkpoint.run.run_id, checkpoint.expected_revision)
+                        write = self.store.commit(checkpoint, lease=self.lease)
+                        task = None if settles else asyncio.ensure_future(write)
+                        await (write if task is None else asyncio.shield(task))
+                        landed = True
                         break
-                    if pause is None:
-                        undo()
+                    except asyncio.CancelledError:
+                        if task is not None:
+                            await _finished(task)
+                        wrote = task is not None and not task.cancelled() and not task.exception()
+                        landed = wrote or bool(await self._settle(checkpoint))
                         raise
-                    _log_retry(checkpoint, attempt, pause, exc)
-                except LeaseLost:
-                    undo()
-                    run = checkpoint.run
-                    log_lease_lost(run.run_id, run.revision, "its commit was refused")
-                    raise
-                except BaseException:
-                    undo()
-                    raise
-                if pause is not None:
-                    await asyncio.sleep(pause)
+                    except StoreError as exc:
+                        landed = bool(await self._settle(checkpoint))
+                        if landed:
+                            break
+                        if pause is None:
+                            raise
+                        _log_retry(checkpoint, attempt, pause, exc)
+                    except LeaseLost:
+                        run = checkpoint.run
+                        log_lease_lost(run.run_id, run.revision, "its commit was refused")
+                        raise
+                    if pause is not None:
+                        await asyncio.sleep(pause)
+        except BaseException:
+            if not landed:
+                undo()
+            raise
         _log_commit(checkpoint)
 
     async def _settle(self, checkpoint: Checkpoint) -> bool | None:
@@ -122,6 +121,14 @@ class Committer:
         if head.revision == checkpoint.expected_revision:
             return False
         raise ConflictError(mine.run_id, checkpoint.expected_revision, head.revision)
+
+
+async def _finished(task: asyncio.Future[None]) -> None:
+    """Wait until ``task`` is done, whatever cancellations arrive meanwhile (the one in
+    flight is raised by the caller once the store has finished its write)."""
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([task])
 
 
 def _same_commit(head: Run, mine: Run) -> bool:
