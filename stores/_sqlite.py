@@ -67,7 +67,13 @@ from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._owners import Clock, HostLeases, LeaseChange, LeaseRecord
-from statekernel.stores._sqlite_file import connect, needs_read_only, prepare_file
+from statekernel.stores._sqlite_file import (
+    connect,
+    file_state,
+    needs_read_only,
+    opens_immutable,
+    prepare_file,
+)
 from statekernel.stores._sqlite_ops import (
     BadRow,
     CommitRows,
@@ -124,6 +130,8 @@ class SQLiteStore:
         self.read_only = needs_read_only(self.path) if read_only is None else read_only
         self._conn: aiosqlite.Connection | None = None
         self._raw: sqlite3.Connection | None = None
+        self._snapshot: tuple[object, ...] | None = None
+        """``file_state`` when the file was opened ``immutable`` (else None)."""
         self._lock = asyncio.Lock()
         self._heads: HeadCache[Stored] = HeadCache()
         folder = None if self.path == ":memory:" else Path(self.path + "-owners")
@@ -149,11 +157,27 @@ class SQLiteStore:
         raw.execute("PRAGMA secure_delete = ON")
         migrate_schema(raw)
 
+    def _written_since_opened(self) -> bool:
+        """An ``immutable`` connection sees no later write: True when the file changed."""
+        if self._snapshot is None:
+            return False
+        try:
+            return file_state(self.path) != self._snapshot
+        except OSError:
+            return True
+
     async def _open(self) -> aiosqlite.Connection:
         async with self._lock:
+            if self._conn is not None and self._written_since_opened():
+                conn, self._conn, self._raw = self._conn, None, None
+                self._heads.clear()
+                with contextlib.suppress(sqlite3.Error, ValueError):
+                    await conn.close()
             if self._conn is not None:
                 return self._conn
             try:
+                immutable = self.read_only and opens_immutable(self.path)
+                self._snapshot = file_state(self.path) if immutable else None
                 if self.path != ":memory:" and not self.read_only:
                     prepare_file(Path(self.path))
                 conn = await aiosqlite.Connection(self._connect, 64)

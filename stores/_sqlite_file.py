@@ -7,8 +7,10 @@ it has waited ``FIRST_WAIT_MS`` it says so once on the ``statekernel.stores`` lo
 A store in a folder (or a file) this process may not write is still readable: listing,
 showing and checking its runs work, and a commit fails with a ``StoreError`` saying
 the store is read-only. SQLite reads a WAL database through its ``-shm`` file; in a
-folder where that file cannot be created, the database is opened ``immutable`` (no
-process can be writing it then: a writer needs that file too).
+folder where that file cannot be created, the database is opened ``immutable``: no
+process is writing it then (a writer needs that file too), and should one start (one
+with more rights than this process), the store sees the file change and opens it
+again before its next read (a read torn by a write in between fails its checksum).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ __all__ = [
     "StoreConnection",
     "begin_immediate",
     "connect",
+    "file_state",
     "needs_read_only",
+    "opens_immutable",
     "prepare_file",
 ]
 
@@ -46,15 +50,19 @@ class StoreConnection(sqlite3.Connection):
 def begin_immediate(conn: sqlite3.Connection) -> None:
     """``BEGIN IMMEDIATE``; a wait for another writer's lock longer than
     ``FIRST_WAIT_MS`` is logged once, naming the store, and goes on to the full
-    ``busy_timeout``."""
-    try:
+    ``busy_timeout`` (every other statement waits the full timeout at once)."""
+    if not isinstance(conn, StoreConnection) or conn.patience_ms <= FIRST_WAIT_MS:
         conn.execute("BEGIN IMMEDIATE")
-    except sqlite3.OperationalError as exc:
-        if not isinstance(conn, StoreConnection) or exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
-            raise
+        return
+    conn.execute(f"PRAGMA busy_timeout = {FIRST_WAIT_MS}")
+    try:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+                raise
         rest = conn.patience_ms - FIRST_WAIT_MS
-        if rest <= 0:
-            raise
         log.warning(
             "SQLite store %r: waiting for its write lock, held by another connection"
             " (up to %.1f s more)",
@@ -63,10 +71,9 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
             extra={"store": conn.path},
         )
         conn.execute(f"PRAGMA busy_timeout = {rest}")
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        finally:
-            conn.execute(f"PRAGMA busy_timeout = {FIRST_WAIT_MS}")
+        conn.execute("BEGIN IMMEDIATE")
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {conn.patience_ms}")
 
 
 def prepare_file(path: Path) -> None:
@@ -79,26 +86,48 @@ def prepare_file(path: Path) -> None:
 
 
 def needs_read_only(path: str) -> bool:
-    """True when the database file exists but it, or its folder, cannot be written."""
+    """True when the database file exists but cannot be written: the file itself is not
+    writable, or its folder is not and SQLite could not create its ``-wal`` and
+    ``-shm`` files there (missing or not writable)."""
     file = Path(path)
     if path == ":memory:" or not file.is_file():
         return False
+    if not os.access(file, os.W_OK):
+        return True
     folder = file.parent if str(file.parent) else Path(".")
-    return not (os.access(file, os.W_OK) and os.access(folder, os.W_OK))
+    if os.access(folder, os.W_OK):
+        return False
+    sides = [Path(f"{file}-wal"), Path(f"{file}-shm")]
+    return not all(p.exists() and os.access(p, os.W_OK) for p in sides)
+
+
+def opens_immutable(path: str) -> bool:
+    """True when a read-only store must be opened ``immutable``: SQLite reads a WAL
+    database through its ``-shm`` file, which cannot be created in its folder."""
+    file = Path(path).resolve()
+    return not Path(f"{file}-shm").exists() and not os.access(file.parent, os.W_OK)
+
+
+def file_state(path: str) -> tuple[object, ...]:
+    """What changes when another process writes the database: the file's size and
+    modification time, and whether its ``-wal`` and ``-shm`` files exist."""
+    stat = Path(path).stat()
+    sides = (Path(f"{path}-wal").exists(), Path(f"{path}-shm").exists())
+    return (stat.st_mtime_ns, stat.st_size, *sides)
 
 
 def connect(path: str, *, read_only: bool, timeout_ms: int) -> sqlite3.Connection:
-    """A connection to the store's file, its busy timeout set (the first wait of a
-    write: ``begin_immediate`` waits the rest); a read-only one may be used from any
-    thread."""
+    """A connection to the store's file, waiting up to ``timeout_ms`` for a lock; a
+    read-only one may be used from any thread, and is ``immutable`` when
+    ``opens_immutable`` (its owner reopens it when ``file_state`` changes)."""
     if not read_only:
         conn = sqlite3.connect(path, isolation_level=None, factory=StoreConnection)
         conn.path, conn.patience_ms = path, timeout_ms
-        conn.execute(f"PRAGMA busy_timeout = {min(timeout_ms, FIRST_WAIT_MS)}")
+        conn.execute(f"PRAGMA busy_timeout = {timeout_ms}")
         return conn
     file = Path(path).resolve()
     uri = file.as_uri() + "?mode=ro"
-    if not Path(f"{file}-shm").exists() and not os.access(file.parent, os.W_OK):
+    if opens_immutable(path):
         wal = Path(f"{file}-wal")
         if wal.exists() and wal.stat().st_size:
             raise StoreError(

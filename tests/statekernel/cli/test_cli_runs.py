@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import json
 import os
@@ -408,3 +409,55 @@ def test_store_in_read_only_folder(tmp_path: Path) -> None:
         folder.chmod(0o755)
     assert sorted(p.name for p in folder.iterdir()) == before
     assert "ro-1" in ok(sk("runs", "list", "--store", store, cwd=tmp_path))
+
+
+READER = """
+import asyncio, sys
+from statekernel.stores import SQLiteStore
+
+async def main() -> None:
+    store = SQLiteStore(sys.argv[1])
+    print(store.read_only, len((await store.list_runs()).runs), flush=True)
+    sys.stdin.readline()
+    print(len((await store.list_runs()).runs), flush=True)
+    await store.aclose()
+
+asyncio.run(main())
+"""
+
+
+def _commit_sample(url: str, run_id: str) -> None:
+    from statekernel.stores import Checkpoint, SQLiteStore
+    from statekernel.testing._store_cases import sample_run
+
+    async def commit() -> None:
+        store = SQLiteStore(url)
+        await store.commit(Checkpoint.between(None, sample_run(run_id)))
+        await store.aclose()
+
+    asyncio.run(commit())
+
+
+def test_a_read_only_store_sees_what_a_writer_adds_later(tmp_path: Path) -> None:
+    """A store opened read-only (``immutable`` in a folder it cannot write) sees runs that
+    a process with more rights commits after it opened the file."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    url = f"sqlite:///{folder / 'runs.db'}"
+    _commit_sample(url, "first")
+    folder.chmod(0o555)
+    preexec = _no_write_override if os.geteuid() == 0 else None
+    try:
+        reader = subprocess.Popen(
+            [sys.executable, "-c", READER, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, preexec_fn=preexec,
+        )  # fmt: skip
+        assert reader.stdout is not None
+        assert reader.stdout.readline().split() == ["True", "1"]
+        if os.geteuid() != 0:
+            folder.chmod(0o755)  # the writer has the rights the reader lacks
+        _commit_sample(url, "second")
+        out, err = reader.communicate("go\n", timeout=30)
+        assert (out.strip(), reader.returncode) == ("2", 0), err
+    finally:
+        folder.chmod(0o755)
