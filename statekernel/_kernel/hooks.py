@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any, TypeAlias
+from collections.abc import Awaitable
+from typing import Any, TypeAlias, TypeVar
 
 import attrs
 
@@ -23,6 +24,7 @@ __all__ = [
     "Decision",
     "Finish",
     "Hooks",
+    "MaybeAwaitable",
     "Pause",
     "Rewrite",
     "Skip",
@@ -81,27 +83,38 @@ class Finish:
 
 Decision: TypeAlias = Continue | Rewrite | Skip | Pause | Finish
 
+T = TypeVar("T")
+MaybeAwaitable: TypeAlias = T | Awaitable[T]
+"""A hook's answer, or an awaitable of it: every hook may be ``async def``."""
+
 
 class Hooks:
     """Base class with the default behaviour; override what you need.
 
     Any object with some of these methods works as ``Kernel(hooks=...)`` too. Any
     other ``on_*`` method on it (a misspelt hook) is a ``ConfigError`` at ``Kernel``.
+    Every hook may be a coroutine function (``async def``) as well.
     """
 
-    def on_turn_prepared(self, run: Run, request: ModelRequest) -> ModelRequest | None:
+    def on_turn_prepared(
+        self, run: Run, request: ModelRequest
+    ) -> MaybeAwaitable[ModelRequest | None]:
         """Return the exact request to send (None keeps the default: the whole transcript)."""
         return None
 
-    def on_model_completed(self, run: Run, result: ModelResult) -> ModelResult | None:
+    def on_model_completed(
+        self, run: Run, result: ModelResult
+    ) -> MaybeAwaitable[ModelResult | None]:
         """Inspect or replace the model's result before it enters the run."""
         return None
 
-    def on_tool_call_started(self, run: Run, call: ToolCallRecord) -> Decision | None:
+    def on_tool_call_started(
+        self, run: Run, call: ToolCallRecord
+    ) -> MaybeAwaitable[Decision | None]:
         """Decide about one tool call: Continue, Rewrite, Skip, Pause or Finish."""
         return None
 
-    def on_tool_call_completed(self, run: Run, call: ToolCallRecord) -> None:
+    def on_tool_call_completed(self, run: Run, call: ToolCallRecord) -> MaybeAwaitable[None]:
         """Observe a finished tool call (its output or error).
 
         Runs after the commit of the call's result (``tool_call_completed``), once for
@@ -115,7 +128,7 @@ class Hooks:
         """
         return None
 
-    def on_turn_completed(self, run: Run, turn: Turn) -> Decision | None:
+    def on_turn_completed(self, run: Run, turn: Turn) -> MaybeAwaitable[Decision | None]:
         """After a turn: None (default), Continue, Pause or Finish."""
         return None
 

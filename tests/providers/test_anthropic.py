@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from statekernel._records.messages import (
+    FinishReason,
     ImagePart,
     Message,
     ModelRequest,
@@ -20,24 +22,30 @@ from statekernel.errors import BadRequest, ProviderUnavailable, RateLimited
 from statekernel.providers import (
     AnthropicProvider,
     ReasoningDelta,
+    RetryPolicy,
     StreamEnd,
+    StreamPart,
     TextDelta,
     ToolCallDelta,
     assemble,
     complete,
 )
 
+from .conftest import Sleeps, WireServer
+
 MODEL = "claude-sonnet-4-5"
 
 
-def message_start(input_tokens: int = 25, cache_read: int = 0, cache_write: int = 0) -> tuple:
+def message_start(
+    input_tokens: int = 25, cache_read: int = 0, cache_write: int = 0
+) -> tuple[str, dict[str, Any]]:
     usage = {
         "input_tokens": input_tokens,
         "cache_creation_input_tokens": cache_write,
         "cache_read_input_tokens": cache_read,
         "output_tokens": 1,
     }
-    message = {
+    message: dict[str, Any] = {
         "id": "msg_1nZdL29xx5MUA1yADyHTEsnR8uuvGzszyY",
         "type": "message",
         "role": "assistant",
@@ -50,22 +58,22 @@ def message_start(input_tokens: int = 25, cache_read: int = 0, cache_write: int 
     return ("message_start", {"type": "message_start", "message": message})
 
 
-def block_start(index: int, block: dict[str, Any]) -> tuple:
+def block_start(index: int, block: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return (
         "content_block_start",
         {"type": "content_block_start", "index": index, "content_block": block},
     )
 
 
-def block_delta(index: int, delta: dict[str, Any]) -> tuple:
+def block_delta(index: int, delta: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
 
 
-def block_stop(index: int) -> tuple:
+def block_stop(index: int) -> tuple[str, dict[str, Any]]:
     return ("content_block_stop", {"type": "content_block_stop", "index": index})
 
 
-def message_delta(stop_reason: str, output_tokens: int) -> tuple:
+def message_delta(stop_reason: str, output_tokens: int) -> tuple[str, dict[str, Any]]:
     return (
         "message_delta",
         {
@@ -121,7 +129,9 @@ def request(**kw: Any) -> ModelRequest:
 
 
 @pytest.fixture
-async def provider(wire, sleeps, fast_retry):
+async def provider(
+    wire: WireServer, sleeps: Sleeps, fast_retry: RetryPolicy
+) -> AsyncIterator[AnthropicProvider]:
     p = AnthropicProvider(
         base_url=wire.url, api_key="sk-ant-test-9876", sleep=sleeps, retry=fast_retry
     )
@@ -129,11 +139,11 @@ async def provider(wire, sleeps, fast_retry):
     await p.aclose()
 
 
-async def collect(provider, req) -> list:
+async def collect(provider: AnthropicProvider, req: ModelRequest) -> list[StreamPart]:
     return [part async for part in provider.stream(req)]
 
 
-async def test_full_event_set(wire, provider):
+async def test_full_event_set(wire: WireServer, provider: AnthropicProvider) -> None:
     wire.sse(FULL_STREAM, split=11)
     parts = await collect(provider, request())
     assert parts[1:4] == [
@@ -159,7 +169,7 @@ async def test_full_event_set(wire, provider):
     assert seen.headers["anthropic-version"] == "2023-06-01"
 
 
-async def test_redacted_thinking_round_trips(wire, provider):
+async def test_redacted_thinking_round_trips(wire: WireServer, provider: AnthropicProvider) -> None:
     wire.sse(
         [
             message_start(),
@@ -183,7 +193,9 @@ async def test_redacted_thinking_round_trips(wire, provider):
     ]
 
 
-async def test_overloaded_before_output_is_retried(wire, provider, sleeps):
+async def test_overloaded_before_output_is_retried(
+    wire: WireServer, provider: AnthropicProvider, sleeps: Sleeps
+) -> None:
     wire.sse([message_start(), PING, OVERLOADED])
     wire.sse(
         [
@@ -201,7 +213,9 @@ async def test_overloaded_before_output_is_retried(wire, provider, sleeps):
     assert len(sleeps.delays) == 1
 
 
-async def test_overloaded_mid_stream_is_not_retried(wire, provider, sleeps):
+async def test_overloaded_mid_stream_is_not_retried(
+    wire: WireServer, provider: AnthropicProvider, sleeps: Sleeps
+) -> None:
     wire.sse(
         [
             message_start(),
@@ -210,7 +224,7 @@ async def test_overloaded_mid_stream_is_not_retried(wire, provider, sleeps):
             OVERLOADED,
         ]
     )
-    parts: list = []
+    parts: list[StreamPart] = []
     with pytest.raises(ProviderUnavailable, match="overloaded_error: Overloaded"):
         await drain(provider.stream(request()), parts)
     assert parts[-1] == TextDelta("Once upon")
@@ -218,7 +232,9 @@ async def test_overloaded_mid_stream_is_not_retried(wire, provider, sleeps):
     assert sleeps.delays == []
 
 
-async def test_stream_error_types_map_to_the_tree(wire, provider):
+async def test_stream_error_types_map_to_the_tree(
+    wire: WireServer, provider: AnthropicProvider
+) -> None:
     wire.sse(
         [
             (
@@ -264,7 +280,9 @@ async def test_stream_error_types_map_to_the_tree(wire, provider):
     assert len(wire.requests) == 4  # one bad request, three rate-limited attempts
 
 
-async def test_stream_without_message_stop_is_unavailable(wire, provider):
+async def test_stream_without_message_stop_is_unavailable(
+    wire: WireServer, provider: AnthropicProvider
+) -> None:
     wire.sse(
         [
             message_start(),
@@ -277,7 +295,9 @@ async def test_stream_without_message_stop_is_unavailable(wire, provider):
     assert len(wire.requests) == 1
 
 
-async def test_payload_merges_tool_results_and_keeps_system_apart(wire, provider):
+async def test_payload_merges_tool_results_and_keeps_system_apart(
+    wire: WireServer, provider: AnthropicProvider
+) -> None:
     wire.sse([message_start(), message_delta("end_turn", 1), STOP])
     thinking = ReasoningPart("think", "sig-1")
     messages = [
@@ -368,7 +388,7 @@ async def test_payload_merges_tool_results_and_keeps_system_apart(wire, provider
     ]
 
 
-async def test_non_streaming(wire, provider):
+async def test_non_streaming(wire: WireServer, provider: AnthropicProvider) -> None:
     wire.json(
         {
             "id": "msg_1",
@@ -406,12 +426,14 @@ async def test_non_streaming(wire, provider):
         ("pause_turn", "other"),
     ],
 )
-async def test_stop_reasons(wire, provider, stop_reason, neutral):
+async def test_stop_reasons(
+    wire: WireServer, provider: AnthropicProvider, stop_reason: str, neutral: FinishReason
+) -> None:
     wire.sse([message_start(), message_delta(stop_reason, 1), STOP])
     parts = await collect(provider, request())
     assert parts[-1] == StreamEnd(neutral, MODEL)
 
 
-async def drain(stream, parts: list) -> None:
+async def drain(stream: AsyncIterator[StreamPart], parts: list[StreamPart]) -> None:
     async for part in stream:
         parts.append(part)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from statekernel._records.messages import Message, ModelRequest, ToolSpec
 from statekernel.errors import BadRequest, ConfigError, RateLimited
-from statekernel.providers import OpenAIProvider, complete
+from statekernel.providers import ModelProvider, OpenAIProvider, StreamPart, complete
 from statekernel.testing import Cassette, Fail, Reply, ScriptedProvider, call, request_key
+
+from .conftest import WireServer
 
 REQUEST = ModelRequest(
     model="openai/m",
@@ -18,11 +21,11 @@ REQUEST = ModelRequest(
 )
 
 
-async def parts_of(provider, request=REQUEST) -> list:
+async def parts_of(provider: ModelProvider, request: ModelRequest = REQUEST) -> list[StreamPart]:
     return [part async for part in provider.stream(request)]
 
 
-async def test_records_then_replays_exactly(tmp_path):
+async def test_records_then_replays_exactly(tmp_path: Path) -> None:
     path = tmp_path / "cassettes" / "weather.json"
     script = ScriptedProvider(
         [
@@ -45,7 +48,7 @@ async def test_records_then_replays_exactly(tmp_path):
     assert len(script.requests) == 1
 
 
-async def test_identical_requests_replay_in_order(tmp_path):
+async def test_identical_requests_replay_in_order(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
     script = ScriptedProvider(["never asked"])
     recorder = Cassette(path, ScriptedProvider(["first", "unused"]))
@@ -60,7 +63,7 @@ async def test_identical_requests_replay_in_order(tmp_path):
     assert script.requests == []
 
 
-async def test_auto_mode_records_only_what_is_missing(tmp_path):
+async def test_auto_mode_records_only_what_is_missing(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
     await complete(Cassette(path, ScriptedProvider(["one"])), REQUEST)
     other = ModelRequest(model="openai/m", messages=[Message.user("Something else")])
@@ -72,14 +75,14 @@ async def test_auto_mode_records_only_what_is_missing(tmp_path):
     assert len(json.loads(path.read_text())["recordings"]) == 2
 
 
-async def test_record_mode_replaces_the_file(tmp_path):
+async def test_record_mode_replaces_the_file(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
     await complete(Cassette(path, ScriptedProvider(["old"])), REQUEST)
     await complete(Cassette(path, ScriptedProvider(["new"]), mode="record"), REQUEST)
     assert (await complete(Cassette(path, mode="replay"), REQUEST)).text == "new"
 
 
-async def test_errors_are_recorded_and_raised_again(tmp_path):
+async def test_errors_are_recorded_and_raised_again(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
     failing = ScriptedProvider([Fail(RateLimited("slow down", retry_after=3.0))])
     with pytest.raises(RateLimited):
@@ -89,7 +92,9 @@ async def test_errors_are_recorded_and_raised_again(tmp_path):
     assert info.value.retry_after == 3.0
 
 
-async def test_real_http_stream_recorded_and_replayed_offline(tmp_path, wire):
+async def test_real_http_stream_recorded_and_replayed_offline(
+    tmp_path: Path, wire: WireServer
+) -> None:
     chunks = [
         {"model": "m", "choices": [{"index": 0, "delta": {"content": "Sunny"}}]},
         {"model": "m", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
@@ -105,7 +110,7 @@ async def test_real_http_stream_recorded_and_replayed_offline(tmp_path, wire):
     assert "sk-cassette-secret" not in path.read_text()
 
 
-def test_request_key_is_stable_and_sensitive():
+def test_request_key_is_stable_and_sensitive() -> None:
     same = ModelRequest(
         model="openai/m",
         messages=[Message.user("Weather in Paris?")],
@@ -117,7 +122,7 @@ def test_request_key_is_stable_and_sensitive():
     )
 
 
-def test_bad_files_and_modes(tmp_path):
+def test_bad_files_and_modes(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match="not a valid cassette"):

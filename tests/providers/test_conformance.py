@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import attrs
@@ -20,12 +20,14 @@ from statekernel.providers import (
     complete,
 )
 
+from .conftest import Sleeps, WireServer
+
 WEATHER = ToolSpec("get_weather", "Weather.", {"type": "object", "properties": {}})
 ARGS = {"city": "Paris", "days": 2}
 ARGS_TEXT = json.dumps(ARGS)
 
 
-def openai_wire(wire, text: str, call: bool) -> None:
+def openai_wire(wire: WireServer, text: str, call: bool) -> None:
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {
             "id": "c",
@@ -68,7 +70,7 @@ def openai_wire(wire, text: str, call: bool) -> None:
     wire.sse(events, done=True)
 
 
-def anthropic_wire(wire, text: str, call: bool) -> None:
+def anthropic_wire(wire: WireServer, text: str, call: bool) -> None:
     usage = {"input_tokens": 11, "output_tokens": 1}
     events: list[Any] = [
         (
@@ -151,7 +153,7 @@ def anthropic_wire(wire, text: str, call: bool) -> None:
     wire.sse(events)
 
 
-def ollama_wire(wire, text: str, call: bool) -> None:
+def ollama_wire(wire: WireServer, text: str, call: bool) -> None:
     def line(**message: Any) -> dict[str, Any]:
         return {
             "model": "m",
@@ -186,8 +188,14 @@ VENDORS: dict[str, tuple[Callable[..., ModelProvider], Callable[..., None]]] = {
 }
 
 
+VendorCase = tuple[str, ModelProvider, Callable[[str, bool], None]]
+"""A vendor's name, its provider on the wire server, and what scripts an answer there."""
+
+
 @pytest.fixture(params=sorted(VENDORS))
-async def vendor(request, wire, sleeps):
+async def vendor(
+    request: pytest.FixtureRequest, wire: WireServer, sleeps: Sleeps
+) -> AsyncIterator[VendorCase]:
     make, script = VENDORS[request.param]
     provider = make(wire.url, sleep=sleeps)
     yield request.param, provider, lambda *a: script(wire, *a)
@@ -202,7 +210,7 @@ def without_model(result: ModelResult) -> ModelResult:
     return attrs.evolve(result, model=None)
 
 
-async def test_plain_answer(vendor):
+async def test_plain_answer(vendor: VendorCase) -> None:
     name, provider, script = vendor
     script("It is sunny in Paris today.", False)
     result = await complete(provider, neutral(name))
@@ -211,7 +219,7 @@ async def test_plain_answer(vendor):
     )
 
 
-async def test_tool_call(vendor):
+async def test_tool_call(vendor: VendorCase) -> None:
     name, provider, script = vendor
     script("Checking.", True)
     result = await complete(provider, neutral(name, tools=[WEATHER]))
@@ -222,7 +230,7 @@ async def test_tool_call(vendor):
     assert (call.id, call.name, call.parsed_arguments()) == ("call_1", "get_weather", ARGS)
 
 
-async def test_stream_ends_with_exactly_one_finish(vendor):
+async def test_stream_ends_with_exactly_one_finish(vendor: VendorCase) -> None:
     name, provider, script = vendor
     script("Hi.", False)
     parts = [part async for part in provider.stream(neutral(name))]
@@ -230,7 +238,7 @@ async def test_stream_ends_with_exactly_one_finish(vendor):
     assert isinstance(parts[-1], StreamEnd)
 
 
-async def test_truncated_stream_is_unavailable(vendor, wire):
+async def test_truncated_stream_is_unavailable(vendor: VendorCase, wire: WireServer) -> None:
     name, provider, script = vendor
     script("Hello there, this is long.", False)
     wire.replies[-1].drop_after = 5  # after some text was yielded
@@ -239,7 +247,9 @@ async def test_truncated_stream_is_unavailable(vendor, wire):
     assert len(wire.requests) == 1
 
 
-async def test_truncated_before_any_content_is_retried(vendor, wire, sleeps):
+async def test_truncated_before_any_content_is_retried(
+    vendor: VendorCase, wire: WireServer, sleeps: Sleeps
+) -> None:
     name, provider, script = vendor
     script("Hello.", False)
     wire.replies[-1].drop_after = 0  # headers only: nothing reached the caller
@@ -250,6 +260,6 @@ async def test_truncated_before_any_content_is_retried(vendor, wire, sleeps):
     assert len(sleeps.delays) == 1
 
 
-def test_providers_implement_the_protocol(vendor):
+def test_providers_implement_the_protocol(vendor: VendorCase) -> None:
     _, provider, _ = vendor
     assert isinstance(provider, ModelProvider)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
@@ -15,17 +16,22 @@ from statekernel._records.messages import Message, ModelRequest
 from statekernel.errors import (
     AuthenticationFailed,
     BadRequest,
+    ProviderError,
     ProviderUnavailable,
     RateLimited,
 )
 from statekernel.providers import (
     AnthropicProvider,
+    HTTPProvider,
     OllamaProvider,
     OpenAIProvider,
     RetryPolicy,
+    StreamPart,
     complete,
 )
 from statekernel.providers._errors import retry_after_seconds
+
+from .conftest import Sleeps, WireServer
 
 OK_STREAM = [
     {"model": "m", "choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": None}]},
@@ -40,7 +46,9 @@ REQUEST = ModelRequest(model="openai/m", messages=[Message.user("hi")])
 
 
 @pytest.fixture
-async def provider(wire, sleeps, fast_retry):
+async def provider(
+    wire: WireServer, sleeps: Sleeps, fast_retry: RetryPolicy
+) -> AsyncIterator[OpenAIProvider]:
     p = OpenAIProvider(
         base_url=wire.url, api_key="sk-abc", sleep=sleeps, retry=fast_retry, rng=random.Random(1)
     )
@@ -48,7 +56,9 @@ async def provider(wire, sleeps, fast_retry):
     await p.aclose()
 
 
-async def test_401_is_not_retried(wire, provider, sleeps):
+async def test_401_is_not_retried(
+    wire: WireServer, provider: OpenAIProvider, sleeps: Sleeps
+) -> None:
     wire.json({"error": {"message": "Invalid token", "type": "invalid_request_error"}}, 401)
     with pytest.raises(AuthenticationFailed, match="HTTP 401 invalid_request_error: Invalid token"):
         await complete(provider, REQUEST)
@@ -56,7 +66,7 @@ async def test_401_is_not_retried(wire, provider, sleeps):
     assert sleeps.delays == []
 
 
-async def test_400_carries_the_vendor_message(wire, provider):
+async def test_400_carries_the_vendor_message(wire: WireServer, provider: OpenAIProvider) -> None:
     message = "Invalid value for 'temperature': must be between 0 and 2."
     wire.json({"error": {"message": message, "type": "invalid_request_error", "param": "t"}}, 400)
     with pytest.raises(BadRequest) as info:
@@ -67,7 +77,9 @@ async def test_400_carries_the_vendor_message(wire, provider):
     assert len(wire.requests) == 1
 
 
-async def test_429_honours_retry_after(wire, provider, sleeps):
+async def test_429_honours_retry_after(
+    wire: WireServer, provider: OpenAIProvider, sleeps: Sleeps
+) -> None:
     wire.json(
         {"error": {"message": "Rate limit reached", "type": "requests"}},
         429,
@@ -80,7 +92,7 @@ async def test_429_honours_retry_after(wire, provider, sleeps):
     assert len(wire.requests) == 2
 
 
-async def test_429_retry_after_ms_and_http_date():
+async def test_429_retry_after_ms_and_http_date() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     headers = httpx.Headers({"retry-after": format_datetime(now + timedelta(seconds=30))})
     assert retry_after_seconds(headers, clock=now.timestamp) == 30.0
@@ -89,7 +101,9 @@ async def test_429_retry_after_ms_and_http_date():
     assert retry_after_seconds(httpx.Headers({"retry-after": "soon"}), clock=now.timestamp) is None
 
 
-async def test_429_with_a_long_retry_after_is_raised(wire, provider, sleeps):
+async def test_429_with_a_long_retry_after_is_raised(
+    wire: WireServer, provider: OpenAIProvider, sleeps: Sleeps
+) -> None:
     wire.json({"error": {"message": "quota"}}, 429, headers={"retry-after": "3600"})
     with pytest.raises(RateLimited) as info:
         await complete(provider, REQUEST)
@@ -97,7 +111,9 @@ async def test_429_with_a_long_retry_after_is_raised(wire, provider, sleeps):
     assert sleeps.delays == []
 
 
-async def test_429_gives_up_after_max_attempts(wire, provider, sleeps):
+async def test_429_gives_up_after_max_attempts(
+    wire: WireServer, provider: OpenAIProvider, sleeps: Sleeps
+) -> None:
     for _ in range(3):
         wire.json({"error": {"message": "slow down"}}, 429, headers={"retry-after": "1"})
     with pytest.raises(RateLimited, match="slow down"):
@@ -106,7 +122,9 @@ async def test_429_gives_up_after_max_attempts(wire, provider, sleeps):
     assert sleeps.delays == [1.0, 1.0]
 
 
-async def test_html_502_is_retried_with_backoff_then_raised(wire, provider, sleeps):
+async def test_html_502_is_retried_with_backoff_then_raised(
+    wire: WireServer, provider: OpenAIProvider, sleeps: Sleeps
+) -> None:
     for _ in range(3):
         wire.reply(502, HTML_502, headers={"content-type": "text/html"})
     with pytest.raises(ProviderUnavailable, match="HTTP 502: HTML error page: 502 Bad Gateway"):
@@ -117,7 +135,9 @@ async def test_html_502_is_retried_with_backoff_then_raised(wire, provider, slee
     assert 0.75 <= second <= 1.0
 
 
-async def test_non_json_error_body(wire, provider, sleeps):
+async def test_non_json_error_body(
+    wire: WireServer, provider: OpenAIProvider, sleeps: Sleeps
+) -> None:
     wire.reply(500, b"upstream exploded", headers={"content-type": "text/plain"})
     wire.sse(OK_STREAM, done=True)
     assert (await complete(provider, REQUEST)).text == "fine"
@@ -127,7 +147,9 @@ async def test_non_json_error_body(wire, provider, sleeps):
         await complete(provider, REQUEST)
 
 
-async def test_a_2xx_answer_that_is_no_event_stream(wire, provider, sleeps):
+async def test_a_2xx_answer_that_is_no_event_stream(
+    wire: WireServer, provider: OpenAIProvider, sleeps: Sleeps
+) -> None:
     for _ in range(3):
         wire.reply(200, b"<html>captive portal</html>", headers={"content-type": "text/html"})
     with pytest.raises(ProviderUnavailable, match="text/event-stream"):
@@ -135,7 +157,7 @@ async def test_a_2xx_answer_that_is_no_event_stream(wire, provider, sleeps):
     assert len(wire.requests) == 3
 
 
-async def test_stream_usage_can_be_left_out(wire):
+async def test_stream_usage_can_be_left_out(wire: WireServer) -> None:
     provider = OpenAIProvider(base_url=wire.url, stream_usage=False)
     wire.sse(OK_STREAM, done=True)
     await complete(provider, REQUEST)
@@ -143,9 +165,11 @@ async def test_stream_usage_can_be_left_out(wire):
     await provider.aclose()
 
 
-async def test_connection_dropped_mid_stream_is_not_retried(wire, provider, sleeps):
+async def test_connection_dropped_mid_stream_is_not_retried(
+    wire: WireServer, provider: OpenAIProvider, sleeps: Sleeps
+) -> None:
     wire.sse([*OK_STREAM[:1], *OK_STREAM[:1], *OK_STREAM[1:]], done=True, drop_after=2)
-    parts: list = []
+    parts: list[StreamPart] = []
     with pytest.raises(ProviderUnavailable, match="already started"):
         await drain(provider.stream(REQUEST), parts)
     assert len(parts) == 2
@@ -153,7 +177,9 @@ async def test_connection_dropped_mid_stream_is_not_retried(wire, provider, slee
     assert sleeps.delays == []
 
 
-async def test_connection_dropped_before_any_output_is_retried(wire, provider, sleeps):
+async def test_connection_dropped_before_any_output_is_retried(
+    wire: WireServer, provider: OpenAIProvider, sleeps: Sleeps
+) -> None:
     wire.sse(OK_STREAM, done=True, drop_after=0)
     wire.sse(OK_STREAM, done=True)
     assert (await complete(provider, REQUEST)).text == "fine"
@@ -161,7 +187,7 @@ async def test_connection_dropped_before_any_output_is_retried(wire, provider, s
     assert len(sleeps.delays) == 1
 
 
-async def test_connection_refused(sleeps):
+async def test_connection_refused(sleeps: Sleeps) -> None:
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -174,7 +200,7 @@ async def test_connection_refused(sleeps):
     await provider.aclose()
 
 
-async def test_read_timeout_between_chunks(wire, sleeps):
+async def test_read_timeout_between_chunks(wire: WireServer, sleeps: Sleeps) -> None:
     provider = OpenAIProvider(
         base_url=wire.url,
         sleep=sleeps,
@@ -187,7 +213,7 @@ async def test_read_timeout_between_chunks(wire, sleeps):
     await provider.aclose()
 
 
-async def test_cancellation_closes_the_stream(wire, provider):
+async def test_cancellation_closes_the_stream(wire: WireServer, provider: OpenAIProvider) -> None:
     wire.sse([OK_STREAM[0]] * 50, done=True, delay=0.05)
     first = asyncio.Event()
 
@@ -203,7 +229,9 @@ async def test_cancellation_closes_the_stream(wire, provider):
     await asyncio.wait_for(wire.disconnected.wait(), 5)
 
 
-async def test_breaking_out_early_closes_the_stream(wire, provider):
+async def test_breaking_out_early_closes_the_stream(
+    wire: WireServer, provider: OpenAIProvider
+) -> None:
     wire.sse([OK_STREAM[0]] * 50, done=True, delay=0.05)
     stream = provider.stream(REQUEST)
     async for _ in stream:
@@ -227,13 +255,16 @@ async def test_breaking_out_early_closes_the_stream(wire, provider):
     ],
 )
 @pytest.mark.parametrize("vendor", ["openai", "anthropic", "ollama"])
-async def test_status_mapping_for_every_provider(wire, sleeps, vendor, status, error):
+async def test_status_mapping_for_every_provider(
+    wire: WireServer, sleeps: Sleeps, vendor: str, status: int, error: type[ProviderError]
+) -> None:
     retry = RetryPolicy(max_attempts=1)
-    provider = {
+    makers: dict[str, Callable[[], HTTPProvider]] = {
         "openai": lambda: OpenAIProvider(base_url=wire.url, sleep=sleeps, retry=retry),
         "anthropic": lambda: AnthropicProvider(base_url=wire.url, sleep=sleeps, retry=retry),
         "ollama": lambda: OllamaProvider(host=wire.url, sleep=sleeps, retry=retry),
-    }[vendor]()
+    }
+    provider = makers[vendor]()
     wire.json({"type": "error", "error": {"type": "x", "message": "vendor says no"}}, status)
     with pytest.raises(error, match="vendor says no") as info:
         await complete(provider, ModelRequest(model=f"{vendor}/m", messages=[Message.user("x")]))
@@ -242,7 +273,7 @@ async def test_status_mapping_for_every_provider(wire, sleeps, vendor, status, e
     await provider.aclose()
 
 
-async def test_injected_client_is_shared_and_left_open(wire):
+async def test_injected_client_is_shared_and_left_open(wire: WireServer) -> None:
     async with httpx.AsyncClient() as client:
         provider = OpenAIProvider(base_url=wire.url, client=client)
         wire.sse(OK_STREAM, done=True)
@@ -251,7 +282,7 @@ async def test_injected_client_is_shared_and_left_open(wire):
         assert not client.is_closed
 
 
-def test_retry_policy_backoff_is_bounded():
+def test_retry_policy_backoff_is_bounded() -> None:
     policy = RetryPolicy(max_attempts=10, initial_delay=1.0, max_delay=8.0, jitter=0.0)
     error = ProviderUnavailable("x")
     rng = random.Random(0)
@@ -260,6 +291,6 @@ def test_retry_policy_backoff_is_bounded():
     assert policy.delay(1, BadRequest("x"), rng) is None
 
 
-async def drain(stream, parts: list) -> None:
+async def drain(stream: AsyncIterator[StreamPart], parts: list[StreamPart]) -> None:
     async for part in stream:
         parts.append(part)

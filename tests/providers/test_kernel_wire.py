@@ -3,8 +3,12 @@ model sees, and the run goes on."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import statekernel as sk
 from statekernel.providers import OpenAIProvider
+
+from .conftest import WireServer
 
 CALLS: list[str] = []
 
@@ -16,11 +20,11 @@ def get_weather(city: str) -> str:
     return "sunny"
 
 
-def chunk(delta: dict, finish: str | None = None) -> dict:
+def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
     return {"model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
 
-async def test_invalid_tool_arguments_become_an_error_result(wire):
+async def test_invalid_tool_arguments_become_an_error_result(wire: WireServer) -> None:
     bad = {"index": 0, "id": "call_bad", "type": "function",
            "function": {"name": "get_weather", "arguments": '{"city": "Par'}}  # fmt: skip
     wire.sse([chunk({"tool_calls": [bad]}), chunk({}, "tool_calls")], done=True)

@@ -94,7 +94,7 @@ async def stream(provider: LocalProvider, request: ModelRequest) -> list[Any]:
     return [part async for part in provider.stream(request)]
 
 
-async def test_streamed_plain_answer(local):
+async def test_streamed_plain_answer(local: LocalProvider) -> None:
     request = ModelRequest(
         model=MODEL, messages=[Message.user("Say hello in five words.")], max_tokens=24
     )
@@ -110,7 +110,7 @@ async def test_streamed_plain_answer(local):
     assert result.usage.output_tokens > 0
 
 
-async def test_streamed_tool_call_then_answer(local):
+async def test_streamed_tool_call_then_answer(local: LocalProvider) -> None:
     request = ModelRequest(
         model=MODEL,
         messages=transcript("What is the weather in Paris?"),
@@ -151,7 +151,7 @@ class SmallAnswers(sk.Hooks):
         return attrs.evolve(request, max_tokens=MAX_TOKENS)
 
 
-async def test_kernel_end_to_end(local):
+async def test_kernel_end_to_end(local: LocalProvider) -> None:
     async with sk.Kernel(
         "memory://",
         tools=[get_weather],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from statekernel.errors import BadRequest, ProviderUnavailable
 from statekernel.providers import (
     OllamaProvider,
     ReasoningDelta,
+    RetryPolicy,
     StreamEnd,
     TextDelta,
     ToolCallDone,
@@ -25,6 +27,8 @@ from statekernel.providers import (
     complete,
 )
 from statekernel.providers._ollama import ollama_host
+
+from .conftest import Sleeps, WireServer
 
 MODEL = "qwen3:0.6b"
 CREATED = "2025-05-27T22:54:57.641643Z"
@@ -59,13 +63,17 @@ def request(**kw: Any) -> ModelRequest:
 
 
 @pytest.fixture
-async def provider(wire, sleeps, fast_retry):
+async def provider(
+    wire: WireServer, sleeps: Sleeps, fast_retry: RetryPolicy
+) -> AsyncIterator[OllamaProvider]:
     p = OllamaProvider(host=wire.url, sleep=sleeps, retry=fast_retry)
     yield p
     await p.aclose()
 
 
-async def test_stream_with_thinking_text_and_tool_calls(wire, provider):
+async def test_stream_with_thinking_text_and_tool_calls(
+    wire: WireServer, provider: OllamaProvider
+) -> None:
     call = {
         "function": {
             "name": "get_current_weather",
@@ -100,7 +108,7 @@ async def test_stream_with_thinking_text_and_tool_calls(wire, provider):
     assert wire.requests[0].path == "/api/chat"
 
 
-async def test_payload(wire, provider):
+async def test_payload(wire: WireServer, provider: OllamaProvider) -> None:
     wire.ndjson([final()])
     messages = [
         Message.system("Be brief."),
@@ -137,14 +145,16 @@ async def test_payload(wire, provider):
     ]
 
 
-async def test_image_urls_are_refused_before_sending(wire, provider):
+async def test_image_urls_are_refused_before_sending(
+    wire: WireServer, provider: OllamaProvider
+) -> None:
     req = request(messages=[Message.user("x", images=[ImagePart(url="https://x.test/a.png")])])
     with pytest.raises(BadRequest, match="inline image data"):
         await complete(provider, req)
     assert wire.requests == []
 
 
-async def test_error_line_and_http_error(wire, provider):
+async def test_error_line_and_http_error(wire: WireServer, provider: OllamaProvider) -> None:
     wire.ndjson([line("par"), {"error": "an error was encountered while running the model"}])
     with pytest.raises(ProviderUnavailable, match="error was encountered"):
         await complete(provider, request())
@@ -153,13 +163,15 @@ async def test_error_line_and_http_error(wire, provider):
         await complete(provider, request())
 
 
-async def test_stream_without_done_is_unavailable(wire, provider):
+async def test_stream_without_done_is_unavailable(
+    wire: WireServer, provider: OllamaProvider
+) -> None:
     wire.ndjson([line("par")])
     with pytest.raises(ProviderUnavailable, match="before done"):
         await complete(provider, request())
 
 
-async def test_length_and_non_streaming(wire, provider):
+async def test_length_and_non_streaming(wire: WireServer, provider: OllamaProvider) -> None:
     wire.json({**final("length", 3, 4), "message": {"role": "assistant", "content": "abc"}})
     result = await complete(provider, request(options={"stream": False}))
     assert wire.requests[0].json()["stream"] is False
@@ -179,11 +191,11 @@ async def test_length_and_non_streaming(wire, provider):
         ("http://[::1]:9999", "http://[::1]:9999"),
     ],
 )
-def test_ollama_host(value, url):
+def test_ollama_host(value: str | None, url: str) -> None:
     assert ollama_host(value) == url
 
 
-async def test_host_from_env(monkeypatch):
+async def test_host_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OLLAMA_HOST", "10.1.2.3:1234")
     provider = OllamaProvider()
     assert provider.base_url == "http://10.1.2.3:1234"

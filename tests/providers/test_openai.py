@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, cast
 
 import pytest
 
 from statekernel._records.messages import (
+    FinishReason,
     ImagePart,
     Message,
     ModelRequest,
+    ReasoningPart,
+    TextPart,
     ToolCall,
     ToolSpec,
     Usage,
@@ -18,12 +22,16 @@ from statekernel.errors import AuthenticationFailed, ConfigError, ProviderUnavai
 from statekernel.providers import (
     OpenAIProvider,
     ReasoningDelta,
+    RetryPolicy,
     StreamEnd,
+    StreamPart,
     TextDelta,
     ToolCallDelta,
     assemble,
     complete,
 )
+
+from .conftest import Sleeps, WireServer
 
 MODEL = "gpt-4o-mini-2024-07-18"
 WEATHER = ToolSpec(
@@ -33,7 +41,9 @@ WEATHER = ToolSpec(
 )
 
 
-def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **extra: Any) -> dict:
+def chunk(
+    delta: dict[str, Any] | None = None, finish: str | None = None, **extra: Any
+) -> dict[str, Any]:
     """A ``chat.completion.chunk`` as the API streams it."""
     choices = (
         []
@@ -52,7 +62,9 @@ def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **extr
     }
 
 
-def usage_chunk(prompt: int, completion: int, cached: int = 0, reasoning: int = 0) -> dict:
+def usage_chunk(
+    prompt: int, completion: int, cached: int = 0, reasoning: int = 0
+) -> dict[str, Any]:
     return chunk(
         None,
         usage={
@@ -108,17 +120,21 @@ def request(**kw: Any) -> ModelRequest:
 
 
 @pytest.fixture
-async def provider(wire, sleeps, fast_retry):
+async def provider(
+    wire: WireServer, sleeps: Sleeps, fast_retry: RetryPolicy
+) -> AsyncIterator[OpenAIProvider]:
     p = OpenAIProvider(base_url=wire.url, api_key="sk-test-1234", sleep=sleeps, retry=fast_retry)
     yield p
     await p.aclose()
 
 
-async def collect(provider, req) -> list:
+async def collect(provider: OpenAIProvider, req: ModelRequest) -> list[StreamPart]:
     return [part async for part in provider.stream(req)]
 
 
-async def test_tool_call_deltas_spread_over_chunks(wire, provider):
+async def test_tool_call_deltas_spread_over_chunks(
+    wire: WireServer, provider: OpenAIProvider
+) -> None:
     wire.sse(TOOL_STREAM, done=True, split=7)
     parts = await collect(provider, request(tools=[WEATHER]))
     assert parts[0] == TextDelta("Checking")
@@ -135,7 +151,7 @@ async def test_tool_call_deltas_spread_over_chunks(wire, provider):
     assert result.finish_reason == "tool_calls"
 
 
-async def test_request_payload(wire, provider):
+async def test_request_payload(wire: WireServer, provider: OpenAIProvider) -> None:
     wire.sse([chunk({"content": "ok"}), chunk({}, "stop")], done=True)
     image = ImagePart(data="aGk=", media_type="image/jpeg")
     messages = [
@@ -201,7 +217,7 @@ async def test_request_payload(wire, provider):
     ]
 
 
-async def test_official_api_uses_max_completion_tokens(monkeypatch):
+async def test_official_api_uses_max_completion_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     provider = OpenAIProvider(api_key="sk-x")
     try:
@@ -211,14 +227,14 @@ async def test_official_api_uses_max_completion_tokens(monkeypatch):
         await provider.aclose()
 
 
-async def test_official_api_without_key_is_a_config_error(monkeypatch):
+async def test_official_api_without_key_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
         OpenAIProvider()
 
 
-async def test_reasoning_content_deltas(wire, provider):
+async def test_reasoning_content_deltas(wire: WireServer, provider: OpenAIProvider) -> None:
     wire.sse(
         [
             chunk({"role": "assistant", "content": None, "reasoning_content": "Hmm, "}),
@@ -232,7 +248,8 @@ async def test_reasoning_content_deltas(wire, provider):
     parts = await collect(provider, request())
     assert parts[:3] == [ReasoningDelta("Hmm, "), ReasoningDelta("2+2=4."), TextDelta("4")]
     result = assemble(parts)
-    assert [p.text for p in result.message.content] == ["Hmm, 2+2=4.", "4"]
+    texts = [cast("ReasoningPart | TextPart", p).text for p in result.message.content]
+    assert texts == ["Hmm, 2+2=4.", "4"]
     assert result.usage == Usage(10, 5)
 
 
@@ -246,13 +263,17 @@ async def test_reasoning_content_deltas(wire, provider):
         ("something_new", "other"),
     ],
 )
-async def test_finish_reasons_normalized(wire, provider, wire_reason, neutral):
+async def test_finish_reasons_normalized(
+    wire: WireServer, provider: OpenAIProvider, wire_reason: str, neutral: FinishReason
+) -> None:
     wire.sse([chunk({"content": "x"}), chunk({}, wire_reason)], done=True)
     parts = await collect(provider, request())
     assert parts[-1] == StreamEnd(neutral, MODEL)
 
 
-async def test_invalid_tool_arguments_pass_through_as_raw_text(wire, provider):
+async def test_invalid_tool_arguments_pass_through_as_raw_text(
+    wire: WireServer, provider: OpenAIProvider
+) -> None:
     wire.sse(
         [
             chunk(
@@ -278,7 +299,9 @@ async def test_invalid_tool_arguments_pass_through_as_raw_text(wire, provider):
         call.parsed_arguments()
 
 
-async def test_usage_only_with_include_usage_and_missing_ids_are_generated(wire, provider):
+async def test_usage_only_with_include_usage_and_missing_ids_are_generated(
+    wire: WireServer, provider: OpenAIProvider
+) -> None:
     wire.sse(
         [
             chunk({"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": "{}"}}]}),
@@ -291,13 +314,17 @@ async def test_usage_only_with_include_usage_and_missing_ids_are_generated(wire,
     assert result.usage == Usage()
 
 
-async def test_stream_without_done_but_finished_is_accepted(wire, provider):
+async def test_stream_without_done_but_finished_is_accepted(
+    wire: WireServer, provider: OpenAIProvider
+) -> None:
     wire.sse([chunk({"content": "hi"}), chunk({}, "stop")])
     result = await complete(provider, request())
     assert result.text == "hi"
 
 
-async def test_truncated_stream_is_unavailable_without_retry(wire, provider, sleeps):
+async def test_truncated_stream_is_unavailable_without_retry(
+    wire: WireServer, provider: OpenAIProvider, sleeps: Sleeps
+) -> None:
     wire.sse([chunk({"content": "hi"})])  # no finish_reason, no [DONE]
     with pytest.raises(ProviderUnavailable, match="already started"):
         await complete(provider, request())
@@ -305,7 +332,7 @@ async def test_truncated_stream_is_unavailable_without_retry(wire, provider, sle
     assert sleeps.delays == []
 
 
-async def test_error_chunk_mid_stream(wire, provider):
+async def test_error_chunk_mid_stream(wire: WireServer, provider: OpenAIProvider) -> None:
     wire.sse(
         [
             chunk({"content": "hi"}),
@@ -317,7 +344,7 @@ async def test_error_chunk_mid_stream(wire, provider):
     assert len(wire.requests) == 1
 
 
-async def test_non_streaming(wire, provider):
+async def test_non_streaming(wire: WireServer, provider: OpenAIProvider) -> None:
     wire.json(
         {
             "id": "chatcmpl-1",
@@ -353,7 +380,9 @@ async def test_non_streaming(wire, provider):
     assert result.model == MODEL
 
 
-async def test_server_answering_json_to_a_streaming_request(wire, provider):
+async def test_server_answering_json_to_a_streaming_request(
+    wire: WireServer, provider: OpenAIProvider
+) -> None:
     wire.json(
         {
             "model": MODEL,
@@ -370,7 +399,7 @@ async def test_server_answering_json_to_a_streaming_request(wire, provider):
     assert result.text == "hello"
 
 
-async def test_repr_and_errors_hide_the_key(wire, provider):
+async def test_repr_and_errors_hide_the_key(wire: WireServer, provider: OpenAIProvider) -> None:
     assert "sk-test-1234" not in repr(provider)
     wire.json(
         {
@@ -388,8 +417,10 @@ async def test_repr_and_errors_hide_the_key(wire, provider):
     assert "Incorrect API key provided: ***" in str(info.value)
 
 
-async def test_servers_that_omit_the_tool_call_index(wire, provider):
-    def whole(call_id: str, city: str) -> dict:
+async def test_servers_that_omit_the_tool_call_index(
+    wire: WireServer, provider: OpenAIProvider
+) -> None:
+    def whole(call_id: str, city: str) -> dict[str, Any]:
         arguments = f'{{"city": "{city}"}}'
         return {
             "id": call_id,

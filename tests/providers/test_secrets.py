@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 import statekernel as sk
 from statekernel.providers import OpenAIProvider
+
+from .conftest import WireServer
 
 KEY = "sk-proj-RECOGNISABLE-KEY-4f1d2c"
 
@@ -18,12 +22,14 @@ def echo(text: str) -> str:
     return text
 
 
-def chunk(delta: dict, finish: str | None = None) -> dict:
+def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
     return {"model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
 
 @pytest.mark.parametrize("scheme", ["file", "sqlite"])
-async def test_key_in_no_stored_byte_and_no_event(tmp_path, wire, scheme):
+async def test_key_in_no_stored_byte_and_no_event(
+    tmp_path: Path, wire: WireServer, scheme: str
+) -> None:
     store = f"file://{tmp_path}/runs" if scheme == "file" else f"sqlite:///{tmp_path}/runs.db"
     tool_call = {"index": 0, "id": "call_1", "type": "function",
                  "function": {"name": "echo", "arguments": '{"text": "hi"}'}}  # fmt: skip
@@ -50,7 +56,7 @@ async def test_key_in_no_stored_byte_and_no_event(tmp_path, wire, scheme):
     assert wire.requests[0].headers["authorization"] == f"Bearer {KEY}"  # it was really used
     for event in events:
         assert KEY not in json.dumps(event.data, default=str)
-    stored = [p for p in tmp_path.rglob("*") if p.is_file()]
+    stored = [p for p in tmp_path.rglob("*") if p.is_file()]  # noqa: ASYNC240 - a test scan
     assert stored
     for path in stored:
         assert KEY.encode() not in path.read_bytes(), path

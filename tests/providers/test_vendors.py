@@ -25,6 +25,7 @@ from statekernel.providers import (
     AzureOpenAIProvider,
     OpenAIProvider,
     ReasoningDelta,
+    StreamPart,
     TextDelta,
     assemble,
     builtin_names,
@@ -34,6 +35,8 @@ from statekernel.providers import (
 from statekernel.providers._openai import short_call_id
 from statekernel.providers._think import ThinkSplitter, split_think
 
+from .conftest import WireServer
+
 SEED = [
     "openai", "anthropic", "ollama", "azure", "google", "gemini", "groq", "deepseek",
     "mistral", "xai", "grok", "together", "fireworks", "cerebras", "deepinfra",
@@ -41,7 +44,9 @@ SEED = [
 ]  # fmt: skip
 
 
-def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **extra: Any) -> dict:
+def chunk(
+    delta: dict[str, Any] | None = None, finish: str | None = None, **extra: Any
+) -> dict[str, Any]:
     choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
     return {
         "id": "c1",
@@ -63,7 +68,7 @@ def test_every_seed_provider_name_is_built_in() -> None:
 
 @pytest.mark.parametrize("name", sorted(VENDORS))
 async def test_each_vendor_streams_from_its_base_url_with_its_key(
-    name: str, wire: Any, monkeypatch: pytest.MonkeyPatch
+    name: str, wire: WireServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     vendor = VENDORS[name]
     assert vendor.base_url.startswith(("https://", "http://localhost:"))
@@ -96,7 +101,7 @@ def test_a_hosted_vendor_without_its_key_is_a_config_error(
 
 @pytest.mark.parametrize("name", ["vllm", "lmstudio", "llamacpp"])
 async def test_a_local_server_needs_no_key(
-    name: str, wire: Any, monkeypatch: pytest.MonkeyPatch
+    name: str, wire: WireServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(f"{name.upper()}_API_KEY", raising=False)
     monkeypatch.setenv(f"{name.upper()}_BASE_URL", wire.url)
@@ -117,7 +122,7 @@ def test_aliases_and_unknown_names(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_azure_posts_to_the_deployment_with_api_key_and_version(
-    wire: Any, monkeypatch: pytest.MonkeyPatch
+    wire: WireServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AZURE_OPENAI_ENDPOINT", wire.url + "/")
     monkeypatch.setenv("AZURE_OPENAI_API_KEY", "azure-secret")
@@ -149,7 +154,7 @@ def test_azure_without_endpoint_or_key_is_a_config_error(monkeypatch: pytest.Mon
         builtin_provider("azure")
 
 
-async def test_think_sections_streamed_in_pieces_become_reasoning(wire: Any) -> None:
+async def test_think_sections_streamed_in_pieces_become_reasoning(wire: WireServer) -> None:
     provider = OpenAIProvider(base_url=wire.url, api_key="k", name="together", think_tags=True)
     text = "<think>\nThe user greets.</think>\n\nHello <think> is a tag."
     wire.sse([chunk({"content": text[i : i + 3]}) for i in range(0, len(text), 3)], done=True)
@@ -175,7 +180,7 @@ def _reasoning(result: ModelResult) -> str:
     return "".join(p.text for p in result.message.content if isinstance(p, ReasoningPart))
 
 
-async def test_usage_in_groq_and_deepseek_places(wire: Any) -> None:
+async def test_usage_in_groq_and_deepseek_places(wire: WireServer) -> None:
     provider = OpenAIProvider(base_url=wire.url, api_key="k", name="groq")
     groq_usage = {"prompt_tokens": 30, "completion_tokens": 5, "total_tokens": 35}
     wire.sse(
@@ -196,7 +201,7 @@ async def test_usage_in_groq_and_deepseek_places(wire: Any) -> None:
     assert result.usage == Usage(36, 7, cache_read_tokens=64)
 
 
-async def test_short_call_ids_keep_calls_and_results_paired(wire: Any) -> None:
+async def test_short_call_ids_keep_calls_and_results_paired(wire: WireServer) -> None:
     provider = OpenAIProvider(base_url=wire.url, api_key="k", name="mistral", short_call_ids=True)
     long_id, short = "call_0123456789abcdef", "Ab3dE6gH9"
     messages = [
@@ -236,7 +241,8 @@ def test_a_think_section_splits_the_same_however_the_stream_is_cut(
     reasoning: str, text: str, cuts: list[int], tag: str
 ) -> None:
     content = f"<{tag}>{reasoning}</{tag}>{text}"
-    splitter, parts, at = ThinkSplitter(), [], 0
+    parts: list[StreamPart] = []
+    splitter, at = ThinkSplitter(), 0
     for size in cuts:
         parts += splitter.feed(content[at : at + size])
         at += size

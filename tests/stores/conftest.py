@@ -35,7 +35,7 @@ def serve(folder: Path, args: list[str], url: str, **client: object) -> subproce
         stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 10
-    conn = redis_sync.Redis.from_url(url, **client)  # type: ignore[arg-type]
+    conn = redis_sync.Redis.from_url(url, **client)
     try:
         while True:
             try:

@@ -198,6 +198,7 @@ def test_sigkill_writer_never_loses_a_commit(
         with os.fdopen(read_end, "rb") as lines:
             assert lines.readline() == b"start\n"
             time.sleep(rng.uniform(0.002, 0.04))
+            assert proc.pid is not None  # started
             os.kill(proc.pid, signal.SIGKILL)
             proc.join()
             done = [int(x) for x in lines.read().split()]

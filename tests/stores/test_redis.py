@@ -30,7 +30,7 @@ class ClientKilled(Exception):
     """Stands for the process dying at this point."""
 
 
-def _die(*args: object) -> None:
+def _die(*args: object, **kwargs: object) -> None:
     raise ClientKilled
 
 

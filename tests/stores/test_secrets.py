@@ -15,7 +15,7 @@ import sqlite3
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis as redis_sync
@@ -176,16 +176,18 @@ async def test_no_secret_in_the_redis_store(
     for key in keys:
         views: list[bytes] = [key, client.dump(key) or b""]
         kind = client.type(key)
+        # the client answers bytes (no decode_responses); redis-py types bytes | str
         if kind == b"string":
-            views.append(client.get(key) or b"")
+            views.append(cast(bytes | None, client.get(key)) or b"")
         elif kind == b"list":
-            items = client.lrange(key, 0, -1)
+            items = cast(list[bytes], client.lrange(key, 0, -1))
             views += [v for item in items for v in _unpacked(item)]
         elif kind == b"hash":
-            pairs = client.hgetall(key)
+            pairs = cast(dict[bytes, bytes], client.hgetall(key))
             views += [v for k, item in pairs.items() for v in (k, *_unpacked(item))]
         elif kind == b"zset":
-            views += [m for m, _ in client.zrange(key, 0, -1, withscores=True)]
+            scored = cast(list[tuple[bytes, float]], client.zrange(key, 0, -1, withscores=True))
+            views += [m for m, _ in scored]
         _assert_clean(views, key.decode())
     client.delete(*keys)
     client.close()

@@ -45,7 +45,7 @@ async def slow(seconds: float) -> str:
 @sk.tool
 def bad_question() -> str:
     """Ask something that cannot be stored."""
-    raise sk.NeedsInput({"when": {1, 2}})  # type: ignore[dict-item]
+    raise sk.NeedsInput({"when": {1, 2}})
 
 
 @sk.tool

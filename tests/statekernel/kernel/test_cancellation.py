@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from collections.abc import AsyncGenerator
+from typing import Any, cast
 
 import pytest
 
@@ -82,7 +83,7 @@ async def still_running(task: asyncio.Future[Any]) -> bool:
 async def run_until(kernel: sk.Kernel, run_id: str, event_type: str) -> list[sk.Event]:
     """Iterate until ``event_type`` is yielded, then close the generator."""
     seen = []
-    gen = kernel.run(run_id)
+    gen = cast("AsyncGenerator[sk.Event, None]", kernel.run(run_id))  # an async generator
     async for event in gen:
         seen.append(event)
         if event.type == event_type:
@@ -247,7 +248,7 @@ async def test_a_failure_of_the_model_work_while_stopping_is_raised() -> None:
             stopped.set()
             raise RuntimeError("the model call failed while stopping")
 
-    live = driver._pump(work())
+    live = cast("AsyncGenerator[sk.Event, None]", driver._pump(work()))  # an async generator
     async for _ in live:
         break
     with pytest.raises(RuntimeError, match="while stopping"):
@@ -265,7 +266,7 @@ async def test_cancelling_run_awaits_its_tool_tasks(make_kernel: MakeKernel) -> 
 async def test_closing_the_generator_awaits_its_tool_tasks(make_kernel: MakeKernel) -> None:
     kernel, _, _ = make_kernel([call("upload", {"name": "a"}), "ok"], tools=[upload])
     run = await start(kernel)
-    gen = kernel.run(run.run_id)
+    gen = cast("AsyncGenerator[sk.Event, None]", kernel.run(run.run_id))  # an async generator
     async for event in gen:
         if event.type == "tool_call_started":
             break

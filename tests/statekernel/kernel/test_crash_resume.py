@@ -41,7 +41,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], st
     """A factory of fresh store URLs of one kind (one per generated example)."""
     kind = request.param
     if kind == "redis":
-        base = request.getfixturevalue("redis_url")
+        base: str = request.getfixturevalue("redis_url")
 
     def fresh() -> str:
         n = next(_counter)

@@ -94,7 +94,7 @@ async def test_pause_decision_pauses_before_the_side_effect(make_kernel: MakeKer
 
 
 async def test_finish_completes_without_running_remaining_calls(make_kernel: MakeKernel) -> None:
-    script = [[call("record", {"item": "a"}), call("record", {"item": "b"})], "never"]
+    script: list[object] = [[call("record", {"item": "a"}), call("record", {"item": "b"})], "never"]
     run = await run_with(make_kernel, Deciding(sk.Finish("enough")), script)
     assert CALLS == []
     assert run.state == "completed"
@@ -322,7 +322,7 @@ async def test_tool_call_completed_runs_once_for_each_call_of_one_commit(
         return f"value {key}"
 
     hooks = Completions()
-    script = [[call("read", {"key": "k"}), call("read", {"key": "k"})], "ok"]
+    script: list[object] = [[call("read", {"key": "k"}), call("read", {"key": "k"})], "ok"]
     kernel, _, _ = make_kernel(script, tools=[read], hooks=hooks)
     run = await start(kernel)
     await drain(kernel, run.run_id)

@@ -64,7 +64,7 @@ async def expected_outcome(run_id: str, scratch: Path) -> tuple[object, ...]:
     finally:
         sys.path.pop(0)
     log = scratch / f"baseline-{run_id}.log"
-    kernel = sk.Kernel("memory://", **kill_worker.agent(str(log), TURNS))  # type: ignore[arg-type]
+    kernel = sk.Kernel("memory://", **kill_worker.agent(str(log), TURNS))
     await kernel.start(model="scripted/kill", messages=["go"], run_id=run_id)
     async for _ in kernel.run(run_id):
         pass

@@ -79,7 +79,7 @@ def run_in(state: str, *, returns_to: str = "dispatching_tools") -> Run:
 
 def payload(event: str, run: Run) -> dict[str, Any]:
     """A valid payload for ``event``."""
-    return {
+    payloads: dict[str, dict[str, Any]] = {
         "start": {},
         "turn_prepared": {"request": REQUEST},
         "model_started": {},
@@ -107,7 +107,8 @@ def payload(event: str, run: Run) -> dict[str, Any]:
         "fail": {"error": "E", "message": "m"},
         "retry": {},
         "input": {"messages": [Message.user("more")]},
-    }[event]
+    }
+    return payloads[event]
 
 
 def ready(state: str, event: str) -> Run:

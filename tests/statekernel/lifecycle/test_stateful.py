@@ -8,7 +8,8 @@ import asyncio
 import itertools
 import os
 from collections import defaultdict
-from typing import Any
+from collections.abc import AsyncGenerator
+from typing import Any, cast
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -51,7 +52,7 @@ class KernelMachine(RuleBasedStateMachine):
         async def watch(call: Any, nxt: Any) -> Any:
             if not isinstance(call, sk.ToolInvocation):
                 return await nxt(call)
-            key = f"{call.run.run_id}:{call.record.id}"
+            key = f"{call.run.run_id}:{call.call.id}"
             self.running[key] += 1
             if self.running[key] > 1:
                 self.overlaps.append(key)
@@ -112,7 +113,7 @@ class KernelMachine(RuleBasedStateMachine):
 
         async def drive(kernel: sk.Kernel) -> None:
             seen = 0
-            gen = kernel.run(run_id)
+            gen = cast("AsyncGenerator[sk.Event, None]", kernel.run(run_id))  # an async generator
             try:
                 async for event in gen:
                     if event.persisted:

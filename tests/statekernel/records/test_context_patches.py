@@ -30,7 +30,7 @@ async def choose(value: str, delay: float) -> sk.ToolOutput:
 @sk.tool
 def broken() -> sk.ToolOutput:
     """Return a patch that is not an object."""
-    return sk.ToolOutput("ok", context=["not", "an", "object"])  # type: ignore[arg-type]
+    return sk.ToolOutput("ok", context=["not", "an", "object"])
 
 
 class Seen(sk.Hooks):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import pytest
 
@@ -17,7 +17,15 @@ from statekernel.stores._redis_queue import GROUP, RunQueue
 from statekernel.testing import Fail, Reply, ScriptedProvider, call
 
 pytestmark = pytest.mark.redis
-FAST = {"lease_ttl": 0.6, "block": 0.05, "grace": 5.0}
+
+
+class Timing(TypedDict):
+    lease_ttl: float
+    block: float
+    grace: float
+
+
+FAST: Timing = {"lease_ttl": 0.6, "block": 0.05, "grace": 5.0}
 SUBMITTER = {"scripted": ScriptedProvider([])}
 """What a process that only starts runs for the workers needs: the provider's name."""
 
@@ -86,6 +94,11 @@ async def queue_empty(q: RunQueue) -> bool:
     return await q.pending() == 0 and await q.client.xlen(q.key) == 0
 
 
+async def dead_letters(q: RunQueue) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """The entries of the dead-letter stream (the store's client answers bytes)."""
+    return cast(list[tuple[bytes, dict[bytes, bytes]]], await q.client.xrange(q.dead_key))
+
+
 async def serve(worker: sk.Worker) -> asyncio.Task[sk.WorkerStats]:
     task = asyncio.create_task(worker.serve())
     await asyncio.sleep(0)
@@ -147,7 +160,7 @@ async def test_failed_run_is_acknowledged_with_its_failure_recorded(kernel: sk.K
     await until(lambda: queue_empty(q))
     worker.stop()
     assert (await task).failed == 1
-    dead = await q.client.xrange(q.dead_key)
+    dead = await dead_letters(q)
     assert len(dead) == 1
     fields = {k.decode(): v.decode() for k, v in dead[0][1].items()}
     assert fields["run"] == ids[0]
@@ -188,7 +201,7 @@ async def test_entry_for_an_unknown_run_goes_to_the_dead_letter_stream(kernel: s
     await until(lambda: queue_empty(q))
     worker.stop()
     assert (await task).errors == 1
-    (entry,) = await q.client.xrange(q.dead_key)
+    (entry,) = await dead_letters(q)
     assert b"RunNotFound" in entry[1][b"detail"]
 
 
@@ -254,7 +267,7 @@ async def test_an_entry_delivered_too_often_goes_to_the_dead_letter_stream(
     await until(lambda: queue_empty(q))
     worker.stop()
     assert (await task).errors == 1
-    (entry,) = await q.client.xrange(q.dead_key)
+    (entry,) = await dead_letters(q)
     assert entry[1][b"reason"] == b"deliveries"
     assert entry[1][b"run"] == ids[0].encode()
 
@@ -264,7 +277,7 @@ async def test_a_live_holder_keeps_its_run_past_the_lease_ttl(kernel: sk.Kernel)
     ran: Counter[str] = Counter()
     # the model call outlasts the ttl 2.5 times; the ttl leaves a loaded machine room
     # to renew in time (renewals come every third of it)
-    timing = {**FAST, "lease_ttl": 1.0}
+    timing: Timing = {**FAST, "lease_ttl": 1.0}
     slow = [Reply(tool_calls=(call("note", {"text": "a"}),), delay=2.5), Reply("done")]
     ids = await submit_new(kernel, 1)
     first = sk.Worker(kernel.store, agent=agent(slow, ran=ran), name="first", **timing)

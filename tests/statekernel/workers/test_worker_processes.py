@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -159,7 +159,8 @@ async def leftovers(url: str) -> tuple[int, int]:
         leases = await store.client.exists(
             *[store.run_key(f"run-{i:03}", "lease") for i in range(RUNS)]
         )
-        return int(leases), len(await store.client.xrange(q.dead_key))
+        dead = cast(list[Any], await store.client.xrange(q.dead_key))
+        return int(leases), len(dead)
     finally:
         await store.aclose()
 
@@ -167,9 +168,12 @@ async def leftovers(url: str) -> tuple[int, int]:
 def test_three_workers_one_killed_one_stopped(redis_store_url: str, tmp_path: Path) -> None:
     url, log = redis_store_url, tmp_path / "side.log"
     asyncio.run(submit_all(url))
+
+    def progress(n: int) -> Callable[[], bool]:
+        return lambda: sum(f[0] == "side" for f in side_lines(log)) >= n
+
     workers = [spawn_worker(url, log, i, tmp_path) for i in range(3)]
     try:
-        progress = lambda n: lambda: sum(f[0] == "side" for f in side_lines(log)) >= n  # noqa: E731
         wait_for(progress(SIDE_TOTAL // 4), "a quarter of the work")
         workers[0].send_signal(signal.SIGKILL)
         wait_for(progress(SIDE_TOTAL // 2), "half of the work")
