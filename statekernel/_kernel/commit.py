@@ -46,6 +46,8 @@ class Committer:
 
     def __init__(self, store: CheckpointStore, lease: Lease | None) -> None:
         self.store = store
+        self.settles = settles_on_cancel(store)
+        """Whether the store declares ``SettlesOnCancel`` (its commit is awaited directly)."""
         self.lease = lease
         self.lost = False
         """True once the lease was found to have moved on: nothing more is committed."""
@@ -64,7 +66,7 @@ class Committer:
         cancellation comes out of it; any other store's commit runs in a task of its
         own, waited for (through further cancellations) before the cancellation goes on.
         """
-        settles = settles_on_cancel(self.store)
+        settles = self.settles
         landed = False
         try:
             with telemetry.commit_span(trace_parent, checkpoint) as span:
