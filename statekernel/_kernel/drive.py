@@ -48,12 +48,9 @@ intent found in the store that this driver does not know is a remnant of a dead 
 departed owner: the model is called again (``model_restarted``), idempotent tools
 re-run, any other in-flight call pauses the run.
 
-A commit whose outcome is ambiguous (the store failed after the write may have
-reached it, or the caller was cancelled while the store worked) is settled before
-anything is decided: the driver reads the head and checks whether it is this very
-commit (same revision, same instant of the transition, same events). A landed commit
-is kept; one that did not land is tried again with backoff, and results already in
-hand are never dropped for it.
+Landing a commit, and settling one whose outcome is ambiguous, is
+``statekernel._kernel.commit``; results already in hand are never dropped for a
+commit that did not land.
 """
 
 from __future__ import annotations
@@ -104,7 +101,7 @@ if TYPE_CHECKING:
     from statekernel._records.messages import ToolSpec
     from statekernel._storage.protocol import CheckpointStore
 
-__all__ = ["Agent", "RunDriver"]
+__all__ = ["UNCERTAIN", "Agent", "Models", "RunDriver"]
 
 
 class Models(Protocol):
