@@ -48,9 +48,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHILD_PAUSED",
-    "Parent",
     "ChildPaused",
+    "CreateRun",
     "DelegateTool",
+    "Parent",
     "child_run_id",
     "child_runs",
     "delegate",
@@ -61,6 +62,24 @@ CHILD_PAUSED = "child_paused"
 """The pause reason of a run whose delegated child run is paused."""
 
 _PLAIN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+class CreateRun(Protocol):
+    """How a delegate tool creates its child run (``Kernel.start`` and ``Kernel._create``)."""
+
+    async def __call__(
+        self,
+        *,
+        model: str,
+        messages: Iterable[Message | str],
+        context: JSON,
+        run_id: str | None,
+        max_turns: int | None,
+        parent_run_id: str | None,
+        parent_call_id: str | None,
+    ) -> Run:
+        """The new run."""
+        ...
 
 
 class Parent(Protocol):
@@ -90,32 +109,14 @@ class Parent(Protocol):
         """Hand the run to the workers of ``queue``."""
         ...
 
-    async def start(
-        self,
-        *,
-        model: str,
-        messages: Iterable[Message | str],
-        context: JSON,
-        run_id: str | None,
-        max_turns: int | None,
-        parent_run_id: str | None,
-        parent_call_id: str | None,
-    ) -> Run:
-        """Create the run."""
+    @property
+    def start(self) -> CreateRun:
+        """Create a run (``Kernel.start``)."""
         ...
 
-    async def _create(
-        self,
-        *,
-        model: str,
-        messages: Iterable[Message | str],
-        context: JSON,
-        run_id: str | None,
-        max_turns: int | None,
-        parent_run_id: str | None,
-        parent_call_id: str | None,
-    ) -> Run:
-        """Create the run without checking the provider."""
+    @property
+    def _create(self) -> CreateRun:
+        """Create a run without checking that this process has the model's provider."""
         ...
 
 

@@ -67,6 +67,7 @@ from statekernel.errors import (
 )
 
 if TYPE_CHECKING:
+    from statekernel._kernel.delegate import Parent
     from statekernel.providers import ProviderRegistry
 
 __all__ = ["Kernel"]
@@ -675,3 +676,10 @@ def _check_run_id(run_id: str) -> None:
         raise InvalidArgument(
             f"invalid run id {run_id!r}: 1-128 characters of letters, digits, '.', '_', ':', '-'"
         )
+
+
+if TYPE_CHECKING:
+
+    def _a_kernel_is_a_parent(kernel: Kernel) -> Parent:
+        """mypy checks that ``Kernel`` is what a delegate tool calls (``ctx.kernel``)."""
+        return kernel

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -15,26 +13,12 @@ import pytest
 
 from statekernel.errors import ConfigError
 
-EXE = shutil.which("statekernel")
+from .test_cli_runs import EXE, sk
+
 pytestmark = pytest.mark.skipif(
     EXE is None, reason="the statekernel console script is not installed"
 )
 SCRIPTED = "scripted/demo"
-
-
-def sk(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run the console script with ``args`` in ``cwd``, capturing its output."""
-    env = {k: v for k, v in os.environ.items() if k != "STATEKERNEL_STORE"}
-    env.update(COLUMNS="200", NO_COLOR="1")
-    return subprocess.run(
-        [str(EXE), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def lines_of(stdout: str) -> list[dict[str, Any]]:
