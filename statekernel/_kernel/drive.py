@@ -78,7 +78,7 @@ from statekernel._kernel.model import (
     ToolCallDone,
     UsageUpdate,
 )
-from statekernel._kernel.tools import ToolContext, ToolOutput
+from statekernel._kernel.tools import ToolContext, ToolReturn
 from statekernel._kernel.waiting import wait_ended
 from statekernel._lifecycle.chart import Lifecycle
 from statekernel._lifecycle.transitions import parse_call
@@ -157,8 +157,12 @@ UNCERTAIN = "uncertain_tool_calls"
 
 
 class _HookFailed(Exception):
+    """A hook raised ``original``; ``landed`` holds the events of a commit that landed
+    just before (the hook observed its results)."""
+
     def __init__(self, original: BaseException) -> None:
         self.original = original
+        self.landed: tuple[Event, ...] = ()
 
 
 @attrs.define
@@ -214,8 +218,9 @@ class RunDriver:
         self.staged: list[Event] = []
         self.staged_intents: list[tuple[list[str], JSON]] = []
         self.staged_outcomes: list[_Outcome] = []
-        self.landed: list[Event] = []
-        """Events of the commits landed by the current ``advance``."""
+        self.staged_model_intent = False
+        """Whether the commit being gathered holds this driver's intent to call the model
+        (``model_started``, or calls started while the answer streams)."""
         self.observing = hk.overrides(kernel.hooks, "on_tool_call_completed")
         """Whether the hooks observe committed results (``on_tool_call_completed``): the
         commit of a result then lands before anything else is decided."""
@@ -329,6 +334,7 @@ class RunDriver:
             for call_id in ids:
                 self.names.pop(call_id, None)
         self.base, self.staged, self.staged_intents, self.staged_outcomes = None, [], [], []
+        self.staged_model_intent = False
 
     async def commit(self, event: str, **payload: Any) -> tuple[Event, ...]:
         """Apply one transition and commit it; unless it landed, the run stays as it was."""
@@ -348,8 +354,10 @@ class RunDriver:
             return ()
         events = tuple(self.staged)
         intents, outcomes = self.staged_intents, self.staged_outcomes
+        model_intent = self.staged_model_intent
         checkpoint = Checkpoint.appended(base, self.lc.run, events)
         self.base, self.staged, self.staged_intents, self.staged_outcomes = None, [], [], []
+        self.staged_model_intent = False
         try:
             await self.committer.land(checkpoint, self._undo(base), self.trace_parent)
         except BaseException:
@@ -358,18 +366,23 @@ class RunDriver:
                     for call_id in ids:
                         self.names.pop(call_id, None)
                 raise
-            self._landed(events, outcomes)
+            self._landed(outcomes)
             for ids, call_input in intents:
                 self.unstarted[ids[0]] = (ids, call_input)
             raise
-        self._landed(events, outcomes)
+        self._landed(outcomes)
+        if model_intent:
+            self.model_claim = self.run.revision
         for ids, call_input in intents:
             self._spawn(ids, call_input)
-        await self._observe(outcomes)
+        try:
+            await self._observe(outcomes)
+        except _HookFailed as failed:
+            failed.landed = events
+            raise
         return events
 
-    def _landed(self, events: tuple[Event, ...], outcomes: list[_Outcome]) -> None:
-        self.landed.extend(events)
+    def _landed(self, outcomes: list[_Outcome]) -> None:
         self.outcomes = [o for o in self.outcomes if all(o is not s for s in outcomes)]
         for outcome in outcomes:
             for call_id in outcome.ids:
@@ -413,26 +426,25 @@ class RunDriver:
         answer that asked for them), before waiting for tools still running (the results in
         hand), before a hook observes a result, and when the run comes to rest.
         """
-        self.landed = []
         try:
             try:
                 async for live in self._gather():
                     yield live
-                await self.flush()
+                landed = await self.flush()
             except _HookFailed as failed:
                 original = failed.original
                 self.stage("fail", error=type(original).__name__, message=str(original))
-                await self.flush()
+                landed = failed.landed + await self.flush()
         except BaseException:
             self._drop_staged()
             raise
-        landed, self.landed = self.landed, []
         for event in landed:
             yield event
 
     async def _gather(self) -> AsyncIterator[Event]:
-        """Stage transitions, effect by effect, until a commit landed or the run rests."""
-        while not self.landed:
+        """Stage transitions, effect by effect, until what is staged must land before the
+        next effect (``_must_land``), tools run with nothing staged, or the run rests."""
+        while True:
             state = self.run.state
             if state == "init":
                 self.stage("start")
@@ -442,12 +454,20 @@ class RunDriver:
                 async for live in self._call_model():
                     yield live
             elif state == "dispatching_tools":
-                async for live in self._dispatch():
-                    yield live
+                if await self._dispatch():  # only waiting for running tools is left
+                    if self.base is not None:
+                        return  # what is decided lands before waiting for the tools
+                    async for live in self._wait():
+                        yield live
             else:
                 return
-            if self._must_flush():
-                await self.flush()
+            if self._must_land():
+                return
+
+    def _must_land(self) -> bool:
+        """Whether the commit being gathered must land before the next effect: it holds
+        the intent to call the model or to start tools, or results the hooks observe."""
+        return self.staged_model_intent or bool(self.staged_intents) or self._must_flush()
 
     def _must_flush(self) -> bool:
         return self.observing and bool(self.staged_outcomes)
@@ -471,7 +491,6 @@ class RunDriver:
         """Commit the results in hand, and nothing else (a drive that lets the run go)."""
         for outcome in self._ready_outcomes():
             self._stage_outcome(outcome)
-        self.landed = []
         try:
             await self.flush()
         except BaseException:
@@ -511,8 +530,7 @@ class RunDriver:
             return
         if self.base is not None or self.model_claim != self.run.revision:
             self.stage("model_started")  # the intent lands before the call
-            await self.flush()
-            self.model_claim = self.run.revision
+            self.staged_model_intent = True
             return
         run = self.run
         turn = _turn(run)
@@ -614,11 +632,9 @@ class RunDriver:
                 self.staged_intents.append(([started.id], call_input))
                 early.started += 1
         if self.staged_intents:
-            await self.flush()
-            self.model_claim = self.run.revision
-            for event in self.landed:  # shown as they land; the answer streams on
+            self.staged_model_intent = True  # the model call goes on after this commit
+            for event in await self.flush():  # shown as they land; the answer streams on
                 self.queue.put_nowait(event)
-            self.landed = []
 
     async def _turn_decision(self, turn: Turn, default: str) -> tuple[str | None, PauseInfo | None]:
         decision = await self._hook("on_turn_completed", self.run, turn)
@@ -669,13 +685,15 @@ class RunDriver:
             if o.waiting == asking and all(o is not s for s in self.staged_outcomes)
         ]
 
-    async def _dispatch(self) -> AsyncIterator[Event]:
+    async def _dispatch(self) -> bool:
+        """Stage what can be decided about the tools now; True when all that is left is
+        to wait for calls still running."""
         self._raise_escaped()
         ready = self._ready_outcomes()
         if ready:  # results in hand go first, all of them in one commit
             for outcome in ready:
                 self._stage_outcome(outcome)
-            return
+            return False
         for ids, call_input in list(self.unstarted.values()):
             del self.unstarted[ids[0]]
             self._spawn(ids, call_input)
@@ -683,22 +701,18 @@ class RunDriver:
         unowned = [r for r in turn.in_flight if r.id not in self.names]
         if unowned and not self.tasks:
             await self._recover(unowned)
-            return
+            return False
         await self._start_ready()
-        if self.landed or self.run.state != "dispatching_tools" or self._must_flush():
-            return
+        if self._must_land() or self.run.state != "dispatching_tools":
+            return False
         if self.tasks:
-            if self.base is not None:
-                await self.flush()  # what is decided lands before waiting for the tools
-                return
-            async for live in self._wait():
-                yield live
-            return
+            return True
         waiting = self._ready_outcomes(asking=True)
         if waiting:  # nothing else runs now: pause for the first in call order
             self._stage_waiting(waiting)
-            return
+            return False
         await self._end_tools(_turn(self.run))
+        return False
 
     async def _end_tools(self, turn: Turn) -> None:
         if turn.pending or turn.in_flight:
@@ -718,7 +732,8 @@ class RunDriver:
 
     async def _start_ready(self) -> None:
         """Decide about every call that may start now and stage what was decided (a
-        result, a pause, or the intent to run it); intents land before their calls start."""
+        result, a pause, or the intent to run it); intents land before their calls start
+        (the commit lands before the next effect, see ``_must_land``)."""
         while self.run.state == "dispatching_tools":
             turn = _turn(self.run)
             running = [self.names[i] for i in self.tasks]
@@ -726,8 +741,6 @@ class RunDriver:
             record = next_startable(turn.pending, running, self.kernel.tools, self.kernel.dispatch)
             if record is None or not await self._decide(record, turn):
                 break
-        if self.staged_intents:
-            await self.flush()
 
     async def _decide(self, record: ToolCallRecord, turn: Turn) -> bool:
         """Stage the decision about ``record``; False defers a pause until the calls
@@ -797,8 +810,7 @@ class RunDriver:
             else:
                 uncertain.append(record)
         if self.staged_intents:
-            await self.flush()
-            return
+            return  # they land before the calls start again
         if uncertain and not self._must_flush():
             calls = [
                 {"id": r.id, "name": r.name, "input": r.input, "attempt": r.attempt}
@@ -905,10 +917,10 @@ class RunDriver:
 
 
 def _stored_outcome(ids: tuple[str, ...], output: JSON) -> _Outcome:
-    """A tool's return value as stored (with the context patch of a ``ToolOutput``), or
+    """A tool's return value as stored (with the context patch of a ``ToolReturn``), or
     an error result saying why it cannot be."""
     patch = None
-    if isinstance(output, ToolOutput):
+    if isinstance(output, ToolReturn):
         output, patch = output.output, output.context
         patched, problem = as_stored(patch, "context")
         if problem is not None or (patch is not None and type(patch) is not dict):
