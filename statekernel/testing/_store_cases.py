@@ -14,6 +14,7 @@ from statekernel._records.messages import Message, ModelRequest, ModelResult, To
 from statekernel._records.run import Run, StateId, ToolCallRecord, Turn
 from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease
 from statekernel.errors import ConflictError, InvalidArgument, LeaseLost, RunBusy, RunNotFound
+from statekernel.testing._clock import ManualClock
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -334,10 +335,10 @@ async def check_non_ascii(store: CheckpointStore) -> None:
     assert [s.run_id for s in (await store.list_runs()).runs] == [run_id]
 
 
-async def check_leases(store: CheckpointStore) -> None:
+async def check_leases(store: CheckpointStore, clock: ManualClock | None = None) -> None:
     """One owner per run: a held lease is refused to others, tokens grow, commits and
     renewals under a lease that moved on are refused, a released or expired lease is
-    taken over."""
+    taken over. ``clock``: the one the store expires leases on (None: real time)."""
     run = sample_run("leased")
     await store.commit(Checkpoint.between(None, run))
     await _raises(RunNotFound, store.acquire("no-such-run", "a", ttl=30), "lease of no run")
@@ -354,7 +355,10 @@ async def check_leases(store: CheckpointStore) -> None:
     await _raises(LeaseLost, stale, "commit under a released lease")
     await _raises(LeaseLost, store.renew(first, ttl=30), "renewal of a released lease")
     assert (await store.load(run.run_id)).revision == 1, "a refused commit changed the run"
-    await asyncio.sleep(0.3)  # owner-b never renews: its lease expires
+    if clock is None:  # owner-b never renews: its lease expires
+        await asyncio.sleep(0.3)
+    else:
+        clock.advance(0.3)
     third = await store.acquire(run.run_id, "owner-c", ttl=30)
     await _raises(LeaseLost, store.commit(Checkpoint.between(one, two), lease=second), "expired")
     await store.commit(Checkpoint.between(one, two), lease=third)

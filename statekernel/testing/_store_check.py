@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from statekernel._storage.protocol import CheckpointStore, RevisionHistory, settles_on_cancel
 from statekernel.testing import _store_cases as c
+from statekernel.testing._clock import ManualClock
 from statekernel.testing._raw import RawDocuments, RawRecords
 from statekernel.testing._store_damage import check_damaged_records, check_log_gaps
 from statekernel.testing._store_features import check_history, check_settles_on_cancel
@@ -29,12 +30,18 @@ Check = Callable[[CheckpointStore], Awaitable[None]]
 
 
 async def check_store(
-    factory: StoreFactory, *, examples: int = 25, raw: RawRecords | None = None
+    factory: StoreFactory,
+    *,
+    examples: int = 25,
+    raw: RawRecords | None = None,
+    clock: ManualClock | None = None,
 ) -> list[str]:
     """Run every conformance check on fresh stores from ``factory``; the checks' names.
 
     ``examples`` is the number of generated runs round-tripped (needs Hypothesis).
     ``raw`` reaches the stores' own storage, for the checks on damaged records.
+    ``clock``: the clock the factory's stores expire leases on; the lease check moves
+    it instead of waiting for a lease to expire in real time.
     """
     from statekernel.testing._store_props import check_generated_runs
 
@@ -53,7 +60,7 @@ async def check_store(
         ("many runs are isolated", c.check_isolation),
         ("10 MB tool output", c.check_large_output),
         ("non-ASCII text", c.check_non_ascii),
-        ("leases", c.check_leases),
+        ("leases", lambda s: c.check_leases(s, clock)),
     ]
     probe = await _open(factory)
     if isinstance(probe, RevisionHistory):
