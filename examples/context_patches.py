@@ -1,6 +1,6 @@
 """Context patches: tools that change the run's memory along with their results.
 
-Two calls run in parallel; each returns ``sk.ToolOutput(output, context=patch)``. The
+Two calls run in parallel; each returns ``sk.ToolReturn(output, context=patch)``. The
 patches are committed with the results and applied when both calls have completed,
 in the order the model made the calls (the slow first call's patch applies first, so
 the second call's value wins), and the next turn's hooks see the patched context.
@@ -17,7 +17,7 @@ from statekernel.testing import ScriptedProvider, call
 
 
 @sk.tool
-async def set_preference(key: str, value: str, delay: float = 0.0) -> sk.ToolOutput:
+async def set_preference(key: str, value: str, delay: float = 0.0) -> sk.ToolReturn:
     """Remember a user preference.
 
     Args:
@@ -26,7 +26,7 @@ async def set_preference(key: str, value: str, delay: float = 0.0) -> sk.ToolOut
         delay: Seconds to wait first (to show that finishing order does not matter).
     """
     await asyncio.sleep(delay)
-    return sk.ToolOutput(f"{key} = {value}", context={"preferences": {key: value}})
+    return sk.ToolReturn(f"{key} = {value}", context={"preferences": {key: value}})
 
 
 class ShowContext(sk.Hooks):

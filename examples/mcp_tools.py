@@ -3,7 +3,7 @@
 The file is both: ``python examples/mcp_tools.py server`` serves two tools over stdio
 (written with the ``mcp`` SDK's server side: ``convert``, marked read-only, and
 ``note``, which has a side effect); ``python examples/mcp_tools.py`` connects to that
-server with ``sk.mcp_stdio``, hands its tools to a kernel and runs an agent that calls
+server with ``statekernel.mcp.mcp_stdio``, hands its tools to a kernel and runs an agent that calls
 both. Needs ``pip install -e '.[mcp]'``.
 """
 
@@ -41,6 +41,7 @@ def serve() -> None:
 
 async def main() -> None:
     import statekernel as sk
+    from statekernel.mcp import mcp_stdio
     from statekernel.testing import ScriptedProvider, call
 
     notes = Path(tempfile.mkdtemp()) / "notes.txt"
@@ -50,7 +51,7 @@ async def main() -> None:
             "It is 69.8 F in Paris; noted.",
         ]
     )
-    server = sk.mcp_stdio(
+    server = mcp_stdio(
         sys.executable, [__file__, "server"], env={NOTES: str(notes)}, errlog=sys.stderr
     )
     async with server:

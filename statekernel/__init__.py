@@ -7,16 +7,17 @@ resumes where it stopped without repeating a side effect that must not repeat.
 
 from __future__ import annotations
 
+import importlib
+import warnings
+from typing import TYPE_CHECKING, Any
+
 from statekernel import errors
 from statekernel._kernel.asking import NeedsInput, ask_user
 from statekernel._kernel.delegate import child_run_id, delegate
 from statekernel._kernel.dispatch import DispatchPolicy
 from statekernel._kernel.hooks import Continue, Decision, Finish, Hooks, Pause, Rewrite, Skip
 from statekernel._kernel.kernel import Kernel
-from statekernel._kernel.mcp import MCPConnection, mcp_http, mcp_stdio
-from statekernel._kernel.middleware import Middleware, ModelCall, ToolInvocation
-from statekernel._kernel.telemetry import set_tracer_provider
-from statekernel._kernel.tools import Tool, ToolContext, ToolOutput, tool
+from statekernel._kernel.tools import Tool, ToolContext, ToolReturn, tool
 from statekernel._lifecycle.chart import RunLifecycle
 from statekernel._records.events import LIVE_EVENTS, PERSISTED_EVENTS, Event
 from statekernel._records.messages import (
@@ -68,10 +69,7 @@ __all__ = [
     "InvalidTransition",
     "Kernel",
     "LIVE_EVENTS",
-    "MCPConnection",
     "Message",
-    "Middleware",
-    "ModelCall",
     "ModelRequest",
     "ModelResult",
     "NeedsInput",
@@ -95,9 +93,8 @@ __all__ = [
     "ToolCallRecord",
     "ToolContext",
     "ToolError",
-    "ToolInvocation",
-    "ToolOutput",
     "ToolResult",
+    "ToolReturn",
     "ToolSpec",
     "Turn",
     "Usage",
@@ -107,8 +104,31 @@ __all__ = [
     "child_run_id",
     "delegate",
     "errors",
-    "mcp_http",
-    "mcp_stdio",
-    "set_tracer_provider",
     "tool",
 ]
+
+_MOVED = {
+    "MCPConnection": ("statekernel.mcp", "MCPConnection"),
+    "Middleware": ("statekernel.middleware", "Middleware"),
+    "ModelCall": ("statekernel.middleware", "ModelCall"),
+    "ToolInvocation": ("statekernel.middleware", "ToolInvocation"),
+    "ToolOutput": ("statekernel", "ToolReturn"),
+    "mcp_http": ("statekernel.mcp", "mcp_http"),
+    "mcp_stdio": ("statekernel.mcp", "mcp_stdio"),
+    "set_tracer_provider": ("statekernel.telemetry", "set_tracer_provider"),
+}
+"""Names the top level used to export: where each lives now (see the changelog)."""
+
+if not TYPE_CHECKING:  # type checkers report the old names as missing
+
+    def __getattr__(name: str) -> Any:
+        moved = _MOVED.get(name)
+        if moved is None:
+            raise AttributeError(f"module 'statekernel' has no attribute {name!r}")
+        module, new = moved
+        warnings.warn(
+            f"statekernel.{name} is deprecated; use {module}.{new}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(module), new)

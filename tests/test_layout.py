@@ -30,7 +30,13 @@ LAYERS = [
     ("statekernel.stores", "statekernel.providers"),
     ("statekernel._workers", "statekernel.testing"),
     ("statekernel._cli",),
-    ("statekernel", "statekernel.__main__"),
+    (
+        "statekernel",
+        "statekernel.__main__",
+        "statekernel.mcp",
+        "statekernel.middleware",
+        "statekernel.telemetry",
+    ),
 ]
 """Bottom to top: a module imports only from its own layer or the ones below."""
 

@@ -1,7 +1,7 @@
 """Tools from MCP servers, over stdio or streamable HTTP, through the official ``mcp`` SDK.
 
 A connection is process-local, like a provider: each process that drives runs opens
-its own (``async with sk.mcp_stdio(...) as server``) and builds its tools from it;
+its own (``async with mcp_stdio(...) as server``) and builds its tools from it;
 nothing of it is stored. The tool list and each tool's JSON Schema come from the
 server; arguments are checked against the schema before the call (``jsonschema``), and
 a call the server reports as failed is an error result. A tool is idempotent (re-run

@@ -20,7 +20,7 @@ from statekernel._records.messages import JSON, ToolSpec
 from statekernel._records.values import as_stored
 from statekernel.errors import ConfigError, ToolError
 
-__all__ = ["Tool", "ToolContext", "ToolOutput", "tool"]
+__all__ = ["Tool", "ToolContext", "ToolReturn", "tool"]
 
 _ARGS = strict_converter()
 
@@ -48,10 +48,10 @@ class ToolContext:
 
 
 @attrs.frozen
-class ToolOutput:
+class ToolReturn:
     """A tool's result with a change to the run's context.
 
-    Return ``ToolOutput(output, context={...})`` from a tool: ``output`` is the result
+    Return ``ToolReturn(output, context={...})`` from a tool: ``output`` is the result
     the model sees; ``context`` is a JSON Merge Patch (RFC 7396: keys set, nested
     objects merged, ``None`` removes a key) committed with the result, in the same
     commit, and applied to ``run.context`` when every call of the turn has completed,
@@ -97,7 +97,7 @@ class Tool:
 
     async def invoke(self, arguments: JSON, ctx: ToolContext) -> JSON:
         """Validate, call (with ``timeout``) and return JSON-able output (a
-        ``ToolOutput`` of JSON-able parts when the tool returned one).
+        ``ToolReturn`` of JSON-able parts when the tool returned one).
 
         A sync function runs in a thread of the loop's default executor. Cancelling
         the call then waits for the thread to return (a thread cannot be stopped), so
@@ -113,8 +113,8 @@ class Tool:
             result = await self._in_thread(kwargs)
             if inspect.isawaitable(result):
                 result = await self._awaited(result)
-        if isinstance(result, ToolOutput):
-            return ToolOutput(_jsonable(self.name, result.output), _patch(self.name, result))
+        if isinstance(result, ToolReturn):
+            return ToolReturn(_jsonable(self.name, result.output), _patch(self.name, result))
         return _jsonable(self.name, result)
 
     async def _awaited(self, result: Any) -> Any:
@@ -166,7 +166,7 @@ def _jsonable(name: str, value: Any) -> JSON:
     return stored
 
 
-def _patch(name: str, result: ToolOutput) -> JSON:
+def _patch(name: str, result: ToolReturn) -> JSON:
     patch = result.context
     if patch is not None and type(patch) is not dict:
         raise ToolError(f"{name} returned a context patch that is not a JSON object")

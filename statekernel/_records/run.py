@@ -61,7 +61,7 @@ class ToolCallRecord:
     ``resolved`` is True when that result is an operator's answer given with
     ``Kernel.resolve_tool_call`` (the call's outcome was uncertain), not an execution.
     ``context_patch`` is the change to the run's context the tool returned with its
-    result (``ToolOutput``), a JSON Merge Patch applied when the turn's calls have all
+    result (``ToolReturn``), a JSON Merge Patch applied when the turn's calls have all
     completed, in call order.
     """
 

@@ -11,6 +11,9 @@ import pytest
 PUBLIC_MODULES = [
     "statekernel",
     "statekernel.errors",
+    "statekernel.mcp",
+    "statekernel.middleware",
+    "statekernel.telemetry",
     "statekernel.testing",
     "statekernel.stores",
     "statekernel.providers",
@@ -69,3 +72,34 @@ def test_every_module_declares_an_honest_all() -> None:
         assert missing == [], f"{info.name}.__all__ names what it lacks: {missing}"
         seen += 1
     assert seen > 100
+
+
+@pytest.mark.parametrize(
+    ("old", "module", "new"),
+    [
+        ("Middleware", "statekernel.middleware", "Middleware"),
+        ("ModelCall", "statekernel.middleware", "ModelCall"),
+        ("ToolInvocation", "statekernel.middleware", "ToolInvocation"),
+        ("MCPConnection", "statekernel.mcp", "MCPConnection"),
+        ("mcp_http", "statekernel.mcp", "mcp_http"),
+        ("mcp_stdio", "statekernel.mcp", "mcp_stdio"),
+        ("set_tracer_provider", "statekernel.telemetry", "set_tracer_provider"),
+        ("ToolOutput", "statekernel", "ToolReturn"),
+    ],
+)
+def test_a_moved_or_renamed_name_still_works_and_warns(old: str, module: str, new: str) -> None:
+    import statekernel
+
+    with pytest.warns(
+        DeprecationWarning, match=rf"statekernel\.{old} is deprecated; use {module}\.{new}"
+    ):
+        value = getattr(statekernel, old)
+    assert value is getattr(importlib.import_module(module), new)
+    assert old not in statekernel.__all__
+
+
+def test_an_unknown_top_level_name_is_an_attribute_error() -> None:
+    import statekernel
+
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        getattr(statekernel, "Nope")  # noqa: B009

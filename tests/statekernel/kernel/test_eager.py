@@ -13,6 +13,7 @@ import pytest
 
 import statekernel as sk
 from statekernel.errors import ProviderError
+from statekernel.middleware import ToolInvocation
 from statekernel.stores import MemoryStore
 from statekernel.testing import (
     Crash,
@@ -164,7 +165,7 @@ async def test_eager_calls_keep_the_concurrency_limit(
     log, now, top = Log(), [0], [0]
 
     async def count(invocation: Any, nxt: Any) -> Any:
-        if not isinstance(invocation, sk.ToolInvocation):
+        if not isinstance(invocation, ToolInvocation):
             return await nxt(invocation)
         now[0] += 1
         top[0] = max(top[0], now[0])

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import statekernel as sk
+from statekernel.mcp import MCPConnection, mcp_http, mcp_stdio
 from statekernel.stores import MemoryStore
 from statekernel.testing import (
     Crash,
@@ -71,11 +72,11 @@ def connect(
     monkeypatch.setenv("MCP_TEST_LOG", str(log))  # the HTTP server runs in this process
     url = request.getfixturevalue("http_url") if request.param == "http" else ""
 
-    def open_connection() -> sk.MCPConnection:
+    def open_connection() -> MCPConnection:
         if request.param == "http":
-            return sk.mcp_http(url, name="test-http")
+            return mcp_http(url, name="test-http")
         devnull = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the server process
-        return sk.mcp_stdio(
+        return mcp_stdio(
             sys.executable, [str(SERVER)], env={"MCP_TEST_LOG": str(log)}, errlog=devnull
         )
 
@@ -83,7 +84,7 @@ def connect(
 
 
 @pytest.fixture
-async def server(connect: object) -> AsyncIterator[sk.MCPConnection]:
+async def server(connect: object) -> AsyncIterator[MCPConnection]:
     async with connect() as connection:  # type: ignore[operator]
         yield connection
 
@@ -92,7 +93,7 @@ def _log(tmp_path: Path) -> list[str]:
     return (tmp_path / "effects.log").read_text().splitlines()
 
 
-async def test_tools_and_schemas_come_from_the_server(server: sk.MCPConnection) -> None:
+async def test_tools_and_schemas_come_from_the_server(server: MCPConnection) -> None:
     tools = {t.name: t for t in await server.tools()}
     assert set(tools) == {"echo", "append_line", "fail"}
     echo = tools["echo"]
@@ -106,7 +107,7 @@ async def test_tools_and_schemas_come_from_the_server(server: sk.MCPConnection) 
 
 
 async def test_a_run_calls_mcp_tools_and_failures_are_error_results(
-    server: sk.MCPConnection, tmp_path: Path
+    server: MCPConnection, tmp_path: Path
 ) -> None:
     turn = [
         call("echo", {"text": "hi", "times": 2}, id="e"),
@@ -176,7 +177,7 @@ async def test_a_crash_during_an_mcp_call_resumes_without_a_second_effect(
 
 async def test_a_server_that_cannot_start_is_a_config_error() -> None:
     with pytest.raises(sk.errors.ConfigError, match="MCP server"):
-        async with sk.mcp_stdio(sys.executable, ["-c", "import sys; sys.exit(3)"]):
+        async with mcp_stdio(sys.executable, ["-c", "import sys; sys.exit(3)"]):
             pass
 
 
@@ -193,7 +194,7 @@ async def test_http_headers_reach_the_server_and_a_refusal_is_a_config_error() -
 
     server = await asyncio.start_server(refuse, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    connection = sk.mcp_http(
+    connection = mcp_http(
         f"http://127.0.0.1:{port}/mcp", headers={"Authorization": "Bearer t0ken"}, name="guarded"
     )
     connection.connect_timeout = 10
@@ -227,7 +228,7 @@ def test_crash_resume_invariants_hold_for_mcp_tools(
     ]
 
     async def case() -> None:
-        async with sk.mcp_http(http_url, name="fuzz") as connection:
+        async with mcp_http(http_url, name="fuzz") as connection:
             tools = await connection.tools()
 
             def agent() -> dict[str, object]:

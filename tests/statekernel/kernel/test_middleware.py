@@ -7,6 +7,7 @@ from typing import Any
 import attrs
 
 import statekernel as sk
+from statekernel.middleware import Middleware, ModelCall, ToolInvocation
 from statekernel.testing import call
 
 from ..conftest import MakeKernel, drain, start
@@ -21,9 +22,9 @@ def add(a: int, b: int) -> int:
 async def test_order_is_outermost_first(make_kernel: MakeKernel) -> None:
     trace: list[str] = []
 
-    def named(name: str) -> sk.Middleware:
+    def named(name: str) -> Middleware:
         async def mw(c: Any, nxt: Any) -> Any:
-            kind = "model" if isinstance(c, sk.ModelCall) else "tool"
+            kind = "model" if isinstance(c, ModelCall) else "tool"
             trace.append(f"{name}>{kind}")
             result = await nxt(c)
             trace.append(f"{name}<{kind}")
@@ -45,7 +46,7 @@ async def test_order_is_outermost_first(make_kernel: MakeKernel) -> None:
 
 async def test_middleware_can_short_circuit_the_model(make_kernel: MakeKernel) -> None:
     async def cache(c: Any, nxt: Any) -> Any:
-        if isinstance(c, sk.ModelCall):
+        if isinstance(c, ModelCall):
             return sk.ModelResult(sk.Message.assistant("from cache"))
         return await nxt(c)
 
@@ -58,7 +59,7 @@ async def test_middleware_can_short_circuit_the_model(make_kernel: MakeKernel) -
 
 async def test_middleware_can_short_circuit_and_rewrite_tools(make_kernel: MakeKernel) -> None:
     async def sandbox(c: Any, nxt: Any) -> Any:
-        if isinstance(c, sk.ToolInvocation):
+        if isinstance(c, ToolInvocation):
             if c.input["a"] > 100:
                 raise sk.errors.ToolError("blocked by sandbox")
             return await nxt(attrs.evolve(c, input={**c.input, "b": 0}))

@@ -16,6 +16,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import statekernel as sk
 from statekernel.errors import ProviderError, StoreError
 from statekernel.stores import Checkpoint, Lease, MemoryStore
+from statekernel.telemetry import set_tracer_provider
 from statekernel.testing import Fail, Reply, ScriptedProvider, call
 
 
@@ -25,11 +26,11 @@ def spans() -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    sk.set_tracer_provider(provider)
+    set_tracer_provider(provider)
     try:
         yield exporter
     finally:
-        sk.set_tracer_provider(None)
+        set_tracer_provider(None)
         provider.shutdown()
 
 

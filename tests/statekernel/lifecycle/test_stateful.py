@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 import statekernel as sk
+from statekernel.middleware import ToolInvocation
 from statekernel.stores import MemoryStore
 from statekernel.testing import CRASH_POINTS, Crash, CrashAt, FaultPlan, FaultyProvider, FaultyStore
 from statekernel.testing import strategies as sts
@@ -50,7 +51,7 @@ class KernelMachine(RuleBasedStateMachine):
         """Middleware noting a call that starts while another execution of it runs."""
 
         async def watch(call: Any, nxt: Any) -> Any:
-            if not isinstance(call, sk.ToolInvocation):
+            if not isinstance(call, ToolInvocation):
                 return await nxt(call)
             key = f"{call.run.run_id}:{call.call.id}"
             self.running[key] += 1

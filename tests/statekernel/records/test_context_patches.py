@@ -1,4 +1,4 @@
-"""A tool's result can carry a change to the run's context (``ToolOutput``): committed
+"""A tool's result can carry a change to the run's context (``ToolReturn``): committed
 with the result, applied in call order when the turn's calls have completed, seen by
 the hooks after, kept by every store, and applied once across a crash."""
 
@@ -15,22 +15,22 @@ from statekernel.testing import Crash, CrashAt, FaultPlan, FaultyStore, Scripted
 
 
 @sk.tool
-def remember(key: str, value: str) -> sk.ToolOutput:
+def remember(key: str, value: str) -> sk.ToolReturn:
     """Remember ``value`` under ``key`` (and forget the draft)."""
-    return sk.ToolOutput(f"remembered {key}", context={key: value, "draft": None})
+    return sk.ToolReturn(f"remembered {key}", context={key: value, "draft": None})
 
 
 @sk.tool
-async def choose(value: str, delay: float) -> sk.ToolOutput:
+async def choose(value: str, delay: float) -> sk.ToolReturn:
     """Set the choice to ``value`` after ``delay`` seconds."""
     await asyncio.sleep(delay)
-    return sk.ToolOutput("ok", context={"choice": value, "seen": {value: True}})
+    return sk.ToolReturn("ok", context={"choice": value, "seen": {value: True}})
 
 
 @sk.tool
-def broken() -> sk.ToolOutput:
+def broken() -> sk.ToolReturn:
     """Return a patch that is not an object."""
-    return sk.ToolOutput("ok", context=["not", "an", "object"])
+    return sk.ToolReturn("ok", context=["not", "an", "object"])
 
 
 class Seen(sk.Hooks):

@@ -21,6 +21,7 @@ from statekernel._records.values import (
     json_problem,
 )
 from statekernel.errors import InvalidArgument
+from statekernel.middleware import ToolInvocation
 from statekernel.stores import CheckpointStore, open_store
 from statekernel.testing import ScriptedProvider
 from statekernel.testing._scripted import call
@@ -168,7 +169,7 @@ async def test_tool_output_that_is_not_json_becomes_an_error_result(reopen: Reop
 
     async def middleware(call_: Any, next_: Any) -> Any:
         result = await next_(call_)
-        if isinstance(call_, sk.ToolInvocation) and call_.call.name == "raw":
+        if isinstance(call_, ToolInvocation) and call_.call.name == "raw":
             return {"when": datetime(2020, 1, 1, tzinfo=UTC)}
         return result
 

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 import statekernel as sk
+from statekernel.middleware import ToolInvocation
 from statekernel.testing import Reply, ScriptedProvider, call
 
 
@@ -59,7 +60,7 @@ def make(
         return f"value {key}"
 
     async def acknowledged(invocation: Any, nxt: Any) -> Any:
-        if isinstance(invocation, sk.ToolInvocation):
+        if isinstance(invocation, ToolInvocation):
             run = invocation.run
             append(f"ack {run.run_id} {run.revision} {invocation.call.id}")
         return await nxt(invocation)
