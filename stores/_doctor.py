@@ -21,12 +21,13 @@ A finding is ``ok``, a ``warning`` (worth knowing, nothing is lost) or ``damaged
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from statekernel._lifecycle.trace import DATA_EVENTS, DECLARED, transitions_of
 from statekernel._records.events import Event
 from statekernel._records.run import STATE_IDS, Run
+from statekernel._storage.protocol import RevisionHistory
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
 from statekernel.stores._doctor_probe import (
     DAMAGED,
@@ -124,15 +125,13 @@ async def _records(probe: Probe, run_id: str) -> tuple[Run | None, Finding]:
 
 async def _commit_log(probe: Probe, run_id: str, head: Run | None) -> Finding:
     assert probe.store is not None
-    history: Callable[[str], AsyncIterator[tuple[Run, list[Event]]]] | None
-    history = getattr(probe.store, "history", None)
-    if history is None:
+    store = probe.store
+    if not isinstance(store, RevisionHistory):
         return Finding("commit log", run_id, WARNING, "this store cannot read past revisions")
-    walk = history
 
     async def revisions() -> list[tuple[Run, list[Event]]]:
         found = []
-        async for run, events in walk(run_id):
+        async for run, events in store.history(run_id):
             found.append((run, events))
         return found
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import hiredis
+from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -35,15 +36,16 @@ _CUT = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 class Wire:
-    """Round trips on connections made like the client's own (same server, AUTH, TLS).
+    """Round trips on connections made like a ``redis.asyncio.Redis`` client's own (same
+    server, AUTH, TLS), from its connection pool.
 
-    A client without a connection pool (a Cluster client, whose pipeline sends each
-    command to the node of its slot) gets its own pipeline instead.
+    Any other client (a ``RedisCluster``, whose pipeline sends each command to the node
+    of its slot) gets its own pipeline instead.
     """
 
     def __init__(self, client: Any) -> None:
         self._client = client
-        self._pool: Any = getattr(client, "connection_pool", None)
+        self._pool: Any = client.connection_pool if isinstance(client, Redis) else None
         self._idle: list[AbstractConnection] = []
 
     async def round_trip(self, commands: Sequence[Command]) -> list[Any]:
