@@ -3,7 +3,8 @@
 Built in: ``openai`` (chat completions and every compatible server), ``azure`` (the
 same wire at a deployment URL), ``anthropic`` (messages API), ``ollama`` (native
 ``/api/chat``), ``local`` (llama.cpp in-process), and the OpenAI-compatible vendors of
-``VENDORS`` (``groq``, ``mistral``, ``google``, ``vllm`` ...).
+``VENDORS`` (``groq``, ``mistral``, ``google``, ``vllm`` ...). ``ScriptedProvider``
+answers from a script of ``Reply`` objects, for demos, tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from statekernel.providers._local import LocalProvider
     from statekernel.providers._ollama import OllamaProvider
     from statekernel.providers._openai import OpenAIProvider
+    from statekernel.providers._scripted import Reply, ScriptedProvider
     from statekernel.providers._vendors import VENDORS, Vendor
 
 __getattr__, __dir__ = _exports.lazy_exports(
@@ -45,7 +47,9 @@ __getattr__, __dir__ = _exports.lazy_exports(
         "LocalProvider": "._local",
         "OllamaProvider": "._ollama",
         "OpenAIProvider": "._openai",
+        "Reply": "._scripted",
         "RetryPolicy": "._http",
+        "ScriptedProvider": "._scripted",
         "VENDORS": "._vendors",
         "Vendor": "._vendors",
         "complete": "._complete",
@@ -63,8 +67,10 @@ __all__ = [
     "OpenAIProvider",
     "ProviderRegistry",
     "ReasoningDelta",
+    "Reply",
     "ResultBuilder",
     "RetryPolicy",
+    "ScriptedProvider",
     "StreamEnd",
     "StreamPart",
     "TextDelta",

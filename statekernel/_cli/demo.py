@@ -22,7 +22,7 @@ from statekernel._kernel.tools import Tool, ToolContext, tool
 from statekernel._records.messages import JSON, Message, ModelRequest, ToolCall
 from statekernel._records.run import Run, ToolCallRecord
 from statekernel._storage.protocol import CheckpointStore
-from statekernel.testing import Reply, ScriptedProvider, call
+from statekernel.providers import Reply, ScriptedProvider
 
 __all__ = [
     "DEMO_VERSION",
@@ -108,12 +108,17 @@ def _last_tool_output(request: ModelRequest, name: str) -> dict[str, Any]:
     return {}
 
 
+def _call(name: str, arguments: dict[str, Any]) -> ToolCall:
+    """A scripted tool call (the scripted model numbers its id)."""
+    return ToolCall("", name, json.dumps(arguments))
+
+
 def _after_forecast(request: ModelRequest) -> Reply:
     forecast = _last_tool_output(request, "get_forecast")
     sky = forecast.get("sky", "dry")
     if sky != "dry":
         return Reply(text=f"Tomorrow brings {sky} in Paris, so I did not book.", chunk=4)
-    booking = call("book_table", {"restaurant": "Chez Lucie", "time": "20:00", "people": 2})
+    booking = _call("book_table", {"restaurant": "Chez Lucie", "time": "20:00", "people": 2})
     text = f"Tomorrow looks {sky} in Paris ({forecast.get('high_c', '?')} °C). Booking now."
     return Reply(text=text, tool_calls=(booking,), chunk=4)
 
@@ -131,7 +136,7 @@ def scripted_model() -> ScriptedProvider:
     """The deterministic model the demo uses when no local model is installed."""
     first = Reply(
         text="Let me check the forecast first.",
-        tool_calls=(call("get_forecast", {"city": "Paris", "day": "tomorrow"}),),
+        tool_calls=(_call("get_forecast", {"city": "Paris", "day": "tomorrow"}),),
         chunk=4,
     )
     return ScriptedProvider([first, _after_forecast, _final])

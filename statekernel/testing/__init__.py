@@ -3,6 +3,7 @@ suites, crash/resume fuzzing and a manual clock for lease expiry."""
 
 from __future__ import annotations
 
+from statekernel.providers._scripted import Fail, Reply, ScriptedProvider, call
 from statekernel.testing._cassette import Cassette, request_key
 from statekernel.testing._clock import ManualClock
 from statekernel.testing._faults import (
@@ -24,7 +25,6 @@ from statekernel.testing._raw import (
     RedisRecords,
     SQLiteRecords,
 )
-from statekernel.testing._scripted import Fail, Reply, ScriptedProvider, call
 from statekernel.testing._servers import redis_server_path
 from statekernel.testing._store_check import StoreFactory, check_store
 

@@ -346,7 +346,7 @@ def fuzz_agent(
     from statekernel._kernel.delegate import delegate
     from statekernel._kernel.dispatch import DispatchPolicy
     from statekernel._kernel.tools import tool
-    from statekernel.testing._scripted import ScriptedProvider, call
+    from statekernel.providers._scripted import ScriptedProvider, call
 
     @tool
     def side_effect(key: str) -> str:

@@ -292,7 +292,7 @@ def agent_scripts(max_turns: int = 4) -> st.SearchStrategy[list[Any]]:
     calls (some failing, some invalid, some asking the user, some delegating to a child
     run), model errors; always ending with a text answer."""
     from statekernel.errors import ProviderUnavailable
-    from statekernel.testing._scripted import Fail, Reply, call
+    from statekernel.providers._scripted import Fail, Reply, call
 
     def tool_call(kind: str, n: int) -> ToolCall:
         if kind == "bad":

@@ -21,10 +21,9 @@ from hypothesis import strategies as st
 
 import statekernel as sk
 from statekernel.stores import CheckpointStore, open_store
-from statekernel.testing import CrashAt, check_crash_resume, fuzz_agent
+from statekernel.testing import CrashAt, call, check_crash_resume, fuzz_agent
 from statekernel.testing import strategies as sts
 from statekernel.testing._fuzz import run_history_ok
-from statekernel.testing._scripted import call
 
 STORES = ["memory", "file", "sqlite", "redis"]
 LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"

@@ -18,10 +18,17 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 import statekernel as sk
 from statekernel.middleware import ToolInvocation
 from statekernel.stores import MemoryStore
-from statekernel.testing import CRASH_POINTS, Crash, CrashAt, FaultPlan, FaultyProvider, FaultyStore
+from statekernel.testing import (
+    CRASH_POINTS,
+    Crash,
+    CrashAt,
+    FaultPlan,
+    FaultyProvider,
+    FaultyStore,
+    ScriptedProvider,
+)
 from statekernel.testing import strategies as sts
 from statekernel.testing._fuzz import Ledger, run_history_ok
-from statekernel.testing._scripted import ScriptedProvider
 
 LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
 

@@ -23,8 +23,7 @@ from statekernel._records.values import (
 from statekernel.errors import InvalidArgument
 from statekernel.middleware import ToolInvocation
 from statekernel.stores import CheckpointStore, open_store
-from statekernel.testing import ScriptedProvider
-from statekernel.testing._scripted import call
+from statekernel.testing import ScriptedProvider, call
 
 KINDS = ["memory", "file", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
 

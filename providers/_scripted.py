@@ -1,4 +1,5 @@
-"""``ScriptedProvider``: a deterministic model for tests, demos and benchmarks."""
+"""``ScriptedProvider``: a deterministic model for tests, demos and benchmarks (also
+exported by ``statekernel.testing``, with ``Fail`` and ``call``)."""
 
 from __future__ import annotations
 
