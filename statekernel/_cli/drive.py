@@ -17,10 +17,9 @@ from rich.status import Status
 from statekernel._cli.common import Output, UserError
 from statekernel._cli.demo import demo_kernel, is_demo_run
 from statekernel._cli.view import EventPrinter, short
-from statekernel._kernel.drive import UNCERTAIN
 from statekernel._kernel.kernel import Kernel
 from statekernel._records.events import Event
-from statekernel._records.run import Run
+from statekernel._records.run import UNCERTAIN, Run
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import ConflictError
 

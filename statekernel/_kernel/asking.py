@@ -27,9 +27,8 @@ from statekernel._records.messages import JSON
 from statekernel._records.values import as_stored
 from statekernel.errors import InvalidArgument
 
-__all__ = ["INPUT_REQUIRED", "NeedsInput", "answered", "ask_user", "asked", "questions"]
+__all__ = ["NeedsInput", "answered", "ask_user", "asked", "questions"]
 
-INPUT_REQUIRED = "input_required"
 """The pause reason of a run whose tool call waits for the user's answer."""
 
 

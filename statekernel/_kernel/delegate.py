@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from statekernel._storage.protocol import CheckpointStore
 
 __all__ = [
-    "CHILD_PAUSED",
     "ChildPaused",
     "CreateRun",
     "DelegateTool",
@@ -58,7 +57,6 @@ __all__ = [
     "run_tree",
 ]
 
-CHILD_PAUSED = "child_paused"
 """The pause reason of a run whose delegated child run is paused."""
 
 _PLAIN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")

@@ -64,9 +64,9 @@ import attrs
 
 from statekernel._kernel import hooks as hk
 from statekernel._kernel import telemetry
-from statekernel._kernel.asking import INPUT_REQUIRED, NeedsInput, answered, asked, questions
+from statekernel._kernel.asking import NeedsInput, answered, asked, questions
 from statekernel._kernel.commit import Committer
-from statekernel._kernel.delegate import CHILD_PAUSED, ChildPaused
+from statekernel._kernel.delegate import ChildPaused
 from statekernel._kernel.dispatch import identical_group, next_startable
 from statekernel._kernel.middleware import Middleware, ModelCall, ToolInvocation, chain
 from statekernel._kernel.model import (
@@ -84,7 +84,16 @@ from statekernel._lifecycle.chart import Lifecycle
 from statekernel._lifecycle.transitions import parse_call
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, ModelRequest, ModelResult
-from statekernel._records.run import PauseInfo, Run, ToolCallRecord, Turn
+from statekernel._records.run import (
+    CHILD_PAUSED,
+    INPUT_REQUIRED,
+    MAX_TURNS,
+    UNCERTAIN,
+    PauseInfo,
+    Run,
+    ToolCallRecord,
+    Turn,
+)
 from statekernel._records.values import as_stored, parse_json
 from statekernel._storage.protocol import Checkpoint, Lease
 from statekernel.errors import (
@@ -101,7 +110,7 @@ if TYPE_CHECKING:
     from statekernel._records.messages import ToolSpec
     from statekernel._storage.protocol import CheckpointStore
 
-__all__ = ["UNCERTAIN", "Agent", "Models", "RunDriver"]
+__all__ = ["Agent", "Models", "RunDriver"]
 
 
 class Models(Protocol):
@@ -153,7 +162,6 @@ class Agent(Protocol):
 
 
 NOT_RUN_FINISHED = "not run: the run finished ({reason})"
-UNCERTAIN = "uncertain_tool_calls"
 
 
 class _HookFailed(Exception):
@@ -511,7 +519,7 @@ class RunDriver:
             return
         if run.max_turns is not None and len(run.turns) >= run.max_turns:
             meta = {"max_turns": run.max_turns, "turns": len(run.turns)}
-            self.stage("pause", reason="max_turns", metadata=meta)
+            self.stage("pause", reason=MAX_TURNS, metadata=meta)
             return
         request = ModelRequest(model=run.model, messages=run.messages, tools=self.kernel.tool_specs)
         hooked = await self._hook("on_turn_prepared", run, request)

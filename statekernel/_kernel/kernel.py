@@ -33,11 +33,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from statekernel._kernel import telemetry
-from statekernel._kernel.asking import INPUT_REQUIRED
 from statekernel._kernel.commit import log_lease_lost
 from statekernel._kernel.delegate import DelegateTool, child_runs, run_tree
 from statekernel._kernel.dispatch import DispatchPolicy
-from statekernel._kernel.drive import UNCERTAIN, RunDriver
+from statekernel._kernel.drive import RunDriver
 from statekernel._kernel.hooks import Hooks, check_hooks
 from statekernel._kernel.middleware import Middleware
 from statekernel._kernel.model import ModelProvider
@@ -45,7 +44,7 @@ from statekernel._kernel.tools import Tool, tools_by_name
 from statekernel._kernel.waiting import wait_ended
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, Message
-from statekernel._records.run import PauseInfo, Run, utcnow
+from statekernel._records.run import INPUT_REQUIRED, UNCERTAIN, PauseInfo, Run, utcnow
 from statekernel._records.values import check_messages, checked
 from statekernel._storage.protocol import (
     Checkpoint,

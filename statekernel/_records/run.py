@@ -12,7 +12,10 @@ from statekernel._records.lazy import LazyTuple
 from statekernel._records.messages import JSON, Message, ModelRequest, ModelResult, Usage
 
 __all__ = [
+    "CHILD_PAUSED",
     "FailureInfo",
+    "INPUT_REQUIRED",
+    "MAX_TURNS",
     "PauseInfo",
     "Run",
     "SCHEMA_VERSION",
@@ -20,6 +23,7 @@ __all__ = [
     "StateId",
     "ToolCallRecord",
     "Turn",
+    "UNCERTAIN",
     "utcnow",
 ]
 
@@ -110,6 +114,17 @@ def _turn_log(turns: Iterable[Turn]) -> LazyTuple[Turn]:
 
 def _transcript(messages: Iterable[Message]) -> LazyTuple[Message]:
     return messages if isinstance(messages, LazyTuple) else LazyTuple(messages)
+
+
+UNCERTAIN = "uncertain_tool_calls"
+"""Pause reason: calls were in flight when their driver stopped, and their tools are not
+idempotent (``resolve_tool_call`` says what happened)."""
+INPUT_REQUIRED = "input_required"
+"""Pause reason: a tool asked the user a question (``ask_user``)."""
+CHILD_PAUSED = "child_paused"
+"""Pause reason: a child run that a ``delegate`` call waits for is paused."""
+MAX_TURNS = "max_turns"
+"""Pause reason: the run took its ``max_turns``."""
 
 
 @attrs.frozen

@@ -24,13 +24,12 @@ from typing import Any
 
 import attrs
 
-from statekernel._kernel.drive import UNCERTAIN
 from statekernel._kernel.kernel import Kernel
 from statekernel._kernel.middleware import ToolInvocation
 from statekernel._kernel.tools import Tool
 from statekernel._lifecycle.trace import DATA_EVENTS, DECLARED, transitions_of
 from statekernel._records.events import Event
-from statekernel._records.run import STATE_IDS, Run, Turn
+from statekernel._records.run import MAX_TURNS, STATE_IDS, UNCERTAIN, Run, Turn
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import RunNotFound
 from statekernel.testing._faults import Crash, CrashAt, FaultPlan, FaultyProvider, FaultyStore
@@ -211,7 +210,7 @@ async def _settle(kernel: Kernel, run: Run, ledger: Ledger, approve: Any) -> boo
             else:
                 error = f"{type(done[1]).__name__}: {done[1]}"
                 await kernel.resolve_tool_call(run.run_id, call["id"], error=error)
-    elif run.pause is not None and run.pause.reason == "max_turns":
+    elif run.pause is not None and run.pause.reason == MAX_TURNS:
         await kernel.resume(run.run_id, max_turns=(run.max_turns or 0) + 10)
     else:
         value = approve(run)
