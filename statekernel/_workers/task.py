@@ -205,8 +205,14 @@ class RunTask:
                 elif event.type in _REST:
                     rest = _rest(event)
                 if w.stopping and not in_flight and event.type != "model_started":
-                    return rest or _STOPPED
+                    return rest or await self._rest_or_stopped()
         return rest or Rest.of(await w.kernel.get(self.run_id))
+
+    async def _rest_or_stopped(self) -> Rest | None:
+        """Where a drive that stops mid-commit leaves the run: the commit whose events are
+        being read may have brought it to rest (its ``run_*`` event not read yet)."""
+        run = await self.worker.kernel.get(self.run_id)
+        return Rest.of(run) if run.state in _REST.values() else _STOPPED
 
     async def _settle(self, lease: Lease, outcome: Rest | Exception | None) -> None:
         w = self.worker

@@ -289,8 +289,8 @@ async def test_a_live_holder_keeps_its_run_past_the_lease_ttl(kernel: sk.Kernel)
     first.stop()
     second.stop()
     s1, s2 = await task1, await task2
-    assert (s1.completed, s1.lost, s2.taken) == (1, 0, 0)
     kinds = [e.type for e in await kernel.events(ids[0])]
+    assert (s1.completed, s1.lost, s2.taken) == (1, 0, 0), (s1, s2, kinds)
     assert "model_restarted" not in kinds
     assert list(ran.values()) == [1]
 
@@ -321,6 +321,29 @@ async def test_stop_lets_in_flight_tools_commit_and_hands_runs_back(kernel: sk.K
     assert (await task2).completed == 4
     assert set(ran.values()) == {1}
     assert len(ran) == 4
+
+
+async def test_a_worker_stopped_by_the_commit_that_completes_a_run_acknowledges_it(
+    kernel: sk.Kernel,
+) -> None:
+    """``stop()`` while the final commit is being read: the run is at rest, not handed back."""
+    workers: list[sk.Worker] = []
+
+    class StopBeforeTheLastCommit(sk.Hooks):
+        def on_model_completed(self, run: sk.Run, result: sk.ModelResult) -> None:
+            if not result.tool_calls:
+                workers[0].stop()  # the commit of this answer completes the run
+
+    options = agent(note_then_done())
+    worker = sk.Worker(
+        kernel.store, agent=lambda: {**options(), "hooks": StopBeforeTheLastCommit()}, **FAST
+    )
+    workers.append(worker)
+    ids = await submit_new(kernel, 1)
+    stats = await asyncio.wait_for(await serve(worker), 15)
+    assert (stats.completed, stats.requeued) == (1, 0)
+    assert await states(kernel, ids) == ["completed"]
+    assert await queue_empty(RunQueue(store_of(kernel), "default"))
 
 
 async def _started_tools(kernel: sk.Kernel, ids: Sequence[str], n: int) -> bool:
