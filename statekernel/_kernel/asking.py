@@ -29,8 +29,6 @@ from statekernel.errors import InvalidArgument
 
 __all__ = ["NeedsInput", "answered", "ask_user", "asked", "questions"]
 
-"""The pause reason of a run whose tool call waits for the user's answer."""
-
 
 class NeedsInput(Exception):
     """Raise from a tool to ask the user; the answer becomes the call's result.

@@ -57,8 +57,6 @@ __all__ = [
     "run_tree",
 ]
 
-"""The pause reason of a run whose delegated child run is paused."""
-
 _PLAIN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 

@@ -451,7 +451,8 @@ class RunDriver:
 
     async def _gather(self) -> AsyncIterator[Event]:
         """Stage transitions, effect by effect, until what is staged must land before the
-        next effect (``_must_land``), tools run with nothing staged, or the run rests."""
+        next effect (``_must_land``), tools still run while something is staged (it lands
+        before waiting for them), or the run rests."""
         while True:
             state = self.run.state
             if state == "init":

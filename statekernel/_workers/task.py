@@ -211,7 +211,10 @@ class RunTask:
     async def _rest_or_stopped(self) -> Rest | None:
         """Where a drive that stops mid-commit leaves the run: the commit whose events are
         being read may have brought it to rest (its ``run_*`` event not read yet)."""
-        run = await self.worker.kernel.get(self.run_id)
+        try:
+            run = await self.worker.kernel.get(self.run_id)
+        except StatekernelError:  # unknown: handed back, whoever takes it sees the run
+            return _STOPPED
         return Rest.of(run) if run.state in _REST.values() else _STOPPED
 
     async def _settle(self, lease: Lease, outcome: Rest | Exception | None) -> None:

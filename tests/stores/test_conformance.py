@@ -25,7 +25,8 @@ KINDS = ["memory", "file", "sqlite", pytest.param("redis", marks=pytest.mark.red
 def factory_for(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest, clock: ManualClock
 ) -> Callable[[], CheckpointStore]:
-    """Fresh stores of ``kind``; but on Redis, their leases expire on ``clock``."""
+    """Fresh stores of ``kind`` whose leases expire on ``clock``, except on Redis (which
+    expires them on the server's clock)."""
     counter = itertools.count()
 
     def make() -> CheckpointStore:
