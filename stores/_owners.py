@@ -9,15 +9,20 @@ An owner proves it is alive with an OS lock: while it holds leases in a store, i
 holds ``flock`` on a file of its own in the store's owners folder. The kernel holds
 that lock in its process, so the OS releases it the moment the process dies; another
 process that finds the file unlocked knows the owner is dead and takes its leases
-over at once, without waiting for them to expire.
+over at once. An owner of another process whose lock is held is alive, and its run is
+never taken over, whatever any clock says: a process whose wall clock is an hour ahead
+(an NTP step, a migrated VM) cannot mistake a live owner's lease for an expired one.
 
-Expiry is measured on a ``Clock``: wall-clock seconds since the epoch, ``time.time``
-unless a store was given another (``statekernel.testing.ManualClock`` in tests, so a
-lease expires when a test moves the clock on rather than after a real sleep).
+Between owners of one process (two kernels on one store, or an owner that acquired and
+never renewed) the lock proves nothing, so there the lease lasts until it expires, on a
+``Clock``: wall-clock seconds since the epoch, ``time.time`` unless a store was given
+another (``statekernel.testing.ManualClock`` in tests, so a lease expires when a test
+moves the clock on rather than after a real sleep). Both sides read the same clock.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import hashlib
@@ -39,6 +44,7 @@ __all__ = [
     "LeaseRecord",
     "OwnerProofs",
     "check_fence",
+    "local_owner",
     "released",
     "renewed",
     "take",
@@ -68,11 +74,35 @@ def take(
     now: float,
     alive: Callable[[str], bool],
 ) -> LeaseRecord:
-    """The record giving the lease to ``owner``, or ``RunBusy`` while a live owner holds it."""
-    held = record is not None and record.owner is not None and record.expires > now
-    if held and record is not None and record.owner is not None and alive(record.owner):
-        raise RunBusy(run_id, record.owner)
+    """The record giving the lease to ``owner``, or ``RunBusy`` while a live owner holds it.
+
+    An owner of this process holds it until it expires on ``now``'s clock; an owner of
+    another process holds it for as long as ``alive`` proves it alive (its OS lock),
+    whatever the expiry time says.
+    """
+    if record is not None and record.owner is not None:
+        holder = record.owner
+        busy = record.expires > now if local_owner(holder) else alive(holder)
+        if busy:
+            raise RunBusy(run_id, holder)
     return LeaseRecord((record.token if record is not None else 0) + 1, owner, now + ttl)
+
+
+_local: collections.Counter[str] = collections.Counter()
+"""Leases held by each owner of this process, over every store it opened."""
+_local_mutex = threading.Lock()
+
+
+def local_owner(owner: str) -> bool:
+    """True while ``owner`` is an owner of this process holding a lease in some store."""
+    return _local[owner] > 0
+
+
+def _count(owner: str, change: int) -> None:
+    with _local_mutex:
+        _local[owner] += change
+        if _local[owner] <= 0:
+            del _local[owner]
 
 
 def _current(record: LeaseRecord | None, lease: Lease) -> bool:
@@ -101,7 +131,8 @@ def released(record: LeaseRecord | None, lease: Lease) -> LeaseRecord | None:
 
 class OwnerProofs:
     """OS locks that prove owners alive, in ``folder`` (None: owners of this process only,
-    whose leases end by release or expiry).
+    whose leases end by release or expiry; an owner no store of this process counts is
+    gone).
 
     ``hold``/``drop`` count the leases an owner of this process holds in the store and
     keep its lock while there is any; ``alive`` tells whether an owner (of any process)
@@ -125,11 +156,15 @@ class OwnerProofs:
             if count == 0 and self.folder is not None:
                 fd = self._lock(self._path(owner))
             self._held[owner] = (fd, count + 1)
+            _count(owner, 1)
 
     def drop(self, owner: str) -> None:
         """Count one lease of ``owner`` less; release its lock with the last one."""
         with self._mutex:
             fd, count = self._held.get(owner, (-1, 0))
+            if count == 0:
+                return
+            _count(owner, -1)
             if count > 1:
                 self._held[owner] = (fd, count - 1)
                 return
@@ -147,8 +182,10 @@ class OwnerProofs:
 
     def alive(self, owner: str) -> bool:
         """False once ``owner``'s process is proven dead (its lock is free or gone)."""
-        if self.folder is None or owner in self._held:
+        if owner in self._held or local_owner(owner):
             return True
+        if self.folder is None:
+            return False  # owners of this process only, and this one holds nothing
         path = self._path(owner)
         try:
             fd = os.open(path, os.O_RDWR)
@@ -193,7 +230,8 @@ class OwnerProofs:
         """Release every lock (the store closes)."""
         with self._mutex:
             held, self._held = self._held, {}
-            for owner, (fd, _) in held.items():
+            for owner, (fd, count) in held.items():
+                _count(owner, -count)
                 if fd >= 0:
                     self._unlock(owner, fd)
 

@@ -13,9 +13,10 @@ Commits that are ready at the same moment (of different runs) share one round tr
 each is its own ``EVALSHA`` in one pipeline, its reply read on its own, so one
 script's error or refusal is that commit's outcome alone (``_group``).
 
-A commit can be fenced (``commit(checkpoint, fence=Fence(key, token))``): the script
-then also checks that ``key``, a key of the run's hash slot (``run_key``), holds
-``token``, and refuses the commit with ``LeaseLost`` otherwise (workers use this).
+A commit under a lease (``commit(checkpoint, lease=...)``) is fenced: the script also
+checks that the run's lease key ``<prefix>:{run}:lease`` holds the lease's token, and
+refuses the commit with ``LeaseLost`` otherwise. A lease expires on the server's clock
+(``PX``), which no client's clock step can move.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._redact import redact_url
-from statekernel.stores._redis_fencing import FENCE_KEY_TTL_MS, RELEASE, RENEW, Fence
+from statekernel.stores._redis_fencing import FENCE_KEY_TTL_MS, RELEASE, RENEW
 from statekernel.stores._redis_index import RunIndex
 from statekernel.stores._redis_queue import RunQueue
 from statekernel.stores._redis_wire import Command, Wire
@@ -303,22 +304,16 @@ class RedisStore:
         key = self.run_key(lease.run_id, "lease")
         await self._call(self._release(keys=[key], args=[lease.token]))
 
-    async def commit(
-        self, checkpoint: Checkpoint, *, lease: Lease | None = None, fence: Fence | None = None
-    ) -> None:
+    async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         """Run the commit script, then move the run in the index.
 
-        With ``lease`` (or a ``fence``), the commit lands only while the run's lease key
+        With ``lease``, the commit lands only while the run's lease key
         holds the lease's token (checked in the same script); otherwise it raises
         ``LeaseLost``. Each commit carries an id, kept in the head: a script sent again
         after a cut connection recognises its own commit if it had landed.
         """
         run = checkpoint.run
-        if lease is not None:
-            fence = Fence(self.run_key(run.run_id, "lease"), lease.token)
         keys = self._keys(run.run_id)
-        if fence is not None and not fence.key.startswith(self._base(run.run_id)):
-            raise ConfigError(f"fence key {fence.key!r} is not a key of run {run.run_id!r}")
         known = self._known.get(run.run_id) if run.revision > 0 else None
         if known is None or known.key.revision != checkpoint.expected_revision:
             known = await self._prior(run.run_id, keys[0]) if run.revision > 0 else None
@@ -343,13 +338,13 @@ class RedisStore:
         ]
         for key, value in enc.blobs.items():
             args += [key, seal(value)]
-        if fence is not None:
-            keys, args = [*keys, fence.key], [*args, fence.token]
+        if lease is not None:
+            keys, args = [*keys, self.run_key(run.run_id, "lease")], [*args, lease.token]
         script = _Script(run.run_id, run.revision, keys, args)
         status, actual, announced = await self._group.submit(script)
-        if status == 3 and fence is not None:
+        if status == 3 and lease is not None:
             self._known.drop(run.run_id)
-            raise LeaseLost(run.run_id, checkpoint.expected_revision, fence.token)
+            raise LeaseLost(run.run_id, checkpoint.expected_revision, lease.token)
         if status == 1:
             self._known.drop(run.run_id)
             raise ConflictError(

@@ -1,26 +1,25 @@
-"""Fenced commits: what a store must offer so that workers can own runs through leases.
+"""Leases on Redis, and what run queues need of a store.
 
-A worker holds a lease on each run it drives: a Redis key in the run's hash slot whose
-value is the worker's fencing token. A ``Fence`` names that key and token; a store
-that accepts ``commit(checkpoint, fence=...)`` checks, in the same atomic step as the
-revision compare-and-set, that the key still holds the token, and raises
-``LeaseLost`` otherwise. A worker whose lease expired or passed to another worker can
-therefore never commit, even if it wakes up from a long pause mid-transition.
+A run's lease is a Redis key in the run's hash slot whose value is the holder's fencing
+token ``"<generation>/<owner>"`` (``RedisStore.acquire``); it expires on the server's
+clock unless renewed. A commit under the lease checks, in the same script as the
+revision compare-and-set, that the key still holds the token, and raises ``LeaseLost``
+otherwise: an owner whose lease expired or passed to another can never commit, even if
+it wakes up from a long pause mid-transition. Workers take leases the same way as any
+kernel: there is one ownership system.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import attrs
-
-from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease
+from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import ConfigError
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
-__all__ = ["FENCE_KEY_TTL_MS", "RELEASE", "RENEW", "Fence", "RedisBacked", "redis_backed"]
+__all__ = ["FENCE_KEY_TTL_MS", "RELEASE", "RENEW", "RedisBacked", "redis_backed"]
 
 FENCE_KEY_TTL_MS = 30 * 24 * 3600 * 1000
 """Fence counters outlive leases (a new lease must get a larger token), but not forever."""
@@ -38,18 +37,10 @@ return 0
 """Delete the lease key ``KEYS[1]`` if it still holds the token ``ARGV[1]``."""
 
 
-@attrs.frozen
-class Fence:
-    """A commit condition: the key ``key`` (in the run's hash slot) must hold ``token``."""
-
-    key: str
-    token: str
-
-
 @runtime_checkable
 class RedisBacked(CheckpointStore, Protocol):
-    """A store that keeps runs in Redis, accepts fenced commits and can host run queues
-    and leases on the same server (``statekernel.stores.RedisStore``)."""
+    """A store that keeps runs in Redis and can host run queues on the same server
+    (``statekernel.stores.RedisStore``)."""
 
     prefix: str
 
@@ -64,12 +55,6 @@ class RedisBacked(CheckpointStore, Protocol):
 
     def run_key(self, run_id: str, name: str) -> str:
         """A key called ``name`` in the hash slot of the run's keys."""
-        ...
-
-    async def commit(
-        self, checkpoint: Checkpoint, *, lease: Lease | None = None, fence: Fence | None = None
-    ) -> None:
-        """Commit; with ``lease`` or ``fence``, only while the lease key holds its token."""
         ...
 
 

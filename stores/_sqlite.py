@@ -277,7 +277,9 @@ class SQLiteStore:
 
     async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
         """Take the run's lease; a holder whose process died (its owner lock is free) is
-        taken over at once."""
+        taken over at once. A store opened read-only gives no leases (it cannot write)."""
+        if self.read_only:
+            raise self._error(OSError("a lease is a write, and this store cannot write"))
         return await self._leases.acquire(run_id, owner, ttl=ttl)
 
     async def renew(self, lease: Lease, *, ttl: float) -> None:

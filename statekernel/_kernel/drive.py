@@ -41,7 +41,14 @@ Where a crash can land, and what resume does:
   is tried again with backoff.
 
 A driver holds the run's lease (one owner per run): every commit carries it, and the
-store refuses it once the lease moved on. It remembers the intents *it* committed
+store refuses it once the lease moved on. Right before a model or tool call starts, it
+checks on its monotonic clock that the lease lasts at least the kernel's
+``lease_margin`` more (``statekernel._kernel.tenure``); if the lease moved on, nothing
+starts and the drive stops with ``LeaseLost``. A command of the same kernel (``send``,
+``update_context``...) commits under the same lease, between two commits of the drive
+(``commit_lock``); the drive then goes on from the command's commit, re-applying what it
+had staged (``adopt``), so a command never makes the drive's next commit conflict and
+never cuts its calls. It remembers the intents *it* committed
 (``model_started``, the tool calls it started and still runs, and those whose intent
 landed but whose effect it never began). Because only the lease holder commits, an
 intent found in the store that this driver does not know is a remnant of a dead or
@@ -65,7 +72,7 @@ import attrs
 from statekernel._kernel import hooks as hk
 from statekernel._kernel import telemetry
 from statekernel._kernel.asking import NeedsInput, answered, asked, questions
-from statekernel._kernel.commit import Committer
+from statekernel._kernel.commit import Committer, log_lease_lost
 from statekernel._kernel.delegate import ChildPaused
 from statekernel._kernel.dispatch import identical_group, next_startable
 from statekernel._kernel.middleware import Middleware, ModelCall, ToolInvocation, chain
@@ -99,6 +106,7 @@ from statekernel._storage.protocol import Checkpoint, Lease
 from statekernel.errors import (
     ConflictError,
     InvalidTransition,
+    LeaseLost,
     StoreError,
     ToolError,
 )
@@ -106,6 +114,7 @@ from statekernel.errors import (
 if TYPE_CHECKING:
     from statekernel._kernel.dispatch import DispatchPolicy
     from statekernel._kernel.telemetry import TraceContext
+    from statekernel._kernel.tenure import Tenure
     from statekernel._kernel.tools import Tool
     from statekernel._records.messages import ToolSpec
     from statekernel._storage.protocol import CheckpointStore
@@ -160,6 +169,11 @@ class Agent(Protocol):
         """The model providers."""
         ...
 
+    @property
+    def lease_margin(self) -> float:
+        """Seconds the run's lease must surely last when a model or tool call starts."""
+        ...
+
 
 NOT_RUN_FINISHED = "not run: the run finished ({reason})"
 
@@ -203,12 +217,19 @@ class _Outcome:
 class RunDriver:
     """One run's machine, its committed intents and its running tool calls."""
 
-    def __init__(self, kernel: Agent, run: Run, lease: Lease | None = None) -> None:
+    def __init__(self, kernel: Agent, run: Run, tenure: Tenure | None = None) -> None:
         self.kernel = kernel
-        self.committer = Committer(kernel.store, lease)
-        """Lands this driver's commits under the run's lease (None: unfenced, new runs)."""
+        self.tenure = tenure
+        """The run's lease and how long it surely lasts (None: unfenced, new runs)."""
+        self.committer = Committer(kernel.store, tenure.lease if tenure is not None else None)
+        """Lands this driver's commits under the run's lease."""
         self.lc = Lifecycle(run)
         self.lock = asyncio.Lock()
+        self.commit_lock = asyncio.Lock()
+        """Held while a commit of the run is computed and landed: by this driver's
+        ``flush`` and by a command of the same kernel that commits between two of them."""
+        self.moves: list[tuple[str, dict[str, Any]]] = []
+        """The transitions staged since the last commit, as sent (``adopt`` re-applies them)."""
         self.users = 0
         """Drives that hold this driver."""
         self.model_claim: int | None = None
@@ -240,7 +261,7 @@ class RunDriver:
     @property
     def lease(self) -> Lease | None:
         """The run's lease this driver commits under (None: unfenced, for new runs)."""
-        return self.committer.lease
+        return self.tenure.lease if self.tenure is not None else None
 
     @property
     def lost(self) -> bool:
@@ -250,6 +271,46 @@ class RunDriver:
     @lost.setter
     def lost(self, value: bool) -> None:
         self.committer.lost = value
+
+    @property
+    def committed(self) -> Run:
+        """The run at its last committed revision, even while transitions are staged."""
+        return self.base if self.base is not None else self.lc.run
+
+    def adopt(self, head: Run) -> None:
+        """Go on from ``head``, which a command of this kernel committed on top of this
+        driver's last commit (under ``commit_lock``): what was staged is applied again on
+        top of it, and a model call claimed at the last commit stays claimed."""
+        committed = self.committed
+        if head.revision == committed.revision:
+            return
+        claimed = self.model_claim is not None and self.model_claim == committed.revision
+        moves = self.moves
+        self.lc.reset(head)
+        self.base, self.staged, self.moves = None, [], []
+        try:
+            for event, payload in moves:
+                self.stage(event, **payload)
+        except InvalidTransition:  # the command changed what they applied to: decided again
+            self._drop_staged()
+        if claimed:
+            self.model_claim = head.revision
+
+    async def ensure_lease(self) -> None:
+        """Return once the run's lease surely lasts the kernel's ``lease_margin`` more:
+        called right before a model or tool call starts. ``LeaseLost`` (the driver is
+        lost) if the lease moved on; ``StoreError`` if the store cannot say now."""
+        run = self.committed
+        if self.lost:
+            raise LeaseLost(run.run_id, run.revision)
+        if self.tenure is None:
+            return
+        try:
+            await self.tenure.ensure(self.kernel.lease_margin)
+        except LeaseLost:
+            self.lost = True
+            log_lease_lost(run.run_id, run.revision, "it moved on before an effect started")
+            raise
 
     def _undo(self, previous: Run) -> Callable[[], None]:
         """Put the driver's copy back at ``previous`` (a commit did not land)."""
@@ -314,6 +375,7 @@ class RunDriver:
         _, events = self.lc.apply(event, join=joining, **payload)
         self.base = base
         self.staged.extend(events)
+        self.moves.append((event, payload))
 
     def _stage_outcome(self, outcome: _Outcome) -> None:
         self.stage(
@@ -343,6 +405,7 @@ class RunDriver:
                 self.names.pop(call_id, None)
         self.base, self.staged, self.staged_intents, self.staged_outcomes = None, [], [], []
         self.staged_model_intent = False
+        self.moves = []
 
     async def commit(self, event: str, **payload: Any) -> tuple[Event, ...]:
         """Apply one transition and commit it; unless it landed, the run stays as it was."""
@@ -357,27 +420,31 @@ class RunDriver:
         without a landed commit, the driver's copy is back at the last commit; an intent
         that landed under a cancellation is kept as unstarted (the next step starts it).
         """
-        base = self.base
-        if base is None:
+        if self.base is None:
             return ()
-        events = tuple(self.staged)
-        intents, outcomes = self.staged_intents, self.staged_outcomes
-        model_intent = self.staged_model_intent
-        checkpoint = Checkpoint.appended(base, self.lc.run, events)
-        self.base, self.staged, self.staged_intents, self.staged_outcomes = None, [], [], []
-        self.staged_model_intent = False
-        try:
-            await self.committer.land(checkpoint, self._undo(base), self.trace_parent)
-        except BaseException:
-            if self.lc.run.revision == base.revision:  # not landed
-                for ids, _ in intents:
-                    for call_id in ids:
-                        self.names.pop(call_id, None)
+        async with self.commit_lock:  # a command of this kernel may commit first: adopted
+            base = self.base
+            if base is None:
+                return ()
+            events = tuple(self.staged)
+            intents, outcomes = self.staged_intents, self.staged_outcomes
+            model_intent = self.staged_model_intent
+            checkpoint = Checkpoint.appended(base, self.lc.run, events)
+            self.base, self.staged, self.staged_intents, self.staged_outcomes = None, [], [], []
+            self.staged_model_intent = False
+            self.moves = []
+            try:
+                await self.committer.land(checkpoint, self._undo(base), self.trace_parent)
+            except BaseException:
+                if self.lc.run.revision == base.revision:  # not landed
+                    for ids, _ in intents:
+                        for call_id in ids:
+                            self.names.pop(call_id, None)
+                    raise
+                self._landed(outcomes)
+                for ids, call_input in intents:
+                    self.unstarted[ids[0]] = (ids, call_input)
                 raise
-            self._landed(outcomes)
-            for ids, call_input in intents:
-                self.unstarted[ids[0]] = (ids, call_input)
-            raise
         self._landed(outcomes)
         if model_intent:
             self.model_claim = self.run.revision
@@ -550,7 +617,7 @@ class RunDriver:
                 yield live
         except (asyncio.CancelledError, GeneratorExit):
             raise
-        except (_HookFailed, StoreError, ConflictError):
+        except (_HookFailed, StoreError, ConflictError, LeaseLost):
             raise
         except Exception as exc:
             self.model_claim = None
@@ -576,6 +643,7 @@ class RunDriver:
 
         async def terminal(call: ModelCall) -> ModelResult:
             nonlocal streams
+            await self.ensure_lease()  # the call starts only under a live lease
             with telemetry.model_span(self.trace_parent, run.run_id, call.request) as span:
                 provider = registry.get(call.request.model)
                 builder = ResultBuilder()
@@ -857,20 +925,42 @@ class RunDriver:
                 loop.call_soon_threadsafe(queue.put_nowait, event)
 
         context = copy.deepcopy(run.context)
-        ctx = ToolContext(run.run_id, record.id, record.attempt, context, report, self.kernel)
+        token = self.lease.generation if self.lease is not None else None
+        ctx = ToolContext(
+            run.run_id, record.id, record.attempt, context, report, self.kernel, token
+        )
+        refused: list[BaseException] = []
 
         async def terminal(invocation: ToolInvocation) -> JSON:
+            try:
+                await self.ensure_lease()  # the call starts only under a live lease
+            except (LeaseLost, StoreError) as exc:
+                refused.append(exc)
+                raise
             return await tool.invoke(invocation.input, ctx)
 
         invocation = ToolInvocation(run, record, call_input, tool.idempotent)
         with telemetry.tool_span(self.trace_parent, run.run_id, record, tool, ids) as span:
             try:
                 output = await chain(self.kernel.middleware, terminal)(invocation)
+                if refused:
+                    raise refused[0]
                 outcome = _stored_outcome(ids, output)
             except asyncio.CancelledError:
                 self.tasks.pop(ids[0], None)
                 queue.put_nowait(None)  # a drive waiting for this call must not wait forever
                 raise
+            except (LeaseLost, StoreError) as exc:
+                if not refused:  # the tool itself raised it: an error result as any other
+                    outcome = _Outcome(ids, None, f"{type(exc).__name__}: {exc}")
+                    span.failed(exc)
+                else:  # it never started: the drive stops
+                    self.tasks.pop(ids[0], None)
+                    if isinstance(refused[0], StoreError):  # the next drive starts it
+                        self.unstarted[ids[0]] = (list(ids), call_input)
+                    self.escaped = refused[0]
+                    queue.put_nowait(None)
+                    return
             except NeedsInput as request:
                 question, problem = asked(request)
                 outcome = _Outcome(ids, None, problem, asked=question)

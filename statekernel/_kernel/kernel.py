@@ -3,13 +3,17 @@
 How a drive moves a run (effect, transition, commit) and where a crash can land is
 told at the top of ``statekernel._kernel.drive``.
 
-One owner per run: a drive (``run``, ``step``) and a command (``send``, ``resume``...)
-first take the run's lease from the store; every commit carries its fencing token,
-which the store checks with the revision. While a live owner holds the lease, others
-wait up to ``busy_timeout`` and then get ``RunBusy``; they never take the owner's
+One owner per run: a drive (``run``, ``step``), a command (``send``, ``resume``...) and
+``delete`` first take the run's lease from the store; every commit carries its fencing
+token, which the store checks with the revision. While a live owner holds the lease,
+others wait up to ``busy_timeout`` and then get ``RunBusy``; they never take the owner's
 intents for crash remnants. A dead owner's lease is taken over at once where the store
 proves the death (an OS lock on one host), otherwise when it expires (``lease_ttl``
-after its last renewal; the kernel renews the leases it holds).
+after its last renewal, on the server's clock; the kernel renews the leases it holds,
+one loop for all of them). A command of this kernel on a run one of its drives holds
+commits between two of the drive's commits, which goes on from it (``RunDriver.adopt``).
+Right before a model or tool call starts, the drive checks that its lease lasts at least
+``lease_margin`` more (``statekernel._kernel.tenure``).
 
 Cancellation (task cancel, closing the ``run`` generator) stops between or inside
 effects; the transition in progress is not committed and no ``failed`` is written.
@@ -25,6 +29,7 @@ import logging
 import os
 import re
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
@@ -40,6 +45,7 @@ from statekernel._kernel.drive import RunDriver
 from statekernel._kernel.hooks import Hooks, check_hooks
 from statekernel._kernel.middleware import Middleware
 from statekernel._kernel.model import ModelProvider
+from statekernel._kernel.tenure import Tenure
 from statekernel._kernel.tools import Tool, tools_by_name
 from statekernel._kernel.waiting import wait_ended
 from statekernel._records.events import Event
@@ -61,6 +67,7 @@ from statekernel.errors import (
     LeaseLost,
     RunBusy,
     RunHasChildren,
+    RunNotFound,
     StatekernelError,
     StoreError,
 )
@@ -100,7 +107,12 @@ class Kernel:
     the first one outermost. ``max_turns`` is the default budget of new runs.
     ``lease_ttl``: seconds a run's lease outlives its last renewal (a dead owner's runs
     are taken over after that where the store cannot prove the death at once);
-    ``busy_timeout``: seconds to wait for another live owner of a run before ``RunBusy``.
+    ``busy_timeout``: seconds to wait for another live owner of a run before ``RunBusy``;
+    ``lease_margin``: seconds the lease must surely last, on this process's monotonic
+    clock, when a model or tool call starts (None: a third of ``lease_ttl``; the lease is
+    renewed first when less remains, and nothing starts if it moved on). ``clock``: the
+    monotonic clock that is measured on (``time.monotonic``; tests pass a
+    ``statekernel.testing.ManualClock``).
     """
 
     def __init__(
@@ -115,6 +127,8 @@ class Kernel:
         max_turns: int | None = 20,
         lease_ttl: float = 15.0,
         busy_timeout: float = 20.0,
+        lease_margin: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         from statekernel.providers import ProviderRegistry
 
@@ -124,6 +138,13 @@ class Kernel:
             raise InvalidArgument("lease_ttl must be > 0 and busy_timeout >= 0 (seconds)")
         self.lease_ttl = float(lease_ttl)
         self.busy_timeout = float(busy_timeout)
+        margin = self.lease_ttl / 3 if lease_margin is None else lease_margin
+        if not 0 <= margin < self.lease_ttl:
+            raise InvalidArgument(
+                f"lease_margin must be at least 0 and less than lease_ttl, got {lease_margin!r}"
+            )
+        self.lease_margin = float(margin)
+        self.clock = clock
         self.owner = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:12]}"
         """Who this kernel is to the stores: host, process and a kernel id."""
         self._renewer: asyncio.Task[None] | None = None
@@ -269,6 +290,8 @@ class Kernel:
             max_turns=self.max_turns,
             lease_ttl=self.lease_ttl,
             busy_timeout=self.busy_timeout,
+            lease_margin=self.lease_margin,
+            clock=self.clock,
         )
 
     async def children(self, run_id: str) -> list[Run]:
@@ -283,17 +306,36 @@ class Kernel:
         """Delete a run with all its revisions and events; returns the ids deleted.
 
         A run with child runs raises ``RunHasChildren`` unless ``children=True``, which
-        deletes its whole subtree (the deepest runs first).
+        deletes its whole subtree (the deepest runs first). Each run is deleted under its
+        lease: a run that a live owner drives is waited for (``busy_timeout``), then
+        ``RunBusy`` naming the owner, and nothing more is deleted. The run's lease is held
+        until it is gone, so no drive of it (and no child run it would start) comes after.
         """
-        tree = await run_tree(self.store, run_id)
-        descendants = [run.run_id for _, run in tree[1:]]
-        if descendants and not children:
-            raise RunHasChildren(run_id, descendants)
-        deleted = []
-        for _, run in reversed(tree):
-            if await self.store.delete(run.run_id):
-                deleted.append(run.run_id)
-        return deleted
+        held: dict[str, Tenure] = {}
+        try:
+            while True:  # every run of the tree under its lease, parents before children
+                tree = await run_tree(self.store, run_id)
+                descendants = [run.run_id for _, run in tree[1:]]
+                if descendants and not children:
+                    raise RunHasChildren(run_id, descendants)
+                missing = [run.run_id for _, run in tree if run.run_id not in held]
+                if not missing:
+                    break
+                for rid in missing:
+                    with contextlib.suppress(RunNotFound):  # deleted meanwhile
+                        tenure = await self._acquire(rid, share=False)
+                        assert tenure is not None
+                        held[rid] = tenure
+                if run_id not in held:
+                    raise RunNotFound(run_id)
+            deleted: list[str] = []
+            for _, run in reversed(tree):
+                if await self.store.delete(run.run_id):
+                    deleted.append(run.run_id)
+            return deleted
+        finally:
+            for tenure in held.values():
+                await self._release_lease(tenure.lease)
 
     # -- driving -----------------------------------------------------------------
 
@@ -384,20 +426,20 @@ class Kernel:
 
         Waits up to ``busy_timeout`` while another owner holds the lease.
         """
-        lease = await self._acquire(run_id, share=True)
-        if lease is None:
+        tenure = await self._acquire(run_id, share=True)
+        if tenure is None:
             return self._drivers[run_id], False
         try:
             loaded = await self.store.load(run_id)
         except BaseException:
-            await self._release_lease(lease)
+            await self._release_lease(tenure.lease)
             raise
-        driver = RunDriver(self, loaded, lease)
+        driver = RunDriver(self, loaded, tenure)
         self._drivers[run_id] = driver
         self._keep_renewing()
         return driver, True
 
-    async def _acquire(self, run_id: str, *, share: bool) -> Lease | None:
+    async def _acquire(self, run_id: str, *, share: bool) -> Tenure | None:
         """The run's lease for this kernel (None: a driver of this kernel holds it and
         ``share`` allows using that driver), after waiting for another owner if need be."""
         loop = asyncio.get_running_loop()
@@ -426,11 +468,13 @@ class Kernel:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.25)
 
-    async def _acquire_once(self, run_id: str) -> Lease:
+    async def _acquire_once(self, run_id: str) -> Tenure:
         """One attempt at the run's lease; a lease given to a cancelled caller goes back."""
+        began = self.clock()
         task = asyncio.ensure_future(self.store.acquire(run_id, self.owner, ttl=self.lease_ttl))
         try:
-            return await asyncio.shield(task)
+            lease = await asyncio.shield(task)
+            return Tenure(self.store, lease, self.lease_ttl, began, self.clock)
         except asyncio.CancelledError:
             await wait_ended([task])
             if not task.cancelled() and task.exception() is None:
@@ -465,11 +509,11 @@ class Kernel:
         while self._drivers:
             await asyncio.sleep(self.lease_ttl / 3)
             for driver in list(self._drivers.values()):
-                lease = driver.lease
-                if lease is None or driver.lost:
+                tenure = driver.tenure
+                if tenure is None or driver.lost:
                     continue
                 try:
-                    await self.store.renew(lease, ttl=self.lease_ttl)
+                    await tenure.renew()
                 except LeaseLost:
                     driver.lost = True  # its next commit is refused; nothing it holds is lost
                     log_lease_lost(driver.run.run_id, driver.run.revision, "renewal refused")
@@ -478,24 +522,32 @@ class Kernel:
 
     @contextlib.asynccontextmanager
     async def _fresh(self, run_id: str) -> AsyncIterator[RunDriver]:
-        """A one-off driver at the stored head, for commands (send, resume, ...).
+        """A one-off driver at the run's last commit, for commands (send, resume, ...).
 
-        It commits under the run's lease: the lease of this kernel's own driver of the
-        run if there is one (commands do not wait for a ``run`` generator that may be
-        suspended at a ``yield`` in the caller's own loop: a driver overtaken by a
-        command reloads or gets ``ConflictError``), else a lease of its own, taken after
-        waiting for another owner and given back at the end.
+        Where a driver of this kernel holds the run, the command commits under its lease
+        between two of its commits (it holds the driver's ``commit_lock``), and the
+        driver goes on from the command's commit (``adopt``): it never conflicts, and
+        its calls run on. A command never waits for a ``run`` generator, which may be
+        suspended at a ``yield`` in the caller's own loop, only for a commit in flight.
+        Otherwise the command takes a lease of its own, after waiting for another owner,
+        and gives it back at the end.
         """
-        lease = await self._acquire(run_id, share=True)
-        owned = lease is not None
-        if lease is None:
-            lease = self._drivers[run_id].lease
+        tenure = await self._acquire(run_id, share=True)
+        if tenure is None:
+            live = self._drivers[run_id]
+            async with live.commit_lock:
+                if live.lost:
+                    raise LeaseLost(run_id, live.committed.revision)
+                driver = RunDriver(self, live.committed, live.tenure)
+                try:
+                    yield driver
+                finally:
+                    live.adopt(driver.run)  # whatever of the command landed
+            return
         try:
-            driver = RunDriver(self, await self.store.load(run_id), lease)
-            yield driver
+            yield RunDriver(self, await self.store.load(run_id), tenure)
         finally:
-            if owned and lease is not None:
-                await self._release_lease(lease)
+            await self._release_lease(tenure.lease)
 
     # -- acting on a run ---------------------------------------------------------
 

@@ -30,7 +30,8 @@ class ToolContext:
     """What a tool may know about the call it serves (add a ``ctx: ToolContext`` parameter).
 
     ``idempotency_key`` is ``f"{run_id}:{call_id}"``: the same on every attempt of one
-    call, so an idempotent tool can pass it to the service it calls.
+    call, so an idempotent tool can pass it to the service it calls. ``fencing_token``
+    orders the owners of the run: pass it where a service can refuse a stale owner.
     """
 
     run_id: str
@@ -40,6 +41,11 @@ class ToolContext:
     report: Callable[[JSON], None] = attrs.field(repr=False, default=lambda _: None)
     kernel: Any = attrs.field(repr=False, default=None)
     """The ``Kernel`` driving the call (None outside a kernel): its store and providers."""
+    fencing_token: int | None = None
+    """The fencing token of the run's lease under which this call started (None outside
+    a kernel). The tokens of one run only grow: a service that remembers the largest token
+    it has seen for the run and refuses a smaller one cannot be reached by an owner that
+    lost the run while it was stalled (see README, "Ownership")."""
 
     @property
     def idempotency_key(self) -> str:

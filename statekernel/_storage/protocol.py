@@ -101,11 +101,19 @@ class Checkpoint:
 
 @attrs.frozen
 class Lease:
-    """A held lease on a run: its owner and the fencing token commits carry."""
+    """A held lease on a run: its owner and the fencing token commits carry.
+
+    ``token`` starts with a number that is larger for every later lease of the run
+    (``generation``); a store may add more after a ``/``."""
 
     run_id: str
     owner: str
     token: str
+
+    @property
+    def generation(self) -> int:
+        """The number at the head of the token: every later lease of the run has a larger one."""
+        return int(self.token.partition("/")[0])
 
 
 @attrs.frozen

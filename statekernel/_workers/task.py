@@ -1,14 +1,15 @@
-"""One queue entry in a worker: take the run's lease, drive the run, settle the entry.
+"""One queue entry in a worker: drive the run (its kernel takes the run's lease, and gives
+it back when the drive ends), settle the entry.
 
-Settling follows the run's outcome, always after giving the lease back (a release is
-a check-and-delete, so it also tells whether the lease was still ours):
+Settling follows the run's outcome:
 
 * at rest (``completed``, ``paused``): acknowledge the entry;
 * ``failed``, or the entry cannot be driven (unknown run, corrupt data, a bug):
   record it on the dead-letter stream and acknowledge, in one transaction;
-* stopped early (graceful shutdown) or the lease is busy elsewhere: hand the entry
-  back (a new entry replaces it, in one transaction);
-* the lease was lost: nothing; the entry belongs to whoever reclaims it;
+* stopped early (graceful shutdown) or the run is busy elsewhere (``RunBusy`` after the
+  worker's ``lease_wait``): hand the entry back (a new entry replaces it, in one
+  transaction);
+* the lease was lost (``LeaseLost``): nothing; the entry belongs to whoever reclaims it;
 * the store is unreachable: nothing; the entry stays pending and is reclaimed later.
 """
 
@@ -24,13 +25,11 @@ import attrs
 
 from statekernel._records.events import Event
 from statekernel._records.run import Run
-from statekernel._workers.lease import Lease
-from statekernel.errors import ConflictError, LeaseLost, StatekernelError, StoreError
+from statekernel.errors import ConflictError, LeaseLost, RunBusy, StatekernelError, StoreError
 from statekernel.stores._redis_queue import Entry
 
 if TYPE_CHECKING:
     from statekernel._kernel.kernel import Kernel
-    from statekernel._workers.lease import Leases
     from statekernel.stores._redis_queue import RunQueue
 
 __all__ = ["Host", "RunTask", "WorkerStats"]
@@ -75,10 +74,6 @@ class Host(Protocol):
     """What a task uses of its worker (``Worker`` is one)."""
 
     name: str
-    lease_wait: float
-    """Seconds to wait for a run's lease held by a live owner before handing it back."""
-    held: dict[str, Lease]
-    """The leases the worker holds, by run id."""
     holding: dict[str, Entry]
     """The entries the worker works on, by run id."""
     stats: WorkerStats
@@ -91,11 +86,6 @@ class Host(Protocol):
     @property
     def queue(self) -> RunQueue:
         """The queue the worker takes entries from."""
-        ...
-
-    @property
-    def leases(self) -> Leases:
-        """Takes and gives up the worker's leases."""
         ...
 
     @property
@@ -113,7 +103,7 @@ class RunTask:
         self.run_id = entry.run_id
 
     async def handle(self) -> None:
-        """Lease, drive, settle; never raises except on cancellation."""
+        """Drive, settle; never raises except on cancellation."""
         w, entry = self.worker, self.entry
         try:
             if not self.run_id:
@@ -121,57 +111,36 @@ class RunTask:
             elif w.stopping:
                 await self._requeue()
             else:
-                await self._leased()
+                await self._driven()
         except StoreError as exc:
             w.stats.errors += 1
             log.warning("run %s: store unreachable, entry left pending: %s", self.run_id, exc)
 
-    async def _leased(self) -> None:
-        try:
-            lease = await self._acquire()
-        except asyncio.CancelledError:
-            with contextlib.suppress(StatekernelError):
-                await asyncio.shield(self._requeue())
-            raise
-        if lease is None:
-            await self._requeue()
-            return
+    async def _driven(self) -> None:
         w = self.worker
-        w.held[self.run_id] = lease
         w.holding[self.run_id] = self.entry
         try:
             outcome = await self._outcome()
+        except RunBusy:  # another owner drives it: it comes back later
+            await self._requeue()
+            return
         except LeaseLost:
             self._lost()
             return
         except asyncio.CancelledError:
             with contextlib.suppress(StatekernelError):
-                await asyncio.shield(self._settle(lease, _STOPPED))
+                await asyncio.shield(self._settle(_STOPPED))
             raise
         finally:
-            if w.held.get(self.run_id) is lease:
-                del w.held[self.run_id]
+            if w.holding.get(self.run_id) is self.entry:
                 del w.holding[self.run_id]
-        await self._settle(lease, outcome)
-
-    async def _acquire(self) -> Lease | None:
-        """The run's lease, waiting a little while another worker (or entry) holds it."""
-        w = self.worker
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + w.lease_wait
-        delay = 0.02
-        while True:
-            lease = await w.leases.acquire(self.run_id)
-            if lease is not None or w.stopping or loop.time() >= deadline:
-                return lease
-            await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
-            delay = min(delay * 2, 1.0)
+        await self._settle(outcome)
 
     async def _outcome(self) -> Rest | Exception | None:
         """The run at rest, None when stopped early, or the error that ended the drive."""
         try:
             return await self._drive()
-        except (LeaseLost, StoreError):
+        except (LeaseLost, RunBusy, StoreError):
             raise
         except Exception as exc:  # a run that cannot be driven: recorded, not retried
             return exc
@@ -217,11 +186,8 @@ class RunTask:
             return _STOPPED
         return Rest.of(run) if run.state in _REST.values() else _STOPPED
 
-    async def _settle(self, lease: Lease, outcome: Rest | Exception | None) -> None:
+    async def _settle(self, outcome: Rest | Exception | None) -> None:
         w = self.worker
-        if not await w.leases.release(lease):
-            self._lost()
-            return
         if outcome is _STOPPED:
             await self._requeue()
         elif isinstance(outcome, Exception):

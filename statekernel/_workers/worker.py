@@ -1,11 +1,14 @@
 """``Worker``: drive the runs of a Redis queue, many at once on one event loop.
 
 Ownership
-    Each run a worker drives is covered by a lease (``statekernel._workers.lease``): taken
-    before the first step, renewed every third of its time to live, released when the
-    run is settled. Every commit carries the lease's fencing token, checked by the
-    store's commit script together with the revision: a worker that lost its lease
-    (it stalled, or the network dropped) can never commit again for that run.
+    A worker owns runs as any kernel does (one ownership system): its kernel takes each
+    run's lease with the store's ``acquire`` before the first step, renews it in the
+    kernel's one renewal loop and releases it when the drive ends. Every commit carries
+    the lease's fencing token, checked by the store's commit script together with the
+    revision: a worker that lost its lease (it stalled, or the network dropped) can never
+    commit again for that run, and starts no model or tool call once it may have lost it.
+    A child run that a run's ``delegate`` tool starts takes its own lease the same way,
+    in whatever process drives it.
 Reclaim
     While it holds a lease the worker also refreshes the run's queue entry (``XCLAIM``
     with ``JUSTID`` resets its idle time). An entry idle longer than the lease's time
@@ -37,7 +40,6 @@ from typing import Any
 
 from statekernel._kernel.kernel import Kernel
 from statekernel._storage.protocol import CheckpointStore
-from statekernel._workers.lease import Lease, LeasedStore, Leases
 from statekernel._workers.task import RunTask, WorkerStats
 from statekernel.errors import ConfigError, InvalidArgument, StoreError
 from statekernel.stores._redis_fencing import redis_backed
@@ -68,7 +70,6 @@ class Worker:
     """
 
     queue: RunQueue
-    leases: Leases
     kernel: Kernel
 
     def __init__(
@@ -99,7 +100,6 @@ class Worker:
         self.max_deliveries = max_deliveries
         self.name = name or _default_name()
         self.stats = WorkerStats()
-        self.held: dict[str, Lease] = {}
         self.holding: dict[str, Entry] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
@@ -133,8 +133,12 @@ class Worker:
         try:
             backed = redis_backed(store, "a worker")
             self.queue = RunQueue(backed, self.queue_name)
-            self.leases = Leases(backed, self.name, self.lease_ttl)
-            self.kernel = Kernel(LeasedStore(backed, self.held), **self._kernel_options())
+            self.kernel = Kernel(
+                backed,
+                lease_ttl=self.lease_ttl,
+                busy_timeout=self.lease_wait,
+                **self._kernel_options(),
+            )
             try:
                 await self._serve()
             finally:
@@ -146,14 +150,17 @@ class Worker:
 
     def _kernel_options(self) -> dict[str, Any]:
         options = dict(self.agent() if callable(self.agent) else self.agent or {})
-        if "store" in options:
-            raise ConfigError("the worker's agent options must not name a store")
+        for name in ("store", "lease_ttl", "busy_timeout"):
+            if name in options:
+                raise ConfigError(
+                    f"the worker's agent options must not name {name!r}: the worker sets it"
+                )
         return options
 
     async def _serve(self) -> None:
         await self.queue.ensure_group()
         log.info("worker %s: queue %r, %d at once", self.name, self.queue_name, self.concurrency)
-        renewer = asyncio.create_task(self._renew_loop())
+        refresher = asyncio.create_task(self._refresh_loop())
         try:
             await self._take_loop()
         except BaseException:  # cancelled, or a bug: hand the runs back at once
@@ -162,9 +169,9 @@ class Worker:
         finally:
             self.stop()
             await self._drain()
-            renewer.cancel()
+            refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+                await refresher
             with contextlib.suppress(StoreError):
                 await self.queue.leave(self.name)
         log.info("worker %s stopped: %s", self.name, self.stats)
@@ -235,27 +242,13 @@ class Worker:
         if self._tasks:
             await asyncio.wait(list(self._tasks))
 
-    async def _renew_loop(self) -> None:
+    async def _refresh_loop(self) -> None:
         while True:
             await asyncio.sleep(self.lease_ttl / 3)
             try:
-                await self._renew()
-            except Exception as exc:  # leases expire unrenewed: fencing keeps runs safe
-                log.warning("worker %s: renewing leases: %s", self.name, exc)
-
-    async def _renew(self) -> None:
-        held = list(self.held.values())
-        alive = await self.leases.renew(held)
-        refresh = []
-        for lease, ok in zip(held, alive, strict=True):
-            if ok:
-                entry = self.holding.get(lease.run_id)
-                if entry is not None:
-                    refresh.append(entry.id)
-            elif self.held.get(lease.run_id) is lease:
-                del self.held[lease.run_id]  # its next commit raises LeaseLost
-                self.holding.pop(lease.run_id, None)
-        await self.queue.refresh(self.name, refresh)
+                await self.queue.refresh(self.name, [e.id for e in self.holding.values()])
+            except Exception as exc:  # entries go idle: peers reclaim them once leases end
+                log.warning("worker %s: refreshing its entries: %s", self.name, exc)
 
 
 def _open(store: CheckpointStore | str | None) -> tuple[CheckpointStore, bool]:

@@ -10,7 +10,7 @@ from typing import Any, TypedDict, cast
 import pytest
 
 import statekernel as sk
-from statekernel._workers.lease import Leases
+from statekernel._storage.protocol import Lease, StoreWrapper
 from statekernel.errors import ConfigError, InvalidArgument, ProviderError, RunNotFound
 from statekernel.stores import RedisStore
 from statekernel.stores._redis_queue import GROUP, RunQueue
@@ -119,7 +119,7 @@ async def test_submitted_runs_complete_and_nothing_stays_pending(kernel: sk.Kern
     assert stats.max_in_flight == 8
     assert set(ran.values()) == {1}
     assert len(ran) == 30
-    assert worker.held == {}
+    assert worker.holding == {}
     leases = [store_of(kernel).run_key(i, "lease") for i in ids]
     assert await store_of(kernel).client.exists(*leases) == 0, "leases released"
     assert await q.pending(worker.name) == 0
@@ -221,6 +221,24 @@ async def test_submit_needs_a_redis_store_an_existing_run_and_a_valid_queue(
         await sk.Worker("memory://").serve()
 
 
+class Dies(StoreWrapper):
+    """A store whose owner dies holding its leases once ``dead``: from then on it never
+    renews nor releases them (they end when they expire)."""
+
+    dead = False
+
+    async def renew(self, lease: Lease, *, ttl: float) -> None:
+        if not self.dead:
+            await self.inner.renew(lease, ttl=ttl)
+
+    async def release(self, lease: Lease) -> None:
+        if not self.dead:
+            await self.inner.release(lease)
+
+    async def aclose(self) -> None:
+        """The store stays open for the others."""
+
+
 async def crashed_holder(kernel: sk.Kernel, ttl: float) -> tuple[list[str], RunQueue]:
     """A worker that took a run, committed the model intent under its lease, and died."""
     ids = await submit_new(kernel, 1)
@@ -228,13 +246,10 @@ async def crashed_holder(kernel: sk.Kernel, ttl: float) -> tuple[list[str], RunQ
     q = RunQueue(store, "default")
     await q.ensure_group()
     (entry,) = await q.read("dead-worker", 1, 100)
-    lease = await Leases(store, "dead-worker", ttl).acquire(entry.run_id)
-    assert lease is not None
-    held = {entry.run_id: lease}
-    from statekernel._workers.lease import LeasedStore
-
-    dying = sk.Kernel(LeasedStore(store, held), **agent(note_then_done())())
-    for _ in range(3):  # start, turn_prepared, model_started
+    dies = Dies(store)
+    dying = sk.Kernel(dies, lease_ttl=ttl, **agent(note_then_done())())
+    for step in range(3):  # start, turn_prepared, model_started
+        dies.dead = step == 2
         await dying.step(entry.run_id)
     await dying.aclose()
     return ids, q
@@ -306,7 +321,7 @@ async def test_stop_lets_in_flight_tools_commit_and_hands_runs_back(kernel: sk.K
     stats = await task
     assert stats.requeued == 4
     assert stats.completed == 0
-    assert first.held == {}
+    assert first.holding == {}
     q = RunQueue(store_of(kernel), "default")
     assert await q.pending() == 0
     assert await q.client.xlen(q.key) == 4
@@ -361,7 +376,7 @@ async def test_cancelling_serve_hands_the_runs_back_at_once(kernel: sk.Kernel) -
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 5)
-    assert worker.held == {}
+    assert worker.holding == {}
     q = RunQueue(store_of(kernel), "default")
     assert await q.pending() == 0
     assert await q.client.xlen(q.key) == 3

@@ -1,0 +1,193 @@
+"""Effects start only under a live lease; commands never cut a live drive; delete takes
+the lease. In one process, on every store (the process tests are in
+``test_stalled_owner.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import statekernel as sk
+from statekernel._storage.protocol import CheckpointStore
+from statekernel.errors import LeaseLost
+from statekernel.middleware import ModelCall, ToolInvocation
+from statekernel.testing import ManualClock, ScriptedProvider
+
+from .test_ownership import (
+    SCRIPT,
+    Ledger,
+    clock,
+    clocked_store,
+    drain,
+    kernel_on,
+    opened,
+    store_url,
+)
+
+__all__ = ["clock", "clocked_store", "store_url"]  # fixtures shared with test_ownership
+
+TTL = 30.0
+
+
+def stealing(
+    store: CheckpointStore,
+    clock: ManualClock,
+    kind: type[ModelCall] | type[ToolInvocation],
+    taken: list[object],
+) -> Any:
+    """Middleware that, at the first call of ``kind``, lets the kernel's lease expire on
+    ``clock`` and gives the run to another owner, then lets the call go on."""
+
+    async def steal(invocation: Any, call_next: Any) -> Any:
+        if isinstance(invocation, kind) and not taken:
+            clock.advance(TTL + 1)
+            run_id = invocation.run.run_id
+            taken.append(await store.acquire(run_id, "other", ttl=TTL))
+        return await call_next(invocation)
+
+    return steal
+
+
+async def test_a_tool_never_starts_once_the_lease_moved_on(
+    clocked_store: CheckpointStore, clock: ManualClock
+) -> None:
+    store, ledger = clocked_store, Ledger()
+    taken: list[object] = []
+    steal = stealing(store, clock, ToolInvocation, taken)
+    kernel = kernel_on(store, ledger, middleware=[steal], lease_ttl=TTL, clock=clock)
+    run = await kernel.start(model="scripted/x", messages=["pay"])
+    with pytest.raises(LeaseLost):
+        await drain(kernel, run.run_id)
+    assert taken, "the lease was given to another owner"
+    assert ledger.started == [], "a call started under a lease that had moved on"
+    head = await store.load(run.run_id)
+    assert head.current_turn is not None
+    assert [r.name for r in head.current_turn.in_flight] == ["charge"]  # its intent stays
+    await kernel.aclose()
+
+
+async def test_a_model_call_never_starts_once_the_lease_moved_on(
+    clocked_store: CheckpointStore, clock: ManualClock
+) -> None:
+    store = clocked_store
+    taken: list[object] = []
+    provider = ScriptedProvider(SCRIPT)
+    steal = stealing(store, clock, ModelCall, taken)
+    kernel = sk.Kernel(
+        store,
+        tools=Ledger().tools(),
+        providers={"scripted": provider},
+        middleware=[steal],
+        lease_ttl=TTL,
+        clock=clock,
+    )
+    run = await kernel.start(model="scripted/x", messages=["pay"])
+    with pytest.raises(LeaseLost):
+        await drain(kernel, run.run_id)
+    assert taken
+    assert provider.requests == [], "the model was called under a lease that had moved on"
+    assert (await store.load(run.run_id)).state == "calling_model"
+    await kernel.aclose()
+
+
+async def test_an_owner_that_stalled_renews_before_it_starts_a_call(
+    clocked_store: CheckpointStore, clock: ManualClock
+) -> None:
+    """A stall that outlasts the margin but in which nobody took the run over: the lease is
+    renewed before the call, which then runs."""
+    store, ledger = clocked_store, Ledger()
+
+    async def stall(invocation: Any, call_next: Any) -> Any:
+        if isinstance(invocation, ToolInvocation):
+            clock.advance(TTL - 1)  # less than the margin is left, the lease still holds
+        return await call_next(invocation)
+
+    kernel = kernel_on(store, ledger, middleware=[stall], lease_ttl=TTL, clock=clock)
+    run = await kernel.start(model="scripted/x", messages=["pay"])
+    await drain(kernel, run.run_id)
+    assert (await store.load(run.run_id)).state == "completed"
+    assert len(ledger.started) == 2
+    await kernel.aclose()
+
+
+async def test_tools_get_the_fencing_token_and_it_grows_with_every_owner(
+    store_url: str,
+) -> None:
+    tokens: list[int | None] = []
+
+    @sk.tool
+    async def note(text: str, ctx: sk.ToolContext) -> str:
+        """Notes the token the call started under."""
+        tokens.append(ctx.fencing_token)
+        return "noted"
+
+    script = [sk.testing.call("note", {"text": "a"}), "ok", sk.testing.call("note", {"text": "b"})]
+    async with opened(store_url) as store:
+        kernel = sk.Kernel(store, tools=[note], providers={"scripted": ScriptedProvider(script)})
+        run = await kernel.start(model="scripted/x", messages=["one"])
+        await drain(kernel, run.run_id)
+        await kernel.aclose()
+        other = sk.Kernel(
+            store, tools=[note], providers={"scripted": ScriptedProvider([*script, "done"])}
+        )
+        async for _ in other.run(run.run_id, "two"):
+            pass
+        await other.aclose()
+    assert len(tokens) == 2
+    assert all(type(t) is int for t in tokens)
+    first, second = tokens
+    assert first is not None
+    assert second is not None
+    assert second > first
+
+
+async def test_update_context_never_cuts_a_running_call(store_url: str) -> None:
+    ledger = Ledger()
+    async with opened(store_url) as store:
+        kernel = kernel_on(store, ledger, hold=True)
+        run = await kernel.start(model="scripted/x", messages=["pay"])
+        driving = asyncio.create_task(drain(kernel, run.run_id))
+        while not ledger.started:  # noqa: ASYNC110 - waits for the call to be in its effect
+            await asyncio.sleep(0.005)
+        updated = await kernel.update_context(run.run_id, lambda c: {**c, "note": 1})
+        assert updated.context == {"note": 1}
+        assert not driving.done()
+        ledger.gate.set()
+        await driving  # no conflict, no cancellation
+        final = await store.load(run.run_id)
+        assert final.state == "completed"
+        assert final.context == {"note": 1}
+        kinds = [e.type for e in await store.events(run.run_id)]
+        assert "run_paused" not in kinds
+        assert kinds.count("tool_call_completed") == 2
+        assert ledger.running == dict.fromkeys(ledger.running, 0)
+        assert len(ledger.started) == 2
+        assert all(r.error is None for t in final.turns for r in t.completed), "a call was cut off"
+        await kernel.aclose()
+
+
+async def test_delete_waits_for_a_live_drive_and_never_cuts_it(store_url: str) -> None:
+    ledger = Ledger()
+    async with opened(store_url) as store:
+        kernel = kernel_on(store, ledger, hold=True, busy_timeout=0.1)
+        run = await kernel.start(model="scripted/x", messages=["pay"])
+        driving = asyncio.create_task(drain(kernel, run.run_id))
+        while not ledger.started:  # noqa: ASYNC110 - waits for the call to be in its effect
+            await asyncio.sleep(0.005)
+        other = sk.Kernel(store, busy_timeout=0.1)
+        with pytest.raises(sk.RunBusy) as busy:
+            await other.delete(run.run_id)
+        assert busy.value.owner == kernel.owner
+        with pytest.raises(sk.RunBusy):  # the same kernel waits for its own drive too
+            await kernel.delete(run.run_id)
+        assert (await store.load(run.run_id)).run_id == run.run_id  # nothing deleted
+        ledger.gate.set()
+        await driving
+        assert (await store.load(run.run_id)).state == "completed"
+        assert await other.delete(run.run_id) == [run.run_id]
+        with pytest.raises(sk.RunNotFound):
+            await store.load(run.run_id)
+        await other.aclose()
+        await kernel.aclose()

@@ -1,0 +1,132 @@
+"""A stalled owner and a stepped clock, between real processes (``stall_driver.py``).
+
+A owns a run and has committed the intent of a payment; before the payment starts, A is
+frozen (SIGSTOP), or a second process B whose wall clock is an hour ahead tries to take
+the run. The ledger the payment appends to (fsynced) is read from outside: the payment
+runs exactly once, whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import statekernel as sk
+from statekernel.testing import ScriptedProvider
+
+DRIVER = Path(__file__).with_name("stall_driver.py")
+STORES = ["sqlite", "file", pytest.param("redis", marks=pytest.mark.redis)]
+TTL = 1.0
+
+
+def url_of(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path}/runs.db"
+    if kind == "file":
+        return f"file://{tmp_path}/store"
+    return str(request.getfixturevalue("redis_store_url"))
+
+
+async def created(url: str) -> str:
+    async with sk.Kernel(url, providers={"scripted": ScriptedProvider([])}) as kernel:
+        run = await kernel.start(model="scripted/x", messages=["pay bob 5"])
+        return run.run_id
+
+
+def spawn(role: str, url: str, ledger: Path, run_id: str, wait: float, *extra: str) -> Any:
+    args = [sys.executable, str(DRIVER), role, url, str(ledger), run_id, str(TTL), str(wait)]
+    return subprocess.Popen(
+        [*args, *extra],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def report(process: Any) -> dict[str, Any]:
+    out, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, out
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def payments(ledger: Path) -> list[list[str]]:
+    if not ledger.exists():
+        return []
+    return [line.split() for line in ledger.read_text().splitlines()]
+
+
+def held_at_intent(url: str, ledger: Path, run_id: str) -> Any:
+    holder = spawn("hold", url, ledger, run_id, 5.0)
+    assert holder.stdout is not None
+    assert holder.stdout.readline().strip() == "INTENT"  # the payment's intent landed
+    return holder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", STORES)
+def test_a_frozen_owner_never_starts_a_call_after_losing_its_lease(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = url_of(kind, tmp_path, request)
+    run_id = asyncio.run(created(url))
+    ledger = tmp_path / "ledger"
+    a = held_at_intent(url, ledger, run_id)
+    a.send_signal(signal.SIGSTOP)  # a VM pause, a long GC: the lease is not renewed
+    try:
+        # redis cannot tell a frozen owner from a dead one: once the lease ends on the
+        # server's clock, b takes over, and the operator answers "rerun"; sqlite and file
+        # prove a live owner by its OS lock, frozen or not: b never takes the run
+        wait = 60.0 if kind == "redis" else 2.0
+        b = report(spawn("operator", url, ledger, run_id, wait))
+    finally:
+        a.send_signal(signal.SIGCONT)
+    assert a.stdin is not None
+    a.stdin.write("go\n")
+    a.stdin.flush()
+    first = report(a)
+    paid = payments(ledger)
+    assert len(paid) == 1, f"the payment ran {len(paid)} times: {paid}"
+    if kind == "redis":
+        assert b == {"outcome": "done", "state": "completed"}
+        assert first["outcome"] == "lost"
+        assert paid[0][1] == str(b_pid_of(paid, a.pid))
+    else:
+        assert b["outcome"] == "busy"
+        assert first == {"outcome": "done", "state": "completed"}
+        assert paid[0][1] == str(a.pid)
+
+
+def b_pid_of(paid: list[list[str]], a_pid: int) -> int:
+    """The pid that paid, which must not be the frozen owner's."""
+    pid = int(paid[0][1])
+    assert pid != a_pid, "the frozen owner paid after losing its lease"
+    return pid
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", STORES)
+def test_a_clock_an_hour_ahead_never_takes_a_live_owners_run(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = url_of(kind, tmp_path, request)
+    run_id = asyncio.run(created(url))
+    ledger = tmp_path / "ledger"
+    a = held_at_intent(url, ledger, run_id)
+    try:
+        b = report(spawn("operator", url, ledger, run_id, 1.0, "3600"))
+    finally:
+        assert a.stdin is not None
+        a.stdin.write("go\n")
+        a.stdin.flush()
+    assert b["outcome"] == "busy", f"a process an hour ahead took the run: {b}"
+    assert report(a) == {"outcome": "done", "state": "completed"}
+    paid = payments(ledger)
+    assert [p[1] for p in paid] == [str(a.pid)]
