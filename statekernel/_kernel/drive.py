@@ -485,10 +485,10 @@ class RunDriver:
         """Resume a run paused with ``input_required``: ``value`` (checked against the
         question's schema first) is the asking call's result, committed with the resume,
         and the next waiting question pauses the run again in the same commit."""
-        ids, waiting = answered(pause.metadata, value)
+        ids, error, waiting = answered(pause.metadata, value)
         try:
             self.stage("resume", value=value, max_turns=max_turns)
-            self._stage_outcome(_Outcome(tuple(ids), value))
+            self._stage_outcome(_Outcome(tuple(ids), None if error else value, error))
             if waiting is not None:
                 self.stage("pause", reason=INPUT_REQUIRED, metadata=waiting)
             await self.flush()

@@ -134,6 +134,31 @@ def test_bad_tool_definitions_are_config_errors() -> None:
         sk.Kernel("memory://", tools=[forecast, forecast])
 
 
+class Shade(enum.Enum):
+    LIGHT = 1j  # a value that is not JSON
+
+
+def test_a_tool_whose_schema_is_not_json_is_a_config_error() -> None:
+    def paint(shade: Shade) -> str:
+        """Paint."""
+        return "painted"
+
+    def stamp(mark: Literal[b"x"]) -> str:
+        """Stamp."""
+        return "stamped"
+
+    with pytest.raises(ConfigError, match=r"tool 'paint': the schema of its parameters is not JS"):
+        sk.tool(paint)
+    with pytest.raises(ConfigError, match=r"tool 'stamp': .*bytes is not JSON"):
+        sk.tool(stamp)
+
+
+def test_a_kernel_refuses_a_tool_whose_schema_cannot_check_arguments() -> None:
+    broken = attrs.evolve(forecast, name="lookup", parameters={"$ref": "#/$defs/gone"})
+    with pytest.raises(ConfigError, match=r"tool 'lookup': .*'#/\$defs/gone' resolves nowhere"):
+        sk.Kernel("memory://", tools=[broken])
+
+
 def test_name_and_description_overrides() -> None:
     @sk.tool(name="lookup_user", description="Find a user.", concurrency_safe=False)
     def find(user_id: str) -> str:
