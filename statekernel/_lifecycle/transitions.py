@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from statekernel._lifecycle.matching import call_key
 from statekernel._records.messages import JSON, Message, ModelRequest, ModelResult, ToolCall
 from statekernel._records.run import (
     INPUT_REQUIRED,
@@ -181,21 +182,25 @@ def _answered(
 
 def _with_started(result: ModelResult, turn: Turn) -> ModelResult:
     """``result`` whose first tool calls are the calls already started (in the order
-    they started), followed by the calls it asked for that are not among them (the
-    same id, or the same tool and arguments as a started call not matched yet)."""
+    they started), followed by the calls it asked for that are not among them.
+
+    A call of ``result`` is a started call when it asks for the same thing: the same
+    tool with the same arguments as parsed JSON (``call_key``), never by its id or the
+    text of its arguments (a retried answer may give the call another id, or another
+    call the started one's id). Each started call matches at most one call of
+    ``result``; a started call that nothing matches keeps its place all the same."""
     if turn.partial is None:
         return result
     started = list(turn.partial.tool_calls)
-    unmatched = list(started)
+    unmatched = [(c, call_key(c.name, c.arguments)) for c in started]
     others: list[Any] = []
     later: list[ToolCall] = []
     for part in result.message.content:
         if not isinstance(part, ToolCall):
             others.append(part)
             continue
-        same = next((c for c in unmatched if c.id == part.id), None) or next(
-            (c for c in unmatched if (c.name, c.arguments) == (part.name, part.arguments)), None
-        )
+        key = call_key(part.name, part.arguments)
+        same = next((u for u in unmatched if key is not None and u[1] == key), None)
         if same is not None:
             unmatched.remove(same)
         else:
