@@ -801,6 +801,8 @@ class RunDriver:
             tool.validate(call_input)
         except ToolError as exc:
             return str(exc)
+        except Exception as exc:  # a tool's own check: still a result the model reads
+            return f"invalid arguments for {record.name}: {type(exc).__name__}: {exc}"
         return None
 
     async def _recover(self, unowned: list[ToolCallRecord]) -> None:

@@ -315,3 +315,28 @@ def test_a_lambda_needs_a_name_and_docstring_args_must_be_parameters() -> None:
 
     with pytest.raises(ConfigError, match="'limit' under Args:, which is not a parameter"):
         sk.tool(search)
+
+
+@attrs.frozen
+class Picky(sk.Tool):
+    """A tool whose own argument check fails with an exception of its own."""
+
+    def validate(self, arguments: object) -> dict[str, object]:
+        raise LookupError(f"no such entry: {arguments!r}")
+
+
+async def test_an_argument_check_that_raises_is_an_error_result(make_kernel: MakeKernel) -> None:
+    picky = Picky(
+        name="picky",
+        description="Picky.",
+        parameters={"type": "object"},
+        fn=lambda **_: "never",
+        arguments_type=dict,
+    )
+    kernel, _, _ = make_kernel([call("picky", {"q": 1}), "done"], tools=[picky])
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    final = await kernel.get(run.run_id)
+    assert final.state == "completed"
+    record = final.turns[0].completed[0]
+    assert record.error == "invalid arguments for picky: LookupError: no such entry: {'q': 1}"
