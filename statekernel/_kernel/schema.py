@@ -1,7 +1,11 @@
-"""JSON schemas from Python type hints, and strict argument structuring with cattrs.
+"""JSON schemas from Python type hints, strict argument structuring with cattrs, and
+the check of a declared JSON Schema.
 
 Model output is data: arguments are parsed JSON, checked against the annotations
-(no coercion of ``"3"`` to ``3`` or ``"false"`` to ``True``), never evaluated.
+(no coercion of ``"3"`` to ``3`` or ``"false"`` to ``True``), never evaluated. A
+schema that checks values (a tool's parameters, a question's answer) is checked when
+it is declared (``schema_problem``), so that checking a value later never fails for a
+reason of the schema's own.
 """
 
 from __future__ import annotations
