@@ -19,13 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jsonschema
-
-from statekernel._kernel.schema import schema_violation
+from statekernel._kernel.schema import schema_problem, schema_violation
 from statekernel._kernel.tools import Tool, tool
 from statekernel._records.messages import JSON
 from statekernel._records.values import as_stored
-from statekernel.errors import InvalidArgument
+from statekernel.errors import ConfigError, InvalidArgument
 
 __all__ = ["NeedsInput", "answered", "ask_user", "asked", "questions"]
 
@@ -35,7 +33,9 @@ class NeedsInput(Exception):
 
     ``question`` (JSON: a string, or an object a user interface renders) is stored in
     the pause's metadata; ``schema`` (a JSON Schema) is what an answer must satisfy
-    (none: any JSON value).
+    (none: any JSON value). A question that is not JSON, or a schema that cannot check
+    answers (invalid, or a ``$ref`` that resolves nowhere), is not asked: the call gets
+    an error result saying why.
     """
 
     def __init__(self, question: JSON, *, schema: Mapping[str, Any] | None = None) -> None:
@@ -52,17 +52,10 @@ def asked(request: NeedsInput) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"the tool asked a question that is not JSON: {problem}"
     doc: dict[str, Any] = {"question": question}
     if request.schema is not None:
-        schema, problem = as_stored(request.schema, "schema")
-        if problem is None and not isinstance(schema, dict):
-            problem = "not a JSON object"
-        if problem is None:
-            try:
-                jsonschema.validators.validator_for(schema).check_schema(schema)
-            except jsonschema.SchemaError as exc:
-                problem = f"not a valid JSON Schema: {exc.message}"
+        problem = schema_problem(request.schema)
         if problem is not None:
             return None, f"the tool asked with a schema that is {problem}"
-        doc["schema"] = schema
+        doc["schema"], _ = as_stored(request.schema, "schema")
     return doc, None
 
 
@@ -76,12 +69,21 @@ def questions(waiting: Sequence[tuple[Sequence[str], str, Mapping[str, Any]]]) -
     return {**first, "waiting": rest} if rest else first
 
 
-def answered(metadata: Mapping[str, Any], value: JSON) -> tuple[list[str], dict[str, Any] | None]:
-    """The calls ``value`` answers and the metadata of the next question's pause (None:
-    none waits); ``InvalidArgument`` naming what is wrong if ``value`` does not satisfy
-    the question's schema."""
+def answered(
+    metadata: Mapping[str, Any], value: JSON
+) -> tuple[list[str], str | None, dict[str, Any] | None]:
+    """The calls ``value`` answers, the error result they get instead of ``value`` (None:
+    ``value`` is their result), and the metadata of the next question's pause (None: none
+    waits). ``InvalidArgument`` naming what is wrong if ``value`` does not satisfy the
+    question's schema. A stored schema that cannot check answers (a question asked before
+    schemas were checked when asked) never blocks the answer: the calls get an error
+    result saying so, which the model reads."""
     schema = metadata.get("schema")
-    violation = schema_violation(schema, value) if schema is not None else None
+    error = None
+    problem = schema_problem(schema) if schema is not None else None
+    if problem is not None:
+        error = f"the question's schema is {problem}: the answer could not be checked"
+    violation = schema_violation(schema, value) if schema is not None and error is None else None
     if violation is not None:
         where, why = violation
         raise InvalidArgument(
@@ -91,9 +93,9 @@ def answered(metadata: Mapping[str, Any], value: JSON) -> tuple[list[str], dict[
     calls = [str(c) for c in metadata.get("calls", [metadata.get("call")])]
     waiting = list(metadata.get("waiting", []))
     if not waiting:
-        return calls, None
+        return calls, error, None
     first, rest = waiting[0], waiting[1:]
-    return calls, ({**first, "waiting": rest} if rest else dict(first))
+    return calls, error, ({**first, "waiting": rest} if rest else dict(first))
 
 
 def ask_user(
@@ -105,7 +107,9 @@ def ask_user(
     """A tool the model calls to ask the user something: the run pauses with reason
     ``input_required`` and the question; the answer given to ``kernel.resume(run_id,
     value=...)`` (checked against ``answer_schema``) is the call's result. It is
-    idempotent: after a crash before its pause was committed, it asks again."""
+    idempotent: after a crash before its pause was committed, it asks again. An
+    ``answer_schema`` that cannot check answers (see ``schema_problem``) raises
+    ``ConfigError``."""
 
     def ask(question: str) -> JSON:
         raise NeedsInput(question, schema=answer_schema)
@@ -115,4 +119,8 @@ def ask_user(
     Args:
         question: The question, as the user should read it.
     """
+    if answer_schema is not None:
+        problem = schema_problem(answer_schema)
+        if problem is not None:
+            raise ConfigError(f"tool {name!r}: its answer_schema is {problem}")
     return tool(name=name, description=description, idempotent=True)(ask)

@@ -88,6 +88,7 @@ from statekernel._kernel.model import (
 from statekernel._kernel.tools import ToolContext, ToolReturn
 from statekernel._kernel.waiting import wait_ended
 from statekernel._lifecycle.chart import Lifecycle
+from statekernel._lifecycle.matching import call_key
 from statekernel._lifecycle.transitions import parse_call
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, ModelRequest, ModelResult
@@ -238,9 +239,10 @@ class RunDriver:
         self.unstarted: dict[str, tuple[list[str], JSON]] = {}
         """Intents that landed while the drive was cancelled: their effect never began."""
         self.outcomes: list[_Outcome] = []
-        self.decided: dict[str, Any] = {}
+        self.decided: dict[str, tuple[Any, Any]] = {}
         """``on_tool_call_started`` decisions taken while the answer streamed (eager
-        dispatch) about calls that did not start then: dispatch uses them."""
+        dispatch) about calls that did not start then, by call id, with what the call
+        asked for (``call_key``): dispatch uses one for a call asking the same."""
         self.escaped: BaseException | None = None
         self.base: Run | None = None
         """The last committed run while transitions are gathered for the next commit."""
@@ -552,10 +554,10 @@ class RunDriver:
         """Resume a run paused with ``input_required``: ``value`` (checked against the
         question's schema first) is the asking call's result, committed with the resume,
         and the next waiting question pauses the run again in the same commit."""
-        ids, waiting = answered(pause.metadata, value)
+        ids, error, waiting = answered(pause.metadata, value)
         try:
             self.stage("resume", value=value, max_turns=max_turns)
-            self._stage_outcome(_Outcome(tuple(ids), value))
+            self._stage_outcome(_Outcome(tuple(ids), None if error else value, error))
             if waiting is not None:
                 self.stage("pause", reason=INPUT_REQUIRED, metadata=waiting)
             await self.flush()
@@ -696,10 +698,11 @@ class RunDriver:
             decision = await self._hook("on_tool_call_started", self.run, record)
             call_input = decision.input if isinstance(decision, hk.Rewrite) else record.input
             if not (decision is None or isinstance(decision, hk.Continue | hk.Rewrite)):
-                self.decided[call.id] = decision
+                self.decided[call.id] = (call_key(call.name, call.arguments), decision)
                 early.stopped = True
             elif self._precheck(record, call_input) is not None:
-                self.decided[call.id] = decision  # asked once: dispatch gives the error
+                # asked once: dispatch gives the error
+                self.decided[call.id] = (call_key(call.name, call.arguments), decision)
                 early.stopped = True
             else:
                 partial = builder.so_far(calls[: early.started + 1])
@@ -822,8 +825,9 @@ class RunDriver:
     async def _decide(self, record: ToolCallRecord, turn: Turn) -> bool:
         """Stage the decision about ``record``; False defers a pause until the calls
         already in flight have finished (so a pause never strands them)."""
-        if record.id in self.decided:  # taken while the answer streamed
-            decision = self.decided[record.id]
+        early = self.decided.get(record.id)  # taken while the answer streamed
+        if early is not None and early[0] == call_key(record.name, record.arguments):
+            decision = early[1]
         else:
             decision = await self._hook("on_tool_call_started", self.run, record)
         ids = identical_group(record, turn.pending, self.kernel.tools, self.kernel.dispatch)
@@ -865,6 +869,8 @@ class RunDriver:
             tool.validate(call_input)
         except ToolError as exc:
             return str(exc)
+        except Exception as exc:  # a tool's own check: still a result the model reads
+            return f"invalid arguments for {record.name}: {type(exc).__name__}: {exc}"
         return None
 
     async def _recover(self, unowned: list[ToolCallRecord]) -> None:

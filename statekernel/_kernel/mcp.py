@@ -4,7 +4,9 @@ A connection is process-local, like a provider: each process that drives runs op
 its own (``async with mcp_stdio(...) as server``) and builds its tools from it;
 nothing of it is stored. The tool list and each tool's JSON Schema come from the
 server; arguments are checked against the schema before the call (``jsonschema``), and
-a call the server reports as failed is an error result. A tool is idempotent (re-run
+a call the server reports as failed is an error result. A schema that cannot check
+arguments (invalid, or a ``$ref`` that resolves nowhere) is refused when the tools are
+listed. A tool is idempotent (re-run
 when a crash interrupted it) only if the server marks it ``readOnlyHint`` or
 ``idempotentHint``, or the caller names it; any other interrupted call pauses the run
 with ``uncertain_tool_calls``, as for every tool.
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from statekernel._kernel.schema import schema_violation
+from statekernel._kernel.schema import schema_problem, schema_violation
 from statekernel._kernel.tools import Tool
 from statekernel._records.messages import JSON
 from statekernel.errors import ConfigError, ToolError
@@ -127,7 +129,9 @@ class MCPConnection:
         """The server's tools, each calling it through this connection.
 
         ``idempotent`` names tools to treat as idempotent though the server does not
-        mark them so; ``call_timeout`` (seconds) applies to each call.
+        mark them so; ``call_timeout`` (seconds) applies to each call. A tool whose
+        input schema cannot check arguments (see ``schema_problem``: invalid, or a
+        ``$ref`` that resolves nowhere) raises ``ConfigError`` naming it.
         """
         from mcp.types import PaginatedRequestParams
 
@@ -147,6 +151,11 @@ class MCPConnection:
     def _tool(self, spec: Any, idempotent: bool, timeout: float | None) -> MCPTool:
         name: str = spec.name
         schema = dict(spec.input_schema or {"type": "object"})
+        problem = schema_problem(schema)
+        if problem is not None:
+            raise ConfigError(
+                f"MCP server {self.name!r}, tool {name!r}: its input schema is {problem}"
+            )
 
         async def call(**arguments: Any) -> JSON:
             return await self._call(name, arguments, idempotent)

@@ -1,7 +1,11 @@
-"""JSON schemas from Python type hints, and strict argument structuring with cattrs.
+"""JSON schemas from Python type hints, strict argument structuring with cattrs, and
+the check of a declared JSON Schema.
 
 Model output is data: arguments are parsed JSON, checked against the annotations
-(no coercion of ``"3"`` to ``3`` or ``"false"`` to ``True``), never evaluated.
+(no coercion of ``"3"`` to ``3`` or ``"false"`` to ``True``), never evaluated. A
+schema that checks values (a tool's parameters, a question's answer) is checked when
+it is declared (``schema_problem``), so that checking a value later never fails for a
+reason of the schema's own.
 """
 
 from __future__ import annotations
@@ -17,8 +21,20 @@ from typing import Any, Literal, Union, get_args, get_origin
 import attrs
 import cattrs
 import jsonschema
+import referencing
+import referencing.exceptions
+import referencing.jsonschema
+from jsonschema_specifications import REGISTRY as _METASCHEMAS
 
-__all__ = ["parse_docstring", "schema_for", "schema_violation", "strict_converter"]
+from statekernel._records.values import as_stored
+
+__all__ = [
+    "parse_docstring",
+    "schema_for",
+    "schema_problem",
+    "schema_violation",
+    "strict_converter",
+]
 
 _PRIMITIVES: dict[type, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
@@ -132,11 +148,76 @@ def strict_converter() -> cattrs.Converter:
     return conv
 
 
+def schema_problem(schema: Any) -> str | None:
+    """Why ``schema`` cannot check values, or None if it can: it must be a JSON object,
+    valid JSON Schema for its dialect (``$schema``, default 2020-12), and every ``$ref``
+    in it must resolve within it (or to a dialect's metaschema: nothing is fetched)."""
+    if not isinstance(schema, Mapping):
+        return f"not a JSON object: {schema!r}"[:300]
+    stored, problem = as_stored(schema, "schema")
+    if problem is not None:
+        return f"not JSON: {problem}"
+    cls = jsonschema.validators.validator_for(stored)
+    try:
+        cls.check_schema(stored)
+    except jsonschema.SchemaError as error:
+        where = "".join(f"[{p!r}]" for p in error.absolute_path)
+        return f"not a valid JSON Schema: schema{where}: {error.message}"
+    dialect = str(cls.META_SCHEMA.get("$id") or cls.META_SCHEMA.get("id") or "")
+    spec = referencing.jsonschema.specification_with(
+        dialect, default=referencing.jsonschema.DRAFT202012
+    )
+    root = spec.create_resource(stored)
+    try:
+        problem = _unresolved(root, _METASCHEMAS.resolver_with_root(root))
+    except RecursionError:
+        problem = "nested too deeply"
+    if problem is not None:
+        return problem
+    try:
+        _validator(stored).is_valid({})
+    except Exception as exc:  # e.g. a $ref cycle that never reaches a value
+        return f"unusable: checking a value raised {type(exc).__name__}: {exc}"[:300]
+    return None
+
+
+def _unresolved(resource: referencing.Resource[Any], resolver: Any) -> str | None:
+    """The first ``$ref`` in ``resource`` or its subschemas that resolves nowhere."""
+    resolver = resolver.in_subresource(resource)
+    contents = resource.contents
+    ref = contents.get("$ref") if isinstance(contents, Mapping) else None
+    if isinstance(ref, str):
+        seen = [contents]
+        try:
+            resolved = resolver.lookup(ref)
+            while isinstance(resolved.contents, Mapping) and "$ref" in resolved.contents:
+                if any(resolved.contents is s for s in seen):
+                    return f"its $ref {ref!r} refers back to itself before checking anything"
+                seen.append(resolved.contents)
+                resolved = resolved.resolver.lookup(str(resolved.contents["$ref"]))
+        except referencing.exceptions.Unresolvable as exc:
+            return f"its $ref {ref!r} resolves nowhere ({type(exc).__name__})"
+    for sub in resource.subresources():
+        problem = _unresolved(sub, resolver)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _validator(schema: Mapping[str, Any]) -> Any:
+    """A validator of ``schema`` that resolves ``$ref`` within it and to the dialects'
+    metaschemas only (a remote document is never fetched)."""
+    return jsonschema.validators.validator_for(schema)(schema, registry=referencing.Registry())
+
+
 def schema_violation(schema: Mapping[str, Any], value: Any) -> tuple[str, str] | None:
     """Where and how ``value`` breaks the JSON Schema ``schema`` (the most relevant error,
-    its path as ``['key'][0]``), or None if it satisfies it."""
-    validator = jsonschema.validators.validator_for(schema)(schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    its path as ``['key'][0]``), or None if it satisfies it. A schema that cannot be
+    applied (see ``schema_problem``) is a violation saying so, never an exception."""
+    try:
+        error = jsonschema.exceptions.best_match(_validator(schema).iter_errors(value))
+    except Exception as exc:  # a $ref that resolves nowhere, a cycle, a bad pattern
+        return "", f"the schema cannot be applied ({type(exc).__name__}: {exc})"[:300]
     if error is None:
         return None
     return "".join(f"[{p!r}]" for p in error.absolute_path), error.message

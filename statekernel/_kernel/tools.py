@@ -13,7 +13,12 @@ from typing import Any, overload
 import attrs
 import cattrs
 
-from statekernel._kernel.schema import parse_docstring, schema_for, strict_converter
+from statekernel._kernel.schema import (
+    parse_docstring,
+    schema_for,
+    schema_problem,
+    strict_converter,
+)
 from statekernel._kernel.waiting import wait_ended
 from statekernel._records.convert import converter as record_converter
 from statekernel._records.messages import JSON, ToolSpec
@@ -231,6 +236,10 @@ def _build(
     parameters: dict[str, Any] = {"type": "object", "properties": properties}
     parameters["required"] = required
     parameters["additionalProperties"] = False
+    problem = schema_problem(parameters)
+    if problem is not None:
+        why = f"the schema of its parameters is {problem}"
+        raise ConfigError(f"tool {name or fn.__name__!r}: {why}")
     return Tool(
         name=name or fn.__name__,
         description=description if description is not None else summary,
@@ -284,12 +293,16 @@ def tool(
 
 
 def tools_by_name(tools: Mapping[str, Tool] | list[Tool] | tuple[Tool, ...]) -> dict[str, Tool]:
-    """Tools keyed by name; a duplicate name raises ``ConfigError``."""
+    """Tools keyed by name; a duplicate name, or a tool whose parameters' schema cannot
+    check arguments (``schema_problem``), raises ``ConfigError``."""
     found: dict[str, Tool] = {}
     for t in tools.values() if isinstance(tools, Mapping) else tools:
         if not isinstance(t, Tool):
             raise ConfigError(f"not a tool: {t!r} (decorate it with @statekernel.tool)")
         if t.name in found:
             raise ConfigError(f"two tools are named {t.name!r}")
+        problem = schema_problem(t.parameters)
+        if problem is not None:
+            raise ConfigError(f"tool {t.name!r}: the schema of its parameters is {problem}")
         found[t.name] = t
     return found

@@ -15,8 +15,16 @@ from typing import Any
 
 import attrs
 
+from statekernel._lifecycle.matching import call_key
 from statekernel._records.messages import JSON, Message, ModelRequest, ModelResult, ToolCall
-from statekernel._records.run import FailureInfo, PauseInfo, Run, ToolCallRecord, Turn
+from statekernel._records.run import (
+    INPUT_REQUIRED,
+    FailureInfo,
+    PauseInfo,
+    Run,
+    ToolCallRecord,
+    Turn,
+)
 from statekernel._records.values import merge_patch, parse_json
 
 __all__ = ["Effects", "Refused", "parse_call", "tool_result_text"]
@@ -31,6 +39,7 @@ class Refused(ValueError):
 
 
 NOT_RUN = "not run: {why}"
+NOT_ANSWERED = "not answered: {why}"
 OUTCOME_UNKNOWN = "outcome unknown: {why}; it may or may not have run"
 
 
@@ -173,21 +182,25 @@ def _answered(
 
 def _with_started(result: ModelResult, turn: Turn) -> ModelResult:
     """``result`` whose first tool calls are the calls already started (in the order
-    they started), followed by the calls it asked for that are not among them (the
-    same id, or the same tool and arguments as a started call not matched yet)."""
+    they started), followed by the calls it asked for that are not among them.
+
+    A call of ``result`` is a started call when it asks for the same thing: the same
+    tool with the same arguments as parsed JSON (``call_key``), never by its id or the
+    text of its arguments (a retried answer may give the call another id, or another
+    call the started one's id). Each started call matches at most one call of
+    ``result``; a started call that nothing matches keeps its place all the same."""
     if turn.partial is None:
         return result
     started = list(turn.partial.tool_calls)
-    unmatched = list(started)
+    unmatched = [(c, call_key(c.name, c.arguments)) for c in started]
     others: list[Any] = []
     later: list[ToolCall] = []
     for part in result.message.content:
         if not isinstance(part, ToolCall):
             others.append(part)
             continue
-        same = next((c for c in unmatched if c.id == part.id), None) or next(
-            (c for c in unmatched if (c.name, c.arguments) == (part.name, part.arguments)), None
-        )
+        key = call_key(part.name, part.arguments)
+        same = next((u for u in unmatched if key is not None and u[1] == key), None)
         if same is not None:
             unmatched.remove(same)
         else:
@@ -230,13 +243,65 @@ def _close_turn(
     events: list[tuple[str, dict[str, Any]]],
     finish: str | None,
     then_pause: PauseInfo | None = None,
+    *,
+    interrupted: str | None = None,
+    at: datetime | None = None,
 ) -> Effects:
+    """Close ``turn``: the one way a turn ends, whether its calls completed, new input
+    interrupted it, or it finishes or pauses the run.
+
+    With ``interrupted`` (why the turn ends before its calls did), each call that did not
+    finish gets a result first (``_unfinished``). Then, in the order the model made the
+    calls, each call's context patch applies to the run's context and its result goes to
+    the transcript; the turn joins the run's turns (``turn_completed`` names the calls
+    whose patches applied)."""
+    if interrupted is not None:
+        turn = _unfinished(run, turn, interrupted, at)
+    elif turn.pending or turn.in_flight:
+        raise Refused("tool calls are still pending or in flight")
+    context, patched = run.context, []
+    for record in _in_call_order(turn):
+        if record.context_patch is not None:
+            context = merge_patch(context, record.context_patch)
+            patched.append(record.id)
+    messages = run.messages.grow(_result_messages(turn))
     turns = run.turns.grow((turn,))
-    run = attrs.evolve(run, turns=turns, current_turn=None, pending_pause=then_pause)
-    events.append(("turn_completed", {"index": turn.index}))
+    run = attrs.evolve(
+        run,
+        messages=messages,
+        context=context,
+        turns=turns,
+        current_turn=None,
+        pending_pause=then_pause,
+    )
+    data: dict[str, Any] = {"index": turn.index}
+    if patched:
+        data["context_patched_by"] = patched
+    events.append(("turn_completed", data))
     if finish is not None and then_pause is None:
         events.append(("run_completed", {"reason": finish}))
     return run, events
+
+
+def _unfinished(run: Run, turn: Turn, why: str, at: datetime | None) -> Turn:
+    """``turn`` with a result for every call that did not finish: a call whose question
+    waits for an answer is not answered, any other call that never started did not run,
+    and one in flight has an unknown outcome."""
+    pause = run.pause
+    asking: set[str] = set()
+    if pause is not None and pause.reason == INPUT_REQUIRED and isinstance(pause.metadata, dict):
+        for question in (pause.metadata, *pause.metadata.get("waiting", ())):
+            asking.update(str(c) for c in question.get("calls", [question.get("call")]))
+    closed: list[ToolCallRecord] = []
+    for record in turn.pending:
+        closed.append(attrs.evolve(record, error=NOT_RUN.format(why=why), finished_at=at))
+    for record in turn.in_flight:
+        if record.id in asking:
+            error = NOT_ANSWERED.format(why=why)
+        else:
+            error = OUTCOME_UNKNOWN.format(why=f"{why} while it was in flight")
+        closed.append(attrs.evolve(record, error=error, finished_at=at))
+    return attrs.evolve(turn, pending=(), in_flight=(), completed=(*turn.completed, *closed))
 
 
 def _move(
@@ -325,22 +390,18 @@ def _result_messages(turn: Turn) -> tuple[Message, ...]:
 def tools_completed(
     run: Run, finish: str | None, then_pause: PauseInfo | None, at: datetime
 ) -> Effects:
-    """dispatching_tools -> preparing_turn | completed: results go back in call order,
-    and the calls' context patches apply to the run's context in that order."""
+    """dispatching_tools -> preparing_turn | completed: the turn closes (``_close_turn``):
+    results go back in call order, and the calls' context patches apply to the run's
+    context in that order."""
     turn = _turn(run)
     if turn.pending or turn.in_flight:
         raise Refused("tool calls are still pending or in flight")
-    context, patched = run.context, []
-    for record in _in_call_order(turn):
-        if record.context_patch is not None:
-            context = merge_patch(context, record.context_patch)
-            patched.append(record.id)
-    run = attrs.evolve(run, messages=run.messages.grow(_result_messages(turn)), context=context)
     data: dict[str, Any] = {"index": turn.index, "calls": len(turn.completed)}
-    if patched:
-        data["context_patched_by"] = patched
-    events: list[tuple[str, dict[str, Any]]] = [("tools_completed", data)]
-    return _close_turn(run, turn, events, finish, then_pause)
+    run, events = _close_turn(run, turn, [("tools_completed", data)], finish, then_pause)
+    closed = events[1][1]
+    if "context_patched_by" in closed:
+        data["context_patched_by"] = closed["context_patched_by"]
+    return run, events
 
 
 def pause(run: Run, reason: str, metadata: JSON, at: datetime) -> Effects:
@@ -381,26 +442,19 @@ def retry(run: Run, at: datetime) -> Effects:
 def input_received(run: Run, messages: Sequence[Message], at: datetime) -> Effects:
     """completed | paused -> preparing_turn with new input appended.
 
-    A turn interrupted by a pause is closed first: calls that never finished get an
-    error result saying so, so the transcript stays valid for every provider.
+    A turn interrupted by a pause is closed first, as every turn closes
+    (``_close_turn``): calls that never finished get a result saying so, so the
+    transcript stays valid for every provider, and the context patches of the calls that
+    completed apply in call order.
     """
     events: list[tuple[str, dict[str, Any]]] = []
     turn = run.current_turn
+    why = "the run received new input"
     if turn is not None and turn.partial is not None:  # calls started while it streamed
-        why = "the run received new input"
         run, events = answer_cut_off(run, why, at)
         turn = run.current_turn
     if turn is not None and turn.result is not None:
-        why = "the run received new input"
-        closed = tuple(
-            attrs.evolve(r, error=NOT_RUN.format(why=why), finished_at=at) for r in turn.pending
-        ) + tuple(
-            attrs.evolve(r, error=OUTCOME_UNKNOWN.format(why=f"{why} while it was in flight"))
-            for r in turn.in_flight
-        )
-        turn = attrs.evolve(turn, pending=(), in_flight=(), completed=(*turn.completed, *closed))
-        run = attrs.evolve(run, messages=run.messages.grow(_result_messages(turn)))
-        run, events = _close_turn(run, turn, events, None)
+        run, events = _close_turn(run, turn, events, None, interrupted=why, at=at)
     elif turn is not None:
         run = attrs.evolve(run, current_turn=None)
     run = attrs.evolve(

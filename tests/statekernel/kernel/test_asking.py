@@ -10,7 +10,8 @@ import asyncio
 import pytest
 
 import statekernel as sk
-from statekernel.errors import InvalidArgument
+from statekernel._kernel.asking import answered
+from statekernel.errors import ConfigError, InvalidArgument
 from statekernel.stores import MemoryStore
 from statekernel.testing import (
     Crash,
@@ -159,6 +160,61 @@ async def test_a_question_or_schema_that_cannot_be_stored_is_an_error_result() -
     assert "question that is not JSON" in errors["q"]
     assert "set is not JSON" in errors["q"]
     assert "schema that is not a valid JSON Schema" in errors["s"]
+
+
+@sk.tool
+def unresolved_schema(topic: str) -> str:
+    """Ask with a schema whose ``$ref`` resolves nowhere."""
+    raise sk.NeedsInput(f"about {topic}?", schema={"$ref": "#/definitions/missing"})
+
+
+async def test_a_question_whose_schema_does_not_resolve_is_an_error_result() -> None:
+    script = [call("unresolved_schema", {"topic": "tea"}, id="u"), "asked nothing"]
+    kernel = _kernel(MemoryStore(), script, unresolved_schema)
+    run = await kernel.start(model="scripted/x", messages=["go"])
+    final = await _drive(kernel, run.run_id)
+    assert final.state == "completed"  # no pause that could never be answered
+    record = final.turns[0].completed[0]
+    assert record.output is None
+    assert record.error == (
+        "the tool asked with a schema that is its $ref '#/definitions/missing' resolves"
+        " nowhere (PointerToNowhere)"
+    )
+    (result,) = [p for m in final.messages for p in m.content if isinstance(p, sk.ToolResult)]
+    assert (result.content, result.is_error) == (record.error, True)  # the model reads why
+    assert final.messages[-1].text == "asked nothing"
+
+
+@pytest.mark.parametrize(
+    ("schema", "problem"),
+    [
+        (5, "not a JSON object: 5"),
+        ({"type": "strng"}, "not a valid JSON Schema: schema['type']"),
+        ({"$ref": "#/definitions/missing"}, "$ref '#/definitions/missing' resolves nowhere"),
+        ({"enum": [{1, 2}]}, 'not JSON: schema["enum"][0]: set is not JSON'),
+    ],
+)
+def test_ask_user_refuses_an_answer_schema_that_cannot_check_answers(
+    schema: object, problem: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        sk.ask_user("confirm", answer_schema=schema)  # type: ignore[arg-type]
+    assert str(refused.value).startswith("tool 'confirm': its answer_schema is ")
+    assert problem in str(refused.value)
+
+
+def test_a_stored_question_whose_schema_cannot_check_answers_still_takes_the_answer() -> None:
+    # a pause committed before schemas were checked when asked
+    metadata = {"call": "c", "calls": ["c"], "name": "ask", "schema": {"$ref": "#/nowhere"}}
+    calls, error, waiting = answered(metadata, "yes")
+    assert (calls, waiting) == (["c"], None)
+    assert error is not None
+    assert error.startswith("the question's schema is its $ref '#/nowhere' resolves nowhere")
+    assert answered({"call": "c", "name": "ask", "schema": {"type": "string"}}, "yes") == (
+        ["c"],
+        None,
+        None,
+    )
 
 
 @pytest.mark.parametrize("idempotent", [True, False])

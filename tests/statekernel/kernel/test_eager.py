@@ -6,7 +6,10 @@ crash) is closed as committed, never asked again, and no call runs twice."""
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -402,3 +405,159 @@ def test_calls_are_complete_once_a_later_call_begins_or_their_json_closes() -> N
     builder.add(StreamEnd("tool_calls"))
     assert [c.id for c in builder.result().tool_calls] == [first.id, "c2", "c3"]
     assert builder.so_far(builder.complete_calls()[:1]).tool_calls == (first,)
+
+
+class Ledger:
+    """A payment tool (not idempotent) writing each payment to a ledger file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.touch()
+
+    def tool(self) -> sk.Tool:
+        @sk.tool
+        async def pay(to: str, amount: float) -> str:
+            """Pay ``amount`` to ``to`` (a side effect: not idempotent)."""
+            with self.path.open("a") as ledger:
+                ledger.write(f"{to} {amount:g}\n")
+            return f"paid {to} {amount:g}"
+
+        return pay
+
+    def lines(self) -> list[str]:
+        return self.path.read_text().splitlines()
+
+
+async def _retry_cut_streams(c: Any, nxt: Any) -> Any:
+    """Model middleware: read the answer again when the provider's stream was cut."""
+    if isinstance(c, ToolInvocation):
+        return await nxt(c)
+    try:
+        return await nxt(c)
+    except ProviderError:
+        return await nxt(c)
+
+
+def _cut_then(first: sk.ToolCall, retried: Reply) -> Callable[[sk.ModelRequest], Reply]:
+    """The first turn's answers: a stream cut after ``first``, then ``retried``."""
+    answers = iter(
+        [Reply(tool_calls=[first], cut_off=ProviderError("connection reset", provider="x"))]
+    )
+    return lambda _: next(answers, retried)
+
+
+async def _paid_run(
+    ledger: Ledger, first: sk.ToolCall, retried: Reply
+) -> tuple[sk.Run, list[sk.Event]]:
+    model = ScriptedProvider([_cut_then(first, retried), "done"])
+    kernel = sk.Kernel(
+        MemoryStore(),
+        tools=[ledger.tool()],
+        providers={"scripted": model},
+        dispatch=EAGER,
+        middleware=[_retry_cut_streams],
+    )
+    async with kernel:
+        run_id = await _start(kernel)
+        await _drive(kernel, run_id)
+        run, events = await kernel.get(run_id), await kernel.events(run_id)
+    assert run.state == "completed"
+    assert len(model.requests) == 3  # the cut answer, the retried one, the last turn
+    return run, events
+
+
+@pytest.mark.parametrize(
+    "again",
+    [
+        '{ "amount": 5,\n  "to": "bob" }',  # other whitespace, other key order
+        '{"to":"bob","amount":5.0}',  # the same number written otherwise
+        '{"to":"bob","amount":5}',  # the same text
+    ],
+)
+async def test_a_retried_answer_asking_for_a_started_payment_again_pays_once(
+    tmp_path: Path, again: str
+) -> None:
+    ledger = Ledger(tmp_path / "ledger.txt")
+    first = call("pay", '{"to":"bob","amount":5}', id="pay-1")
+    retried = Reply(tool_calls=[call("pay", again, id="pay-2")])
+    run, events = await _paid_run(ledger, first, retried)
+    assert ledger.lines() == ["bob 5"]
+    started = [e.data["call_id"] for e in events if e.type == "tool_call_started"]
+    assert started == ["pay-1"]
+    answer = run.turns[0].result
+    assert answer is not None
+    assert [(c.id, c.name) for c in answer.tool_calls] == [("pay-1", "pay")]
+    assert _results(run) == ["paid bob 5"]
+
+
+async def test_a_started_call_the_retried_answer_drops_keeps_its_place_and_result(
+    tmp_path: Path,
+) -> None:
+    ledger = Ledger(tmp_path / "ledger.txt")
+    first = call("pay", '{"to":"bob","amount":5}', id="c1")
+    # the retry reuses the id c1 for another payment, and asks for bob's again
+    retried = Reply(
+        tool_calls=[
+            call("pay", '{"to":"ann","amount":7}', id="c1"),
+            call("pay", '{"amount":5, "to":"bob"}', id="c2"),
+        ]
+    )
+    run, _ = await _paid_run(ledger, first, retried)
+    assert sorted(ledger.lines()) == ["ann 7", "bob 5"]
+    answer = run.turns[0].result
+    assert answer is not None
+    calls = [(c.name, json.loads(c.arguments)) for c in answer.tool_calls]
+    assert calls == [("pay", {"to": "bob", "amount": 5}), ("pay", {"to": "ann", "amount": 7})]
+    assert len({c.id for c in answer.tool_calls}) == 2
+    assert _results(run) == ["paid bob 5", "paid ann 7"]
+
+
+async def test_a_started_call_the_retried_answer_does_not_ask_for_keeps_its_result(
+    tmp_path: Path,
+) -> None:
+    ledger = Ledger(tmp_path / "ledger.txt")
+    first = call("pay", '{"to":"bob","amount":5}', id="c1")
+    retried = Reply(tool_calls=[call("pay", '{"to":"bob","amount":6}', id="c1")])
+    run, _ = await _paid_run(ledger, first, retried)
+    assert ledger.lines() == ["bob 5", "bob 6"]  # another amount is another payment
+    assert _results(run) == ["paid bob 5", "paid bob 6"]
+
+
+class Blocks(sk.Hooks):
+    """Refuses payments to ``blocked``; every decision it takes is noted."""
+
+    def __init__(self, blocked: str) -> None:
+        self.blocked = blocked
+        self.asked: list[str] = []
+
+    def on_tool_call_started(self, run: sk.Run, call: sk.ToolCallRecord) -> sk.Decision | None:
+        self.asked.append(call.arguments)
+        if isinstance(call.input, dict) and call.input.get("to") == self.blocked:
+            return sk.Skip(error=f"payments to {self.blocked} are blocked")
+        return None
+
+
+async def test_a_decision_about_a_call_of_a_cut_answer_is_not_reused_for_another_call(
+    tmp_path: Path,
+) -> None:
+    ledger = Ledger(tmp_path / "ledger.txt")
+    hooks = Blocks("bob")
+    first = call("pay", '{"to":"bob","amount":5}', id="c1")  # refused while streaming
+    retried = Reply(tool_calls=[call("pay", '{"to":"ann","amount":7}', id="c1")])
+    model = ScriptedProvider([_cut_then(first, retried), "done"])
+    kernel = sk.Kernel(
+        MemoryStore(),
+        tools=[ledger.tool()],
+        providers={"scripted": model},
+        dispatch=EAGER,
+        middleware=[_retry_cut_streams],
+        hooks=hooks,
+    )
+    async with kernel:
+        run_id = await _start(kernel)
+        await _drive(kernel, run_id)
+        run = await kernel.get(run_id)
+    assert run.state == "completed"
+    assert ledger.lines() == ["ann 7"]  # ann's payment was asked about, not bob's refusal
+    assert hooks.asked == ['{"to":"bob","amount":5}', '{"to":"ann","amount":7}']
+    assert _results(run) == ["paid ann 7"]

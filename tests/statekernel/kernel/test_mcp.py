@@ -7,6 +7,7 @@ running a side effect twice."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import sys
@@ -248,3 +249,84 @@ def test_crash_resume_invariants_hold_for_mcp_tools(
             assert report.final.state == "completed"
 
     asyncio.run(case())
+
+
+SCHEMA_SERVER = Path(__file__).with_name("mcp_schema_server.py")
+
+
+def _declaring(schema: object, log: Path) -> MCPConnection:
+    """A connection to a server whose tool ``lookup`` declares ``schema``."""
+    log.touch()
+    devnull = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the server process
+    env = {"MCP_TEST_SCHEMA": json.dumps(schema), "MCP_TEST_LOG": str(log)}
+    return mcp_stdio(sys.executable, [str(SCHEMA_SERVER)], env=env, errlog=devnull)
+
+
+@pytest.mark.parametrize(
+    ("schema", "problem"),
+    [
+        (
+            {"type": "object", "properties": {"q": {"$ref": "#/$defs/missing"}}},
+            "'#/$defs/missing' resolves nowhere",
+        ),
+        (
+            {"type": "object", "$ref": "#/definitions/missing"},
+            "'#/definitions/missing' resolves nowhere",
+        ),
+        ({"type": "object", "properties": {"q": {"$ref": "#/properties/q"}}}, "refers back"),
+        ({"type": "object", "properties": {"q": {"pattern": "("}}}, "is not a 'regex'"),
+        ({"type": "object", "properties": {"q": {"type": "text"}}}, "not a valid JSON Schema"),
+    ],
+)
+async def test_a_tool_with_an_unusable_schema_is_refused_when_listed(
+    tmp_path: Path, schema: object, problem: str
+) -> None:
+    async with _declaring(schema, tmp_path / "effects.log") as server:
+        with pytest.raises(sk.errors.ConfigError) as refused:
+            await server.tools()
+    message = str(refused.value)
+    assert "'lookup'" in message
+    assert problem in message
+
+
+async def test_a_schema_that_fails_only_on_some_arguments_is_an_error_result(
+    tmp_path: Path,
+) -> None:
+    # the cycle goes through allOf, so it is only met when an argument reaches it
+    looping = {"type": "object", "properties": {"q": {"allOf": [{"$ref": "#/properties/q"}]}}}
+    log = tmp_path / "effects.log"
+    async with _declaring(looping, log) as server:
+        turn = [call("lookup", {"q": 1}, id="q1")]
+        provider = ScriptedProvider([turn, "done"])
+        kernel = sk.Kernel(
+            MemoryStore(), tools=await server.tools(), providers={"scripted": provider}
+        )
+        run = await kernel.start(model="scripted/x", messages=["go"])
+        async for _ in kernel.run(run.run_id):
+            pass
+        final = await kernel.get(run.run_id)
+        await kernel.aclose()
+    assert final.state == "completed"
+    record = final.turns[0].completed[0]
+    assert record.output is None
+    assert (record.error or "").startswith("invalid arguments for lookup: the schema cannot")
+    (result,) = [p for m in final.messages for p in m.content if isinstance(p, sk.ToolResult)]
+    assert (result.content, result.is_error) == (record.error, True)  # the model reads why
+    assert log.read_text() == ""  # never sent to the server
+
+
+async def test_a_kernel_refuses_an_mcp_tool_with_an_unusable_schema() -> None:
+    from statekernel._kernel.mcp import MCPTool
+
+    async def never(**_: object) -> str:
+        raise AssertionError("not called")
+
+    broken = MCPTool(
+        name="lookup",
+        description="",
+        parameters={"$ref": "#/definitions/missing"},
+        fn=never,
+        arguments_type=dict,
+    )
+    with pytest.raises(sk.errors.ConfigError, match=r"'lookup'.*resolves nowhere"):
+        sk.Kernel(MemoryStore(), tools=[broken], providers={"scripted": ScriptedProvider([])})

@@ -134,6 +134,31 @@ def test_bad_tool_definitions_are_config_errors() -> None:
         sk.Kernel("memory://", tools=[forecast, forecast])
 
 
+class Shade(enum.Enum):
+    LIGHT = 1j  # a value that is not JSON
+
+
+def test_a_tool_whose_schema_is_not_json_is_a_config_error() -> None:
+    def paint(shade: Shade) -> str:
+        """Paint."""
+        return "painted"
+
+    def stamp(mark: Literal[b"x"]) -> str:
+        """Stamp."""
+        return "stamped"
+
+    with pytest.raises(ConfigError, match=r"tool 'paint': the schema of its parameters is not JS"):
+        sk.tool(paint)
+    with pytest.raises(ConfigError, match=r"tool 'stamp': .*bytes is not JSON"):
+        sk.tool(stamp)
+
+
+def test_a_kernel_refuses_a_tool_whose_schema_cannot_check_arguments() -> None:
+    broken = attrs.evolve(forecast, name="lookup", parameters={"$ref": "#/$defs/gone"})
+    with pytest.raises(ConfigError, match=r"tool 'lookup': .*'#/\$defs/gone' resolves nowhere"):
+        sk.Kernel("memory://", tools=[broken])
+
+
 def test_name_and_description_overrides() -> None:
     @sk.tool(name="lookup_user", description="Find a user.", concurrency_safe=False)
     def find(user_id: str) -> str:
@@ -290,3 +315,28 @@ def test_a_lambda_needs_a_name_and_docstring_args_must_be_parameters() -> None:
 
     with pytest.raises(ConfigError, match="'limit' under Args:, which is not a parameter"):
         sk.tool(search)
+
+
+@attrs.frozen
+class Picky(sk.Tool):
+    """A tool whose own argument check fails with an exception of its own."""
+
+    def validate(self, arguments: object) -> dict[str, object]:
+        raise LookupError(f"no such entry: {arguments!r}")
+
+
+async def test_an_argument_check_that_raises_is_an_error_result(make_kernel: MakeKernel) -> None:
+    picky = Picky(
+        name="picky",
+        description="Picky.",
+        parameters={"type": "object"},
+        fn=lambda **_: "never",
+        arguments_type=dict,
+    )
+    kernel, _, _ = make_kernel([call("picky", {"q": 1}), "done"], tools=[picky])
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    final = await kernel.get(run.run_id)
+    assert final.state == "completed"
+    record = final.turns[0].completed[0]
+    assert record.error == "invalid arguments for picky: LookupError: no such entry: {'q': 1}"
