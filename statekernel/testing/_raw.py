@@ -207,8 +207,8 @@ class SQLiteRecords(_Binary):
                     (data, rid, name),
                 )
 
-    copies = ("revision", "state", "lease")
-    lease_kept = True
+    copies: tuple[str, ...] = ("revision", "state", "lease")
+    lease_kept: bool = True
 
     async def write_copy(
         self, store: CheckpointStore, run_id: str, name: str, value: bytes | None
@@ -306,8 +306,8 @@ class FileRecords:
         head["sz"] = len(log)
         (folder / "head.json").write_bytes(seal_line(dump_bytes(head)))
 
-    copies = ("lease",)
-    lease_kept = True
+    copies: tuple[str, ...] = ("lease",)
+    lease_kept: bool = True
 
     async def write_copy(
         self, store: CheckpointStore, run_id: str, name: str, value: bytes | None
@@ -371,8 +371,8 @@ class RedisRecords(_Binary):
             else:
                 await client.lset(items, name, data)
 
-    copies = ("revision", "lease")
-    lease_kept = False
+    copies: tuple[str, ...] = ("revision", "lease")
+    lease_kept: bool = False
 
     async def write_copy(
         self, store: CheckpointStore, run_id: str, name: str, value: bytes | None
