@@ -396,7 +396,8 @@ class SQLiteStore:
         what = f"run {run_id!r} in {self.url}"
         try:
             summary = head_summary(load_json(unseal(head, f"head of {what}"), what), what=what)
-            problem = column_problem(revision, state, updated_us, summary)
+            columns = {"run_id": run_id, "revision": revision, "state": state}
+            problem = column_problem({**columns, "updated_us": updated_us}, summary)
             if problem is not None:
                 raise CorruptCheckpoint(f"invalid {what}: {problem}")
         except CorruptCheckpoint as exc:

@@ -24,35 +24,25 @@ from statekernel.stores._sqlite_ops import Stored
 __all__ = ["BAD_STATE", "check_columns", "column_problem"]
 
 
-def _mismatch(column: str, stored: Any, head: Any) -> str:
-    return f"its {column} column holds {stored!r}, its head {head!r}"
-
-
 def check_columns(stored: Stored, head: Mapping[str, Any], what: str) -> None:
-    """Raise ``CorruptCheckpoint`` naming the column when the row's ``revision`` or
-    ``state`` is not the one of its (checksummed) head."""
-    problem = column_problem(stored.revision, stored.state, None, head)
+    """Raise ``CorruptCheckpoint`` naming the column when the row's ``run_id``,
+    ``revision`` or ``state`` is not the one of its (checksummed) head."""
+    columns = {"run_id": stored.run_id, "revision": stored.revision, "state": stored.state}
+    problem = column_problem(columns, head)
     if problem is not None:
         raise CorruptCheckpoint(f"invalid {what}: {problem}")
 
 
-def column_problem(
-    revision: Any, state: Any, updated_us: Any, head: Mapping[str, Any] | RunSummary
-) -> str | None:
-    """What is wrong with a row's columns given its head (None: they match it);
-    ``updated_us`` None is not compared."""
-    values: dict[str, Any]
-    if isinstance(head, RunSummary):
-        values = {"revision": head.revision, "state": head.state}
-        updated = micros(head.updated_at)
-    else:
-        values = {"revision": head.get("revision"), "state": head.get("state")}
-        updated = None
-    for column, value in (("revision", revision), ("state", state)):
-        if type(value) is not type(values[column]) or value != values[column]:
-            return _mismatch(column, value, values[column])
-    if updated_us is not None and updated is not None and updated_us != updated:
-        return _mismatch("updated_us", updated_us, updated)
+def column_problem(columns: Mapping[str, Any], head: Mapping[str, Any] | RunSummary) -> str | None:
+    """What is wrong with a row's ``columns`` (some of ``run_id``, ``revision``,
+    ``state``, ``updated_us``) given its head; None when they match it."""
+    for column, value in columns.items():
+        if isinstance(head, RunSummary):
+            want = micros(head.updated_at) if column == "updated_us" else getattr(head, column)
+        else:
+            want = head.get(column)
+        if type(value) is not type(want) or value != want:
+            return f"its {column} column holds {value!r}, its head {want!r}"
     return None
 
 

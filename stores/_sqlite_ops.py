@@ -60,10 +60,12 @@ def _checked(row: Sequence[Any], types: tuple[type, ...], what: str) -> tuple[An
 
 @attrs.frozen
 class Stored:
-    """A run's row id, the revision and state columns beside its head (checked against
-    the head when it is read: ``_sqlite_columns``) and the head document bytes as stored."""
+    """A run's row id, the run id, revision and state columns beside its head (checked
+    against the head when it is read: ``_sqlite_columns``) and the head document bytes
+    as stored."""
 
     rid: int
+    run_id: str
     revision: int
     state: str
     head: bytes
@@ -106,7 +108,7 @@ def _stored(conn: sqlite3.Connection, run_id: str) -> Stored | None:
     if row is None:
         return None
     rid, revision, state, head = _checked(row, (int, int, str, bytes), f"run {run_id!r}")
-    return Stored(rid, revision, state, head)
+    return Stored(rid, run_id, revision, state, head)
 
 
 def read_head(conn: sqlite3.Connection, run_id: str) -> Stored | None:
@@ -201,7 +203,7 @@ def apply_commit(
             (*rows.columns, rid),
         )
     _write_parts(conn, rid, rows)
-    return True, Stored(rid, rows.revision, rows.columns[1], rows.columns[-1])
+    return True, Stored(rid, run_id, rows.revision, rows.columns[1], rows.columns[-1])
 
 
 def _write_parts(conn: sqlite3.Connection, rid: int, rows: CommitRows) -> None:

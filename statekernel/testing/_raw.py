@@ -80,8 +80,9 @@ class RawDocuments(RawRecords, Protocol):
 class RawCopies(Protocol):
     """Writes what a store keeps of a run outside its checksummed records.
 
-    ``copies`` names what it can write: ``"revision"`` and ``"state"`` (copies of head
-    fields the store keeps beside the head, to index or compare on) and ``"lease"``
+    ``copies`` names what it can write: ``"run_id"``, ``"revision"`` and ``"state"``
+    (copies of head fields the store keeps beside the head, to look up, index or
+    compare on) and ``"lease"``
     (the run's lease record). ``lease_kept``: whether the store keeps a run's lease
     record once a lease was taken (so a missing one is damage), rather than letting it
     expire (Redis).
@@ -207,7 +208,7 @@ class SQLiteRecords(_Binary):
                     (data, rid, name),
                 )
 
-    copies: tuple[str, ...] = ("revision", "state", "lease")
+    copies: tuple[str, ...] = ("run_id", "revision", "state", "lease")
     lease_kept: bool = True
 
     async def write_copy(
@@ -227,7 +228,7 @@ class SQLiteRecords(_Binary):
             elif name == "lease":
                 conn.execute("UPDATE leases SET token = ? WHERE run_id = ?", (text, run_id))
             else:
-                column = {"revision": "revision", "state": "state"}[name]
+                column = {"run_id": "run_id", "revision": "revision", "state": "state"}[name]
                 conn.execute(f"UPDATE runs SET {column} = ? WHERE run_id = ?", (text, run_id))
 
 

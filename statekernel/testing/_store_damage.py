@@ -160,11 +160,12 @@ async def _listed_damaged(
 
 
 async def check_damaged_copies(store: CheckpointStore, raw: RawCopies) -> None:
-    """A store's copies of head fields (``revision``, ``state``) that no longer match the
-    head raise ``CorruptCheckpoint`` naming the run and the field on load, events and
-    commit, and a listing (by that state too) names the run damaged instead of leaving
-    it out; a damaged lease record raises ``CorruptCheckpoint`` naming the run and the
-    lease, and a missing one too where the store keeps it (``lease_kept``)."""
+    """A store's copies of head fields (``run_id``, ``revision``, ``state``) that no
+    longer match the head raise ``CorruptCheckpoint`` naming the run and the field on
+    load, events and commit, and a listing (by that state too) names the run damaged
+    instead of leaving it out; a damaged lease record raises ``CorruptCheckpoint`` naming
+    the run and the lease, and a missing one too where the store keeps it
+    (``lease_kept``)."""
     run_id = "copies"
     head = (await _chain(store, run_id, 3))[-1]
     nxt = next_revision(head)
@@ -191,6 +192,13 @@ async def check_damaged_copies(store: CheckpointStore, raw: RawCopies) -> None:
             await _listed_damaged(store, run_id, listing, "state")
         await raw.write_copy(store, run_id, "state", head.state.encode())
         assert await store.load(run_id) == head, "load after the state copy was repaired"
+    if "run_id" in raw.copies:  # the run's row found under another id
+        await raw.write_copy(store, run_id, "run_id", b"copies-2")
+        what = "a run found under another run id"
+        await corrupt_raised(store.load("copies-2"), "copies-2", ("run_id", run_id), what)
+        await _listed_damaged(store, "copies-2", None, "run_id")
+        await raw.write_copy(store, "copies-2", "run_id", run_id.encode())
+        assert await store.load(run_id) == head, "load after the run id copy was repaired"
     if "lease" in raw.copies:
         await _check_lease_record(store, raw, run_id, step)
 
