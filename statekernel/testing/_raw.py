@@ -94,8 +94,9 @@ class RawCopies(Protocol):
     async def write_copy(
         self, store: CheckpointStore, run_id: str, name: str, value: bytes | None
     ) -> None:
-        """Replace the copy ``name`` with ``value`` (text as UTF-8 where the store keeps
-        text or numbers, else the bytes as they are), or remove it (None)."""
+        """Replace the copy ``name`` with ``value`` (as the store keeps it: bytes as they
+        are, or the text they decode to as Latin-1 where it keeps text or numbers, so any
+        bytes make some value), or remove it (None)."""
         ...
 
 
