@@ -257,7 +257,10 @@ def _own_head(doc: dict[str, Any], run_id: str, folder: RunFolder) -> dict[str, 
         or head.get("run_id") != run_id
         or type(head.get("revision")) is not int
     ):
-        raise CorruptCheckpoint(f"invalid head in {folder.path}: not a head of run {run_id!r}")
+        named = head.get("run_id") if isinstance(head, dict) else None
+        raise CorruptCheckpoint(
+            f"invalid head in {folder.path}: not a head of run {run_id!r} (it names {named!r})"
+        )
     return head
 
 

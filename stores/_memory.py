@@ -26,6 +26,7 @@ from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unse
 from statekernel.stores._format.codec import (
     check_log,
     check_parts,
+    check_run_id,
     decode_events,
     decode_run,
     encode_commit,
@@ -97,6 +98,7 @@ class MemoryStore:
         entry = self._entry(run_id)
         what = f"run {run_id!r} in {self.url}"
         head = _head(entry.head, what)
+        check_run_id(head, run_id, what)
         wanted = check_revision(run_id, revision, entry.revision)
         if wanted != entry.revision:
             first = snapshot_of(wanted)

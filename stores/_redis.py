@@ -58,6 +58,7 @@ from statekernel.stores._common import (
 from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
 from statekernel.stores._format.codec import (
     check_log,
+    check_run_id,
     decode_events,
     decode_run,
     encode_commit,
@@ -240,6 +241,7 @@ class RedisStore:
         if doc is None:
             raise RunNotFound(run_id)
         head = _load_head(doc, what)
+        check_run_id(head, run_id, what)
         wanted = check_revision(run_id, revision, _checked_r(r, head, what))
         if wanted != head["revision"]:
             head = replay(_entries(history[0], snapshot_of(wanted), what), wanted, what=what)
@@ -263,6 +265,7 @@ class RedisStore:
         if doc is None:
             raise RunNotFound(run_id)
         head = _load_head(doc, what)
+        check_run_id(head, run_id, what)
         m_end, t_end = log_ends(head)
         last = _checked_r(r, head, what)
         parsed = _entries(entries, 0, what)
@@ -279,6 +282,7 @@ class RedisStore:
             return None
         what = f"run {run_id!r} in {redact_url(self.url)}"
         head = _load_head(doc, what)
+        check_run_id(head, run_id, what)
         return Prior(_Known(_checked_r(r, head, what), _bytes(doc)), head)
 
     async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
@@ -416,7 +420,9 @@ class RedisStore:
         if doc is None:
             raise RunNotFound(run_id)
         run = f"run {run_id!r} in {redact_url(self.url)}"
-        stored = _checked_r(r, _load_head(doc, run), run)
+        head = _load_head(doc, run)
+        check_run_id(head, run_id, run)
+        stored = _checked_r(r, head, run)
         what = f"events of {run}"
         found: list[Event] = []
         start = max(after_revision + 1, 0)
@@ -483,6 +489,7 @@ class RedisStore:
             what = f"run {run_id!r} in {redact_url(self.url)}"
             try:
                 head = _load_head(doc, what)
+                check_run_id(head, run_id, what)
                 _checked_r(r, head, what)
                 summary = head_summary(head, what=f"head of {what}")
             except CorruptCheckpoint as exc:

@@ -72,7 +72,8 @@ def _holding(records: dict[RecordKey, bytes], kind: str, needle: bytes) -> Recor
 async def check_damaged_records(store: CheckpointStore, raw: RawRecords) -> None:
     """A byte flipped inside a stored message, turn, blob, head or commit log entry raises
     ``CorruptCheckpoint`` naming the run and the record, on load and on ``events``; a
-    listing leaves a run with a damaged head out and names it in ``damaged``."""
+    listing leaves a run with a damaged head out and names it in ``damaged``. Another
+    run's head in its place is ``CorruptCheckpoint`` too."""
     run_id = "damaged"
     chain = await _chain(store, run_id, 3)
     records = await raw.read(store, run_id)
@@ -94,6 +95,12 @@ async def check_damaged_records(store: CheckpointStore, raw: RawRecords) -> None
             assert "head" in page.damaged[0].problem, "the problem names the record"
         await raw.write(store, run_id, key, original)
         assert await store.load(run_id) == chain[-1], f"load after the {kind} was repaired"
+    await _chain(store, "other", 3)  # another run's head, intact, in this run's place
+    other = (await raw.read(store, "other"))[("head", 0)]
+    await raw.write(store, run_id, ("head", 0), other)
+    what = "load with the head of another run in its place"
+    await corrupt_raised(store.load(run_id), run_id, ("head", "other"), what)
+    await raw.write(store, run_id, ("head", 0), records[("head", 0)])
     key = ("entry", 1)
     original = records[key]
     await raw.write(store, run_id, key, _flip(original, len(original) // 2))

@@ -67,6 +67,7 @@ __all__ = [
     "EncodedCommit",
     "check_log",
     "check_parts",
+    "check_run_id",
     "decode_events",
     "decode_run",
     "encode_commit",
@@ -126,6 +127,14 @@ def check_parts(ends: tuple[int, int], messages: int, turns: int, what: str) -> 
             f"invalid {what}: {turns} of {t_end} completed turns stored"
             " (a completed turn record is missing)"
         )
+
+
+def check_run_id(head: Mapping[str, Any], run_id: str, what: str) -> None:
+    """Raise ``CorruptCheckpoint`` when a stored head is not the head of ``run_id`` (a
+    record stored in the wrong place would otherwise be served as this run)."""
+    found = head.get("run_id")
+    if found != run_id:
+        raise CorruptCheckpoint(f"invalid {what}: its head is the head of run {found!r}")
 
 
 def _spans(cp: Checkpoint, prior: dict[str, Any] | None) -> tuple[int, int, int, int]:
