@@ -20,6 +20,7 @@ from statekernel.stores._doctor_probe import (
     LeaseView,
     RunRef,
 )
+from statekernel.stores._lease_records import redis_holder
 from statekernel.stores._redact import redact_url
 from statekernel.stores._redis import RedisStore, _load_head
 
@@ -155,7 +156,8 @@ class RedisProbe:
         if value is None:
             fence = await self._call("GET", self._store.run_key(run_id, "fence"))
             return None if fence is None else LeaseView(_text(fence), None)
-        token, _, owner = _text(value).partition("/")
+        text, owner = redis_holder(value, run_id, f"Redis store {self.subject!r}")
+        token = text.partition("/")[0]
         ttl = int(await self._call("PTTL", key))
         if ttl == -2:  # expired between the two reads
             return LeaseView(token, None)

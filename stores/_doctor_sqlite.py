@@ -26,6 +26,7 @@ from statekernel.stores._doctor_probe import (
     host_lease,
     permissions,
 )
+from statekernel.stores._lease_records import host_record
 from statekernel.stores._sqlite import SQLiteStore, parse_sqlite_url
 from statekernel.stores._sqlite_file import connect
 from statekernel.stores._sqlite_schema import STORE_VERSION
@@ -184,8 +185,9 @@ class SQLiteProbe:
         rows = self._query("SELECT token, owner, expires FROM leases WHERE run_id = ?", (run_id,))
         if not rows:
             return None
-        token, owner, expires = rows[0]
-        return host_lease((int(token), owner, float(expires)), Path(f"{self.path}-owners"))
+        record = host_record(rows[0], run_id, f"SQLite store {self.subject!r}")
+        owners = Path(f"{self.path}-owners")
+        return host_lease((record.token, record.owner, record.expires), owners)
 
     async def cross_checks(self) -> list[Finding]:
         """None."""

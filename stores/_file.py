@@ -33,6 +33,7 @@ from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, Stor
 from statekernel.stores._common import check_head, check_revision, checked_revision
 from statekernel.stores._file_io import (
     LAYOUT_VERSION,
+    Locked,
     RunFolder,
     blob_line,
     entry_line,
@@ -53,6 +54,7 @@ from statekernel.stores._format.codec import (
     replay,
     snapshot_of,
 )
+from statekernel.stores._lease_records import kept_record
 from statekernel.stores._listing import page_of
 from statekernel.stores._owners import Clock, HostLeases, LeaseChange, LeaseRecord, check_fence
 
@@ -163,7 +165,7 @@ class FileStore:
         folder = self._folder(run.run_id)
         with folder.locked(create=run.revision == 0) as state:
             if lease is not None:
-                check_fence(read_lease(folder), lease, cp.expected_revision)
+                check_fence(_fence_record(folder, state, cp), lease, cp.expected_revision)
             prior = None if state is None else _own_head(state.head, run.run_id, folder)
             check_head(cp, None if prior is None else prior["revision"])
             enc = encode_commit(cp, prior)
@@ -255,8 +257,22 @@ def _own_head(doc: dict[str, Any], run_id: str, folder: RunFolder) -> dict[str, 
         or head.get("run_id") != run_id
         or type(head.get("revision")) is not int
     ):
-        raise CorruptCheckpoint(f"invalid head in {folder.path}: not a head of run {run_id!r}")
+        named = head.get("run_id") if isinstance(head, dict) else None
+        raise CorruptCheckpoint(
+            f"invalid head in {folder.path}: not a head of run {run_id!r} (it names {named!r})"
+        )
     return head
+
+
+def _fence_record(folder: RunFolder, state: Locked | None, cp: Checkpoint) -> LeaseRecord | None:
+    """The run's lease record for a commit fenced by a lease on it: missing while the
+    run is at the revision the commit expects, it is damage."""
+    record = read_lease(folder)
+    if record is None and state is not None:
+        stored = _own_head(state.head, cp.run.run_id, folder)["revision"]
+        current = stored == cp.expected_revision
+        return kept_record(None, cp.run.run_id, folder.where, expected=current)
+    return record
 
 
 def _numbered(kind: str, first: int, docs: tuple[bytes, ...]) -> list[bytes]:

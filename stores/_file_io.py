@@ -16,6 +16,7 @@ from statekernel._records.encoding import blob_text, dump_bytes, load_json
 from statekernel.errors import CorruptCheckpoint, StoreError
 from statekernel.stores._format.checksum import seal_line, unseal_line
 from statekernel.stores._format.dicts import dump_entry, load_entry
+from statekernel.stores._lease_records import damaged_lease, host_record
 from statekernel.stores._owners import LeaseRecord
 
 __all__ = [
@@ -330,16 +331,15 @@ def read_lease(folder: RunFolder) -> LeaseRecord | None:
         return None
     except OSError as exc:
         raise StoreError(f"file store {str(path)!r}: cannot read the lease: {exc}") from exc
-    doc = load_json(data, f"lease file {str(path)!r}")
-    if (
-        not isinstance(doc, list)
-        or len(doc) != 3
-        or type(doc[0]) is not int
-        or not isinstance(doc[1], str | None)
-        or not isinstance(doc[2], int | float)
-    ):
-        raise CorruptCheckpoint(f"invalid lease file {str(path)!r}")
-    return LeaseRecord(doc[0], doc[1], float(doc[2]))
+    run_id = folder.run_id or folder.path.name  # a folder not named by its run: its name
+    where = f"file {str(path)!r}"
+    try:
+        doc = load_json(data, f"lease file {str(path)!r}")
+    except CorruptCheckpoint:
+        raise damaged_lease(run_id, where, "it is not JSON") from None
+    if not isinstance(doc, list):
+        raise damaged_lease(run_id, where, "it is not a list (token, owner, expiry)")
+    return host_record(doc, run_id, where)
 
 
 def write_lease(folder: RunFolder, record: LeaseRecord) -> None:

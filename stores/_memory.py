@@ -25,6 +25,8 @@ from statekernel.stores._common import check_revision, checked_revision
 from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
 from statekernel.stores._format.codec import (
     check_log,
+    check_parts,
+    check_run_id,
     decode_events,
     decode_run,
     encode_commit,
@@ -96,14 +98,14 @@ class MemoryStore:
         entry = self._entry(run_id)
         what = f"run {run_id!r} in {self.url}"
         head = _head(entry.head, what)
+        check_run_id(head, run_id, what)
         wanted = check_revision(run_id, revision, entry.revision)
         if wanted != entry.revision:
             first = snapshot_of(wanted)
             docs = _entries(entry.entries[first : wanted + 1], first, what)
             head = replay(docs, wanted, what=what)
         m_end, t_end = log_ends(head)
-        if m_end > len(entry.messages) or t_end > len(entry.turns):
-            raise CorruptCheckpoint(f"invalid {what}: the head references parts not stored")
+        check_parts((m_end, t_end), len(entry.messages), len(entry.turns), what)
         messages = unseal_each(entry.messages[:m_end], f"message of {what}")  # parsed as decoded
         turns = unseal_each(entry.turns[:t_end], f"completed turn of {what}")
         blobs = unseal_blobs(entry.blobs, what)

@@ -59,6 +59,7 @@ from statekernel.stores._common import (
 from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
 from statekernel.stores._format.codec import (
     check_log,
+    check_run_id,
     decode_events,
     decode_run,
     encode_commit,
@@ -70,6 +71,7 @@ from statekernel.stores._format.codec import (
 )
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._group import GroupCommit
+from statekernel.stores._lease_records import redis_holder
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._redact import redact_url
 from statekernel.stores._redis_fencing import FENCE_KEY_TTL_MS, RELEASE, RENEW
@@ -229,18 +231,19 @@ class RedisStore:
         head_key, c_key, m_key, t_key, b_key = self._keys(run_id)
         what = f"run {run_id!r} in {redact_url(self.url)}"
         pipe = self._client.pipeline(transaction=True)
-        pipe.hget(head_key, "doc")
+        pipe.hmget(head_key, ["doc", "r"])
         pipe.lrange(m_key, 0, -1)
         pipe.lrange(t_key, 0, -1)
         pipe.hgetall(b_key)
         revision = checked_revision(run_id, revision)
         if revision is not None and 0 <= revision <= MAX_REVISION:
             pipe.lrange(c_key, snapshot_of(revision), revision)
-        doc, messages, turns, blobs, *history = await self._call(pipe.execute())
+        (doc, r), messages, turns, blobs, *history = await self._call(pipe.execute())
         if doc is None:
             raise RunNotFound(run_id)
         head = _load_head(doc, what)
-        wanted = check_revision(run_id, revision, _revision(head, what))
+        check_run_id(head, run_id, what)
+        wanted = check_revision(run_id, revision, _checked_r(r, head, what))
         if wanted != head["revision"]:
             head = replay(_entries(history[0], snapshot_of(wanted), what), wanted, what=what)
         m_end, t_end = log_ends(head)
@@ -254,17 +257,18 @@ class RedisStore:
         head_key, c_key, m_key, t_key, b_key = self._keys(run_id)
         what = f"history of {run_id!r} in {redact_url(self.url)}"
         pipe = self._client.pipeline(transaction=True)
-        pipe.hget(head_key, "doc")
+        pipe.hmget(head_key, ["doc", "r"])
         pipe.lrange(c_key, 0, -1)
         pipe.lrange(m_key, 0, -1)
         pipe.lrange(t_key, 0, -1)
         pipe.hgetall(b_key)
-        doc, entries, messages, turns, blobs = await self._call(pipe.execute())
+        (doc, r), entries, messages, turns, blobs = await self._call(pipe.execute())
         if doc is None:
             raise RunNotFound(run_id)
         head = _load_head(doc, what)
+        check_run_id(head, run_id, what)
         m_end, t_end = log_ends(head)
-        last = _revision(head, what)
+        last = _checked_r(r, head, what)
         parsed = _entries(entries, 0, what)
         msg_docs = _parse_list(unseal_each(messages[:m_end], f"message of {what}"), what)
         turn_docs = _parse_list(unseal_each(turns[:t_end], f"completed turn of {what}"), what)
@@ -274,11 +278,13 @@ class RedisStore:
             yield item
 
     async def _prior(self, run_id: str, head_key: str) -> Prior[_Known] | None:
-        doc = await self._call(self._client.hget(head_key, "doc"))
+        doc, r = await self._call(self._client.hmget(head_key, ["doc", "r"]))
         if doc is None:
             return None
-        head = _load_head(doc, f"run {run_id!r} in {redact_url(self.url)}")
-        return Prior(_Known(_revision(head, "run head"), _bytes(doc)), head)
+        what = f"run {run_id!r} in {redact_url(self.url)}"
+        head = _load_head(doc, what)
+        check_run_id(head, run_id, what)
+        return Prior(_Known(_checked_r(r, head, what), _bytes(doc)), head)
 
     async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
         """Take the run's lease (a key that expires ``ttl`` seconds after its last renewal;
@@ -286,11 +292,11 @@ class RedisStore:
         keys = [self.run_key(run_id, "lease"), self.run_key(run_id, "fence"), self._keys(run_id)[0]]
         args: list[str | int] = [owner, _ms(ttl), FENCE_KEY_TTL_MS]
         status, token = await self._call(self._acquire(keys=keys, args=args))
-        token = _bytes(token).decode()
         if status == 2:
             raise RunNotFound(run_id)
+        token, holder = redis_holder(token, run_id, f"Redis store {redact_url(self.url)!r}")
         if status == 0:
-            raise RunBusy(run_id, token.partition("/")[2] or token)
+            raise RunBusy(run_id, holder or token)
         return Lease(run_id, owner, token)
 
     async def renew(self, lease: Lease, *, ttl: float) -> None:
@@ -347,6 +353,8 @@ class RedisStore:
             raise LeaseLost(run.run_id, checkpoint.expected_revision, lease.token)
         if status == 1:
             self._known.drop(run.run_id)
+            if actual >= 0:  # a head whose revision field r is damaged is no conflict
+                await self._prior(run.run_id, keys[0])
             raise ConflictError(
                 run.run_id, checkpoint.expected_revision, None if actual < 0 else actual
             )
@@ -403,10 +411,14 @@ class RedisStore:
     ) -> list[Event]:
         """Persisted events of the revisions after ``after_revision``."""
         head_key, c_key, *_ = self._keys(run_id)
-        stored = await self._call(self._client.hget(head_key, "r"))
-        if stored is None:
+        doc, r = await self._call(self._client.hmget(head_key, ["doc", "r"]))
+        if doc is None:
             raise RunNotFound(run_id)
-        what = f"events of run {run_id!r} in {redact_url(self.url)}"
+        run = f"run {run_id!r} in {redact_url(self.url)}"
+        head = _load_head(doc, run)
+        check_run_id(head, run_id, run)
+        stored = _checked_r(r, head, run)
+        what = f"events of {run}"
         found: list[Event] = []
         start = max(after_revision + 1, 0)
         while limit is None or len(found) < limit:
@@ -418,7 +430,7 @@ class RedisStore:
             found += decode_events(entries, run_id, what=what)
             start += len(chunk)
         if limit is None or len(found) < limit:
-            check_log([], start, int(stored), what)
+            check_log([], start, stored, what)
         return found if limit is None else found[:limit]
 
     async def list_runs(
@@ -463,15 +475,18 @@ class RedisStore:
         runs whose head cannot be read are left out and named in ``damaged``."""
         pipe = self._client.pipeline(transaction=False)
         for run_id, _ in scored:
-            pipe.hget(self._keys(run_id)[0], "doc")
+            pipe.hmget(self._keys(run_id)[0], ["doc", "r"])
         docs = await self._call(pipe.execute())
-        what = f"run head in {redact_url(self.url)}"
         found: list[RunSummary] = []
-        for (run_id, score), doc in zip(scored, docs, strict=True):
+        for (run_id, score), (doc, r) in zip(scored, docs, strict=True):
             if doc is None:
                 continue
+            what = f"run {run_id!r} in {redact_url(self.url)}"
             try:
-                summary = head_summary(_load_head(doc, what))
+                head = _load_head(doc, what)
+                check_run_id(head, run_id, what)
+                _checked_r(r, head, what)
+                summary = head_summary(head, what=f"head of {what}")
             except CorruptCheckpoint as exc:
                 damaged.append(DamagedRun(run_id, str(exc)))
                 continue
@@ -539,6 +554,18 @@ def _revision(head: Any, what: str) -> int:
     revision = head.get("revision") if isinstance(head, dict) else None
     if type(revision) is not int:
         raise CorruptCheckpoint(f"invalid {what}: no revision")
+    return revision
+
+
+def _checked_r(r: bytes | str | None, head: Any, what: str) -> int:
+    """The head's revision, checked against ``r``, the copy of it the commit script
+    compares (outside the head's checksum): a damaged copy is ``CorruptCheckpoint``
+    naming it, never a false ``ConflictError`` on every later commit."""
+    revision = _revision(head, what)
+    if r is None or _bytes(r) != str(revision).encode():
+        raise CorruptCheckpoint(
+            f"invalid {what}: its revision field r holds {r!r}, its head revision {revision}"
+        )
     return revision
 
 

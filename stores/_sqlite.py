@@ -54,6 +54,7 @@ from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unse
 from statekernel.stores._format.codec import (
     EncodedCommit,
     check_log,
+    check_parts,
     decode_events,
     decode_run,
     encode_commit,
@@ -67,6 +68,7 @@ from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._owners import Clock, HostLeases, LeaseChange, LeaseRecord
+from statekernel.stores._sqlite_columns import BAD_STATE, check_columns, column_problem
 from statekernel.stores._sqlite_file import (
     connect,
     file_state,
@@ -234,13 +236,15 @@ class SQLiteStore:
 
     async def _load(self, run_id: str, revision: int | None) -> Run:
         what = f"run {run_id!r} in {self.url}"
+        heads: list[dict[str, Any]] = []
 
         def first_entry(stored: Stored) -> int | None:
+            heads.append(_checked_head(stored, what))  # the columns the load trusts
             wanted = check_revision(run_id, revision, stored.revision)
             return None if wanted == stored.revision else snapshot_of(wanted)
 
         def head_of(stored: Stored, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
-            return _head_at(stored, entries, revision, what)
+            return _head_at(stored, entries, revision, what) if entries else heads[0]
 
         parts = await self._call(read_parts, run_id, first_entry, head_of, log_ends)
         if parts is None:
@@ -333,11 +337,7 @@ class SQLiteStore:
         return None if stored is None else Prior(stored, self._head(stored, run_id))
 
     def _head(self, stored: Stored, run_id: str) -> dict[str, Any]:
-        what = f"head of run {run_id!r} in {self.url}"
-        head = load_json(unseal(stored.head, what), what)
-        if not isinstance(head, dict):
-            raise CorruptCheckpoint(f"invalid head of {run_id!r} in {self.url}: not an object")
-        return head
+        return _checked_head(stored, f"run {run_id!r} in {self.url}")
 
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
@@ -355,11 +355,12 @@ class SQLiteStore:
             found.extend(decode_events(entries, run_id, what=what))
             return limit is not None and len(found) >= limit
 
-        head = await self._shielded(lambda: self._call(read_events, run_id, first, collect))
-        if head is None:
+        stored = await self._shielded(lambda: self._call(read_events, run_id, first, collect))
+        if stored is None:
             raise RunNotFound(run_id)
+        _checked_head(stored, f"run {run_id!r} in {self.url}")
         if limit is None or len(found) < limit:
-            check_log([], nxt[0], head, what)
+            check_log([], nxt[0], stored.revision, what)
         return found if limit is None else found[:limit]
 
     async def list_runs(
@@ -372,20 +373,39 @@ class SQLiteStore:
     ) -> RunPage:
         """Runs, newest update first."""
         where, params = _filters(state, updated_after, cursor)
-        sql = f"SELECT run_id, head FROM runs{where} ORDER BY updated_us DESC, run_id DESC LIMIT ?"
+        sql = f"SELECT {_LISTED} FROM runs{where} ORDER BY updated_us DESC, run_id DESC LIMIT ?"
         params.append(max(limit, 0) + 1)
         rows = await self._shielded(lambda: self._call(fetch_all, sql, params))
-        what = f"run head in {self.url}"
         summaries: list[RunSummary] = []
         damaged: list[DamagedRun] = []
-        for run_id, head in rows:
-            try:
-                summaries.append(head_summary(load_json(unseal(head, what), what)))
-            except CorruptCheckpoint as exc:
-                damaged.append(DamagedRun(str(run_id), str(exc)))
+        for row in rows:
+            self._summary(row, summaries, damaged)
+        if state is not None and cursor is None:  # rows the filter cannot match: damaged
+            bad_sql = f"SELECT {_LISTED} FROM runs INDEXED BY runs_by_state WHERE {BAD_STATE[0]}"
+            bad = await self._shielded(lambda: self._call(fetch_all, bad_sql, BAD_STATE[1]))
+            for row in bad:
+                self._summary(row, [], damaged)
         page = tuple(summaries[:limit])
         more = len(rows) > limit and bool(page)
         return RunPage(page, encode_cursor(page[-1]) if more else None, tuple(damaged))
+
+    def _summary(
+        self, row: tuple[Any, ...], found: list[RunSummary], damaged: list[DamagedRun]
+    ) -> None:
+        """The listing line of a ``runs`` row, or the row named in ``damaged`` when its
+        head cannot be read or its columns do not match its head."""
+        run_id, revision, state, updated_us, head = row
+        what = f"run {run_id!r} in {self.url}"
+        try:
+            summary = head_summary(load_json(unseal(head, f"head of {what}"), what), what=what)
+            columns = {"run_id": run_id, "revision": revision, "state": state}
+            problem = column_problem({**columns, "updated_us": updated_us}, summary)
+            if problem is not None:
+                raise CorruptCheckpoint(f"invalid {what}: {problem}")
+        except CorruptCheckpoint as exc:
+            damaged.append(DamagedRun(str(run_id), str(exc)))
+            return
+        found.append(summary)
 
     async def delete(self, run_id: str) -> bool:
         """Remove the run with every revision, part, blob and event."""
@@ -436,14 +456,24 @@ def _rows(cp: Checkpoint, enc: EncodedCommit) -> CommitRows:
     )
 
 
+_LISTED = "run_id, revision, state, updated_us, head"
+"""The columns a listing reads: the head, and the columns it checks against the head."""
+
+
+def _checked_head(stored: Stored, what: str) -> dict[str, Any]:
+    """The stored head document; its checksum, and the columns beside it, checked."""
+    head = load_json(unseal(stored.head, f"head of {what}"), what)
+    if not isinstance(head, dict):
+        raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
+    check_columns(stored, head, what)
+    return head
+
+
 def _head_at(
     stored: Stored, entries: list[tuple[int, bytes]], revision: int | None, what: str
 ) -> dict[str, Any]:
     if not entries:
-        head = load_json(unseal(stored.head, f"head of {what}"), what)
-        if not isinstance(head, dict):
-            raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
-        return head
+        return _checked_head(stored, what)
     assert revision is not None  # entries are read only for a past revision
     chosen = [(r, e) for r, e in entries if r <= revision]
     return replay(_entries(chosen, what), revision, what=what)
@@ -458,12 +488,7 @@ def _entries(rows: list[tuple[int, bytes]], what: str) -> list[tuple[int, Any]]:
 
 
 def _decode(parts: Parts, what: str) -> Run:
-    m_end, t_end = log_ends(parts.head)
-    if len(parts.messages) != m_end or len(parts.turns) != t_end:
-        raise CorruptCheckpoint(
-            f"invalid {what}: {len(parts.messages)} of {m_end} messages,"
-            f" {len(parts.turns)} of {t_end} turns"
-        )
+    check_parts(log_ends(parts.head), len(parts.messages), len(parts.turns), what)
     messages = unseal_each(parts.messages, f"message of {what}")  # parsed as decoded
     turns = unseal_each(parts.turns, f"completed turn of {what}")  # parsed when read
     blobs = unseal_blobs(parts.blobs, what)

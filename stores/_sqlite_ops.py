@@ -20,8 +20,9 @@ import attrs
 
 from statekernel._storage.protocol import Lease
 from statekernel.errors import RunNotFound
+from statekernel.stores._lease_records import host_record, kept_record
 from statekernel.stores._owners import LeaseRecord, check_fence
-from statekernel.stores._sqlite_file import begin_immediate
+from statekernel.stores._sqlite_file import StoreConnection, begin_immediate
 
 __all__ = [
     "BadRow",
@@ -59,10 +60,14 @@ def _checked(row: Sequence[Any], types: tuple[type, ...], what: str) -> tuple[An
 
 @attrs.frozen
 class Stored:
-    """A run's row id, head revision and head document bytes as stored."""
+    """A run's row id, the run id, revision and state columns beside its head (checked
+    against the head when it is read: ``_sqlite_columns``) and the head document bytes
+    as stored."""
 
     rid: int
+    run_id: str
     revision: int
+    state: str
     head: bytes
 
 
@@ -97,11 +102,13 @@ def transaction(conn: sqlite3.Connection, *, write: bool = False) -> Iterator[sq
 
 
 def _stored(conn: sqlite3.Connection, run_id: str) -> Stored | None:
-    row = conn.execute("SELECT id, revision, head FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    row = conn.execute(
+        "SELECT id, revision, state, head FROM runs WHERE run_id = ?", (run_id,)
+    ).fetchone()
     if row is None:
         return None
-    rid, revision, head = _checked(row, (int, int, bytes), f"run {run_id!r}")
-    return Stored(rid, revision, head)
+    rid, revision, state, head = _checked(row, (int, int, str, bytes), f"run {run_id!r}")
+    return Stored(rid, run_id, revision, state, head)
 
 
 def read_head(conn: sqlite3.Connection, run_id: str) -> Stored | None:
@@ -110,11 +117,26 @@ def read_head(conn: sqlite3.Connection, run_id: str) -> Stored | None:
         return _stored(conn, run_id)
 
 
+def _where(conn: sqlite3.Connection) -> str:
+    return f"SQLite store {conn.path!r}" if isinstance(conn, StoreConnection) else "SQLite store"
+
+
 def _lease(conn: sqlite3.Connection, run_id: str) -> LeaseRecord | None:
     row = conn.execute(
         "SELECT token, owner, expires FROM leases WHERE run_id = ?", (run_id,)
     ).fetchone()
-    return None if row is None else LeaseRecord(int(row[0]), row[1], float(row[2]))
+    return None if row is None else host_record(row, run_id, _where(conn))
+
+
+def _fenced_lease(conn: sqlite3.Connection, run_id: str, expected: int) -> LeaseRecord | None:
+    """The run's lease record for a commit fenced by a lease on it (expecting revision
+    ``expected``): missing while the run is at that revision, it is damage."""
+    record = _lease(conn, run_id)
+    if record is None:
+        row = conn.execute("SELECT revision FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        current = row is not None and row[0] == expected
+        return kept_record(None, run_id, _where(conn), expected=current)
+    return record
 
 
 def lease_op(
@@ -162,7 +184,7 @@ def apply_commit(
     head it found instead), having written nothing.
     """
     if fence is not None:
-        check_fence(_lease(conn, run_id), fence, rows.revision - 1)
+        check_fence(_fenced_lease(conn, run_id, rows.revision - 1), fence, rows.revision - 1)
     found = conn.execute("SELECT id, revision FROM runs WHERE run_id = ?", (run_id,)).fetchone()
     if (None if found is None else tuple(found)) != expect:
         return False, _stored(conn, run_id)
@@ -181,7 +203,7 @@ def apply_commit(
             (*rows.columns, rid),
         )
     _write_parts(conn, rid, rows)
-    return True, Stored(rid, rows.revision, rows.columns[-1])
+    return True, Stored(rid, run_id, rows.revision, rows.columns[1], rows.columns[-1])
 
 
 def _write_parts(conn: sqlite3.Connection, rid: int, rows: CommitRows) -> None:
@@ -279,22 +301,21 @@ def read_events(
     run_id: str,
     first: int,
     collect: Callable[[list[tuple[int, bytes]]], bool],
-) -> int | None:
+) -> Stored | None:
     """Hand commit log entries from revision ``first`` on to ``collect`` in batches until
-    it returns True or they run out; the head revision, None when there is no such run."""
+    it returns True or they run out; the run's stored head, None when there is no such run."""
     with transaction(conn):
-        row = conn.execute("SELECT id, revision FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        if row is None:
+        stored = _stored(conn, run_id)
+        if stored is None:
             return None
-        _checked(row, (int, int), f"run {run_id!r}")
         cursor = conn.execute(
             "SELECT revision, entry FROM commits WHERE rid = ? AND revision >= ? ORDER BY revision",
-            (row[0], first),
+            (stored.rid, first),
         )
         while True:
             batch = [_checked(r, (int, bytes), "commit log") for r in cursor.fetchmany(256)]
             if not batch or collect(batch):
-                return int(row[1])
+                return stored
 
 
 def delete_run(conn: sqlite3.Connection, run_id: str) -> bool:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 from statekernel.errors import StoreError
-from statekernel.stores._sqlite_file import begin_immediate
+from statekernel.stores._sqlite_file import begin_immediate, connect
 
-__all__ = ["SCHEMA", "STORE_VERSION", "check_layout", "migrate_schema"]
+__all__ = ["SCHEMA", "STORE_VERSION", "check_layout", "check_store_file", "migrate_schema"]
 
 STORE_VERSION = 4
 """The layout version of the SQLite store written by this release.
@@ -117,3 +118,40 @@ def check_layout(conn: sqlite3.Connection, path: str) -> None:
             f"SQLite store {path!r} has layout version {row[0]!r}, this release reads"
             f" {STORE_VERSION}; it is read-only here, so it cannot be upgraded"
         )
+
+
+def _reader(path: str) -> sqlite3.Connection:
+    """A connection that reads ``path`` and writes nothing, beside it either: a WAL
+    database closed cleanly (no ``-wal`` or ``-shm`` file) is read ``immutable``, since
+    a read-only connection would leave those two files behind."""
+    file = Path(path)
+    with file.open("rb") as f:
+        header = f.read(20)
+    sides = [Path(f"{path}-wal"), Path(f"{path}-shm")]
+    if header[18:20] == b"\x02\x02" and not any(p.exists() for p in sides):
+        uri = file.resolve().as_uri() + "?mode=ro&immutable=1"
+        return sqlite3.connect(uri, uri=True, isolation_level=None)
+    return connect(path, read_only=True, timeout_ms=10_000)
+
+
+def check_store_file(path: str) -> None:
+    """Refuse, writing nothing, an existing file that is not a statekernel SQLite store
+    (another application's database, or no database at all): ``StoreError`` naming it.
+
+    Commands that only read a store check this first, so they never turn a foreign
+    database into a store by creating the store's tables in it.
+    """
+    try:
+        conn = _reader(path)
+    except (OSError, sqlite3.Error) as exc:
+        raise StoreError(f"{path!r} cannot be read as a SQLite database: {exc}") from exc
+    try:
+        row = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'statekernel_schema'"
+        ).fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{path!r} is not a statekernel SQLite store: {exc}") from exc
+    finally:
+        conn.close()
+    if row is None:
+        raise StoreError(f"{path!r} is not a statekernel SQLite store (it holds no store tables)")

@@ -89,7 +89,8 @@ def store_url(explicit: str | None) -> str:
 
 def check_existing_store(url: str) -> None:
     """Refuse a store URL that names no store yet (a missing or empty SQLite file, a
-    missing file-store folder): commands that read never create one."""
+    SQLite file that is not a statekernel store, a missing file-store folder): commands
+    that read never create one, nor write into another application's database."""
     from statekernel.stores import FileStore, SQLiteStore, open_store
 
     try:
@@ -102,8 +103,19 @@ def check_existing_store(url: str) -> None:
             raise UserError(f"no SQLite store at {str(path)!r}: the file does not exist")
         if path.stat().st_size == 0:
             raise UserError(f"{str(path)!r} is empty: not a statekernel store")
+        _check_store_file(str(path))
     elif isinstance(store, FileStore) and not store.root.is_dir():
         raise UserError(f"no file store at {str(store.root)!r}: the folder does not exist")
+
+
+def _check_store_file(path: str) -> None:
+    """A ``UserError`` for a SQLite file that is not a statekernel store (nothing written)."""
+    from statekernel.stores._sqlite_schema import check_store_file
+
+    try:
+        check_store_file(path)
+    except StatekernelError as exc:
+        raise UserError(str(exc)) from exc
 
 
 def command_hint(command: str, store: str | None, agent: str | None = None) -> str:

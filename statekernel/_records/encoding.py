@@ -216,6 +216,9 @@ class BlobReader:
     def __init__(self, blobs: Mapping[str, bytes | str]) -> None:
         self._blobs = blobs
         self._texts: dict[str, str] = {}
+        self.missing: str | None = None
+        """The key of the last blob asked for that the run does not hold (a damaged
+        store): what fails to decode names it."""
 
     def text(self, key: Any) -> str:
         """The text of the blob ``key``."""
@@ -223,6 +226,7 @@ class BlobReader:
         if text is None:
             data = self._blobs.get(key)
             if data is None:
+                self.missing = str(key)
                 raise KeyError(f"missing blob {key!r}")
             text = self._texts[key] = data if isinstance(data, str) else blob_text(data)
         return text

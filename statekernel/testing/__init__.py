@@ -19,6 +19,7 @@ from statekernel.testing._fuzz import CrashResumeReport, Ledger, check_crash_res
 from statekernel.testing._raw import (
     FileRecords,
     MemoryRecords,
+    RawCopies,
     RawDocuments,
     RawRecords,
     RecordKey,
@@ -43,6 +44,7 @@ __all__ = [
     "Ledger",
     "ManualClock",
     "MemoryRecords",
+    "RawCopies",
     "RawDocuments",
     "RawRecords",
     "RecordKey",

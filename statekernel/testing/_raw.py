@@ -8,7 +8,9 @@ store that is not built in supplies its own ``RawRecords``. Records are named by
 included). The built-in ones also read and write a record as the document it holds
 (``decode``/``encode``: a head, a commit log entry, a message or a turn as the
 converter made it), which the check of persisting migrations uses to write a run in
-an older shape.
+an older shape. Those of the persistent stores also write what a store keeps outside
+its checksummed records (``RawCopies``: copies of head fields it indexes or compares
+on, the run's lease record), for the check that damage there is seen too.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from statekernel.stores._sqlite import SQLiteStore
 __all__ = [
     "FileRecords",
     "MemoryRecords",
+    "RawCopies",
     "RawDocuments",
     "RawRecords",
     "RecordKey",
@@ -70,6 +73,30 @@ class RawDocuments(RawRecords, Protocol):
 
     def encode(self, key: RecordKey, doc: Any, like: bytes) -> bytes:
         """``doc`` as the record ``key`` stores it (``like``: the record's bytes now)."""
+        ...
+
+
+@runtime_checkable
+class RawCopies(Protocol):
+    """Writes what a store keeps of a run outside its checksummed records.
+
+    ``copies`` names what it can write: ``"run_id"``, ``"revision"`` and ``"state"``
+    (copies of head fields the store keeps beside the head, to look up, index or
+    compare on) and ``"lease"``
+    (the run's lease record). ``lease_kept``: whether the store keeps a run's lease
+    record once a lease was taken (so a missing one is damage), rather than letting it
+    expire (Redis).
+    """
+
+    copies: tuple[str, ...]
+    lease_kept: bool
+
+    async def write_copy(
+        self, store: CheckpointStore, run_id: str, name: str, value: bytes | None
+    ) -> None:
+        """Replace the copy ``name`` with ``value`` (as the store keeps it: bytes as they
+        are, or the text they decode to as Latin-1 where it keeps text or numbers, so any
+        bytes make some value), or remove it (None)."""
         ...
 
 
@@ -182,6 +209,29 @@ class SQLiteRecords(_Binary):
                     (data, rid, name),
                 )
 
+    copies: tuple[str, ...] = ("run_id", "revision", "state", "lease")
+    lease_kept: bool = True
+
+    async def write_copy(
+        self, store: CheckpointStore, run_id: str, name: str, value: bytes | None
+    ) -> None:
+        """Set a column of the run's ``runs`` row, or its ``leases`` row's token (a
+        removed lease: the row deleted)."""
+        await asyncio.to_thread(self._write_copy, _sqlite_path(store), run_id, name, value)
+        assert isinstance(store, SQLiteStore)
+        store._heads.drop(run_id)
+
+    def _write_copy(self, path: str, run_id: str, name: str, value: bytes | None) -> None:
+        text = None if value is None else value.decode("latin-1")  # any bytes: some text
+        with _connect(path) as conn:
+            if name == "lease" and text is None:
+                conn.execute("DELETE FROM leases WHERE run_id = ?", (run_id,))
+            elif name == "lease":
+                conn.execute("UPDATE leases SET token = ? WHERE run_id = ?", (text, run_id))
+            else:
+                column = {"run_id": "run_id", "revision": "revision", "state": "state"}[name]
+                conn.execute(f"UPDATE runs SET {column} = ? WHERE run_id = ?", (text, run_id))
+
 
 def _sqlite_path(store: CheckpointStore) -> str:
     assert isinstance(store, SQLiteStore), f"{store!r} is not a SQLite store"
@@ -258,6 +308,20 @@ class FileRecords:
         head["sz"] = len(log)
         (folder / "head.json").write_bytes(seal_line(dump_bytes(head)))
 
+    copies: tuple[str, ...] = ("lease",)
+    lease_kept: bool = True
+
+    async def write_copy(
+        self, store: CheckpointStore, run_id: str, name: str, value: bytes | None
+    ) -> None:
+        """Replace or remove the run's ``lease.json``."""
+        assert name == "lease", f"a file store keeps no copy {name!r}"
+        path = _folder(store, run_id) / "lease.json"
+        if value is None:
+            path.unlink()
+        else:
+            path.write_bytes(value)
+
 
 def _folder(store: CheckpointStore, run_id: str) -> Path:
     assert isinstance(store, FileStore), f"{store!r} is not a file store"
@@ -308,3 +372,21 @@ class RedisRecords(_Binary):
                 await client.lrem(items, 1, b"\x00removed")
             else:
                 await client.lset(items, name, data)
+
+    copies: tuple[str, ...] = ("revision", "lease")
+    lease_kept: bool = False
+
+    async def write_copy(
+        self, store: CheckpointStore, run_id: str, name: str, value: bytes | None
+    ) -> None:
+        """Set the head's revision field ``r``, or the run's lease key (its time to live
+        kept; None: the key deleted)."""
+        assert isinstance(store, RedisStore), f"{store!r} is not a Redis store"
+        store._known.drop(run_id)
+        client: Any = store.client
+        if name == "revision":
+            await client.hset(store.run_key(run_id, "head"), "r", value)
+        elif value is None:
+            await client.delete(store.run_key(run_id, "lease"))
+        else:
+            await client.set(store.run_key(run_id, "lease"), value, keepttl=True)

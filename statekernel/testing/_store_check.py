@@ -5,7 +5,9 @@ naming the first check that failed. ``factory()`` (sync or async) must return a
 new, empty store each time it is called; each check runs on its own store and
 closes it. With ``raw`` (``RawRecords`` of the store: ``MemoryRecords``,
 ``FileRecords``, ``SQLiteRecords``, ``RedisRecords`` or one of your own), the
-checks on damaged storage run too, and with ``RawDocuments`` (the built-in ones are)
+checks on damaged storage run too (with ``RawCopies``, those of the copies of head
+fields and lease records a store keeps outside its checksums), and with
+``RawDocuments`` (the built-in ones are)
 the check that migrations of a run stored at an older version persist. What a store
 declares beyond the protocol (``RevisionHistory``, ``SettlesOnCancel``) is checked too.
 """
@@ -18,8 +20,13 @@ from collections.abc import Awaitable, Callable
 from statekernel._storage.protocol import CheckpointStore, RevisionHistory, settles_on_cancel
 from statekernel.testing import _store_cases as c
 from statekernel.testing._clock import ManualClock
-from statekernel.testing._raw import RawDocuments, RawRecords
-from statekernel.testing._store_damage import check_damaged_records, check_log_gaps
+from statekernel.testing._raw import RawCopies, RawDocuments, RawRecords
+from statekernel.testing._store_damage import (
+    check_damaged_copies,
+    check_damaged_records,
+    check_log_gaps,
+    check_missing_records,
+)
 from statekernel.testing._store_features import check_history, check_settles_on_cancel
 from statekernel.testing._store_migration import check_persisting_migrations
 
@@ -70,7 +77,11 @@ async def check_store(
     await probe.aclose()
     if raw is not None:
         checks.append(("damaged records", lambda s: check_damaged_records(s, raw)))
+        checks.append(("missing records", lambda s: check_missing_records(s, raw)))
         checks.append(("commit log gaps", lambda s: check_log_gaps(s, raw)))
+    if isinstance(raw, RawCopies):
+        copies = raw
+        checks.append(("damaged copies", lambda s: check_damaged_copies(s, copies)))
     if isinstance(raw, RawDocuments):
         documents = raw
         checks.append(

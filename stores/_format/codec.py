@@ -38,7 +38,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -66,6 +66,8 @@ __all__ = [
     "SNAPSHOT_EVERY",
     "EncodedCommit",
     "check_log",
+    "check_parts",
+    "check_run_id",
     "decode_events",
     "decode_run",
     "encode_commit",
@@ -76,6 +78,8 @@ __all__ = [
     "replay",
     "snapshot_of",
 ]
+
+_R = TypeVar("_R")
 
 _DECODE_ERRORS = (KeyError, IndexError, TypeError, ValueError, AttributeError, zlib.error)
 
@@ -108,6 +112,29 @@ def log_ends(head: Mapping[str, Any]) -> tuple[int, int]:
         return int(m0) + int(mn), int(t0) + int(tn)
     except _DECODE_ERRORS as exc:
         raise corrupt("run head", exc) from exc
+
+
+def check_parts(ends: tuple[int, int], messages: int, turns: int, what: str) -> None:
+    """Raise ``CorruptCheckpoint`` naming the records that are missing when fewer than
+    ``ends`` (``log_ends`` of a head) messages or completed turns are stored."""
+    m_end, t_end = ends
+    if messages < m_end:
+        raise CorruptCheckpoint(
+            f"invalid {what}: {messages} of {m_end} messages stored (a message record is missing)"
+        )
+    if turns < t_end:
+        raise CorruptCheckpoint(
+            f"invalid {what}: {turns} of {t_end} completed turns stored"
+            " (a completed turn record is missing)"
+        )
+
+
+def check_run_id(head: Mapping[str, Any], run_id: str, what: str) -> None:
+    """Raise ``CorruptCheckpoint`` when a stored head is not the head of ``run_id`` (a
+    record stored in the wrong place would otherwise be served as this run)."""
+    found = head.get("run_id")
+    if found != run_id:
+        raise CorruptCheckpoint(f"invalid {what}: its head is the head of run {found!r}")
 
 
 def _spans(cp: Checkpoint, prior: dict[str, Any] | None) -> tuple[int, int, int, int]:
@@ -306,11 +333,7 @@ class _Decoder:
                 doc = load_json(doc, f"message of {self.what}")
             if self.version < convert.SCHEMA_VERSION:
                 doc = convert.migrate("message", doc, self.version, what=self.what)
-            if loading_now() is self.ctx:
-                found = convert.converter.structure(doc, Message)
-            else:
-                with loading(self.ctx):
-                    found = convert.converter.structure(doc, Message)
+            found = self._structure(doc, Message, f"message {pos} of {self.what}")
             self._log[pos] = found
         return found
 
@@ -339,8 +362,22 @@ class _Decoder:
         self.version, self.what = version, what
         if version < convert.SCHEMA_VERSION:
             doc = convert.migrate("turn", doc, version, what=what)
-        with loading(self.ctx):
-            return convert.structure(doc, Turn, what=what)
+        return self._structure(doc, Turn, what)
+
+    def _structure(self, doc: Any, cls: type[_R], what: str) -> _R:
+        """``doc`` as a record of the run; a blob it references that the run does not
+        hold (a lost blob record) raises ``CorruptCheckpoint`` naming that blob."""
+        blobs = self.ctx.blobs
+        try:
+            if loading_now() is self.ctx:  # within a record being decoded
+                return convert.structure(doc, cls, what=what)
+            blobs.missing = None
+            with loading(self.ctx):
+                return convert.structure(doc, cls, what=what)
+        except CorruptCheckpoint as exc:
+            if blobs.missing is None:
+                raise
+            raise CorruptCheckpoint(f"invalid {what}: blob {blobs.missing} is missing") from exc
 
     def run(self, head: Mapping[str, Any], what: str) -> Run:
         if not isinstance(head, Mapping):
@@ -357,11 +394,9 @@ class _Decoder:
         doc = dict(head)
         m0, mn = doc.pop("$m")
         t0, tn = doc.pop("$t")
-        if m0 + mn > self.message_count or t0 + tn > len(self.turn_docs):
-            raise ValueError("the head references parts that are not stored")
+        check_parts((m0 + mn, t0 + tn), self.message_count, len(self.turn_docs), what)
         doc["schema_version"] = convert.SCHEMA_VERSION
-        with loading(self.ctx):
-            run = convert.structure(doc, Run, what=what)
+        run = self._structure(doc, Run, what)
         turns = LazyTuple[Turn]([self.turn_at(i, what) for i in range(t0, t0 + tn)])
         return attrs.evolve(run, messages=self.message_range(m0, mn), turns=turns)
 

@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 
 from statekernel.stores import open_store
-from statekernel.testing import FileRecords, RawRecords, RecordKey, RedisRecords, SQLiteRecords
+from statekernel.testing import (
+    FileRecords,
+    RawCopies,
+    RawRecords,
+    RecordKey,
+    RedisRecords,
+    SQLiteRecords,
+)
 
 from .test_cli_runs import EXE, sk
 
@@ -42,7 +49,9 @@ def finding(findings: list[dict[str, str]], check: str, subject: str) -> dict[st
     return found[0]
 
 
-def damage(store: str, raw: RawRecords, run_id: str, kind: str, at: int | None = None) -> None:
+def damage(
+    store: str, raw: RawRecords, run_id: str, kind: str, at: int | str | None = None
+) -> None:
     """Flip a byte in the run's first stored record of ``kind`` (or remove the one at
     ``at``), below the store's own checks."""
 
@@ -62,6 +71,29 @@ def damage(store: str, raw: RawRecords, run_id: str, kind: str, at: int | None =
             await s.aclose()
 
     asyncio.run(go())
+
+
+def damage_copy(store: str, raw: RawCopies, run_id: str, name: str, value: bytes | None) -> None:
+    """Write what the store keeps of a run outside its checksummed records (a copy of a
+    head field, the lease record), below the store's own checks."""
+
+    async def go() -> None:
+        s = open_store(store)
+        try:
+            await raw.write_copy(s, run_id, name, value)
+        finally:
+            await s.aclose()
+
+    asyncio.run(go())
+
+
+async def read(store: str, raw: RawRecords, run_id: str) -> dict[RecordKey, bytes]:
+    """The run's stored records."""
+    s = open_store(store)
+    try:
+        return await raw.read(s, run_id)
+    finally:
+        await s.aclose()
 
 
 def stored_bytes(folder: Path) -> dict[str, bytes]:
@@ -122,6 +154,36 @@ def test_damaged_sqlite_store(tmp_path: Path, sqlite_store: str) -> None:
     assert {s for _, s in damaged} == {"run-a", "run-b"}
 
 
+def test_sqlite_copies_and_leases(tmp_path: Path, sqlite_store: str) -> None:
+    raw = SQLiteRecords()
+    damage_copy(sqlite_store, raw, "run-a", "revision", b"5")  # its head is at another
+    damage_copy(sqlite_store, raw, "run-b", "state", b"paused")  # its head is completed
+    damage_copy(sqlite_store, raw, "run-c", "lease", b"not a token")
+    findings = doctor(sqlite_store, tmp_path, 1)
+    revision = finding(findings, "records", "run-a")
+    assert revision["status"] == "damaged"
+    assert "revision column" in revision["detail"]
+    state = finding(findings, "records", "run-b")
+    assert state["status"] == "damaged"
+    assert "state column" in state["detail"]
+    lease = finding(findings, "lease", "run-c")
+    assert lease["status"] == "damaged"
+    assert "lease record of run 'run-c'" in lease["detail"]
+    assert finding(findings, "records", "run-c")["status"] == "ok"
+    table = sk("doctor", "--store", sqlite_store, cwd=tmp_path)
+    assert table.returncode == 1, table.stderr
+    assert "3 runs checked: 5 damaged" in table.stdout  # records and commit log of a, b
+
+
+def test_sqlite_lost_blob(tmp_path: Path, sqlite_store: str) -> None:
+    raw = SQLiteRecords()
+    blob = min(str(k[1]) for k in asyncio.run(read(sqlite_store, raw, "run-a")) if k[0] == "blob")
+    damage(sqlite_store, raw, "run-a", "blob", at=blob)
+    records = finding(doctor(sqlite_store, tmp_path, 1), "records", "run-a")
+    assert records["status"] == "damaged"
+    assert f"blob {blob} is missing" in records["detail"]
+
+
 def test_file_store(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     store = f"file://{root}"
@@ -141,6 +203,11 @@ def test_file_store(tmp_path: Path) -> None:
     assert broken["status"] == "damaged"
     assert "turn" in broken["detail"]
 
+    damage_copy(store, FileRecords(), "Mixed.Case", "lease", b'[1, "owner", "soon"]')
+    lease = finding(doctor(store, tmp_path, 1), "lease", "Mixed.Case")
+    assert lease["status"] == "damaged"
+    assert "lease record of run 'Mixed.Case'" in lease["detail"]  # not only its folder
+
 
 @pytest.mark.redis
 def test_redis_store(tmp_path: Path, redis_store_url: str) -> None:
@@ -153,6 +220,20 @@ def test_redis_store(tmp_path: Path, redis_store_url: str) -> None:
     assert finding(findings, "records", "run-r")["status"] == "ok"
     assert finding(findings, "commit log", "run-r")["status"] == "ok"
     assert not [f for f in findings if f["status"] == "damaged"]
+
+    damage_copy(redis_store_url, RedisRecords(), "run-r", "lease", b"\xff\xfe1/owner")
+    lease = finding(doctor(redis_store_url, tmp_path, 1), "lease", "run-r")
+    assert lease["status"] == "damaged"
+    assert "lease record of run 'run-r'" in lease["detail"]
+    damage_copy(redis_store_url, RedisRecords(), "run-r", "lease", None)
+
+    damage_copy(redis_store_url, RedisRecords(), "run-r", "revision", b"999")
+    records = finding(doctor(redis_store_url, tmp_path, 1), "records", "run-r")
+    assert records["status"] == "damaged"
+    assert "revision field r" in records["detail"]
+    revision = finding(findings, "records", "run-r")["detail"].split()[3]  # head at revision N
+    damage_copy(redis_store_url, RedisRecords(), "run-r", "revision", revision.encode())
+    assert finding(doctor(redis_store_url, tmp_path, 0), "records", "run-r")["status"] == "ok"
 
     damage(redis_store_url, RedisRecords(), "run-r", "entry")
     log = finding(doctor(redis_store_url, tmp_path, 1), "commit log", "run-r")
