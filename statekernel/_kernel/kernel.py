@@ -53,6 +53,7 @@ from statekernel._storage.protocol import (
     RunQueues,
     commit_settled,
 )
+from statekernel._storage.unclosed import warn_unclosed
 from statekernel.errors import (
     ConfigError,
     ConflictError,
@@ -101,7 +102,11 @@ class Kernel:
     ``lease_ttl``: seconds a run's lease outlives its last renewal (a dead owner's runs
     are taken over after that where the store cannot prove the death at once);
     ``busy_timeout``: seconds to wait for another live owner of a run before ``RunBusy``.
+    Close it (``async with`` or ``aclose()``); one collected unclosed warns
+    (``ResourceWarning``).
     """
+
+    _closed = True  # until built: a kernel whose __init__ raised holds nothing
 
     def __init__(
         self,
@@ -138,6 +143,11 @@ class Kernel:
         self.dispatch = dispatch if dispatch is not None else DispatchPolicy()
         self.max_turns = max_turns
         self._drivers: dict[str, RunDriver] = {}
+        self._closed = False
+
+    def __del__(self) -> None:
+        if not self._closed:
+            warn_unclosed(f"Kernel {self.owner} on {self.store!r}", self)
 
     async def __aenter__(self) -> Kernel:
         return self
@@ -153,6 +163,7 @@ class Kernel:
     async def aclose(self) -> None:
         """Stop background tool calls (waiting until each has ended), release the runs'
         leases, close built-in providers and a store opened by URL."""
+        self._closed = True
         drivers, self._drivers = list(self._drivers.values()), {}
         for driver in drivers:
             if driver.lock.locked():
