@@ -232,9 +232,9 @@ def test_two_processes_on_one_revision_exactly_one_wins(
         ]
         for proc in procs:
             proc.start()
-        outcome = dict(results.get(timeout=30) for _ in procs)
+        outcome = dict(results.get(timeout=120) for _ in procs)
         for proc in procs:
-            proc.join(timeout=30)
+            proc.join(timeout=120)
             assert proc.exitcode == 0
         assert sorted(outcome.values()) == [False, True], f"round {base}: {outcome}"
 
@@ -249,7 +249,7 @@ def test_many_processes_lose_no_update(
     procs = [FORK.Process(target=attempts_main, args=(url, 15, results)) for _ in range(4)]
     for proc in procs:
         proc.start()
-    wins = sum(results.get(timeout=60) for _ in procs)
+    wins = sum(results.get(timeout=120) for _ in procs)
     for proc in procs:
-        proc.join(timeout=30)
+        proc.join(timeout=120)
     assert asyncio.run(_check(url, wins)) == wins, "commits were lost or doubled"

@@ -111,7 +111,7 @@ def test_events(work: tuple[Path, str]) -> None:
     later = ok(sk("runs", "events", "run-a", "--after", "2", "--store", store, "--json", cwd=cwd))
     assert later
     assert all(json.loads(line)["revision"] > 2 for line in later.splitlines())
-    text = ok(sk("runs", "events", "run-a", "--follow", "--store", store, cwd=cwd, timeout=10))
+    text = ok(sk("runs", "events", "run-a", "--follow", "--store", store, cwd=cwd, timeout=120))
     assert "run_completed" in text  # --follow stops once the run is at rest
 
 
@@ -140,7 +140,7 @@ def test_follow_sees_a_run_finish(work: tuple[Path, str]) -> None:
         text=True,
     )
     ok(sk("runs", "resume", run_id, "--store", store, cwd=cwd))
-    out, _ = follow.communicate(timeout=20)
+    out, _ = follow.communicate(timeout=120)  # it ends by itself when the run completes
     assert follow.returncode == 0
     types = [json.loads(line)["type"] for line in out.splitlines()]
     assert types[0] == "run_forked"

@@ -401,7 +401,7 @@ async def test_commands_inside_the_event_loop_do_not_deadlock(make_kernel: MakeK
     resumed = False
     async for event in kernel.run(run.run_id):
         if event.type == "run_paused":
-            await asyncio.wait_for(kernel.resume(run.run_id, value=True), timeout=5)
+            await asyncio.wait_for(kernel.resume(run.run_id, value=True), timeout=60)
             resumed = True
     assert resumed
     assert (await kernel.get(run.run_id)).state == "dispatching_tools"
