@@ -87,6 +87,9 @@ class FileStore:
         self.root = Path(unquote(parts.path))
         self._leases = HostLeases(self.root / ".owners", self._apply, clock=clock)
 
+    def __repr__(self) -> str:
+        return f"FileStore({self.url!r})"
+
     def _folder(self, run_id: str) -> RunFolder:
         return RunFolder(self.root / folder_name(run_id), self.url, run_id)
 

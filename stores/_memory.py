@@ -88,6 +88,9 @@ class MemoryStore:
         self._runs = _named.setdefault(name, _Runs()) if name else _Runs()
         self._leases = HostLeases(None, self._apply, clock=clock)
 
+    def __repr__(self) -> str:
+        return f"MemoryStore({self.url!r})"
+
     def stored(self, run_id: str) -> StoredRun | None:
         """The stored records of a run (for inspection, and for tests that damage them)."""
         return self._runs.get(run_id)

@@ -1,4 +1,4 @@
-"""``sqlite:///path.db``: runs in one SQLite file (aiosqlite, WAL, safe across processes).
+"""``sqlite:///path.db``: runs in one SQLite file (WAL, safe across processes).
 
 ``sqlite:///runs.db`` is relative to the working directory, ``sqlite:////abs/runs.db``
 absolute. Options in the query: ``synchronous=full|normal|extra`` (default full)
@@ -7,10 +7,10 @@ transaction that checks the head revision, writes the head, its commit log entry
 new messages, turns and blobs.
 
 Every operation is one function run whole on the connection's thread
-(``_sqlite_ops``), so it costs one hop from the event loop. Commits of different
-runs that are ready at the same moment share that hop, one transaction and one
-fsync (group commit: ``_group``, ``_sqlite_writer``), each with its own
-compare-and-set and outcome. A store remembers the
+(``_sqlite_ops``, on the daemon thread of ``_sqlite_thread``), so it costs one hop
+from the event loop. Commits of different runs that are ready at the same moment
+share that hop, one transaction and one fsync (group commit: ``_group``,
+``_sqlite_writer``), each with its own compare-and-set and outcome. A store remembers the
 head it last wrote or loaded per run; the commit's transaction checks that the
 stored (row id, revision) is still that head before it writes, and when not, the
 commit is encoded again on the head found (or refused with ``ConflictError``).
@@ -19,22 +19,21 @@ commit is encoded again on the head found (or refused with ``ConflictError``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-import aiosqlite
 import attrs
 
 from statekernel._records.encoding import dump_bytes, enc_time, load_json
 from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
+from statekernel._storage.unclosed import warn_unclosed
 from statekernel.errors import (
     ConfigError,
     CorruptCheckpoint,
@@ -89,6 +88,7 @@ from statekernel.stores._sqlite_ops import (
     read_parts,
 )
 from statekernel.stores._sqlite_schema import check_layout, migrate_schema
+from statekernel.stores._sqlite_thread import SQLiteThread
 from statekernel.stores._sqlite_writer import Outcome, Pending, write_commits
 
 __all__ = ["SQLiteStore"]
@@ -130,7 +130,7 @@ class SQLiteStore:
         self.url = url
         self.path, self._sync, self._timeout = parse_sqlite_url(url)
         self.read_only = needs_read_only(self.path) if read_only is None else read_only
-        self._conn: aiosqlite.Connection | None = None
+        self._conn: SQLiteThread | None = None
         self._raw: sqlite3.Connection | None = None
         self._snapshot: tuple[object, ...] | None = None
         """``file_state`` when the file was opened ``immutable`` (else None)."""
@@ -139,6 +139,15 @@ class SQLiteStore:
         folder = None if self.path == ":memory:" else Path(self.path + "-owners")
         self._leases = HostLeases(folder, self._apply, clock=clock)
         self._group: GroupCommit[_Commit, Outcome] = GroupCommit(self._write, self._failed)
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self.url!r})"
+
+    def __del__(self) -> None:
+        conn = getattr(self, "_conn", None)
+        if conn is not None:  # never closed: say so, and let its thread end
+            warn_unclosed(f"SQLiteStore {self.url!r}", self)
+            conn.stop()
 
     def _error(self, exc: BaseException) -> StoreError:
         mode = " (opened read-only: it or its folder cannot be written)" if self.read_only else ""
@@ -168,13 +177,12 @@ class SQLiteStore:
         except OSError:
             return True
 
-    async def _open(self) -> aiosqlite.Connection:
+    async def _open(self) -> SQLiteThread:
         async with self._lock:
             if self._conn is not None and self._written_since_opened():
                 conn, self._conn, self._raw = self._conn, None, None
                 self._heads.clear()
-                with contextlib.suppress(sqlite3.Error, ValueError):
-                    await conn.close()
+                await conn.close()
             if self._conn is not None:
                 return self._conn
             try:
@@ -182,14 +190,14 @@ class SQLiteStore:
                 self._snapshot = file_state(self.path) if immutable else None
                 if self.path != ":memory:" and not self.read_only:
                     prepare_file(Path(self.path))
-                conn = await aiosqlite.Connection(self._connect, 64)
+                conn = SQLiteThread(self._connect, name=f"statekernel {self.url}")
+                await conn.open()
             except (OSError, sqlite3.Error) as exc:
                 raise self._error(exc) from exc
             try:
-                await cast(Any, conn)._execute(self._setup, self._raw)
+                await conn.call(self._setup, self._raw)
             except BaseException as exc:
-                with contextlib.suppress(sqlite3.Error, ValueError):
-                    await conn.close()
+                await conn.close()
                 if isinstance(exc, (sqlite3.Error, StoreError, UnicodeDecodeError)):
                     raise self._error(exc) from exc
                 raise
@@ -199,12 +207,12 @@ class SQLiteStore:
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(connection, *args)`` whole on the connection's thread: one hop.
 
-        aiosqlite runs every call in its connection's thread, one after another;
-        ``_execute`` is how it hands that thread a function (one transaction here).
+        The thread runs every call on its connection, one after another (one
+        transaction here).
         """
         conn = await self._open()
         try:
-            result: T = await cast(Any, conn)._execute(fn, self._raw, *args)
+            result: T = await conn.call(fn, self._raw, *args)
         except (sqlite3.Error, UnicodeDecodeError, BadRow) as exc:
             raise self._typed(exc) from exc
         return result
@@ -419,8 +427,7 @@ class SQLiteStore:
             self._heads.clear()
             self._leases.close()
             if conn is not None:
-                with contextlib.suppress(sqlite3.Error, ValueError):
-                    await conn.close()
+                await conn.close()
 
 
 @attrs.frozen

@@ -59,6 +59,7 @@ from statekernel._storage.protocol import (
     RunQueues,
     commit_settled,
 )
+from statekernel._storage.unclosed import warn_unclosed
 from statekernel.errors import (
     ConfigError,
     ConflictError,
@@ -112,8 +113,11 @@ class Kernel:
     clock, when a model or tool call starts (None: a third of ``lease_ttl``; the lease is
     renewed first when less remains, and nothing starts if it moved on). ``clock``: the
     monotonic clock that is measured on (``time.monotonic``; tests pass a
-    ``statekernel.testing.ManualClock``).
+    ``statekernel.testing.ManualClock``). Close it (``async with`` or ``aclose()``); one
+    collected unclosed warns (``ResourceWarning``).
     """
+
+    _closed = True  # until built: a kernel whose __init__ raised holds nothing
 
     def __init__(
         self,
@@ -159,6 +163,11 @@ class Kernel:
         self.dispatch = dispatch if dispatch is not None else DispatchPolicy()
         self.max_turns = max_turns
         self._drivers: dict[str, RunDriver] = {}
+        self._closed = False
+
+    def __del__(self) -> None:
+        if not self._closed:
+            warn_unclosed(f"Kernel {self.owner} on {self.store!r}", self)
 
     async def __aenter__(self) -> Kernel:
         return self
@@ -174,6 +183,7 @@ class Kernel:
     async def aclose(self) -> None:
         """Stop background tool calls (waiting until each has ended), release the runs'
         leases, close built-in providers and a store opened by URL."""
+        self._closed = True
         drivers, self._drivers = list(self._drivers.values()), {}
         for driver in drivers:
             if driver.lock.locked():

@@ -31,7 +31,7 @@ from statekernel._lifecycle.trace import DATA_EVENTS, DECLARED, transitions_of
 from statekernel._records.events import Event
 from statekernel._records.run import MAX_TURNS, STATE_IDS, UNCERTAIN, Run, Turn
 from statekernel._storage.protocol import CheckpointStore
-from statekernel.errors import RunNotFound
+from statekernel.errors import InvalidArgument, RunNotFound
 from statekernel.testing._faults import Crash, CrashAt, FaultPlan, FaultyProvider, FaultyStore
 
 __all__ = [
@@ -233,6 +233,16 @@ def _kernel(
     return Kernel(store, providers=providers, middleware=middleware, **kwargs)
 
 
+def _not_left_over(run_id: str, processes: int) -> None:
+    """A run found before the first process started it was left by an earlier check."""
+    if processes == 1:
+        raise InvalidArgument(
+            f"run {run_id!r} is already in the store: each check needs a store without "
+            "it (a fresh store per example, e.g. store='sqlite:///' + a new temporary "
+            "folder, or another start['run_id'])"
+        )
+
+
 async def _drive(
     agent: AgentFactory,
     store: Callable[[], CheckpointStore],
@@ -254,6 +264,8 @@ async def _drive(
                     await kernel.get(run_id)
                 except RunNotFound:
                     await kernel.start(**{**start, "run_id": run_id})
+                else:
+                    _not_left_over(run_id, processes)
                 acked = 0
             while True:
                 async for event in kernel.run(run_id):
@@ -280,7 +292,7 @@ async def check_crash_resume(
     *,
     start: Mapping[str, Any],
     schedule: Sequence[CrashAt],
-    store: Callable[[], CheckpointStore],
+    store: Callable[[], CheckpointStore] | str,
     baseline_store: Callable[[], CheckpointStore] | None = None,
     approve: Callable[[Run], Any | Awaitable[Any]] = lambda run: True,
     max_processes: int = 60,
@@ -288,10 +300,35 @@ async def check_crash_resume(
     """Run ``agent`` uninterrupted, then again crashing per ``schedule``; check invariants.
 
     ``agent()`` returns fresh ``Kernel`` keyword arguments (a new "process" each time);
-    ``store()`` returns the store a new process opens (the same data each call);
-    ``start`` holds ``kernel.start`` arguments. Paused runs are resumed with
-    ``approve(run)``; uncertain tool calls are resolved with what the tool really did.
+    ``store`` is a store URL (opened for this check and closed at its end) or a function
+    returning the store a new process opens (the same data each call). The run must not
+    be in it yet (``InvalidArgument``): give each check a fresh store, or another
+    ``start["run_id"]``. ``start`` holds ``kernel.start`` arguments. Paused runs are
+    resumed with ``approve(run)``; uncertain tool calls are resolved with what the tool
+    really did.
     """
+    if not isinstance(store, str):
+        return await _check(agent, start, schedule, store, baseline_store, approve, max_processes)
+    from statekernel.stores import open_store
+
+    opened = open_store(store)
+    try:
+        return await _check(
+            agent, start, schedule, lambda: opened, baseline_store, approve, max_processes
+        )
+    finally:
+        await opened.aclose()
+
+
+async def _check(
+    agent: AgentFactory,
+    start: Mapping[str, Any],
+    schedule: Sequence[CrashAt],
+    store: Callable[[], CheckpointStore],
+    baseline_store: Callable[[], CheckpointStore] | None,
+    approve: Callable[[Run], Any | Awaitable[Any]],
+    max_processes: int,
+) -> CrashResumeReport:
     from statekernel.stores import MemoryStore
 
     base_store = MemoryStore()

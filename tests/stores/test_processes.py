@@ -187,9 +187,13 @@ async def _check(url: str, at_least: int) -> int:
 def test_sigkill_writer_never_loses_a_commit(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    """Each writer is killed once it has reported 1 to 4 commits (then a random instant
+    within a few ms, so the kill lands anywhere in the commit after them): what it
+    reported is never lost, however slow the machine."""
     url = url_for(kind, tmp_path, request)
     rng = random.Random(f"kill-{kind}")
     reported = -1
+    waited = 0
     for _ in range(KILLS[kind]):
         read_end, write_end = os.pipe()
         proc = FORK.Process(target=writer_main, args=(url, write_end), daemon=True)
@@ -197,7 +201,13 @@ def test_sigkill_writer_never_loses_a_commit(
         os.close(write_end)
         with os.fdopen(read_end, "rb") as lines:
             assert lines.readline() == b"start\n"
-            time.sleep(rng.uniform(0.002, 0.04))
+            commits = rng.randint(1, 4)
+            for _ in range(commits):
+                line = lines.readline()
+                assert line, f"the writer died before reporting {commits} commits"
+                reported = max(reported, int(line))
+            waited += commits
+            time.sleep(rng.uniform(0, 0.005))  # where the kill lands, not whether it counts
             assert proc.pid is not None  # started
             os.kill(proc.pid, signal.SIGKILL)
             proc.join()
@@ -205,7 +215,7 @@ def test_sigkill_writer_never_loses_a_commit(
         reported = max([reported, *done])
         revision = asyncio.run(_check(url, reported))
         reported = max(reported, revision)
-    assert reported > KILLS[kind], "the writer hardly committed anything"
+    assert reported + 1 >= waited, f"{waited} commits reported, the head is r{reported}"
 
 
 @pytest.mark.parametrize("kind", STORES)
@@ -222,9 +232,9 @@ def test_two_processes_on_one_revision_exactly_one_wins(
         ]
         for proc in procs:
             proc.start()
-        outcome = dict(results.get(timeout=30) for _ in procs)
+        outcome = dict(results.get(timeout=120) for _ in procs)
         for proc in procs:
-            proc.join(timeout=30)
+            proc.join(timeout=120)
             assert proc.exitcode == 0
         assert sorted(outcome.values()) == [False, True], f"round {base}: {outcome}"
 
@@ -239,7 +249,7 @@ def test_many_processes_lose_no_update(
     procs = [FORK.Process(target=attempts_main, args=(url, 15, results)) for _ in range(4)]
     for proc in procs:
         proc.start()
-    wins = sum(results.get(timeout=60) for _ in procs)
+    wins = sum(results.get(timeout=120) for _ in procs)
     for proc in procs:
-        proc.join(timeout=30)
+        proc.join(timeout=120)
     assert asyncio.run(_check(url, wins)) == wins, "commits were lost or doubled"

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -110,7 +111,7 @@ def test_events(work: tuple[Path, str]) -> None:
     later = ok(sk("runs", "events", "run-a", "--after", "2", "--store", store, "--json", cwd=cwd))
     assert later
     assert all(json.loads(line)["revision"] > 2 for line in later.splitlines())
-    text = ok(sk("runs", "events", "run-a", "--follow", "--store", store, cwd=cwd, timeout=10))
+    text = ok(sk("runs", "events", "run-a", "--follow", "--store", store, cwd=cwd, timeout=120))
     assert "run_completed" in text  # --follow stops once the run is at rest
 
 
@@ -139,7 +140,7 @@ def test_follow_sees_a_run_finish(work: tuple[Path, str]) -> None:
         text=True,
     )
     ok(sk("runs", "resume", run_id, "--store", store, cwd=cwd))
-    out, _ = follow.communicate(timeout=20)
+    out, _ = follow.communicate(timeout=120)  # it ends by itself when the run completes
     assert follow.returncode == 0
     types = [json.loads(line)["type"] for line in out.splitlines()]
     assert types[0] == "run_forked"
@@ -362,13 +363,20 @@ def test_following_a_run_nobody_drives_says_so(work: tuple[Path, str]) -> None:
         [str(EXE), "runs", "events", "run-c", "--follow", "--interval", "0.2", "--store", store],
         cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    resume = f"statekernel runs resume run-c --store {store}"
+    hung = threading.Timer(120, proc.terminate)  # it follows until stopped: a last resort
+    hung.start()
+    said = ""
     try:
-        said, _ = proc.communicate(timeout=8)
-    except subprocess.TimeoutExpired:
+        assert proc.stdout is not None
+        while resume not in " ".join(said.split()) and (line := proc.stdout.readline()):
+            said += line  # read until it said so, however long it takes to start
+    finally:
+        hung.cancel()
         proc.terminate()
-        said, _ = proc.communicate(timeout=10)
+        said += proc.communicate(timeout=60)[0]
     assert "no process drives it" in " ".join(said.split())
-    assert f"statekernel runs resume run-c --store {store}" in " ".join(said.split())
+    assert resume in " ".join(said.split())
 
 
 def _no_write_override() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
@@ -20,6 +21,7 @@ from hypothesis import HealthCheck, currently_in_test_context, event, given, set
 from hypothesis import strategies as st
 
 import statekernel as sk
+from statekernel.errors import InvalidArgument
 from statekernel.stores import CheckpointStore, open_store
 from statekernel.testing import CrashAt, call, check_crash_resume, fuzz_agent
 from statekernel.testing import strategies as sts
@@ -254,3 +256,42 @@ async def test_a_crash_between_the_last_resolution_and_its_resume_is_resumable()
     outputs = {r.id: (r.output, r.resolved) for r in final.turns[0].completed}
     assert all(outputs[c] == ("done by hand", True) for c in calls)
     await second.aclose()
+
+
+# -- the harness's own contract ---------------------------------------------------------
+
+
+def test_a_store_url_is_opened_for_the_check_and_closed(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/fuzz.db"
+    before = set(threading.enumerate())
+    report = asyncio.run(
+        check_crash_resume(
+            fuzz_agent(ONE_CALL),
+            start={"model": "scripted/fuzz", "messages": ["go"]},
+            schedule=[CrashAt("after_commit", 2)],
+            store=url,
+        )
+    )
+    assert report.final.state == "completed"
+    assert report.crashes == (CrashAt("after_commit", 2),)
+    for thread in set(threading.enumerate()) - before:
+        thread.join(timeout=120)  # a store left open keeps its thread
+        assert not thread.is_alive(), f"{thread.name} still runs after the check"
+
+
+def test_a_run_left_by_an_earlier_check_is_refused(tmp_path: Path) -> None:
+    """Two checks on one store (and one run id): the second says so, instead of failing
+    an invariant it never tested."""
+
+    async def twice() -> None:
+        async with opened(f"sqlite:///{tmp_path}/fuzz.db") as store:
+            for _ in range(2):
+                await check_crash_resume(
+                    fuzz_agent(ONE_CALL),
+                    start={"model": "scripted/fuzz", "messages": ["go"]},
+                    schedule=[CrashAt("after_commit", 2)],
+                    store=lambda: store,
+                )
+
+    with pytest.raises(InvalidArgument, match=r"run 'fuzzed-run' is already in the store"):
+        asyncio.run(twice())

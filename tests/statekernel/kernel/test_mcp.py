@@ -53,7 +53,7 @@ def http_url() -> Iterator[str]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 120  # only a server that never starts fails
     while not server.started:
         assert thread.is_alive(), "the MCP HTTP server stopped"
         assert time.monotonic() < deadline, "the MCP HTTP server did not start"

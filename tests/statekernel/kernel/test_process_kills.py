@@ -64,11 +64,11 @@ async def expected_outcome(run_id: str, scratch: Path) -> tuple[object, ...]:
     finally:
         sys.path.pop(0)
     log = scratch / f"baseline-{run_id}.log"
-    kernel = sk.Kernel("memory://", **kill_worker.agent(str(log), TURNS))
-    await kernel.start(model="scripted/kill", messages=["go"], run_id=run_id)
-    async for _ in kernel.run(run_id):
-        pass
-    return run_outcome(await kernel.get(run_id))
+    async with sk.Kernel("memory://", **kill_worker.agent(str(log), TURNS)) as kernel:
+        await kernel.start(model="scripted/kill", messages=["go"], run_id=run_id)
+        async for _ in kernel.run(run_id):
+            pass
+        return run_outcome(await kernel.get(run_id))
 
 
 def kill_loop(url: str, tmp_path: Path, kills_wanted: int) -> Counter[str]:
