@@ -65,6 +65,6 @@ async def test_store_conformance(kind: str, tmp_path: Path, request: pytest.Fixt
         ],
         "redis": ["history of every revision (RevisionHistory)"],
     }
-    assert len(names) == 18 + len(declared[kind])
-    assert names[15:-3] == declared[kind]
+    assert len(names) == 19 + len(declared[kind])
+    assert names[16:-3] == declared[kind]
     assert names[-3:] == ["damaged records", "commit log gaps", "persisting migrations"]
