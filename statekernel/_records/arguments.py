@@ -18,6 +18,7 @@ from statekernel.errors import InvalidArgument
 
 __all__ = [
     "callable_arg",
+    "check_worker_options",
     "count",
     "flag",
     "optional_count",
@@ -106,3 +107,18 @@ def callable_arg(name: str, value: Any) -> Callable[..., Any]:
     if not callable(value):
         raise _refuse(name, value, "a function")
     return value  # type: ignore[no-any-return]
+
+
+def check_worker_options(
+    concurrency: Any, lease_ttl: Any, grace: Any, block: Any, max_deliveries: Any
+) -> tuple[int, float, float, float, int]:
+    """The options of a ``Worker``, checked: at least one run in hand, a positive
+    finite ``lease_ttl`` and ``block``, a finite ``grace`` of at least 0, at least one
+    delivery."""
+    return (
+        count("concurrency", concurrency, minimum=1),
+        seconds("lease_ttl", lease_ttl),
+        seconds("grace", grace, zero=True),
+        seconds("block", block),
+        count("max_deliveries", max_deliveries, minimum=1),
+    )
