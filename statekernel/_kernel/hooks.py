@@ -17,7 +17,7 @@ import attrs
 from statekernel._records.checks import checked_request, checked_result, kind_problem
 from statekernel._records.messages import JSON, ModelRequest, ModelResult
 from statekernel._records.run import Run, ToolCallRecord, Turn
-from statekernel._records.values import checked
+from statekernel._records.values import checked, json_problem
 from statekernel.errors import ConfigError, InvalidArgument
 
 __all__ = [
@@ -183,6 +183,11 @@ def overrides(hooks: object, name: str) -> bool:
     return getattr(method, "__func__", method) is not getattr(Hooks, name, None)
 
 
+_JSON_FIELDS: dict[type, tuple[str, ...]] = {
+    Rewrite: ("input",),
+    Skip: ("result",),
+    Pause: ("metadata",),
+}
 _DECISIONS: dict[str, tuple[type, ...]] = {
     "on_tool_call_started": (Continue, Rewrite, Skip, Pause, Finish),
     "on_turn_completed": (Continue, Pause, Finish),
@@ -201,9 +206,16 @@ def checked_answer(name: str, answer: Any, run: Run) -> Any:
     if name == "on_model_completed":
         return checked_result(answer, f"{name}: result", total=run.usage)
     allowed = _DECISIONS.get(name)
-    if allowed is not None and type(answer) not in allowed:
+    if allowed is None:
+        return answer
+    if type(answer) not in allowed:
         known = ", ".join(kind.__name__ for kind in allowed)
         raise InvalidArgument(f"{name} returned {answer!r:.80}, not None or one of {known}")
+    attrs.validate(answer)  # its fields again, however it was built
+    for field in _JSON_FIELDS.get(type(answer), ()):
+        problem = json_problem(getattr(answer, field), f"{type(answer).__name__}.{field}")
+        if problem is not None:
+            raise InvalidArgument(f"{name}: {problem}")
     return answer
 
 

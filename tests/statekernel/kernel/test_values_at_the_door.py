@@ -32,6 +32,7 @@ from statekernel.providers import (
 )
 from statekernel.stores import open_store
 from statekernel.testing import Reply, ScriptedProvider, call
+from statekernel.testing.strategies import forged
 
 INT_MAX = 2**63 - 1
 STORES = ["memory", "file", "sqlite"]
@@ -188,6 +189,16 @@ HOOK_CASES: dict[str, tuple[list[object], dict[str, Callable[..., Any]], str]] =
         TOOL_CALL,
         {"on_tool_call_started": lambda c: "continue"},
         r"on_tool_call_started returned 'continue', not None or one of Continue, Rewrite",
+    ),
+    "tool call started: a Skip built past its checks": (
+        TOOL_CALL,
+        {"on_tool_call_started": lambda c: forged(sk.Skip(), result={"n": math.inf}, error=5)},
+        r"Skip\.error: 5 is not str",
+    ),
+    "turn completed: a Pause built past its checks": (
+        ["hi"],
+        {"on_turn_completed": lambda t: forged(sk.Pause("p"), metadata={1: 2})},
+        r"on_turn_completed: Pause\.metadata: key 1 is int, not str",
     ),
     "turn prepared: model 5": (
         ["hi"],
