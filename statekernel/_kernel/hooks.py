@@ -202,7 +202,7 @@ def checked_answer(name: str, answer: Any, run: Run) -> Any:
     if answer is None:
         return None
     if name == "on_turn_prepared":
-        return checked_request(answer, f"{name}: request")
+        return checked_request(answer, f"{name}: request", run.messages)
     if name == "on_model_completed":
         return checked_result(answer, f"{name}: result", total=run.usage)
     allowed = _DECISIONS.get(name)

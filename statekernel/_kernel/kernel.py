@@ -42,6 +42,7 @@ from statekernel._kernel.middleware import Middleware
 from statekernel._kernel.model import ModelProvider
 from statekernel._kernel.options import (
     check_kernel_options,
+    check_kernel_parts,
     check_max_turns,
     check_start,
     messages_arg,
@@ -127,6 +128,9 @@ class Kernel:
 
         max_turns, lease_ttl, busy_timeout = check_kernel_options(
             max_turns, lease_ttl, busy_timeout, dispatch
+        )
+        tools, middleware = check_kernel_parts(
+            tools, providers, middleware, registry=ProviderRegistry
         )
         self.lease_ttl = lease_ttl
         self.busy_timeout = busy_timeout

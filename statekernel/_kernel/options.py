@@ -9,7 +9,7 @@ fails where it is given.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from statekernel._kernel.dispatch import DispatchPolicy
@@ -27,6 +27,7 @@ from statekernel.errors import InvalidArgument
 __all__ = [
     "check_delegate_options",
     "check_kernel_options",
+    "check_kernel_parts",
     "check_max_turns",
     "check_model",
     "check_start",
@@ -58,6 +59,27 @@ def check_kernel_options(
         seconds("lease_ttl", lease_ttl),
         seconds("busy_timeout", busy_timeout, zero=True),
     )
+
+
+def check_kernel_parts(
+    tools: Any, providers: Any, middleware: Any, *, registry: type
+) -> tuple[list[Any], tuple[Any, ...]]:
+    """(tools, middleware) of a ``Kernel`` as lists: each must be a collection (of tools,
+    of functions); ``providers`` None, a mapping of names to providers or a ``registry``
+    (``ProviderRegistry``)."""
+    for name, value in (("tools", tools), ("middleware", middleware)):
+        if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+            raise InvalidArgument(f"{name} must be a list, got {value!r:.80}")
+    chain = tuple(middleware)
+    for i, item in enumerate(chain):
+        if not callable(item):
+            raise InvalidArgument(f"middleware[{i}] must be a function, got {item!r:.80}")
+    if providers is not None and not isinstance(providers, Mapping | registry):
+        raise InvalidArgument(
+            "providers must be None, a dict of providers by name or a ProviderRegistry,"
+            f" got {providers!r:.80}"
+        )
+    return list(tools), chain
 
 
 def messages_arg(messages: Any, name: str = "messages") -> Iterable[Any]:

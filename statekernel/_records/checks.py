@@ -16,8 +16,10 @@ from typing import Any, get_args
 
 import attrs
 
+from statekernel._records.lazy import LazyTuple
 from statekernel._records.messages import (
     FinishReason,
+    Message,
     ModelRequest,
     ModelResult,
     Role,
@@ -43,6 +45,7 @@ FINISH_REASONS: tuple[str, ...] = get_args(FinishReason)
 ROLES: tuple[str, ...] = get_args(Role)
 """The roles a message may have."""
 
+_NONE: LazyTuple[Message] = LazyTuple()
 _USAGE_FIELDS = tuple(field.name for field in attrs.fields(Usage))
 
 
@@ -97,10 +100,12 @@ def _spec_problem(spec: Any, where: str) -> str | None:
     )
 
 
-def _request_problem(request: ModelRequest, where: str) -> str | None:
+def _request_problem(request: ModelRequest, where: str, known: LazyTuple[Message]) -> str | None:
     problem = kind_problem(request.model, (str,), f"{where}.model")
-    for i, message in enumerate(request.messages):
-        problem = problem or message_problem(message, f"{where}.messages[{i}]")
+    messages = request.messages
+    shared = known.shares_prefix(messages) if isinstance(messages, LazyTuple) else 0
+    for i in range(shared, len(messages)):  # the shared ones were checked on their way in
+        problem = problem or message_problem(messages[i], f"{where}.messages[{i}]")
     for i, spec in enumerate(request.tools):
         problem = problem or _spec_problem(spec, f"{where}.tools[{i}]")
     for i, stop in enumerate(request.stop):
@@ -117,12 +122,16 @@ def _request_problem(request: ModelRequest, where: str) -> str | None:
     return problem
 
 
-def checked_request(request: Any, where: str) -> ModelRequest:
+def checked_request(
+    request: Any, where: str, transcript: LazyTuple[Message] | None = None
+) -> ModelRequest:
     """``request`` as a run stores it (its options' tuples as lists) if every field can be
-    stored and read back; else ``InvalidArgument`` naming the field and the value."""
+    stored and read back; else ``InvalidArgument`` naming the field and the value. The
+    messages it shares with ``transcript`` (the run's, checked when they entered it) are
+    not checked again, so a request that extends the transcript costs what it adds."""
     if type(request) is not ModelRequest:
         raise InvalidArgument(f"{where}: {_shown(request)} is not a ModelRequest")
-    problem = _request_problem(request, where)
+    problem = _request_problem(request, where, transcript if transcript is not None else _NONE)
     options, options_problem = as_stored(request.options, f"{where}.options")
     problem = problem or options_problem
     if problem is not None:

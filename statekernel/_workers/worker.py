@@ -89,7 +89,7 @@ class Worker:
             concurrency, lease_ttl, grace, block, max_deliveries
         )
         text("queue", queue)
-        optional_text("name", name)
+        optional_text("name", name, empty=True)
         self.store_spec = store
         self.queue_name = queue
         self.concurrency = concurrency

@@ -73,6 +73,37 @@ def test_dispatch_is_a_policy(dispatch: Any) -> None:
         sk.Kernel("memory://", dispatch=dispatch)
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "name"),
+    [
+        ("tools", 5, "tools"),
+        ("tools", "record", "tools"),
+        ("middleware", 5, "middleware"),
+        ("middleware", [5], r"middleware\[0\]"),
+        ("providers", 5, "providers"),
+        ("providers", ["scripted"], "providers"),
+    ],
+)
+def test_kernel_parts(option: str, value: Any, name: str) -> None:
+    options: dict[str, Any] = {option: value}
+    shown = _shown(value[0] if value == [5] else value)
+    with pytest.raises(InvalidArgument, match=rf"^{name} must be .*, got {shown}"):
+        sk.Kernel("memory://", **options)
+
+
+async def test_kernel_parts_may_be_any_collection(make_kernel: MakeKernel) -> None:
+    seen: list[str] = []
+
+    async def note(c: Any, nxt: Any) -> Any:
+        seen.append(type(c).__name__)
+        return await nxt(c)
+
+    kernel, _, _ = make_kernel(["hi"], middleware=(m for m in [note]))
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    assert seen == ["ModelCall"]  # a generator of middleware is taken as it is given
+
+
 @pytest.mark.parametrize("value", [-1, "4", None, 2.0, True])
 def test_dispatch_policy_counts_are_ints(value: Any) -> None:
     with refused("max_concurrent", value):

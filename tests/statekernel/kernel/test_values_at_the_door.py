@@ -225,6 +225,11 @@ HOOK_CASES: dict[str, tuple[list[object], dict[str, Callable[..., Any]], str]] =
         {"on_turn_prepared": request_with(messages=["hi"])},
         r"request\.messages\[0\]: str is not a Message",
     ),
+    "turn prepared: the transcript and a message after it": (
+        ["hi"],
+        {"on_turn_prepared": lambda r: attrs.evolve(r, messages=r.messages + (ROBOT,))},  # noqa: RUF005
+        r"request\.messages\[1\]\.role: 'robot' is not one of",
+    ),
     "turn prepared: stop words": (
         ["hi"],
         {"on_turn_prepared": request_with(stop=[5])},
