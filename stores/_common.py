@@ -8,6 +8,8 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
+from statekernel._records.arguments import optional_text, run_id_arg
+from statekernel._records.run import STATE_IDS
 from statekernel._storage.protocol import Checkpoint
 from statekernel.errors import ConflictError, InvalidArgument, RunNotFound
 
@@ -17,7 +19,10 @@ __all__ = [
     "Prior",
     "check_head",
     "check_revision",
+    "checked_events",
+    "checked_listing",
     "checked_revision",
+    "checked_run_id",
     "micros",
 ]
 
@@ -43,8 +48,47 @@ def check_head(checkpoint: Checkpoint, actual: int | None) -> None:
         raise ConflictError(checkpoint.run.run_id, checkpoint.expected_revision, actual)
 
 
-def checked_revision(run_id: str, revision: object) -> int | None:
-    """``revision`` as passed to ``load``: None or an int, else ``InvalidArgument``."""
+def checked_run_id(run_id: object) -> str:
+    """A run id as every store takes it (a non-empty ``str`` UTF-8 can hold), else
+    ``InvalidArgument``: the same refusal on every store, before any storage is touched."""
+    return run_id_arg(run_id)
+
+
+def checked_events(run_id: object, after_revision: object, limit: object) -> tuple[int, int | None]:
+    """(``after_revision``, ``limit``) of an ``events`` call as a store uses them; a run
+    id ``checked_run_id`` refuses, an ``after_revision`` that is not an int, or a limit
+    that is not None or an int >= 0 is ``InvalidArgument``. An ``after_revision`` past
+    what a store can count asks for nothing (one below -1 for everything)."""
+    checked_run_id(run_id)
+    if type(after_revision) is not int:
+        raise InvalidArgument(f"after_revision must be an int, got {after_revision!r}")
+    after = min(max(after_revision, -1), MAX_REVISION - 1)
+    return after, None if limit is None else _limit(limit)
+
+
+def checked_listing(state: object, updated_after: object, limit: object, cursor: object) -> int:
+    """The ``limit`` of a ``list_runs`` call (at most what a store can count); a state
+    that is not a state id, an ``updated_after`` that is not a datetime, a limit that is
+    not an int >= 0 or a cursor that is not a str is ``InvalidArgument``."""
+    if state is not None and state not in STATE_IDS:
+        raise InvalidArgument(f"state must be None or one of {', '.join(STATE_IDS)}, got {state!r}")
+    if updated_after is not None and not isinstance(updated_after, datetime):
+        raise InvalidArgument(f"updated_after must be None or a datetime, got {updated_after!r}")
+    optional_text("cursor", cursor)
+    return _limit(limit)
+
+
+def _limit(limit: object) -> int:
+    """A limit: an int >= 0 (one beyond what a store can count is no limit below it)."""
+    if type(limit) is not int or limit < 0:
+        raise InvalidArgument(f"limit must be an int of at least 0, got {limit!r}")
+    return min(limit, MAX_REVISION - 1)
+
+
+def checked_revision(run_id: object, revision: object) -> int | None:
+    """``revision`` as passed to ``load``: None or an int, else ``InvalidArgument``
+    (and so is a run id that ``checked_run_id`` refuses)."""
+    checked_run_id(run_id)
     if revision is None or (isinstance(revision, int) and not isinstance(revision, bool)):
         return revision
     raise InvalidArgument(f"load of run {run_id!r}: revision must be an int, got {revision!r}")

@@ -30,7 +30,14 @@ from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
-from statekernel.stores._common import check_head, check_revision, checked_revision
+from statekernel.stores._common import (
+    check_head,
+    check_revision,
+    checked_events,
+    checked_listing,
+    checked_revision,
+    checked_run_id,
+)
 from statekernel.stores._file_io import (
     LAYOUT_VERSION,
     Locked,
@@ -183,6 +190,7 @@ class FileStore:
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
     ) -> list[Event]:
         """Persisted events of the revisions after ``after_revision``."""
+        after_revision, limit = checked_events(run_id, after_revision, limit)
         return await asyncio.to_thread(self._events, run_id, after_revision, limit)
 
     def _events(self, run_id: str, after: int, limit: int | None) -> list[Event]:
@@ -206,6 +214,7 @@ class FileStore:
         cursor: str | None = None,
     ) -> RunPage:
         """Runs, newest update first (reads every run's head)."""
+        limit = checked_listing(state, updated_after, limit, cursor)
         damaged: list[DamagedRun] = []
         summaries = await asyncio.to_thread(lambda: list(self._summaries(damaged)))
         page = page_of(
@@ -233,6 +242,7 @@ class FileStore:
 
     async def delete(self, run_id: str) -> bool:
         """Remove the run's folder (renamed aside under its lock, then deleted)."""
+        checked_run_id(run_id)
         return await asyncio.to_thread(self._delete, run_id)
 
     def _delete(self, run_id: str) -> bool:

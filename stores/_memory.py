@@ -21,7 +21,13 @@ from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel.errors import ConflictError, CorruptCheckpoint, RunNotFound
-from statekernel.stores._common import check_revision, checked_revision
+from statekernel.stores._common import (
+    check_revision,
+    checked_events,
+    checked_listing,
+    checked_revision,
+    checked_run_id,
+)
 from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
 from statekernel.stores._format.codec import (
     check_log,
@@ -170,6 +176,7 @@ class MemoryStore:
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
     ) -> list[Event]:
         """Persisted events after ``after_revision``."""
+        after_revision, limit = checked_events(run_id, after_revision, limit)
         entry = self._entry(run_id)
         what = f"events of run {run_id!r} in {self.url}"
         first = max(after_revision + 1, 0)
@@ -192,6 +199,7 @@ class MemoryStore:
         cursor: str | None = None,
     ) -> RunPage:
         """Runs, newest update first."""
+        limit = checked_listing(state, updated_after, limit, cursor)
         what = f"run head in {self.url}"
         summaries: list[RunSummary] = []
         damaged: list[DamagedRun] = []
@@ -207,6 +215,7 @@ class MemoryStore:
 
     async def delete(self, run_id: str) -> bool:
         """Forget a run entirely."""
+        checked_run_id(run_id)
         return self._runs.pop(run_id, None) is not None
 
     async def aclose(self) -> None:

@@ -53,7 +53,10 @@ from statekernel.stores._common import (
     Prior,
     check_head,
     check_revision,
+    checked_events,
+    checked_listing,
     checked_revision,
+    checked_run_id,
     micros,
 )
 from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
@@ -228,6 +231,7 @@ class RedisStore:
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision`` (one transaction)."""
+        checked_revision(run_id, revision)
         head_key, c_key, m_key, t_key, b_key = self._keys(run_id)
         what = f"run {run_id!r} in {redact_url(self.url)}"
         pipe = self._client.pipeline(transaction=True)
@@ -410,6 +414,7 @@ class RedisStore:
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
     ) -> list[Event]:
         """Persisted events of the revisions after ``after_revision``."""
+        after_revision, limit = checked_events(run_id, after_revision, limit)
         head_key, c_key, *_ = self._keys(run_id)
         doc, r = await self._call(self._client.hmget(head_key, ["doc", "r"]))
         if doc is None:
@@ -422,7 +427,9 @@ class RedisStore:
         found: list[Event] = []
         start = max(after_revision + 1, 0)
         while limit is None or len(found) < limit:
-            chunk = await self._call(self._client.lrange(c_key, start, start + 255))
+            chunk = await self._call(
+                self._client.lrange(c_key, start, min(start + 255, MAX_REVISION))
+            )
             if not chunk:
                 break
             entries = _entries(chunk, start, what)
@@ -442,6 +449,7 @@ class RedisStore:
         cursor: str | None = None,
     ) -> RunPage:
         """Runs, newest update first, from the run index (announced commits repaired first)."""
+        limit = checked_listing(state, updated_after, limit, cursor)
         await self._runs.repair(self._head_scores)
         top: tuple[int, str] | None = None
         if cursor is not None:
@@ -498,6 +506,7 @@ class RedisStore:
 
     async def delete(self, run_id: str) -> bool:
         """Remove the run's keys (head, commit log with events, parts, blobs) and index entry."""
+        checked_run_id(run_id)
         self._runs.forget_landed(run_id)
         removed = await self._call(self._client.delete(*self._keys(run_id)))
         await self._runs.forget(run_id)

@@ -46,7 +46,10 @@ from statekernel.stores._common import (
     Prior,
     check_head,
     check_revision,
+    checked_events,
+    checked_listing,
     checked_revision,
+    checked_run_id,
     micros,
 )
 from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
@@ -351,6 +354,7 @@ class SQLiteStore:
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
     ) -> list[Event]:
         """Persisted events of the revisions after ``after_revision``."""
+        after_revision, limit = checked_events(run_id, after_revision, limit)
         what = f"events of run {run_id!r} in {self.url}"
         found: list[Event] = []
         first = max(after_revision + 1, 0)
@@ -380,6 +384,7 @@ class SQLiteStore:
         cursor: str | None = None,
     ) -> RunPage:
         """Runs, newest update first."""
+        limit = checked_listing(state, updated_after, limit, cursor)
         where, params = _filters(state, updated_after, cursor)
         sql = f"SELECT {_LISTED} FROM runs{where} ORDER BY updated_us DESC, run_id DESC LIMIT ?"
         params.append(max(limit, 0) + 1)
@@ -417,6 +422,7 @@ class SQLiteStore:
 
     async def delete(self, run_id: str) -> bool:
         """Remove the run with every revision, part, blob and event."""
+        checked_run_id(run_id)
         self._heads.drop(run_id)
         return await self._shielded(lambda: self._call(delete_run, run_id))
 

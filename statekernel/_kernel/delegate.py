@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 from statekernel._kernel.middleware import Middleware
+from statekernel._kernel.options import check_delegate_options
 from statekernel._kernel.tools import Tool, ToolContext, tool
 from statekernel._records.messages import JSON, Message
-from statekernel.errors import ConflictError, InvalidArgument, RunNotFound, ToolError
+from statekernel.errors import ConflictError, RunNotFound, ToolError
 
 if TYPE_CHECKING:
     from statekernel._records.events import Event
@@ -168,8 +169,7 @@ def delegate(
     reading its head at most every ``poll`` seconds.
     """
     child_tools = list(tools)
-    if poll <= 0:
-        raise InvalidArgument("poll must be a positive number of seconds")
+    check_delegate_options(model, instructions, context, max_turns, queue, poll)
 
     async def run_child(task: str, ctx: ToolContext) -> JSON:
         parent = ctx.kernel

@@ -7,6 +7,7 @@ from collections.abc import Collection, Mapping, Sequence
 import attrs
 
 from statekernel._kernel.tools import Tool
+from statekernel._records.arguments import count, flag
 from statekernel._records.run import ToolCallRecord
 
 __all__ = ["DispatchPolicy", "identical_group", "next_startable"]
@@ -39,8 +40,9 @@ class DispatchPolicy:
     eager: bool = False
 
     def __attrs_post_init__(self) -> None:
-        if self.max_concurrent < 0:
-            raise ValueError("max_concurrent must be >= 0")
+        count("max_concurrent", self.max_concurrent)
+        flag("merge_identical", self.merge_identical)
+        flag("eager", self.eager)
 
 
 def _safe(tools: Mapping[str, Tool], name: str) -> bool:

@@ -90,6 +90,7 @@ from statekernel._kernel.waiting import wait_ended
 from statekernel._lifecycle.chart import Lifecycle
 from statekernel._lifecycle.matching import call_key
 from statekernel._lifecycle.transitions import parse_call
+from statekernel._records.checks import checked_result
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, ModelRequest, ModelResult
 from statekernel._records.run import (
@@ -669,8 +670,7 @@ class RunDriver:
                 return result
 
         result = await chain(self.kernel.middleware, terminal)(ModelCall(run, turn.request))
-        if not isinstance(result, ModelResult):
-            raise TypeError(f"model middleware returned {type(result).__name__}, not ModelResult")
+        result = checked_result(result, "model result", total=run.usage)
         hooked = await self._hook("on_model_completed", run, result)
         if hooked is not None:
             if not isinstance(hooked, ModelResult):

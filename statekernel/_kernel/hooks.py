@@ -14,10 +14,11 @@ from typing import Any, TypeAlias, TypeVar
 
 import attrs
 
+from statekernel._records.checks import checked_request, checked_result, kind_problem
 from statekernel._records.messages import JSON, ModelRequest, ModelResult
 from statekernel._records.run import Run, ToolCallRecord, Turn
-from statekernel._records.values import checked
-from statekernel.errors import ConfigError
+from statekernel._records.values import checked, json_problem
+from statekernel.errors import ConfigError, InvalidArgument
 
 __all__ = [
     "Continue",
@@ -31,6 +32,7 @@ __all__ = [
     "HOOK_NAMES",
     "call_hook",
     "check_hooks",
+    "checked_answer",
 ]
 
 
@@ -44,6 +46,19 @@ def _skip_result(value: JSON) -> JSON:
 
 def _pause_metadata(value: JSON) -> JSON:
     return checked(value, "Pause.metadata")
+
+
+def _text(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """A field that is a ``str`` (``InvalidArgument`` naming it and the value)."""
+    where = f"{type(instance).__name__}.{attribute.name}"
+    problem = kind_problem(value, (str,), where)
+    if problem is not None:
+        raise InvalidArgument(problem)
+
+
+def _optional_text(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None:
+        _text(instance, attribute, value)
 
 
 @attrs.frozen
@@ -63,14 +78,14 @@ class Skip:
     """Do not run the tool; record ``result`` (or ``error``) as its outcome."""
 
     result: JSON = attrs.field(default=None, converter=_skip_result)
-    error: str | None = None
+    error: str | None = attrs.field(default=None, validator=_optional_text)
 
 
 @attrs.frozen
 class Pause:
     """Pause the run here (for approval, budget, ...); ``resume`` comes back to this point."""
 
-    reason: str
+    reason: str = attrs.field(validator=_text)
     metadata: JSON = attrs.field(factory=dict, converter=_pause_metadata)
 
 
@@ -78,7 +93,7 @@ class Pause:
 class Finish:
     """Complete the run (tool calls that did not run get a 'not run' error result)."""
 
-    reason: str = "finished"
+    reason: str = attrs.field(default="finished", validator=_text)
 
 
 Decision: TypeAlias = Continue | Rewrite | Skip | Pause | Finish
@@ -168,12 +183,49 @@ def overrides(hooks: object, name: str) -> bool:
     return getattr(method, "__func__", method) is not getattr(Hooks, name, None)
 
 
+_JSON_FIELDS: dict[type, tuple[str, ...]] = {
+    Rewrite: ("input",),
+    Skip: ("result",),
+    Pause: ("metadata",),
+}
+_DECISIONS: dict[str, tuple[type, ...]] = {
+    "on_tool_call_started": (Continue, Rewrite, Skip, Pause, Finish),
+    "on_turn_completed": (Continue, Pause, Finish),
+}
+
+
+def checked_answer(name: str, answer: Any, run: Run) -> Any:
+    """What hook ``name`` returned, if the kernel can take it: None, a decision that
+    hook may return, a request or result whose every field a run can store (see
+    ``statekernel._records.checks``); else ``InvalidArgument`` naming the hook, the
+    field and the value. ``on_tool_call_completed``'s answer is not used."""
+    if answer is None:
+        return None
+    if name == "on_turn_prepared":
+        return checked_request(answer, f"{name}: request", run.messages)
+    if name == "on_model_completed":
+        return checked_result(answer, f"{name}: result", total=run.usage)
+    allowed = _DECISIONS.get(name)
+    if allowed is None:
+        return answer
+    if type(answer) not in allowed:
+        known = ", ".join(kind.__name__ for kind in allowed)
+        raise InvalidArgument(f"{name} returned {answer!r:.80}, not None or one of {known}")
+    attrs.validate(answer)  # its fields again, however it was built
+    for field in _JSON_FIELDS.get(type(answer), ()):
+        problem = json_problem(getattr(answer, field), f"{type(answer).__name__}.{field}")
+        if problem is not None:
+            raise InvalidArgument(f"{name}: {problem}")
+    return answer
+
+
 async def call_hook(hooks: object, name: str, *args: Any) -> Any:
-    """Call ``hooks.name(*args)`` if it exists, awaiting it when it is async."""
+    """Call ``hooks.name(*args)`` if it exists, awaiting it when it is async; what it
+    returns is checked (``checked_answer``: ``args[0]`` is the run)."""
     method = getattr(hooks, name, None)
     if method is None:
         return None
     result = method(*args)
     if inspect.isawaitable(result):
         result = await result
-    return result
+    return checked_answer(name, result, args[0])

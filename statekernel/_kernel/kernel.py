@@ -45,9 +45,17 @@ from statekernel._kernel.drive import RunDriver
 from statekernel._kernel.hooks import Hooks, check_hooks
 from statekernel._kernel.middleware import Middleware
 from statekernel._kernel.model import ModelProvider
+from statekernel._kernel.options import (
+    check_kernel_options,
+    check_kernel_parts,
+    check_max_turns,
+    check_start,
+    messages_arg,
+)
 from statekernel._kernel.tenure import Tenure
 from statekernel._kernel.tools import Tool, tools_by_name
 from statekernel._kernel.waiting import wait_ended
+from statekernel._records.arguments import callable_arg, flag, run_id_arg, seconds, text
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, Message
 from statekernel._records.run import INPUT_REQUIRED, UNCERTAIN, PauseInfo, Run, utcnow
@@ -136,19 +144,25 @@ class Kernel:
     ) -> None:
         from statekernel.providers import ProviderRegistry
 
-        if max_turns is not None and max_turns < 1:
-            raise InvalidArgument("max_turns must be at least 1 (or None for no limit)")
-        if not lease_ttl > 0 or not busy_timeout >= 0:
-            raise InvalidArgument("lease_ttl must be > 0 and busy_timeout >= 0 (seconds)")
-        self.lease_ttl = float(lease_ttl)
-        self.busy_timeout = float(busy_timeout)
-        margin = self.lease_ttl / 3 if lease_margin is None else lease_margin
-        if not 0 <= margin < self.lease_ttl:
+        max_turns, lease_ttl, busy_timeout = check_kernel_options(
+            max_turns, lease_ttl, busy_timeout, dispatch
+        )
+        tools, middleware = check_kernel_parts(
+            tools, providers, middleware, registry=ProviderRegistry
+        )
+        self.lease_ttl = lease_ttl
+        self.busy_timeout = busy_timeout
+        margin = (
+            lease_ttl / 3
+            if lease_margin is None
+            else seconds("lease_margin", lease_margin, zero=True)
+        )
+        if not margin < lease_ttl:
             raise InvalidArgument(
-                f"lease_margin must be at least 0 and less than lease_ttl, got {lease_margin!r}"
+                f"lease_margin must be less than lease_ttl ({lease_ttl!r}), got {lease_margin!r}"
             )
-        self.lease_margin = float(margin)
-        self.clock = clock
+        self.lease_margin = margin
+        self.clock = callable_arg("clock", clock)
         self.owner = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:12]}"
         """Who this kernel is to the stores: host, process and a kernel id."""
         self._renewer: asyncio.Task[None] | None = None
@@ -218,6 +232,8 @@ class Kernel:
         run of that call (``delegate`` tools start their child runs so). A model whose
         provider this kernel does not know is a ``ConfigError`` and creates nothing.
         """
+        args = (model, messages, run_id, max_turns, parent_run_id, parent_call_id)
+        check_start(*args, missing=_MISSING)
         self.registry.check(model)  # an unknown provider is refused before a run exists
         return await self._create(
             model=model,
@@ -244,6 +260,8 @@ class Kernel:
         other processes drive, with providers of their own)."""
         if (parent_run_id is None) != (parent_call_id is None):
             raise InvalidArgument("give both parent_run_id and parent_call_id, or neither")
+        args = (model, messages, run_id, max_turns, parent_run_id, parent_call_id)
+        check_start(*args, missing=_MISSING)
         provider, sep, name = model.partition("/")
         if not (provider and sep and name):
             raise ConfigError(f"model must look like 'provider/name', got {model!r}")
@@ -269,6 +287,7 @@ class Kernel:
         self, run_id: str, *, at_revision: int | None = None, new_run_id: str | None = None
     ) -> Run:
         """A new, independent run starting from ``run_id`` as it was at ``at_revision``."""
+        run_id_arg(run_id)
         source = await self.store.load(run_id, revision=at_revision)
         new_id = new_run_id if new_run_id is not None else uuid.uuid4().hex
         _check_run_id(new_id)
@@ -307,7 +326,7 @@ class Kernel:
     async def children(self, run_id: str) -> list[Run]:
         """The child runs started by the run's calls of this kernel's ``delegate`` tools,
         in call order (calls whose child was never started are left out)."""
-        run = await self.store.load(run_id)
+        run = await self.store.load(run_id_arg(run_id))
         return await child_runs(
             self.store, run, delegates=lambda name: isinstance(self.tools.get(name), DelegateTool)
         )
@@ -321,6 +340,8 @@ class Kernel:
         ``RunBusy`` naming the owner, and nothing more is deleted. The run's lease is held
         until it is gone, so no drive of it (and no child run it would start) comes after.
         """
+        run_id_arg(run_id)
+        flag("children", children)
         held: dict[str, Tenure] = {}
         try:
             while True:  # every run of the tree under its lease, parents before children
@@ -361,6 +382,7 @@ class Kernel:
         ``run`` do with one load of the run, and the input lands in the drive's first
         commit (with the next turn's start), so a crash before it leaves no input.
         """
+        run_id_arg(run_id)
         new_input = _as_messages(messages) if messages else ()
         with telemetry.drive_span(run_id) as span:
             async with self._driver(run_id) as driver:
@@ -395,6 +417,7 @@ class Kernel:
         Tool calls started by a step keep running in the background; a later step
         commits their results.
         """
+        run_id_arg(run_id)
         async with self._driver(run_id) as driver:
             return [event async for event in driver.advance()]
 
@@ -404,6 +427,8 @@ class Kernel:
         Needs a store with run queues (``RunQueues``: Redis, where the queue lives next
         to the runs); returns the entry id.
         """
+        run_id_arg(run_id)
+        text("queue", queue)
         if not isinstance(self.store, RunQueues):
             raise ConfigError(
                 "submit needs a Redis store (redis:// or rediss://), one with run queues,"
@@ -563,14 +588,15 @@ class Kernel:
 
     async def get(self, run_id: str) -> Run:
         """The run at its last committed revision."""
-        return await self.store.load(run_id)
+        return await self.store.load(run_id_arg(run_id))
 
     async def events(self, run_id: str, *, after_revision: int = -1) -> list[Event]:
         """The run's persisted events after ``after_revision``."""
-        return await self.store.events(run_id, after_revision=after_revision)
+        return await self.store.events(run_id_arg(run_id), after_revision=after_revision)
 
     async def send(self, run_id: str, *messages: Message | str) -> Run:
         """New input (a string is a user message) to a completed or paused run."""
+        run_id_arg(run_id)
         if not messages:
             raise InvalidArgument("send needs at least one message")
         async with self._fresh(run_id) as driver:
@@ -594,6 +620,8 @@ class Kernel:
         A run paused on uncertain calls that were all resolved (a crash came between the
         last ``resolve_tool_call`` and the resume it commits) goes on with those answers.
         """
+        run_id_arg(run_id)
+        check_max_turns(max_turns)
         given = value is not _MISSING
         value = checked(value, "value") if given else None
         async with self._fresh(run_id) as driver:
@@ -614,6 +642,7 @@ class Kernel:
 
     async def retry(self, run_id: str) -> Run:
         """Return a failed run to the state it failed in."""
+        run_id_arg(run_id)
         async with self._fresh(run_id) as driver:
             await driver.commit("retry")
             return driver.run
@@ -631,6 +660,9 @@ class Kernel:
         ``output=``, ``error=`` or ``rerun=True``. When every uncertain call of the
         pause is resolved, the run resumes.
         """
+        run_id_arg(run_id)
+        text("call_id", call_id)
+        flag("rerun", rerun)
         given = (output is not _MISSING) + (error is not None) + bool(rerun)
         if given != 1:
             raise InvalidArgument("give exactly one of output=, error= or rerun=True")
@@ -676,6 +708,8 @@ class Kernel:
         """
         if type(attempts) is not int or attempts < 1:
             raise InvalidArgument(f"attempts must be an int of at least 1, got {attempts!r}")
+        run_id_arg(run_id)
+        callable_arg("fn", fn)
         for attempt in range(attempts):
             async with self._fresh(run_id) as driver:
                 run = driver.run
@@ -710,7 +744,7 @@ def _check_input(run: Run) -> None:
 
 def _as_messages(messages: Iterable[Message | str]) -> tuple[Message, ...]:
     out = []
-    for m in messages:
+    for m in messages_arg(messages):
         if isinstance(m, str):
             out.append(Message.user(m))
         elif isinstance(m, Message):

@@ -9,6 +9,12 @@ from typing import Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
+from statekernel._records.checks import (
+    FINISH_REASONS,
+    count_problem,
+    kind_problem,
+    usage_problem,
+)
 from statekernel._records.messages import (
     FinishReason,
     Message,
@@ -32,6 +38,7 @@ __all__ = [
     "ToolCallDone",
     "UsageUpdate",
     "assemble",
+    "part_problem",
 ]
 
 
@@ -123,7 +130,11 @@ class ResultBuilder:
         self._model: str | None = None
 
     def add(self, part: StreamPart) -> None:
-        """Fold one part into the result."""
+        """Fold one part into the result; a part with a field of the wrong type or value
+        (or anything that is not a stream part) is a ``ProviderError`` naming it."""
+        problem = part_problem(part)
+        if problem is not None:
+            raise ProviderError(f"the model's stream sent {problem}")
         if isinstance(part, TextDelta):
             self._text.append(part.text)
         elif isinstance(part, ReasoningDelta):
@@ -206,6 +217,43 @@ class ResultBuilder:
         if calls and finish == "stop":
             finish = "tool_calls"
         return ModelResult(Message("assistant", content), self._usage, finish, self._model)
+
+
+_NONE = type(None)
+_PART_FIELDS: dict[type, tuple[tuple[str, tuple[type, ...]], ...]] = {
+    TextDelta: (("text", (str,)),),
+    ReasoningDelta: (("text", (str,)), ("signature", (str, _NONE)), ("redacted", (bool,))),
+    ToolCallDelta: (("id", (str, _NONE)), ("name", (str, _NONE)), ("arguments", (str,))),
+    ToolCallDone: (("call", (ToolCall,)),),
+    UsageUpdate: (("usage", (Usage,)),),
+    StreamEnd: (("reason", (str,)), ("model", (str, _NONE))),
+}
+_CALL_FIELDS = (("id", (str,)), ("name", (str,)), ("arguments", (str,)))
+
+
+def part_problem(part: object) -> str | None:
+    """What is wrong with a stream part (naming the field and the value), or None."""
+    kind = type(part)
+    fields = _PART_FIELDS.get(kind)
+    if fields is None:
+        return f"{part!r:.80}, which is not a stream part"
+    name = kind.__name__
+    for field, kinds in fields:
+        problem = kind_problem(getattr(part, field), kinds, f"{name}.{field}")
+        if problem is not None:
+            return problem
+    if isinstance(part, ToolCallDelta):
+        return count_problem(part.index, f"{name}.index")
+    if isinstance(part, ToolCallDone):
+        for field, kinds in _CALL_FIELDS:
+            problem = kind_problem(getattr(part.call, field), kinds, f"{name}.call.{field}")
+            if problem is not None:
+                return problem
+    if isinstance(part, UsageUpdate):
+        return usage_problem(part.usage, f"{name}.usage")
+    if isinstance(part, StreamEnd) and part.reason not in FINISH_REASONS:
+        return f"{name}.reason: {part.reason!r:.60} is not one of {', '.join(FINISH_REASONS)}"
+    return None
 
 
 def _merge_usage(old: Usage, new: Usage) -> Usage:

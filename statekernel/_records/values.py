@@ -46,6 +46,7 @@ __all__ = [
     "checked",
     "json_problem",
     "merge_patch",
+    "message_problem",
     "parse_json",
 ]
 
@@ -219,6 +220,12 @@ def _message_problem(message: Any, where: str) -> str | None:
             if problem is not None:
                 return problem
     return None
+
+
+def message_problem(message: Any, where: str) -> str | None:
+    """What keeps ``message`` from being stored (a field of the wrong type, an unknown
+    role or content part), naming the field as ``where.field``; or None."""
+    return _message_problem(message, where)
 
 
 def check_messages(messages: Iterable[Any], root: str = "messages") -> None:

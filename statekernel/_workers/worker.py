@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from statekernel._kernel.kernel import Kernel
+from statekernel._records.arguments import check_worker_options, optional_text, text
 from statekernel._storage.protocol import CheckpointStore
 from statekernel._workers.task import RunTask, WorkerStats
 from statekernel.errors import ConfigError, InvalidArgument, StoreError
@@ -85,10 +86,11 @@ class Worker:
         max_deliveries: int = 10,
         name: str | None = None,
     ) -> None:
-        if concurrency < 1:
-            raise InvalidArgument("concurrency must be at least 1")
-        if lease_ttl <= 0 or grace < 0 or block <= 0 or max_deliveries < 1:
-            raise InvalidArgument("lease_ttl and block must be positive, grace at least 0")
+        concurrency, lease_ttl, grace, block, max_deliveries = check_worker_options(
+            concurrency, lease_ttl, grace, block, max_deliveries
+        )
+        text("queue", queue)
+        optional_text("name", name, empty=True)
         self.store_spec = store
         self.queue_name = queue
         self.concurrency = concurrency

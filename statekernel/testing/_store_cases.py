@@ -21,6 +21,7 @@ T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
 __all__ = [
     "T0",
+    "check_bad_arguments",
     "check_bad_revision",
     "check_compare_and_set",
     "check_concurrent_committers",
@@ -125,6 +126,37 @@ async def check_bad_revision(store: CheckpointStore) -> None:
         for bad in ("abc", 1.0, True):
             work = store.load(run_id, revision=bad)  # type: ignore[arg-type]
             await _raises(InvalidArgument, work, f"load of {run_id!r} at revision {bad!r}")
+
+
+async def check_bad_arguments(store: CheckpointStore) -> None:
+    """Arguments of the wrong type or range are ``InvalidArgument`` (never a driver's
+    ``TypeError``, ``OverflowError`` or ``UnicodeEncodeError``), and nothing changes."""
+    run = sample_run("r1")
+    await store.commit(Checkpoint.between(None, run, events_for(run, 2, 0)))
+    bad: Any = None
+    for run_id in (None, 5, b"r1", "", "\ud800"):
+        bad = run_id
+        await _raises(InvalidArgument, store.load(bad), f"load of run id {run_id!r}")
+        await _raises(InvalidArgument, store.events(bad), f"events of run id {run_id!r}")
+        await _raises(InvalidArgument, store.delete(bad), f"delete of run id {run_id!r}")
+    for after in ("1", 1.0, None, True):
+        bad = after
+        work = store.events("r1", after_revision=bad)
+        await _raises(InvalidArgument, work, f"events after revision {after!r}")
+    for limit in ("5", -1, 1.5, True):
+        bad = limit
+        await _raises(InvalidArgument, store.events("r1", limit=bad), f"events limit {limit!r}")
+        await _raises(InvalidArgument, store.list_runs(limit=bad), f"listing limit {limit!r}")
+    wrong: tuple[tuple[str, Any], ...] = (("state", "bogus"), ("updated_after", "2030"))
+    for name, value in (*wrong, ("cursor", 5)):
+        listing = store.list_runs(**{name: value})
+        await _raises(InvalidArgument, listing, f"listing with {name}={value!r}")
+    for after in (2**64, 2**63 - 1):
+        assert await store.events("r1", after_revision=after) == [], f"events after {after}"
+    assert len(await store.events("r1", after_revision=-(2**64))) == 2, "events after -2**64"
+    page = await store.list_runs(limit=2**64)
+    assert [s.run_id for s in page.runs] == ["r1"], "listing with a limit beyond 64 bits"
+    assert (await store.load("r1")).revision == 0, "the run changed"
 
 
 async def check_compare_and_set(store: CheckpointStore) -> None:

@@ -56,6 +56,7 @@ async def check_store(
         ("round trip of generated runs", lambda s: check_generated_runs(s, examples)),
         ("missing runs and revisions", c.check_missing),
         ("revisions that are not ints", c.check_bad_revision),
+        ("arguments of the wrong type or range", c.check_bad_arguments),
         ("compare-and-set", c.check_compare_and_set),
         ("concurrent committers", c.check_concurrent_committers),
         ("concurrent commits of many runs", c.check_group_commit),

@@ -7,9 +7,11 @@ but also odd ones, so both the common and the rare shapes round-trip.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -40,14 +42,19 @@ from statekernel._records.run import (
     ToolCallRecord,
     Turn,
 )
+from statekernel._records.values import json_problem
 
 __all__ = [
+    "HOOK_ANSWERS",
     "MODEL_ANSWER_TOOLS",
+    "Answer",
     "api_calls",
     "checkpoints_for",
     "content_parts",
     "datetimes",
     "events",
+    "forged",
+    "hook_answers",
     "json_values",
     "lifecycle_payloads",
     "lifecycle_runs",
@@ -59,10 +66,12 @@ __all__ = [
     "model_tool_calls",
     "runs",
     "sequence_ops",
+    "stream_answers",
     "texts",
     "tool_call_records",
     "turns",
     "usages",
+    "wrong_values",
 ]
 
 LifecycleStep = tuple[Run, str, dict[str, Any], bool]
@@ -595,4 +604,239 @@ def sequence_ops(max_size: int = 60) -> st.SearchStrategy[list[SequenceOp]]:
     small = st.integers(-4, 40)
     return st.lists(
         st.tuples(op, st.integers(0, 1000), small, st.integers(0, 40)), max_size=max_size
+    )
+
+
+# -- values handed to the kernel by hooks and providers, right and wrong --------------
+
+
+@attrs.frozen
+class Answer:
+    """A hook's answer or a provider's stream for the property on values at the door:
+    ``make`` turns the hook's argument (the request, the result, the tool call record,
+    the turn) into the answer; ``wrong``: whether the kernel must refuse it."""
+
+    label: str
+    wrong: bool
+    make: Callable[[Any], Any] = attrs.field(repr=False, eq=False)
+
+
+def forged(record: Any, **fields: Any) -> Any:
+    """A copy of the frozen record ``record`` with ``fields`` set as they are, past its
+    converters and validators (a value that reaches the kernel however it was built)."""
+    copied = copy.copy(record)
+    for name, value in fields.items():
+        object.__setattr__(copied, name, value)
+    return copied
+
+
+@functools.cache
+def wrong_values() -> st.SearchStrategy[Any]:
+    """Values no record field takes: bytes, sets, floats that are no JSON, integers beyond
+    64 bits, dicts with keys that are not strings, objects."""
+    return st.one_of(
+        st.binary(max_size=3),
+        st.frozensets(st.integers(0, 3), max_size=2),
+        st.sampled_from([math.nan, math.inf, -math.inf]),
+        st.integers(2**63, 2**70),
+        st.dictionaries(st.integers(0, 3), st.integers(), min_size=1, max_size=1),
+        st.builds(object),
+    )
+
+
+def _not(kinds: tuple[type, ...], *extra: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Wrong values for a field of ``kinds`` (ints, floats, strings, None... not of them)."""
+    others = st.one_of(
+        st.none(), st.booleans(), st.integers(-5, 5), st.floats(-2, 2), texts(6), wrong_values()
+    )
+    return st.one_of(others.filter(lambda v: type(v) not in kinds), *extra)
+
+
+def _change(label: str, wrong: bool, field: str, values: st.SearchStrategy[Any]) -> Any:
+    return values.map(
+        lambda v: Answer(f"{label}.{field}={v!r:.40}", wrong, lambda r: forged(r, **{field: v}))
+    )
+
+
+def _raw(label: str) -> st.SearchStrategy[Answer]:
+    """An answer that is no record at all."""
+    return _not((type(None),)).map(lambda v: Answer(f"{label}: {v!r:.40}", True, lambda _: v))
+
+
+def _storable(max_leaves: int) -> st.SearchStrategy[Any]:
+    """JSON values a run stores exactly (no infinities, integers within 64 bits)."""
+    return json_values(max_leaves).filter(lambda v: json_problem(v, "value") is None)
+
+
+_KEEP = Answer("None", False, lambda _: None)
+_COUNT = st.integers(0, 10**9)
+_NOT_COUNT = st.one_of(
+    _not((int,)), st.integers(max_value=-1), st.integers(2**63, 2**70), st.booleans()
+)
+_TEXT_OR_NONE = (str, type(None))
+_NOT_FINITE = st.sampled_from([math.nan, math.inf, -math.inf])
+
+
+def _usages_wrong() -> st.SearchStrategy[Usage]:
+    fields = st.sampled_from([f.name for f in attrs.fields(Usage)])
+    return st.builds(lambda f, v: forged(Usage(), **{f: v}), fields, _NOT_COUNT)
+
+
+def _request_answers() -> st.SearchStrategy[Answer]:
+    label = "request"
+    bad_messages = st.sampled_from(
+        [("hi",), (forged(Message.user("hi"), role="robot"),), (Message("user", (TextPart(5),)),)]  # type: ignore[arg-type]
+    )
+    right = st.one_of(
+        _change(label, False, "max_tokens", st.none() | st.integers(0, 2**63 - 1)),
+        _change(label, False, "temperature", st.none() | st.floats(0, 2) | st.integers(0, 2)),
+        _change(label, False, "options", _storable(4)),
+        _change(label, False, "stop", st.lists(texts(6), max_size=2).map(tuple)),
+        _change(label, False, "tool_choice", st.none() | texts(6)),
+    )
+    wrong = st.one_of(
+        _change(label, True, "model", _not((str,))),
+        _change(label, True, "max_tokens", _NOT_COUNT.filter(lambda v: v is not None)),
+        _change(label, True, "temperature", _not((int, float, type(None)), _NOT_FINITE)),
+        _change(label, True, "options", wrong_values()),
+        _change(label, True, "stop", _not((str,)).map(lambda v: (v,))),
+        _change(label, True, "tool_choice", _not(_TEXT_OR_NONE)),
+        _change(label, True, "messages", bad_messages),
+        _raw("request"),
+    )
+    return st.one_of(st.just(_KEEP), right, wrong)
+
+
+def _result_answers() -> st.SearchStrategy[Answer]:
+    label = "result"
+    reasons = ("stop", "tool_calls", "length", "content_filter", "error", "other")
+    bad_messages = st.sampled_from(
+        [
+            Message.user("not the model"),
+            forged(Message.assistant("hi"), role="robot"),
+            Message("assistant", (TextPart(b"hi"),)),  # type: ignore[arg-type]
+            Message.assistant(tool_calls=[ToolCall("c", None, "{}")]),  # type: ignore[arg-type]
+            "hi",
+        ]
+    )
+    right = st.one_of(
+        _change(label, False, "usage", usages()),
+        _change(label, False, "finish_reason", st.sampled_from(reasons)),
+        _change(label, False, "model", st.none() | texts(6)),
+        _change(label, False, "message", texts(10).map(Message.assistant)),
+    )
+    wrong = st.one_of(
+        _change(label, True, "usage", _usages_wrong()),
+        _change(
+            label, True, "finish_reason", _not((), texts(6)).filter(lambda v: v not in reasons)
+        ),
+        _change(label, True, "model", _not(_TEXT_OR_NONE)),
+        _change(label, True, "message", bad_messages),
+        _raw("result"),
+    )
+    return st.one_of(st.just(_KEEP), right, wrong)
+
+
+def _decision_answers(allowed: Sequence[str]) -> st.SearchStrategy[Answer]:
+    from statekernel._kernel.hooks import Continue, Finish, Pause, Rewrite, Skip
+
+    made: dict[str, tuple[Any, Any]] = {
+        # name: (right decisions, wrong ones: a field of the wrong type)
+        "Continue": (st.just(Continue()), st.nothing()),
+        "Finish": (
+            texts(8).map(Finish),
+            _not((str,)).map(lambda v: forged(Finish(), reason=v)),
+        ),
+        "Pause": (
+            st.builds(Pause, texts(8), _storable(4)),
+            st.one_of(
+                _not((str,)).map(lambda v: forged(Pause("p"), reason=v)),
+                wrong_values().map(lambda v: forged(Pause("p"), metadata={"m": v})),
+            ),
+        ),
+        "Skip": (
+            st.builds(Skip, _storable(4), st.none() | texts(8)),
+            _not(_TEXT_OR_NONE).map(lambda v: forged(Skip(), error=v)),
+        ),
+        "Rewrite": (
+            st.builds(Rewrite, st.dictionaries(texts(4), _storable(2), max_size=2)),
+            wrong_values().map(lambda v: forged(Rewrite({}), input={"item": v})),
+        ),
+    }
+    options = []
+    for name, (right, wrong) in made.items():
+        if name in allowed:
+            options.append(right.map(lambda d: Answer(repr(d)[:60], False, lambda _: d)))
+            options.append(wrong.map(lambda d: Answer(repr(d)[:60], True, lambda _: d)))
+        else:  # a decision this hook may not return
+            options.append(right.map(lambda d: Answer(repr(d)[:60], True, lambda _: d)))
+    return st.one_of(st.just(_KEEP), st.just(_KEEP), *options, _raw("decision"))
+
+
+HOOK_ANSWERS = (
+    "on_turn_prepared",
+    "on_model_completed",
+    "on_tool_call_started",
+    "on_turn_completed",
+)
+"""The hooks whose answers ``hook_answers`` draws."""
+
+
+def hook_answers(hook: str) -> st.SearchStrategy[Answer]:
+    """Answers of ``hook``, right (None included) or wrong: a request or result with one
+    field of the wrong type or range, a decision with one, a decision this hook may not
+    return, or something that is no answer at all."""
+    if hook == "on_turn_prepared":
+        return _request_answers()
+    if hook == "on_model_completed":
+        return _result_answers()
+    if hook == "on_tool_call_started":
+        return _decision_answers(("Continue", "Rewrite", "Skip", "Pause", "Finish"))
+    return _decision_answers(("Continue", "Pause", "Finish"))
+
+
+def stream_answers(tool: str = "record") -> st.SearchStrategy[Answer]:
+    """The stream parts of one model answer (``make`` ignores its argument): text or a
+    call of ``tool``, usage and the end, sometimes with one part whose field has the
+    wrong type or value, or with a part that is no stream part."""
+    from statekernel._kernel.model import (
+        StreamEnd,
+        TextDelta,
+        ToolCallDelta,
+        ToolCallDone,
+        UsageUpdate,
+    )
+
+    reasons = ("stop", "tool_calls", "length", "content_filter", "error", "other")
+    body = st.one_of(
+        texts(12).map(lambda t: [TextDelta(t)]),
+        st.just([ToolCallDelta(0, "c1", tool, '{"item": "a"}')]),
+        st.just([ToolCallDone(ToolCall("c2", tool, '{"item": "b"}'))]),
+    )
+    right = st.builds(
+        lambda parts, usage, reason: [*parts, UsageUpdate(usage), StreamEnd(reason)],
+        body,
+        usages(),
+        st.sampled_from(reasons),
+    )
+    bad_part = st.one_of(
+        _not((str,)).map(lambda v: forged(TextDelta(""), text=v)),
+        _not(_TEXT_OR_NONE).map(lambda v: forged(ToolCallDelta(0), id=v)),
+        _not(_TEXT_OR_NONE).map(lambda v: forged(ToolCallDelta(0), name=v)),
+        _NOT_COUNT.map(lambda v: forged(ToolCallDelta(0, "c", tool, "{}"), index=v)),
+        _not((str,)).map(lambda v: ToolCallDone(forged(ToolCall("c", tool, "{}"), id=v))),
+        _usages_wrong().map(UsageUpdate),
+        _not((), texts(6)).filter(lambda v: v not in reasons).map(lambda v: StreamEnd(v)),
+        _not(_TEXT_OR_NONE).map(lambda v: StreamEnd("stop", v)),
+        _not((type(None),)),
+    )
+    wrong = st.builds(
+        lambda parts, bad, at: [*parts[:at], bad, *parts[at:]],
+        right,
+        bad_part,
+        st.integers(0, 3),
+    )
+    return st.one_of(
+        right.map(lambda p: Answer(repr(p)[:80], False, lambda _: p)),
+        wrong.map(lambda p: Answer(repr(p)[:80], True, lambda _: p)),
     )

@@ -1,0 +1,124 @@
+"""Checks of the arguments and options of the public API, at the door.
+
+Each check returns the value as it is used (an ``int`` stays an ``int``, seconds become
+a ``float``) or raises ``InvalidArgument`` naming the argument and the value. Nothing
+is converted from another type: ``"10"`` is not a number of turns, ``True`` is not a
+count (a web form or a config file that hands over text must parse it first), and a
+number of seconds is finite.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from statekernel._records.values import INT_MAX
+from statekernel.errors import InvalidArgument
+
+__all__ = [
+    "callable_arg",
+    "check_worker_options",
+    "count",
+    "flag",
+    "optional_count",
+    "optional_text",
+    "run_id_arg",
+    "seconds",
+    "text",
+]
+
+
+def _shown(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def _refuse(name: str, value: Any, wanted: str) -> InvalidArgument:
+    return InvalidArgument(f"{name} must be {wanted}, got {_shown(value)}")
+
+
+def count(name: str, value: Any, *, minimum: int = 0, maximum: int = INT_MAX) -> int:
+    """An ``int`` (not a bool, not a float) from ``minimum`` to ``maximum``."""
+    if type(value) is not int or not minimum <= value <= maximum:
+        wanted = f"an int from {minimum} to {maximum}"
+        if maximum == INT_MAX:
+            wanted = f"an int of at least {minimum}"
+        raise _refuse(name, value, wanted)
+    return value
+
+
+def optional_count(
+    name: str, value: Any, *, minimum: int = 0, maximum: int = INT_MAX
+) -> int | None:
+    """None, or what ``count`` accepts."""
+    if value is None:
+        return None
+    if type(value) is not int or not minimum <= value <= maximum:
+        wanted = f"None or an int from {minimum} to {maximum}"
+        if maximum == INT_MAX:
+            wanted = f"None or an int of at least {minimum}"
+        raise _refuse(name, value, wanted)
+    return value
+
+
+def seconds(name: str, value: Any, *, zero: bool = False) -> float:
+    """A finite number of seconds above 0 (``zero``: or 0), as a ``float``."""
+    kind = type(value)
+    if kind is not int and kind is not float:
+        raise _refuse(name, value, "a number of seconds")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise _refuse(name, value, "a finite number of seconds " + (">= 0" if zero else "> 0"))
+    return float(value)
+
+
+def flag(name: str, value: Any) -> bool:
+    """``True`` or ``False``."""
+    if type(value) is not bool:
+        raise _refuse(name, value, "True or False")
+    return value
+
+
+def text(name: str, value: Any, *, empty: bool = False) -> str:
+    """A ``str`` that UTF-8 can hold (no lone surrogates), not empty unless ``empty``."""
+    if type(value) is not str:
+        raise _refuse(name, value, "a str")
+    if not value and not empty:
+        raise _refuse(name, value, "a non-empty str")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise _refuse(name, value, "text UTF-8 can hold (no lone surrogates)") from None
+    return value
+
+
+def optional_text(name: str, value: Any, *, empty: bool = False) -> str | None:
+    """None, or what ``text`` accepts."""
+    return None if value is None else text(name, value, empty=empty)
+
+
+def run_id_arg(value: Any, name: str = "run_id") -> str:
+    """A run id as a store takes it: a non-empty ``str`` UTF-8 can hold."""
+    return text(name, value)
+
+
+def callable_arg(name: str, value: Any) -> Callable[..., Any]:
+    """A function (or any callable)."""
+    if not callable(value):
+        raise _refuse(name, value, "a function")
+    return value  # type: ignore[no-any-return]
+
+
+def check_worker_options(
+    concurrency: Any, lease_ttl: Any, grace: Any, block: Any, max_deliveries: Any
+) -> tuple[int, float, float, float, int]:
+    """The options of a ``Worker``, checked: at least one run in hand, a positive
+    finite ``lease_ttl`` and ``block``, a finite ``grace`` of at least 0, at least one
+    delivery."""
+    return (
+        count("concurrency", concurrency, minimum=1),
+        seconds("lease_ttl", lease_ttl),
+        seconds("grace", grace, zero=True),
+        seconds("block", block),
+        count("max_deliveries", max_deliveries, minimum=1),
+    )
