@@ -346,6 +346,17 @@ def crash_schedules(
     return st.lists(commit | other, min_size=1, max_size=max_crashes, unique=True)
 
 
+def process_crash_schedules(max_crashes: int = 2, max_nth: int = 6) -> st.SearchStrategy[list[Any]]:
+    """Deaths of a process that a store cannot see coming: in a model call, mid-stream or
+    right after a tool's effect (for drives whose store is not wrapped, such as a
+    worker's)."""
+    from statekernel.testing._faults import CrashAt
+
+    point = st.sampled_from(["model_call", "mid_stream", "tool_after_effect"])
+    crash = st.builds(CrashAt, point, st.integers(1, max_nth))
+    return st.lists(crash, min_size=1, max_size=max_crashes, unique=True)
+
+
 # -- model answers that may not be dispatchable as they are ---------------------------
 
 MODEL_ANSWER_TOOLS = ("echo", "flaky")
