@@ -1,5 +1,5 @@
 """Lazy exports: a package's names imported from their module when first used, so that
-``import statekernel.stores`` pulls in a backend's client (redis, aiosqlite, httpx) only
+``import statekernel.stores`` pulls in a backend's client (redis, sqlite3, httpx) only
 when a store or provider of that kind is used."""
 
 from __future__ import annotations
