@@ -63,11 +63,18 @@ def payments(ledger: Path) -> list[list[str]]:
     return [line.split() for line in ledger.read_text().splitlines()]
 
 
-def held_at_intent(url: str, ledger: Path, run_id: str) -> Any:
+def held_at_intent(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> tuple[str, str, Path, Any]:
+    """A new run of the store of ``kind``, its ledger, and a process A that drives it and
+    holds once the payment's intent has landed: (url, run id, ledger, A)."""
+    url = url_of(kind, tmp_path, request)
+    run_id = asyncio.run(created(url))
+    ledger = tmp_path / "ledger"
     holder = spawn("hold", url, ledger, run_id, 5.0)
     assert holder.stdout is not None
-    assert holder.stdout.readline().strip() == "INTENT"  # the payment's intent landed
-    return holder
+    assert holder.stdout.readline().strip() == "INTENT"
+    return url, run_id, ledger, holder
 
 
 @pytest.mark.slow
@@ -75,10 +82,7 @@ def held_at_intent(url: str, ledger: Path, run_id: str) -> Any:
 def test_a_frozen_owner_never_starts_a_call_after_losing_its_lease(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    url = url_of(kind, tmp_path, request)
-    run_id = asyncio.run(created(url))
-    ledger = tmp_path / "ledger"
-    a = held_at_intent(url, ledger, run_id)
+    url, run_id, ledger, a = held_at_intent(kind, tmp_path, request)
     a.send_signal(signal.SIGSTOP)  # a VM pause, a long GC: the lease is not renewed
     try:
         # redis cannot tell a frozen owner from a dead one: once the lease ends on the
@@ -116,10 +120,7 @@ def b_pid_of(paid: list[list[str]], a_pid: int) -> int:
 def test_a_clock_an_hour_ahead_never_takes_a_live_owners_run(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    url = url_of(kind, tmp_path, request)
-    run_id = asyncio.run(created(url))
-    ledger = tmp_path / "ledger"
-    a = held_at_intent(url, ledger, run_id)
+    url, run_id, ledger, a = held_at_intent(kind, tmp_path, request)
     try:
         b = report(spawn("operator", url, ledger, run_id, 1.0, "3600"))
     finally:
