@@ -373,10 +373,19 @@ def fork(run_id: str, at: int | None, store: str | None, as_json: bool) -> None:
 @click.argument("run_id")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--with-children", is_flag=True, help="Delete its child runs too, at any depth.")
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0),
+    default=20.0,
+    show_default=True,
+    help="Seconds to wait for a process that drives the run to let it go (then exit 2).",
+)
 @common_options
-def delete(run_id: str, yes: bool, with_children: bool, store: str | None, as_json: bool) -> None:
+def delete(
+    run_id: str, yes: bool, with_children: bool, wait: float, store: str | None, as_json: bool
+) -> None:
     """Delete a run with all its revisions and events (a run with child runs only with
-    --with-children)."""
+    --with-children). A run that another process drives is waited for, never cut off."""
     what = " and its child runs" if with_children else ""
     if not yes:
         if as_json or not sys.stdin.isatty():
@@ -388,7 +397,7 @@ def delete(run_id: str, yes: bool, with_children: bool, store: str | None, as_js
 
     async def go() -> list[str]:
         async with open_cli_store(store) as s:
-            kernel = Kernel(s)
+            kernel = Kernel(s, busy_timeout=wait)
             try:
                 return await kernel.delete(run_id, children=with_children)
             except RunHasChildren as exc:
