@@ -29,6 +29,7 @@ import hashlib
 import os
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -129,6 +130,26 @@ def released(record: LeaseRecord | None, lease: Lease) -> LeaseRecord | None:
     return LeaseRecord(record.token, None, 0.0)
 
 
+_all_proofs: weakref.WeakSet[OwnerProofs] = weakref.WeakSet()
+"""Every ``OwnerProofs`` of this process (a forked child lets go of their locks)."""
+
+
+def _forget_in_child() -> None:
+    """In a forked child: close the inherited owner locks (the parent keeps holding them,
+    and once it dies they are free, whatever children it left) and count no owner."""
+    for proofs in list(_all_proofs):
+        held, proofs._held = proofs._held, {}
+        for fd, _ in held.values():
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+    _local.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 class OwnerProofs:
     """OS locks that prove owners alive, in ``folder`` (None: owners of this process only,
     whose leases end by release or expiry; an owner no store of this process counts is
@@ -143,6 +164,7 @@ class OwnerProofs:
         self.folder = folder
         self._held: dict[str, tuple[int, int]] = {}  # owner -> (fd, leases)
         self._mutex = threading.Lock()
+        _all_proofs.add(self)
 
     def _path(self, owner: str) -> Path:
         assert self.folder is not None

@@ -245,6 +245,13 @@ class RunDriver:
         dispatch) about calls that did not start then, by call id, with what the call
         asked for (``call_key``): dispatch uses one for a call asking the same."""
         self.escaped: BaseException | None = None
+        self.model_refused: BaseException | None = None
+        """Why the last lease check before a model call refused it (None once one passed)."""
+        self.commander: asyncio.Task[Any] | None = None
+        """The task of a command of this kernel committing between this driver's commits."""
+        self.overtaken = False
+        """A command of this kernel committed something the staged transitions no longer
+        apply to: the commit being gathered is refused (``ConflictError``)."""
         self.base: Run | None = None
         """The last committed run while transitions are gathered for the next commit."""
         self.staged: list[Event] = []
@@ -294,8 +301,9 @@ class RunDriver:
         try:
             for event, payload in moves:
                 self.stage(event, **payload)
-        except InvalidTransition:  # the command changed what they applied to: decided again
+        except InvalidTransition:  # the command changed what they applied to
             self._drop_staged()
+            self.overtaken = True
         if claimed:
             self.model_claim = head.revision
 
@@ -429,6 +437,10 @@ class RunDriver:
             base = self.base
             if base is None:
                 return ()
+            if self.overtaken:  # what was gathered was built on what the command changed
+                self.overtaken = False
+                self._drop_staged()
+                raise ConflictError(base.run_id, base.revision - 1, base.revision)
             events = tuple(self.staged)
             intents, outcomes = self.staged_intents, self.staged_outcomes
             model_intent = self.staged_model_intent
@@ -623,6 +635,8 @@ class RunDriver:
         except (_HookFailed, StoreError, ConflictError, LeaseLost):
             raise
         except Exception as exc:
+            if self.model_refused is not None:  # whatever a middleware made of it
+                raise self.model_refused from exc
             self.model_claim = None
             why = f"{type(exc).__name__}: {exc}"
             if _turn(self.run).partial is not None:
@@ -642,11 +656,17 @@ class RunDriver:
     async def _model_result(self, run: Run, turn: Turn, holder: list[ModelResult]) -> None:
         emit = self.queue.put_nowait
         registry = self.kernel.registry
+        self.model_refused = None
         streams = 0
 
         async def terminal(call: ModelCall) -> ModelResult:
             nonlocal streams
-            await self.ensure_lease()  # the call starts only under a live lease
+            try:
+                await self.ensure_lease()  # the call starts only under a live lease
+            except (LeaseLost, StoreError) as exc:
+                self.model_refused = exc
+                raise
+            self.model_refused = None
             with telemetry.model_span(self.trace_parent, run.run_id, call.request) as span:
                 provider = registry.get(call.request.model)
                 builder = ResultBuilder()
@@ -931,55 +951,52 @@ class RunDriver:
                 loop.call_soon_threadsafe(queue.put_nowait, event)
 
         context = copy.deepcopy(run.context)
-        token = self.lease.generation if self.lease is not None else None
-        ctx = ToolContext(
-            run.run_id, record.id, record.attempt, context, report, self.kernel, token
-        )
         refused: list[BaseException] = []
+        """Set when the last lease check before the effect failed (cleared by one that
+        passed, as a middleware may call ``next`` again): the effect never began."""
 
         async def terminal(invocation: ToolInvocation) -> JSON:
             try:
                 await self.ensure_lease()  # the call starts only under a live lease
             except (LeaseLost, StoreError) as exc:
-                refused.append(exc)
+                refused[:] = [exc]
                 raise
+            refused.clear()
             return await tool.invoke(invocation.input, ctx)
+
+        def never_began() -> None:
+            """The lease check refused the effect, whatever a middleware made of that:
+            the drive stops, and an intent refused for a store error is started by the
+            next drive (a lost lease leaves it to the new owner)."""
+            self.tasks.pop(ids[0], None)
+            if isinstance(refused[0], StoreError):
+                self.unstarted[ids[0]] = (list(ids), call_input)
+            self.escaped = refused[0]
+            queue.put_nowait(None)
 
         invocation = ToolInvocation(run, record, call_input, tool.idempotent)
         with telemetry.tool_span(self.trace_parent, run.run_id, record, tool, ids) as span:
             try:
+                token = self.lease.generation if self.lease is not None else None
+                ctx = ToolContext(
+                    run.run_id, record.id, record.attempt, context, report, self.kernel, token
+                )
                 output = await chain(self.kernel.middleware, terminal)(invocation)
                 if refused:
-                    raise refused[0]
+                    never_began()
+                    return
                 outcome = _stored_outcome(ids, output)
             except asyncio.CancelledError:
                 self.tasks.pop(ids[0], None)
                 queue.put_nowait(None)  # a drive waiting for this call must not wait forever
                 raise
-            except (LeaseLost, StoreError) as exc:
-                if not refused:  # the tool itself raised it: an error result as any other
-                    outcome = _Outcome(ids, None, f"{type(exc).__name__}: {exc}")
-                    span.failed(exc)
-                else:  # it never started: the drive stops
-                    self.tasks.pop(ids[0], None)
-                    if isinstance(refused[0], StoreError):  # the next drive starts it
-                        self.unstarted[ids[0]] = (list(ids), call_input)
-                    self.escaped = refused[0]
-                    queue.put_nowait(None)
-                    return
-            except NeedsInput as request:
-                question, problem = asked(request)
-                outcome = _Outcome(ids, None, problem, asked=question)
-            except ChildPaused as paused:
-                pause = paused.pause
-                why = {"reason": pause.reason, "metadata": pause.metadata} if pause else {}
-                outcome = _Outcome(ids, child={"child": paused.child_run_id, "child_pause": why})
-            except ToolError as exc:
-                outcome = _Outcome(ids, None, str(exc))
-                span.failed(exc)
             except Exception as exc:
-                outcome = _Outcome(ids, None, f"{type(exc).__name__}: {exc}")
-                span.failed(exc)
+                if refused:
+                    never_began()
+                    return
+                outcome = _tool_failure(ids, exc)
+                if outcome.error is not None:
+                    span.failed(exc)
             except BaseException as exc:  # SystemExit, KeyboardInterrupt, an injected crash
                 self.tasks.pop(ids[0], None)
                 self.escaped = exc
@@ -1019,6 +1036,21 @@ class RunDriver:
         if self.escaped is not None:
             escaped, self.escaped = self.escaped, None
             raise escaped
+
+
+def _tool_failure(ids: tuple[str, ...], exc: Exception) -> _Outcome:
+    """What a call that raised ``exc`` leaves: a question it asks, a paused child it waits
+    for, or an error result the model reads."""
+    if isinstance(exc, NeedsInput):
+        question, problem = asked(exc)
+        return _Outcome(ids, None, problem, asked=question)
+    if isinstance(exc, ChildPaused):
+        pause = exc.pause
+        why = {"reason": pause.reason, "metadata": pause.metadata} if pause else {}
+        return _Outcome(ids, child={"child": exc.child_run_id, "child_pause": why})
+    if isinstance(exc, ToolError):
+        return _Outcome(ids, None, str(exc))
+    return _Outcome(ids, None, f"{type(exc).__name__}: {exc}")
 
 
 def _stored_outcome(ids: tuple[str, ...], output: JSON) -> _Outcome:

@@ -9,8 +9,8 @@ token, which the store checks with the revision. While a live owner holds the le
 others wait up to ``busy_timeout`` and then get ``RunBusy``; they never take the owner's
 intents for crash remnants. A dead owner's lease is taken over at once where the store
 proves the death (an OS lock on one host), otherwise when it expires (``lease_ttl``
-after its last renewal, on the server's clock; the kernel renews the leases it holds,
-one loop for all of them). A command of this kernel on a run one of its drives holds
+after its last renewal, on the server's clock on Redis; the kernel renews the leases it
+holds, one loop for all of them). A command of this kernel on a run one of its drives holds
 commits between two of the drive's commits, which goes on from it (``RunDriver.adopt``).
 Right before a model or tool call starts, the drive checks that its lease lasts at least
 ``lease_margin`` more (``statekernel._kernel.tenure``).
@@ -177,6 +177,7 @@ class Kernel:
         self.dispatch = dispatch if dispatch is not None else DispatchPolicy()
         self.max_turns = max_turns
         self._drivers: dict[str, RunDriver] = {}
+        self._unreleased: list[Lease] = []
         self._closed = False
 
     def __del__(self) -> None:
@@ -209,6 +210,8 @@ class Kernel:
             self._renewer = None
         for driver in drivers:
             await self._release(driver)
+        await self._release_again()  # a lease that cannot be given back now expires
+        self._unreleased = []
         await self.registry.aclose()
         if self._owns_store:
             await self.store.aclose()
@@ -361,6 +364,7 @@ class Kernel:
                     raise RunNotFound(run_id)
             deleted: list[str] = []
             for _, run in reversed(tree):
+                await held[run.run_id].ensure(self.lease_margin)  # still ours (LeaseLost)
                 if await self.store.delete(run.run_id):
                     deleted.append(run.run_id)
             return deleted
@@ -532,8 +536,25 @@ class Kernel:
             await self._release_lease(lease)
 
     async def _release_lease(self, lease: Lease) -> None:
-        with contextlib.suppress(StatekernelError):  # an unreleased lease only expires later
+        try:
             await self.store.release(lease)
+        except RunNotFound:
+            return  # the run is gone, and its lease with it
+        except StatekernelError:  # tried again by the renewal loop and by aclose
+            self._unreleased.append(lease)
+            if not self._closed:
+                self._keep_renewing()
+
+    async def _release_again(self) -> None:
+        """Give back the leases whose release failed (a run another process waits for)."""
+        leases, self._unreleased = self._unreleased, []
+        for lease in leases:
+            await self._release_lease(lease)
+
+    def holds(self, run_id: str) -> bool:
+        """True while a drive of this kernel holds the run's lease (and has not lost it)."""
+        driver = self._drivers.get(run_id)
+        return driver is not None and not driver.lost
 
     def _keep_renewing(self) -> None:
         if self._renewer is None or self._renewer.done():
@@ -541,8 +562,9 @@ class Kernel:
 
     async def _renew_leases(self) -> None:
         """Renew the leases of the runs this kernel drives, every third of their ttl."""
-        while self._drivers:
+        while self._drivers or self._unreleased:
             await asyncio.sleep(self.lease_ttl / 3)
+            await self._release_again()
             for driver in list(self._drivers.values()):
                 tenure = driver.tenure
                 if tenure is None or driver.lost:
@@ -567,18 +589,24 @@ class Kernel:
         Otherwise the command takes a lease of its own, after waiting for another owner,
         and gives it back at the end.
         """
-        tenure = await self._acquire(run_id, share=True)
-        if tenure is None:
+        while True:
+            tenure = await self._acquire(run_id, share=True)
+            if tenure is not None:
+                break
             live = self._drivers[run_id]
+            if live.commander is asyncio.current_task():  # a hook of this very command
+                raise RunBusy(run_id, self.owner)
             async with live.commit_lock:
-                if live.lost:
-                    raise LeaseLost(run_id, live.committed.revision)
+                if live.lost or self._drivers.get(run_id) is not live:
+                    continue  # the drive let the run go meanwhile: take it afresh
+                live.commander = asyncio.current_task()
                 driver = RunDriver(self, live.committed, live.tenure)
                 try:
                     yield driver
                 finally:
+                    live.commander = None
                     live.adopt(driver.run)  # whatever of the command landed
-            return
+                return
         try:
             yield RunDriver(self, await self.store.load(run_id), tenure)
         finally:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from statekernel._storage.protocol import CheckpointStore, Lease
+from statekernel.errors import StoreError
 
 __all__ = ["Tenure"]
 
@@ -61,3 +62,8 @@ class Tenure:
         might not); ``LeaseLost`` if it moved on, ``StoreError`` if the store cannot say."""
         if self.remaining() < margin:
             await self.renew()
+            if self.remaining() < margin:  # the renewal itself took that long
+                raise StoreError(
+                    f"renewing the lease of run {self.lease.run_id!r} left less than"
+                    f" {margin:.3g} s of it: the store is too slow to start anything now"
+                )

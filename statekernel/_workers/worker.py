@@ -248,7 +248,8 @@ class Worker:
         while True:
             await asyncio.sleep(self.lease_ttl / 3)
             try:
-                await self.queue.refresh(self.name, [e.id for e in self.holding.values()])
+                held = [e.id for run_id, e in self.holding.items() if self.kernel.holds(run_id)]
+                await self.queue.refresh(self.name, held)  # a lost lease's entry goes idle
             except Exception as exc:  # entries go idle: peers reclaim them once leases end
                 log.warning("worker %s: refreshing its entries: %s", self.name, exc)
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 import statekernel as sk
-from statekernel._storage.protocol import CheckpointStore
-from statekernel.errors import LeaseLost
+from statekernel._storage.protocol import CheckpointStore, Lease, StoreWrapper
+from statekernel.errors import LeaseLost, StoreError
 from statekernel.middleware import ModelCall, ToolInvocation
 from statekernel.testing import ManualClock, ScriptedProvider
 
@@ -190,4 +190,83 @@ async def test_delete_waits_for_a_live_drive_and_never_cuts_it(store_url: str) -
         with pytest.raises(sk.RunNotFound):
             await store.load(run.run_id)
         await other.aclose()
+        await kernel.aclose()
+
+
+class RenewFailsOnce(StoreWrapper):
+    """The first renewal fails in the store; later ones go through."""
+
+    failed = False
+
+    async def renew(self, lease: Lease, *, ttl: float) -> None:
+        if not self.failed:
+            self.failed = True
+            raise StoreError("connection reset")
+        await self.inner.renew(lease, ttl=ttl)
+
+
+async def test_a_call_a_retrying_middleware_starts_after_a_refusal_runs_once(
+    clocked_store: CheckpointStore, clock: ManualClock
+) -> None:
+    """The lease check refuses the first attempt (the store failed), a middleware calls
+    ``next`` again, the check passes and the call runs: its result stands, and no later
+    drive runs it again."""
+    store, ledger = RenewFailsOnce(clocked_store), Ledger()
+    attempts: list[str] = []
+
+    async def retry(invocation: Any, call_next: Any) -> Any:
+        if not isinstance(invocation, ToolInvocation):
+            return await call_next(invocation)
+        if not attempts:
+            clock.advance(TTL - 1)  # less than the margin left: the check renews
+        for _ in range(2):
+            attempts.append(invocation.call.id)
+            try:
+                return await call_next(invocation)
+            except StoreError:
+                continue
+        raise AssertionError("unreachable")
+
+    kernel = kernel_on(store, ledger, middleware=[retry], lease_ttl=TTL, clock=clock)
+    run = await kernel.start(model="scripted/x", messages=["pay"])
+    await drain(kernel, run.run_id)
+    assert store.failed
+    assert (await store.load(run.run_id)).state == "completed"
+    assert sorted(ledger.started) == sorted(set(ledger.started)), "a call ran twice"
+    assert len(ledger.started) == 2
+    await kernel.aclose()
+
+
+async def test_input_a_command_overtook_is_refused_not_dropped(store_url: str) -> None:
+    """``run(run_id, "A")`` stages A; a hook sends B meanwhile (a command of the same
+    kernel): B lands, and the drive says its A no longer applies instead of losing it."""
+    holder: dict[str, sk.Kernel] = {}
+
+    class SendsMeanwhile(sk.Hooks):
+        sent = False
+
+        async def on_turn_prepared(self, run: sk.Run, request: Any) -> Any:
+            if not self.sent and len(run.turns) == 1:
+                self.sent = True
+                await holder["k"].send(run.run_id, "B")
+            return None
+
+    async with opened(store_url) as store:
+        kernel = sk.Kernel(
+            store,
+            providers={"scripted": ScriptedProvider(["one", "two", "three"])},
+            hooks=SendsMeanwhile(),
+        )
+        holder["k"] = kernel
+        run = await kernel.start(model="scripted/x", messages=["first"])
+        await drain(kernel, run.run_id)
+        with pytest.raises(sk.ConflictError):
+            async for _ in kernel.run(run.run_id, "A"):
+                pass
+        texts = [m.text for m in (await store.load(run.run_id)).messages if m.role == "user"]
+        assert texts == ["first", "B"]
+        await drain(kernel, run.run_id)  # B's turn goes on
+        done = await store.load(run.run_id)
+        assert done.state == "completed"
+        assert [m.text for m in done.messages if m.role == "user"] == ["first", "B"]
         await kernel.aclose()
