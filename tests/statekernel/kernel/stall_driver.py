@@ -30,22 +30,14 @@ import json
 import os
 from typing import Any
 
+from race_driver import append  # the same fsynced ledger line (its folder is on sys.path)
+
 import statekernel as sk
 from statekernel.errors import LeaseLost
 from statekernel.middleware import ToolInvocation
 from statekernel.testing import ScriptedProvider, call
 
 SCRIPT: list[object] = [call("pay", {"to": "bob", "amount": 5}), "paid"]
-
-
-def append(path: str, line: str) -> None:
-    """Append one line to the ledger and make it durable before returning."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, (line + "\n").encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def kernel(role: str, url: str, ledger: str, lease_ttl: float, busy_timeout: float) -> sk.Kernel:
