@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from statekernel._records.values import INT_MAX
+from statekernel._records.values import shown as _shown
 from statekernel.errors import InvalidArgument
 
 __all__ = [
@@ -29,11 +30,6 @@ __all__ = [
 ]
 
 
-def _shown(value: Any) -> str:
-    shown = repr(value)
-    return shown if len(shown) <= 80 else shown[:77] + "..."
-
-
 def _refuse(name: str, value: Any, wanted: str) -> InvalidArgument:
     return InvalidArgument(f"{name} must be {wanted}, got {_shown(value)}")
 
@@ -41,10 +37,7 @@ def _refuse(name: str, value: Any, wanted: str) -> InvalidArgument:
 def count(name: str, value: Any, *, minimum: int = 0, maximum: int = INT_MAX) -> int:
     """An ``int`` (not a bool, not a float) from ``minimum`` to ``maximum``."""
     if type(value) is not int or not minimum <= value <= maximum:
-        wanted = f"an int from {minimum} to {maximum}"
-        if maximum == INT_MAX:
-            wanted = f"an int of at least {minimum}"
-        raise _refuse(name, value, wanted)
+        raise _refuse(name, value, _ints(minimum, maximum))
     return value
 
 
@@ -52,14 +45,15 @@ def optional_count(
     name: str, value: Any, *, minimum: int = 0, maximum: int = INT_MAX
 ) -> int | None:
     """None, or what ``count`` accepts."""
-    if value is None:
-        return None
-    if type(value) is not int or not minimum <= value <= maximum:
-        wanted = f"None or an int from {minimum} to {maximum}"
-        if maximum == INT_MAX:
-            wanted = f"None or an int of at least {minimum}"
-        raise _refuse(name, value, wanted)
+    if value is not None and (type(value) is not int or not minimum <= value <= maximum):
+        raise _refuse(name, value, f"None or {_ints(minimum, maximum)}")
     return value
+
+
+def _ints(minimum: int, maximum: int) -> str:
+    if maximum == INT_MAX:
+        return f"an int of at least {minimum}"
+    return f"an int from {minimum} to {maximum}"
 
 
 def seconds(name: str, value: Any, *, zero: bool = False) -> float:

@@ -26,7 +26,13 @@ from statekernel._records.messages import (
     ToolSpec,
     Usage,
 )
-from statekernel._records.values import INT_MAX, as_stored, json_problem, message_problem
+from statekernel._records.values import (
+    INT_MAX,
+    as_stored,
+    json_problem,
+    message_problem,
+    shown,
+)
 from statekernel.errors import InvalidArgument
 
 __all__ = [
@@ -50,8 +56,7 @@ _USAGE_FIELDS = tuple(field.name for field in attrs.fields(Usage))
 
 
 def _shown(value: Any) -> str:
-    shown = repr(value)
-    return shown if len(shown) <= 60 else shown[:57] + "..."
+    return shown(value, 60)
 
 
 def kind_problem(value: Any, kinds: tuple[type, ...], where: str) -> str | None:

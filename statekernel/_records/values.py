@@ -38,6 +38,7 @@ from statekernel._records.messages import (
 from statekernel.errors import InvalidArgument
 
 __all__ = [
+    "shown",
     "INT_MAX",
     "as_stored",
     "INT_MIN",
@@ -193,6 +194,12 @@ _PART_FIELDS: dict[type, tuple[tuple[str, tuple[type, ...]], ...]] = {
     ),
 }
 _ROLES = ("system", "user", "assistant", "tool")
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _field_problem(obj: Any, name: str, kinds: tuple[type, ...], where: str) -> str | None:
