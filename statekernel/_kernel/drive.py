@@ -920,6 +920,9 @@ class RunDriver:
                 for r in uncertain
             ]
             self.stage("pause", reason=UNCERTAIN, metadata={"calls": calls})
+            # calls that wait (a question, a paused child) stay in flight and run again
+            # after the resume; holding their results would keep the run from others
+            self.staged_outcomes.extend(self._ready_outcomes(asking=True))
 
     def _spawn(self, ids: list[str], call_input: JSON) -> None:
         run = self.run

@@ -252,3 +252,44 @@ async def test_new_input_to_a_run_waiting_for_an_answer_closes_the_question() ->
     stored = await kernel.get(run.run_id)
     assert stored.turns[0].completed[0].error is not None
     assert stored.messages[-2].text == "never mind"
+
+
+@sk.tool
+def pay(amount: int) -> str:
+    """Pay ``amount`` (not idempotent)."""
+    return f"paid {amount}"
+
+
+async def test_a_question_asked_again_beside_an_uncertain_call_leaves_the_run_to_others() -> None:
+    """A crash leaves a question and a payment in flight; the next drive asks again and
+    pauses for the payment. The question's answer-to-be leaves with that pause: the
+    drive gives the run back, so another kernel resolves the payment at once, and the
+    question is asked again after the resume."""
+    inner = MemoryStore()
+    ask = sk.ask_user()
+    both = Reply(tool_calls=(call(ask.name, {"question": "why?"}), call(pay.name, {"amount": 5})))
+    plan = FaultPlan([CrashAt("before_commit", 4)])  # start, model_started, intents, results
+    crashing = _kernel(FaultyStore(inner, plan), [both, "done"], ask, pay)
+    run = await crashing.start(model="scripted/x", messages=["go"])
+    with pytest.raises(Crash):
+        await _drive(crashing, run.run_id)
+    async with _kernel(inner, [both, "done"], ask, pay) as kernel:
+        after = await _drive(kernel, run.run_id)
+        assert after.pause is not None
+        assert after.pause.reason == "uncertain_tool_calls"
+        assert [c["name"] for c in after.pause.metadata["calls"]] == ["pay"]
+        assert not kernel.holds(run.run_id)
+        async with sk.Kernel(inner, tools=[ask, pay], busy_timeout=0) as operator:
+            payment = after.pause.metadata["calls"][0]["id"]
+            await operator.resolve_tool_call(run.run_id, payment, output="paid 5")
+        asked = await _drive(kernel, run.run_id)
+        assert asked.pause is not None
+        assert asked.pause.reason == "input_required"
+        assert asked.pause.metadata["question"] == "why?"
+        await kernel.resume(run.run_id, value="because")
+        final = await _drive(kernel, run.run_id)
+    assert final.state == "completed", final.failure
+    assert {r.name: r.output for r in final.turns[0].completed} == {
+        "ask_user": "because",
+        "pay": "paid 5",
+    }
