@@ -39,6 +39,7 @@ from statekernel._records.messages import (
 from statekernel.errors import ConfigError, ProviderUnavailable
 from statekernel.providers._errors import error_for_type
 from statekernel.providers._http import HTTPProvider
+from statekernel.providers._keys import api_key as provider_key
 
 __all__ = ["AnthropicProvider", "anthropic_messages", "anthropic_usage"]
 
@@ -87,7 +88,7 @@ class AnthropicProvider(HTTPProvider):
         **kwargs: Any,
     ) -> None:
         base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or OFFICIAL_BASE_URL
-        api_key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
+        api_key = provider_key(api_key, "ANTHROPIC_API_KEY")
         if not api_key and base_url.rstrip("/") == OFFICIAL_BASE_URL:
             raise ConfigError("the anthropic provider needs ANTHROPIC_API_KEY (or api_key=...)")
         super().__init__(base_url=base_url, **kwargs)

@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 from statekernel._records.messages import ModelRequest
 from statekernel.errors import ConfigError
+from statekernel.providers._keys import api_key as provider_key
 from statekernel.providers._openai import OpenAIProvider
 
 __all__ = ["DEFAULT_API_VERSION", "AzureOpenAIProvider"]
@@ -41,7 +42,7 @@ class AzureOpenAIProvider(OpenAIProvider):
         endpoint = endpoint or os.environ.get("AZURE_OPENAI_ENDPOINT")
         if not endpoint:
             raise ConfigError("the azure provider needs AZURE_OPENAI_ENDPOINT (or endpoint=...)")
-        key = api_key if api_key is not None else os.environ.get("AZURE_OPENAI_API_KEY")
+        key = provider_key(api_key, "AZURE_OPENAI_API_KEY")
         if not key:
             raise ConfigError("the azure provider needs AZURE_OPENAI_API_KEY (or api_key=...)")
         kwargs.setdefault("max_tokens_field", "max_completion_tokens")

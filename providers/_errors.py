@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterable
 
 import httpx
 
+from statekernel._secrets import redact as redact_text
+from statekernel._secrets import remember
 from statekernel.errors import (
     AuthenticationFailed,
     BadRequest,
@@ -47,12 +49,12 @@ _TYPE_TO_ERROR: dict[str, type[ProviderError]] = {
 }
 
 
-def redact(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret replaced by ``***`` (a vendor may echo a key back)."""
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with ``secrets`` and everything ``statekernel._secrets.redact`` hides
+    replaced by ``***`` (a vendor may echo a key back, an httpx error quote a header)."""
     for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
+        remember(secret)
+    return redact_text(text)
 
 
 def vendor_message(body: bytes) -> tuple[str, str | None]:
@@ -155,5 +157,6 @@ def error_from_exception(provider: str, exc: httpx.HTTPError) -> ProviderError:
             f"{provider}: timed out ({type(exc).__name__})", provider=provider
         )
     if isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError):
-        return BadRequest(f"{provider}: {exc}", provider=provider)
-    return ProviderUnavailable(f"{provider}: {type(exc).__name__}: {exc}", provider=provider)
+        return BadRequest(redact(f"{provider}: {exc}"), provider=provider)
+    message = redact(f"{provider}: {type(exc).__name__}: {exc}")
+    return ProviderUnavailable(message, provider=provider)

@@ -42,6 +42,7 @@ from statekernel._records.messages import (
 from statekernel.errors import ConfigError, ProviderUnavailable
 from statekernel.providers._errors import error_for_type
 from statekernel.providers._http import HTTPProvider
+from statekernel.providers._keys import api_key as provider_key
 from statekernel.providers._think import ThinkSplitter, split_think
 
 __all__ = [
@@ -116,7 +117,7 @@ class OpenAIProvider(HTTPProvider):
         **kwargs: Any,
     ) -> None:
         base_url = base_url or os.environ.get("OPENAI_BASE_URL") or OFFICIAL_BASE_URL
-        api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        api_key = provider_key(api_key, "OPENAI_API_KEY")
         official = base_url.rstrip("/") == OFFICIAL_BASE_URL
         if official and not api_key:
             raise ConfigError("the openai provider needs OPENAI_API_KEY (or api_key=...)")

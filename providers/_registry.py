@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from statekernel._kernel.model import ModelProvider
 from statekernel.errors import ConfigError
+from statekernel.providers._keys import api_key as provider_key
 
 __all__ = ["NATIVE_NAMES", "ProviderRegistry", "builtin_names", "builtin_provider"]
 
@@ -66,7 +67,7 @@ def _vendor_provider(name: str) -> ModelProvider:
             f"unknown model provider {name!r} (built in: {known}; or pass your own with"
             " Kernel(providers={...}))"
         )
-    key = os.environ.get(vendor.key_env) if vendor.key_env else None
+    key = provider_key(None, vendor.key_env)
     if vendor.needs_key and not key:
         raise ConfigError(f"the {vendor.name} provider needs {vendor.key_env}")
     return OpenAIProvider(

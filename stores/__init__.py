@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from statekernel import _exports
+from statekernel._secrets import redact_url
 from statekernel._storage.protocol import (
     Checkpoint,
     CheckpointStore,
@@ -24,7 +25,6 @@ from statekernel._storage.protocol import (
     StoreWrapper,
 )
 from statekernel.stores._open import open_store
-from statekernel.stores._redact import redact_url
 
 if TYPE_CHECKING:
     from statekernel.stores._file import FileStore

@@ -27,6 +27,7 @@ from typing import Any
 from statekernel._lifecycle.trace import DATA_EVENTS, DECLARED, transitions_of
 from statekernel._records.events import Event
 from statekernel._records.run import STATE_IDS, Run
+from statekernel._secrets import redact_url
 from statekernel._storage.protocol import RevisionHistory
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
 from statekernel.stores._doctor_probe import (
@@ -39,7 +40,6 @@ from statekernel.stores._doctor_probe import (
     RunRef,
     Status,
 )
-from statekernel.stores._redact import redact_url
 
 __all__ = ["DAMAGED", "OK", "WARNING", "Finding", "Status", "diagnose", "lease_finding"]
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
+from statekernel._secrets import redact, redact_url
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import (
     CorruptCheckpoint,
@@ -21,7 +22,6 @@ from statekernel.stores._doctor_probe import (
     RunRef,
 )
 from statekernel.stores._lease_records import redis_holder
-from statekernel.stores._redact import redact_url
 from statekernel.stores._redis import RedisStore, _load_head
 
 __all__ = ["RedisProbe"]
@@ -53,7 +53,8 @@ class RedisProbe:
         except (RedisError, OSError) as exc:
             if isinstance(exc, ResponseError):
                 raise
-            raise StoreError(f"Redis store {self.subject!r}: {type(exc).__name__}: {exc}") from exc
+            detail = redact(f"{type(exc).__name__}: {exc}")
+            raise StoreError(f"Redis store {self.subject!r}: {detail}") from exc
 
     async def settings(self) -> list[Finding]:
         """Persistence (AOF, appendfsync, snapshots) and eviction."""

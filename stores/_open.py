@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from statekernel._secrets import redact_url, remember_url
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import ConfigError
-from statekernel.stores._redact import redact_url
 
 __all__ = ["open_store"]
 
@@ -16,6 +16,7 @@ def open_store(url: str) -> CheckpointStore:
     """
     if not isinstance(url, str) or "://" not in url:
         raise ConfigError(f"not a store URL: {redact_url(str(url))!r} (expected scheme://...)")
+    remember_url(url)
     scheme = url.split("://", 1)[0].lower()
     if scheme == "memory":
         from statekernel.stores._memory import MemoryStore

@@ -37,6 +37,7 @@ from redis.exceptions import NoScriptError, RedisError
 from statekernel._records.encoding import dump_bytes, load_json
 from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
+from statekernel._secrets import redact, redact_url, remember_url
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel.errors import (
     ConfigError,
@@ -76,7 +77,6 @@ from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._lease_records import redis_holder
 from statekernel.stores._listing import decode_cursor, encode_cursor
-from statekernel.stores._redact import redact_url
 from statekernel.stores._redis_fencing import FENCE_KEY_TTL_MS, RELEASE, RENEW
 from statekernel.stores._redis_index import RunIndex
 from statekernel.stores._redis_queue import RunQueue
@@ -165,10 +165,9 @@ class RedisStore:
 
     def __init__(self, url: str, *, client: aioredis.Redis | None = None) -> None:
         self.url = url
-        self._password: str | None = None
+        remember_url(url)
         try:
             target, self.prefix = _split_url(url)
-            self._password = urlsplit(url).password
             self._client = client or _client_for(target)
         except (ValueError, TypeError, RedisError) as exc:
             raise ConfigError(f"bad Redis URL {redact_url(url)!r}: {self._clean(exc)}") from exc
@@ -185,8 +184,7 @@ class RedisStore:
         return f"RedisStore({redact_url(self.url)!r})"
 
     def _clean(self, exc: BaseException) -> str:
-        text = f"{type(exc).__name__}: {exc}"
-        return text.replace(self._password, "***") if self._password else text
+        return redact(f"{type(exc).__name__}: {exc}")
 
     def _error(self, exc: BaseException) -> StoreError:
         error = StoreError(f"Redis store {redact_url(self.url)!r}: {self._clean(exc)}")

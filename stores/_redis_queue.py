@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from statekernel._secrets import redact
 from statekernel.errors import InvalidArgument, StoreError
 from statekernel.stores._redis_fencing import RedisBacked
 
@@ -68,7 +69,7 @@ class RunQueue:
         try:
             return await work
         except (RedisError, OSError) as exc:
-            raise StoreError(f"queue {self.name!r}: {type(exc).__name__}: {exc}") from exc
+            raise StoreError(redact(f"queue {self.name!r}: {type(exc).__name__}: {exc}")) from exc
 
     async def submit(self, run_id: str, submitted_ms: int | None = None) -> str:
         """Append an entry for ``run_id``; returns the entry id."""
@@ -86,7 +87,7 @@ class RunQueue:
             if "BUSYGROUP" not in str(exc):
                 raise StoreError(f"queue {self.name!r}: {exc}") from exc
         except (RedisError, OSError) as exc:
-            raise StoreError(f"queue {self.name!r}: {type(exc).__name__}: {exc}") from exc
+            raise StoreError(redact(f"queue {self.name!r}: {type(exc).__name__}: {exc}")) from exc
 
     async def read(self, consumer: str, count: int, block_ms: int) -> list[Entry]:
         """Up to ``count`` new entries, waiting up to ``block_ms`` for the first one."""

@@ -16,11 +16,11 @@ again before its next read (a read torn by a write in between fails its checksum
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sqlite3
 from pathlib import Path
 
+from statekernel._secrets import logger
 from statekernel.errors import StoreError
 
 __all__ = [
@@ -37,7 +37,7 @@ __all__ = [
 FIRST_WAIT_MS = 1000
 """How long a write waits for the lock before it says that it waits."""
 
-log = logging.getLogger("statekernel.stores")
+log = logger("statekernel.stores")
 
 
 class StoreConnection(sqlite3.Connection):

@@ -22,7 +22,7 @@ FOLDERS = {
 }
 
 LAYERS = [
-    ("statekernel.errors", "statekernel._exports"),
+    ("statekernel.errors", "statekernel._exports", "statekernel._secrets"),
     ("statekernel._records",),
     ("statekernel._lifecycle",),
     ("statekernel._storage",),

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import shlex
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,6 +17,7 @@ import click
 from rich.console import Console
 
 from statekernel._records.convert import unstructure
+from statekernel._secrets import redact
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import StatekernelError
 
@@ -38,13 +38,10 @@ EXIT_USER_ERROR = 2
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
-_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)[^@\s]+@")
-
 
 def one_line(message: str) -> str:
-    """``message`` on one line, with any password inside a URL hidden."""
-    text = " ".join(str(message).split())
-    return _PASSWORD.sub(r"\g<head>***@", text)
+    """``message`` on one line, with any secret in it hidden (``redact``)."""
+    return redact(" ".join(str(message).split()))
 
 
 class UserError(click.ClickException):

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from statekernel._kernel import telemetry
 from statekernel._records.run import Run
+from statekernel._secrets import logger
 from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease, settles_on_cancel
 from statekernel.errors import (
     ConflictError,
@@ -33,7 +34,7 @@ from statekernel.errors import (
 
 __all__ = ["COMMIT_RETRIES", "Committer", "log_lease_lost"]
 
-log = logging.getLogger("statekernel")
+log = logger("statekernel")
 
 COMMIT_RETRIES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 """Pauses between attempts of a commit that failed in the store (then ``StoreError``)."""

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import copy
 import inspect
-import logging
 import os
 import re
 import socket
@@ -60,6 +59,7 @@ from statekernel._records.events import Event
 from statekernel._records.messages import JSON, Message
 from statekernel._records.run import INPUT_REQUIRED, UNCERTAIN, PauseInfo, Run, utcnow
 from statekernel._records.values import check_messages, checked
+from statekernel._secrets import logger
 from statekernel._storage.protocol import (
     Checkpoint,
     CheckpointStore,
@@ -87,7 +87,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Kernel"]
 
-_log = logging.getLogger(__name__)
+_log = logger(__name__)
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _MISSING: Any = object()

@@ -29,6 +29,12 @@ import attrs
 from statekernel._kernel.schema import schema_problem, schema_violation
 from statekernel._kernel.tools import Tool
 from statekernel._records.messages import JSON
+from statekernel._secrets import (
+    redact,
+    redact_url,
+    remember_secret_values,
+    remember_url,
+)
 from statekernel.errors import ConfigError, ToolError
 
 if TYPE_CHECKING:
@@ -100,7 +106,8 @@ class MCPConnection:
         except Exception as exc:
             if ready.done():
                 raise
-            raise ConfigError(f"MCP server {self.name!r}: {type(exc).__name__}: {exc}") from exc
+            detail = redact(f"{type(exc).__name__}: {exc}")
+            raise ConfigError(f"MCP server {self.name!r}: {detail}") from exc
         finally:
             self._session = None
 
@@ -177,7 +184,8 @@ class MCPConnection:
             result = await self.session.call_tool(name, arguments)
         except MCPError as exc:
             lead = "" if idempotent else "outcome unknown: "
-            raise ToolError(f"{lead}MCP server {self.name!r}, tool {name}: {exc}") from exc
+            detail = redact(str(exc))
+            raise ToolError(f"{lead}MCP server {self.name!r}, tool {name}: {detail}") from exc
         return _output(name, result)
 
 
@@ -225,8 +233,11 @@ def mcp_stdio(
     """A connection to an MCP server run as a subprocess speaking over stdio.
 
     The process gets the SDK's minimal environment plus ``env``; its stderr goes to
-    ``errlog`` (default: this process's stderr).
+    ``errlog`` (default: this process's stderr). Values of ``env`` whose names look
+    secret (``*_KEY``, ``*_TOKEN``, ``*PASSWORD*``, ...) are hidden wherever
+    statekernel shows, logs or stores text (``redact``).
     """
+    remember_secret_values(dict(env or {}))
     from mcp import ClientSession, StdioServerParameters, stdio_client
 
     params = StdioServerParameters(command=command, args=list(args), env=dict(env or {}), cwd=cwd)
@@ -243,7 +254,14 @@ def mcp_http(
     url: str, *, headers: Mapping[str, str] | None = None, name: str | None = None
 ) -> MCPConnection:
     """A connection to an MCP server over streamable HTTP at ``url`` (e.g. ``.../mcp``);
-    ``headers`` go with every request (``{"Authorization": "Bearer ..."}``)."""
+    ``headers`` go with every request (``{"Authorization": "Bearer ..."}``).
+
+    The connection is named after ``url`` with its credentials hidden (userinfo, secret
+    query parameters); those and the values of credential headers are hidden wherever
+    statekernel shows, logs or stores text, tool errors the model reads included.
+    """
+    remember_url(url)
+    remember_secret_values(dict(headers or {}))
     import httpx2
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
@@ -256,4 +274,4 @@ def mcp_http(
         read, write = await stack.enter_async_context(transport)
         return await stack.enter_async_context(ClientSession(read, write))
 
-    return MCPConnection(name or url, opener)
+    return MCPConnection(name or redact_url(url), opener)

@@ -47,10 +47,12 @@ WARNING for a commit tried again after a store error (``attempt``) and a lease l
 
 from __future__ import annotations
 
+import traceback
 from contextvars import Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, Self, TypeAlias
 
+from statekernel._secrets import redact
 from statekernel.errors import ProviderError
 
 try:
@@ -138,8 +140,19 @@ def _error_type(exc: BaseException) -> str:
 
 
 def _fail(span: Span, exc: BaseException) -> None:
-    span.record_exception(exc)
-    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+    """The span ends in ERROR; its ``exception`` event (OTel's semantic conventions)
+    carries the message and stack trace redacted, unlike ``record_exception``."""
+    kind = type(exc)
+    trace = "".join(traceback.format_exception(kind, exc, exc.__traceback__))
+    span.add_event(
+        "exception",
+        {
+            "exception.type": f"{kind.__module__}.{kind.__qualname__}",
+            "exception.message": redact(str(exc)),
+            "exception.stacktrace": redact(trace),
+        },
+    )
+    span.set_status(Status(StatusCode.ERROR, redact(f"{kind.__name__}: {exc}")))
     span.set_attribute("error.type", _error_type(exc))
 
 
@@ -298,7 +311,9 @@ class ToolSpan(_Scope):
             self.outcome = "error"
             span = self.span
             if span is not None and not self._failed:
-                span.set_status(Status(StatusCode.ERROR, result.error))  # an output not JSON
+                span.set_status(
+                    Status(StatusCode.ERROR, redact(result.error))
+                )  # an output not JSON
                 span.set_attribute("error.type", "invalid_output")
         else:
             self.outcome = "ok"

@@ -26,6 +26,7 @@ from statekernel._records.run import (
     Turn,
 )
 from statekernel._records.values import merge_patch, parse_json
+from statekernel._secrets import redact
 
 __all__ = ["Effects", "Refused", "parse_call", "tool_result_text"]
 
@@ -146,7 +147,7 @@ def answer_cut_off(run: Run, reason: str, at: datetime) -> Effects:
     if turn.partial is None:
         raise Refused("no answer was cut off: no call started while the model streamed")
     result = ModelResult(turn.partial, finish_reason="tool_calls")
-    return _answered(run, turn, result, None, None, {"cut_off": reason})
+    return _answered(run, turn, result, None, None, {"cut_off": redact(reason)})
 
 
 def _answered(
@@ -355,6 +356,7 @@ def tool_call_completed(
     """
     turn = _turn(run)
     turn, moved = _move(turn, call_ids, ("in_flight", "pending"))
+    error = None if error is None else redact(error)  # the model reads it: no secret in it
     moved = [
         attrs.evolve(
             r, output=output, error=error, finished_at=at, resolved=resolved, context_patch=context
@@ -426,6 +428,7 @@ def resume(run: Run, value: JSON, max_turns: int | None, at: datetime) -> Effect
 
 def fail(run: Run, error: str, message: str, at: datetime) -> Effects:
     """An active state -> failed, remembering where a retry returns."""
+    message = redact(message)
     info = FailureInfo(error=error, message=message, failed_in=run.state)
     data = {"error": error, "message": message, "failed_in": run.state}
     return attrs.evolve(run, failure=info), [("run_failed", data)]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -25,6 +24,7 @@ import attrs
 
 from statekernel._records.events import Event
 from statekernel._records.run import Run
+from statekernel._secrets import logger
 from statekernel.errors import ConflictError, LeaseLost, RunBusy, StatekernelError, StoreError
 from statekernel.stores._redis_queue import Entry
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Host", "RunTask", "WorkerStats"]
 
-log = logging.getLogger("statekernel.worker")
+log = logger("statekernel.worker")
 
 CONFLICT_RETRIES = 3
 _STOPPED = None

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import socket
 import uuid
@@ -40,6 +39,7 @@ from typing import Any
 
 from statekernel._kernel.kernel import Kernel
 from statekernel._records.arguments import check_worker_options, optional_text, text
+from statekernel._secrets import logger
 from statekernel._storage.protocol import CheckpointStore
 from statekernel._workers.task import RunTask, WorkerStats
 from statekernel.errors import ConfigError, InvalidArgument, StoreError
@@ -48,7 +48,7 @@ from statekernel.stores._redis_queue import Entry, RunQueue
 
 __all__ = ["AgentSpec", "Worker", "WorkerStats"]
 
-log = logging.getLogger("statekernel.worker")
+log = logger("statekernel.worker")
 
 AgentSpec = Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None
 """``Kernel`` keyword arguments (tools, providers, hooks, middleware, dispatch,
