@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from statekernel import _exports
-from statekernel._kernel.model import (
+from statekernel._models.protocol import (
     ModelProvider,
     ReasoningDelta,
     ResultBuilder,

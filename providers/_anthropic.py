@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource
 
-from statekernel._kernel.model import (
+from statekernel._models.protocol import (
     ReasoningDelta,
     StreamEnd,
     StreamPart,

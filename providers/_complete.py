@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from statekernel._kernel.model import ModelProvider, ResultBuilder
+from statekernel._models.protocol import ModelProvider, ResultBuilder
 from statekernel._records.messages import ModelRequest, ModelResult
 from statekernel.providers._http import closing_stream
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import attrs
 import httpx
 
-from statekernel._kernel.model import StreamPart, UsageUpdate
+from statekernel._models.protocol import StreamPart, UsageUpdate
 from statekernel._records.messages import ModelRequest
 from statekernel.errors import ProviderError, ProviderUnavailable, RateLimited
 from statekernel.providers._errors import error_for_status, error_from_exception, redact

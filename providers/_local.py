@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 import httpx
 
-from statekernel._kernel.model import StreamPart
+from statekernel._models.protocol import StreamPart
 from statekernel._records.messages import ModelRequest
 from statekernel.errors import ConfigError
 from statekernel.providers._http import DEFAULT_TIMEOUT, closing_stream

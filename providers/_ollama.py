@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from statekernel._kernel.model import (
+from statekernel._models.protocol import (
     ReasoningDelta,
     StreamEnd,
     StreamPart,

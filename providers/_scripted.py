@@ -10,7 +10,7 @@ from typing import TypeAlias
 
 import attrs
 
-from statekernel._kernel.model import (
+from statekernel._models.protocol import (
     ReasoningDelta,
     StreamEnd,
     StreamPart,

@@ -1,9 +1,12 @@
 """The layout: layers depend downward only and no module imports itself back.
 
-Every import counts, at any depth of a module and under ``TYPE_CHECKING`` too. The one
-upward tie allowed is the kernel's lazy registry: ``statekernel._kernel.kernel``
-imports ``statekernel.stores`` (to open a store URL) and ``statekernel.providers``
-(to resolve a model string) inside the functions that need them.
+Every import counts, at any depth of a module and under ``TYPE_CHECKING`` too. The
+adapters (``statekernel.stores``, ``statekernel.providers``) sit below the kernel and
+depend only on the protocols they implement (``statekernel._storage``,
+``statekernel._models``); the kernel's core reaches them only through its lazy
+registry: ``statekernel._kernel.kernel`` imports ``statekernel.stores`` (to open a store
+URL) and ``statekernel.providers`` (to resolve a model string) inside the functions
+that need them.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ LAYERS = [
     ("statekernel.errors", "statekernel._exports", "statekernel._secrets"),
     ("statekernel._records",),
     ("statekernel._lifecycle",),
-    ("statekernel._storage",),
-    ("statekernel._kernel",),
+    ("statekernel._storage", "statekernel._models"),
     ("statekernel.stores", "statekernel.providers"),
+    ("statekernel._kernel",),
     ("statekernel._workers", "statekernel.testing"),
     ("statekernel._cli",),
     (
@@ -40,16 +43,18 @@ LAYERS = [
 ]
 """Bottom to top: a module imports only from its own layer or the ones below."""
 
-UPWARD = {
+REGISTRY = {
     ("statekernel._kernel.kernel", "statekernel.stores"),
     ("statekernel._kernel.kernel", "statekernel.providers"),
 }
-"""(importer, imported package): the lazy registry that resolves a store URL or a model."""
+"""(importer, imported package): the lazy registry that resolves a store URL or a model,
+the core's only tie to an adapter."""
 
 CORE = (
     "statekernel._records",
     "statekernel._lifecycle",
     "statekernel._storage",
+    "statekernel._models",
     "statekernel._kernel",
 )
 OUTSIDE_CORE = (
@@ -112,8 +117,8 @@ def _within(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-def _upward_allowed(importer: str, imported: str) -> bool:
-    return any(importer == a and _within(imported, (b,)) for a, b in UPWARD)
+def _registry(importer: str, imported: str) -> bool:
+    return any(importer == a and _within(imported, (b,)) for a, b in REGISTRY)
 
 
 def test_every_module_is_in_a_layer() -> None:
@@ -126,7 +131,7 @@ def test_layers_depend_downward_only() -> None:
         f"{importer} (layer {_layer(importer)}) imports {imported} (layer {_layer(imported)})"
         for importer, targets in _edges().items()
         for imported in targets
-        if _layer(imported) > _layer(importer) and not _upward_allowed(importer, imported)
+        if _layer(imported) > _layer(importer)
     ]
     assert wrong == []
 
@@ -137,7 +142,7 @@ def test_the_core_imports_no_adapter_command_or_worker() -> None:
         for importer, targets in _edges().items()
         if _within(importer, CORE)
         for imported in targets
-        if _within(imported, OUTSIDE_CORE) and not _upward_allowed(importer, imported)
+        if _within(imported, OUTSIDE_CORE) and not _registry(importer, imported)
     ]
     assert wrong == []
 
@@ -178,8 +183,6 @@ def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_cycle() -> None:
     edges = _edges()
-    for importer, imported in UPWARD:  # the registry is looked up lazily, not a cycle
-        edges[importer] = {t for t in edges[importer] if not _within(t, (imported,))}
     assert _cycle(edges) is None, " -> ".join(_cycle(edges) or [])
 
 

@@ -1,4 +1,4 @@
-"""Layer 5, the ``statekernel`` command: ``main`` (click), the live view of a drive,
+"""Layer 7, the ``statekernel`` command: ``main`` (click), the live view of a drive,
 the run commands, ``doctor``, ``worker`` and the demo agent. Nothing below imports it."""
 
 __all__: list[str] = []

@@ -76,7 +76,12 @@ from statekernel._kernel.commit import Committer, log_lease_lost
 from statekernel._kernel.delegate import ChildPaused
 from statekernel._kernel.dispatch import identical_group, next_startable
 from statekernel._kernel.middleware import Middleware, ModelCall, ToolInvocation, chain
-from statekernel._kernel.model import (
+from statekernel._kernel.tools import ToolContext, ToolReturn
+from statekernel._kernel.waiting import wait_ended
+from statekernel._lifecycle.chart import Lifecycle
+from statekernel._lifecycle.matching import call_key
+from statekernel._lifecycle.transitions import parse_call
+from statekernel._models.protocol import (
     ModelProvider,
     ReasoningDelta,
     ResultBuilder,
@@ -85,11 +90,6 @@ from statekernel._kernel.model import (
     ToolCallDone,
     UsageUpdate,
 )
-from statekernel._kernel.tools import ToolContext, ToolReturn
-from statekernel._kernel.waiting import wait_ended
-from statekernel._lifecycle.chart import Lifecycle
-from statekernel._lifecycle.matching import call_key
-from statekernel._lifecycle.transitions import parse_call
 from statekernel._records.checks import checked_result
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, ModelRequest, ModelResult

@@ -43,7 +43,6 @@ from statekernel._kernel.dispatch import DispatchPolicy
 from statekernel._kernel.drive import RunDriver
 from statekernel._kernel.hooks import Hooks, check_hooks
 from statekernel._kernel.middleware import Middleware
-from statekernel._kernel.model import ModelProvider
 from statekernel._kernel.options import (
     check_kernel_options,
     check_kernel_parts,
@@ -54,6 +53,7 @@ from statekernel._kernel.options import (
 from statekernel._kernel.tenure import Tenure
 from statekernel._kernel.tools import Tool, tools_by_name
 from statekernel._kernel.waiting import wait_ended
+from statekernel._models.protocol import ModelProvider
 from statekernel._records.arguments import callable_arg, flag, run_id_arg, seconds, text
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, Message

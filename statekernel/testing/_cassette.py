@@ -23,7 +23,7 @@ import cattrs
 from cattrs.strategies import configure_tagged_union
 
 from statekernel import errors
-from statekernel._kernel.model import (
+from statekernel._models.protocol import (
     ModelProvider,
     ReasoningDelta,
     StreamEnd,

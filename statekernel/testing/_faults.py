@@ -9,7 +9,7 @@ from typing import Any, Literal, TypeAlias
 import attrs
 
 from statekernel._kernel.middleware import Middleware, ToolInvocation
-from statekernel._kernel.model import ModelProvider, StreamPart
+from statekernel._models.protocol import ModelProvider, StreamPart
 from statekernel._records.messages import ModelRequest
 from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease, StoreWrapper
 
