@@ -28,6 +28,7 @@ import attrs
 
 from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
+from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
 from statekernel.stores._common import (
@@ -63,7 +64,14 @@ from statekernel.stores._format.codec import (
 )
 from statekernel.stores._lease_records import kept_record
 from statekernel.stores._listing import page_of
-from statekernel.stores._owners import Clock, HostLeases, LeaseChange, LeaseRecord, check_fence
+from statekernel.stores._owners import (
+    Clock,
+    HostLeased,
+    HostLeases,
+    LeaseChange,
+    LeaseRecord,
+    check_fence,
+)
 
 __all__ = ["FileStore"]
 
@@ -79,7 +87,7 @@ def folder_name(run_id: str) -> str:
     )
 
 
-class FileStore:
+class FileStore(HostLeased, Closing):
     """Runs as folders of append-only files under one directory.
 
     Leases expire on ``clock`` (seconds since the epoch, ``time.time`` unless given
@@ -142,19 +150,6 @@ class FileStore:
         """Append the parts, then replace the head, under the run's lock (which also
         guards its lease)."""
         await asyncio.to_thread(self._commit, checkpoint, lease)
-
-    async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
-        """Take the run's lease; a holder whose process died (its owner lock is free) is
-        taken over at once."""
-        return await self._leases.acquire(run_id, owner, ttl=ttl)
-
-    async def renew(self, lease: Lease, *, ttl: float) -> None:
-        """Extend the lease."""
-        await self._leases.renew(lease, ttl=ttl)
-
-    async def release(self, lease: Lease) -> None:
-        """Give the lease up and, with the owner's last lease here, its owner lock."""
-        await self._leases.release(lease)
 
     async def _apply(self, run_id: str, change: LeaseChange) -> LeaseRecord | None:
         return await asyncio.to_thread(self._lease, run_id, change)

@@ -19,6 +19,7 @@ import attrs
 from statekernel._records.encoding import dump_bytes, load_json
 from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
+from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel.errors import ConflictError, CorruptCheckpoint, RunNotFound
 from statekernel.stores._common import (
@@ -43,7 +44,14 @@ from statekernel.stores._format.codec import (
 )
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._listing import page_of
-from statekernel.stores._owners import Clock, HostLeases, LeaseChange, LeaseRecord, check_fence
+from statekernel.stores._owners import (
+    Clock,
+    HostLeased,
+    HostLeases,
+    LeaseChange,
+    LeaseRecord,
+    check_fence,
+)
 
 __all__ = ["MemoryStore", "StoredRun"]
 
@@ -75,7 +83,7 @@ _named: weakref.WeakValueDictionary[str, _Runs] = weakref.WeakValueDictionary()
 """The runs of each ``memory://NAME`` while some store of that name holds them."""
 
 
-class MemoryStore:
+class MemoryStore(HostLeased, Closing):
     """Keeps every revision of every run in memory, in the stored format.
 
     Messages and completed turns are stored once in append-only logs the heads
@@ -154,18 +162,6 @@ class MemoryStore:
         if entry is None:
             raise RunNotFound(run_id)
         return entry
-
-    async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
-        """Take the run's lease (owners in one process: a lease ends by release or expiry)."""
-        return await self._leases.acquire(run_id, owner, ttl=ttl)
-
-    async def renew(self, lease: Lease, *, ttl: float) -> None:
-        """Extend the lease."""
-        await self._leases.renew(lease, ttl=ttl)
-
-    async def release(self, lease: Lease) -> None:
-        """Give the lease up."""
-        await self._leases.release(lease)
 
     async def _apply(self, run_id: str, change: LeaseChange) -> LeaseRecord | None:
         entry = self._entry(run_id)

@@ -40,6 +40,7 @@ from statekernel.errors import LeaseLost, RunBusy, StoreError
 
 __all__ = [
     "Clock",
+    "HostLeased",
     "HostLeases",
     "LeaseChange",
     "LeaseRecord",
@@ -310,3 +311,28 @@ class HostLeases:
     def close(self) -> None:
         """Release every owner lock of this process (the store closes)."""
         self.proofs.close()
+
+
+class HostLeased:
+    """A store's ``acquire``, ``renew`` and ``release``, kept by its ``HostLeases``
+    (``self._leases``). A store that cannot write overrides ``_refuse_leases``."""
+
+    _leases: HostLeases
+
+    def _refuse_leases(self) -> None:
+        """Raise when this store gives no leases (it cannot write)."""
+
+    async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
+        """Take the run's lease; a holder of another process whose owner lock is free
+        (the process died) is taken over at once, one whose lock is held never; between
+        owners of one process a lease ends by release or expiry."""
+        self._refuse_leases()
+        return await self._leases.acquire(run_id, owner, ttl=ttl)
+
+    async def renew(self, lease: Lease, *, ttl: float) -> None:
+        """Extend the lease (``LeaseLost`` if it moved on)."""
+        await self._leases.renew(lease, ttl=ttl)
+
+    async def release(self, lease: Lease) -> None:
+        """Give the lease up and, with the owner's last lease here, its owner lock."""
+        await self._leases.release(lease)

@@ -38,6 +38,7 @@ from statekernel._records.encoding import dump_bytes, load_json
 from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
 from statekernel._secrets import redact, redact_url, remember_url
+from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel.errors import (
     ConfigError,
@@ -160,7 +161,7 @@ def _split_url(url: str) -> tuple[str, str]:
     return urlunsplit(parts._replace(query=rest)), prefix
 
 
-class RedisStore:
+class RedisStore(Closing):
     """Runs in Redis (standalone; run keys are Cluster-ready)."""
 
     def __init__(self, url: str, *, client: aioredis.Redis | None = None) -> None:

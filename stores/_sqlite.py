@@ -32,6 +32,7 @@ import attrs
 from statekernel._records.encoding import dump_bytes, enc_time, load_json
 from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
+from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel._storage.unclosed import warn_unclosed
 from statekernel.errors import (
@@ -69,7 +70,7 @@ from statekernel.stores._format.codec import (
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
-from statekernel.stores._owners import Clock, HostLeases, LeaseChange, LeaseRecord
+from statekernel.stores._owners import Clock, HostLeased, HostLeases, LeaseChange, LeaseRecord
 from statekernel.stores._sqlite_columns import BAD_STATE, check_columns, column_problem
 from statekernel.stores._sqlite_file import (
     connect,
@@ -116,7 +117,7 @@ def parse_sqlite_url(url: str) -> tuple[str, str, int]:
     return path, _SYNC[sync], int(timeout)
 
 
-class SQLiteStore:
+class SQLiteStore(HostLeased, Closing):
     """Runs in one SQLite database file; several processes may share it."""
 
     settles_on_cancel = True
@@ -290,20 +291,10 @@ class SQLiteStore:
         that are ready at the same moment."""
         await self._commit(checkpoint, lease)
 
-    async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
-        """Take the run's lease; a holder whose process died (its owner lock is free) is
-        taken over at once. A store opened read-only gives no leases (it cannot write)."""
+    def _refuse_leases(self) -> None:
+        """A store opened read-only gives no leases (a lease is a write)."""
         if self.read_only:
             raise self._error(OSError("a lease is a write, and this store cannot write"))
-        return await self._leases.acquire(run_id, owner, ttl=ttl)
-
-    async def renew(self, lease: Lease, *, ttl: float) -> None:
-        """Extend the lease."""
-        await self._leases.renew(lease, ttl=ttl)
-
-    async def release(self, lease: Lease) -> None:
-        """Give the lease up and, with the owner's last lease here, its owner lock."""
-        await self._leases.release(lease)
 
     async def _apply(self, run_id: str, change: LeaseChange) -> LeaseRecord | None:
         return await self._shielded(lambda: self._call(lease_op, run_id, change))

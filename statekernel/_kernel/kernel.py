@@ -31,7 +31,6 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -60,6 +59,7 @@ from statekernel._records.messages import JSON, Message
 from statekernel._records.run import INPUT_REQUIRED, UNCERTAIN, PauseInfo, Run, utcnow
 from statekernel._records.values import check_messages, checked
 from statekernel._secrets import logger
+from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import (
     Checkpoint,
     CheckpointStore,
@@ -107,7 +107,7 @@ def _resolve_store(store: CheckpointStore | str | None) -> tuple[CheckpointStore
     return store, False
 
 
-class Kernel:
+class Kernel(Closing):
     """Runs agents durably: every lifecycle transition is committed before the next effect.
 
     ``store``: a URL or a ``CheckpointStore`` (None: ``STATEKERNEL_STORE``, config
@@ -183,17 +183,6 @@ class Kernel:
     def __del__(self) -> None:
         if not self._closed:
             warn_unclosed(f"Kernel {self.owner} on {self.store!r}", self)
-
-    async def __aenter__(self) -> Kernel:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Stop background tool calls (waiting until each has ended), release the runs'

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -35,6 +34,7 @@ from statekernel._secrets import (
     remember_secret_values,
     remember_url,
 )
+from statekernel._storage.closing import Closing
 from statekernel.errors import ConfigError, ToolError
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ __all__ = ["MCPConnection", "MCPTool", "mcp_http", "mcp_stdio"]
 Opener = Callable[[contextlib.AsyncExitStack], Awaitable["ClientSession"]]
 
 
-class MCPConnection:
+class MCPConnection(Closing):
     """A live session with one MCP server; ``tools()`` lists its tools as ``Tool`` objects.
 
     Use it as an async context manager (or ``start``/``aclose``). The session is opened
@@ -64,14 +64,6 @@ class MCPConnection:
     async def __aenter__(self) -> MCPConnection:
         await self.start()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def start(self) -> None:
         """Connect and initialize; a server that cannot be reached raises ``ConfigError``."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Literal, TypeAlias
+from typing import Literal, TypeAlias, get_args
 
 import attrs
 
@@ -40,15 +40,8 @@ StateId: TypeAlias = Literal[
     "completed",
 ]
 
-STATE_IDS: tuple[StateId, ...] = (
-    "init",
-    "preparing_turn",
-    "calling_model",
-    "dispatching_tools",
-    "paused",
-    "failed",
-    "completed",
-)
+STATE_IDS: tuple[StateId, ...] = get_args(StateId)
+"""The run's states, in lifecycle order (the statechart is checked against them)."""
 
 
 def utcnow() -> datetime:

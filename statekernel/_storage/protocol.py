@@ -24,6 +24,7 @@ import attrs
 
 from statekernel._records.events import Event
 from statekernel._records.run import PauseInfo, Run, StateId
+from statekernel._storage.closing import Closing
 
 __all__ = [
     "Checkpoint",
@@ -278,7 +279,7 @@ async def commit_settled(
         raise
 
 
-class StoreWrapper:
+class StoreWrapper(Closing):
     """A ``CheckpointStore`` that forwards every call to ``inner``.
 
     Subclass it to change one thing (fault injection, fencing, timing) and leave

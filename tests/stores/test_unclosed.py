@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from statekernel.stores import SQLiteStore
+from statekernel.stores import SQLiteStore, open_store
 
 HUNG = 120.0
 """Seconds after which a program that should have exited is taken for hung."""
@@ -24,9 +24,7 @@ def test_an_unclosed_sqlite_store_lets_the_process_exit(tmp_path: Path) -> None:
         textwrap.dedent(
             """
             import asyncio, sys
-            from statekernel.stores import open_store
-
-            async def main():
+                    async def main():
                 store = open_store(sys.argv[1])
                 print(len((await store.list_runs()).runs), flush=True)
 
@@ -71,3 +69,25 @@ async def test_a_closed_store_ends_its_thread_without_warning(tmp_path: Path) ->
         del store
         gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+
+
+async def test_async_with_closes_the_store_and_its_thread(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    before = set(threading.enumerate())
+    async with SQLiteStore(url) as store:
+        assert (await store.list_runs()).runs == ()
+        (thread,) = set(threading.enumerate()) - before
+    thread.join(timeout=HUNG)
+    assert not thread.is_alive()
+    del store
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        gc.collect()  # closed: nothing to warn about
+
+
+async def test_every_store_is_an_async_context_manager(every_store_url: str) -> None:
+    store = open_store(every_store_url)
+    async with store as entered:
+        assert entered is store
+        assert (await store.list_runs()).runs == ()
+    await store.aclose()  # closing again does nothing
