@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from statekernel._storage.closing import Closing
 from statekernel.stores import SQLiteStore, open_store
 
 HUNG = 120.0
@@ -24,7 +25,9 @@ def test_an_unclosed_sqlite_store_lets_the_process_exit(tmp_path: Path) -> None:
         textwrap.dedent(
             """
             import asyncio, sys
-                    async def main():
+            from statekernel.stores import open_store
+
+            async def main():
                 store = open_store(sys.argv[1])
                 print(len((await store.list_runs()).runs), flush=True)
 
@@ -87,6 +90,7 @@ async def test_async_with_closes_the_store_and_its_thread(tmp_path: Path) -> Non
 
 async def test_every_store_is_an_async_context_manager(every_store_url: str) -> None:
     store = open_store(every_store_url)
+    assert isinstance(store, Closing)
     async with store as entered:
         assert entered is store
         assert (await store.list_runs()).runs == ()
