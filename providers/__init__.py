@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from statekernel import _exports
-from statekernel._models.protocol import (
+from statekernel._storage.provider import (
     ModelProvider,
     ReasoningDelta,
     ResultBuilder,

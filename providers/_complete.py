@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from statekernel._models.protocol import ModelProvider, ResultBuilder
 from statekernel._records.messages import ModelRequest, ModelResult
+from statekernel._storage.provider import ModelProvider, ResultBuilder
 from statekernel.providers._http import closing_stream
 
 __all__ = ["complete"]

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 import attrs
 import httpx
 
-from statekernel._models.protocol import StreamPart, UsageUpdate
 from statekernel._records.messages import ModelRequest
+from statekernel._storage.provider import StreamPart, UsageUpdate
 from statekernel.errors import ProviderError, ProviderUnavailable, RateLimited
 from statekernel.providers._errors import error_for_status, error_from_exception, redact
 

@@ -19,8 +19,8 @@ from typing import Any
 import attrs
 import httpx
 
-from statekernel._models.protocol import StreamPart
 from statekernel._records.messages import ModelRequest
+from statekernel._storage.provider import StreamPart
 from statekernel.errors import ConfigError
 from statekernel.providers._http import DEFAULT_TIMEOUT, closing_stream
 from statekernel.providers._openai import OpenAIProvider

@@ -13,15 +13,6 @@ from typing import Any
 
 import httpx
 
-from statekernel._models.protocol import (
-    ReasoningDelta,
-    StreamEnd,
-    StreamPart,
-    TextDelta,
-    ToolCallDone,
-    UsageUpdate,
-    tool_call_arguments_json,
-)
 from statekernel._records.messages import (
     FinishReason,
     ImagePart,
@@ -31,6 +22,15 @@ from statekernel._records.messages import (
     ToolCall,
     ToolResult,
     Usage,
+)
+from statekernel._storage.provider import (
+    ReasoningDelta,
+    StreamEnd,
+    StreamPart,
+    TextDelta,
+    ToolCallDone,
+    UsageUpdate,
+    tool_call_arguments_json,
 )
 from statekernel.errors import BadRequest, ProviderUnavailable
 from statekernel.providers._errors import error_for_type

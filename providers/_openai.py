@@ -18,16 +18,6 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource
 
-from statekernel._models.protocol import (
-    ReasoningDelta,
-    StreamEnd,
-    StreamPart,
-    TextDelta,
-    ToolCallDelta,
-    ToolCallDone,
-    UsageUpdate,
-    tool_call_arguments_json,
-)
 from statekernel._records.messages import (
     FinishReason,
     ImagePart,
@@ -38,6 +28,16 @@ from statekernel._records.messages import (
     ToolResult,
     ToolSpec,
     Usage,
+)
+from statekernel._storage.provider import (
+    ReasoningDelta,
+    StreamEnd,
+    StreamPart,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallDone,
+    UsageUpdate,
+    tool_call_arguments_json,
 )
 from statekernel.errors import ConfigError, ProviderUnavailable
 from statekernel.providers._errors import error_for_type

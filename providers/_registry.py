@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from statekernel._models.protocol import ModelProvider
+from statekernel._storage.provider import ModelProvider
 from statekernel.errors import ConfigError
 from statekernel.providers._keys import api_key as provider_key
 

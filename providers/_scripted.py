@@ -10,7 +10,8 @@ from typing import TypeAlias
 
 import attrs
 
-from statekernel._models.protocol import (
+from statekernel._records.messages import FinishReason, ModelRequest, ToolCall, Usage
+from statekernel._storage.provider import (
     ReasoningDelta,
     StreamEnd,
     StreamPart,
@@ -18,7 +19,6 @@ from statekernel._models.protocol import (
     ToolCallDelta,
     UsageUpdate,
 )
-from statekernel._records.messages import FinishReason, ModelRequest, ToolCall, Usage
 from statekernel.errors import ProviderError
 
 __all__ = ["Fail", "Reply", "ScriptedProvider", "call"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterator
 
-from statekernel._models.protocol import ReasoningDelta, StreamPart, TextDelta
+from statekernel._storage.provider import ReasoningDelta, StreamPart, TextDelta
 
 __all__ = ["ThinkSplitter", "split_think"]
 

@@ -2,11 +2,10 @@
 
 Every import counts, at any depth of a module and under ``TYPE_CHECKING`` too. The
 adapters (``statekernel.stores``, ``statekernel.providers``) sit below the kernel and
-depend only on the protocols they implement (``statekernel._storage``,
-``statekernel._models``); the kernel's core reaches them only through its lazy
-registry: ``statekernel._kernel.kernel`` imports ``statekernel.stores`` (to open a store
-URL) and ``statekernel.providers`` (to resolve a model string) inside the functions
-that need them.
+depend only on the protocols they implement (both in ``statekernel._storage``); the
+kernel's core reaches them only through its lazy registry: ``statekernel._kernel.kernel``
+imports ``statekernel.stores`` (to open a store URL) and ``statekernel.providers`` (to
+resolve a model string) inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ LAYERS = [
     ("statekernel.errors", "statekernel._exports", "statekernel._secrets"),
     ("statekernel._records",),
     ("statekernel._lifecycle",),
-    ("statekernel._storage", "statekernel._models"),
+    ("statekernel._storage",),
     ("statekernel.stores", "statekernel.providers"),
     ("statekernel._kernel",),
     ("statekernel._workers", "statekernel.testing"),
@@ -54,7 +53,6 @@ CORE = (
     "statekernel._records",
     "statekernel._lifecycle",
     "statekernel._storage",
-    "statekernel._models",
     "statekernel._kernel",
 )
 OUTSIDE_CORE = (

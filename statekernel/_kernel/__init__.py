@@ -2,7 +2,7 @@
 effect, transition, commit, and where a crash can land), and what a run calls out to:
 tools (``tools``, ``schema``, ``mcp``), dispatch policy, hooks, middleware, questions
 (``asking``), child runs (``delegate``) and telemetry. Models are reached through
-their protocol (``statekernel._models``). The adapters below it are reached only
+their protocol (``statekernel._storage.provider``). The adapters below it are reached only
 through the lazy registries that resolve a store URL (``statekernel.stores``) and a
 model string (``statekernel.providers``) when a kernel needs one."""
 

@@ -81,15 +81,6 @@ from statekernel._kernel.waiting import wait_ended
 from statekernel._lifecycle.chart import Lifecycle
 from statekernel._lifecycle.matching import call_key
 from statekernel._lifecycle.transitions import parse_call
-from statekernel._models.protocol import (
-    ModelProvider,
-    ReasoningDelta,
-    ResultBuilder,
-    TextDelta,
-    ToolCallDelta,
-    ToolCallDone,
-    UsageUpdate,
-)
 from statekernel._records.checks import checked_result
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, ModelRequest, ModelResult
@@ -105,6 +96,15 @@ from statekernel._records.run import (
 )
 from statekernel._records.values import as_stored, parse_json
 from statekernel._storage.protocol import Checkpoint, Lease
+from statekernel._storage.provider import (
+    ModelProvider,
+    ReasoningDelta,
+    ResultBuilder,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallDone,
+    UsageUpdate,
+)
 from statekernel.errors import (
     ConflictError,
     InvalidTransition,

@@ -52,7 +52,6 @@ from statekernel._kernel.options import (
 from statekernel._kernel.tenure import Tenure
 from statekernel._kernel.tools import Tool, tools_by_name
 from statekernel._kernel.waiting import wait_ended
-from statekernel._models.protocol import ModelProvider
 from statekernel._records.arguments import callable_arg, flag, run_id_arg, seconds, text
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, Message
@@ -67,6 +66,7 @@ from statekernel._storage.protocol import (
     RunQueues,
     commit_settled,
 )
+from statekernel._storage.provider import ModelProvider
 from statekernel._storage.unclosed import warn_unclosed
 from statekernel.errors import (
     ConfigError,

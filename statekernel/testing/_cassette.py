@@ -23,7 +23,9 @@ import cattrs
 from cattrs.strategies import configure_tagged_union
 
 from statekernel import errors
-from statekernel._models.protocol import (
+from statekernel._records.convert import unstructure
+from statekernel._records.messages import ModelRequest
+from statekernel._storage.provider import (
     ModelProvider,
     ReasoningDelta,
     StreamEnd,
@@ -33,8 +35,6 @@ from statekernel._models.protocol import (
     ToolCallDone,
     UsageUpdate,
 )
-from statekernel._records.convert import unstructure
-from statekernel._records.messages import ModelRequest
 from statekernel.errors import BadRequest, ProviderError
 
 __all__ = ["Cassette", "CassetteMode", "request_key"]

@@ -9,9 +9,9 @@ from typing import Any, Literal, TypeAlias
 import attrs
 
 from statekernel._kernel.middleware import Middleware, ToolInvocation
-from statekernel._models.protocol import ModelProvider, StreamPart
 from statekernel._records.messages import ModelRequest
 from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease, StoreWrapper
+from statekernel._storage.provider import ModelProvider, StreamPart
 
 __all__ = [
     "CRASH_POINTS",

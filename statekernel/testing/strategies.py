@@ -810,7 +810,7 @@ def stream_answers(tool: str = "record") -> st.SearchStrategy[Answer]:
     """The stream parts of one model answer (``make`` ignores its argument): text or a
     call of ``tool``, usage and the end, sometimes with one part whose field has the
     wrong type or value, or with a part that is no stream part."""
-    from statekernel._models.protocol import (
+    from statekernel._storage.provider import (
         StreamEnd,
         TextDelta,
         ToolCallDelta,
