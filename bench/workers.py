@@ -31,7 +31,7 @@ from typing import Any
 
 import statekernel as sk
 from statekernel.stores import RedisStore
-from statekernel.stores._redis_queue import RunQueue
+from statekernel.stores.redis._queue import RunQueue
 from statekernel.testing import Reply, ScriptedProvider, call
 
 QUEUE = "bench"

@@ -27,20 +27,20 @@ from statekernel._storage.protocol import (
 from statekernel.stores._open import open_store
 
 if TYPE_CHECKING:
-    from statekernel.stores._file import FileStore
     from statekernel.stores._memory import MemoryStore
     from statekernel.stores._migrate import Migration, migrate
-    from statekernel.stores._redis import RedisStore
-    from statekernel.stores._sqlite import SQLiteStore
+    from statekernel.stores.file._store import FileStore
+    from statekernel.stores.redis._store import RedisStore
+    from statekernel.stores.sqlite._store import SQLiteStore
 
 __getattr__, __dir__ = _exports.lazy_exports(
     __name__,
     {
-        "FileStore": "._file",
+        "FileStore": ".file._store",
         "MemoryStore": "._memory",
         "Migration": "._migrate",
-        "RedisStore": "._redis",
-        "SQLiteStore": "._sqlite",
+        "RedisStore": ".redis._store",
+        "SQLiteStore": ".sqlite._store",
         "migrate": "._migrate",
     },
 )

@@ -243,19 +243,19 @@ def open_probe(url: str) -> Probe:
         raise ConfigError(f"not a store URL: {redact_url(str(url))!r} (expected scheme://...)")
     scheme = url.split("://", 1)[0].lower()
     if scheme == "memory":
-        from statekernel.stores._doctor_file import MemoryProbe
+        from statekernel.stores.file._doctor import MemoryProbe
 
         return MemoryProbe(url)
     if scheme == "sqlite":
-        from statekernel.stores._doctor_sqlite import SQLiteProbe
+        from statekernel.stores.sqlite._doctor import SQLiteProbe
 
         return SQLiteProbe(url)
     if scheme == "file":
-        from statekernel.stores._doctor_file import FileProbe
+        from statekernel.stores.file._doctor import FileProbe
 
         return FileProbe(url)
     if scheme in ("redis", "rediss"):
-        from statekernel.stores._doctor_redis import RedisProbe
+        from statekernel.stores.redis._doctor import RedisProbe
 
         return RedisProbe(url)
     raise ConfigError(

@@ -23,15 +23,15 @@ def open_store(url: str) -> CheckpointStore:
 
         return MemoryStore(url.split("://", 1)[1])
     if scheme == "sqlite":
-        from statekernel.stores._sqlite import SQLiteStore
+        from statekernel.stores.sqlite._store import SQLiteStore
 
         return SQLiteStore(url)
     if scheme == "file":
-        from statekernel.stores._file import FileStore
+        from statekernel.stores.file._store import FileStore
 
         return FileStore(url)
     if scheme in ("redis", "rediss"):
-        from statekernel.stores._redis import RedisStore
+        from statekernel.stores.redis._store import RedisStore
 
         return RedisStore(url)
     raise ConfigError(

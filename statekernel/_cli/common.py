@@ -107,7 +107,7 @@ def check_existing_store(url: str) -> None:
 
 def _check_store_file(path: str) -> None:
     """A ``UserError`` for a SQLite file that is not a statekernel store (nothing written)."""
-    from statekernel.stores._sqlite_schema import check_store_file
+    from statekernel.stores.sqlite._schema import check_store_file
 
     try:
         check_store_file(path)

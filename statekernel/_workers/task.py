@@ -26,11 +26,11 @@ from statekernel._records.events import Event
 from statekernel._records.run import Run
 from statekernel._secrets import logger
 from statekernel.errors import ConflictError, LeaseLost, RunBusy, StatekernelError, StoreError
-from statekernel.stores._redis_queue import Entry
+from statekernel.stores.redis._queue import Entry
 
 if TYPE_CHECKING:
     from statekernel._kernel.kernel import Kernel
-    from statekernel.stores._redis_queue import RunQueue
+    from statekernel.stores.redis._queue import RunQueue
 
 __all__ = ["Host", "RunTask", "WorkerStats"]
 

@@ -43,8 +43,8 @@ from statekernel._secrets import logger
 from statekernel._storage.protocol import CheckpointStore
 from statekernel._workers.task import RunTask, WorkerStats
 from statekernel.errors import ConfigError, InvalidArgument, StoreError
-from statekernel.stores._redis_fencing import redis_backed
-from statekernel.stores._redis_queue import Entry, RunQueue
+from statekernel.stores.redis._fencing import redis_backed
+from statekernel.stores.redis._queue import Entry, RunQueue
 
 __all__ = ["AgentSpec", "Worker", "WorkerStats"]
 

@@ -27,7 +27,7 @@ from statekernel.stores import Checkpoint, open_store
 from statekernel.stores._format.codec import decode_run, encode_commit
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._format.events import decode_events, encode_events
-from statekernel.stores._sqlite_schema import SCHEMA
+from statekernel.stores.sqlite._schema import SCHEMA
 from statekernel.testing._store_cases import next_revision, sample_run
 
 # -- a record with every field set to something that is not its default ----------------

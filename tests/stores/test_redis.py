@@ -16,7 +16,7 @@ from redis.exceptions import ResponseError
 
 from statekernel.errors import StoreError
 from statekernel.stores import Checkpoint, RedisStore, open_store, redact_url
-from statekernel.stores._redis_wire import Wire
+from statekernel.stores.redis._wire import Wire
 from statekernel.testing._store_cases import T0, next_revision, sample_run
 
 from .conftest import REDIS_PASSWORD, free_port, serve, stop

@@ -9,7 +9,7 @@ import pytest
 
 from statekernel.errors import ConflictError, StoreError
 from statekernel.stores import Checkpoint, RedisStore
-from statekernel.stores._redis_wire import Command, Wire
+from statekernel.stores.redis._wire import Command, Wire
 from statekernel.testing._store_cases import next_revision, sample_run
 
 pytestmark = pytest.mark.redis

@@ -14,7 +14,7 @@ import pytest
 from statekernel._storage.protocol import commit_settled
 from statekernel.errors import StoreError
 from statekernel.stores import Checkpoint, SQLiteStore
-from statekernel.stores._sqlite_file import FIRST_WAIT_MS
+from statekernel.stores.sqlite._file import FIRST_WAIT_MS
 from statekernel.testing._store_cases import next_revision, sample_run
 
 

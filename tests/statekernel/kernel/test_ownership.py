@@ -351,7 +351,7 @@ async def test_a_resent_redis_commit_knows_it_landed(
 ) -> None:
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from statekernel.stores._redis_wire import Wire
+    from statekernel.stores.redis._wire import Wire
 
     real = Wire._once
     cut = [0]

@@ -13,7 +13,7 @@ import statekernel as sk
 from statekernel._storage.protocol import Lease, StoreWrapper
 from statekernel.errors import ConfigError, InvalidArgument, ProviderError, RunNotFound
 from statekernel.stores import RedisStore
-from statekernel.stores._redis_queue import GROUP, RunQueue
+from statekernel.stores.redis._queue import GROUP, RunQueue
 from statekernel.testing import Fail, Reply, ScriptedProvider, call
 
 pytestmark = pytest.mark.redis

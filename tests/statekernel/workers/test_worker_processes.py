@@ -21,7 +21,7 @@ import pytest
 
 import statekernel as sk
 from statekernel.stores import RedisStore
-from statekernel.stores._redis_queue import RunQueue
+from statekernel.stores.redis._queue import RunQueue
 from statekernel.testing import ScriptedProvider
 from statekernel.testing._fuzz import run_history_ok, run_outcome
 

@@ -19,7 +19,7 @@ import attrs
 
 from statekernel._secrets import redact
 from statekernel.errors import InvalidArgument, StoreError
-from statekernel.stores._redis_fencing import RedisBacked
+from statekernel.stores.redis._fencing import RedisBacked
 
 __all__ = ["GROUP", "Entry", "RunQueue"]
 

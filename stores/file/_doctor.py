@@ -21,8 +21,8 @@ from statekernel.stores._doctor_probe import (
     host_lease,
     permissions,
 )
-from statekernel.stores._file import FileStore, folder_name
-from statekernel.stores._file_io import RunFolder, read_head, read_lease
+from statekernel.stores.file._io import RunFolder, read_head, read_lease
+from statekernel.stores.file._store import FileStore, folder_name
 
 __all__ = ["FileProbe", "MemoryProbe"]
 

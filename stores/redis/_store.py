@@ -78,10 +78,10 @@ from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._lease_records import redis_holder
 from statekernel.stores._listing import decode_cursor, encode_cursor
-from statekernel.stores._redis_fencing import FENCE_KEY_TTL_MS, RELEASE, RENEW
-from statekernel.stores._redis_index import RunIndex
-from statekernel.stores._redis_queue import RunQueue
-from statekernel.stores._redis_wire import Command, Wire
+from statekernel.stores.redis._fencing import FENCE_KEY_TTL_MS, RELEASE, RENEW
+from statekernel.stores.redis._index import RunIndex
+from statekernel.stores.redis._queue import RunQueue
+from statekernel.stores.redis._wire import Command, Wire
 
 __all__ = ["RedisStore"]
 

@@ -6,7 +6,7 @@ import sqlite3
 from pathlib import Path
 
 from statekernel.errors import StoreError
-from statekernel.stores._sqlite_file import begin_immediate, connect
+from statekernel.stores.sqlite._file import begin_immediate, connect
 
 __all__ = ["SCHEMA", "STORE_VERSION", "check_layout", "check_store_file", "migrate_schema"]
 

@@ -22,7 +22,7 @@ from statekernel._storage.protocol import Lease
 from statekernel.errors import RunNotFound
 from statekernel.stores._lease_records import host_record, kept_record
 from statekernel.stores._owners import LeaseRecord, check_fence
-from statekernel.stores._sqlite_file import StoreConnection, begin_immediate
+from statekernel.stores.sqlite._file import StoreConnection, begin_immediate
 
 __all__ = [
     "BadRow",

@@ -27,9 +27,9 @@ from statekernel.stores._doctor_probe import (
     permissions,
 )
 from statekernel.stores._lease_records import host_record
-from statekernel.stores._sqlite import SQLiteStore, parse_sqlite_url
-from statekernel.stores._sqlite_file import connect
-from statekernel.stores._sqlite_schema import STORE_VERSION
+from statekernel.stores.sqlite._file import connect
+from statekernel.stores.sqlite._schema import STORE_VERSION
+from statekernel.stores.sqlite._store import SQLiteStore, parse_sqlite_url
 
 __all__ = ["SQLiteProbe"]
 

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 import attrs
 
 from statekernel._storage.protocol import Lease
-from statekernel.stores._sqlite_file import begin_immediate
-from statekernel.stores._sqlite_ops import CommitRows, Stored, apply_commit
+from statekernel.stores.sqlite._file import begin_immediate
+from statekernel.stores.sqlite._ops import CommitRows, Stored, apply_commit
 
 __all__ = ["Outcome", "Pending", "write_commits"]
 

@@ -71,15 +71,15 @@ from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._owners import Clock, HostLeased, HostLeases, LeaseChange, LeaseRecord
-from statekernel.stores._sqlite_columns import BAD_STATE, check_columns, column_problem
-from statekernel.stores._sqlite_file import (
+from statekernel.stores.sqlite._columns import BAD_STATE, check_columns, column_problem
+from statekernel.stores.sqlite._file import (
     connect,
     file_state,
     needs_read_only,
     opens_immutable,
     prepare_file,
 )
-from statekernel.stores._sqlite_ops import (
+from statekernel.stores.sqlite._ops import (
     BadRow,
     CommitRows,
     Parts,
@@ -91,9 +91,9 @@ from statekernel.stores._sqlite_ops import (
     read_head,
     read_parts,
 )
-from statekernel.stores._sqlite_schema import check_layout, migrate_schema
-from statekernel.stores._sqlite_thread import SQLiteThread
-from statekernel.stores._sqlite_writer import Outcome, Pending, write_commits
+from statekernel.stores.sqlite._schema import check_layout, migrate_schema
+from statekernel.stores.sqlite._thread import SQLiteThread
+from statekernel.stores.sqlite._writer import Outcome, Pending, write_commits
 
 __all__ = ["SQLiteStore"]
 

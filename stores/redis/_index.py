@@ -20,7 +20,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
-from statekernel.stores._redis_wire import Command, Wire
+from statekernel.stores.redis._wire import Command, Wire
 
 __all__ = ["SETTLE_SCRIPT", "RunIndex", "execute_pipeline"]
 

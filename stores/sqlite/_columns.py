@@ -19,7 +19,7 @@ from statekernel._records.run import STATE_IDS
 from statekernel._storage.protocol import RunSummary
 from statekernel.errors import CorruptCheckpoint
 from statekernel.stores._common import micros
-from statekernel.stores._sqlite_ops import Stored
+from statekernel.stores.sqlite._ops import Stored
 
 __all__ = ["BAD_STATE", "check_columns", "column_problem"]
 

@@ -39,18 +39,6 @@ from statekernel.stores._common import (
     checked_revision,
     checked_run_id,
 )
-from statekernel.stores._file_io import (
-    LAYOUT_VERSION,
-    Locked,
-    RunFolder,
-    blob_line,
-    entry_line,
-    log_lines,
-    read_head,
-    read_lease,
-    write_head,
-    write_lease,
-)
 from statekernel.stores._format.codec import (
     check_log,
     decode_events,
@@ -71,6 +59,18 @@ from statekernel.stores._owners import (
     LeaseChange,
     LeaseRecord,
     check_fence,
+)
+from statekernel.stores.file._io import (
+    LAYOUT_VERSION,
+    Locked,
+    RunFolder,
+    blob_line,
+    entry_line,
+    log_lines,
+    read_head,
+    read_lease,
+    write_head,
+    write_lease,
 )
 
 __all__ = ["FileStore"]

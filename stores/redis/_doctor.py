@@ -22,7 +22,7 @@ from statekernel.stores._doctor_probe import (
     RunRef,
 )
 from statekernel.stores._lease_records import redis_holder
-from statekernel.stores._redis import RedisStore, _load_head
+from statekernel.stores.redis._store import RedisStore, _load_head
 
 __all__ = ["RedisProbe"]
 
