@@ -253,6 +253,8 @@ class _StreamState:
         self.model: str | None = None
         self.done = False
         self._ids: dict[int, str] = {}
+        self._last = -1
+        """The highest index seen (kept, not searched for at each delta)."""
 
     def feed(self, data: dict[str, Any]) -> Iterator[StreamPart]:
         if self.model is None and data.get("model"):
@@ -281,6 +283,7 @@ class _StreamState:
         index = self._index(call, call_id)
         if index not in self._ids:
             self._ids[index] = call_id = call_id or _new_call_id()
+            self._last = max(self._last, index)
         return ToolCallDelta(
             index=index,
             id=call_id or None,
@@ -292,7 +295,7 @@ class _StreamState:
         """The wire's ``index``; servers that omit it start a new call with each new id."""
         if call.get("index") is not None:
             return int(call["index"])
-        last = max(self._ids, default=-1)
+        last = self._last
         if last < 0 or (call_id and call_id != self._ids[last]):
             return last + 1
         return last

@@ -37,6 +37,7 @@ import attrs
 
 from statekernel._storage.protocol import Lease
 from statekernel.errors import LeaseLost, RunBusy, StoreError
+from statekernel.stores._private import private_folder
 
 __all__ = [
     "Clock",
@@ -236,7 +237,7 @@ class OwnerProofs:
     def _lock(self, path: Path) -> int:
         try:
             while True:
-                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                private_folder(path.parent)
                 try:
                     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
                 except FileNotFoundError:

@@ -16,6 +16,7 @@ import attrs
 import click
 from rich.console import Console
 
+from statekernel._cli.visible import visible
 from statekernel._records.convert import unstructure
 from statekernel._secrets import redact
 from statekernel._storage.protocol import CheckpointStore
@@ -54,7 +55,7 @@ class UserError(click.ClickException):
 
     def show(self, file: IO[Any] | None = None) -> None:
         """Print ``error: <message>`` on stderr."""
-        click.echo(f"error: {self.message}", file=file or sys.stderr)
+        click.echo(f"error: {visible(self.message)}", file=file or sys.stderr)
 
 
 def run_async(coro: Awaitable[T]) -> T:
@@ -213,9 +214,11 @@ class Output:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
 
-    def note(self, message: str) -> None:
-        """A message for people (stderr when printing JSON, so stdout stays parseable)."""
-        (self.errors if self.as_json else self.console).print(message)
+    def note(self, message: str, *, markup: bool = True) -> None:
+        """A message for people (stderr when printing JSON, so stdout stays parseable);
+        ``markup=False`` for text holding a run's data (printed as it is)."""
+        console = self.errors if self.as_json else self.console
+        console.print(message, markup=markup, emoji=markup)
 
 
 def debug_enabled() -> bool:

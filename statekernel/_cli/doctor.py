@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from statekernel._cli.common import Output, common_options, run_async, store_url
+from statekernel._cli.visible import plain
 from statekernel.stores import redact_url
 
 __all__ = ["doctor"]
@@ -38,7 +39,8 @@ def doctor(store: str | None, as_json: bool) -> None:
     else:
         table = Table("check", "subject", "status", "detail", title=f"doctor: {redact_url(url)}")
         for f in findings:
-            table.add_row(f.check, Text(f.subject), Text(f.status, _STYLES[f.status]), f.detail)
+            status = Text(f.status, _STYLES[f.status])
+            table.add_row(f.check, plain(f.subject), status, plain(f.detail, layout=True))
         out.console.print(table)
     counts = Counter(f.status for f in findings)
     runs = len({f.subject for f in findings if f.check == "records"})

@@ -12,11 +12,13 @@ from typing import Any
 
 import attrs
 from rich.console import Console
+from rich.markup import escape
 from rich.status import Status
 
 from statekernel._cli.common import Output, UserError
 from statekernel._cli.demo import demo_kernel, is_demo_run
 from statekernel._cli.view import EventPrinter, short
+from statekernel._cli.visible import visible
 from statekernel._kernel.kernel import Kernel
 from statekernel._records.events import Event
 from statekernel._records.run import UNCERTAIN, Run
@@ -42,8 +44,11 @@ def _crash(event_type: str, run_id: str, revision: int, hint: str, out: Output) 
         else f"Finish the run with: {hint}"
     )
     out.errors.print(
-        f"[bold red]crash:[/bold red] killing this process right after {event_type} "
-        f"(run {run_id}, revision {revision}).\n{then}"
+        "[bold red]crash:[/bold red] "
+        + escape(
+            f"killing this process right after {event_type} "
+            f"(run {visible(run_id)}, revision {revision}).\n{visible(then, layout=True)}"
+        )
     )
     sys.stdout.flush()
     sys.stderr.flush()
@@ -99,7 +104,7 @@ class ModelWait:
         """Follow the run: start at a model call's intent, stop at anything else."""
         self.stop()
         if event.type in ("model_started", "model_restarted") and self.console.is_terminal:
-            self.status = self.console.status(f"waiting for {self.model}...")
+            self.status = self.console.status(escape(f"waiting for {visible(self.model)}..."))
             self.status.start()
 
     def stop(self) -> None:
@@ -179,7 +184,8 @@ async def resume_run(
         elif max_turns is not None or value:
             raise UserError("--max-turns and --value apply to paused runs only")
         what = "demo run" if is_demo_run(run) else "run"
-        out.note(f"resuming {what} {run_id} from {run.state} (revision {run.revision})")
+        note = f"resuming {what} {run_id} from {run.state} (revision {run.revision})"
+        out.note(visible(note), markup=False)
         return await drive(kernel, run_id, out)
 
 
@@ -194,7 +200,8 @@ async def send_run(
     """Add a user message to a run at rest (completed, paused or failed) and drive it."""
     run = await store.load(run_id)
     async with _acting_on(kernel_for_run(run, store, agent), run_id) as kernel:
-        out.note(f"sending to run {run_id} ({run.state} at revision {run.revision})")
+        note = f"sending to run {run_id} ({run.state} at revision {run.revision})"
+        out.note(visible(note), markup=False)
         return await drive(kernel, run_id, out, messages=[text])
 
 
@@ -214,18 +221,19 @@ async def _acting_on(kernel: Kernel, run_id: str) -> AsyncIterator[Kernel]:
 
 
 def summary_line(run: Run, flags: str = "") -> str:
-    """One line saying where a run came to rest; ``flags`` (``--store ...``) complete
-    the commands it suggests."""
-    line = f"run {run.run_id}: {run.state} at revision {run.revision}"
+    """One line saying where a run came to rest (its stored text ``visible``, no rich
+    markup: print it with ``markup=False``); ``flags`` (``--store ...``) complete the
+    commands it suggests."""
+    line = f"run {visible(run.run_id)}: {visible(run.state)} at revision {run.revision}"
     if run.pause is not None:
-        line += f" ({run.pause.reason})"
+        line += f" ({visible(run.pause.reason)})"
         if run.pause.reason == UNCERTAIN:
             line += (
-                f"\n  say what happened: statekernel runs resolve {run.run_id} CALL_ID "
+                f"\n  say what happened: statekernel runs resolve {visible(run.run_id)} CALL_ID "
                 f"--output JSON | --error TEXT | --rerun{flags}"
             )
     if run.failure is not None:
-        line += f" ({run.failure.error}: {short(run.failure.message, 100)})"
+        line += f" ({visible(run.failure.error)}: {short(run.failure.message, 100)})"
     if run.state == "completed" and run.last_message is not None and run.last_message.text:
         line += f"\n  answer: {short(run.last_message.text, 300)}"
     return line

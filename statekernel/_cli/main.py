@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.markup import escape
 
 from statekernel._cli.common import (
     Output,
@@ -37,6 +38,7 @@ from statekernel._cli.demo import (
 from statekernel._cli.doctor import doctor
 from statekernel._cli.drive import CrashPoint, drive, summary_line
 from statekernel._cli.runs import runs
+from statekernel._cli.visible import visible
 from statekernel._cli.worker import worker
 from statekernel._lifecycle.diagram import DIAGRAM_NAME, FORMATS, can_render_svg, write_diagrams
 from statekernel._records.events import PERSISTED_EVENTS
@@ -131,14 +133,15 @@ def demo(
                     run_id=run_id,
                 )
                 where = redact_url(store_url(store))
-                out.note(f"demo run [bold]{run.run_id}[/bold] on {chosen} (store {where})")
+                shown = escape(visible(run.run_id))
+                out.note(f"demo run [bold]{shown}[/bold] on {escape(chosen)} (store {where})")
                 hint = command_hint(f"statekernel runs resume {run.run_id}", store)
                 return await drive(kernel, run.run_id, out, crash=crash, crash_hint=hint)
             finally:
                 await kernel.aclose()
 
     run = run_async(go())
-    out.note(summary_line(run, command_hint("", store)))
+    out.note(summary_line(run, command_hint("", store)), markup=False)
     if crash is not None:
         out.note(
             f"[yellow]note:[/yellow] the run came to rest before {crash.event} happened "
@@ -197,7 +200,8 @@ def migrate(src_url: str, dst_url: str, skip_corrupt: bool, as_json: bool) -> No
             raise
     src, dst = redact_url(src_url), redact_url(dst_url)
     for damaged in result.skipped:
-        out.errors.print(f"skipped damaged run {damaged.run_id}: {damaged.problem}", markup=False)
+        said = f"skipped damaged run {damaged.run_id}: {damaged.problem}"
+        out.errors.print(visible(said), markup=False)
     if as_json:
         skipped = [{"run_id": d.run_id, "problem": d.problem} for d in result.skipped]
         out.json(
@@ -286,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if debug_enabled():
             raise
         click.echo(
-            f"error: internal error: {type(exc).__name__}: {one_line(str(exc))} "
+            f"error: internal error: {type(exc).__name__}: {visible(one_line(str(exc)))} "
             "(set STATEKERNEL_DEBUG=1 for the traceback)",
             err=True,
         )

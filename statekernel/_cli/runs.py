@@ -28,6 +28,7 @@ from statekernel._cli.view import (
     runs_table,
     tree_node,
 )
+from statekernel._cli.visible import visible
 from statekernel._cli.worker import load_agent
 from statekernel._kernel.delegate import run_tree
 from statekernel._kernel.kernel import Kernel
@@ -90,7 +91,7 @@ def list_runs(
     rows = run_async(go())
     out = Output(as_json)
     for run_id, problem in damaged.items():
-        out.errors.print(f"skipped damaged run {run_id}: {problem}", markup=False)
+        out.errors.print(visible(f"skipped damaged run {run_id}: {problem}"), markup=False)
     if as_json:  # damaged runs follow the listed ones, each with its problem
         out.json([*rows, *({"run_id": r, "damaged": p} for r, p in damaged.items())])
     elif rows:
@@ -201,10 +202,11 @@ def events(
                     told = True
                     if not await _driven(s, run_id):
                         hint = command_hint(f"statekernel runs resume {run_id}", store)
-                        out.note(
+                        note = (
                             f"run {run_id} is in {run.state} at revision {run.revision} and no "
                             f"process drives it (its last owner stopped or died): {hint}"
                         )
+                        out.note(visible(note), markup=False)
                 await asyncio.sleep(interval)
 
     run_async(go())
@@ -257,7 +259,7 @@ def resume(
 
     flags = command_hint("", store, agent)
     run = run_async(go())
-    out.note(summary_line(run, flags))
+    out.note(summary_line(run, flags), markup=False)
     _exit_for(run)
 
 
@@ -280,7 +282,7 @@ def send(run_id: str, text: str, agent: str | None, store: str | None, as_json: 
             return await send_run(s, run_id, text, out, agent=options)
 
     run = run_async(go())
-    out.note(summary_line(run, command_hint("", store, agent)))
+    out.note(summary_line(run, command_hint("", store, agent)), markup=False)
     _exit_for(run)
 
 
@@ -333,12 +335,14 @@ def resolve(
     if as_json:
         out.json(run)
     elif run.state == "paused":
-        out.console.print(f"resolved {call_id}; run {run_id} still waits for other calls")
+        said = f"resolved {call_id}; run {run_id} still waits for other calls"
+        out.console.print(visible(said), markup=False)
     else:
-        out.console.print(
+        said = (
             f"resolved {call_id}; run {run_id} is back in {run.state}: continue it with: "
             + command_hint(f"statekernel runs resume {run_id}", store)
         )
+        out.console.print(visible(said), markup=False)
 
 
 # -- fork / delete -----------------------------------------------------------------
@@ -364,9 +368,9 @@ def fork(run_id: str, at: int | None, store: str | None, as_json: bool) -> None:
     if as_json:
         out.json({"run_id": run.run_id, "from_run_id": run_id, "state": run.state})
     else:
-        out.console.print(f"forked {run_id} -> {run.run_id} ({run.state})")
+        out.console.print(visible(f"forked {run_id} -> {run.run_id} ({run.state})"), markup=False)
         hint = command_hint(f"statekernel runs resume {run.run_id}", store)
-        out.console.print(f"continue it with: {hint}")
+        out.console.print(visible(f"continue it with: {hint}"), markup=False)
 
 
 @runs.command("delete")
@@ -413,7 +417,8 @@ def delete(
         out.json({"run_id": run_id, "deleted": True, "runs": deleted})
     else:
         more = len(deleted) - 1
-        out.console.print(f"deleted run {run_id}" + (f" and {more} child run(s)" if more else ""))
+        said = f"deleted run {run_id}" + (f" and {more} child run(s)" if more else "")
+        out.console.print(visible(said), markup=False)
 
 
 # -- diagram -----------------------------------------------------------------------

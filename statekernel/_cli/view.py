@@ -8,12 +8,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console, Group
-from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from statekernel._cli.visible import plain, visible
 from statekernel._records.events import Event
 from statekernel._records.messages import (
     JSON,
@@ -63,15 +63,16 @@ _EVENT_STYLES = {
 
 
 def short(value: JSON, limit: int = 120) -> str:
-    """Compact one-line JSON (or the string itself), cut to ``limit`` characters."""
+    """Compact one-line JSON (or the string itself), cut to ``limit`` characters, with
+    its control characters escaped (``visible``)."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = " ".join(text.split())
+    text = visible(" ".join(text.split()))
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def state_text(state: str) -> Text:
     """A state id, coloured."""
-    return Text(state, style=STATE_STYLES.get(state, ""))
+    return plain(state, STATE_STYLES.get(state, ""))
 
 
 def stamp(at: datetime) -> str:
@@ -81,7 +82,7 @@ def stamp(at: datetime) -> str:
 
 def _event_data(event: Event) -> str:
     data = event.data if isinstance(event.data, dict) else {"data": event.data}
-    return " ".join(f"{k}={short(v, 60)}" for k, v in data.items())
+    return " ".join(f"{visible(str(k))}={short(v, 60)}" for k, v in data.items())
 
 
 class EventPrinter:
@@ -104,10 +105,11 @@ class EventPrinter:
         """Print one event."""
         if event.persisted:
             self._end_inline()
-            style = _EVENT_STYLES.get(event.type, "")
-            head = f"[dim]{stamp(event.at)} r{event.revision:<3} #{event.seq:<4}[/dim]"
-            line = f"{head} [{style}]{event.type}[/{style}] " if style else f"{head} {event.type} "
-            self.console.print(line + escape(_event_data(event)), soft_wrap=True)
+            line = Text(f"{stamp(event.at)} r{event.revision:<3} #{event.seq:<4}", style="dim")
+            line.append(" ")
+            line.append(visible(event.type), style=_EVENT_STYLES.get(event.type, ""))
+            line.append(" " + _event_data(event))
+            self.console.print(line, soft_wrap=True)
         elif self.live:
             self._show_live(event)
 
@@ -118,12 +120,12 @@ class EventPrinter:
                 self.console.print("[dim]   \u2502[/dim] ", end="")
                 self._inline = True
             style = "italic dim" if event.type == "reasoning_delta" else "bold"
-            text = Text(str(data.get("text", "")), style=style)
+            text = plain(str(data.get("text", "")), style, layout=True)
             self.console.print(text, end="", soft_wrap=True)
         elif event.type == "tool_output":
             self._end_inline()
-            out = escape(short(data.get("data"), 100))
-            self.console.print(f"[dim]   \u2502 {data.get('call_id')}: {out}[/dim]", soft_wrap=True)
+            out = f"   \u2502 {visible(str(data.get('call_id')))}: {short(data.get('data'), 100)}"
+            self.console.print(Text(out, style="dim"), soft_wrap=True)
 
     def close(self) -> None:
         """End a line of streamed text."""
@@ -141,15 +143,15 @@ def runs_table(rows: Iterable[RunSummary]) -> Table:
     for s in rows:
         updated = stamp(s.updated_at)
         cells: list[str | Text] = [
-            s.run_id,
+            plain(s.run_id),
             state_text(s.state),
             str(s.turns),
             str(s.revision),
-            s.model,
+            plain(s.model),
             updated,
         ]
         if paused:
-            cells.append(waiting_for(s.pause) if s.pause is not None else "")
+            cells.append(plain(waiting_for(s.pause)) if s.pause is not None else "")
         table.add_row(*cells)
     return table
 
@@ -173,10 +175,10 @@ def run_tree_view(nodes: Sequence[tuple[int, Run]]) -> Tree:
     """A run and its child runs (depth first, as ``run_tree`` gives them) as a tree."""
 
     def label(run: Run) -> Text:
-        text = Text(run.run_id, style="bold") + Text("  ") + state_text(run.state)
-        text.append(f"  rev {run.revision}  {run.model}")
+        text = plain(run.run_id, "bold") + Text("  ") + state_text(run.state)
+        text.append(f"  rev {run.revision}  {visible(run.model)}")
         if run.parent_call_id:
-            text.append(f"  (call {run.parent_call_id})", style="dim")
+            text.append(f"  (call {visible(run.parent_call_id)})", style="dim")
         if run.pause is not None:
             text.append(f"  {waiting_for(run.pause)}", style="yellow")
         return text
@@ -214,18 +216,19 @@ def waiting_for(pause: PauseInfo) -> str:
 
 def _message_lines(message: Message, limit: int) -> list[Text]:
     lines = []
-    role = Text(f"{message.role:>9} ", style="bold")
+    role = Text(f"{visible(message.role):>9} ", style="bold")
     for part in message.content:
         if isinstance(part, TextPart) and part.text:
             lines.append(role + Text(short(part.text, limit)))
         elif isinstance(part, ReasoningPart):
             lines.append(role + Text(short(part.text, limit), style="italic dim"))
         elif isinstance(part, ToolCall):
-            lines.append(role + Text(f"\u2192 {part.name}({short(part.arguments, limit)})"))
-            lines[-1].append(f"  [{part.id}]", style="dim")
+            call = f"\u2192 {visible(part.name)}({short(part.arguments, limit)})"
+            lines.append(role + Text(call))
+            lines[-1].append(f"  [{visible(part.id)}]", style="dim")
         elif isinstance(part, ToolResult):
             style = "red" if part.is_error else ""
-            text = Text(f"\u2190 {part.name}: {short(part.content, limit)}", style=style)
+            text = Text(f"\u2190 {visible(part.name)}: {short(part.content, limit)}", style=style)
             lines.append(role + text)
         role = Text(" " * 10)
     return lines or [role + Text("(empty)", style="dim")]
@@ -239,8 +242,9 @@ def _calls_table(title: str, records: Iterable[ToolCallRecord]) -> Table | None:
     for name in ("call id", "tool", "input", "attempt", "result"):
         table.add_column(name)
     for r in records:
-        result = r.error if r.error is not None else short(r.output, 60) if r.finished_at else ""
-        table.add_row(r.id, r.name, short(r.input, 60), str(r.attempt), result or "")
+        output = short(r.output, 60) if r.finished_at else ""
+        result = plain(r.error, layout=True) if r.error is not None else plain(output)
+        table.add_row(plain(r.id), plain(r.name), plain(short(r.input, 60)), str(r.attempt), result)
     return table
 
 
@@ -248,21 +252,22 @@ def _header(run: Run) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row("run", run.run_id)
+    grid.add_row("run", plain(run.run_id))
     grid.add_row("state", state_text(run.state))
     grid.add_row("revision", str(run.revision))
-    grid.add_row("model", run.model)
+    grid.add_row("model", plain(run.model))
     grid.add_row("turns", f"{run.turn_count}" + (f" / {run.max_turns}" if run.max_turns else ""))
     grid.add_row("created", stamp(run.created_at))
     grid.add_row("updated", stamp(run.updated_at))
     if run.pause is not None:
         detail = f"{run.pause.reason} (resumes to {run.pause.resume_to})"
-        grid.add_row("paused", Text(detail, style="yellow"))
+        grid.add_row("paused", plain(detail, "yellow"))
         if run.pause.metadata:
-            grid.add_row("", short(run.pause.metadata, 200))
+            grid.add_row("", plain(short(run.pause.metadata, 200)))
     if run.failure is not None:
         f = run.failure
-        grid.add_row("failed", Text(f"{f.error}: {f.message} (in {f.failed_in})", style="red"))
+        failure = f"{f.error}: {f.message} (in {f.failed_in})"
+        grid.add_row("failed", plain(failure, "red", layout=True))
     u = run.usage
     usage = f"input {u.input_tokens}, output {u.output_tokens}"
     if u.cache_read_tokens or u.cache_write_tokens:
@@ -270,7 +275,7 @@ def _header(run: Run) -> Table:
     if u.reasoning_tokens:
         usage += f", reasoning {u.reasoning_tokens}"
     grid.add_row("usage", usage + f" (total {u.total_tokens})")
-    grid.add_row("context", short(run.context, 200))
+    grid.add_row("context", plain(short(run.context, 200)))
     return grid
 
 

@@ -83,7 +83,7 @@ from statekernel._lifecycle.matching import call_key
 from statekernel._lifecycle.transitions import parse_call
 from statekernel._records.checks import checked_result
 from statekernel._records.events import Event
-from statekernel._records.messages import JSON, ModelRequest, ModelResult
+from statekernel._records.messages import JSON, ModelRequest, ModelResult, ToolCall
 from statekernel._records.run import (
     CHILD_PAUSED,
     INPUT_REQUIRED,
@@ -196,6 +196,16 @@ class _Early:
 
     started: int = 0
     stopped: bool = False
+    waiting: tuple[ToolCall, ToolCallRecord] | None = None
+    """The next call and its parsed record, while the rules keep it waiting (parsed
+    once, not again at each part that streams meanwhile)."""
+
+    def record(self, call: ToolCall) -> ToolCallRecord:
+        """``call`` as a record with its parsed input."""
+        if self.waiting is None or self.waiting[0] is not call:
+            parsed = ToolCallRecord(call.id, call.name, call.arguments, parse_call(call.arguments))
+            self.waiting = (call, parsed)
+        return self.waiting[1]
 
 
 @attrs.define
@@ -704,13 +714,12 @@ class RunDriver:
         before its call starts; the first call that may not start now (the rules, a hook's
         decision, invalid arguments) and the calls after it wait for the answer's end."""
         self._raise_escaped()  # a call that took the process down stops everything
-        calls = builder.complete_calls()
         tools, policy = self.kernel.tools, self.kernel.dispatch
-        while not early.stopped and early.started < len(calls):
+        while not early.stopped and early.started < builder.complete_count():
             if self.observing and self._ready_outcomes():
                 break  # a result the hooks observe lands before anything else is decided
-            call = calls[early.started]
-            record = ToolCallRecord(call.id, call.name, call.arguments, parse_call(call.arguments))
+            call = builder.complete_call(early.started)
+            record = early.record(call)
             running = [self.names[i] for i in self.tasks]
             running += [self.names[ids[0]] for ids, _ in self.staged_intents]
             if next_startable([record], running, tools, policy) is None:
@@ -725,7 +734,9 @@ class RunDriver:
                 self.decided[call.id] = (call_key(call.name, call.arguments), decision)
                 early.stopped = True
             else:
-                partial = builder.so_far(calls[: early.started + 1])
+                partial = builder.so_far(
+                    [builder.complete_call(n) for n in range(early.started + 1)]
+                )
                 self.stage("early_call_started", partial=partial, call_input=call_input)
                 started = _turn(self.run).in_flight[-1]
                 self.names[started.id] = started.name

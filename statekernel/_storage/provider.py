@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -9,6 +10,7 @@ from typing import Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
+from statekernel._kernel.streamed_json import StreamedObject
 from statekernel._records.checks import (
     FINISH_REASONS,
     count_problem,
@@ -123,7 +125,10 @@ class ResultBuilder:
         self._reasoning: list[ReasoningPart] = []
         self._reasoning_text: list[str] = []
         self._calls: dict[int, list[str | None]] = {}
-        self._args: dict[int, list[str]] = {}
+        self._order: list[int] = []
+        """The indices of ``_calls``, in order."""
+        self._args: dict[int, StreamedObject] = {}
+        self._built: dict[int, ToolCall] = {}
         self._done: list[ToolCall] = []
         self._usage = Usage()
         self._finish: FinishReason | None = None
@@ -146,12 +151,17 @@ class ResultBuilder:
             if part.signature is not None:
                 self._close_reasoning(part.signature)
         elif isinstance(part, ToolCallDelta):
-            slot = self._calls.setdefault(part.index, [None, None])
+            slot = self._calls.get(part.index)
+            if slot is None:
+                slot = self._calls[part.index] = [None, None]
+                self._args[part.index] = StreamedObject()
+                bisect.insort(self._order, part.index)
             if part.id:
                 slot[0] = part.id
             if part.name and not slot[1]:
                 slot[1] = part.name
-            self._args.setdefault(part.index, []).append(part.arguments)
+            self._args[part.index].add(part.arguments)
+            self._built.pop(part.index, None)
         elif isinstance(part, ToolCallDone):
             self._done.append(part.call)
         elif isinstance(part, UsageUpdate):
@@ -165,27 +175,30 @@ class ResultBuilder:
         answer still streams: a call is complete when a later call began, when it came
         whole, or when its arguments form a whole JSON object. Stops at the first call
         not yet complete. An id the provider left out is given now (and kept)."""
-        done: list[ToolCall] = []
-        indices = sorted(self._calls)
-        for n, index in enumerate(indices):
-            if n + 1 == len(indices) and not self._whole(index):
-                return done
-            done.append(self._call(index))
-        return [*done, *self._done]
+        return [self.complete_call(n) for n in range(self.complete_count())]
 
-    def _whole(self, index: int) -> bool:
-        pieces = self._args.get(index, [])
-        if not pieces or not pieces[-1].rstrip().endswith("}"):
-            return False
-        try:
-            return isinstance(json.loads("".join(pieces)), dict)
-        except ValueError:
-            return False
+    def complete_count(self) -> int:
+        """How many calls ``complete_calls`` gives (in constant time, however long the
+        answer: asked at each part, it keeps the stream linear)."""
+        order = self._order
+        if order and not self._args[order[-1]].whole:
+            return len(order) - 1
+        return len(order) + len(self._done)
+
+    def complete_call(self, position: int) -> ToolCall:
+        """``complete_calls()[position]``, built once (until its call streams on)."""
+        if position >= len(self._order):
+            return self._done[position - len(self._order)]
+        return self._call(self._order[position])
 
     def _call(self, index: int) -> ToolCall:
-        slot = self._calls[index]
-        call_id = slot[0] = slot[0] or f"call_{uuid.uuid4().hex[:24]}"
-        return ToolCall(id=call_id, name=slot[1] or "", arguments="".join(self._args[index]))
+        built = self._built.get(index)
+        if built is None:
+            slot = self._calls[index]
+            call_id = slot[0] = slot[0] or f"call_{uuid.uuid4().hex[:24]}"
+            arguments = self._args[index].text
+            built = self._built[index] = ToolCall(call_id, slot[1] or "", arguments)
+        return built
 
     def so_far(self, calls: list[ToolCall]) -> Message:
         """The answer streamed so far, ending with ``calls`` (the closed reasoning blocks
@@ -209,7 +222,7 @@ class ResultBuilder:
                 "the model's stream ended without a StreamEnd part (incomplete answer)"
             )
         self._close_reasoning(None)
-        calls = [self._call(index) for index in sorted(self._calls)]
+        calls = [self._call(index) for index in self._order]
         calls.extend(self._done)
         text = "".join(self._text)
         content = (*self._reasoning, *((TextPart(text),) if text else ()), *calls)

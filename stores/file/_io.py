@@ -18,6 +18,7 @@ from statekernel.stores._format.checksum import seal_line, unseal_line
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._lease_records import damaged_lease, host_record
 from statekernel.stores._owners import LeaseRecord
+from statekernel.stores._private import private_folder, write_private
 
 __all__ = [
     "Locked",
@@ -239,7 +240,7 @@ class RunFolder:
     def _make_folder(self) -> None:
         try:
             if not self.path.parent.is_dir():
-                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                private_folder(self.path.parent)
             if not self.path.is_dir():
                 self.path.mkdir(mode=0o700, exist_ok=True)
                 _fsync_dir(self.path.parent)
@@ -347,7 +348,7 @@ def write_lease(folder: RunFolder, record: LeaseRecord) -> None:
     every owner on the host, and with them every lease."""
     tmp = folder.path / (LEASE + ".tmp")
     try:
-        tmp.write_bytes(dump_bytes([record.token, record.owner, record.expires]))
+        write_private(tmp, dump_bytes([record.token, record.owner, record.expires]))
         os.replace(tmp, folder.path / LEASE)
     except OSError as exc:
         raise StoreError(f"file store {str(folder.path)!r}: cannot write the lease: {exc}") from exc

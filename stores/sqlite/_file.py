@@ -22,6 +22,7 @@ from pathlib import Path
 
 from statekernel._secrets import logger
 from statekernel.errors import StoreError
+from statekernel.stores._private import private_folder
 
 __all__ = [
     "FIRST_WAIT_MS",
@@ -78,9 +79,8 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
 
 def prepare_file(path: Path) -> None:
     """Create the parent folder (0700) and the database file (0600) if missing."""
-    parent = path.parent
-    if not parent.exists():
-        parent.mkdir(mode=0o700, parents=True)
+    if not path.parent.exists():
+        private_folder(path.parent)
     with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
 
