@@ -10,7 +10,6 @@ from typing import Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
-from statekernel._kernel.streamed_json import StreamedObject
 from statekernel._records.checks import (
     FINISH_REASONS,
     count_problem,
@@ -27,6 +26,7 @@ from statekernel._records.messages import (
     ToolCall,
     Usage,
 )
+from statekernel._storage.streamed_json import StreamedObject
 from statekernel.errors import ProviderError
 
 __all__ = [

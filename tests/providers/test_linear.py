@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from statekernel._kernel.streamed_json import StreamedObject
+from statekernel._storage.streamed_json import StreamedObject
 from statekernel.providers import (
     ReasoningDelta,
     ResultBuilder,
