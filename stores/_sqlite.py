@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,6 +33,7 @@ from statekernel._records.encoding import dump_bytes, enc_time, load_json
 from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
+from statekernel._storage.shielding import shielded
 from statekernel._storage.unclosed import warn_unclosed
 from statekernel.errors import (
     ConfigError,
@@ -229,21 +230,10 @@ class SQLiteStore:
             return CorruptCheckpoint(f"invalid data in SQLite store {self.path!r}: {exc}")
         return self._error(exc)  # sqlite3 errors, undecodable text in an error message
 
-    async def _shielded(self, work: Callable[[], Awaitable[T]]) -> T:
-        """Run ``work`` to its end even if the caller is cancelled (no half transactions),
-        and let it end before the cancellation propagates (nothing left running)."""
-        task = asyncio.ensure_future(work())
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if not task.done():
-                await asyncio.wait([task])
-            raise
-
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision``."""
         checked_revision(run_id, revision)
-        return await self._shielded(lambda: self._load(run_id, revision))
+        return await shielded(self._load(run_id, revision))
 
     async def _load(self, run_id: str, revision: int | None) -> Run:
         what = f"run {run_id!r} in {self.url}"
@@ -271,9 +261,7 @@ class SQLiteStore:
         def head_of(stored: Stored, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
             return _head_at(stored, [], None, what)
 
-        parts = await self._shielded(
-            lambda: self._call(read_parts, run_id, lambda _: 0, head_of, log_ends)
-        )
+        parts = await shielded(self._call(read_parts, run_id, lambda _: 0, head_of, log_ends))
         if parts is None:
             raise RunNotFound(run_id)
         entries = _entries(parts.entries, what)
@@ -306,7 +294,7 @@ class SQLiteStore:
         await self._leases.release(lease)
 
     async def _apply(self, run_id: str, change: LeaseChange) -> LeaseRecord | None:
-        return await self._shielded(lambda: self._call(lease_op, run_id, change))
+        return await shielded(self._call(lease_op, run_id, change))
 
     async def _commit(self, cp: Checkpoint, lease: Lease | None) -> None:
         run_id = cp.run.run_id
@@ -367,7 +355,7 @@ class SQLiteStore:
             found.extend(decode_events(entries, run_id, what=what))
             return limit is not None and len(found) >= limit
 
-        stored = await self._shielded(lambda: self._call(read_events, run_id, first, collect))
+        stored = await shielded(self._call(read_events, run_id, first, collect))
         if stored is None:
             raise RunNotFound(run_id)
         _checked_head(stored, f"run {run_id!r} in {self.url}")
@@ -388,14 +376,14 @@ class SQLiteStore:
         where, params = _filters(state, updated_after, cursor)
         sql = f"SELECT {_LISTED} FROM runs{where} ORDER BY updated_us DESC, run_id DESC LIMIT ?"
         params.append(max(limit, 0) + 1)
-        rows = await self._shielded(lambda: self._call(fetch_all, sql, params))
+        rows = await shielded(self._call(fetch_all, sql, params))
         summaries: list[RunSummary] = []
         damaged: list[DamagedRun] = []
         for row in rows:
             self._summary(row, summaries, damaged)
         if state is not None and cursor is None:  # rows the filter cannot match: damaged
             bad_sql = f"SELECT {_LISTED} FROM runs INDEXED BY runs_by_state WHERE {BAD_STATE[0]}"
-            bad = await self._shielded(lambda: self._call(fetch_all, bad_sql, BAD_STATE[1]))
+            bad = await shielded(self._call(fetch_all, bad_sql, BAD_STATE[1]))
             for row in bad:
                 self._summary(row, [], damaged)
         page = tuple(summaries[:limit])
@@ -424,7 +412,7 @@ class SQLiteStore:
         """Remove the run with every revision, part, blob and event."""
         checked_run_id(run_id)
         self._heads.drop(run_id)
-        return await self._shielded(lambda: self._call(delete_run, run_id))
+        return await shielded(self._call(delete_run, run_id))
 
     async def aclose(self) -> None:
         """Close the connection."""

@@ -16,13 +16,13 @@ puts the driver's copy back at the last commit.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
 from statekernel._kernel import telemetry
 from statekernel._records.run import Run
 from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease, settles_on_cancel
+from statekernel._storage.shielding import shielded
 from statekernel.errors import (
     ConflictError,
     LeaseLost,
@@ -78,12 +78,10 @@ class Committer:
                             raise LeaseLost(checkpoint.run.run_id, checkpoint.expected_revision)
                         write = self.store.commit(checkpoint, lease=self.lease)
                         task = None if settles else asyncio.ensure_future(write)
-                        await (write if task is None else asyncio.shield(task))
+                        await (write if task is None else shielded(task))
                         landed = True
                         break
                     except asyncio.CancelledError:
-                        if task is not None:
-                            await _finished(task)
                         wrote = task is not None and not task.cancelled() and not task.exception()
                         landed = wrote or bool(await self._settle(checkpoint))
                         raise
@@ -123,14 +121,6 @@ class Committer:
         if head.revision == checkpoint.expected_revision:
             return False
         raise ConflictError(mine.run_id, checkpoint.expected_revision, head.revision)
-
-
-async def _finished(task: asyncio.Future[None]) -> None:
-    """Wait until ``task`` is done, whatever cancellations arrive meanwhile (the one in
-    flight is raised by the caller once the store has finished its write)."""
-    while not task.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait([task])
 
 
 def _same_commit(head: Run, mine: Run) -> bool:

@@ -86,7 +86,6 @@ from statekernel._kernel.model import (
     UsageUpdate,
 )
 from statekernel._kernel.tools import ToolContext, ToolReturn
-from statekernel._kernel.waiting import wait_ended
 from statekernel._lifecycle.chart import Lifecycle
 from statekernel._lifecycle.matching import call_key
 from statekernel._lifecycle.transitions import parse_call
@@ -105,6 +104,7 @@ from statekernel._records.run import (
 )
 from statekernel._records.values import as_stored, parse_json
 from statekernel._storage.protocol import Checkpoint, Lease
+from statekernel._storage.shielding import wait_ended
 from statekernel.errors import (
     ConflictError,
     InvalidTransition,

@@ -54,7 +54,6 @@ from statekernel._kernel.options import (
 )
 from statekernel._kernel.tenure import Tenure
 from statekernel._kernel.tools import Tool, tools_by_name
-from statekernel._kernel.waiting import wait_ended
 from statekernel._records.arguments import callable_arg, flag, run_id_arg, seconds, text
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, Message
@@ -67,6 +66,7 @@ from statekernel._storage.protocol import (
     RunQueues,
     commit_settled,
 )
+from statekernel._storage.shielding import shielded
 from statekernel._storage.unclosed import warn_unclosed
 from statekernel.errors import (
     ConfigError,
@@ -512,10 +512,9 @@ class Kernel:
         began = self.clock()
         task = asyncio.ensure_future(self.store.acquire(run_id, self.owner, ttl=self.lease_ttl))
         try:
-            lease = await asyncio.shield(task)
+            lease = await shielded(task)
             return Tenure(self.store, lease, self.lease_ttl, began, self.clock)
-        except asyncio.CancelledError:
-            await wait_ended([task])
+        except asyncio.CancelledError:  # the acquire has ended (shielded): did it take the lease?
             if not task.cancelled() and task.exception() is None:
                 await self._release_lease(task.result())
             raise

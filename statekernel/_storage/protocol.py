@@ -15,7 +15,6 @@ on one host) or once it expires (``ttl`` seconds after it was last renewed).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -24,6 +23,7 @@ import attrs
 
 from statekernel._records.events import Event
 from statekernel._records.run import PauseInfo, Run, StateId
+from statekernel._storage.shielding import shielded
 
 __all__ = [
     "Checkpoint",
@@ -269,13 +269,7 @@ async def commit_settled(
     if settles_on_cancel(store):
         await store.commit(checkpoint, lease=lease)  # nothing outlives a cancelled await
         return
-    task = asyncio.ensure_future(store.commit(checkpoint, lease=lease))
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        if not task.done():
-            await asyncio.wait([task])
-        raise
+    await shielded(store.commit(checkpoint, lease=lease))
 
 
 class StoreWrapper:
