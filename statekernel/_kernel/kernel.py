@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from statekernel._kernel import telemetry
-from statekernel._kernel.commit import log_lease_lost
+from statekernel._kernel.commit import Committer, log_lease_lost
 from statekernel._kernel.delegate import DelegateTool, child_runs, run_tree
 from statekernel._kernel.dispatch import DispatchPolicy
 from statekernel._kernel.drive import RunDriver
@@ -64,7 +64,6 @@ from statekernel._storage.protocol import (
     CheckpointStore,
     Lease,
     RunQueues,
-    commit_settled,
 )
 from statekernel._storage.shielding import shielded
 from statekernel._storage.unclosed import warn_unclosed
@@ -283,7 +282,7 @@ class Kernel:
             parent_run_id=parent_run_id,
             parent_call_id=parent_call_id,
         )
-        await commit_settled(self.store, Checkpoint.between(None, run))
+        await self._create_run(Checkpoint.between(None, run))
         return run
 
     async def fork(
@@ -300,8 +299,16 @@ class Kernel:
         run = attrs.evolve(
             source, run_id=new_id, revision=0, event_count=1, created_at=now, updated_at=now
         )
-        await commit_settled(self.store, Checkpoint.between(None, run, (event,)))
+        await self._create_run(Checkpoint.between(None, run, (event,)))
         return run
+
+    async def _create_run(self, checkpoint: Checkpoint) -> None:
+        """Commit a new run (revision 0) through the committer: an ambiguous store failure
+        is settled from the head (the run is created once), one that did not land is
+        tried again; ``StoreError`` when no attempt landed, ``ConflictError`` when
+        another run has the id."""
+        landing = await Committer(self.store, None, reported=False).land(checkpoint)
+        landing.unwrap()
 
     def child_kernel(
         self,
@@ -715,11 +722,10 @@ class Kernel:
             resolution["attempt"] = attempts[call_id]
             resolutions = {**pause.metadata.get("resolutions", {}), call_id: resolution}
             metadata = {**pause.metadata, "resolutions": resolutions}
-            updated = attrs.evolve(
-                run, pause=attrs.evolve(pause, metadata=metadata), updated_at=utcnow()
-            )
             data = {"call_id": call_id, "resolution": resolution}
-            await driver.commit_data(updated, "tool_call_resolved", data)
+            await driver.commit_data(
+                "tool_call_resolved", data, pause=attrs.evolve(pause, metadata=metadata)
+            )
             if _all_resolved(driver.run.pause) is not None:  # every call answered: go on
                 await driver.commit("resume", value={"resolutions": resolutions}, max_turns=None)
             return driver.run
@@ -744,9 +750,8 @@ class Kernel:
                 if inspect.isawaitable(new):
                     new = await new
                 new = checked(new, "context")
-                updated = attrs.evolve(run, context=new, updated_at=utcnow())
                 try:
-                    await driver.commit_data(updated, "context_updated", {})
+                    await driver.commit_data("context_updated", {}, context=new)
                 except ConflictError:
                     if attempt == attempts - 1:
                         raise
