@@ -22,6 +22,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
+from statekernel._storage.shielding import shielded
+
 __all__ = ["GroupCommit"]
 
 I = TypeVar("I")  # noqa: E741
@@ -62,15 +64,14 @@ class GroupCommit(Generic[I, O]):
         self._queue.append(entry)
         if self._writer is None:
             self._writer = asyncio.ensure_future(self._drain())
-        try:
-            return await asyncio.shield(entry.future)
-        except asyncio.CancelledError:
-            if not entry.taken:
-                entry.future.cancel()  # still queued: the writer skips it
-                raise
-            if not entry.future.done():
-                await asyncio.wait([entry.future])
-            raise
+
+        def withdraw() -> bool:
+            if entry.taken:
+                return False  # being written: waited for
+            entry.future.cancel()  # still queued: the writer skips it
+            return True
+
+        return await shielded(entry.future, withdraw=withdraw)
 
     async def _drain(self) -> None:
         try:

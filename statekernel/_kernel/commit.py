@@ -1,29 +1,37 @@
-"""Landing one commit of a run under its lease: the last step of the drive's
-effect -> transition -> commit (see ``statekernel._kernel.drive``).
+"""Landing one commit of a run: the one way a change reaches the store (the drive's
+effect -> transition -> commit, see ``statekernel._kernel.drive``; the commands; a new
+run from ``start`` or ``fork``).
 
-``Committer.land`` returns once the commit landed. A store failure is ambiguous (the
-write may have reached the store), so it is settled first by reading the head: the
-commit landed if the head is this very commit (same revision, same instant of the
-transition, same events). One that did not land is tried again with backoff
-(``COMMIT_RETRIES``); when every attempt failed, ``StoreError`` is raised. A
+``Committer.land`` never raises: it returns what became of the commit, as a value the
+caller decides from. ``Landed``: the commit is in the store (with the cancellation
+that came meanwhile, if one did: the caller records the commit, then raises it).
+``NotLanded``: it is not, and ``error`` says why. ``Overtaken``: another commit took
+the revision first (``ConflictError``). ``unwrap`` raises what the caller must raise.
+
+A store failure is ambiguous (the write may have reached the store), so it is settled
+first by reading the head: the commit landed if the head is this very commit (same
+revision, same instant of the transition, same events). One that did not land is
+tried again with backoff (``COMMIT_RETRIES``); when every attempt failed, the outcome
+is ``NotLanded`` with the last ``StoreError``. A conflict after an ambiguous attempt is
+settled the same way (the earlier attempt may be what holds the revision). A
 cancellation while the store works waits for the store to finish (no orphaned write
-can land under a process that resumes the run right after), then says whether the
-commit landed the same way. On every way out without a landed commit (a cancellation
-during the pause between attempts, a head that cannot be read, a conflict), ``undo``
-puts the driver's copy back at the last commit.
+can land under a process that resumes the run right after, see
+``statekernel._storage.shielding``), then says whether the commit landed the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable
+from typing import NoReturn
+
+import attrs
 
 from statekernel._kernel import telemetry
 from statekernel._records.run import Run
 from statekernel._secrets import logger
 from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease, settles_on_cancel
+from statekernel._storage.shielding import shielded
 from statekernel.errors import (
     ConflictError,
     LeaseLost,
@@ -32,7 +40,15 @@ from statekernel.errors import (
     StoreError,
 )
 
-__all__ = ["COMMIT_RETRIES", "Committer", "log_lease_lost"]
+__all__ = [
+    "COMMIT_RETRIES",
+    "Committer",
+    "Landed",
+    "Landing",
+    "NotLanded",
+    "Overtaken",
+    "log_lease_lost",
+]
 
 log = logger("statekernel")
 
@@ -42,11 +58,63 @@ COMMIT_RETRIES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 _AT_REST = {"run_paused", "run_failed", "run_completed"}
 
 
+@attrs.frozen
+class Landed:
+    """The commit is in the store. ``cancelled``: the cancellation that came while the
+    store worked (the commit stays; the caller raises it once it has recorded it)."""
+
+    cancelled: asyncio.CancelledError | None = None
+    landed = True
+
+    def unwrap(self) -> None:
+        """Raise the cancellation that came meanwhile, if one did."""
+        if self.cancelled is not None:
+            raise self.cancelled
+
+
+@attrs.frozen
+class NotLanded:
+    """The commit is not in the store; ``error`` says why: ``StoreError`` after every
+    attempt, ``LeaseLost``, ``RunNotFound``, a cancellation (of the pause between
+    attempts, or of a write that did not land or whose outcome the head could not
+    tell), or an exception that ends the process (raised through the store: nothing
+    is settled then)."""
+
+    error: BaseException
+    landed = False
+
+    def unwrap(self) -> NoReturn:
+        """Raise ``error``."""
+        raise self.error
+
+
+@attrs.frozen
+class Overtaken:
+    """Another commit took the revision this one was built on (the store refused it, or
+    the head read to settle an ambiguous attempt is someone else's)."""
+
+    error: ConflictError
+    landed = False
+
+    def unwrap(self) -> NoReturn:
+        """Raise the ``ConflictError``."""
+        raise self.error
+
+
+Landing = Landed | NotLanded | Overtaken
+"""What became of a commit (``Committer.land``)."""
+
+
 class Committer:
     """Lands the commits of one run under ``lease`` (None: unfenced, for a new run)."""
 
-    def __init__(self, store: CheckpointStore, lease: Lease | None) -> None:
+    def __init__(
+        self, store: CheckpointStore, lease: Lease | None, *, reported: bool = True
+    ) -> None:
         self.store = store
+        self.reported = reported
+        """Whether each commit has a span (``_kernel.telemetry``) and a log line: those of
+        runs that exist do; the commit that creates a run has neither."""
         self.settles = settles_on_cancel(store)
         """Whether the store declares ``SettlesOnCancel`` (its commit is awaited directly)."""
         self.lease = lease
@@ -54,58 +122,92 @@ class Committer:
         """True once the lease was found to have moved on: nothing more is committed."""
 
     async def land(
-        self,
-        checkpoint: Checkpoint,
-        undo: Callable[[], None],
-        trace_parent: telemetry.TraceContext | None = None,
-    ) -> None:
-        """Commit ``checkpoint``: on return it landed; on any way out without a landed
-        commit ``undo`` was called first (a cancellation after it landed keeps it).
+        self, checkpoint: Checkpoint, trace_parent: telemetry.TraceContext | None = None
+    ) -> Landing:
+        """Commit ``checkpoint``, trying again after store failures; what became of it
+        (never raised: the caller decides from the value, ``unwrap`` raises).
 
         Each attempt is run to its end by the store even if the caller is cancelled: a
         store that declares ``SettlesOnCancel`` has ended its commit when the
         cancellation comes out of it; any other store's commit runs in a task of its
-        own, waited for (through further cancellations) before the cancellation goes on.
+        own, waited for (through further cancellations) before the outcome is returned.
         """
-        settles = self.settles
-        landed = False
+        reported = self.reported
+        with telemetry.commit_span(trace_parent, checkpoint, traced=reported) as span:
+            try:
+                landing = await self._attempts(checkpoint, span)
+            except BaseException as exc:  # while the head was read to settle a store error
+                landing = NotLanded(exc)
+            if not isinstance(landing, Landed):
+                span.failed(landing.error)
+        if landing.landed and reported:
+            _log_commit(checkpoint)
+        return landing
+
+    async def _attempts(self, checkpoint: Checkpoint, span: telemetry.CommitSpan) -> Landing:
+        ambiguous = False  # an earlier attempt may have landed (its head was not settled)
+        for attempt, pause in enumerate((*COMMIT_RETRIES, None), 1):
+            span.attempts = attempt
+            task: asyncio.Future[None] | None = None
+            try:
+                if self.lost:
+                    raise LeaseLost(checkpoint.run.run_id, checkpoint.expected_revision)
+                write = self.store.commit(checkpoint, lease=self.lease)
+                task = None if self.settles else asyncio.ensure_future(write)
+                await (write if task is None else shielded(task))
+                return Landed()
+            except asyncio.CancelledError as cancelled:
+                wrote = task is not None and not task.cancelled() and not task.exception()
+                return await self._after_cancel(checkpoint, cancelled, wrote)
+            except StoreError as exc:
+                settled = await self._settled(checkpoint)
+                if settled is not None:
+                    return settled
+                ambiguous = True
+                if pause is None:
+                    return NotLanded(exc)
+                _log_retry(checkpoint, attempt, pause, exc)
+            except ConflictError as exc:
+                if ambiguous:  # the earlier attempt may be what holds the revision
+                    return await self._settled(checkpoint) or Overtaken(exc)
+                return Overtaken(exc)
+            except LeaseLost as exc:
+                run = checkpoint.run
+                log_lease_lost(run.run_id, run.revision, "its commit was refused")
+                return NotLanded(exc)
+            except BaseException as exc:
+                return NotLanded(exc)
+            try:
+                await asyncio.sleep(pause)
+            except asyncio.CancelledError as cancelled:
+                return NotLanded(cancelled)
+        raise AssertionError("unreachable: the last attempt returns")
+
+    async def _after_cancel(
+        self, checkpoint: Checkpoint, cancelled: asyncio.CancelledError, wrote: bool
+    ) -> Landing:
+        """The outcome of an attempt the caller's cancellation came through: the write has
+        ended (``wrote``: it returned in its own task); otherwise the head says."""
+        if wrote:
+            return Landed(cancelled)
         try:
-            with telemetry.commit_span(trace_parent, checkpoint) as span:
-                for attempt, pause in enumerate((*COMMIT_RETRIES, None), 1):
-                    span.attempts = attempt
-                    task: asyncio.Future[None] | None = None
-                    try:
-                        if self.lost:
-                            raise LeaseLost(checkpoint.run.run_id, checkpoint.expected_revision)
-                        write = self.store.commit(checkpoint, lease=self.lease)
-                        task = None if settles else asyncio.ensure_future(write)
-                        await (write if task is None else asyncio.shield(task))
-                        landed = True
-                        break
-                    except asyncio.CancelledError:
-                        if task is not None:
-                            await _finished(task)
-                        wrote = task is not None and not task.cancelled() and not task.exception()
-                        landed = wrote or bool(await self._settle(checkpoint))
-                        raise
-                    except StoreError as exc:
-                        landed = bool(await self._settle(checkpoint))
-                        if landed:
-                            break
-                        if pause is None:
-                            raise
-                        _log_retry(checkpoint, attempt, pause, exc)
-                    except LeaseLost:
-                        run = checkpoint.run
-                        log_lease_lost(run.run_id, run.revision, "its commit was refused")
-                        raise
-                    if pause is not None:
-                        await asyncio.sleep(pause)
-        except BaseException:
-            if not landed:
-                undo()
-            raise
-        _log_commit(checkpoint)
+            settled = await self._settled(checkpoint)
+        except asyncio.CancelledError:
+            settled = None  # cancelled again while reading the head: it cannot tell
+        if isinstance(settled, Landed):
+            return Landed(cancelled)
+        return NotLanded(cancelled)
+
+    async def _settled(self, checkpoint: Checkpoint) -> Landed | Overtaken | None:
+        """``Landed`` when the head is ``checkpoint``, ``Overtaken`` when it is another
+        commit at or past its revision, None when it did not land (or the store cannot
+        tell now)."""
+        try:
+            if await self._settle(checkpoint):
+                return Landed()
+        except ConflictError as exc:
+            return Overtaken(exc)
+        return None
 
     async def _settle(self, checkpoint: Checkpoint) -> bool | None:
         """Whether ``checkpoint`` landed, read from the head; None when the store cannot
@@ -124,14 +226,6 @@ class Committer:
         if head.revision == checkpoint.expected_revision:
             return False
         raise ConflictError(mine.run_id, checkpoint.expected_revision, head.revision)
-
-
-async def _finished(task: asyncio.Future[None]) -> None:
-    """Wait until ``task`` is done, whatever cancellations arrive meanwhile (the one in
-    flight is raised by the caller once the store has finished its write)."""
-    while not task.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait([task])
 
 
 def _same_commit(head: Run, mine: Run) -> bool:

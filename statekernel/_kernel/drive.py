@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -72,13 +72,12 @@ import attrs
 from statekernel._kernel import hooks as hk
 from statekernel._kernel import telemetry
 from statekernel._kernel.asking import NeedsInput, answered, asked, questions
-from statekernel._kernel.commit import Committer, log_lease_lost
+from statekernel._kernel.commit import Committer, Landed, log_lease_lost
 from statekernel._kernel.delegate import ChildPaused
 from statekernel._kernel.dispatch import identical_group, next_startable
 from statekernel._kernel.middleware import Middleware, ModelCall, ToolInvocation, chain
 from statekernel._kernel.tools import ToolContext, ToolReturn
-from statekernel._kernel.waiting import wait_ended
-from statekernel._lifecycle.chart import Lifecycle
+from statekernel._lifecycle.chart import DATA_CHANGES, Lifecycle
 from statekernel._lifecycle.matching import call_key
 from statekernel._lifecycle.transitions import parse_call
 from statekernel._records.checks import checked_result
@@ -105,6 +104,7 @@ from statekernel._storage.provider import (
     ToolCallDone,
     UsageUpdate,
 )
+from statekernel._storage.shielding import wait_ended
 from statekernel.errors import (
     ConflictError,
     InvalidTransition,
@@ -181,12 +181,19 @@ NOT_RUN_FINISHED = "not run: the run finished ({reason})"
 
 
 class _HookFailed(Exception):
-    """A hook raised ``original``; ``landed`` holds the events of a commit that landed
-    just before (the hook observed its results)."""
+    """A hook raised ``original``."""
 
     def __init__(self, original: BaseException) -> None:
         self.original = original
-        self.landed: tuple[Event, ...] = ()
+
+
+@attrs.frozen
+class _Flushed:
+    """A commit that landed: its events, and the failure of a hook that observed its
+    results afterwards (the run fails in the next commit)."""
+
+    events: tuple[Event, ...]
+    hook_failed: _HookFailed | None = None
 
 
 @attrs.define
@@ -333,10 +340,6 @@ class RunDriver:
             log_lease_lost(run.run_id, run.revision, "it moved on before an effect started")
             raise
 
-    def _undo(self, previous: Run) -> Callable[[], None]:
-        """Put the driver's copy back at ``previous`` (a commit did not land)."""
-        return lambda: self.lc.reset(previous)
-
     @property
     def run(self) -> Run:
         """The run at its last committed revision."""
@@ -393,7 +396,10 @@ class RunDriver:
         (the first one after a commit starts it); ``flush`` lands them together."""
         joining = self.base is not None
         base = self.base if joining else self.lc.run
-        _, events = self.lc.apply(event, join=joining, **payload)
+        if event in DATA_CHANGES:
+            _, events = self.lc.change(event, join=joining, **payload)
+        else:
+            _, events = self.lc.apply(event, join=joining, **payload)
         self.base = base
         self.staged.extend(events)
         self.moves.append((event, payload))
@@ -437,16 +443,24 @@ class RunDriver:
         """Commit the transitions gathered since the last commit (nothing if none).
 
         On return they landed: the intents among them are started, the results among
-        them leave the driver, and the hooks observing results are called. On any way out
-        without a landed commit, the driver's copy is back at the last commit; an intent
-        that landed under a cancellation is kept as unstarted (the next step starts it).
+        them leave the driver, and the hooks observing results are called (one that
+        raises: ``_HookFailed``). On any way out without a landed commit, the driver's
+        copy is back at the last commit; an intent that landed under a cancellation is
+        kept as unstarted (the next step starts it).
         """
+        flushed = await self._flush()
+        if flushed.hook_failed is not None:
+            raise flushed.hook_failed
+        return flushed.events
+
+    async def _flush(self) -> _Flushed:
+        """``flush``, with the failure of a hook observing the landed results as a value."""
         if self.base is None:
-            return ()
+            return _Flushed(())
         async with self.commit_lock:  # a command of this kernel may commit first: adopted
             base = self.base
             if base is None:
-                return ()
+                return _Flushed(())
             if self.overtaken:  # what was gathered was built on what the command changed
                 self.overtaken = False
                 self._drop_staged()
@@ -458,19 +472,18 @@ class RunDriver:
             self.base, self.staged, self.staged_intents, self.staged_outcomes = None, [], [], []
             self.staged_model_intent = False
             self.moves = []
-            try:
-                await self.committer.land(checkpoint, self._undo(base), self.trace_parent)
-            except BaseException:
-                if self.lc.run.revision == base.revision:  # not landed
-                    for ids, _ in intents:
-                        for call_id in ids:
-                            self.names.pop(call_id, None)
-                    raise
-                self._landed(outcomes)
+            landing = await self.committer.land(checkpoint, self.trace_parent)
+            if not isinstance(landing, Landed):
+                self.lc.reset(base)
+                for ids, _ in intents:
+                    for call_id in ids:
+                        self.names.pop(call_id, None)
+                landing.unwrap()
+            self._landed(outcomes)
+            if landing.cancelled is not None:  # landed, then the drive stops
                 for ids, call_input in intents:
                     self.unstarted[ids[0]] = (ids, call_input)
-                raise
-        self._landed(outcomes)
+                landing.unwrap()
         if model_intent:
             self.model_claim = self.run.revision
         for ids, call_input in intents:
@@ -478,9 +491,8 @@ class RunDriver:
         try:
             await self._observe(outcomes)
         except _HookFailed as failed:
-            failed.landed = events
-            raise
-        return events
+            return _Flushed(events, failed)
+        return _Flushed(events)
 
     def _landed(self, outcomes: list[_Outcome]) -> None:
         self.outcomes = [o for o in self.outcomes if all(o is not s for s in outcomes)]
@@ -499,21 +511,13 @@ class RunDriver:
             for call_id in outcome.ids:
                 await self._hook("on_tool_call_completed", run, _turn(run).call(call_id))
 
-    async def commit_data(self, run: Run, kind: str, data: dict[str, Any]) -> Event:
-        """Commit a change of data that is not a lifecycle transition (same state)."""
-        previous = self.lc.run
-        at = run.updated_at
-        event = Event(kind, run.run_id, previous.revision + 1, previous.event_count, data, at)
-        run = attrs.evolve(
-            run, revision=previous.revision + 1, event_count=previous.event_count + 1
-        )
-        self.lc.reset(run)
-        await self.committer.land(
-            Checkpoint.between(previous, run, (event,)),
-            self._undo(previous),
-            self.trace_parent,
-        )
-        return event
+    async def commit_data(
+        self, kind: str, data: dict[str, Any], **fields: Any
+    ) -> tuple[Event, ...]:
+        """Commit a change of the run's data that is not a lifecycle transition
+        (``DATA_CHANGES``: ``fields`` replaced, same state); unless it landed, the run
+        stays as it was."""
+        return await self.commit(kind, data=data, **fields)
 
     # -- up to the next commit ---------------------------------------------------
 
@@ -530,11 +534,14 @@ class RunDriver:
             try:
                 async for live in self._gather():
                     yield live
-                landed = await self.flush()
-            except _HookFailed as failed:
-                original = failed.original
+                flushed = await self._flush()
+            except _HookFailed as failed:  # before anything landed
+                flushed = _Flushed((), failed)
+            landed = flushed.events
+            if flushed.hook_failed is not None:
+                original = flushed.hook_failed.original
                 self.stage("fail", error=type(original).__name__, message=str(original))
-                landed = failed.landed + await self.flush()
+                landed += await self.flush()
         except BaseException:
             self._drop_staged()
             raise

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from statekernel._kernel import telemetry
-from statekernel._kernel.commit import log_lease_lost
+from statekernel._kernel.commit import Committer, log_lease_lost
 from statekernel._kernel.delegate import DelegateTool, child_runs, run_tree
 from statekernel._kernel.dispatch import DispatchPolicy
 from statekernel._kernel.drive import RunDriver
@@ -51,7 +51,6 @@ from statekernel._kernel.options import (
 )
 from statekernel._kernel.tenure import Tenure
 from statekernel._kernel.tools import Tool, tools_by_name
-from statekernel._kernel.waiting import wait_ended
 from statekernel._records.arguments import callable_arg, flag, run_id_arg, seconds, text
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, Message
@@ -64,9 +63,9 @@ from statekernel._storage.protocol import (
     CheckpointStore,
     Lease,
     RunQueues,
-    commit_settled,
 )
 from statekernel._storage.provider import ModelProvider
+from statekernel._storage.shielding import shielded
 from statekernel._storage.unclosed import warn_unclosed
 from statekernel.errors import (
     ConfigError,
@@ -272,7 +271,7 @@ class Kernel(Closing):
             parent_run_id=parent_run_id,
             parent_call_id=parent_call_id,
         )
-        await commit_settled(self.store, Checkpoint.between(None, run))
+        await self._create_run(Checkpoint.between(None, run))
         return run
 
     async def fork(
@@ -289,8 +288,16 @@ class Kernel(Closing):
         run = attrs.evolve(
             source, run_id=new_id, revision=0, event_count=1, created_at=now, updated_at=now
         )
-        await commit_settled(self.store, Checkpoint.between(None, run, (event,)))
+        await self._create_run(Checkpoint.between(None, run, (event,)))
         return run
+
+    async def _create_run(self, checkpoint: Checkpoint) -> None:
+        """Commit a new run (revision 0) through the committer: an ambiguous store failure
+        is settled from the head (the run is created once), one that did not land is
+        tried again; ``StoreError`` when no attempt landed, ``ConflictError`` when
+        another run has the id."""
+        landing = await Committer(self.store, None, reported=False).land(checkpoint)
+        landing.unwrap()
 
     def child_kernel(
         self,
@@ -501,10 +508,9 @@ class Kernel(Closing):
         began = self.clock()
         task = asyncio.ensure_future(self.store.acquire(run_id, self.owner, ttl=self.lease_ttl))
         try:
-            lease = await asyncio.shield(task)
+            lease = await shielded(task)
             return Tenure(self.store, lease, self.lease_ttl, began, self.clock)
-        except asyncio.CancelledError:
-            await wait_ended([task])
+        except asyncio.CancelledError:  # the acquire has ended (shielded): did it take the lease?
             if not task.cancelled() and task.exception() is None:
                 await self._release_lease(task.result())
             raise
@@ -705,11 +711,10 @@ class Kernel(Closing):
             resolution["attempt"] = attempts[call_id]
             resolutions = {**pause.metadata.get("resolutions", {}), call_id: resolution}
             metadata = {**pause.metadata, "resolutions": resolutions}
-            updated = attrs.evolve(
-                run, pause=attrs.evolve(pause, metadata=metadata), updated_at=utcnow()
-            )
             data = {"call_id": call_id, "resolution": resolution}
-            await driver.commit_data(updated, "tool_call_resolved", data)
+            await driver.commit_data(
+                "tool_call_resolved", data, pause=attrs.evolve(pause, metadata=metadata)
+            )
             if _all_resolved(driver.run.pause) is not None:  # every call answered: go on
                 await driver.commit("resume", value={"resolutions": resolutions}, max_turns=None)
             return driver.run
@@ -734,9 +739,8 @@ class Kernel(Closing):
                 if inspect.isawaitable(new):
                     new = await new
                 new = checked(new, "context")
-                updated = attrs.evolve(run, context=new, updated_at=utcnow())
                 try:
-                    await driver.commit_data(updated, "context_updated", {})
+                    await driver.commit_data("context_updated", {}, context=new)
                 except ConflictError:
                     if attempt == attempts - 1:
                         raise

@@ -247,6 +247,12 @@ class CommitSpan(_Scope):
 
     attempts = 1
 
+    def failed(self, exc: BaseException) -> None:
+        """The commit did not land because of ``exc`` (an ``Exception`` sets the status
+        to ERROR, as one leaving the block does)."""
+        if self.span is not None and isinstance(exc, Exception):
+            _fail(self.span, exc)
+
     def _ending(self, span: Span) -> None:
         span.set_attribute("statekernel.commit.attempts", self.attempts)
         span.set_attribute("statekernel.commit.retried", self.attempts > 1)
@@ -331,9 +337,12 @@ def drive_span(run_id: str) -> DriveSpan:
     return DriveSpan(_start("statekernel.drive", None, SpanKind.INTERNAL, attributes))
 
 
-def commit_span(parent: TraceContext | None, checkpoint: Checkpoint) -> CommitSpan:
-    """A span for landing ``checkpoint`` (under ``parent``, else the current span)."""
-    if not ENABLED:
+def commit_span(
+    parent: TraceContext | None, checkpoint: Checkpoint, *, traced: bool = True
+) -> CommitSpan:
+    """A span for landing ``checkpoint`` (under ``parent``, else the current span);
+    none unless ``traced`` (the commit that creates a run has none)."""
+    if not (ENABLED and traced):
         return CommitSpan(None)
     run = checkpoint.run
     attributes = {

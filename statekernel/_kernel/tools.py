@@ -19,10 +19,10 @@ from statekernel._kernel.schema import (
     schema_problem,
     strict_converter,
 )
-from statekernel._kernel.waiting import wait_ended
 from statekernel._records.convert import converter as record_converter
 from statekernel._records.messages import JSON, ToolSpec
 from statekernel._records.values import as_stored
+from statekernel._storage.shielding import wait_ended
 from statekernel.errors import ConfigError, ToolError
 
 __all__ = ["Tool", "ToolContext", "ToolReturn", "tool"]

@@ -40,6 +40,7 @@ from statekernel.errors import CorruptCheckpoint, InvalidTransition
 
 __all__ = [
     "ACTIONS",
+    "DATA_CHANGES",
     "EVENTS",
     "TABLE",
     "Action",
@@ -233,6 +234,15 @@ EVENTS: dict[str, frozenset[str]] = {
     "input": frozenset({"messages"}),
 }
 """Every lifecycle event and the payload names it takes (all required)."""
+
+DATA_CHANGES: Mapping[str, frozenset[str]] = MappingProxyType(
+    {
+        "context_updated": frozenset({"context"}),
+        "tool_call_resolved": frozenset({"pause"}),
+    }
+)
+"""Changes of a run's data that are not lifecycle transitions (``Lifecycle.change``): the
+event each commits and the ``Run`` fields it replaces (all required); the state stays."""
 
 
 # -- the table, read from the chart once -----------------------------------------------
@@ -509,6 +519,25 @@ class Lifecycle:
         except BaseException:  # a bug in a transition: it surfaces as itself
             self._cell.reset(before)
             raise
+        return self._commit(before, at, join)
+
+    def change(
+        self, kind: str, *, data: dict[str, Any], join: bool = False, **fields: Any
+    ) -> tuple[Run, tuple[Event, ...]]:
+        """A change of the run's data that is not a transition (``DATA_CHANGES``):
+        ``fields`` replaced, the state kept, one event ``kind`` carrying ``data``;
+        returns (next run, persisted events), at revisions as ``apply`` gives them."""
+        before = self._cell.run
+        expected = DATA_CHANGES.get(kind)
+        if expected is None:
+            raise InvalidTransition(kind, before.state, "unknown data change")
+        at = fields.pop("at", None) or utcnow()
+        if set(fields) != expected:
+            raise InvalidTransition(
+                kind, before.state, f"fields must be {sorted(expected)}, got {sorted(fields)}"
+            )
+        self._cell.run = attrs.evolve(before, **fields)
+        self._cell.events = [(kind, data)]
         return self._commit(before, at, join)
 
     def _step(self, event: str, at: Any, payload: dict[str, Any]) -> None:

@@ -15,7 +15,6 @@ on one host) or once it expires (``ttl`` seconds after it was last renewed).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -37,7 +36,6 @@ __all__ = [
     "RunSummary",
     "SettlesOnCancel",
     "StoreWrapper",
-    "commit_settled",
     "settles_on_cancel",
 ]
 
@@ -254,29 +252,6 @@ class RunQueues(Protocol):
 def settles_on_cancel(store: CheckpointStore) -> bool:
     """True when ``store`` declares that a cancelled commit has settled (``SettlesOnCancel``)."""
     return isinstance(store, SettlesOnCancel) and store.settles_on_cancel is True
-
-
-async def commit_settled(
-    store: CheckpointStore, checkpoint: Checkpoint, lease: Lease | None = None
-) -> None:
-    """Commit, and if the caller is cancelled meanwhile, let the commit settle first.
-
-    A store may write in a thread or over a socket; cancelling the await does not
-    stop that write. Waiting for it means that when the cancellation propagates the
-    commit has either landed whole or not at all, and no orphaned write can land
-    under a process that resumes the run right after. A store that declares
-    ``SettlesOnCancel`` is awaited directly.
-    """
-    if settles_on_cancel(store):
-        await store.commit(checkpoint, lease=lease)  # nothing outlives a cancelled await
-        return
-    task = asyncio.ensure_future(store.commit(checkpoint, lease=lease))
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        if not task.done():
-            await asyncio.wait([task])
-        raise
 
 
 class StoreWrapper(Closing):

@@ -14,7 +14,6 @@ The invariants checked (each failure raises ``AssertionError`` saying which):
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import inspect
 import itertools
@@ -31,6 +30,7 @@ from statekernel._lifecycle.trace import DATA_EVENTS, DECLARED, transitions_of
 from statekernel._records.events import Event
 from statekernel._records.run import MAX_TURNS, STATE_IDS, UNCERTAIN, Run, Turn
 from statekernel._storage.protocol import CheckpointStore
+from statekernel._storage.shielding import shielded
 from statekernel.errors import InvalidArgument, RunNotFound
 from statekernel.testing._faults import Crash, CrashAt, FaultPlan, FaultyProvider, FaultyStore
 
@@ -103,12 +103,7 @@ class Ledger:
                 key = self._started()
                 if tool.idempotent:
                     return await execute(key, kwargs)
-                task = asyncio.ensure_future(execute(key, kwargs))
-                try:
-                    return await asyncio.shield(task)
-                except asyncio.CancelledError:
-                    await asyncio.wait([task])
-                    raise
+                return await shielded(execute(key, kwargs))
 
             return attrs.evolve(tool, fn=run_async)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +34,7 @@ from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
+from statekernel._storage.shielding import shielded
 from statekernel._storage.unclosed import warn_unclosed
 from statekernel.errors import (
     ConfigError,
@@ -230,21 +231,10 @@ class SQLiteStore(HostLeased, Closing):
             return CorruptCheckpoint(f"invalid data in SQLite store {self.path!r}: {exc}")
         return self._error(exc)  # sqlite3 errors, undecodable text in an error message
 
-    async def _shielded(self, work: Callable[[], Awaitable[T]]) -> T:
-        """Run ``work`` to its end even if the caller is cancelled (no half transactions),
-        and let it end before the cancellation propagates (nothing left running)."""
-        task = asyncio.ensure_future(work())
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if not task.done():
-                await asyncio.wait([task])
-            raise
-
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision``."""
         checked_revision(run_id, revision)
-        return await self._shielded(lambda: self._load(run_id, revision))
+        return await shielded(self._load(run_id, revision))
 
     async def _load(self, run_id: str, revision: int | None) -> Run:
         what = f"run {run_id!r} in {self.url}"
@@ -272,9 +262,7 @@ class SQLiteStore(HostLeased, Closing):
         def head_of(stored: Stored, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
             return _head_at(stored, [], None, what)
 
-        parts = await self._shielded(
-            lambda: self._call(read_parts, run_id, lambda _: 0, head_of, log_ends)
-        )
+        parts = await shielded(self._call(read_parts, run_id, lambda _: 0, head_of, log_ends))
         if parts is None:
             raise RunNotFound(run_id)
         entries = _entries(parts.entries, what)
@@ -297,7 +285,7 @@ class SQLiteStore(HostLeased, Closing):
             raise self._error(OSError("a lease is a write, and this store cannot write"))
 
     async def _apply(self, run_id: str, change: LeaseChange) -> LeaseRecord | None:
-        return await self._shielded(lambda: self._call(lease_op, run_id, change))
+        return await shielded(self._call(lease_op, run_id, change))
 
     async def _commit(self, cp: Checkpoint, lease: Lease | None) -> None:
         run_id = cp.run.run_id
@@ -358,7 +346,7 @@ class SQLiteStore(HostLeased, Closing):
             found.extend(decode_events(entries, run_id, what=what))
             return limit is not None and len(found) >= limit
 
-        stored = await self._shielded(lambda: self._call(read_events, run_id, first, collect))
+        stored = await shielded(self._call(read_events, run_id, first, collect))
         if stored is None:
             raise RunNotFound(run_id)
         _checked_head(stored, f"run {run_id!r} in {self.url}")
@@ -379,14 +367,14 @@ class SQLiteStore(HostLeased, Closing):
         where, params = _filters(state, updated_after, cursor)
         sql = f"SELECT {_LISTED} FROM runs{where} ORDER BY updated_us DESC, run_id DESC LIMIT ?"
         params.append(max(limit, 0) + 1)
-        rows = await self._shielded(lambda: self._call(fetch_all, sql, params))
+        rows = await shielded(self._call(fetch_all, sql, params))
         summaries: list[RunSummary] = []
         damaged: list[DamagedRun] = []
         for row in rows:
             self._summary(row, summaries, damaged)
         if state is not None and cursor is None:  # rows the filter cannot match: damaged
             bad_sql = f"SELECT {_LISTED} FROM runs INDEXED BY runs_by_state WHERE {BAD_STATE[0]}"
-            bad = await self._shielded(lambda: self._call(fetch_all, bad_sql, BAD_STATE[1]))
+            bad = await shielded(self._call(fetch_all, bad_sql, BAD_STATE[1]))
             for row in bad:
                 self._summary(row, [], damaged)
         page = tuple(summaries[:limit])
@@ -415,7 +403,7 @@ class SQLiteStore(HostLeased, Closing):
         """Remove the run with every revision, part, blob and event."""
         checked_run_id(run_id)
         self._heads.drop(run_id)
-        return await self._shielded(lambda: self._call(delete_run, run_id))
+        return await shielded(self._call(delete_run, run_id))
 
     async def aclose(self) -> None:
         """Close the connection."""

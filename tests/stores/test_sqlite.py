@@ -11,7 +11,6 @@ from pathlib import Path
 import attrs
 import pytest
 
-from statekernel._storage.protocol import commit_settled
 from statekernel.errors import StoreError
 from statekernel.stores import Checkpoint, SQLiteStore
 from statekernel.stores.sqlite._file import FIRST_WAIT_MS
@@ -26,7 +25,7 @@ async def test_cancelled_commit_lands_whole_or_not_before_the_cancellation(tmp_p
     await store.commit(Checkpoint.between(None, run))
     for delay in (0, 0.001, 0.003, 0.01):
         big = attrs.evolve(next_revision(run), context={"blob": "x" * 5_000_000 + str(delay)})
-        task = asyncio.ensure_future(commit_settled(store, Checkpoint.between(run, big)))
+        task = asyncio.ensure_future(store.commit(Checkpoint.between(run, big)))
         await asyncio.sleep(delay)
         task.cancel()
         landed = True

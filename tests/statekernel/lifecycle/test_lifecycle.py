@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any
 
 import attrs
@@ -411,3 +412,36 @@ class _CatchingErrors(RunLifecycle):
 def test_a_chart_the_table_cannot_step_is_refused(chart: Any, complaint: str) -> None:
     with pytest.raises(InvalidDefinition, match=complaint):
         derive_table(chart)
+
+
+@pytest.mark.parametrize("state", STATE_IDS)
+def test_a_data_change_keeps_the_state_and_numbers_its_event(state: str) -> None:
+    run = attrs.evolve(run_in(state), revision=3, event_count=7)
+    lc = Lifecycle(run)
+    changed, events = lc.change("context_updated", data={}, context={"k": 1})
+    assert changed.state == run.state
+    assert changed.context == {"k": 1}
+    assert (changed.revision, changed.event_count) == (4, 8)
+    assert [(e.type, e.revision, e.seq, e.data) for e in events] == [("context_updated", 4, 7, {})]
+    assert events[0].at == changed.updated_at
+    assert lc.run == changed
+    joined, more = lc.change("context_updated", data={"n": 2}, join=True, context={})
+    assert (joined.revision, joined.event_count, more[0].seq) == (4, 9, 8)
+
+
+@pytest.mark.parametrize(
+    ("kind", "fields", "why"),
+    [
+        ("run_started", {"context": {}}, "unknown data change"),
+        ("context_updated", {"pause": None}, "fields must be ['context'], got ['pause']"),
+        ("tool_call_resolved", {}, "fields must be ['pause'], got []"),
+    ],
+)
+def test_a_data_change_that_is_not_one_is_refused_and_changes_nothing(
+    kind: str, fields: dict[str, Any], why: str
+) -> None:
+    run = run_in("paused")
+    lc = Lifecycle(run)
+    with pytest.raises(InvalidTransition, match=re.escape(why)):
+        lc.change(kind, data={}, **fields)
+    assert lc.run is run
