@@ -19,6 +19,7 @@ from statekernel._kernel.hooks import Continue, Decision, Finish, Hooks, Pause, 
 from statekernel._kernel.kernel import Kernel
 from statekernel._kernel.tools import Tool, ToolContext, ToolReturn, tool
 from statekernel._lifecycle.chart import RunLifecycle
+from statekernel._records.convert import to_plain
 from statekernel._records.events import LIVE_EVENTS, PERSISTED_EVENTS, Event
 from statekernel._records.messages import (
     ContentPart,
@@ -104,6 +105,7 @@ __all__ = [
     "child_run_id",
     "delegate",
     "errors",
+    "to_plain",
     "tool",
 ]
 

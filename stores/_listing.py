@@ -5,25 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from statekernel._records.run import Run, StateId
+from statekernel._records.run import StateId
 from statekernel._storage.protocol import RunPage, RunSummary
 from statekernel.errors import StoreError
 
-__all__ = ["decode_cursor", "encode_cursor", "page_of", "summary_of"]
-
-
-def summary_of(run: Run) -> RunSummary:
-    """The listing line of a run head."""
-    return RunSummary(
-        run.run_id,
-        run.state,
-        run.revision,
-        run.model,
-        run.turn_count,
-        run.created_at,
-        run.updated_at,
-        run.pause,
-    )
+__all__ = ["decode_cursor", "encode_cursor", "page_of"]
 
 
 def encode_cursor(summary: RunSummary) -> str:

@@ -17,10 +17,10 @@ import click
 from rich.console import Console
 
 from statekernel._cli.visible import visible
-from statekernel._records.convert import unstructure
+from statekernel._kernel.kernel import Kernel
+from statekernel._records.convert import to_plain
 from statekernel._secrets import redact
 from statekernel._storage.protocol import CheckpointStore
-from statekernel.errors import StatekernelError
 
 __all__ = [
     "EXIT_USER_ERROR",
@@ -30,6 +30,7 @@ __all__ = [
     "command_hint",
     "common_options",
     "one_line",
+    "open_cli_kernel",
     "open_cli_store",
     "run_async",
     "store_url",
@@ -59,15 +60,13 @@ class UserError(click.ClickException):
 
 
 def run_async(coro: Awaitable[T]) -> T:
-    """Run a coroutine; library errors become ``UserError`` (one line, exit 2)."""
+    """Run a coroutine to its end (library errors reach the command line's one error
+    boundary, which prints them as one line and exits 2)."""
 
     async def wrapped() -> T:
         return await coro
 
-    try:
-        return asyncio.run(wrapped())
-    except StatekernelError as exc:
-        raise UserError(str(exc) or type(exc).__name__) from exc
+    return asyncio.run(wrapped())
 
 
 def store_url(explicit: str | None) -> str:
@@ -79,10 +78,7 @@ def store_url(explicit: str | None) -> str:
         return explicit
     from statekernel._storage.config import default_store_url
 
-    try:
-        return default_store_url()
-    except StatekernelError as exc:
-        raise UserError(str(exc)) from exc
+    return default_store_url()
 
 
 def check_existing_store(url: str) -> None:
@@ -90,30 +86,18 @@ def check_existing_store(url: str) -> None:
     SQLite file that is not a statekernel store, a missing file-store folder): commands
     that read never create one, nor write into another application's database."""
     from statekernel.stores import FileStore, SQLiteStore, open_store
+    from statekernel.stores.sqlite._schema import check_store_file
 
-    try:
-        store = open_store(url)  # lazy: nothing is opened or created
-    except StatekernelError as exc:
-        raise UserError(str(exc)) from exc
+    store = open_store(url)  # lazy: nothing is opened or created
     if isinstance(store, SQLiteStore) and store.path != ":memory:":
         path = Path(store.path)
         if not path.is_file():
             raise UserError(f"no SQLite store at {str(path)!r}: the file does not exist")
         if path.stat().st_size == 0:
             raise UserError(f"{str(path)!r} is empty: not a statekernel store")
-        _check_store_file(str(path))
+        check_store_file(str(path))
     elif isinstance(store, FileStore) and not store.root.is_dir():
         raise UserError(f"no file store at {str(store.root)!r}: the folder does not exist")
-
-
-def _check_store_file(path: str) -> None:
-    """A ``UserError`` for a SQLite file that is not a statekernel store (nothing written)."""
-    from statekernel.stores.sqlite._schema import check_store_file
-
-    try:
-        check_store_file(path)
-    except StatekernelError as exc:
-        raise UserError(str(exc)) from exc
 
 
 def command_hint(command: str, store: str | None, agent: str | None = None) -> str:
@@ -149,6 +133,16 @@ async def open_cli_store(
         await store.aclose()
 
 
+@contextlib.asynccontextmanager
+async def open_cli_kernel(
+    url: str | None, *, existing: bool = True, **options: Any
+) -> AsyncIterator[Kernel]:
+    """A kernel (with ``options``) on the store ``open_cli_store`` opens; both are closed
+    on exit."""
+    async with open_cli_store(url, existing=existing) as store, Kernel(store, **options) as kernel:
+        yield kernel
+
+
 def common_options(fn: F) -> F:
     """Add ``--store URL`` and ``--json`` to a command."""
     fn = click.option(
@@ -168,30 +162,6 @@ def common_options(fn: F) -> F:
     return fn
 
 
-def _fill(data: Any, value: Any) -> Any:
-    """Put back the fields the stored encoding leaves out when they hold their default."""
-    if attrs.has(type(value)) and isinstance(data, dict):
-        for f in attrs.fields(type(value)):
-            field_value = getattr(value, f.name)
-            if f.name in data:
-                data[f.name] = _fill(data[f.name], field_value)
-            else:
-                data[f.name] = _fill(unstructure(field_value), field_value)
-    elif isinstance(value, list | tuple) and isinstance(data, list):
-        return [_fill(d, v) for d, v in zip(data, value, strict=False)]
-    return data
-
-
-def _jsonable(value: Any) -> Any:
-    if attrs.has(type(value)):
-        return _fill(unstructure(value), value)
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return value
-
-
 def _console(*, stderr: bool = False) -> Console:
     console = Console(highlight=False, stderr=stderr)
     if not console.is_terminal:
@@ -209,7 +179,7 @@ class Output:
 
     def json(self, value: Any, *, lines: bool = False) -> None:
         """Print ``value`` (records are unstructured) as JSON; one line when ``lines``."""
-        data = _jsonable(value)
+        data = to_plain(value)
         text = json.dumps(data, ensure_ascii=False, indent=None if lines else 2, default=str)
         sys.stdout.write(text + "\n")
         sys.stdout.flush()

@@ -122,23 +122,19 @@ def demo(
     chosen = model or default_demo_model()
 
     async def go() -> Run:
-        async with open_cli_store(store, existing=False) as s:
-            kernel = demo_kernel(s)
-            try:
-                kernel.registry.get(chosen)
-                run = await kernel.start(
-                    model=chosen,
-                    messages=demo_messages(chosen),
-                    context=demo_context(),
-                    run_id=run_id,
-                )
-                where = redact_url(store_url(store))
-                shown = escape(visible(run.run_id))
-                out.note(f"demo run [bold]{shown}[/bold] on {escape(chosen)} (store {where})")
-                hint = command_hint(f"statekernel runs resume {run.run_id}", store)
-                return await drive(kernel, run.run_id, out, crash=crash, crash_hint=hint)
-            finally:
-                await kernel.aclose()
+        async with open_cli_store(store, existing=False) as s, demo_kernel(s) as kernel:
+            kernel.registry.get(chosen)
+            run = await kernel.start(
+                model=chosen,
+                messages=demo_messages(chosen),
+                context=demo_context(),
+                run_id=run_id,
+            )
+            where = redact_url(store_url(store))
+            shown = escape(visible(run.run_id))
+            out.note(f"demo run [bold]{shown}[/bold] on {escape(chosen)} (store {where})")
+            hint = command_hint(f"statekernel runs resume {run.run_id}", store)
+            return await drive(kernel, run.run_id, out, crash=crash, crash_hint=hint)
 
     run = run_async(go())
     out.note(summary_line(run, command_hint("", store)), markup=False)
@@ -188,16 +184,13 @@ def migrate(src_url: str, dst_url: str, skip_corrupt: bool, as_json: bool) -> No
             result = run_async(
                 migrate_store(src_url, dst_url, progress=report, skip_corrupt=skip_corrupt)
             )
-        except UserError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, ConflictError):
-                raise UserError(
-                    f"the destination holds another run with the id {cause.run_id!r} "
-                    "(a different history): migrate into another store"
-                ) from exc
-            if isinstance(cause, CorruptCheckpoint):
-                raise UserError(f"{cause}; pass --skip-corrupt to copy the other runs") from exc
-            raise
+        except ConflictError as exc:
+            raise UserError(
+                f"the destination holds another run with the id {exc.run_id!r} "
+                "(a different history): migrate into another store"
+            ) from exc
+        except CorruptCheckpoint as exc:
+            raise UserError(f"{exc}; pass --skip-corrupt to copy the other runs") from exc
     src, dst = redact_url(src_url), redact_url(dst_url)
     for damaged in result.skipped:
         said = f"skipped damaged run {damaged.run_id}: {damaged.problem}"

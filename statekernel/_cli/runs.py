@@ -17,6 +17,7 @@ from statekernel._cli.common import (
     UserError,
     command_hint,
     common_options,
+    open_cli_kernel,
     open_cli_store,
     run_async,
 )
@@ -30,14 +31,10 @@ from statekernel._cli.view import (
 )
 from statekernel._cli.visible import visible
 from statekernel._cli.worker import load_agent
-from statekernel._kernel.delegate import run_tree
-from statekernel._kernel.kernel import Kernel
-from statekernel._lifecycle.diagram import FORMATS, render
-from statekernel._lifecycle.trace import trace_events
+from statekernel._lifecycle.diagram import FORMATS
 from statekernel._records.run import STATE_IDS, Run, StateId
 from statekernel._storage.protocol import CheckpointStore, RunSummary
-from statekernel.errors import RunBusy, RunHasChildren, RunNotFound
-from statekernel.stores._listing import summary_of
+from statekernel.errors import RunBusy, RunNotFound
 
 __all__ = ["runs"]
 
@@ -72,9 +69,10 @@ def list_runs(
     damaged: dict[str, str] = {}
 
     async def go() -> list[RunSummary]:
-        async with open_cli_store(store) as s:
+        async with open_cli_kernel(store) as kernel:
+            s = kernel.store
             if root is not None:
-                tree = [summary_of(run) for _, run in await run_tree(s, root)]
+                tree = [RunSummary.of(run) for _, run in await kernel.tree(root)]
                 tree = [row for row in tree if state is None or row.state == state]
                 return sorted(tree, key=lambda row: row.updated_at, reverse=True)[:limit]
             rows: list[RunSummary] = []
@@ -107,8 +105,8 @@ def tree(run_id: str, store: str | None, as_json: bool) -> None:
     """Show a run and its child runs (delegations), as a tree."""
 
     async def go() -> list[tuple[int, Run]]:
-        async with open_cli_store(store) as s:
-            return await run_tree(s, run_id)
+        async with open_cli_kernel(store) as kernel:
+            return await kernel.tree(run_id)
 
     nodes = run_async(go())
     out = Output(as_json)
@@ -319,16 +317,10 @@ def resolve(
         raise UserError("give exactly one of --output, --error or --rerun")
 
     async def go() -> Run:
-        async with open_cli_store(store) as s:
-            kernel = Kernel(s)
-            try:
-                if output is not None:
-                    return await kernel.resolve_tool_call(
-                        run_id, call_id, output=_parse_output(output)
-                    )
-                return await kernel.resolve_tool_call(run_id, call_id, error=error, rerun=rerun)
-            finally:
-                await kernel.aclose()
+        async with open_cli_kernel(store) as kernel:
+            if output is not None:
+                return await kernel.resolve_tool_call(run_id, call_id, output=_parse_output(output))
+            return await kernel.resolve_tool_call(run_id, call_id, error=error, rerun=rerun)
 
     run = run_async(go())
     out = Output(as_json)
@@ -356,12 +348,8 @@ def fork(run_id: str, at: int | None, store: str | None, as_json: bool) -> None:
     """Start a new, independent run from a run as it was at a revision."""
 
     async def go() -> Run:
-        async with open_cli_store(store) as s:
-            kernel = Kernel(s)
-            try:
-                return await kernel.fork(run_id, at_revision=at)
-            finally:
-                await kernel.aclose()
+        async with open_cli_kernel(store) as kernel:
+            return await kernel.fork(run_id, at_revision=at)
 
     run = run_async(go())
     out = Output(as_json)
@@ -400,14 +388,8 @@ def delete(
         click.confirm(f"delete run {run_id}{what} and all their data?", abort=True)
 
     async def go() -> list[str]:
-        async with open_cli_store(store) as s:
-            kernel = Kernel(s, busy_timeout=wait)
-            try:
-                return await kernel.delete(run_id, children=with_children)
-            except RunHasChildren as exc:
-                raise UserError(str(exc)) from exc
-            finally:
-                await kernel.aclose()
+        async with open_cli_kernel(store, busy_timeout=wait) as kernel:
+            return await kernel.delete(run_id, children=with_children)
 
     deleted = run_async(go())
     if not deleted:
@@ -442,17 +424,8 @@ def diagram(run_id: str, output: str | None, store: str | None, as_json: bool) -
         raise UserError(f"cannot tell the format of {target!r}: use .svg, .dot or .mmd")
 
     async def go() -> bytes:
-        async with open_cli_store(store) as s:
-            run = await s.load(run_id)
-            try:
-                initial = (await s.load(run_id, revision=0)).state
-            except RunNotFound:
-                initial = "init"
-            title = f"run {run_id}: {run.state} at revision {run.revision}"
-            trace = trace_events(
-                await s.events(run_id), initial=initial, current=run.state, title=title
-            )
-            return render(fmt, trace)
+        async with open_cli_kernel(store) as kernel:
+            return await kernel.diagram(run_id, format=fmt)
 
     data = run_async(go())
     if target == "-":

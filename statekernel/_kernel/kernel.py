@@ -51,6 +51,8 @@ from statekernel._kernel.options import (
 )
 from statekernel._kernel.tenure import Tenure
 from statekernel._kernel.tools import Tool, tools_by_name
+from statekernel._lifecycle.diagram import FORMATS, render
+from statekernel._lifecycle.trace import trace_events
 from statekernel._records.arguments import callable_arg, flag, run_id_arg, seconds, text
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, Message
@@ -616,6 +618,28 @@ class Kernel(Closing):
     async def events(self, run_id: str, *, after_revision: int = -1) -> list[Event]:
         """The run's persisted events after ``after_revision``."""
         return await self.store.events(run_id_arg(run_id), after_revision=after_revision)
+
+    async def tree(self, run_id: str) -> list[tuple[int, Run]]:
+        """The run and its child runs (delegations), depth first, each with its depth
+        (the run's is 0)."""
+        return await run_tree(self.store, run_id_arg(run_id))
+
+    async def diagram(self, run_id: str, *, format: str = "svg") -> bytes:
+        """The lifecycle diagram with the states and transitions this run went through
+        highlighted and its current state marked: ``svg`` (needs Graphviz: ``dot`` on
+        ``PATH`` or the ``diagrams`` extra, else ``ConfigError``), ``dot`` or ``mmd``
+        (Mermaid)."""
+        run_id_arg(run_id)
+        if format not in FORMATS:
+            raise InvalidArgument(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
+        run = await self.store.load(run_id)
+        try:
+            initial = (await self.store.load(run_id, revision=0)).state
+        except RunNotFound:  # a store without its first revision: the chart's start
+            initial = "init"
+        title = f"run {run_id}: {run.state} at revision {run.revision}"
+        events = await self.store.events(run_id)
+        return render(format, trace_events(events, initial=initial, current=run.state, title=title))
 
     async def send(self, run_id: str, *messages: Message | str) -> Run:
         """New input (a string is a user message) to a completed or paused run."""

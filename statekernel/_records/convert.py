@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar, get_args, get_origin
 
+import attrs
 import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
@@ -47,6 +48,7 @@ __all__ = [
     "register_migration",
     "structure",
     "structure_run",
+    "to_plain",
     "unstructure",
     "unstructure_head",
     "upgrade",
@@ -269,6 +271,33 @@ def migrate(kind: str, doc: Any, version: int, *, what: str = "run") -> Any:
 def unstructure(obj: Any) -> Any:
     """A record as JSON-able data."""
     return converter.unstructure(obj)
+
+
+def to_plain(value: Any) -> Any:
+    """A record (or a list, tuple or dict of them) as plain JSON-ready data with every
+    field present, also those the stored form leaves out at their default: what
+    ``statekernel runs show --json`` prints."""
+    if attrs.has(type(value)):
+        return _filled(unstructure(value), value)
+    if isinstance(value, list | tuple):
+        return [to_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_plain(v) for k, v in value.items()}
+    return value
+
+
+def _filled(data: Any, value: Any) -> Any:
+    """``data`` with the fields the stored form leaves out at their default put back."""
+    if attrs.has(type(value)) and isinstance(data, dict):
+        for f in attrs.fields(type(value)):
+            field_value = getattr(value, f.name)
+            if f.name in data:
+                data[f.name] = _filled(data[f.name], field_value)
+            else:
+                data[f.name] = _filled(unstructure(field_value), field_value)
+    elif isinstance(value, list | tuple) and isinstance(data, list):
+        return [_filled(d, v) for d, v in zip(data, value, strict=False)]
+    return data
 
 
 def structure(data: Any, cls: type[T], *, what: str = "record") -> T:

@@ -128,6 +128,20 @@ class RunSummary:
     updated_at: datetime
     pause: PauseInfo | None = None
 
+    @classmethod
+    def of(cls, run: Run) -> RunSummary:
+        """The listing line of ``run``."""
+        return cls(
+            run.run_id,
+            run.state,
+            run.revision,
+            run.model,
+            run.turn_count,
+            run.created_at,
+            run.updated_at,
+            run.pause,
+        )
+
 
 @attrs.frozen
 class DamagedRun:
