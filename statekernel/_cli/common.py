@@ -18,6 +18,7 @@ import click
 from rich.console import Console
 
 from statekernel._records.convert import unstructure
+from statekernel._records.run import PauseInfo
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import StatekernelError
 
@@ -171,7 +172,8 @@ def common_options(fn: F) -> F:
 
 
 def _fill(data: Any, value: Any) -> Any:
-    """Put back the fields the stored encoding leaves out when they hold their default."""
+    """Put back the fields the stored encoding leaves out when they hold their default
+    (and a pause's ``metadata``, the JSON view of its details)."""
     if attrs.has(type(value)) and isinstance(data, dict):
         for f in attrs.fields(type(value)):
             field_value = getattr(value, f.name)
@@ -179,6 +181,8 @@ def _fill(data: Any, value: Any) -> Any:
                 data[f.name] = _fill(data[f.name], field_value)
             else:
                 data[f.name] = _fill(unstructure(field_value), field_value)
+        if isinstance(value, PauseInfo):  # what scripts read: the details as JSON
+            data["metadata"] = value.metadata
     elif isinstance(value, list | tuple) and isinstance(data, list):
         return [_fill(d, v) for d, v in zip(data, value, strict=False)]
     return data

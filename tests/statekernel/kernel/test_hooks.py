@@ -7,6 +7,7 @@ import pytest
 
 import statekernel as sk
 from statekernel.errors import ConfigError
+from statekernel.pauses import HookPause
 from statekernel.stores import MemoryStore
 from statekernel.testing import Crash, CrashAt, FaultPlan, FaultyStore, ScriptedProvider, call
 
@@ -90,7 +91,7 @@ async def test_pause_decision_pauses_before_the_side_effect(make_kernel: MakeKer
     )
     assert CALLS == []
     assert run.state == "paused"
-    assert run.pause == sk.PauseInfo("approve?", "dispatching_tools", {"risk": "high"})
+    assert run.pause == sk.PauseInfo("approve?", "dispatching_tools", HookPause({"risk": "high"}))
 
 
 async def test_finish_completes_without_running_remaining_calls(make_kernel: MakeKernel) -> None:
@@ -152,7 +153,7 @@ async def test_turn_completed_decisions(make_kernel: MakeKernel) -> None:
     await drain(kernel, started.run_id)
     paused = await kernel.get(started.run_id)
     assert paused.state == "paused"
-    assert paused.pause == sk.PauseInfo("review", "preparing_turn", {})
+    assert paused.pause == sk.PauseInfo("review", "preparing_turn")
     assert len(paused.turns) == 1
     await kernel.resume(started.run_id)
     await drain(kernel, started.run_id)
