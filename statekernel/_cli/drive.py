@@ -21,6 +21,7 @@ from statekernel._cli.view import EventPrinter, short
 from statekernel._cli.visible import visible
 from statekernel._kernel.kernel import Kernel
 from statekernel._records.events import Event
+from statekernel._records.pauses import Uncertain
 from statekernel._records.run import UNCERTAIN, Run
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import ConflictError
@@ -147,10 +148,8 @@ def _check_resumable(run: Run, flags: str = "") -> None:
             f"run {run.run_id} is completed: nothing to resume (fork it, or send new input)"
         )
     pause = run.pause
-    if run.state == "paused" and pause is not None and pause.reason == UNCERTAIN:
-        calls = pause.metadata.get("calls", []) if isinstance(pause.metadata, dict) else []
-        done = pause.metadata.get("resolutions", {}) if isinstance(pause.metadata, dict) else {}
-        open_calls = [f"{c['id']} ({c['name']})" for c in calls if c["id"] not in done]
+    if run.state == "paused" and pause is not None and isinstance(pause.details, Uncertain):
+        open_calls = [f"{c.id} ({c.name})" for c in pause.details.unresolved]
         if not open_calls:
             return  # all answered, the resume that follows was lost in a crash: go on
         raise UserError(

@@ -23,6 +23,7 @@ from statekernel._records.messages import (
     ToolCall,
     ToolResult,
 )
+from statekernel._records.pauses import ChildWait, Question, Uncertain
 from statekernel._records.run import PauseInfo, Run, ToolCallRecord
 from statekernel._storage.protocol import RunSummary
 
@@ -193,18 +194,18 @@ def run_tree_view(nodes: Sequence[tuple[int, Run]]) -> Tree:
 
 def waiting_for(pause: PauseInfo) -> str:
     """A pause's reason and what it waits for, in one short line."""
+    details = pause.details
     meta = pause.metadata
-    calls = meta.get("calls") if isinstance(meta, dict) else None
-    if isinstance(calls, list) and all(isinstance(c, dict) for c in calls):
-        detail = "calls " + ", ".join(f"{c.get('id')} ({c.get('name')})" for c in calls)
-    elif isinstance(meta, dict) and "child" in meta:
-        why = meta.get("child_pause")
-        reason = why.get("reason") if isinstance(why, dict) else None
-        detail = f"child run {meta['child']}" + (f" ({reason})" if reason else "")
-    elif isinstance(meta, dict) and "question" in meta:
-        question = meta["question"]
+    if isinstance(details, Uncertain):
+        detail = "calls " + ", ".join(f"{c.id} ({c.name})" for c in details.calls)
+    elif isinstance(details, ChildWait):
+        why = details.child_pause
+        detail = f"child run {details.child}" + (f" ({why.reason})" if why else "")
+    elif isinstance(details, Question):
+        ask = details.asked
+        question = ask.question
         text = question if isinstance(question, str) else json.dumps(question, ensure_ascii=False)
-        detail = f"{meta.get('name')} asks {text!r} (call {meta.get('call')})"
+        detail = f"{ask.name} asks {text!r} (call {ask.calls[0]})"
     elif isinstance(meta, dict) and "call" in meta:
         detail = f"call {meta['call']}"
     elif meta in ({}, None):

@@ -3,7 +3,7 @@
 A tool raises ``NeedsInput(question, schema=...)`` (a tool made by ``ask_user`` does
 nothing else). Its intent was committed before it started, like any call's; when it
 asks, the run pauses with reason ``input_required`` as soon as no other call of the turn
-is running, the question in the pause's metadata. ``kernel.resume(run_id,
+is running, the question in the pause's details. ``kernel.resume(run_id,
 value=answer)`` checks the answer against the schema and commits in one commit the
 resume and the answer as the call's result (and, when several calls of the turn asked,
 the pause for the next question).
@@ -22,6 +22,7 @@ from typing import Any
 from statekernel._kernel.schema import schema_problem, schema_violation
 from statekernel._kernel.tools import Tool, tool
 from statekernel._records.messages import JSON
+from statekernel._records.pauses import Ask, Question
 from statekernel._records.values import as_stored
 from statekernel.errors import ConfigError, InvalidArgument
 
@@ -59,26 +60,26 @@ def asked(request: NeedsInput) -> tuple[dict[str, Any] | None, str | None]:
     return doc, None
 
 
-def questions(waiting: Sequence[tuple[Sequence[str], str, Mapping[str, Any]]]) -> dict[str, Any]:
-    """The pause's metadata for calls that asked (ids, tool name, what it asked), in
-    call order: the first is the question now asked, the rest wait behind it."""
-    entries = [
-        {"call": ids[0], "calls": list(ids), "name": name, **doc} for ids, name, doc in waiting
-    ]
-    first, rest = entries[0], entries[1:]
-    return {**first, "waiting": rest} if rest else first
+def questions(waiting: Sequence[tuple[Sequence[str], str, Mapping[str, Any]]]) -> Question:
+    """The pause's details for calls that asked (ids, tool name, what ``asked`` stored),
+    in call order: the first is the question now asked, the rest wait behind it."""
+    return Question(
+        tuple(
+            Ask(tuple(ids), name, doc.get("question"), doc.get("schema"))
+            for ids, name, doc in waiting
+        )
+    )
 
 
-def answered(
-    metadata: Mapping[str, Any], value: JSON
-) -> tuple[list[str], str | None, dict[str, Any] | None]:
+def answered(question: Question, value: JSON) -> tuple[list[str], str | None, Question | None]:
     """The calls ``value`` answers, the error result they get instead of ``value`` (None:
-    ``value`` is their result), and the metadata of the next question's pause (None: none
+    ``value`` is their result), and the details of the next question's pause (None: none
     waits). ``InvalidArgument`` naming what is wrong if ``value`` does not satisfy the
     question's schema. A stored schema that cannot check answers (a question asked before
     schemas were checked when asked) never blocks the answer: the calls get an error
     result saying so, which the model reads."""
-    schema = metadata.get("schema")
+    ask = question.asked
+    schema = ask.schema
     error = None
     problem = schema_problem(schema) if schema is not None else None
     if problem is not None:
@@ -87,15 +88,11 @@ def answered(
     if violation is not None:
         where, why = violation
         raise InvalidArgument(
-            f"answer{where} to {metadata.get('name')!r} ({metadata.get('call')!r}) does not"
+            f"answer{where} to {ask.name!r} ({ask.calls[0]!r}) does not"
             f" satisfy the question's schema: {why}"
         )
-    calls = [str(c) for c in metadata.get("calls", [metadata.get("call")])]
-    waiting = list(metadata.get("waiting", []))
-    if not waiting:
-        return calls, error, None
-    first, rest = waiting[0], waiting[1:]
-    return calls, error, ({**first, "waiting": rest} if rest else dict(first))
+    rest = question.asks[1:]
+    return list(ask.calls), error, (Question(rest) if rest else None)
 
 
 def ask_user(

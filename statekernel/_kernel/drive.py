@@ -83,6 +83,19 @@ from statekernel._lifecycle.transitions import parse_call
 from statekernel._records.checks import checked_result
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, ModelRequest, ModelResult, ToolCall
+from statekernel._records.pauses import (
+    ChildPause,
+    ChildWait,
+    HookPause,
+    MaxTurns,
+    Question,
+    Rerun,
+    Resolution,
+    ResolvedError,
+    Uncertain,
+    UncertainCall,
+    resolution_of,
+)
 from statekernel._records.run import (
     CHILD_PAUSED,
     INPUT_REQUIRED,
@@ -222,10 +235,14 @@ class _Outcome:
     error: str | None = None
     resolved: bool = False
     context: JSON = None
+    skipped: str | None = None
+    """The reason of a hook's ``Finish`` that kept the call from running."""
     asked: dict[str, Any] | None = None
     """What the call asked the user (``NeedsInput``): it has no result yet."""
-    child: dict[str, Any] | None = None
+    child: str | None = None
     """The paused child run the call waits for (``ChildPaused``): no result yet."""
+    child_pause: ChildPause | None = None
+    """That child's pause."""
 
     @property
     def waiting(self) -> bool:
@@ -412,6 +429,7 @@ class RunDriver:
             error=outcome.error,
             resolved=outcome.resolved,
             context=outcome.context,
+            skipped=outcome.skipped,
         )
         self.staged_outcomes.append(outcome)
 
@@ -580,16 +598,16 @@ class RunDriver:
     def _must_flush(self) -> bool:
         return self.observing and bool(self.staged_outcomes)
 
-    async def answer(self, pause: PauseInfo, value: JSON, max_turns: int | None) -> None:
+    async def answer(self, question: Question, value: JSON, max_turns: int | None) -> None:
         """Resume a run paused with ``input_required``: ``value`` (checked against the
         question's schema first) is the asking call's result, committed with the resume,
         and the next waiting question pauses the run again in the same commit."""
-        ids, error, waiting = answered(pause.metadata, value)
+        ids, error, waiting = answered(question, value)
         try:
             self.stage("resume", value=value, max_turns=max_turns)
             self._stage_outcome(_Outcome(tuple(ids), None if error else value, error))
             if waiting is not None:
-                self.stage("pause", reason=INPUT_REQUIRED, metadata=waiting)
+                self.stage("pause", reason=INPUT_REQUIRED, details=waiting)
             await self.flush()
         except BaseException:
             self._drop_staged()
@@ -615,11 +633,11 @@ class RunDriver:
         run = self.run
         if run.pending_pause is not None:
             info = run.pending_pause
-            self.stage("pause", reason=info.reason, metadata=info.metadata)
+            self.stage("pause", reason=info.reason, details=info.details)
             return
         if run.max_turns is not None and len(run.turns) >= run.max_turns:
-            meta = {"max_turns": run.max_turns, "turns": len(run.turns)}
-            self.stage("pause", reason=MAX_TURNS, metadata=meta)
+            budget = MaxTurns(run.max_turns, len(run.turns))
+            self.stage("pause", reason=MAX_TURNS, details=budget)
             return
         request = ModelRequest(model=run.model, messages=run.messages, tools=self.kernel.tool_specs)
         hooked = await self._hook("on_turn_prepared", run, request)
@@ -763,7 +781,7 @@ class RunDriver:
         if isinstance(decision, hk.Finish):
             return decision.reason, None
         if isinstance(decision, hk.Pause):
-            return None, PauseInfo(decision.reason, "preparing_turn", decision.metadata)
+            return None, PauseInfo(decision.reason, "preparing_turn", HookPause(decision.metadata))
         raise _HookFailed(TypeError(f"on_turn_completed cannot return {decision!r}"))
 
     async def _pump(self, work: Awaitable[None]) -> AsyncIterator[Event]:
@@ -835,12 +853,7 @@ class RunDriver:
     async def _end_tools(self, turn: Turn) -> None:
         if turn.pending or turn.in_flight:
             raise InvalidTransition("tools_completed", self.run.state, "calls remain")
-        finished = [
-            r for r in turn.completed if (r.error or "").startswith("not run: the run finished")
-        ]
-        default = None
-        if finished:
-            default = (finished[0].error or "")[len("not run: the run finished (") : -1]
+        default = next((r.skipped for r in turn.completed if r.skipped is not None), None)
         finish, then_pause = await self._turn_decision(turn, default="stop")
         if default is not None and then_pause is None:
             finish = default
@@ -877,11 +890,12 @@ class RunDriver:
             self._stage_outcome(_Outcome(tuple(ids), decision.result, decision.error))
             return True
         if isinstance(decision, hk.Pause):
-            self.stage("pause", reason=decision.reason, metadata=decision.metadata)
+            self.stage("pause", reason=decision.reason, details=HookPause(decision.metadata))
             return True
         if isinstance(decision, hk.Finish):
             why = NOT_RUN_FINISHED.format(reason=decision.reason)
-            self._stage_outcome(_Outcome(tuple(r.id for r in turn.pending), None, why))
+            skipped = tuple(r.id for r in turn.pending)
+            self._stage_outcome(_Outcome(skipped, None, why, skipped=decision.reason))
             return True
         if isinstance(decision, hk.Rewrite):
             call_input = decision.input
@@ -915,17 +929,19 @@ class RunDriver:
         """Calls in flight that no task of this driver runs (a crash's remnants): a
         resolution given for them is used, idempotent tools run again, and the others
         pause the run once nothing else can go on."""
-        resolutions = self.run.resume_value if isinstance(self.run.resume_value, dict) else {}
-        resolutions = resolutions.get("resolutions", {}) if isinstance(resolutions, dict) else {}
+        resolutions = _given_resolutions(self.run.resume_value)
         uncertain = []
         for record in unowned:
             resolution = resolutions.get(record.id)
-            if not isinstance(resolution, dict) or resolution.get("attempt") != record.attempt:
+            if resolution is not None and resolution.attempt != record.attempt:
                 resolution = None
             tool = self.kernel.tools.get(record.name)
-            if resolution is not None and not resolution.get("rerun"):
-                output, error = resolution.get("output"), resolution.get("error")
-                self._stage_outcome(_Outcome((record.id,), output, error, resolved=True))
+            if resolution is not None and not isinstance(resolution, Rerun):
+                if isinstance(resolution, ResolvedError):
+                    outcome = _Outcome((record.id,), None, resolution.error, resolved=True)
+                else:
+                    outcome = _Outcome((record.id,), resolution.output, None, resolved=True)
+                self._stage_outcome(outcome)
             elif resolution is not None or (tool is not None and tool.idempotent):
                 self._stage_intent([record.id], record.input)
             else:
@@ -933,11 +949,8 @@ class RunDriver:
         if self.staged_intents:
             return  # they land before the calls start again
         if uncertain and not self._must_flush():
-            calls = [
-                {"id": r.id, "name": r.name, "input": r.input, "attempt": r.attempt}
-                for r in uncertain
-            ]
-            self.stage("pause", reason=UNCERTAIN, metadata={"calls": calls})
+            calls = tuple(UncertainCall(r.id, r.name, r.input, r.attempt) for r in uncertain)
+            self.stage("pause", reason=UNCERTAIN, details=Uncertain(calls))
             # calls that wait (a question, a paused child) stay in flight and run again
             # after the resume; holding their results would keep the run from others
             self.staged_outcomes.extend(self._ready_outcomes(asking=True))
@@ -1037,12 +1050,13 @@ class RunDriver:
         waiting.sort(key=lambda o: order.index(o.ids[0]) if o.ids[0] in order else len(order))
         asks = [(o.ids, self.names[o.ids[0]], o.asked) for o in waiting if o.asked is not None]
         if asks:
-            self.stage("pause", reason=INPUT_REQUIRED, metadata=questions(asks))
+            self.stage("pause", reason=INPUT_REQUIRED, details=questions(asks))
         else:
             first = waiting[0]
-            ids, name = list(first.ids), self.names[first.ids[0]]
-            about = {"call": ids[0], "calls": ids, "name": name, **(first.child or {})}
-            self.stage("pause", reason=CHILD_PAUSED, metadata=about)
+            assert first.child is not None
+            name = self.names[first.ids[0]]
+            about = ChildWait(first.ids, name, first.child, first.child_pause)
+            self.stage("pause", reason=CHILD_PAUSED, details=about)
         self.staged_outcomes.extend(waiting)  # they leave the driver with the pause
 
     async def _wait(self) -> AsyncIterator[Event]:
@@ -1067,11 +1081,21 @@ def _tool_failure(ids: tuple[str, ...], exc: Exception) -> _Outcome:
         return _Outcome(ids, None, problem, asked=question)
     if isinstance(exc, ChildPaused):
         pause = exc.pause
-        why = {"reason": pause.reason, "metadata": pause.metadata} if pause else {}
-        return _Outcome(ids, child={"child": exc.child_run_id, "child_pause": why})
+        why = ChildPause(pause.reason, pause.metadata) if pause else None
+        return _Outcome(ids, child=exc.child_run_id, child_pause=why)
     if isinstance(exc, ToolError):
         return _Outcome(ids, None, str(exc))
     return _Outcome(ids, None, f"{type(exc).__name__}: {exc}")
+
+
+def _given_resolutions(value: JSON) -> dict[str, Resolution]:
+    """The resolutions a ``resume`` value hands in (``{"resolutions": {call id: ...}}``,
+    as ``Uncertain.metadata`` gives them)."""
+    given = value.get("resolutions") if isinstance(value, dict) else None
+    if not isinstance(given, dict):
+        return {}
+    found = {call_id: resolution_of(doc) for call_id, doc in given.items()}
+    return {call_id: r for call_id, r in found.items() if r is not None}
 
 
 def _stored_outcome(ids: tuple[str, ...], output: JSON) -> _Outcome:

@@ -56,7 +56,15 @@ from statekernel._lifecycle.trace import trace_events
 from statekernel._records.arguments import callable_arg, flag, run_id_arg, seconds, text
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, Message
-from statekernel._records.run import INPUT_REQUIRED, UNCERTAIN, PauseInfo, Run, utcnow
+from statekernel._records.pauses import (
+    Question,
+    Rerun,
+    Resolution,
+    ResolvedError,
+    ResolvedOutput,
+    Uncertain,
+)
+from statekernel._records.run import PauseInfo, Run, utcnow
 from statekernel._records.values import check_messages, checked
 from statekernel._secrets import logger
 from statekernel._storage.closing import Closing
@@ -676,13 +684,14 @@ class Kernel(Closing):
             answered = _all_resolved(pause) if driver.run.state == "paused" else None
             if answered is not None and not given:
                 value = {"resolutions": answered}
-            if driver.run.state == "paused" and pause and pause.reason == INPUT_REQUIRED:
+            question = pause.details if pause is not None else None
+            if driver.run.state == "paused" and isinstance(question, Question):
                 if not given:
                     raise InvalidArgument(
-                        f"run {run_id!r} waits for an answer to {pause.metadata.get('question')!r}"
-                        f" (a call of tool {pause.metadata.get('name')!r}): give it as value="
+                        f"run {run_id!r} waits for an answer to {question.asked.question!r}"
+                        f" (a call of tool {question.asked.name!r}): give it as value="
                     )
-                await driver.answer(pause, value, max_turns)
+                await driver.answer(question, value, max_turns)
             else:
                 await driver.commit("resume", value=value, max_turns=max_turns)
             return driver.run
@@ -715,32 +724,34 @@ class Kernel(Closing):
             raise InvalidArgument("give exactly one of output=, error= or rerun=True")
         if error is not None and type(error) is not str:
             raise InvalidArgument(f"error: {type(error).__name__} is not str")
-        resolution: dict[str, JSON] = (
-            {"rerun": True}
-            if rerun
-            else {"error": error}
-            if error is not None
-            else {"output": checked(output, "output")}
-        )
+        result = None if rerun or error is not None else checked(output, "output")
         async with self._fresh(run_id) as driver:
             run = driver.run
             pause = run.pause
-            if run.state != "paused" or pause is None or pause.reason != UNCERTAIN:
+            uncertain = pause.details if pause is not None else None
+            if run.state != "paused" or pause is None or not isinstance(uncertain, Uncertain):
                 raise InvalidTransition("resolve_tool_call", run.state, "no uncertain tool calls")
-            attempts = {c["id"]: c["attempt"] for c in pause.metadata.get("calls", [])}
-            if call_id not in attempts:
+            call = uncertain.call(call_id)
+            if call is None:
                 raise InvalidArgument(f"{call_id!r} is not an uncertain call of run {run_id!r}")
             # a resolution answers for one attempt: a re-run that is itself interrupted
             # leaves a new attempt in flight, which needs a new answer
-            resolution["attempt"] = attempts[call_id]
-            resolutions = {**pause.metadata.get("resolutions", {}), call_id: resolution}
-            metadata = {**pause.metadata, "resolutions": resolutions}
-            data = {"call_id": call_id, "resolution": resolution}
-            await driver.commit_data(
-                "tool_call_resolved", data, pause=attrs.evolve(pause, metadata=metadata)
+            resolution: Resolution = (
+                Rerun(call.attempt)
+                if rerun
+                else ResolvedError(call.attempt, error)
+                if error is not None
+                else ResolvedOutput(call.attempt, result)
             )
-            if _all_resolved(driver.run.pause) is not None:  # every call answered: go on
-                await driver.commit("resume", value={"resolutions": resolutions}, max_turns=None)
+            resolutions = {**uncertain.resolutions, call_id: resolution}
+            details = attrs.evolve(uncertain, resolutions=resolutions)
+            data = {"call_id": call_id, "resolution": resolution.metadata}
+            await driver.commit_data(
+                "tool_call_resolved", data, pause=attrs.evolve(pause, details=details)
+            )
+            answered = _all_resolved(driver.run.pause)
+            if answered is not None:  # every call answered: go on
+                await driver.commit("resume", value={"resolutions": answered}, max_turns=None)
             return driver.run
 
     async def update_context(
@@ -777,8 +788,8 @@ class Kernel(Closing):
 def _check_input(run: Run) -> None:
     """Refuse input to a run whose uncertain tool calls must be resolved first."""
     pause = run.pause
-    if run.state == "paused" and pause is not None and pause.reason == UNCERTAIN:
-        calls = ", ".join(repr(c.get("id")) for c in pause.metadata.get("calls", []))
+    if run.state == "paused" and pause is not None and isinstance(pause.details, Uncertain):
+        calls = ", ".join(repr(c.id) for c in pause.details.calls)
         raise InvalidTransition(
             "input",
             "paused",
@@ -801,14 +812,12 @@ def _as_messages(messages: Iterable[Message | str]) -> tuple[Message, ...]:
 
 
 def _all_resolved(pause: PauseInfo | None) -> dict[str, JSON] | None:
-    """The resolutions of a pause on uncertain calls once every call has one, else None."""
-    if pause is None or pause.reason != UNCERTAIN or not isinstance(pause.metadata, dict):
+    """The resolutions of a pause on uncertain calls once every call has one (as JSON,
+    what ``resume`` hands the drive), else None."""
+    details = pause.details if pause is not None else None
+    if not isinstance(details, Uncertain) or details.unresolved:
         return None
-    calls = {c["id"] for c in pause.metadata.get("calls", [])}
-    resolutions = pause.metadata.get("resolutions", {})
-    if not isinstance(resolutions, dict) or not calls <= set(resolutions):
-        return None
-    return resolutions
+    return {call_id: r.metadata for call_id, r in details.resolutions.items()}
 
 
 def _check_run_id(run_id: str) -> None:

@@ -35,6 +35,7 @@ from statemachine.exceptions import InvalidDefinition, TransitionNotAllowed
 from statekernel._lifecycle import transitions as tr
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, Message, ModelRequest, ModelResult
+from statekernel._records.pauses import PauseDetails
 from statekernel._records.run import STATE_IDS, PauseInfo, Run, StateId, utcnow
 from statekernel.errors import CorruptCheckpoint, InvalidTransition
 
@@ -193,16 +194,18 @@ class RunLifecycle(StateChart[_Cell]):
         error: str | None,
         resolved: bool,
         context: JSON,
+        skipped: str | None,
         at: Any,
     ) -> None:
         run = self.model.run
-        self._stage(tr.tool_call_completed(run, call_ids, output, error, resolved, context, at))
+        done = tr.tool_call_completed(run, call_ids, output, error, resolved, context, skipped, at)
+        self._stage(done)
 
     def on_tools_completed(self, finish: str | None, then_pause: PauseInfo | None, at: Any) -> None:
         self._stage(tr.tools_completed(self.model.run, finish, then_pause, at))
 
-    def on_pause(self, reason: str, metadata: JSON, at: Any) -> None:
-        self._stage(tr.pause(self.model.run, reason, metadata, at))
+    def on_pause(self, reason: str, details: PauseDetails, at: Any) -> None:
+        self._stage(tr.pause(self.model.run, reason, details, at))
 
     def on_resume(self, value: JSON, max_turns: int | None, at: Any) -> None:
         self._stage(tr.resume(self.model.run, value, max_turns, at))
@@ -225,9 +228,11 @@ EVENTS: dict[str, frozenset[str]] = {
     "early_call_started": frozenset({"partial", "call_input"}),
     "answer_cut_off": frozenset({"reason"}),
     "tool_call_started": frozenset({"call_ids", "call_input"}),
-    "tool_call_completed": frozenset({"call_ids", "output", "error", "resolved", "context"}),
+    "tool_call_completed": frozenset(
+        {"call_ids", "output", "error", "resolved", "context", "skipped"}
+    ),
     "tools_completed": frozenset({"finish", "then_pause"}),
-    "pause": frozenset({"reason", "metadata"}),
+    "pause": frozenset({"reason", "details"}),
     "resume": frozenset({"value", "max_turns"}),
     "fail": frozenset({"error", "message"}),
     "retry": frozenset(),

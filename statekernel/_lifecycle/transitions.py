@@ -17,14 +17,8 @@ import attrs
 
 from statekernel._lifecycle.matching import call_key
 from statekernel._records.messages import JSON, Message, ModelRequest, ModelResult, ToolCall
-from statekernel._records.run import (
-    INPUT_REQUIRED,
-    FailureInfo,
-    PauseInfo,
-    Run,
-    ToolCallRecord,
-    Turn,
-)
+from statekernel._records.pauses import PauseDetails, Question
+from statekernel._records.run import FailureInfo, PauseInfo, Run, ToolCallRecord, Turn
 from statekernel._records.values import merge_patch, parse_json
 from statekernel._secrets import redact
 
@@ -288,11 +282,11 @@ def _unfinished(run: Run, turn: Turn, why: str, at: datetime | None) -> Turn:
     """``turn`` with a result for every call that did not finish: a call whose question
     waits for an answer is not answered, any other call that never started did not run,
     and one in flight has an unknown outcome."""
-    pause = run.pause
+    details = run.pause.details if run.pause is not None else None
     asking: set[str] = set()
-    if pause is not None and pause.reason == INPUT_REQUIRED and isinstance(pause.metadata, dict):
-        for question in (pause.metadata, *pause.metadata.get("waiting", ())):
-            asking.update(str(c) for c in question.get("calls", [question.get("call")]))
+    if isinstance(details, Question):
+        for ask in details.asks:
+            asking.update(ask.calls)
     closed: list[ToolCallRecord] = []
     for record in turn.pending:
         closed.append(attrs.evolve(record, error=NOT_RUN.format(why=why), finished_at=at))
@@ -346,6 +340,7 @@ def tool_call_completed(
     error: str | None,
     resolved: bool,
     context: JSON,
+    skipped: str | None,
     at: datetime,
 ) -> Effects:
     """dispatching_tools self-transition: calls finished (or were skipped) with a result.
@@ -353,13 +348,20 @@ def tool_call_completed(
     ``resolved``: the result is an operator's answer about an uncertain call, not an
     execution (the record and the event say so). ``context``: the tool's context patch,
     kept on the record until the turn's calls have all completed (``tools_completed``).
+    ``skipped``: the reason of a hook's ``Finish`` that kept the calls from running.
     """
     turn = _turn(run)
     turn, moved = _move(turn, call_ids, ("in_flight", "pending"))
     error = None if error is None else redact(error)  # the model reads it: no secret in it
     moved = [
         attrs.evolve(
-            r, output=output, error=error, finished_at=at, resolved=resolved, context_patch=context
+            r,
+            output=output,
+            error=error,
+            finished_at=at,
+            resolved=resolved,
+            context_patch=context,
+            skipped=skipped,
         )
         for r in moved
     ]
@@ -406,9 +408,9 @@ def tools_completed(
     return run, events
 
 
-def pause(run: Run, reason: str, metadata: JSON, at: datetime) -> Effects:
+def pause(run: Run, reason: str, details: PauseDetails, at: datetime) -> Effects:
     """An active state -> paused, remembering where to return."""
-    info = PauseInfo(reason=reason, resume_to=run.state, metadata=metadata or {})
+    info = PauseInfo(reason=reason, resume_to=run.state, details=details)
     data = {"reason": reason, "resume_to": run.state, "metadata": info.metadata}
     nxt = attrs.evolve(run, pause=info, resume_value=None, pending_pause=None)
     return nxt, [("run_paused", data)]

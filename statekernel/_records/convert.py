@@ -34,7 +34,20 @@ from statekernel._records.messages import (
     ToolResult,
     ToolSpec,
 )
+from statekernel._records.pauses import (
+    ChildWait,
+    HookPause,
+    MaxTurns,
+    PauseDetails,
+    Question,
+    Rerun,
+    Resolution,
+    ResolvedError,
+    ResolvedOutput,
+    Uncertain,
+)
 from statekernel._records.run import SCHEMA_VERSION, PauseInfo, Run, ToolCallRecord, Turn
+from statekernel._records.upgrade_v1 import from_v1
 from statekernel.errors import CorruptCheckpoint
 
 __all__ = [
@@ -81,6 +94,25 @@ configure_tagged_union(
     converter,
     tag_generator=lambda cls: _PART_TAGS[cls],
     tag_name="type",
+)
+
+_PAUSE_TAGS: dict[type, str] = {
+    Uncertain: "uncertain",
+    Question: "question",
+    ChildWait: "child",
+    MaxTurns: "max_turns",
+    HookPause: "hook",
+}
+_RESOLUTION_TAGS: dict[type, str] = {
+    ResolvedOutput: "output",
+    ResolvedError: "error",
+    Rerun: "rerun",
+}
+configure_tagged_union(
+    Resolution, converter, tag_generator=lambda cls: _RESOLUTION_TAGS[cls], tag_name="kind"
+)
+configure_tagged_union(
+    PauseDetails, converter, tag_generator=lambda cls: _PAUSE_TAGS[cls], tag_name="kind"
 )
 
 
@@ -155,15 +187,9 @@ converter.register_structure_hook(
     ModelResult, lambda doc, cls: hooks.result_calls(_result_of(doc, cls))
 )
 # A pause is stored inline (no blobs), so a run listing reads it off the head.
+_pause_doc = make_dict_unstructure_fn(PauseInfo, converter, _cattrs_omit_if_default=True)
 converter.register_unstructure_hook(
-    PauseInfo,
-    make_dict_unstructure_fn(
-        PauseInfo,
-        converter,
-        _cattrs_omit_if_default=True,
-        reason=override(unstruct_hook=hooks.inline),
-        metadata=override(unstruct_hook=hooks.inline),
-    ),
+    PauseInfo, lambda pause: hooks.unstructure_inline(pause, _pause_doc)
 )
 _record_doc = make_dict_unstructure_fn(ToolCallRecord, converter, _cattrs_omit_if_default=True)
 _record_of = make_dict_structure_fn(ToolCallRecord, converter, _cattrs_forbid_extra_keys=True)
@@ -239,6 +265,9 @@ def register_migration(from_version: int, fn: Migration) -> None:
     _MIGRATIONS[from_version] = fn
 
 
+register_migration(1, from_v1)
+
+
 def check_version(version: Any, *, what: str = "run") -> int:
     """A stored ``schema_version`` this release reads (the current one, or one that
     registered migrations upgrade); else ``CorruptCheckpoint``."""
@@ -287,7 +316,8 @@ def to_plain(value: Any) -> Any:
 
 
 def _filled(data: Any, value: Any) -> Any:
-    """``data`` with the fields the stored form leaves out at their default put back."""
+    """``data`` with the fields the stored form leaves out at their default put back
+    (and a pause's ``metadata``, the JSON view of its details)."""
     if attrs.has(type(value)) and isinstance(data, dict):
         for f in attrs.fields(type(value)):
             field_value = getattr(value, f.name)
@@ -295,6 +325,8 @@ def _filled(data: Any, value: Any) -> Any:
                 data[f.name] = _filled(data[f.name], field_value)
             else:
                 data[f.name] = _filled(unstructure(field_value), field_value)
+        if isinstance(value, PauseInfo):  # what scripts read: the details as JSON
+            data["metadata"] = value.metadata
     elif isinstance(value, list | tuple) and isinstance(data, list):
         return [_filled(d, v) for d, v in zip(data, value, strict=False)]
     return data

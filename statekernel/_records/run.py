@@ -10,6 +10,7 @@ import attrs
 
 from statekernel._records.lazy import LazyTuple
 from statekernel._records.messages import JSON, Message, ModelRequest, ModelResult, Usage
+from statekernel._records.pauses import HookPause, PauseDetails
 
 __all__ = [
     "CHILD_PAUSED",
@@ -27,8 +28,9 @@ __all__ = [
     "utcnow",
 ]
 
-SCHEMA_VERSION = 1
-"""The version of the stored record layout written by this release."""
+SCHEMA_VERSION = 2
+"""The version of the stored record layout written by this release (2: typed pause
+details and ``ToolCallRecord.skipped``; 1 kept them in ``metadata`` and ``error``)."""
 
 StateId: TypeAlias = Literal[
     "init",
@@ -59,7 +61,8 @@ class ToolCallRecord:
     ``Kernel.resolve_tool_call`` (the call's outcome was uncertain), not an execution.
     ``context_patch`` is the change to the run's context the tool returned with its
     result (``ToolReturn``), a JSON Merge Patch applied when the turn's calls have all
-    completed, in call order.
+    completed, in call order. ``skipped`` is the reason of a hook's ``Finish`` that
+    ended the run before the call ran (its ``error`` says so to the model).
     """
 
     id: str
@@ -73,6 +76,7 @@ class ToolCallRecord:
     finished_at: datetime | None = None
     resolved: bool = False
     context_patch: JSON = None
+    skipped: str | None = None
 
 
 @attrs.frozen
@@ -122,11 +126,21 @@ MAX_TURNS = "max_turns"
 
 @attrs.frozen
 class PauseInfo:
-    """Why a run is paused and the state it returns to on ``resume``."""
+    """Why a run is paused and the state it returns to on ``resume``.
+
+    ``details`` is what it waits for, typed (``statekernel._records.pauses``);
+    ``metadata`` is their JSON view (a hook's pause: the metadata it gave).
+    """
 
     reason: str
     resume_to: StateId
-    metadata: JSON = attrs.field(factory=dict)
+    details: PauseDetails = attrs.field(factory=HookPause)
+
+    @property
+    def metadata(self) -> JSON:
+        """What the pause waits for, as JSON: the calls of an uncertain pause and their
+        resolutions, a question, a paused child, the turn budget, or a hook's metadata."""
+        return self.details.metadata
 
 
 @attrs.frozen

@@ -58,6 +58,8 @@ __all__ = [
     "storing",
 ]
 
+_V = TypeVar("_V")
+
 TOOLS_BLOB_MIN = 48
 """Tool specs whose JSON text is at least this long are stored as one blob."""
 
@@ -168,6 +170,15 @@ def structure_json(value: Any, _: Any) -> Any:
 def inline(value: Any) -> Any:
     """A string or JSON value kept in the document (escaped, never a blob)."""
     return escape(value) if type(_CONTEXT.get()) is Storing else value
+
+
+def unstructure_inline(value: _V, each: Callable[[_V], Any]) -> Any:
+    """``each(value)``: a record kept whole in the document, its strings and JSON values
+    escaped, never blobs (a head's pause, read by listings without the run's blobs)."""
+    if type(_CONTEXT.get()) is not Storing:
+        return each(value)
+    with storing(Storing(inline=True)):
+        return each(value)
 
 
 def unstructure_time(value: datetime) -> Any:

@@ -28,7 +28,8 @@ from statekernel._kernel.middleware import ToolInvocation
 from statekernel._kernel.tools import Tool
 from statekernel._lifecycle.trace import DATA_EVENTS, DECLARED, transitions_of
 from statekernel._records.events import Event
-from statekernel._records.run import MAX_TURNS, STATE_IDS, UNCERTAIN, Run, Turn
+from statekernel._records.pauses import Uncertain
+from statekernel._records.run import MAX_TURNS, STATE_IDS, Run, Turn
 from statekernel._storage.protocol import CheckpointStore
 from statekernel._storage.shielding import shielded
 from statekernel.errors import InvalidArgument, RunNotFound
@@ -191,20 +192,19 @@ async def _settle(kernel: Kernel, run: Run, ledger: Ledger, approve: Any) -> boo
         return False
     if run.state == "failed":
         await kernel.retry(run.run_id)
-    elif run.pause is not None and run.pause.reason == UNCERTAIN:
-        answered = run.pause.metadata.get("resolutions", {})
-        open_calls = [c for c in run.pause.metadata["calls"] if c["id"] not in answered]
+    elif run.pause is not None and isinstance(run.pause.details, Uncertain):
+        open_calls = run.pause.details.unresolved
         if not open_calls:  # all answered before a crash came ahead of the resume
             await kernel.resume(run.run_id)
         for call in open_calls:
-            done = ledger.outcomes.get(f"{run.run_id}:{call['id']}")
+            done = ledger.outcomes.get(f"{run.run_id}:{call.id}")
             if done is None:
-                await kernel.resolve_tool_call(run.run_id, call["id"], rerun=True)
+                await kernel.resolve_tool_call(run.run_id, call.id, rerun=True)
             elif done[0]:
-                await kernel.resolve_tool_call(run.run_id, call["id"], output=done[1])
+                await kernel.resolve_tool_call(run.run_id, call.id, output=done[1])
             else:
                 error = f"{type(done[1]).__name__}: {done[1]}"
-                await kernel.resolve_tool_call(run.run_id, call["id"], error=error)
+                await kernel.resolve_tool_call(run.run_id, call.id, error=error)
     elif run.pause is not None and run.pause.reason == MAX_TURNS:
         await kernel.resume(run.run_id, max_turns=(run.max_turns or 0) + 10)
     else:

@@ -57,7 +57,8 @@ _OLD = {"head": _old_head, "entry": _old_entry, "message": _old_message, "turn":
 
 
 def to_current(kind: str, doc: Any) -> Any:
-    """The migration from the synthetic version 0 to 1: renames the fields back."""
+    """The migration from the synthetic version 0 to 1: renames the fields back (the
+    registered migrations take it on from version 1)."""
     if kind == "head":
         doc["model"] = doc.pop("model_name")
     elif kind == "turn":
@@ -92,7 +93,7 @@ async def check_persisting_migrations(store: CheckpointStore, raw: RawDocuments)
     await _make_old(store, raw, "old")
     saved = dict(convert._MIGRATIONS)
     try:
-        convert._MIGRATIONS.clear()
+        convert._MIGRATIONS.pop(0, None)
         await _refused(store, "old", None, "a version 0 run without a migration")
         convert._MIGRATIONS[0] = to_current
         loaded = await store.load("old")

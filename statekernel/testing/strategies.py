@@ -33,6 +33,20 @@ from statekernel._records.messages import (
     ToolSpec,
     Usage,
 )
+from statekernel._records.pauses import (
+    Ask,
+    ChildPause,
+    ChildWait,
+    HookPause,
+    MaxTurns,
+    PauseDetails,
+    Question,
+    Rerun,
+    ResolvedError,
+    ResolvedOutput,
+    Uncertain,
+    UncertainCall,
+)
 from statekernel._records.run import (
     STATE_IDS,
     FailureInfo,
@@ -64,6 +78,7 @@ __all__ = [
     "model_requests",
     "model_results",
     "model_tool_calls",
+    "pause_details",
     "runs",
     "sequence_ops",
     "stream_answers",
@@ -210,6 +225,32 @@ def tool_call_records(call: ToolCall | None = None) -> st.SearchStrategy[ToolCal
         attempt=st.integers(0, 5),
         started_at=opt_time,
         finished_at=opt_time,
+        skipped=st.none() | texts(8),
+    )
+
+
+def pause_details(max_leaves: int = 4) -> st.SearchStrategy[PauseDetails]:
+    """Pause details of every kind, their JSON values from ``json_values(max_leaves)``."""
+    ids = st.lists(_IDS, min_size=1, max_size=2).map(tuple)
+    values = json_values(max_leaves)
+    calls = st.builds(UncertainCall, _IDS, _IDS, values, st.integers(0, 5))
+    resolution = st.one_of(
+        st.builds(ResolvedOutput, st.integers(0, 5), values),
+        st.builds(ResolvedError, st.integers(0, 5), texts(8)),
+        st.builds(Rerun, st.integers(0, 5)),
+    )
+    ask = st.builds(Ask, ids, _IDS, values, st.none() | st.just({"type": "string"}))
+    child = st.builds(ChildPause, texts(8), values)
+    return st.one_of(
+        st.builds(HookPause, st.just({}) | values),
+        st.builds(MaxTurns, st.integers(0, 50), st.integers(0, 50)),
+        st.builds(
+            Uncertain,
+            st.lists(calls, max_size=2).map(tuple),
+            st.dictionaries(_IDS, resolution, max_size=2),
+        ),
+        st.builds(Question, st.lists(ask, min_size=1, max_size=2).map(tuple)),
+        st.builds(ChildWait, ids, _IDS, _IDS, st.none() | child),
     )
 
 
@@ -241,7 +282,7 @@ def runs(draw: st.DrawFn, run_id: str | None = None) -> Run:
     done = tuple(draw(turns(transcript, i)) for i in range(n_turns))
     current = draw(st.none() | turns(transcript, n_turns))
     state = draw(_STATES)
-    pause = st.builds(PauseInfo, texts(), _STATES, st.one_of(st.just({}), json_values(4)))
+    pause = st.builds(PauseInfo, texts(), _STATES, pause_details(4))
     return Run(
         run_id=run_id if run_id is not None else draw(_IDS),
         model=draw(st.sampled_from(["scripted/test", "openai/gpt-4o-mini"])),
@@ -479,7 +520,7 @@ def lifecycle_runs(draw: st.DrawFn, state: StateId | None = None) -> Run:
     expected = _TURN_SHAPES.get(at, "none")
     shapes = [expected, expected, expected, "none", "asking", "dispatching"]
     shape = draw(st.sampled_from(shapes))
-    pause = st.builds(PauseInfo, texts(8), _RETURNS_TO, st.one_of(st.just({}), json_values(3)))
+    pause = st.builds(PauseInfo, texts(8), _RETURNS_TO, pause_details(3))
     failure = st.builds(FailureInfo, _IDS, texts(8), _RETURNS_TO)
     return Run(
         run_id=draw(_IDS),
@@ -516,7 +557,7 @@ def _call_ids(run: Run) -> st.SearchStrategy[list[str]]:
 
 def _finishing() -> dict[str, st.SearchStrategy[Any]]:
     """``finish`` and ``then_pause``: every combination of set and unset."""
-    pause = st.builds(PauseInfo, texts(8), _STATES, st.just({}))
+    pause = st.builds(PauseInfo, texts(8), _STATES, st.just(HookPause()))
     return {
         "finish": st.none() | st.sampled_from(["stop", "max_turns"]),
         "then_pause": st.none() | pause,
@@ -557,9 +598,10 @@ def lifecycle_payloads(event: str, run: Run) -> st.SearchStrategy[dict[str, Any]
             "error": st.none() | texts(12),
             "resolved": st.booleans(),
             "context": st.none() | st.dictionaries(texts(6), json_values(2), max_size=3),
+            "skipped": st.none() | texts(8),
         },
         "tools_completed": _finishing(),
-        "pause": {"reason": texts(12), "metadata": st.just({}) | json_values(3)},
+        "pause": {"reason": texts(12), "details": pause_details(3)},
         "resume": {"value": json_values(3), "max_turns": st.none() | st.integers(1, 50)},
         "fail": {"error": _IDS, "message": texts(12)},
         "retry": {},

@@ -56,6 +56,10 @@ def _value(kind: Any, tag: str, default: Any) -> Any:
         if get_origin(item) in (typing.Union, types.UnionType):  # one of each kind
             return tuple(_value(a, f"{tag}[{i}]", None) for i, a in enumerate(get_args(item)))
         return (_value(item, tag + "[0]", None), _value(item, tag + "[1]", None))
+    if origin is dict:  # str keys; a union of values: one of each kind
+        kinds = get_args(args[1]) if get_origin(args[1]) in (typing.Union, types.UnionType) else ()
+        values = [_value(a, f"{tag}[{i}]", None) for i, a in enumerate(kinds or (args[1],))]
+        return {f"{tag} key {i}": v for i, v in enumerate(values)}
     if attrs.has(kind):
         return full(kind, tag)
     return _scalar(kind, tag, default)
@@ -123,25 +127,27 @@ async def test_older_schema_version_goes_through_the_migrations(
     await store.commit(Checkpoint.between(run, one))
     await store.aclose()
 
-    def to_v2(kind: str, doc: Any) -> Any:
+    def to_next(kind: str, doc: Any) -> Any:
         if kind == "head":
             doc["context"] = {"migrated": doc["context"]}
         return doc
 
-    monkeypatch.setattr(convert, "SCHEMA_VERSION", 2)
-    monkeypatch.setattr(convert, "_MIGRATIONS", {1: to_v2})
+    current = convert.SCHEMA_VERSION
+    monkeypatch.setattr(convert, "SCHEMA_VERSION", current + 1)
+    monkeypatch.setattr(convert, "_MIGRATIONS", {current: to_next})
     store = open_store(url)
     for revision, expected in ((None, one), (0, run)):
         got = await store.load("old", revision=revision)
-        assert got.schema_version == 2
+        assert got.schema_version == current + 1
         assert got == attrs.evolve(
-            expected, context={"migrated": expected.context}, schema_version=2
+            expected, context={"migrated": expected.context}, schema_version=current + 1
         )
     await store.aclose()
 
     monkeypatch.setattr(convert, "_MIGRATIONS", {})
     store = open_store(url)
-    with pytest.raises(CorruptCheckpoint, match="no migration from schema_version 1") as info:
+    refused = f"no migration from schema_version {current}"
+    with pytest.raises(CorruptCheckpoint, match=refused) as info:
         await store.load("old")
     assert _where(url) in str(info.value)
     await store.aclose()
@@ -155,9 +161,10 @@ async def test_newer_schema_version_is_refused_naming_the_store(
     store = open_store(url)
     await store.commit(Checkpoint.between(None, sample_run("new")))
     await store.aclose()
-    monkeypatch.setattr(convert, "SCHEMA_VERSION", 0)
+    current = convert.SCHEMA_VERSION
+    monkeypatch.setattr(convert, "SCHEMA_VERSION", current - 1)
     store = open_store(url)
-    with pytest.raises(CorruptCheckpoint, match="unknown schema_version 1") as info:
+    with pytest.raises(CorruptCheckpoint, match=f"unknown schema_version {current}") as info:
         await store.load("new")
     assert _where(url) in str(info.value)
     await store.aclose()

@@ -12,6 +12,7 @@ import pytest
 import statekernel as sk
 from statekernel._kernel.asking import answered
 from statekernel.errors import ConfigError, InvalidArgument
+from statekernel.pauses import Ask, Question
 from statekernel.stores import MemoryStore
 from statekernel.testing import (
     Crash,
@@ -205,12 +206,13 @@ def test_ask_user_refuses_an_answer_schema_that_cannot_check_answers(
 
 def test_a_stored_question_whose_schema_cannot_check_answers_still_takes_the_answer() -> None:
     # a pause committed before schemas were checked when asked
-    metadata = {"call": "c", "calls": ["c"], "name": "ask", "schema": {"$ref": "#/nowhere"}}
-    calls, error, waiting = answered(metadata, "yes")
+    question = Question((Ask(("c",), "ask", None, {"$ref": "#/nowhere"}),))
+    calls, error, waiting = answered(question, "yes")
     assert (calls, waiting) == (["c"], None)
     assert error is not None
     assert error.startswith("the question's schema is its $ref '#/nowhere' resolves nowhere")
-    assert answered({"call": "c", "name": "ask", "schema": {"type": "string"}}, "yes") == (
+    asked = Question((Ask(("c",), "ask", None, {"type": "string"}),))
+    assert answered(asked, "yes") == (
         ["c"],
         None,
         None,

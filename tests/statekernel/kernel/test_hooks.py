@@ -7,6 +7,7 @@ import pytest
 
 import statekernel as sk
 from statekernel.errors import ConfigError
+from statekernel.pauses import HookPause
 from statekernel.stores import MemoryStore
 from statekernel.testing import Crash, CrashAt, FaultPlan, FaultyStore, ScriptedProvider, call
 
@@ -90,7 +91,7 @@ async def test_pause_decision_pauses_before_the_side_effect(make_kernel: MakeKer
     )
     assert CALLS == []
     assert run.state == "paused"
-    assert run.pause == sk.PauseInfo("approve?", "dispatching_tools", {"risk": "high"})
+    assert run.pause == sk.PauseInfo("approve?", "dispatching_tools", HookPause({"risk": "high"}))
 
 
 async def test_finish_completes_without_running_remaining_calls(make_kernel: MakeKernel) -> None:
@@ -100,6 +101,27 @@ async def test_finish_completes_without_running_remaining_calls(make_kernel: Mak
     assert run.state == "completed"
     assert [e for e, _ in tool_results(run)] == ["not run: the run finished (enough)"] * 2
     assert len(run.turns) == 1
+    assert [r.skipped for r in run.turns[0].completed] == ["enough"] * 2
+
+
+async def test_a_finish_reason_is_kept_whatever_it_reads(make_kernel: MakeKernel) -> None:
+    script: list[object] = [call("record", {"item": "a"}), "never"]
+    reason = "done (see the log) x" * 20  # long: stored apart from the record
+    run = await run_with(make_kernel, Deciding(sk.Finish(reason)), script)
+    assert run.state == "completed"
+    assert run.turns[0].completed[0].skipped == reason
+
+
+async def test_a_skip_whose_error_reads_like_a_finish_does_not_finish_the_run(
+    make_kernel: MakeKernel,
+) -> None:
+    script: list[object] = [call("record", {"item": "a"}), "after the skip"]
+    skip = sk.Skip(error="not run: the run finished (so it seems)")
+    run = await run_with(make_kernel, Deciding(skip), script)
+    assert run.state == "completed"
+    assert len(run.turns) == 2, "the model reads the skipped call's result and answers"
+    assert run.output == "after the skip"
+    assert run.turns[0].completed[0].skipped is None
 
 
 async def test_turn_prepared_hook_sets_the_exact_request(make_kernel: MakeKernel) -> None:
@@ -152,7 +174,7 @@ async def test_turn_completed_decisions(make_kernel: MakeKernel) -> None:
     await drain(kernel, started.run_id)
     paused = await kernel.get(started.run_id)
     assert paused.state == "paused"
-    assert paused.pause == sk.PauseInfo("review", "preparing_turn", {})
+    assert paused.pause == sk.PauseInfo("review", "preparing_turn")
     assert len(paused.turns) == 1
     await kernel.resume(started.run_id)
     await drain(kernel, started.run_id)

@@ -10,6 +10,7 @@ import pytest
 
 import statekernel as sk
 from statekernel.errors import ConflictError, InvalidArgument, InvalidTransition, RunNotFound
+from statekernel.pauses import HookPause
 from statekernel.providers import StreamEnd, StreamPart, TextDelta
 from statekernel.stores import MemoryStore
 from statekernel.testing import Fail, Reply, call
@@ -139,7 +140,9 @@ async def test_pause_then_resume_with_a_value(make_kernel: MakeKernel) -> None:
     assert events[-1].type == "run_paused"
     paused = await kernel.get(run.run_id)
     assert paused.state == "paused"
-    assert paused.pause == sk.PauseInfo("approval", "dispatching_tools", {"call": "call_0_0"})
+    assert paused.pause == sk.PauseInfo(
+        "approval", "dispatching_tools", HookPause({"call": "call_0_0"})
+    )
     assert await drain(kernel, run.run_id) == []  # a paused run waits
     resumed = await kernel.resume(run.run_id, value={"approved": True})
     assert resumed.state == "dispatching_tools"

@@ -30,6 +30,7 @@ from statekernel._lifecycle import transitions as _transitions
 from statekernel._lifecycle.chart import EVENTS, TABLE, LibraryLifecycle, Lifecycle, derive_table
 from statekernel._records.run import StateId
 from statekernel.errors import CorruptCheckpoint, InvalidTransition
+from statekernel.pauses import HookPause
 from statekernel.testing.strategies import LifecycleStep, lifecycle_payloads, lifecycle_steps
 
 ACTIVE = ("preparing_turn", "calling_model", "dispatching_tools")
@@ -101,9 +102,10 @@ def payload(event: str, run: Run) -> dict[str, Any]:
             "error": None,
             "resolved": False,
             "context": None,
+            "skipped": None,
         },
         "tools_completed": {"finish": None, "then_pause": None},
-        "pause": {"reason": "wait", "metadata": {}},
+        "pause": {"reason": "wait", "details": HookPause()},
         "resume": {"value": None, "max_turns": None},
         "fail": {"error": "E", "message": "m"},
         "retry": {},
@@ -125,6 +127,7 @@ def ready(state: str, event: str) -> Run:
             error=None,
             resolved=False,
             context=None,
+            skipped=None,
         )
     return run
 
@@ -219,10 +222,10 @@ def test_a_bug_inside_a_transition_surfaces_as_itself(monkeypatch: pytest.Monkey
     run = run_in("preparing_turn")
     lc = Lifecycle(run)
     with pytest.raises(TypeError, match="bug in the transition"):
-        lc.apply("pause", reason="r", metadata={})
+        lc.apply("pause", reason="r", details=HookPause())
     assert lc.run is run
     monkeypatch.undo()
-    nxt, _ = lc.apply("pause", reason="r", metadata={})
+    nxt, _ = lc.apply("pause", reason="r", details=HookPause())
     assert nxt.state == "paused"
 
 

@@ -37,8 +37,8 @@ def test_event_round_trip_is_exact(events: list[sk.Event]) -> None:
 
 def test_stored_runs_carry_their_schema_version() -> None:
     data = convert.unstructure(sk.Run("r", "scripted/x"))
-    assert data["schema_version"] == 1
-    assert json.loads(convert.dumps(sk.Run("r", "scripted/x")))["schema_version"] == 1
+    assert data["schema_version"] == 2
+    assert json.loads(convert.dumps(sk.Run("r", "scripted/x")))["schema_version"] == 2
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,237 @@
+"""Typed pause details: what a paused run waits for, one record per kind of pause.
+
+``PauseInfo.details`` is one of ``Uncertain`` (calls whose outcome is unknown, with the
+operator's resolutions), ``Question`` (calls that asked the user), ``ChildWait`` (a
+call waiting for a paused child run), ``MaxTurns`` (the turn budget is spent) or
+``HookPause`` (a hook's own pause, its metadata free JSON). Code reads their fields;
+``metadata`` gives the JSON view users and ``--json`` read (the same documents as
+before pauses were typed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeAlias
+
+import attrs
+
+from statekernel._records.messages import JSON
+
+__all__ = [
+    "Ask",
+    "ChildPause",
+    "ChildWait",
+    "HookPause",
+    "MaxTurns",
+    "PauseDetails",
+    "Question",
+    "Rerun",
+    "Resolution",
+    "ResolvedError",
+    "ResolvedOutput",
+    "Uncertain",
+    "UncertainCall",
+    "resolution_of",
+]
+
+
+@attrs.frozen
+class UncertainCall:
+    """A call left in flight by a stopped driver: its id, tool, input and attempt."""
+
+    id: str
+    name: str
+    input: JSON = None
+    attempt: int = 0
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The call as JSON (``{"id", "name", "input", "attempt"}``)."""
+        return {"id": self.id, "name": self.name, "input": self.input, "attempt": self.attempt}
+
+
+@attrs.frozen
+class ResolvedOutput:
+    """An operator's word: attempt ``attempt`` of the call ran and returned ``output``."""
+
+    attempt: int
+    output: JSON = None
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The resolution as JSON (``{"output", "attempt"}``)."""
+        return {"output": self.output, "attempt": self.attempt}
+
+
+@attrs.frozen
+class ResolvedError:
+    """An operator's word: attempt ``attempt`` of the call failed with ``error``."""
+
+    attempt: int
+    error: str
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The resolution as JSON (``{"error", "attempt"}``)."""
+        return {"error": self.error, "attempt": self.attempt}
+
+
+@attrs.frozen
+class Rerun:
+    """An operator's word: attempt ``attempt`` of the call did not happen; run it again."""
+
+    attempt: int
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The resolution as JSON (``{"rerun": true, "attempt"}``)."""
+        return {"rerun": True, "attempt": self.attempt}
+
+
+Resolution: TypeAlias = ResolvedOutput | ResolvedError | Rerun
+"""What an operator said happened to one attempt of an uncertain call."""
+
+
+def resolution_of(doc: object) -> Resolution | None:
+    """A resolution given as JSON (as ``Resolution.metadata`` gives it, e.g. in a
+    ``resume`` value), or None when ``doc`` is not one."""
+    if not isinstance(doc, Mapping) or type(doc.get("attempt")) is not int:
+        return None
+    attempt = doc["attempt"]
+    if doc.get("rerun"):
+        return Rerun(attempt)
+    error = doc.get("error")
+    if isinstance(error, str):
+        return ResolvedError(attempt, error)
+    return ResolvedOutput(attempt, doc.get("output"))
+
+
+@attrs.frozen
+class Uncertain:
+    """Pause ``uncertain_tool_calls``: the calls, and the resolutions given so far."""
+
+    calls: tuple[UncertainCall, ...]
+    resolutions: dict[str, Resolution] = attrs.field(factory=dict)
+
+    def call(self, call_id: str) -> UncertainCall | None:
+        """The uncertain call with this id, if any."""
+        return next((c for c in self.calls if c.id == call_id), None)
+
+    @property
+    def unresolved(self) -> tuple[UncertainCall, ...]:
+        """The calls without a resolution yet."""
+        return tuple(c for c in self.calls if c.id not in self.resolutions)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """``{"calls": [...], "resolutions": {call id: resolution}}`` (no
+        ``resolutions`` before the first)."""
+        doc: dict[str, Any] = {"calls": [c.metadata for c in self.calls]}
+        if self.resolutions:
+            doc["resolutions"] = {k: r.metadata for k, r in self.resolutions.items()}
+        return doc
+
+
+@attrs.frozen
+class Ask:
+    """Calls (identical ones asked once) of tool ``name`` that asked ``question``; an
+    answer must satisfy ``schema`` (None: any JSON value)."""
+
+    calls: tuple[str, ...]
+    name: str
+    question: JSON = None
+    schema: JSON = None
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """``{"call", "calls", "name", "question", "schema"}`` (no ``schema`` if None)."""
+        doc: dict[str, Any] = {
+            "call": self.calls[0],
+            "calls": list(self.calls),
+            "name": self.name,
+            "question": self.question,
+        }
+        if self.schema is not None:
+            doc["schema"] = self.schema
+        return doc
+
+
+@attrs.frozen
+class Question:
+    """Pause ``input_required``: ``asks[0]`` is asked now, the rest wait behind it, in
+    call order."""
+
+    asks: tuple[Ask, ...] = attrs.field(validator=attrs.validators.min_len(1))
+
+    @property
+    def asked(self) -> Ask:
+        """The question asked now."""
+        return self.asks[0]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The first question's JSON, with ``"waiting"`` the others' when there are any."""
+        doc = self.asks[0].metadata
+        if len(self.asks) > 1:
+            doc["waiting"] = [a.metadata for a in self.asks[1:]]
+        return doc
+
+
+@attrs.frozen
+class ChildPause:
+    """A child run's pause as its parent records it: its reason and metadata."""
+
+    reason: str
+    metadata: JSON = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ChildWait:
+    """Pause ``child_paused``: calls of tool ``name`` wait for child run ``child``,
+    paused as ``child_pause`` says (None: unknown)."""
+
+    calls: tuple[str, ...]
+    name: str
+    child: str
+    child_pause: ChildPause | None = None
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """``{"call", "calls", "name", "child", "child_pause": {"reason", "metadata"}}``."""
+        why = self.child_pause
+        return {
+            "call": self.calls[0],
+            "calls": list(self.calls),
+            "name": self.name,
+            "child": self.child,
+            "child_pause": {} if why is None else {"reason": why.reason, "metadata": why.metadata},
+        }
+
+
+@attrs.frozen
+class MaxTurns:
+    """Pause ``max_turns``: the run took ``turns`` of its budget of ``max_turns``."""
+
+    max_turns: int
+    turns: int
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """``{"max_turns", "turns"}``."""
+        return {"max_turns": self.max_turns, "turns": self.turns}
+
+
+def _free(value: JSON) -> JSON:
+    return value or {}
+
+
+@attrs.frozen
+class HookPause:
+    """A hook's own pause (``Pause(reason, metadata)``): its metadata, free JSON (an
+    empty value is ``{}``)."""
+
+    metadata: JSON = attrs.field(factory=dict, converter=_free)
+
+
+PauseDetails: TypeAlias = Uncertain | Question | ChildWait | MaxTurns | HookPause
+"""What a paused run waits for (``PauseInfo.details``)."""
