@@ -1,4 +1,5 @@
-"""Session fixtures shared by every test folder: a real redis-server for the Redis store.
+"""Fixtures shared by every test folder: a real redis-server for the Redis store, the
+tests' MCP server over HTTP, and statekernel's spans in memory.
 
 ``REDIS_URL`` points the tests at a running server; otherwise one is started on a free
 loopback port with persistence off and stopped at the end: the ``redis-server`` on
@@ -17,6 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -107,3 +109,56 @@ def every_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/runs.db"
     return str(request.getfixturevalue("redis_store_url"))
+
+
+MCP_SERVER = Path(__file__).resolve().parent / "statekernel" / "kernel" / "mcp_server.py"
+"""The tests' MCP server (``echo``, ``append_line``, ``fail``); as a script it serves stdio."""
+
+
+@pytest.fixture(scope="session")
+def mcp_http_url() -> Iterator[str]:
+    """The tests' MCP server over streamable HTTP on a free loopback port, in a thread."""
+    import sys
+    import threading
+
+    import uvicorn
+
+    sys.path.insert(0, str(MCP_SERVER.parent))
+    try:
+        import mcp_server
+    finally:
+        sys.path.remove(str(MCP_SERVER.parent))
+    port = _free_port()
+    app = mcp_server.server.streamable_http_app(host="127.0.0.1")
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120  # only a server that never starts fails
+    while not server.started:
+        assert thread.is_alive(), "the MCP HTTP server stopped"
+        assert time.monotonic() < deadline, "the MCP HTTP server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}/mcp"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def spans() -> Iterator[Any]:
+    """statekernel's spans of this test, in memory (an ``InMemorySpanExporter`` of a
+    tracer provider of the test's own)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from statekernel.telemetry import set_tracer_provider
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    set_tracer_provider(provider)
+    try:
+        yield exporter
+    finally:
+        set_tracer_provider(None)
+        provider.shutdown()

@@ -22,23 +22,17 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 import redis as redis_sync
-import uvicorn
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import statekernel as sk
 from statekernel.errors import ConfigError
 from statekernel.mcp import MCPConnection, mcp_http, mcp_stdio
-from statekernel.telemetry import set_tracer_provider
 
 from .conftest import REDIS_PASSWORD
 from .test_secrets import _file_views, _unpacked
@@ -182,27 +176,10 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def mcp_url() -> Iterator[str]:
-    """The tests' MCP server over streamable HTTP on loopback, in a thread."""
-    sys.path.insert(0, str(MCP_SERVER.parent))
-    try:
-        import mcp_server
-    finally:
-        sys.path.remove(str(MCP_SERVER.parent))
-    port = _free_port()
-    app = mcp_server.server.streamable_http_app(host="127.0.0.1")
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120  # only a server that never starts fails
-    while not server.started:
-        assert thread.is_alive(), "the MCP HTTP server stopped"
-        assert time.monotonic() < deadline, "the MCP HTTP server did not start"
-        time.sleep(0.05)
-    yield f"http://svc:{MCP_PASSWORD}@127.0.0.1:{port}/mcp?token={MCP_TOKEN}"
-    server.should_exit = True
-    thread.join(timeout=10)
+@pytest.fixture
+def mcp_url(mcp_http_url: str) -> str:
+    """The tests' MCP HTTP server, reached with a user, a password and a ``?token=``."""
+    return mcp_http_url.replace("http://", f"http://svc:{MCP_PASSWORD}@") + f"?token={MCP_TOKEN}"
 
 
 async def _mcp_tools(url: str, folder: Path) -> tuple[list[sk.Tool], MCPConnection]:
@@ -219,19 +196,6 @@ async def _mcp_tools(url: str, folder: Path) -> tuple[list[sk.Tool], MCPConnecti
 
 
 # -- the hunt -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    set_tracer_provider(provider)
-    try:
-        yield exporter
-    finally:
-        set_tracer_provider(None)
-        provider.shutdown()
 
 
 def _cli(*args: str) -> str:

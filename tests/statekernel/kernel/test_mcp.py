@@ -9,15 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import sys
-import threading
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,32 +33,6 @@ from statekernel.testing import strategies as sts
 SERVER = Path(__file__).with_name("mcp_server.py")
 
 
-@pytest.fixture(scope="module")
-def http_url() -> Iterator[str]:
-    """The test server over streamable HTTP on a free loopback port, in a thread."""
-    sys.path.insert(0, str(SERVER.parent))
-    try:
-        import mcp_server
-    finally:
-        sys.path.remove(str(SERVER.parent))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    app = mcp_server.server.streamable_http_app(host="127.0.0.1")
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120  # only a server that never starts fails
-    while not server.started:
-        assert thread.is_alive(), "the MCP HTTP server stopped"
-        assert time.monotonic() < deadline, "the MCP HTTP server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/mcp"
-    server.should_exit = True
-    thread.join(timeout=10)
-
-
 @pytest.fixture(params=["stdio", "http"])
 def connect(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -71,7 +41,7 @@ def connect(
     log = tmp_path / "effects.log"
     log.touch()
     monkeypatch.setenv("MCP_TEST_LOG", str(log))  # the HTTP server runs in this process
-    url = request.getfixturevalue("http_url") if request.param == "http" else ""
+    url = request.getfixturevalue("mcp_http_url") if request.param == "http" else ""
 
     def open_connection() -> MCPConnection:
         if request.param == "http":
@@ -217,7 +187,7 @@ async def test_http_headers_reach_the_server_and_a_refusal_is_a_config_error() -
 )
 @given(schedule=sts.crash_schedules(max_commit=14, max_other=4), eager=st.booleans())
 def test_crash_resume_invariants_hold_for_mcp_tools(
-    http_url: str, tmp_path: Path, schedule: list[CrashAt], eager: bool
+    mcp_http_url: str, tmp_path: Path, schedule: list[CrashAt], eager: bool
 ) -> None:
     """The crash/resume fuzzing over MCP tools (the loopback HTTP server): a crash at any
     point, the run resumed in a fresh kernel, never runs ``append_line`` twice."""
@@ -229,7 +199,7 @@ def test_crash_resume_invariants_hold_for_mcp_tools(
     ]
 
     async def case() -> None:
-        async with mcp_http(http_url, name="fuzz") as connection:
+        async with mcp_http(mcp_http_url, name="fuzz") as connection:
             tools = await connection.tools()
 
             def agent() -> dict[str, object]:

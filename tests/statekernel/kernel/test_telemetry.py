@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -16,22 +15,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import statekernel as sk
 from statekernel.errors import ProviderError, StoreError
 from statekernel.stores import Checkpoint, Lease, MemoryStore
-from statekernel.telemetry import set_tracer_provider
 from statekernel.testing import Fail, Reply, ScriptedProvider, call
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    """statekernel's spans of this test, in memory (a provider of the test's own)."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    set_tracer_provider(provider)
-    try:
-        yield exporter
-    finally:
-        set_tracer_provider(None)
-        provider.shutdown()
 
 
 @sk.tool
