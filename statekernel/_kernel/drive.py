@@ -492,6 +492,10 @@ class RunDriver:
             self.moves = []
             landing = await self.committer.land(checkpoint, self.trace_parent)
             if not isinstance(landing, Landed):
+                # Nothing landed: the driver's copy goes back to the last commit, and the
+                # calls whose intents were staged are forgotten. None of them started (a
+                # call starts only after its intent lands) and the store never saw their
+                # intents, so nothing may treat them as this driver's calls in flight.
                 self.lc.reset(base)
                 for ids, _ in intents:
                     for call_id in ids:
@@ -654,6 +658,11 @@ class RunDriver:
             self.model_claim = None
             self.stage("answer_cut_off", reason="the drive reading the answer stopped")
             return
+        # The model may be called only right after this driver's own ``model_started``
+        # landed: ``model_claim`` is the revision that commit made. Anything staged
+        # since (``base``), or a head that moved on (a command, a reload, a commit of
+        # early calls), means the last landed intent is not the one this call would
+        # answer: commit a fresh intent first, then call on the next step.
         if self.base is not None or self.model_claim != self.run.revision:
             self.stage("model_started")  # the intent lands before the call
             self.staged_model_intent = True
@@ -768,7 +777,12 @@ class RunDriver:
                 self.staged_intents.append(([started.id], call_input))
                 early.started += 1
         if self.staged_intents:
-            self.staged_model_intent = True  # the model call goes on after this commit
+            # Calls started while the answer streams: their intents land now (no effect
+            # before its commit) while the model call goes on. That commit moves the
+            # head past the ``model_started`` this call answers, so it counts as this
+            # driver's model intent again: without it the next step would take the
+            # moved head for someone else's and commit a second ``model_started``.
+            self.staged_model_intent = True
             for event in await self.flush():  # shown as they land; the answer streams on
                 self.queue.put_nowait(event)
 
