@@ -76,6 +76,7 @@ from statekernel._kernel.commit import Committer, Landed, log_lease_lost
 from statekernel._kernel.delegate import ChildPaused
 from statekernel._kernel.dispatch import identical_group, next_startable
 from statekernel._kernel.middleware import Middleware, ModelCall, ToolInvocation, chain
+from statekernel._kernel.pending import Outcome, PendingCommit
 from statekernel._kernel.tools import ToolContext, ToolReturn
 from statekernel._lifecycle.chart import DATA_CHANGES, Lifecycle
 from statekernel._lifecycle.matching import call_key
@@ -107,7 +108,7 @@ from statekernel._records.run import (
     Turn,
 )
 from statekernel._records.values import as_stored, parse_json
-from statekernel._storage.protocol import Checkpoint, Lease
+from statekernel._storage.protocol import Lease
 from statekernel._storage.provider import (
     ModelProvider,
     ReasoningDelta,
@@ -228,28 +229,6 @@ class _Early:
         return self.waiting[1]
 
 
-@attrs.define
-class _Outcome:
-    ids: tuple[str, ...]
-    output: JSON = None
-    error: str | None = None
-    resolved: bool = False
-    context: JSON = None
-    skipped: str | None = None
-    """The reason of a hook's ``Finish`` that kept the call from running."""
-    asked: dict[str, Any] | None = None
-    """What the call asked the user (``NeedsInput``): it has no result yet."""
-    child: str | None = None
-    """The paused child run the call waits for (``ChildPaused``): no result yet."""
-    child_pause: ChildPause | None = None
-    """That child's pause."""
-
-    @property
-    def waiting(self) -> bool:
-        """True if the call has no result but waits (for an answer, for a child)."""
-        return self.asked is not None or self.child is not None
-
-
 class RunDriver:
     """One run's machine, its committed intents and its running tool calls."""
 
@@ -273,7 +252,7 @@ class RunDriver:
         self.names: dict[str, str] = {}
         self.unstarted: dict[str, tuple[list[str], JSON]] = {}
         """Intents that landed while the drive was cancelled: their effect never began."""
-        self.outcomes: list[_Outcome] = []
+        self.outcomes: list[Outcome] = []
         self.decided: dict[str, tuple[Any, Any]] = {}
         """``on_tool_call_started`` decisions taken while the answer streamed (eager
         dispatch) about calls that did not start then, by call id, with what the call
@@ -286,14 +265,8 @@ class RunDriver:
         self.overtaken = False
         """A command of this kernel committed something the staged transitions no longer
         apply to: the commit being gathered is refused (``ConflictError``)."""
-        self.base: Run | None = None
-        """The last committed run while transitions are gathered for the next commit."""
-        self.staged: list[Event] = []
-        self.staged_intents: list[tuple[list[str], JSON]] = []
-        self.staged_outcomes: list[_Outcome] = []
-        self.staged_model_intent = False
-        """Whether the commit being gathered holds this driver's intent to call the model
-        (``model_started``, or calls started while the answer streams)."""
+        self.pending = PendingCommit()
+        """The commit being gathered."""
         self.observing = hk.overrides(kernel.hooks, "on_tool_call_completed")
         """Whether the hooks observe committed results (``on_tool_call_completed``): the
         commit of a result then lands before anything else is decided."""
@@ -319,7 +292,8 @@ class RunDriver:
     @property
     def committed(self) -> Run:
         """The run at its last committed revision, even while transitions are staged."""
-        return self.base if self.base is not None else self.lc.run
+        base = self.pending.base
+        return base if base is not None else self.lc.run
 
     def adopt(self, head: Run) -> None:
         """Go on from ``head``, which a command of this kernel committed on top of this
@@ -329,9 +303,9 @@ class RunDriver:
         if head.revision == committed.revision:
             return
         claimed = self.model_claim is not None and self.model_claim == committed.revision
-        moves = self.moves
+        moves = self.pending.moves
         self.lc.reset(head)
-        self.base, self.staged, self.moves = None, [], []
+        self.pending.base, self.pending.events, self.pending.moves = None, [], []
         try:
             for event, payload in moves:
                 self.stage(event, **payload)
@@ -411,17 +385,18 @@ class RunDriver:
     def stage(self, event: str, **payload: Any) -> None:
         """Apply one transition to the driver's copy. It joins the commit being gathered
         (the first one after a commit starts it); ``flush`` lands them together."""
-        joining = self.base is not None
-        base = self.base if joining else self.lc.run
+        pending = self.pending
+        joining = pending.open
+        base = pending.base if pending.base is not None else self.lc.run
         if event in DATA_CHANGES:
             _, events = self.lc.change(event, join=joining, **payload)
         else:
             _, events = self.lc.apply(event, join=joining, **payload)
-        self.base = base
-        self.staged.extend(events)
-        self.moves.append((event, payload))
+        pending.base = base
+        pending.events.extend(events)
+        pending.moves.append((event, payload))
 
-    def _stage_outcome(self, outcome: _Outcome) -> None:
+    def _stage_outcome(self, outcome: Outcome) -> None:
         self.stage(
             "tool_call_completed",
             call_ids=list(outcome.ids),
@@ -431,7 +406,7 @@ class RunDriver:
             context=outcome.context,
             skipped=outcome.skipped,
         )
-        self.staged_outcomes.append(outcome)
+        self.pending.outcomes.append(outcome)
 
     def _stage_intent(self, ids: list[str], call_input: JSON) -> None:
         record = _turn(self.run).call(ids[0])
@@ -439,18 +414,16 @@ class RunDriver:
         self.stage("tool_call_started", call_ids=ids, call_input=call_input)
         for call_id in ids:
             self.names[call_id] = record.name
-        self.staged_intents.append((list(ids), call_input))
+        self.pending.intents.append((list(ids), call_input))
 
     def _drop_staged(self) -> None:
         """Forget the transitions gathered since the last commit (they did not land)."""
-        if self.base is not None:
-            self.lc.reset(self.base)
-        for ids, _ in self.staged_intents:
+        pending, self.pending = self.pending, PendingCommit()
+        if pending.base is not None:
+            self.lc.reset(pending.base)
+        for ids, _ in pending.intents:
             for call_id in ids:
                 self.names.pop(call_id, None)
-        self.base, self.staged, self.staged_intents, self.staged_outcomes = None, [], [], []
-        self.staged_model_intent = False
-        self.moves = []
 
     async def commit(self, event: str, **payload: Any) -> tuple[Event, ...]:
         """Apply one transition and commit it; unless it landed, the run stays as it was."""
@@ -473,23 +446,22 @@ class RunDriver:
 
     async def _flush(self) -> _Flushed:
         """``flush``, with the failure of a hook observing the landed results as a value."""
-        if self.base is None:
+        if not self.pending.open:
             return _Flushed(())
         async with self.commit_lock:  # a command of this kernel may commit first: adopted
-            base = self.base
+            pending = self.pending
+            base = pending.base
             if base is None:
                 return _Flushed(())
             if self.overtaken:  # what was gathered was built on what the command changed
                 self.overtaken = False
                 self._drop_staged()
                 raise ConflictError(base.run_id, base.revision - 1, base.revision)
-            events = tuple(self.staged)
-            intents, outcomes = self.staged_intents, self.staged_outcomes
-            model_intent = self.staged_model_intent
-            checkpoint = Checkpoint.appended(base, self.lc.run, events)
-            self.base, self.staged, self.staged_intents, self.staged_outcomes = None, [], [], []
-            self.staged_model_intent = False
-            self.moves = []
+            events = tuple(pending.events)
+            intents, outcomes = pending.intents, pending.outcomes
+            model_intent = pending.model_intent
+            checkpoint = pending.checkpoint(self.lc.run)
+            self.pending = PendingCommit()
             landing = await self.committer.land(checkpoint, self.trace_parent)
             if not isinstance(landing, Landed):
                 # Nothing landed: the driver's copy goes back to the last commit, and the
@@ -516,13 +488,13 @@ class RunDriver:
             return _Flushed(events, failed)
         return _Flushed(events)
 
-    def _landed(self, outcomes: list[_Outcome]) -> None:
+    def _landed(self, outcomes: list[Outcome]) -> None:
         self.outcomes = [o for o in self.outcomes if all(o is not s for s in outcomes)]
         for outcome in outcomes:
             for call_id in outcome.ids:
                 self.names.pop(call_id, None)
 
-    async def _observe(self, outcomes: list[_Outcome]) -> None:
+    async def _observe(self, outcomes: list[Outcome]) -> None:
         """``on_tool_call_completed`` after the commit, once for each call it completed: at
         most once per result (a crash before a hook skips it; a hook that raises fails the
         run, and retry goes on from the committed result without calling it again)."""
@@ -585,7 +557,7 @@ class RunDriver:
                     yield live
             elif state == "dispatching_tools":
                 if await self._dispatch():  # only waiting for running tools is left
-                    if self.base is not None:
+                    if self.pending.open:
                         return  # what is decided lands before waiting for the tools
                     async for live in self._wait():
                         yield live
@@ -597,10 +569,10 @@ class RunDriver:
     def _must_land(self) -> bool:
         """Whether the commit being gathered must land before the next effect: it holds
         the intent to call the model or to start tools, or results the hooks observe."""
-        return self.staged_model_intent or bool(self.staged_intents) or self._must_flush()
+        return self.pending.must_land(self.observing)
 
     def _must_flush(self) -> bool:
-        return self.observing and bool(self.staged_outcomes)
+        return self.observing and bool(self.pending.outcomes)
 
     async def answer(self, question: Question, value: JSON, max_turns: int | None) -> None:
         """Resume a run paused with ``input_required``: ``value`` (checked against the
@@ -609,7 +581,7 @@ class RunDriver:
         ids, error, waiting = answered(question, value)
         try:
             self.stage("resume", value=value, max_turns=max_turns)
-            self._stage_outcome(_Outcome(tuple(ids), None if error else value, error))
+            self._stage_outcome(Outcome(tuple(ids), None if error else value, error))
             if waiting is not None:
                 self.stage("pause", reason=INPUT_REQUIRED, details=waiting)
             await self.flush()
@@ -660,12 +632,12 @@ class RunDriver:
             return
         # The model may be called only right after this driver's own ``model_started``
         # landed: ``model_claim`` is the revision that commit made. Anything staged
-        # since (``base``), or a head that moved on (a command, a reload, a commit of
+        # since (``pending``), or a head that moved on (a command, a reload, a commit of
         # early calls), means the last landed intent is not the one this call would
         # answer: commit a fresh intent first, then call on the next step.
-        if self.base is not None or self.model_claim != self.run.revision:
+        if self.pending.open or self.model_claim != self.run.revision:
             self.stage("model_started")  # the intent lands before the call
-            self.staged_model_intent = True
+            self.pending.model_intent = True
             return
         run = self.run
         turn = _turn(run)
@@ -755,7 +727,7 @@ class RunDriver:
             call = builder.complete_call(early.started)
             record = early.record(call)
             running = [self.names[i] for i in self.tasks]
-            running += [self.names[ids[0]] for ids, _ in self.staged_intents]
+            running += [self.names[ids[0]] for ids, _ in self.pending.intents]
             if next_startable([record], running, tools, policy) is None:
                 break  # tried again with the next part
             decision = await self._hook("on_tool_call_started", self.run, record)
@@ -774,15 +746,15 @@ class RunDriver:
                 self.stage("early_call_started", partial=partial, call_input=call_input)
                 started = _turn(self.run).in_flight[-1]
                 self.names[started.id] = started.name
-                self.staged_intents.append(([started.id], call_input))
+                self.pending.intents.append(([started.id], call_input))
                 early.started += 1
-        if self.staged_intents:
+        if self.pending.intents:
             # Calls started while the answer streams: their intents land now (no effect
             # before its commit) while the model call goes on. That commit moves the
             # head past the ``model_started`` this call answers, so it counts as this
             # driver's model intent again: without it the next step would take the
             # moved head for someone else's and commit a second ``model_started``.
-            self.staged_model_intent = True
+            self.pending.model_intent = True
             for event in await self.flush():  # shown as they land; the answer streams on
                 self.queue.put_nowait(event)
 
@@ -826,13 +798,13 @@ class RunDriver:
 
     # -- tools -------------------------------------------------------------------
 
-    def _ready_outcomes(self, *, asking: bool = False) -> list[_Outcome]:
+    def _ready_outcomes(self, *, asking: bool = False) -> list[Outcome]:
         """Results in hand not yet staged (``asking``: the calls that wait instead, for
         an answer or for a child run)."""
         return [
             o
             for o in self.outcomes
-            if o.waiting == asking and all(o is not s for s in self.staged_outcomes)
+            if o.waiting == asking and all(o is not s for s in self.pending.outcomes)
         ]
 
     async def _dispatch(self) -> bool:
@@ -882,7 +854,7 @@ class RunDriver:
         while self.run.state == "dispatching_tools":
             turn = _turn(self.run)
             running = [self.names[i] for i in self.tasks]
-            running += [self.names[ids[0]] for ids, _ in self.staged_intents]
+            running += [self.names[ids[0]] for ids, _ in self.pending.intents]
             record = next_startable(turn.pending, running, self.kernel.tools, self.kernel.dispatch)
             if record is None or not await self._decide(record, turn):
                 break
@@ -897,11 +869,11 @@ class RunDriver:
             decision = await self._hook("on_tool_call_started", self.run, record)
         ids = identical_group(record, turn.pending, self.kernel.tools, self.kernel.dispatch)
         call_input = record.input
-        if isinstance(decision, hk.Pause) and (self.tasks or self.staged_intents):
+        if isinstance(decision, hk.Pause) and (self.tasks or self.pending.intents):
             return False
         self.decided.pop(record.id, None)
         if isinstance(decision, hk.Skip):
-            self._stage_outcome(_Outcome(tuple(ids), decision.result, decision.error))
+            self._stage_outcome(Outcome(tuple(ids), decision.result, decision.error))
             return True
         if isinstance(decision, hk.Pause):
             self.stage("pause", reason=decision.reason, details=HookPause(decision.metadata))
@@ -909,7 +881,7 @@ class RunDriver:
         if isinstance(decision, hk.Finish):
             why = NOT_RUN_FINISHED.format(reason=decision.reason)
             skipped = tuple(r.id for r in turn.pending)
-            self._stage_outcome(_Outcome(skipped, None, why, skipped=decision.reason))
+            self._stage_outcome(Outcome(skipped, None, why, skipped=decision.reason))
             return True
         if isinstance(decision, hk.Rewrite):
             call_input = decision.input
@@ -917,7 +889,7 @@ class RunDriver:
             raise _HookFailed(TypeError(f"on_tool_call_started cannot return {decision!r}"))
         problem = self._precheck(record, call_input)
         if problem is not None:
-            self._stage_outcome(_Outcome(tuple(ids), None, problem))
+            self._stage_outcome(Outcome(tuple(ids), None, problem))
         else:
             self._stage_intent(ids, call_input)
         return True
@@ -952,22 +924,22 @@ class RunDriver:
             tool = self.kernel.tools.get(record.name)
             if resolution is not None and not isinstance(resolution, Rerun):
                 if isinstance(resolution, ResolvedError):
-                    outcome = _Outcome((record.id,), None, resolution.error, resolved=True)
+                    outcome = Outcome((record.id,), None, resolution.error, resolved=True)
                 else:
-                    outcome = _Outcome((record.id,), resolution.output, None, resolved=True)
+                    outcome = Outcome((record.id,), resolution.output, None, resolved=True)
                 self._stage_outcome(outcome)
             elif resolution is not None or (tool is not None and tool.idempotent):
                 self._stage_intent([record.id], record.input)
             else:
                 uncertain.append(record)
-        if self.staged_intents:
+        if self.pending.intents:
             return  # they land before the calls start again
         if uncertain and not self._must_flush():
             calls = tuple(UncertainCall(r.id, r.name, r.input, r.attempt) for r in uncertain)
             self.stage("pause", reason=UNCERTAIN, details=Uncertain(calls))
             # calls that wait (a question, a paused child) stay in flight and run again
             # after the resume; holding their results would keep the run from others
-            self.staged_outcomes.extend(self._ready_outcomes(asking=True))
+            self.pending.outcomes.extend(self._ready_outcomes(asking=True))
 
     def _spawn(self, ids: list[str], call_input: JSON) -> None:
         run = self.run
@@ -1055,7 +1027,7 @@ class RunDriver:
         self.outcomes.append(outcome)
         queue.put_nowait(None)
 
-    def _stage_waiting(self, waiting: list[_Outcome]) -> None:
+    def _stage_waiting(self, waiting: list[Outcome]) -> None:
         """Pause for calls that wait: questions first (asked one after another, in call
         order), else the first paused child. Calls that wait for a child stay in
         flight: after the resume they run again (a delegate call is idempotent)."""
@@ -1071,7 +1043,7 @@ class RunDriver:
             name = self.names[first.ids[0]]
             about = ChildWait(first.ids, name, first.child, first.child_pause)
             self.stage("pause", reason=CHILD_PAUSED, details=about)
-        self.staged_outcomes.extend(waiting)  # they leave the driver with the pause
+        self.pending.outcomes.extend(waiting)  # they leave the driver with the pause
 
     async def _wait(self) -> AsyncIterator[Event]:
         while not self._ready_outcomes() and self.tasks and self.escaped is None:
@@ -1087,19 +1059,19 @@ class RunDriver:
             raise escaped
 
 
-def _tool_failure(ids: tuple[str, ...], exc: Exception) -> _Outcome:
+def _tool_failure(ids: tuple[str, ...], exc: Exception) -> Outcome:
     """What a call that raised ``exc`` leaves: a question it asks, a paused child it waits
     for, or an error result the model reads."""
     if isinstance(exc, NeedsInput):
         question, problem = asked(exc)
-        return _Outcome(ids, None, problem, asked=question)
+        return Outcome(ids, None, problem, asked=question)
     if isinstance(exc, ChildPaused):
         pause = exc.pause
         why = ChildPause(pause.reason, pause.metadata) if pause else None
-        return _Outcome(ids, child=exc.child_run_id, child_pause=why)
+        return Outcome(ids, child=exc.child_run_id, child_pause=why)
     if isinstance(exc, ToolError):
-        return _Outcome(ids, None, str(exc))
-    return _Outcome(ids, None, f"{type(exc).__name__}: {exc}")
+        return Outcome(ids, None, str(exc))
+    return Outcome(ids, None, f"{type(exc).__name__}: {exc}")
 
 
 def _given_resolutions(value: JSON) -> dict[str, Resolution]:
@@ -1112,7 +1084,7 @@ def _given_resolutions(value: JSON) -> dict[str, Resolution]:
     return {call_id: r for call_id, r in found.items() if r is not None}
 
 
-def _stored_outcome(ids: tuple[str, ...], output: JSON) -> _Outcome:
+def _stored_outcome(ids: tuple[str, ...], output: JSON) -> Outcome:
     """A tool's return value as stored (with the context patch of a ``ToolReturn``), or
     an error result saying why it cannot be."""
     patch = None
@@ -1121,12 +1093,12 @@ def _stored_outcome(ids: tuple[str, ...], output: JSON) -> _Outcome:
         patched, problem = as_stored(patch, "context")
         if problem is not None or (patch is not None and type(patch) is not dict):
             why = problem or "not a JSON object"
-            return _Outcome(ids, None, f"the tool returned a context patch that is {why}")
+            return Outcome(ids, None, f"the tool returned a context patch that is {why}")
         patch = patched
     stored, problem = as_stored(output, "output")
     if problem is not None:
-        return _Outcome(ids, None, f"the tool returned a value that is not JSON: {problem}")
-    return _Outcome(ids, stored, None, context=patch)
+        return Outcome(ids, None, f"the tool returned a value that is not JSON: {problem}")
+    return Outcome(ids, stored, None, context=patch)
 
 
 def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
