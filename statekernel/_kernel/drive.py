@@ -63,8 +63,9 @@ commit that did not land.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -416,6 +417,16 @@ class RunDriver:
             self.names[call_id] = record.name
         self.pending.intents.append((list(ids), call_input))
 
+    @contextlib.contextmanager
+    def _dropped_unless_landed(self) -> Iterator[None]:
+        """Whatever stops the block (an error, a cancellation) drops what it staged and
+        did not land, so the driver's copy is the last commit again."""
+        try:
+            yield
+        except BaseException:
+            self._drop_staged()
+            raise
+
     def _drop_staged(self) -> None:
         """Forget the transitions gathered since the last commit (they did not land)."""
         pending, self.pending = self.pending, PendingCommit()
@@ -524,7 +535,7 @@ class RunDriver:
         answer that asked for them), before waiting for tools still running (the results in
         hand), before a hook observes a result, and when the run comes to rest.
         """
-        try:
+        with self._dropped_unless_landed():
             try:
                 async for live in self._gather():
                     yield live
@@ -536,9 +547,6 @@ class RunDriver:
                 original = flushed.hook_failed.original
                 self.stage("fail", error=type(original).__name__, message=str(original))
                 landed += await self.flush()
-        except BaseException:
-            self._drop_staged()
-            raise
         for event in landed:
             yield event
 
@@ -579,25 +587,19 @@ class RunDriver:
         question's schema first) is the asking call's result, committed with the resume,
         and the next waiting question pauses the run again in the same commit."""
         ids, error, waiting = answered(question, value)
-        try:
+        with self._dropped_unless_landed():
             self.stage("resume", value=value, max_turns=max_turns)
             self._stage_outcome(Outcome(tuple(ids), None if error else value, error))
             if waiting is not None:
                 self.stage("pause", reason=INPUT_REQUIRED, details=waiting)
             await self.flush()
-        except BaseException:
-            self._drop_staged()
-            raise
 
     async def commit_outcomes(self) -> None:
         """Commit the results in hand, and nothing else (a drive that lets the run go)."""
-        for outcome in self._ready_outcomes():
-            self._stage_outcome(outcome)
-        try:
+        with self._dropped_unless_landed():
+            for outcome in self._ready_outcomes():
+                self._stage_outcome(outcome)
             await self.flush()
-        except BaseException:
-            self._drop_staged()
-            raise
 
     async def _hook(self, name: str, *args: Any) -> Any:
         try:
@@ -726,9 +728,7 @@ class RunDriver:
                 break  # a result the hooks observe lands before anything else is decided
             call = builder.complete_call(early.started)
             record = early.record(call)
-            running = [self.names[i] for i in self.tasks]
-            running += [self.names[ids[0]] for ids, _ in self.pending.intents]
-            if next_startable([record], running, tools, policy) is None:
+            if next_startable([record], self._running(), tools, policy) is None:
                 break  # tried again with the next part
             decision = await self._hook("on_tool_call_started", self.run, record)
             call_input = decision.input if isinstance(decision, hk.Rewrite) else record.input
@@ -847,14 +847,19 @@ class RunDriver:
             finish = None
         self.stage("tools_completed", finish=finish, then_pause=then_pause)
 
+    def _running(self) -> list[str]:
+        """The tools running now or about to start (their intents land with the commit
+        being gathered), one name per call: what dispatch limits count."""
+        running = [self.names[i] for i in self.tasks]
+        return running + [self.names[ids[0]] for ids, _ in self.pending.intents]
+
     async def _start_ready(self) -> None:
         """Decide about every call that may start now and stage what was decided (a
         result, a pause, or the intent to run it); intents land before their calls start
         (the commit lands before the next effect, see ``_must_land``)."""
         while self.run.state == "dispatching_tools":
             turn = _turn(self.run)
-            running = [self.names[i] for i in self.tasks]
-            running += [self.names[ids[0]] for ids, _ in self.pending.intents]
+            running = self._running()
             record = next_startable(turn.pending, running, self.kernel.tools, self.kernel.dispatch)
             if record is None or not await self._decide(record, turn):
                 break
