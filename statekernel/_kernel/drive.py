@@ -357,6 +357,14 @@ class RunDriver:
             self.unstarted = {k: v for k, v in self.unstarted.items() if live.issuperset(v[0])}
             await self.stop_tasks(keep=live)
 
+    async def drive_ended(self, *, stop_tasks: bool) -> None:
+        """A drive ended: its running calls are stopped (``stop_tasks``; not when the
+        store failed: they go on, their results wait for the next drive), and the model
+        call it claimed is no longer claimed (the next drive commits a fresh intent)."""
+        if stop_tasks:
+            await self.stop_tasks()
+        self.model_claim = None
+
     def forget(self) -> None:
         """Drop what only this process knew (its process is going down): results in hand
         and intents never started become what a crash leaves, for resume to decide."""
@@ -544,9 +552,7 @@ class RunDriver:
                 flushed = _Flushed((), failed)
             landed = flushed.events
             if flushed.hook_failed is not None:
-                original = flushed.hook_failed.original
-                self.stage("fail", error=type(original).__name__, message=str(original))
-                landed += await self.flush()
+                landed += await self._fail_after(flushed.hook_failed)
         for event in landed:
             yield event
 
@@ -594,12 +600,24 @@ class RunDriver:
                 self.stage("pause", reason=INPUT_REQUIRED, details=waiting)
             await self.flush()
 
-    async def commit_outcomes(self) -> None:
-        """Commit the results in hand, and nothing else (a drive that lets the run go)."""
+    async def commit_held(self) -> None:
+        """Commit the results in hand, and nothing else, before the run is let go (else
+        the next owner would find those calls uncertain); nothing when none can land
+        now. A hook observing them that raises fails the run, as in a drive."""
+        if not self.outcomes or self.lost or self.run.state != "dispatching_tools":
+            return
         with self._dropped_unless_landed():
             for outcome in self._ready_outcomes():
                 self._stage_outcome(outcome)
-            await self.flush()
+            flushed = await self._flush()
+            if flushed.hook_failed is not None:
+                await self._fail_after(flushed.hook_failed)
+
+    async def _fail_after(self, failed: _HookFailed) -> tuple[Event, ...]:
+        """A hook that observed landed results raised: the run fails in the next commit."""
+        original = failed.original
+        self.stage("fail", error=type(original).__name__, message=str(original))
+        return await self.flush()
 
     async def _hook(self, name: str, *args: Any) -> Any:
         try:

@@ -414,9 +414,7 @@ class Kernel(Closing):
                     driver.forget()  # the process is going down (an injected crash, an exit)
                     raise
                 finally:
-                    if not keep:
-                        await driver.stop_tasks()
-                    driver.model_claim = None
+                    await driver.drive_ended(stop_tasks=not keep)
 
     async def step(self, run_id: str) -> list[Event]:
         """Perform the effects up to the next commit and land it; returns its events.
@@ -531,8 +529,7 @@ class Kernel(Closing):
         if driver.lock.locked():
             return  # a drive of another task still has it: that drive commits them
         with contextlib.suppress(StatekernelError):
-            if driver.outcomes and not driver.lost and driver.run.state == "dispatching_tools":
-                await driver.commit_outcomes()
+            await driver.commit_held()
 
     async def _release(self, driver: RunDriver) -> None:
         lease = driver.lease

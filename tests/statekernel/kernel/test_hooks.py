@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import attrs
 import pytest
 
@@ -463,3 +465,36 @@ async def test_an_observed_result_lands_before_the_turn_goes_on() -> None:
     result = next(e for e in events if e.type == "tool_call_completed")
     end = next(e for e in events if e.type == "tools_completed")
     assert end.revision == result.revision + 1
+
+
+async def test_a_hook_that_raises_on_results_landed_at_close_fails_the_run() -> None:
+    """``aclose`` commits the results a driver holds; a hook observing them that raises
+    fails the run as in a drive, and closing never raises it."""
+    ran = asyncio.Event()
+
+    @sk.tool(idempotent=True)
+    async def quick(key: str) -> str:
+        """Answer at once."""
+        ran.set()
+        return f"ok {key}"
+
+    class Observer(sk.Hooks):
+        async def on_tool_call_completed(self, run: sk.Run, call: sk.ToolCallRecord) -> None:
+            raise RuntimeError("the observer broke")
+
+    store = MemoryStore()
+    provider = ScriptedProvider([call("quick", {"key": "a"}), "done"])
+    kernel = sk.Kernel(store, tools=[quick], providers={"scripted": provider}, hooks=Observer())
+    run = await kernel.start(model="scripted/x", messages=["go"])
+    while (await kernel.get(run.run_id)).state != "dispatching_tools":
+        await kernel.step(run.run_id)  # the answer and the call's intent: it runs on
+    await ran.wait()
+    while not kernel._drivers[run.run_id].outcomes:  # noqa: ASYNC110 - its result in hand
+        await asyncio.sleep(0)
+    await kernel.aclose()
+    after = await store.load(run.run_id)
+    assert after.state == "failed"
+    assert after.failure is not None
+    assert after.failure.error == "RuntimeError"
+    assert after.failure.message == "the observer broke"
+    assert [r.output for r in after.current_turn.completed] == ["ok a"]  # type: ignore[union-attr]
