@@ -591,14 +591,17 @@ class RunDriver:
     async def answer(self, question: Question, value: JSON, max_turns: int | None) -> None:
         """Resume a run paused with ``input_required``: ``value`` (checked against the
         question's schema first) is the asking call's result, committed with the resume,
-        and the next waiting question pauses the run again in the same commit."""
+        and the next waiting question pauses the run again in the same commit. A hook
+        observing that result that raises fails the run, as in a drive."""
         ids, error, waiting = answered(question, value)
         with self._dropped_unless_landed():
             self.stage("resume", value=value, max_turns=max_turns)
             self._stage_outcome(Outcome(tuple(ids), None if error else value, error))
             if waiting is not None:
                 self.stage("pause", reason=INPUT_REQUIRED, details=waiting)
-            await self.flush()
+            flushed = await self._flush()
+            if flushed.hook_failed is not None:
+                await self._fail_after(flushed.hook_failed)
 
     async def commit_held(self) -> None:
         """Commit the results in hand, and nothing else, before the run is let go (else

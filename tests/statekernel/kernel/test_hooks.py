@@ -498,3 +498,30 @@ async def test_a_hook_that_raises_on_results_landed_at_close_fails_the_run() -> 
     assert after.failure.error == "RuntimeError"
     assert after.failure.message == "the observer broke"
     assert [r.output for r in after.current_turn.completed] == ["ok a"]  # type: ignore[union-attr]
+
+
+async def test_a_hook_that_raises_on_an_answer_fails_the_run_resume_returns_it() -> None:
+    """The answer ``resume`` commits is a result the hooks observe; one that raises
+    fails the run (committed), and ``resume`` returns it instead of raising."""
+
+    class Observer(sk.Hooks):
+        async def on_tool_call_completed(self, run: sk.Run, call: sk.ToolCallRecord) -> None:
+            raise RuntimeError("the observer broke")
+
+    ask = sk.ask_user()
+    provider = ScriptedProvider([call(ask.name, {"question": "why?"}), "done"])
+    store = MemoryStore()
+    async with sk.Kernel(store, tools=[ask], providers={"scripted": provider}) as plain:
+        run = await plain.start(model="scripted/x", messages=["go"])
+        async for _ in plain.run(run.run_id):
+            pass
+    async with sk.Kernel(
+        store, tools=[ask], providers={"scripted": provider}, hooks=Observer()
+    ) as kernel:
+        resumed = await kernel.resume(run.run_id, value="because")
+    assert resumed.state == "failed"
+    assert resumed.failure is not None
+    assert resumed.failure.message == "the observer broke"
+    stored = await store.load(run.run_id)
+    assert stored.revision == resumed.revision
+    assert [r.output for r in stored.current_turn.completed] == ["because"]  # type: ignore[union-attr]
