@@ -206,8 +206,9 @@ def waiting_for(pause: PauseInfo) -> str:
         question = ask.question
         text = question if isinstance(question, str) else json.dumps(question, ensure_ascii=False)
         detail = f"{ask.name} asks {text!r} (call {ask.calls[0]})"
-    elif isinstance(meta, dict) and "call" in meta:
-        detail = f"call {meta['call']}"
+    elif isinstance(meta, dict) and "call" in meta:  # a hook's pause about one call
+        name = meta.get("name")
+        detail = f"call {meta['call']}" + (f" ({name})" if isinstance(name, str) else "")
     elif meta in ({}, None):
         detail = ""
     else:
