@@ -1,0 +1,65 @@
+"""The Postgres store's group commit: the commits of many runs in one transaction.
+
+``write_commits`` opens one transaction and applies each commit of the batch in a
+savepoint of its own (compare-and-set on the head and the lease check, exactly as a
+lone commit); a refused commit (stale head, ``LeaseLost``, a value the server refuses)
+rolls back to its savepoint, so only its own writes are undone, and its outcome is
+that exception. When the transaction itself fails (the connection is lost, ``COMMIT``
+fails), no commit of the batch landed and every caller gets a ``StoreError``. A batch
+of one needs no savepoint: its transaction is its savepoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from statekernel._storage.protocol import Lease
+from statekernel.stores._sqlite_ops import CommitRows, Stored
+from statekernel.stores.postgres.ops import Tables, apply_commit
+
+__all__ = ["Outcome", "Pending", "write_commits"]
+
+Outcome = tuple[bool, Stored | None]
+"""(True, the new head) when a commit landed, else (False, the head found instead)."""
+
+
+@attrs.frozen
+class Pending:
+    """One commit of a batch: the head it expects (row id, revision; None for a new
+    run), its rows, and the lease it is fenced by (if any)."""
+
+    run_id: str
+    expect: tuple[int, int] | None
+    rows: CommitRows
+    fence: Lease | None = None
+
+
+async def write_commits(
+    conn: Any, t: Tables, batch: Sequence[Pending]
+) -> list[Outcome | BaseException]:
+    """Apply ``batch`` in one transaction; each commit's outcome or its own exception."""
+    if len(batch) == 1:
+        one = batch[0]
+        try:
+            async with conn.transaction():
+                return [await apply_commit(conn, t, one.run_id, one.expect, one.rows, one.fence)]
+        except Exception as exc:
+            if conn.is_closed():
+                raise  # the transaction's end is unknown: the batch failed
+            return [exc]
+    outcomes: list[Outcome | BaseException] = []
+    async with conn.transaction():
+        for p in batch:
+            try:
+                async with conn.transaction():  # a savepoint
+                    outcomes.append(
+                        await apply_commit(conn, t, p.run_id, p.expect, p.rows, p.fence)
+                    )
+            except Exception as exc:
+                if conn.is_closed():
+                    raise
+                outcomes.append(exc)
+    return outcomes
