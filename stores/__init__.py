@@ -1,7 +1,8 @@
 """Checkpoint stores behind one async protocol, chosen by URL.
 
-``memory://``, ``file:///dir``, ``sqlite:///path.db`` and ``redis://host:port/db``
-(also ``rediss://``) all implement :class:`CheckpointStore`. What a store may offer
+``memory://``, ``file:///dir``, ``sqlite:///path.db``, ``redis://host:port/db``
+(also ``rediss://``) and ``postgresql://user@host/db`` (``postgres://``; the
+``postgres`` extra) all implement :class:`CheckpointStore`. What a store may offer
 beyond it is declared by two small protocols, checked by ``check_store`` when a store
 declares them: :class:`RevisionHistory` and :class:`SettlesOnCancel`.
 """
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from statekernel.stores._file import FileStore
     from statekernel.stores._memory import MemoryStore
     from statekernel.stores._migrate import Migration, migrate
+    from statekernel.stores.postgres import PostgresStore
     from statekernel.stores._redis import RedisStore
     from statekernel.stores._sqlite import SQLiteStore
 
@@ -39,6 +41,7 @@ __getattr__, __dir__ = _exports.lazy_exports(
         "FileStore": "._file",
         "MemoryStore": "._memory",
         "Migration": "._migrate",
+        "PostgresStore": ".postgres",
         "RedisStore": "._redis",
         "SQLiteStore": "._sqlite",
         "migrate": "._migrate",
@@ -52,6 +55,7 @@ __all__ = [
     "Lease",
     "MemoryStore",
     "Migration",
+    "PostgresStore",
     "RedisStore",
     "RevisionHistory",
     "RunPage",
