@@ -25,6 +25,7 @@ __all__ = [
     "apply_commit",
     "change_lease",
     "delete_run",
+    "lease_record",
     "read_entries",
     "read_head",
     "read_parts",
@@ -134,7 +135,9 @@ async def read_entries(
         return stored, [(r[0], r[1]) for r in rows]
 
 
-def _record(row: Any, run_id: str, where: str) -> LeaseRecord:
+def lease_record(row: Any, run_id: str, where: str) -> LeaseRecord:
+    """A lease row (token, owner bytes, expires) as a record; ``CorruptCheckpoint``
+    naming the run when it holds what no lease does."""
     owner = row[1]
     if owner is not None:
         try:
@@ -149,7 +152,7 @@ async def _lease(conn: Any, t: Tables, run_id: str, lock: str) -> LeaseRecord | 
         f"SELECT token, owner, expires FROM {t.leases} WHERE run_id = $1 FOR {lock}",
         run_key(run_id),
     )
-    return None if row is None else _record(row, run_id, t.where)
+    return None if row is None else lease_record(row, run_id, t.where)
 
 
 async def apply_commit(

@@ -68,7 +68,7 @@ from statekernel.stores._sqlite_columns import check_columns, column_problem
 from statekernel.stores._sqlite_ops import BadRow, CommitRows, Stored
 from statekernel.stores.postgres import ops
 from statekernel.stores.postgres.owners import OwnerLocks
-from statekernel.stores.postgres.schema import migrate_schema
+from statekernel.stores.postgres.schema import STORE_VERSION, layout_version, migrate_schema
 from statekernel.stores.postgres.url import check_schema, parse_postgres_url
 from statekernel.stores.postgres.writer import Outcome, Pending, write_commits
 from statekernel.stores._listing import decode_cursor, encode_cursor
@@ -96,10 +96,13 @@ class PostgresStore:
         pool: asyncpg.Pool | None = None,
         schema: str | None = None,
         pgbouncer: bool | None = None,
+        read_only: bool = False,
     ) -> None:
         """Either ``url`` (the store opens its own pool on first use) or ``pool`` (an
         ``asyncpg.Pool`` the caller owns: never closed here). ``schema`` and
-        ``pgbouncer`` override what the URL says (defaults: ``statekernel``, off)."""
+        ``pgbouncer`` override what the URL says (defaults: ``statekernel``, off).
+        ``read_only``: the store creates and upgrades nothing (a schema without this
+        release's layout is a ``StoreError``), and refuses commits, leases and deletes."""
         if (url is None) == (pool is None):
             raise ConfigError("PostgresStore takes a URL or a pool, one of the two")
         if url is not None:
@@ -113,6 +116,7 @@ class PostgresStore:
         self.url = url
         self.schema = check_schema("statekernel" if schema is None else schema)
         self.pgbouncer = bool(pgbouncer)
+        self.read_only = read_only
         self._pool: asyncpg.Pool | None = pool
         self._owns_pool = pool is None
         self._ready = False
@@ -158,11 +162,27 @@ class PostgresStore:
                         statement_cache_size=0 if self.pgbouncer else 100,
                     )
                 async with self._pool.acquire() as conn:
-                    await migrate_schema(conn, self.schema)
+                    if self.read_only:
+                        await self._check_layout(conn)
+                    else:
+                        await migrate_schema(conn, self.schema)
             except (*_DRIVER_ERRORS, ValueError) as exc:
                 raise self._typed(exc) from exc
             self._ready = True
             return self._pool
+
+    async def _check_layout(self, conn: Any) -> None:
+        version = await layout_version(conn, self.schema)
+        if version != STORE_VERSION:
+            found = "no store" if version is None else f"layout version {version}"
+            raise StoreError(
+                f"Postgres store {self._shown()}: {found} (this release reads"
+                f" {STORE_VERSION}); opened read-only, nothing is created or upgraded"
+            )
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise StoreError(f"Postgres store {self._shown()} is opened read-only")
 
     async def _run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """``fn(connection, tables, *args)`` on a connection of the pool, to its end even
@@ -328,6 +348,7 @@ class PostgresStore:
         """Land the checkpoint in one transaction (compare-and-set, and the lease check
         when ``lease`` is given), shared with the commits of other runs ready at the
         same moment."""
+        self._writable()
         cp = checkpoint
         run_id = cp.run.run_id
         known = self._heads.get(run_id) if cp.run.revision > 0 else None
@@ -370,6 +391,7 @@ class PostgresStore:
     async def delete(self, run_id: str) -> bool:
         """Remove the run with every revision, part, blob and event."""
         checked_run_id(run_id)
+        self._writable()
         self._heads.drop(run_id)
         return await self._run(ops.delete_run, run_id)
 
@@ -384,6 +406,7 @@ class PostgresStore:
         """Take the run's lease; a holder whose session ended (its advisory lock is free)
         is taken over at once, a live one never; ``ttl`` counts on the server's clock."""
         checked_run_id(run_id)
+        self._writable()
         await self._owners.hold(owner)
         try:
             record = await self._lease(
