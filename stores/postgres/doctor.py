@@ -39,7 +39,9 @@ class PostgresProbe:
         self._t = f'"{self.target.schema}"'
 
     def _error(self, exc: BaseException) -> StoreError:
-        return StoreError(f"Postgres store {self.subject!r}: {redact(f'{type(exc).__name__}: {exc}')}")
+        return StoreError(
+            f"Postgres store {self.subject!r}: {redact(f'{type(exc).__name__}: {exc}')}"
+        )
 
     async def _query(self, sql: str, *args: Any) -> list[Any]:
         try:

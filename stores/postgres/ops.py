@@ -81,7 +81,12 @@ async def read_parts(
     first_entry: Callable[[Stored], int | None],
     head_of: Callable[[Stored, list[tuple[int, bytes]]], dict[str, Any]],
     ends: Callable[[dict[str, Any]], tuple[int, int]],
-) -> tuple[Stored, dict[str, Any], list[tuple[int, bytes]], list[bytes], list[bytes], dict[str, bytes]] | None:
+) -> (
+    tuple[
+        Stored, dict[str, Any], list[tuple[int, bytes]], list[bytes], list[bytes], dict[str, bytes]
+    ]
+    | None
+):
     """A run's stored head, its commit log entries from ``first_entry(stored)`` on, the
     head to decode (``head_of``), message and turn documents up to ``ends(head)`` and
     its blobs, in one snapshot."""
@@ -256,9 +261,10 @@ async def change_lease(
             key,
         )
         old = await _lease(conn, t, run_id, "UPDATE")
-        if old is None or await conn.fetchval(
-            f"SELECT 1 FROM {t.runs} WHERE run_id = $1", key
-        ) is None:
+        if (
+            old is None
+            or await conn.fetchval(f"SELECT 1 FROM {t.runs} WHERE run_id = $1", key) is None
+        ):
             raise RunNotFound(run_id)
         now = await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())::float8")
         held = await _held(conn, None if old.owner is None else proven(old.owner))

@@ -63,6 +63,7 @@ from statekernel.stores._format.codec import (
 )
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._group import GroupCommit
+from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._owners import LeaseRecord, released, renewed, take
 from statekernel.stores._sqlite_columns import check_columns, column_problem
 from statekernel.stores._sqlite_ops import BadRow, CommitRows, Stored
@@ -71,7 +72,6 @@ from statekernel.stores.postgres.owners import OwnerLocks
 from statekernel.stores.postgres.schema import STORE_VERSION, layout_version, migrate_schema
 from statekernel.stores.postgres.url import check_schema, parse_postgres_url
 from statekernel.stores.postgres.writer import Outcome, Pending, write_commits
-from statekernel.stores._listing import decode_cursor, encode_cursor
 
 __all__ = ["PostgresStore"]
 

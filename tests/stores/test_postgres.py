@@ -44,7 +44,9 @@ async def test_stores_starting_at_once_on_an_empty_schema_create_it_once(
             await store.aclose()
     conn = await asyncpg.connect(parse_postgres_url(postgres_store_url).dsn)
     try:
-        versions = await conn.fetch(f'SELECT version FROM "{_schema(postgres_store_url)}".statekernel_schema')
+        versions = await conn.fetch(
+            f'SELECT version FROM "{_schema(postgres_store_url)}".statekernel_schema'
+        )
     finally:
         await conn.close()
     assert [v[0] for v in versions] == [STORE_VERSION]
@@ -57,7 +59,9 @@ async def test_a_newer_layout_is_refused(postgres_store_url: str) -> None:
     conn = await asyncpg.connect(parse_postgres_url(postgres_store_url).dsn)
     schema = _schema(postgres_store_url)
     try:
-        await conn.execute(f'UPDATE "{schema}".statekernel_schema SET version = $1', STORE_VERSION + 1)
+        await conn.execute(
+            f'UPDATE "{schema}".statekernel_schema SET version = $1', STORE_VERSION + 1
+        )
     finally:
         await conn.close()
     store = PostgresStore(postgres_store_url)
@@ -100,28 +104,26 @@ async def test_a_live_owner_keeps_its_run_whatever_the_clock_and_a_dead_one_lose
     store = PostgresStore(postgres_store_url)
     run = sample_run("held")
     await store.commit(Checkpoint.between(None, run))
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, postgres_store_url],
-        stdout=subprocess.PIPE,
-        text=True,
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _HOLDER, postgres_store_url, stdout=asyncio.subprocess.PIPE
     )
     try:
         assert holder.stdout is not None
-        pid = int(holder.stdout.readline())
+        pid = int(await holder.stdout.readline())
         # its lease expired at once on the server's clock (ttl=0): its session proves it alive
         with pytest.raises(RunBusy, match="owner-elsewhere"):
             await store.acquire("held", "owner-here", ttl=600)
         holder.send_signal(signal.SIGKILL)
-        holder.wait()
+        await holder.wait()
         await _gone(parse_postgres_url(postgres_store_url).dsn, pid)
         lease = await store.acquire("held", "owner-here", ttl=600)  # no wait for an expiry
         assert lease.generation == 2
         await store.commit(Checkpoint.between(run, next_revision(run)), lease=lease)
         await store.release(lease)
     finally:
-        if holder.poll() is None:
+        if holder.returncode is None:
             holder.kill()
-            holder.wait()
+            await holder.wait()
         await store.aclose()
 
 
@@ -143,7 +145,9 @@ async def test_an_unexpired_lease_of_this_process_is_refused_to_another_store(
 
 
 def test_url_options() -> None:
-    target = parse_postgres_url("postgres://u:pw@db:5433/runs?schema=mine&pgbouncer=1&sslmode=disable")
+    target = parse_postgres_url(
+        "postgres://u:pw@db:5433/runs?schema=mine&pgbouncer=1&sslmode=disable"
+    )
     assert target.schema == "mine"
     assert target.pgbouncer
     assert target.dsn == "postgresql://u:pw@db:5433/runs?sslmode=disable"
@@ -155,25 +159,14 @@ def test_url_options() -> None:
 
 
 async def test_an_unreachable_server_is_a_store_error_without_its_password() -> None:
-    with open_store_closed("postgresql://user:secret-pw-456@127.0.0.1:1/none") as store:
+    store = open_store("postgresql://user:secret-pw-456@127.0.0.1:1/none")
+    try:
         with pytest.raises(StoreError) as caught:
             await store.load("x")
+    finally:
+        await store.aclose()
     assert "secret-pw-456" not in str(caught.value)
     assert "127.0.0.1" in str(caught.value)
-
-
-class open_store_closed:
-    """``open_store(url)`` for a ``with`` block (the store never opened a connection)."""
-
-    def __init__(self, url: str) -> None:
-        self.store = open_store(url)
-
-    def __enter__(self) -> PostgresStore:
-        assert isinstance(self.store, PostgresStore)
-        return self.store
-
-    def __exit__(self, *_: object) -> None:
-        return None
 
 
 async def test_pgbouncer_mode_and_a_pool_of_the_callers(postgres_store_url: str) -> None:

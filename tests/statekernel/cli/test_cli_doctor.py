@@ -281,7 +281,8 @@ def doctor_error(store: str, cwd: Path) -> str:
     done = sk("doctor", "--store", store, cwd=cwd)
     assert done.returncode == 2, (done.stdout, done.stderr)
     lines = done.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: "), lines
     return lines[0]
 
 
