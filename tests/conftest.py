@@ -131,7 +131,7 @@ def every_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("redis_store_url"))
 
 
-def _pg_admin(url: str, *statements: str) -> None:
+def pg_admin(url: str, *statements: str) -> None:
     """Run ``statements`` on the server at ``url``, each outside a transaction."""
     import asyncpg
 
@@ -151,7 +151,7 @@ def _pg_ready(url: str, proc: subprocess.Popen[bytes] | None = None) -> None:
     deadline = time.monotonic() + 30
     while True:
         try:
-            _pg_admin(url, "SELECT 1")
+            pg_admin(url, "SELECT 1")
             return
         except (OSError, Exception):
             if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
@@ -237,11 +237,11 @@ def postgres_url() -> Iterator[str]:
         base = given or next(server)  # type: ignore[arg-type]
         database = f"statekernel_test_{uuid.uuid4().hex[:12]}"
         try:
-            _pg_admin(base, f"CREATE DATABASE {database}")
+            pg_admin(base, f"CREATE DATABASE {database}")
             try:
                 yield _with_database(base, database)
             finally:
-                _pg_admin(base, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+                pg_admin(base, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
         finally:
             if server is not None:
                 server.close()
@@ -258,7 +258,7 @@ def postgres_store_url(postgres_url: str) -> Iterator[str]:
     """A Postgres store URL whose schema belongs to this test (dropped afterwards)."""
     schema = f"t_{uuid.uuid4().hex[:12]}"
     yield _with_query(postgres_url, f"schema={schema}")
-    _pg_admin(postgres_url, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    pg_admin(postgres_url, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def _with_query(url: str, option: str) -> str:

@@ -7,6 +7,10 @@ rolls back to its savepoint, so only its own writes are undone, and its outcome 
 that exception. When the transaction itself fails (the connection is lost, ``COMMIT``
 fails), no commit of the batch landed and every caller gets a ``StoreError``. A batch
 of one needs no savepoint: its transaction is its savepoint.
+
+The commits of a batch take their rows' locks in the order of their run ids (a run's
+lease row, then its run row), as every other operation of the store takes them, so
+two processes' batches over the same runs wait for each other instead of deadlocking.
 """
 
 from __future__ import annotations
@@ -50,16 +54,15 @@ async def write_commits(
             if conn.is_closed():
                 raise  # the transaction's end is unknown: the batch failed
             return [exc]
-    outcomes: list[Outcome | BaseException] = []
+    outcomes: dict[int, Outcome | BaseException] = {}
     async with conn.transaction():
-        for p in batch:
+        for i in sorted(range(len(batch)), key=lambda i: batch[i].run_id):
+            p = batch[i]
             try:
                 async with conn.transaction():  # a savepoint
-                    outcomes.append(
-                        await apply_commit(conn, t, p.run_id, p.expect, p.rows, p.fence)
-                    )
+                    outcomes[i] = await apply_commit(conn, t, p.run_id, p.expect, p.rows, p.fence)
             except Exception as exc:
                 if conn.is_closed():
                     raise
-                outcomes.append(exc)
-    return outcomes
+                outcomes[i] = exc
+    return [outcomes[i] for i in range(len(batch))]
