@@ -1,7 +1,8 @@
 """Checkpoint stores behind one async protocol, chosen by URL.
 
-``memory://``, ``file:///dir``, ``sqlite:///path.db`` and ``redis://host:port/db``
-(also ``rediss://``) all implement :class:`CheckpointStore`. What a store may offer
+``memory://``, ``file:///dir``, ``sqlite:///path.db``, ``redis://host:port/db``
+(also ``rediss://``) and ``postgresql://user@host/db`` (``postgres://``; the
+``postgres`` extra) all implement :class:`CheckpointStore`. What a store may offer
 beyond it is declared by two small protocols, checked by ``check_store`` when a store
 declares them: :class:`RevisionHistory` and :class:`SettlesOnCancel`.
 """
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from statekernel.stores._memory import MemoryStore
     from statekernel.stores._migrate import Migration, migrate
     from statekernel.stores.file._store import FileStore
+    from statekernel.stores.postgres import PostgresStore
     from statekernel.stores.redis._store import RedisStore
     from statekernel.stores.sqlite._store import SQLiteStore
 
@@ -39,6 +41,7 @@ __getattr__, __dir__ = _exports.lazy_exports(
         "FileStore": ".file._store",
         "MemoryStore": "._memory",
         "Migration": "._migrate",
+        "PostgresStore": ".postgres",
         "RedisStore": ".redis._store",
         "SQLiteStore": ".sqlite._store",
         "migrate": "._migrate",
@@ -52,6 +55,7 @@ __all__ = [
     "Lease",
     "MemoryStore",
     "Migration",
+    "PostgresStore",
     "RedisStore",
     "RevisionHistory",
     "RunPage",

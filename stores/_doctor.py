@@ -258,7 +258,16 @@ def open_probe(url: str) -> Probe:
         from statekernel.stores.redis._doctor import RedisProbe
 
         return RedisProbe(url)
+    if scheme in ("postgresql", "postgres"):
+        try:
+            from statekernel.stores.postgres._doctor import PostgresProbe
+        except ImportError as exc:  # the driver is an extra
+            raise ConfigError(
+                f"{redact_url(url)!r} needs asyncpg: pip install 'statekernel[postgres]'"
+            ) from exc
+
+        return PostgresProbe(url)
     raise ConfigError(
         f"unknown store URL scheme {scheme!r} in {redact_url(url)!r} "
-        "(known: memory, file, sqlite, redis, rediss)"
+        "(known: memory, file, sqlite, redis, rediss, postgresql, postgres)"
     )

@@ -3,7 +3,8 @@
 A ``Probe`` names a store's runs from its own storage (so a run whose head is damaged
 is still found, and named when its key or folder says its id), reads each run's lease
 as stored, and checks the store's settings: SQLite's journal mode, synchronous level
-and integrity, Redis's persistence and eviction, the file store's permissions. Runs
+and integrity, Redis's persistence and eviction, Postgres's synchronous_commit and
+fsync, the file store's permissions. Runs
 are read through a store that cannot write (``probe.store``): a SQLite database is
 opened read-only, a Redis store is never listed through ``list_runs`` (a listing
 repairs the run index), and owner locks are only tested, never taken over or removed."""

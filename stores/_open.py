@@ -34,7 +34,16 @@ def open_store(url: str) -> CheckpointStore:
         from statekernel.stores.redis._store import RedisStore
 
         return RedisStore(url)
+    if scheme in ("postgresql", "postgres"):
+        try:
+            from statekernel.stores.postgres import PostgresStore
+        except ImportError as exc:  # the driver is an extra
+            raise ConfigError(
+                f"{redact_url(url)!r} needs asyncpg: pip install 'statekernel[postgres]'"
+            ) from exc
+
+        return PostgresStore(url)
     raise ConfigError(
         f"unknown store URL scheme {scheme!r} in {redact_url(url)!r} "
-        "(known: memory, file, sqlite, redis, rediss)"
+        "(known: memory, file, sqlite, redis, rediss, postgresql, postgres)"
     )

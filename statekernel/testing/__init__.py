@@ -26,6 +26,7 @@ from statekernel.testing._raw import (
     RedisRecords,
     SQLiteRecords,
 )
+from statekernel.testing._raw_postgres import PostgresRecords
 from statekernel.testing._servers import redis_server_path
 from statekernel.testing._store_check import StoreFactory, check_store
 
@@ -44,6 +45,7 @@ __all__ = [
     "Ledger",
     "ManualClock",
     "MemoryRecords",
+    "PostgresRecords",
     "RawCopies",
     "RawDocuments",
     "RawRecords",

@@ -4,9 +4,9 @@ No test framework needed: ``await check_store(factory)`` raises ``AssertionError
 naming the first check that failed. ``factory()`` (sync or async) must return a
 new, empty store each time it is called; each check runs on its own store and
 closes it. With ``raw`` (``RawRecords`` of the store: ``MemoryRecords``,
-``FileRecords``, ``SQLiteRecords``, ``RedisRecords`` or one of your own), the
-checks on damaged storage run too (with ``RawCopies``, those of the copies of head
-fields and lease records a store keeps outside its checksums), and with
+``FileRecords``, ``SQLiteRecords``, ``RedisRecords``, ``PostgresRecords`` or one of
+your own), the checks on damaged storage run too (with ``RawCopies``, those of the
+copies of head fields and lease records a store keeps outside its checksums), and with
 ``RawDocuments`` (the built-in ones are)
 the check that migrations of a run stored at an older version persist. What a store
 declares beyond the protocol (``RevisionHistory``, ``SettlesOnCancel``) is checked too.

@@ -1,10 +1,12 @@
-"""Fixtures of the store tests: extra redis-servers (with a password, with TLS)."""
+"""Fixtures of the store tests: extra redis-servers (with a password, with TLS), a
+Postgres role with a password."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +17,9 @@ from statekernel.testing import redis_server_path
 
 REDIS_PASSWORD = "pw-RECOGNISABLE-7f3a9c"
 """The password of the ``redis_password_url`` server (tests look for it in stored bytes)."""
+
+PG_PASSWORD = "pg-PASS-hunt-4e8b1d"
+"""The password of the ``postgres_password_url`` role (tests look for it everywhere)."""
 
 
 def free_port() -> int:
@@ -78,3 +83,31 @@ def redis_password_url(server_dir: Path) -> Iterator[str]:
     proc = serve(server_dir, args, url, password=REDIS_PASSWORD)
     yield url
     stop(proc)
+
+
+@pytest.fixture
+def postgres_password_url(postgres_url: str) -> Iterator[str]:
+    """A Postgres store URL of a role of this test that logs in with ``PG_PASSWORD``
+    (checked by servers that check passwords), in a schema of its own; both dropped after."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from ..conftest import pg_admin
+
+    role = f"hunt_{uuid.uuid4().hex[:10]}"
+    parts = urlsplit(postgres_url)
+    database = parts.path.lstrip("/")
+    pg_admin(
+        postgres_url,
+        f"CREATE ROLE {role} LOGIN PASSWORD '{PG_PASSWORD}'",
+        f"GRANT CREATE ON DATABASE {database} TO {role}",
+    )
+    host = parts.netloc.rpartition("@")[2]
+    url = urlunsplit(parts._replace(netloc=f"{role}:{PG_PASSWORD}@{host}"))
+    query = f"schema={role}"
+    yield f"{url}{'&' if '?' in url else '?'}{query}"
+    pg_admin(
+        postgres_url,
+        f'DROP SCHEMA IF EXISTS "{role}" CASCADE',
+        f"REVOKE ALL ON DATABASE {database} FROM {role}",
+        f"DROP ROLE {role}",
+    )

@@ -238,7 +238,7 @@ async def test_unknown_schema_version_redis(redis_store_url: str, redis_prefix: 
 
 
 @pytest.mark.parametrize(
-    "url", ["postgres://db/runs", "nonsense", "sqlite://host/x.db", "sqlite:///x.db?journal=off"]
+    "url", ["mysql://db/runs", "nonsense", "sqlite://host/x.db", "sqlite:///x.db?journal=off"]
 )
 def test_bad_store_urls(url: str) -> None:
     with pytest.raises(ConfigError, match="URL"):

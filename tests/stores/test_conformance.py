@@ -13,20 +13,27 @@ from statekernel.testing import (
     FileRecords,
     ManualClock,
     MemoryRecords,
+    PostgresRecords,
     RawRecords,
     RedisRecords,
     SQLiteRecords,
     check_store,
 )
 
-KINDS = ["memory", "file", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+KINDS = [
+    "memory",
+    "file",
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
 
 
 def factory_for(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest, clock: ManualClock
 ) -> Callable[[], CheckpointStore]:
-    """Fresh stores of ``kind`` whose leases expire on ``clock``, except on Redis (which
-    expires them on the server's clock)."""
+    """Fresh stores of ``kind`` whose leases expire on ``clock``, except on Redis and
+    Postgres (which expire them on the server's clock)."""
     counter = itertools.count()
 
     def make() -> CheckpointStore:
@@ -37,6 +44,9 @@ def factory_for(
             return FileStore(f"file://{tmp_path}/files-{n}", clock=clock)
         if kind == "sqlite":
             return SQLiteStore(f"sqlite:///{tmp_path}/db-{n}/runs.db", clock=clock)
+        if kind == "postgres":  # a schema each, inside this test's schema name
+            url = request.getfixturevalue("postgres_store_url")
+            return open_store(f"{url}_{n}")
         base = request.getfixturevalue("redis_url")
         prefix = request.getfixturevalue("redis_prefix")
         return open_store(f"{base}/0?prefix={prefix}-{n}")
@@ -51,10 +61,11 @@ async def test_store_conformance(kind: str, tmp_path: Path, request: pytest.Fixt
         "file": FileRecords(),
         "sqlite": SQLiteRecords(),
         "redis": RedisRecords(),
+        "postgres": PostgresRecords(),
     }
     clock = ManualClock()
     factory = factory_for(kind, tmp_path, request, clock)
-    clocked = None if kind == "redis" else clock  # Redis expires leases on its own clock
+    clocked = None if kind in ("redis", "postgres") else clock  # the server's own clock
     names = await check_store(factory, examples=30, raw=raw[kind], clock=clocked)
     declared = {
         "memory": ["a cancelled commit has settled (SettlesOnCancel)"],
@@ -64,6 +75,10 @@ async def test_store_conformance(kind: str, tmp_path: Path, request: pytest.Fixt
             "a cancelled commit has settled (SettlesOnCancel)",
         ],
         "redis": ["history of every revision (RevisionHistory)"],
+        "postgres": [
+            "history of every revision (RevisionHistory)",
+            "a cancelled commit has settled (SettlesOnCancel)",
+        ],
     }
     damage = ["damaged records", "missing records", "commit log gaps"]
     damage += [] if kind == "memory" else ["damaged copies"]  # copies outside the checksums

@@ -16,6 +16,7 @@ line prints for ``runs list/show/events`` (with and without ``--json``), ``docto
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import socket
@@ -34,7 +35,7 @@ import statekernel as sk
 from statekernel.errors import ConfigError
 from statekernel.mcp import MCPConnection, mcp_http, mcp_stdio
 
-from .conftest import REDIS_PASSWORD
+from .conftest import PG_PASSWORD, REDIS_PASSWORD
 from .test_secrets import _file_views, _unpacked
 
 KEYS = {
@@ -46,7 +47,15 @@ MCP_PASSWORD = "mcp-PASS-u53r9"
 MCP_TOKEN = "mcp-QUERY-t0ken"
 MCP_BEARER = "mcp-HEADER-b34r3r"
 MCP_ENV = "mcp-ENV-s3cr3t"
-SECRETS = (*KEYS.values(), REDIS_PASSWORD, MCP_PASSWORD, MCP_TOKEN, MCP_BEARER, MCP_ENV)
+SECRETS = (
+    *KEYS.values(),
+    REDIS_PASSWORD,
+    PG_PASSWORD,
+    MCP_PASSWORD,
+    MCP_TOKEN,
+    MCP_BEARER,
+    MCP_ENV,
+)
 MODELS = {"openai": "openai/m", "anthropic": "anthropic/m", "azure": "azure/dep"}
 MCP_SERVER = Path(__file__).resolve().parents[1] / "statekernel" / "kernel" / "mcp_server.py"
 
@@ -224,6 +233,8 @@ def _stored_views(store: str, url: str, folder: Path) -> list[tuple[str, bytes]]
                 for (value,) in conn.execute(f"SELECT {column} FROM {table}"):
                     views += [(f"{table}.{column}", v) for v in _unpacked(bytes(value))]
         return views
+    if store == "postgres":
+        return _postgres_views(url)
     client = redis_sync.Redis.from_url(url.split("?")[0], password=REDIS_PASSWORD)
     views = []
     for key in client.scan_iter(match="hunt*"):
@@ -236,6 +247,35 @@ def _stored_views(store: str, url: str, folder: Path) -> list[tuple[str, bytes]]
                 views += [(key.decode(), v) for v in _unpacked(item)]
     client.close()
     return views
+
+
+def _postgres_views(url: str) -> list[tuple[str, bytes]]:
+    """Every value of every table of the store's schema, as stored and unpacked."""
+    import asyncpg
+
+    from statekernel.stores.postgres._url import parse_postgres_url
+
+    target = parse_postgres_url(url)
+
+    async def read() -> list[tuple[str, bytes]]:
+        conn = await asyncpg.connect(target.dsn)
+        views: list[tuple[str, bytes]] = []
+        try:
+            tables = await conn.fetch(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = $1",
+                target.schema,
+            )
+            for (table,) in tables:
+                for row in await conn.fetch(f'SELECT * FROM "{target.schema}"."{table}"'):
+                    for value in row.values():
+                        raw = value if isinstance(value, bytes) else str(value).encode()
+                        views += [(f"{table}", v) for v in _unpacked(raw)]
+        finally:
+            await conn.close()
+        return views
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # this thread runs a loop
+        return pool.submit(asyncio.run, read()).result()
 
 
 async def _hunt_runs(url: str, tools: list[sk.Tool]) -> tuple[list[str], list[sk.Event]]:
@@ -260,8 +300,15 @@ async def _hunt_runs(url: str, tools: list[sk.Tool]) -> tuple[list[str], list[sk
     return run_ids, events
 
 
-@pytest.mark.redis
-@pytest.mark.parametrize("store", ["sqlite", "file", "redis"])
+@pytest.mark.parametrize(
+    "store",
+    [
+        pytest.param("sqlite", marks=pytest.mark.redis),
+        pytest.param("file", marks=pytest.mark.redis),
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 async def test_no_secret_comes_out_anywhere(
     store: str,
     tmp_path: Path,
@@ -271,7 +318,9 @@ async def test_no_secret_comes_out_anywhere(
     caplog: pytest.LogCaptureFixture,
     request: pytest.FixtureRequest,
 ) -> None:
-    if store == "redis":
+    if store == "postgres":
+        url = request.getfixturevalue("postgres_password_url")
+    elif store == "redis":
         base = request.getfixturevalue("redis_password_url")
         url = f"{base}/0?password={REDIS_PASSWORD}&prefix=hunt{tmp_path.name[-6:]}"
     else:

@@ -12,6 +12,7 @@ import pytest
 from statekernel.stores import open_store
 from statekernel.testing import (
     FileRecords,
+    PostgresRecords,
     RawCopies,
     RawRecords,
     RecordKey,
@@ -238,6 +239,51 @@ def test_redis_store(tmp_path: Path, redis_store_url: str) -> None:
     damage(redis_store_url, RedisRecords(), "run-r", "entry")
     log = finding(doctor(redis_store_url, tmp_path, 1), "commit log", "run-r")
     assert "revision 0" in log["detail"]
+
+
+@pytest.mark.postgres
+def test_postgres_store(tmp_path: Path, postgres_store_url: str) -> None:
+    empty = doctor_error(postgres_store_url, tmp_path)  # nothing there: nothing created
+    assert "holds no store" in empty
+    demo(postgres_store_url, "run-p", tmp_path)
+    findings = doctor(postgres_store_url, tmp_path, 0)
+    assert "layout version 1" in findings[0]["detail"]
+    checks = {f["check"]: f for f in findings}
+    assert checks["synchronous_commit"]["status"] == "ok"
+    fsync = checks["fsync"]
+    assert (fsync["status"], fsync["detail"].split(":")[0]) in [("ok", "on"), ("warning", "off")]
+    assert finding(findings, "records", "run-p")["status"] == "ok"
+    assert finding(findings, "commit log", "run-p")["status"] == "ok"
+    assert "free" in finding(findings, "lease", "run-p")["detail"]
+    assert not [f for f in findings if f["status"] == "damaged"]
+
+    damage_copy(postgres_store_url, PostgresRecords(), "run-p", "lease", b"damaged")
+    lease = finding(doctor(postgres_store_url, tmp_path, 1), "lease", "run-p")
+    assert lease["status"] == "damaged"
+    assert "lease record of run 'run-p'" in lease["detail"]
+    damage_copy(postgres_store_url, PostgresRecords(), "run-p", "lease", None)
+
+    damage_copy(postgres_store_url, PostgresRecords(), "run-p", "revision", b"999")
+    records = finding(doctor(postgres_store_url, tmp_path, 1), "records", "run-p")
+    assert records["status"] == "damaged"
+    assert "revision column" in records["detail"]
+    revision = finding(findings, "records", "run-p")["detail"].split()[3]  # head at revision N
+    damage_copy(postgres_store_url, PostgresRecords(), "run-p", "revision", revision.encode())
+    assert finding(doctor(postgres_store_url, tmp_path, 0), "records", "run-p")["status"] == "ok"
+
+    damage(postgres_store_url, PostgresRecords(), "run-p", "entry")
+    log = finding(doctor(postgres_store_url, tmp_path, 1), "commit log", "run-p")
+    assert "revision 0" in log["detail"]
+
+
+def doctor_error(store: str, cwd: Path) -> str:
+    """The one error line of a doctor that cannot check ``store``."""
+    done = sk("doctor", "--store", store, cwd=cwd)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: "), lines
+    return lines[0]
 
 
 def test_user_errors_create_nothing(tmp_path: Path) -> None:

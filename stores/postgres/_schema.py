@@ -1,0 +1,106 @@
+"""The Postgres store's tables, its layout version and the migrations between versions.
+
+The records are those of the SQLite store (``stores/_format``: the same encoding and
+checksums), so ``statekernel migrate`` copies runs between the two either way. Run ids
+and lease owners are kept as their UTF-8 bytes (``bytea``): Postgres text cannot hold
+NUL, which a run id may, and bytes sort as Python sorts the strings.
+
+Migrations run in one transaction under ``pg_advisory_xact_lock`` on a key of the
+schema, so stores starting at once on an empty schema do not race: the first creates
+the tables, the others find them. A layout newer than this release is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from statekernel.errors import StoreError
+from statekernel.stores.postgres._keys import lock_key
+
+__all__ = ["SCHEMA", "STORE_VERSION", "layout_version", "migrate_schema"]
+
+STORE_VERSION = 1
+"""The layout version of the Postgres store written by this release."""
+
+SCHEMA = """
+CREATE TABLE {s}.runs (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id bytea NOT NULL UNIQUE,
+    revision bigint NOT NULL,
+    state text NOT NULL,
+    updated_us bigint NOT NULL,
+    head bytea NOT NULL
+);
+CREATE INDEX runs_by_update ON {s}.runs (updated_us, run_id);
+CREATE INDEX runs_by_state ON {s}.runs (state, updated_us, run_id);
+CREATE TABLE {s}.commits (
+    rid bigint NOT NULL, revision bigint NOT NULL, entry bytea NOT NULL,
+    PRIMARY KEY (rid, revision)
+);
+CREATE TABLE {s}.messages (
+    rid bigint NOT NULL, pos bigint NOT NULL, doc bytea NOT NULL, PRIMARY KEY (rid, pos)
+);
+CREATE TABLE {s}.turns (
+    rid bigint NOT NULL, pos bigint NOT NULL, doc bytea NOT NULL, PRIMARY KEY (rid, pos)
+);
+CREATE TABLE {s}.blobs (
+    rid bigint NOT NULL, key text NOT NULL, data bytea NOT NULL, PRIMARY KEY (rid, key)
+);
+CREATE TABLE {s}.leases (
+    run_id bytea PRIMARY KEY, token bigint NOT NULL, owner bytea,
+    expires double precision NOT NULL
+)
+"""
+
+_MIGRATIONS: dict[int, str] = {}
+"""SQL that upgrades the store from a version to the next one (none yet)."""
+
+
+def _statements(script: str, schema: str) -> list[str]:
+    quoted = f'"{schema}"'
+    return [s.strip().format(s=quoted) for s in script.split(";") if s.strip()]
+
+
+async def layout_version(conn: Any, schema: str) -> int | None:
+    """The layout version stored in ``schema`` (None: no store there)."""
+    table = await conn.fetchval("SELECT to_regclass($1)", f'"{schema}".statekernel_schema')
+    if table is None:
+        return None
+    row = await conn.fetchval(f'SELECT max(version) FROM "{schema}".statekernel_schema')
+    return None if row is None else int(row)
+
+
+async def migrate_schema(conn: Any, schema: str) -> None:
+    """Create the store's tables in ``schema``, or upgrade an older layout, in one
+    transaction under the schema's advisory lock; ``StoreError`` for a newer layout."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key("schema", schema))
+        version = await layout_version(conn, schema)
+        if version is not None and version > STORE_VERSION:
+            raise StoreError(
+                f"Postgres store layout version {version} in schema {schema!r} is newer"
+                f" than this release ({STORE_VERSION}); upgrade statekernel"
+            )
+        if version == STORE_VERSION:
+            return
+        await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        await conn.execute(
+            f'CREATE TABLE IF NOT EXISTS "{schema}".statekernel_schema (version integer NOT NULL)'
+        )
+        if version is None:
+            for statement in _statements(SCHEMA, schema):
+                await conn.execute(statement)
+            await conn.execute(
+                f'INSERT INTO "{schema}".statekernel_schema (version) VALUES ($1)', STORE_VERSION
+            )
+            return
+        if version not in _MIGRATIONS:
+            raise StoreError(
+                f"Postgres store layout version {version} in schema {schema!r} was written"
+                f" by an unreleased development version ({STORE_VERSION} here)"
+            )
+        while version < STORE_VERSION:
+            for statement in _statements(_MIGRATIONS[version], schema):
+                await conn.execute(statement)
+            version += 1
+            await conn.execute(f'UPDATE "{schema}".statekernel_schema SET version = $1', version)

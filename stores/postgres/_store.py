@@ -1,0 +1,518 @@
+"""``postgresql://user:pass@host:port/db`` (also ``postgres://``): runs in PostgreSQL.
+
+The records and their checksums are those of the SQLite store (``stores/_format``),
+in tables of one schema (``schema=``, default ``statekernel``; ``schema``). The driver
+is asyncpg: ``PostgresStore(url)`` opens a pool of its own, ``PostgresStore(pool=...)``
+uses one the caller owns (and closes). ``pgbouncer=1`` for PgBouncer in transaction
+mode (``url``).
+
+A commit is one transaction: the fencing check on the run's lease row and the
+compare-and-set on the run's (row id, revision) in its ``UPDATE`` (``ops``). Commits
+of different runs that are ready at the same moment share one transaction, each in a
+savepoint of its own with its own outcome (``_group``, ``writer``). A lease expires
+on the server's clock; an owner of another process is proven alive by its session's
+advisory lock (``owners``), so a crashed owner's runs are taken over at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import asyncpg
+import attrs
+
+from statekernel._records.encoding import dump_bytes, load_json
+from statekernel._records.events import Event
+from statekernel._records.run import STATE_IDS, Run, StateId
+from statekernel._secrets import redact, redact_url, remember_url
+from statekernel._storage.closing import Closing
+from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
+from statekernel.errors import (
+    ConfigError,
+    CorruptCheckpoint,
+    RunNotFound,
+    StatekernelError,
+    StoreError,
+)
+from statekernel.stores._common import (
+    HeadCache,
+    Prior,
+    check_head,
+    check_revision,
+    checked_events,
+    checked_listing,
+    checked_revision,
+    checked_run_id,
+    micros,
+)
+from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
+from statekernel.stores._format.codec import (
+    EncodedCommit,
+    check_log,
+    check_parts,
+    decode_events,
+    decode_run,
+    encode_commit,
+    head_summary,
+    iter_history,
+    log_ends,
+    replay,
+    snapshot_of,
+)
+from statekernel.stores._format.dicts import dump_entry, load_entry
+from statekernel.stores._group import GroupCommit
+from statekernel.stores._listing import decode_cursor, encode_cursor
+from statekernel.stores._owners import LeaseRecord, released, renewed, take
+from statekernel.stores.postgres import _ops as ops
+from statekernel.stores.postgres._owners import OwnerLocks
+from statekernel.stores.postgres._schema import STORE_VERSION, layout_version, migrate_schema
+from statekernel.stores.postgres._url import check_schema, parse_postgres_url
+from statekernel.stores.postgres._writer import Outcome, Pending, write_commits
+from statekernel.stores.sqlite._columns import check_columns, column_problem
+from statekernel.stores.sqlite._ops import BadRow, CommitRows, Stored
+
+__all__ = ["PostgresStore"]
+
+T = TypeVar("T")
+
+_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, OverflowError)
+"""What asyncpg raises for a server, connection or value it cannot send (a
+``StoreError`` here); ``BadRow`` is damage (``CorruptCheckpoint``)."""
+
+
+class PostgresStore(Closing):
+    """Runs in a PostgreSQL database; many processes and hosts may share it."""
+
+    settles_on_cancel = True
+    """A cancelled commit has landed whole or not at all when the cancellation propagates
+    (one still queued is not written; one being written is waited for)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        pool: asyncpg.Pool | None = None,
+        schema: str | None = None,
+        pgbouncer: bool | None = None,
+        read_only: bool = False,
+    ) -> None:
+        """Either ``url`` (the store opens its own pool on first use) or ``pool`` (an
+        ``asyncpg.Pool`` the caller owns: never closed here). ``schema`` and
+        ``pgbouncer`` override what the URL says (defaults: ``statekernel``, off).
+        ``read_only``: the store creates and upgrades nothing (a schema without this
+        release's layout is a ``StoreError``), and refuses commits, leases and deletes."""
+        if (url is None) == (pool is None):
+            raise ConfigError("PostgresStore takes a URL or a pool, one of the two")
+        if url is not None:
+            remember_url(url)
+            target = parse_postgres_url(url)
+            self._dsn: str | None = target.dsn
+            schema = target.schema if schema is None else schema
+            pgbouncer = target.pgbouncer if pgbouncer is None else pgbouncer
+        else:
+            self._dsn = None
+        self.url = url
+        self.schema = check_schema("statekernel" if schema is None else schema)
+        self.pgbouncer = bool(pgbouncer)
+        self.read_only = read_only
+        self._pool: asyncpg.Pool | None = pool
+        self._owns_pool = pool is None
+        self._ready = False
+        self._lock = asyncio.Lock()
+        where = f"Postgres store {self._shown()}"
+        self._t = ops.Tables(self.schema, where)
+        self._heads: HeadCache[Stored] = HeadCache()
+        self._owners = OwnerLocks(
+            self.schema, self._owner_conn, self._owner_done, enabled=not self.pgbouncer
+        )
+        self._group: GroupCommit[_Commit, Outcome] = GroupCommit(self._write, self._failed)
+
+    def _shown(self) -> str:
+        target = redact_url(self.url) if self.url is not None else "(a pool)"
+        return f"{target!r} schema {self.schema!r}"
+
+    def __repr__(self) -> str:
+        if self.url is None:
+            return f"PostgresStore(pool=..., schema={self.schema!r})"
+        return f"PostgresStore({redact_url(self.url)!r})"
+
+    def _error(self, exc: BaseException) -> StoreError:
+        text = redact(f"{type(exc).__name__}: {exc}")
+        return StoreError(f"Postgres store {self._shown()}: {text}")
+
+    def _typed(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, StatekernelError):
+            return exc
+        if isinstance(exc, BadRow):
+            return CorruptCheckpoint(f"invalid data in Postgres store {self._shown()}: {exc}")
+        return self._error(exc)
+
+    async def _open(self) -> asyncpg.Pool:
+        async with self._lock:
+            if self._pool is not None and self._ready:
+                return self._pool
+            try:
+                if self._pool is None:
+                    self._pool = await asyncpg.create_pool(
+                        self._dsn,
+                        min_size=1,
+                        max_size=10,
+                        statement_cache_size=0 if self.pgbouncer else 100,
+                    )
+                async with self._pool.acquire() as conn:
+                    if self.read_only:
+                        await self._check_layout(conn)
+                    else:
+                        await migrate_schema(conn, self.schema)
+            except (*_DRIVER_ERRORS, ValueError) as exc:
+                raise self._typed(exc) from exc
+            self._ready = True
+            return self._pool
+
+    async def _check_layout(self, conn: Any) -> None:
+        version = await layout_version(conn, self.schema)
+        if version != STORE_VERSION:
+            found = "no store" if version is None else f"layout version {version}"
+            raise StoreError(
+                f"Postgres store {self._shown()}: {found} (this release reads"
+                f" {STORE_VERSION}); opened read-only, nothing is created or upgraded"
+            )
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise StoreError(f"Postgres store {self._shown()} is opened read-only")
+
+    async def _run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``fn(connection, tables, *args)`` on a connection of the pool, to its end even
+        if the caller is cancelled (no half transactions, nothing left running)."""
+        pool = await self._open()
+
+        async def work() -> T:
+            try:
+                async with pool.acquire() as conn:
+                    return await fn(conn, self._t, *args)
+            except (*_DRIVER_ERRORS, BadRow) as exc:
+                raise self._typed(exc) from exc
+
+        task = asyncio.ensure_future(work())
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                await asyncio.wait([task])
+            raise
+
+    async def _owner_conn(self) -> Any:
+        pool = await self._open()
+        try:
+            return await pool.acquire()
+        except _DRIVER_ERRORS as exc:
+            raise self._typed(exc) from exc
+
+    async def _owner_done(self, conn: Any) -> None:
+        if self._pool is None:
+            return
+        try:
+            if not conn.is_closed():
+                await conn.execute("SELECT pg_advisory_unlock_all()")
+            await self._pool.release(conn)
+        except _DRIVER_ERRORS:
+            conn.terminate()  # the session ends, and its locks with it
+
+    # -- reads ---------------------------------------------------------------------
+
+    async def load(self, run_id: str, *, revision: int | None = None) -> Run:
+        """The run at its head, or at ``revision``."""
+        checked_revision(run_id, revision)
+        what = f"run {run_id!r} in {self._shown()}"
+        heads: list[dict[str, Any]] = []
+
+        def first_entry(stored: Stored) -> int | None:
+            heads.append(_checked_head(stored, what))
+            wanted = check_revision(run_id, revision, stored.revision)
+            return None if wanted == stored.revision else snapshot_of(wanted)
+
+        def head_of(stored: Stored, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
+            return _head_at(stored, entries, revision, what) if entries else heads[0]
+
+        parts = await self._run(ops.read_parts, run_id, first_entry, head_of, log_ends)
+        if parts is None:
+            raise RunNotFound(run_id)
+        stored, head, entries, messages, turns, blobs = parts
+        if not entries:
+            self._heads.put(run_id, Prior(stored, head))
+        check_parts(log_ends(head), len(messages), len(turns), what)
+        return decode_run(
+            head,
+            unseal_each(messages, f"message of {what}"),
+            unseal_each(turns, f"completed turn of {what}"),
+            unseal_blobs(blobs, what),
+            what=what,
+        )
+
+    async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
+        """Every revision with the events of its commit, oldest first (for copying runs)."""
+        what = f"history of {run_id!r} in {self._shown()}"
+
+        def head_of(stored: Stored, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
+            return _checked_head(stored, what)
+
+        parts = await self._run(ops.read_parts, run_id, lambda _: 0, head_of, log_ends)
+        if parts is None:
+            raise RunNotFound(run_id)
+        stored, _, rows, messages, turns, blobs = parts
+        entries = _entries(rows, what)
+        docs = _parse(unseal_each(messages, f"message of {what}"), what)
+        done = _parse(unseal_each(turns, f"completed turn of {what}"), what)
+        found = unseal_blobs(blobs, what)
+        last = stored.revision
+        for item in iter_history(entries, docs, done, found, run_id, last=last, what=what):
+            yield item
+
+    async def events(
+        self, run_id: str, *, after_revision: int = -1, limit: int | None = None
+    ) -> list[Event]:
+        """Persisted events of the revisions after ``after_revision``."""
+        after_revision, limit = checked_events(run_id, after_revision, limit)
+        what = f"events of run {run_id!r} in {self._shown()}"
+        first = max(after_revision + 1, 0)
+        found = await self._run(ops.read_entries, run_id, first, None)
+        if found is None:
+            raise RunNotFound(run_id)
+        stored, rows = found
+        _checked_head(stored, f"run {run_id!r} in {self._shown()}")
+        events: list[Event] = []
+        nxt = first
+        for start in range(0, len(rows), 256):
+            entries = _entries(rows[start : start + 256], what)
+            check_log(entries, nxt, None, what)
+            nxt += len(entries)
+            events.extend(decode_events(entries, run_id, what=what))
+            if limit is not None and len(events) >= limit:
+                return events[:limit]
+        check_log([], nxt, stored.revision, what)
+        return events if limit is None else events[:limit]
+
+    async def list_runs(
+        self,
+        *,
+        state: StateId | None = None,
+        updated_after: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """Runs, newest update first."""
+        limit = checked_listing(state, updated_after, limit, cursor)
+        where, params = _filters(state, updated_after, cursor)
+        params.append(max(limit, 0) + 1)
+        sql = (
+            f"SELECT run_id, revision, state, updated_us, head FROM {self._t.runs}{where}"
+            f" ORDER BY updated_us DESC, run_id DESC LIMIT ${len(params)}"
+        )
+        rows = await self._run(_fetch, sql, params)
+        summaries: list[RunSummary] = []
+        damaged: list[DamagedRun] = []
+        for row in rows:
+            self._summary(row, summaries, damaged)
+        if state is not None and cursor is None:  # rows the filter cannot match: damaged
+            bad = (
+                f"SELECT run_id, revision, state, updated_us, head FROM {self._t.runs}"
+                " WHERE state <> ALL($1::text[])"
+            )
+            for row in await self._run(_fetch, bad, [list(STATE_IDS)]):
+                self._summary(row, [], damaged)
+        page = tuple(summaries[:limit])
+        more = len(rows) > limit and bool(page)
+        return RunPage(page, encode_cursor(page[-1]) if more else None, tuple(damaged))
+
+    def _summary(self, row: Any, found: list[RunSummary], damaged: list[DamagedRun]) -> None:
+        raw_id, revision, state, updated_us, head = row
+        run_id = raw_id.decode("utf-8", "replace")
+        what = f"run {run_id!r} in {self._shown()}"
+        try:
+            summary = head_summary(load_json(unseal(head, f"head of {what}"), what), what=what)
+            columns = {"run_id": run_id, "revision": revision, "state": state}
+            problem = column_problem({**columns, "updated_us": updated_us}, summary)
+            if problem is not None:
+                raise CorruptCheckpoint(f"invalid {what}: {problem}")
+        except CorruptCheckpoint as exc:
+            damaged.append(DamagedRun(run_id, str(exc)))
+            return
+        found.append(summary)
+
+    # -- writes --------------------------------------------------------------------
+
+    async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
+        """Land the checkpoint in one transaction (compare-and-set, and the lease check
+        when ``lease`` is given), shared with the commits of other runs ready at the
+        same moment."""
+        self._writable()
+        cp = checkpoint
+        run_id = cp.run.run_id
+        known = self._heads.get(run_id) if cp.run.revision > 0 else None
+        if cp.run.revision > 0 and (known is None or known.key.revision != cp.expected_revision):
+            known = self._prior(run_id, await self._run(ops.read_head, run_id))
+        while True:
+            check_head(cp, None if known is None else known.key.revision)
+            if known is None:
+                enc, expect = encode_commit(cp, None), None
+            else:
+                enc = encode_commit(cp, known.head, known.refs)
+                expect = (known.key.rid, known.key.revision)
+            pending = Pending(run_id, expect, _rows(cp, enc), lease)
+            landed, stored = await self._group.submit(_Commit(pending, enc))
+            if landed:
+                return
+            known = self._prior(run_id, stored)
+
+    async def _write(self, batch: list[_Commit]) -> list[Outcome | BaseException]:
+        outcomes = await self._run(write_commits, [c.pending for c in batch])
+        for commit, outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                continue
+            landed, stored = outcome
+            if landed and stored is not None:
+                enc = commit.encoded
+                self._heads.put(commit.pending.run_id, Prior(stored, enc.head, enc.refs))
+        return [self._typed(o) if isinstance(o, BaseException) else o for o in outcomes]
+
+    def _failed(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, StoreError):
+            return StoreError(str(exc))
+        return self._typed(exc)
+
+    def _prior(self, run_id: str, stored: Stored | None) -> Prior[Stored] | None:
+        if stored is None:
+            return None
+        return Prior(stored, _checked_head(stored, f"run {run_id!r} in {self._shown()}"))
+
+    async def delete(self, run_id: str) -> bool:
+        """Remove the run with every revision, part, blob and event."""
+        checked_run_id(run_id)
+        self._writable()
+        self._heads.drop(run_id)
+        return await self._run(ops.delete_run, run_id)
+
+    # -- leases --------------------------------------------------------------------
+
+    async def _lease(
+        self, run_id: str, change: Callable[[LeaseRecord | None, float, Any], LeaseRecord | None]
+    ) -> LeaseRecord | None:
+        return await self._run(ops.change_lease, run_id, change, self._owners.key)
+
+    async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
+        """Take the run's lease; a holder whose session ended (its advisory lock is free)
+        is taken over at once, a live one never; ``ttl`` counts on the server's clock."""
+        checked_run_id(run_id)
+        self._writable()
+        await self._owners.hold(owner)
+        try:
+            record = await self._lease(
+                run_id, lambda old, now, alive: take(old, run_id, owner, ttl, now, alive)
+            )
+        except BaseException:
+            await self._owners.drop(owner)
+            raise
+        assert record is not None
+        return Lease(run_id, owner, str(record.token))
+
+    async def renew(self, lease: Lease, *, ttl: float) -> None:
+        """Extend the lease (``LeaseLost`` if it moved on)."""
+        await self._lease(lease.run_id, lambda old, now, _: renewed(old, lease, ttl, now))
+
+    async def release(self, lease: Lease) -> None:
+        """Give the lease up and, with the owner's last lease here, its advisory lock."""
+        try:
+            await self._lease(lease.run_id, lambda old, _now, _alive: released(old, lease))
+        finally:
+            await self._owners.drop(lease.owner)
+
+    async def aclose(self) -> None:
+        """Close the pool the store opened (a pool it was given stays open)."""
+        await self._owners.close()
+        async with self._lock:
+            pool, self._ready = self._pool, False
+            self._heads.clear()
+            if self._owns_pool:
+                self._pool = None
+                if pool is not None:
+                    await pool.close()
+
+
+async def _fetch(conn: Any, t: ops.Tables, sql: str, params: list[Any]) -> list[Any]:
+    return list(await conn.fetch(sql, *params))
+
+
+@attrs.frozen
+class _Commit:
+    """A commit waiting for its batch, with its encoding (the head it remembers)."""
+
+    pending: Pending
+    encoded: EncodedCommit
+
+
+def _rows(cp: Checkpoint, enc: EncodedCommit) -> CommitRows:
+    run = cp.run
+    columns = (run.revision, run.state, micros(run.updated_at), seal(dump_bytes(enc.head)))
+    return CommitRows(
+        columns,
+        run.revision,
+        seal(dump_entry(enc.entry)),
+        enc.first_message,
+        [seal(m) for m in enc.messages],
+        enc.first_turn,
+        [seal(t) for t in enc.turns],
+        [(k, seal(v)) for k, v in enc.blobs.items()],
+    )
+
+
+def _checked_head(stored: Stored, what: str) -> dict[str, Any]:
+    head = load_json(unseal(stored.head, f"head of {what}"), what)
+    if not isinstance(head, dict):
+        raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
+    check_columns(stored, head, what)
+    return head
+
+
+def _head_at(
+    stored: Stored, entries: list[tuple[int, bytes]], revision: int | None, what: str
+) -> dict[str, Any]:
+    assert revision is not None  # entries are read only for a past revision
+    chosen = [(r, e) for r, e in entries if r <= revision]
+    return replay(_entries(chosen, what), revision, what=what)
+
+
+def _entries(rows: list[tuple[int, bytes]], what: str) -> list[tuple[int, Any]]:
+    return [
+        (r, load_entry(unseal(e, f"commit log entry of revision {r} of {what}"), what))
+        for r, e in rows
+    ]
+
+
+def _parse(docs: list[bytes], what: str) -> list[Any]:
+    parsed = load_json(b"[" + b",".join(docs) + b"]", what)
+    return parsed  # type: ignore[no-any-return]
+
+
+def _filters(
+    state: StateId | None, updated_after: datetime | None, cursor: str | None
+) -> tuple[str, list[Any]]:
+    clauses: list[str] = []
+    params: list[Any] = []
+
+    def param(value: Any) -> str:
+        params.append(value)
+        return f"${len(params)}"
+
+    if state is not None:
+        clauses.append(f"state = {param(state)}")
+    if updated_after is not None:
+        clauses.append(f"updated_us > {param(micros(updated_after))}")
+    if cursor is not None:
+        at, run_id = decode_cursor(cursor)
+        us, key = param(micros(at)), param(ops.run_key(run_id))
+        clauses.append(f"(updated_us < {us} OR (updated_us = {us} AND run_id < {key}))")
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params

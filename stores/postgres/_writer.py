@@ -1,0 +1,68 @@
+"""The Postgres store's group commit: the commits of many runs in one transaction.
+
+``write_commits`` opens one transaction and applies each commit of the batch in a
+savepoint of its own (compare-and-set on the head and the lease check, exactly as a
+lone commit); a refused commit (stale head, ``LeaseLost``, a value the server refuses)
+rolls back to its savepoint, so only its own writes are undone, and its outcome is
+that exception. When the transaction itself fails (the connection is lost, ``COMMIT``
+fails), no commit of the batch landed and every caller gets a ``StoreError``. A batch
+of one needs no savepoint: its transaction is its savepoint.
+
+The commits of a batch take their rows' locks in the order of their run ids (a run's
+lease row, then its run row), as every other operation of the store takes them, so
+two processes' batches over the same runs wait for each other instead of deadlocking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from statekernel._storage.protocol import Lease
+from statekernel.stores.postgres._ops import Tables, apply_commit
+from statekernel.stores.sqlite._ops import CommitRows, Stored
+
+__all__ = ["Outcome", "Pending", "write_commits"]
+
+Outcome = tuple[bool, Stored | None]
+"""(True, the new head) when a commit landed, else (False, the head found instead)."""
+
+
+@attrs.frozen
+class Pending:
+    """One commit of a batch: the head it expects (row id, revision; None for a new
+    run), its rows, and the lease it is fenced by (if any)."""
+
+    run_id: str
+    expect: tuple[int, int] | None
+    rows: CommitRows
+    fence: Lease | None = None
+
+
+async def write_commits(
+    conn: Any, t: Tables, batch: Sequence[Pending]
+) -> list[Outcome | BaseException]:
+    """Apply ``batch`` in one transaction; each commit's outcome or its own exception."""
+    if len(batch) == 1:
+        one = batch[0]
+        try:
+            async with conn.transaction():
+                return [await apply_commit(conn, t, one.run_id, one.expect, one.rows, one.fence)]
+        except Exception as exc:
+            if conn.is_closed():
+                raise  # the transaction's end is unknown: the batch failed
+            return [exc]
+    outcomes: dict[int, Outcome | BaseException] = {}
+    async with conn.transaction():
+        for i in sorted(range(len(batch)), key=lambda i: batch[i].run_id):
+            p = batch[i]
+            try:
+                async with conn.transaction():  # a savepoint
+                    outcomes[i] = await apply_commit(conn, t, p.run_id, p.expect, p.rows, p.fence)
+            except Exception as exc:
+                if conn.is_closed():
+                    raise
+                outcomes[i] = exc
+    return [outcomes[i] for i in range(len(batch))]

@@ -1,0 +1,252 @@
+"""The Postgres store beyond the conformance suite: its layout, owners proven alive by
+a session's advisory lock, its URL options, a pool of the caller's, ``migrate`` with
+SQLite both ways."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from statekernel.errors import ConfigError, RunBusy, StoreError
+from statekernel.stores import Checkpoint, Migration, PostgresStore, migrate, open_store
+from statekernel.stores.postgres._schema import STORE_VERSION
+from statekernel.stores.postgres._url import parse_postgres_url
+from statekernel.testing._store_cases import events_for, next_revision, sample_run
+
+pytestmark = pytest.mark.postgres
+
+
+def _schema(url: str) -> str:
+    return parse_postgres_url(url).schema
+
+
+async def test_stores_starting_at_once_on_an_empty_schema_create_it_once(
+    postgres_store_url: str,
+) -> None:
+    stores = [PostgresStore(postgres_store_url) for _ in range(6)]
+    try:
+        runs = [sample_run(f"first-{i}") for i in range(len(stores))]
+        await asyncio.gather(
+            *(s.commit(Checkpoint.between(None, r)) for s, r in zip(stores, runs, strict=True))
+        )
+        for run in runs:
+            assert await stores[0].load(run.run_id) == run
+    finally:
+        for store in stores:
+            await store.aclose()
+    conn = await asyncpg.connect(parse_postgres_url(postgres_store_url).dsn)
+    try:
+        versions = await conn.fetch(
+            f'SELECT version FROM "{_schema(postgres_store_url)}".statekernel_schema'
+        )
+    finally:
+        await conn.close()
+    assert [v[0] for v in versions] == [STORE_VERSION]
+
+
+async def test_a_newer_layout_is_refused(postgres_store_url: str) -> None:
+    store = PostgresStore(postgres_store_url)
+    await store.commit(Checkpoint.between(None, sample_run("kept")))
+    await store.aclose()
+    conn = await asyncpg.connect(parse_postgres_url(postgres_store_url).dsn)
+    schema = _schema(postgres_store_url)
+    try:
+        await conn.execute(
+            f'UPDATE "{schema}".statekernel_schema SET version = $1', STORE_VERSION + 1
+        )
+    finally:
+        await conn.close()
+    store = PostgresStore(postgres_store_url)
+    try:
+        with pytest.raises(StoreError, match="newer than this release"):
+            await store.load("kept")
+    finally:
+        await store.aclose()
+
+
+_HOLDER = """
+import asyncio, sys
+from statekernel.stores import PostgresStore
+
+async def main():
+    store = PostgresStore(sys.argv[1])
+    await store.acquire("held", "owner-elsewhere", ttl=0)
+    print(store._owners._conn.get_server_pid(), flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def _gone(dsn: str, pid: int) -> None:
+    """Wait until the server has ended the session of backend ``pid``."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        deadline = time.monotonic() + 30
+        while await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid):
+            assert time.monotonic() < deadline, "the killed owner's session never ended"
+            await asyncio.sleep(0.01)
+    finally:
+        await conn.close()
+
+
+async def test_a_live_owner_keeps_its_run_whatever_the_clock_and_a_dead_one_loses_it_at_once(
+    postgres_store_url: str,
+) -> None:
+    store = PostgresStore(postgres_store_url)
+    run = sample_run("held")
+    await store.commit(Checkpoint.between(None, run))
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _HOLDER, postgres_store_url, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None
+        pid = int(await holder.stdout.readline())
+        # its lease expired at once on the server's clock (ttl=0): its session proves it alive
+        with pytest.raises(RunBusy, match="owner-elsewhere"):
+            await store.acquire("held", "owner-here", ttl=600)
+        holder.send_signal(signal.SIGKILL)
+        await holder.wait()
+        await _gone(parse_postgres_url(postgres_store_url).dsn, pid)
+        lease = await store.acquire("held", "owner-here", ttl=600)  # no wait for an expiry
+        assert lease.generation == 2
+        await store.commit(Checkpoint.between(run, next_revision(run)), lease=lease)
+        await store.release(lease)
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+            await holder.wait()
+        await store.aclose()
+
+
+async def test_an_unexpired_lease_of_this_process_is_refused_to_another_store(
+    postgres_store_url: str,
+) -> None:
+    first, second = PostgresStore(postgres_store_url), PostgresStore(postgres_store_url)
+    try:
+        run = sample_run("shared")
+        await first.commit(Checkpoint.between(None, run))
+        lease = await first.acquire("shared", "one", ttl=600)
+        with pytest.raises(RunBusy):
+            await second.acquire("shared", "two", ttl=600)
+        await first.release(lease)
+        await second.release(await second.acquire("shared", "two", ttl=600))
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+def test_url_options() -> None:
+    target = parse_postgres_url(
+        "postgres://u:pw@db:5433/runs?schema=mine&pgbouncer=1&sslmode=disable"
+    )
+    assert target.schema == "mine"
+    assert target.pgbouncer
+    assert target.dsn == "postgresql://u:pw@db:5433/runs?sslmode=disable"
+    assert parse_postgres_url("postgresql://db/runs").schema == "statekernel"
+    for bad in ("schema=Bad-Name", "schema=1x", "pgbouncer=maybe"):
+        with pytest.raises(ConfigError) as caught:
+            parse_postgres_url(f"postgresql://u:secret-pw-123@db/runs?{bad}")
+        assert "secret-pw-123" not in str(caught.value)
+
+
+async def test_an_unreachable_server_is_a_store_error_without_its_password() -> None:
+    store = open_store("postgresql://user:secret-pw-456@127.0.0.1:1/none")
+    try:
+        with pytest.raises(StoreError) as caught:
+            await store.load("x")
+    finally:
+        await store.aclose()
+    assert "secret-pw-456" not in str(caught.value)
+    assert "127.0.0.1" in str(caught.value)
+
+
+async def test_pgbouncer_mode_and_a_pool_of_the_callers(postgres_store_url: str) -> None:
+    target = parse_postgres_url(postgres_store_url)
+    pool = await asyncpg.create_pool(target.dsn, min_size=1, max_size=2, statement_cache_size=0)
+    try:
+        store = PostgresStore(pool=pool, schema=target.schema, pgbouncer=True)
+        run = sample_run("pooled")
+        await store.commit(Checkpoint.between(None, run, events_for(run, 2, 0)))
+        lease = await store.acquire("pooled", "owner", ttl=600)
+        assert store._owners._conn is None  # no session lock behind PgBouncer
+        await store.commit(Checkpoint.between(run, next_revision(run)), lease=lease)
+        await store.release(lease)
+        await store.aclose()
+        assert not pool._closed  # the caller's pool stays open
+        bouncer = open_store(f"{postgres_store_url}&pgbouncer=1")
+        assert (await bouncer.load("pooled")).revision == 1
+        assert len(await bouncer.events("pooled")) == 2
+        await bouncer.aclose()
+    finally:
+        await pool.close()
+
+
+async def test_migrate_between_sqlite_and_postgres_both_ways(
+    tmp_path: Path, postgres_store_url: str
+) -> None:
+    sqlite_url = f"sqlite:///{tmp_path}/runs.db"
+    source = open_store(sqlite_url)
+    chains = {}
+    for run_id in ("alpha", "ünïcode-🌧️", "nul\x00id"):
+        run = sample_run(run_id, turns=1)
+        chain = [run]
+        await source.commit(Checkpoint.between(None, run, events_for(run, 1, 0)))
+        for i in range(5):
+            nxt = next_revision(chain[-1])
+            await source.commit(Checkpoint.between(chain[-1], nxt, events_for(nxt, 2, 1 + 2 * i)))
+            chain.append(nxt)
+        chains[run_id] = chain
+    await source.aclose()
+    assert await migrate(sqlite_url, postgres_store_url) == Migration(copied=3)
+    back = f"sqlite:///{tmp_path}/back.db"
+    assert await migrate(postgres_store_url, back) == Migration(copied=3)
+    stores = [open_store(u) for u in (sqlite_url, postgres_store_url, back)]
+    try:
+        for run_id, chain in chains.items():
+            for run in chain:
+                for store in stores:
+                    assert await store.load(run_id, revision=run.revision) == run
+            events = [await store.events(run_id) for store in stores]
+            assert events[0] == events[1] == events[2]
+            assert len(events[0]) == 11
+    finally:
+        for store in stores:
+            await store.aclose()
+    assert await migrate(sqlite_url, postgres_store_url) == Migration(kept=3)
+
+
+def test_the_migrate_command_copies_into_postgres(tmp_path: Path, postgres_store_url: str) -> None:
+    sqlite_url = f"sqlite:///{tmp_path}/runs.db"
+
+    async def fill() -> None:
+        store = open_store(sqlite_url)
+        await store.commit(Checkpoint.between(None, sample_run("by-cli")))
+        await store.aclose()
+
+    asyncio.run(fill())
+    env = {**os.environ, "NO_COLOR": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "statekernel", "migrate", sqlite_url, postgres_store_url],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+    async def check() -> None:
+        store = open_store(postgres_store_url)
+        assert (await store.load("by-cli")).run_id == "by-cli"
+        await store.aclose()
+
+    asyncio.run(check())
