@@ -42,6 +42,7 @@ __all__ = [
     "fuzz_agent",
     "run_history_ok",
     "run_outcome",
+    "same_outcome",
 ]
 
 AgentFactory = Callable[[], Mapping[str, Any]]
@@ -158,6 +159,20 @@ def _first_cut_off(events: Sequence[Event]) -> int | None:
         if event.type == "model_completed" and "cut_off" in event.data:
             return int(event.data["index"])
     return None
+
+
+def same_outcome(final: Run, baseline: Run, events: Sequence[Event]) -> None:
+    """Invariant 1: ``final`` (its persisted ``events``) ends as ``baseline``, an
+    undisturbed drive, did. An answer cut off after calls started early (a drive that
+    stopped while it streamed) is closed as committed: the run goes another way from
+    that turn on, and everything before it is the same."""
+    cut = _first_cut_off(events)
+    if cut is None:
+        assert run_outcome(final) == run_outcome(baseline), "invariant 1: outcome differs"
+        return
+    why = f"invariant 1: outcome differs before turn {cut} (cut off)"
+    assert run_outcome(final.turns[:cut]) == run_outcome(baseline.turns[:cut]), why
+    assert final.turns[cut].request.messages == baseline.turns[cut].request.messages, why
 
 
 async def run_history_ok(store: CheckpointStore, run_id: str) -> None:
@@ -336,14 +351,9 @@ async def _check(
         agent, store, start, plan, ledger, approve, max_processes
     )
     inner = store()
-    cut = _first_cut_off(await inner.events(final.run_id))
-    if cut is None:
-        assert run_outcome(final) == run_outcome(baseline), "invariant 1: outcome differs"
-    else:  # an answer cut off after calls started early is closed as committed: the run
-        # goes another way from that turn on, and everything before it is the same
-        why = f"invariant 1: outcome differs before turn {cut} (cut off)"
-        assert run_outcome(final.turns[:cut]) == run_outcome(baseline.turns[:cut]), why
-        assert final.turns[cut].request.messages == baseline.turns[cut].request.messages, why
+    events = await inner.events(final.run_id)
+    same_outcome(final, baseline, events)
+    cut = _first_cut_off(events)
     tools: dict[str, Tool] = {t.name: t for t in agent().get("tools", ())}
     names = {f"{final.run_id}:{r.id}": r.name for t in final.turns for r in t.completed}
     for key, count in ledger.executions.items():

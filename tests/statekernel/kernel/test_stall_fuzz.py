@@ -6,8 +6,9 @@ a time, so nothing else of A moves meanwhile): its lease expires on the shared c
 kernel B takes the run over and drives it to the end (answering questions and
 uncertain calls as an operator would), and only then does A go on. Whatever the script
 and the stall point: A starts nothing once B has taken the run (its lease check stops
-it with ``LeaseLost``), B brings the run to the same outcome as an undisturbed drive,
-and the stored history reads back whole.
+it with ``LeaseLost``), B brings the run to the same outcome as an undisturbed drive
+(up to an answer A was still reading when it stalled after starting a call early: B
+closes it as committed, ``answer_cut_off``), and the stored history reads back whole.
 """
 
 from __future__ import annotations
@@ -19,22 +20,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import statekernel as sk
 from statekernel._storage.protocol import CheckpointStore
-from statekernel.errors import LeaseLost
+from statekernel.errors import LeaseLost, ProviderUnavailable
 from statekernel.middleware import ModelCall, ToolInvocation
 from statekernel.stores import FileStore, MemoryStore, SQLiteStore
-from statekernel.testing import ManualClock, fuzz_agent
+from statekernel.testing import Fail, ManualClock, Reply, call, fuzz_agent
 from statekernel.testing import strategies as sts
-from statekernel.testing._fuzz import Ledger, _settle, run_history_ok, run_outcome
+from statekernel.testing._fuzz import Ledger, _settle, run_history_ok, same_outcome
 
 TTL = 3600.0
 """Long in real time, so no renewal loop runs during an example; the clock jumps it."""
 KINDS = ["memory", "file", "sqlite"]
 _n = itertools.count()
+TWO_CALLS = Reply(
+    tool_calls=(call("side_effect", {"key": "k0"}), call("side_effect", {"key": "k1"}))
+)
+CUT_OFF: list[object] = [Fail(ProviderUnavailable("overloaded"), times=1, then=TWO_CALLS), "done"]
+"""A stalls starting the first call early while the answer still streams: B cuts it off."""
 
 
 def a_store(kind: str, folder: Path, clock: ManualClock) -> CheckpointStore:
@@ -113,7 +119,7 @@ async def case(kind: str, folder: Path, script: list[object], stall_at: int, eag
         if "after_b" in seen:
             assert dict(ledger.executions) == seen["after_b"], "A started a call after B took over"
         assert final.state == "completed"
-        assert run_outcome(final) == run_outcome(baseline)
+        same_outcome(final, baseline, await store.events(run_id))
         await run_history_ok(store, run_id)
     finally:
         await store.aclose()
@@ -125,6 +131,20 @@ async def case(kind: str, folder: Path, script: list[object], stall_at: int, eag
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(script=sts.agent_scripts(max_turns=3), stall_at=st.integers(1, 8), eager=st.booleans())
+@example(  # A stalls starting a call early while the answer still streams: B cuts it off
+    script=[
+        Fail(
+            ProviderUnavailable("overloaded"),
+            times=1,
+            then=Reply(
+                tool_calls=(call("side_effect", {"key": "k0"}), call("side_effect", {"key": "k1"}))
+            ),
+        ),
+        "done",
+    ],
+    stall_at=3,
+    eager=True,
+)
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_stalled_owner_starts_nothing_once_another_took_its_run(
     kind: str, tmp_path: Path, script: list[object], stall_at: int, eager: bool
