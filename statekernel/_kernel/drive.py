@@ -244,8 +244,6 @@ class RunDriver:
         self.commit_lock = asyncio.Lock()
         """Held while a commit of the run is computed and landed: by this driver's
         ``flush`` and by a command of the same kernel that commits between two of them."""
-        self.moves: list[tuple[str, dict[str, Any]]] = []
-        """The transitions staged since the last commit, as sent (``adopt`` re-applies them)."""
         self.users = 0
         """Drives that hold this driver."""
         self.model_claim: int | None = None
