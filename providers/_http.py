@@ -21,6 +21,7 @@ import attrs
 import httpx
 
 from statekernel._records.messages import ModelRequest
+from statekernel._secrets import redact_url, remember_url
 from statekernel._storage.provider import StreamPart, UsageUpdate
 from statekernel.errors import ProviderError, ProviderUnavailable, RateLimited
 from statekernel.providers._errors import error_for_status, error_from_exception, redact
@@ -97,6 +98,7 @@ class HTTPProvider:
         rng: random.Random | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        remember_url(self.base_url)  # a proxy's credentials never show in an error
         self.retry = retry or RetryPolicy()
         self.streaming = streaming
         self._owns_client = client is None
@@ -107,7 +109,7 @@ class HTTPProvider:
         self._rng = rng or random.Random()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(base_url={self.base_url!r})"
+        return f"{type(self).__name__}(base_url={redact_url(self.base_url)!r})"
 
     # -- subclass hooks -------------------------------------------------------------
 

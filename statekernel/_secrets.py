@@ -5,14 +5,20 @@ in a span or hands to a model passes through where it may carry a secret.
 
 * the password of a URL's userinfo (``redis://user:***@host``), or the whole userinfo
   when it has no password (``https://***@host``: a token used as the user name);
-* the values of URL query parameters whose names look secret (``password``, ``token``,
-  ``key``, ``secret``, ``auth``, ``sig``, ``credential``, ``session``, ``cookie``);
-* the values of credential headers (``Authorization: Bearer ***``, ``x-api-key: ***``,
-  ``api-key``, ``cookie``, ...) and any ``Bearer``/``Basic`` token;
-* every secret handed to statekernel's configuration (``remember``: provider API keys,
-  passwords and secret parameters of store and MCP URLs, MCP credential headers and
-  environment values), in every form it takes in text: as given, stripped, JSON- or
-  ``repr``-escaped, URL-quoted, as the ``repr`` of its bytes.
+* the values of URL query parameters whose names hold a secret word (``password``,
+  ``token``, ``key``, ``secret``, ``auth``, ``sig``, ``credential``, ``cookie``,
+  ``private``, ``session``, ...: ``access_token``, ``X-Amz-Signature``; whole words, so
+  ``keyword`` or ``author`` are not);
+* the values (8 characters or more) of credential headers (``Authorization: Bearer ***``,
+  ``x-api-key: ***``, ``api-key``, ``x-auth-token``) and any ``Bearer``/``Basic`` token
+  (12 characters or more with a digit or a symbol, so ``Basic authentication`` stays);
+* every secret (8 characters or more) handed to statekernel's configuration
+  (``remember``: provider API keys, passwords and secret parameters of store and MCP
+  URLs, MCP credential headers and environment values whose names hold a secret word),
+  in every form it takes in text: as given, stripped, JSON- or ``repr``-escaped,
+  URL-quoted, as the ``repr`` of its bytes.
+
+Every pattern bounds its repetitions, so redacting is linear in the text.
 
 Where it is applied: store, provider and MCP errors when they are built; every failure
 message, tool error and cut-off reason when it is committed (the lifecycle's
@@ -42,24 +48,50 @@ __all__ = [
 ]
 
 MASK = "***"
-_MIN = 4
-"""Shorter values are not remembered: masking them would garble ordinary text."""
+_MIN = 8
+"""Shorter values are not remembered: masking them would garble ordinary text (a URL's
+password or a header's value is hidden by its place whatever its length)."""
 
-_SECRET_WORD = r"pass|pwd|token|key|secret|auth|sig|credential|session|cookie|private"
-_SECRET_NAME = re.compile(rf"(?:{_SECRET_WORD})", re.IGNORECASE)
-_USERINFO = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<info>[^/?#\s]*)@")
-_QUERY = re.compile(
-    rf"(?P<head>[?&;][^=&?#;\s'\"<>]*(?:{_SECRET_WORD})[^=&?#;\s'\"<>]*=)"
-    r"(?P<value>[^&#;\s'\"<>)\]]+)",
-    re.IGNORECASE,
+_SECRET_WORDS = frozenset(
+    {
+        "password",
+        "passwd",
+        "pwd",
+        "pass",
+        "passphrase",
+        "token",
+        "key",
+        "apikey",
+        "secret",
+        "auth",
+        "authorization",
+        "sig",
+        "signature",
+        "credential",
+        "credentials",
+        "cookie",
+        "private",
+        "privatekey",
+        "accesskey",
+    }
 )
+"""Words that make a name secret, matched whole (``GITHUB_TOKEN``, ``x-api-key``,
+``access_token``), so that ``TOKENIZERS_PARALLELISM`` or ``KEYBOARD`` are not."""
+_SECRET_IN_QUERY = _SECRET_WORDS | {"session", "sessionid", "code"}
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z][a-z0-9]*|[a-z0-9]+")
+# Every repetition is bounded, so no pattern backtracks over a long run of text.
+_USERINFO = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]{0,30}://)(?P<info>[^/?#\s]{1,512})@")
+_QUERY = re.compile(r"(?P<head>[?&;](?P<name>[^=&?#;\s'\"<>]{1,64})=)(?P<value>[^&#;\s'\"<>)\]]+)")
 _HEADER = re.compile(
     r"(?P<head>\b(?:proxy-)?(?:authorization|x-api-key|api-key|x-goog-api-key|"
-    r"x-auth-token|cookie|set-cookie)['\"]?\s*[:=]\s*['\"]?"
-    r"(?:(?:bearer|basic|token)\s+)?)(?P<value>[^\s'\",;}]+)",
+    r"x-auth-token)['\"]?\s{0,8}[:=]\s{0,8}['\"]?"
+    r"(?:(?:bearer|basic|token)\s{1,8})?)(?P<value>[^\s'\",;}]{8,})",
     re.IGNORECASE,
 )
-_SCHEME_TOKEN = re.compile(r"(?P<head>\b(?:Bearer|Basic)\s+)(?P<value>[A-Za-z0-9._~+/=-]{4,})")
+_SCHEME_TOKEN = re.compile(
+    r"(?P<head>\b(?:Bearer|Basic)\s{1,8})(?P<value>(?=[A-Za-z0-9._~+/=-]{0,4096}[0-9._~+/=-])"
+    r"[A-Za-z0-9._~+/=-]{12,})"
+)
 
 _lock = threading.Lock()
 _known: set[str] = set()
@@ -67,9 +99,10 @@ _forms: tuple[str, ...] = ()
 """Every form of every remembered secret, longest first."""
 
 
-def secret_name(name: str) -> bool:
-    """True when a parameter, header or variable named ``name`` looks like a secret."""
-    return _SECRET_NAME.search(name) is not None
+def secret_name(name: str, *, words: frozenset[str] = _SECRET_WORDS) -> bool:
+    """True when a parameter, header or variable named ``name`` looks like a secret: one
+    of its words (split at ``_``, ``-``, ``.`` and case changes) is a secret word."""
+    return any(w.lower() in words for w in _WORD.findall(name))
 
 
 def _forms_of(secret: str) -> set[str]:
@@ -111,15 +144,21 @@ def remember_url(url: str) -> None:
     remember(unquote(password) if password else unquote(user) if info else None)
     for pair in re.split(r"[&;]", parts.query):
         name, _, value = pair.partition("=")
-        if value and secret_name(name):
+        if value and secret_name(name, words=_SECRET_IN_QUERY):
             remember(unquote(value))
 
 
 def remember_secret_values(values: Mapping[str, str]) -> None:
     """Remember the values whose names look secret (headers, environment variables)."""
     for name, value in values.items():
-        if secret_name(name) or name.lower() in ("cookie", "set-cookie"):
+        if secret_name(name):
             remember(value)
+
+
+def _query_value(match: re.Match[str]) -> str:
+    if secret_name(match["name"], words=_SECRET_IN_QUERY):
+        return f"{match['head']}{MASK}"
+    return match[0]
 
 
 def _userinfo(match: re.Match[str]) -> str:
@@ -140,7 +179,7 @@ def redact(text: str) -> str:
     if "@" in text:
         text = _USERINFO.sub(_userinfo, text)
     if "=" in text:
-        text = _QUERY.sub(rf"\g<head>{MASK}", text)
+        text = _QUERY.sub(_query_value, text)
     text = _HEADER.sub(rf"\g<head>{MASK}", text)
     return _SCHEME_TOKEN.sub(rf"\g<head>{MASK}", text)
 
@@ -171,11 +210,14 @@ _FILTER = _Redacting()
 THIRD_PARTY_LOGGERS = (
     "httpx",
     "httpx2",
+    "client",  # the MCP SDK's client session logs under this bare name
+    "mcp.client.client",
     "mcp.client.streamable_http",
     "mcp.client.sse",
     "mcp.client.stdio",
-    "mcp.client.session",
-    "mcp.shared.session",
+    "mcp.client.auth.oauth2",
+    "mcp.shared.dispatcher",
+    "mcp.shared.jsonrpc_dispatcher",
 )
 """Loggers of libraries statekernel gives URLs, headers and environments to."""
 

@@ -167,14 +167,14 @@ class Committer:
                 if pause is None:
                     return NotLanded(exc)
                 _log_retry(checkpoint, attempt, pause, exc)
+            except LeaseLost as exc:  # before ConflictError, of which it is a kind
+                run = checkpoint.run
+                log_lease_lost(run.run_id, run.revision, "its commit was refused")
+                return NotLanded(exc)
             except ConflictError as exc:
                 if ambiguous:  # the earlier attempt may be what holds the revision
                     return await self._settled(checkpoint) or Overtaken(exc)
                 return Overtaken(exc)
-            except LeaseLost as exc:
-                run = checkpoint.run
-                log_lease_lost(run.run_id, run.revision, "its commit was refused")
-                return NotLanded(exc)
             except BaseException as exc:
                 return NotLanded(exc)
             try:

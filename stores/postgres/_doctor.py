@@ -50,8 +50,8 @@ class PostgresProbe:
                     self.target.dsn, statement_cache_size=0 if self.target.pgbouncer else 100
                 )
             return list(await self._conn.fetch(sql, *args))
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
-            raise self._error(exc) from exc
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, ValueError) as exc:
+            raise self._error(exc) from exc  # ValueError: a DSN asyncpg cannot read
 
     async def settings(self) -> list[Finding]:
         """The layout version, ``synchronous_commit`` and ``fsync``; a schema without a

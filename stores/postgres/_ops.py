@@ -266,9 +266,13 @@ async def change_lease(
             or await conn.fetchval(f"SELECT 1 FROM {t.runs} WHERE run_id = $1", key) is None
         ):
             raise RunNotFound(run_id)
-        now = await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())::float8")
-        held = await _held(conn, None if old.owner is None else proven(old.owner))
-        new = change(old, float(now), lambda _: held)
+        now = float(await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())::float8"))
+        lock = None if old.owner is None else proven(old.owner)
+        if lock is None:  # no session lock proves owners (PgBouncer): the lease lasts until
+            held = old.expires > now  # it expires on the server's clock
+        else:
+            held = await _held(conn, lock)
+        new = change(old, now, lambda _: held)
         if new is not None and new != old:
             await conn.execute(
                 f"UPDATE {t.leases} SET token = $2, owner = $3, expires = $4 WHERE run_id = $1",

@@ -30,6 +30,7 @@ from statekernel._records.run import STATE_IDS, Run, StateId
 from statekernel._secrets import redact, redact_url, remember_url
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
+from statekernel._storage.shielding import shielded
 from statekernel.errors import (
     ConfigError,
     CorruptCheckpoint,
@@ -197,13 +198,7 @@ class PostgresStore(Closing):
             except (*_DRIVER_ERRORS, BadRow) as exc:
                 raise self._typed(exc) from exc
 
-        task = asyncio.ensure_future(work())
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if not task.done():
-                await asyncio.wait([task])
-            raise
+        return await shielded(work())
 
     async def _owner_conn(self) -> Any:
         pool = await self._open()
@@ -408,13 +403,13 @@ class PostgresStore(Closing):
         is taken over at once, a live one never; ``ttl`` counts on the server's clock."""
         checked_run_id(run_id)
         self._writable()
-        await self._owners.hold(owner)
+        await self._owner_locks(self._owners.hold(owner))
         try:
             record = await self._lease(
                 run_id, lambda old, now, alive: take(old, run_id, owner, ttl, now, alive)
             )
         except BaseException:
-            await self._owners.drop(owner)
+            await self._owner_locks(self._owners.drop(owner))
             raise
         assert record is not None
         return Lease(run_id, owner, str(record.token))
@@ -428,7 +423,14 @@ class PostgresStore(Closing):
         try:
             await self._lease(lease.run_id, lambda old, _now, _alive: released(old, lease))
         finally:
-            await self._owners.drop(lease.owner)
+            await self._owner_locks(self._owners.drop(lease.owner))
+
+    async def _owner_locks(self, step: Awaitable[None]) -> None:
+        """Take or give back an owner's advisory lock; the driver's errors are typed."""
+        try:
+            await step
+        except _DRIVER_ERRORS as exc:
+            raise self._typed(exc) from exc
 
     async def aclose(self) -> None:
         """Close the pool the store opened (a pool it was given stays open)."""

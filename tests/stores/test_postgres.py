@@ -127,6 +127,44 @@ async def test_a_live_owner_keeps_its_run_whatever_the_clock_and_a_dead_one_lose
         await store.aclose()
 
 
+_BOUNCED_HOLDER = """
+import asyncio, sys
+from statekernel.stores import open_store
+
+async def main():
+    store = open_store(sys.argv[1])
+    await store.acquire("bounced", "owner-elsewhere", ttl=float(sys.argv[2]))
+    await store.aclose()  # the lease stays: nothing but its expiry ends it here
+
+asyncio.run(main())
+"""
+
+
+async def test_behind_pgbouncer_another_process_lease_lasts_until_it_expires(
+    postgres_store_url: str,
+) -> None:
+    """No session lock proves an owner alive behind PgBouncer: a lease of another process
+    lasts until it expires on the server's clock, and is taken once it has."""
+    url = f"{postgres_store_url}&pgbouncer=1"
+    store = open_store(url)
+    try:
+        await store.commit(Checkpoint.between(None, sample_run("bounced")))
+        for ttl, taken in ((0.0, True), (600.0, False)):
+            holder = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", _BOUNCED_HOLDER, url, str(ttl), stderr=asyncio.subprocess.PIPE
+            )
+            _, err = await holder.communicate()
+            assert holder.returncode == 0, err.decode()
+            if taken:
+                lease = await store.acquire("bounced", "owner-here", ttl=600)
+                await store.release(lease)
+            else:
+                with pytest.raises(RunBusy, match="owner-elsewhere"):
+                    await store.acquire("bounced", "owner-here", ttl=600)
+    finally:
+        await store.aclose()
+
+
 async def test_an_unexpired_lease_of_this_process_is_refused_to_another_store(
     postgres_store_url: str,
 ) -> None:

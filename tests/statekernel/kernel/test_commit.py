@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import timedelta
 
 import attrs
@@ -11,7 +12,7 @@ import pytest
 from statekernel._kernel.commit import Committer, Landed, NotLanded, Overtaken
 from statekernel._records.run import Run
 from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease, StoreWrapper
-from statekernel.errors import ConflictError, StoreError
+from statekernel.errors import ConflictError, LeaseLost, StoreError
 from statekernel.stores import MemoryStore
 from statekernel.testing._store_cases import next_revision, sample_run
 
@@ -187,3 +188,20 @@ async def test_a_cancelled_write_that_did_not_land_under_a_moved_head_stays_a_ca
     landing = await task
     assert isinstance(landing, NotLanded)
     assert isinstance(landing.error, asyncio.CancelledError)
+
+
+async def test_a_commit_refused_for_a_lost_lease_is_not_landed_and_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    inner = MemoryStore()
+    checkpoint = await _first(inner)
+    lease = await inner.acquire(checkpoint.run.run_id, "me", ttl=60.0)
+    await inner.release(lease)
+    await inner.acquire(checkpoint.run.run_id, "another", ttl=60.0)  # the run moved on
+    with caplog.at_level(logging.WARNING, logger="statekernel"):
+        landing = await Committer(inner, lease).land(checkpoint)
+    assert isinstance(landing, NotLanded)
+    with pytest.raises(LeaseLost):
+        landing.unwrap()
+    assert "lease lost" in caplog.text
+    assert "its commit was refused" in caplog.text
