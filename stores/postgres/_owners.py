@@ -66,7 +66,8 @@ class OwnerLocks:
 
     async def _lock(self, owner: str) -> None:
         if self._conn is not None and self._conn.is_closed():
-            self._conn = None  # the server ended the session: its locks are gone
+            old, self._conn = self._conn, None  # the server ended the session: its locks
+            await self._disconnect(old)  # are gone; the pool gets its connection back
             for held in list(self._held):
                 await self._lock(held)
         if self._conn is None:
