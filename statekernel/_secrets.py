@@ -134,14 +134,16 @@ def remember(secret: str | None) -> None:
 
 
 def remember_url(url: str) -> None:
-    """Remember the password (or token user name) and the secret query values of ``url``."""
+    """Remember the password and the secret query values of ``url`` (a user name without
+    a password is hidden where the URL shows, but not remembered: ``postgres@`` is not a
+    secret to hide from every text)."""
     try:
         parts = urlsplit(url)
     except ValueError:
         return
     info = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
-    user, _, password = info.partition(":")
-    remember(unquote(password) if password else unquote(user) if info else None)
+    password = info.partition(":")[2]
+    remember(unquote(password) if password else None)  # a bare user name may be a word
     for pair in re.split(r"[&;]", parts.query):
         name, _, value = pair.partition("=")
         if value and secret_name(name, words=_SECRET_IN_QUERY):

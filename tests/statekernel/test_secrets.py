@@ -131,3 +131,12 @@ def test_redacting_takes_linear_time_on_long_runs(shape: str) -> None:
     twenty_small = best(lambda: [redact(small) for _ in range(20)])
     one_large = best(lambda: redact(shape))
     assert one_large < 5 * twenty_small + 0.02
+
+
+def test_a_bare_user_name_is_hidden_in_its_url_but_not_remembered() -> None:
+    remember_url("postgresql://postgres@127.0.0.1:5432/test")
+    assert (
+        redact("postgresql://postgres@127.0.0.1:5432/test")
+        == "postgresql://***@127.0.0.1:5432/test"
+    )
+    assert redact("the postgres server") == "the postgres server"
