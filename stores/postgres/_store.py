@@ -22,7 +22,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import asyncpg
-import attrs
 
 from statekernel._records.encoding import dump_bytes, load_json
 from statekernel._records.events import Event
@@ -60,19 +59,25 @@ from statekernel.stores._format.codec import (
     head_summary,
     iter_history,
     log_ends,
-    replay,
     snapshot_of,
 )
-from statekernel.stores._format.dicts import dump_entry, load_entry
+from statekernel.stores._format.dicts import dump_entry
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._owners import LeaseRecord, released, renewed, take
+from statekernel.stores._tables import (
+    PendingWrite,
+    checked_head,
+    head_at,
+    log_entries,
+    parse_docs,
+)
 from statekernel.stores.postgres import _ops as ops
 from statekernel.stores.postgres._owners import OwnerLocks
 from statekernel.stores.postgres._schema import STORE_VERSION, layout_version, migrate_schema
 from statekernel.stores.postgres._url import check_schema, parse_postgres_url
 from statekernel.stores.postgres._writer import Outcome, Pending, write_commits
-from statekernel.stores.sqlite._columns import check_columns, column_problem
+from statekernel.stores.sqlite._columns import column_problem
 from statekernel.stores.sqlite._ops import BadRow, CommitRows, Stored
 
 __all__ = ["PostgresStore"]
@@ -129,7 +134,7 @@ class PostgresStore(Closing):
         self._owners = OwnerLocks(
             self.schema, self._owner_conn, self._owner_done, enabled=not self.pgbouncer
         )
-        self._group: GroupCommit[_Commit, Outcome] = GroupCommit(self._write, self._failed)
+        self._group: GroupCommit[PendingWrite, Outcome] = GroupCommit(self._write, self._failed)
 
     def _shown(self) -> str:
         target = redact_url(self.url) if self.url is not None else "(a pool)"
@@ -226,12 +231,12 @@ class PostgresStore(Closing):
         heads: list[dict[str, Any]] = []
 
         def first_entry(stored: Stored) -> int | None:
-            heads.append(_checked_head(stored, what))
+            heads.append(checked_head(stored, what))
             wanted = check_revision(run_id, revision, stored.revision)
             return None if wanted == stored.revision else snapshot_of(wanted)
 
         def head_of(stored: Stored, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
-            return _head_at(stored, entries, revision, what) if entries else heads[0]
+            return head_at(stored, entries, revision, what) if entries else heads[0]
 
         parts = await self._run(ops.read_parts, run_id, first_entry, head_of, log_ends)
         if parts is None:
@@ -253,15 +258,15 @@ class PostgresStore(Closing):
         what = f"history of {run_id!r} in {self._shown()}"
 
         def head_of(stored: Stored, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
-            return _checked_head(stored, what)
+            return checked_head(stored, what)
 
         parts = await self._run(ops.read_parts, run_id, lambda _: 0, head_of, log_ends)
         if parts is None:
             raise RunNotFound(run_id)
         stored, _, rows, messages, turns, blobs = parts
-        entries = _entries(rows, what)
-        docs = _parse(unseal_each(messages, f"message of {what}"), what)
-        done = _parse(unseal_each(turns, f"completed turn of {what}"), what)
+        entries = log_entries(rows, what)
+        docs = parse_docs(unseal_each(messages, f"message of {what}"), what)
+        done = parse_docs(unseal_each(turns, f"completed turn of {what}"), what)
         found = unseal_blobs(blobs, what)
         last = stored.revision
         for item in iter_history(entries, docs, done, found, run_id, last=last, what=what):
@@ -278,11 +283,11 @@ class PostgresStore(Closing):
         if found is None:
             raise RunNotFound(run_id)
         stored, rows = found
-        _checked_head(stored, f"run {run_id!r} in {self._shown()}")
+        checked_head(stored, f"run {run_id!r} in {self._shown()}")
         events: list[Event] = []
         nxt = first
         for start in range(0, len(rows), 256):
-            entries = _entries(rows[start : start + 256], what)
+            entries = log_entries(rows[start : start + 256], what)
             check_log(entries, nxt, None, what)
             nxt += len(entries)
             events.extend(decode_events(entries, run_id, what=what))
@@ -358,12 +363,12 @@ class PostgresStore(Closing):
                 enc = encode_commit(cp, known.head, known.refs)
                 expect = (known.key.rid, known.key.revision)
             pending = Pending(run_id, expect, _rows(cp, enc), lease)
-            landed, stored = await self._group.submit(_Commit(pending, enc))
+            landed, stored = await self._group.submit(PendingWrite(pending, enc))
             if landed:
                 return
             known = self._prior(run_id, stored)
 
-    async def _write(self, batch: list[_Commit]) -> list[Outcome | BaseException]:
+    async def _write(self, batch: list[PendingWrite]) -> list[Outcome | BaseException]:
         outcomes = await self._run(write_commits, [c.pending for c in batch])
         for commit, outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, BaseException):
@@ -382,7 +387,7 @@ class PostgresStore(Closing):
     def _prior(self, run_id: str, stored: Stored | None) -> Prior[Stored] | None:
         if stored is None:
             return None
-        return Prior(stored, _checked_head(stored, f"run {run_id!r} in {self._shown()}"))
+        return Prior(stored, checked_head(stored, f"run {run_id!r} in {self._shown()}"))
 
     async def delete(self, run_id: str) -> bool:
         """Remove the run with every revision, part, blob and event."""
@@ -448,14 +453,6 @@ async def _fetch(conn: Any, t: ops.Tables, sql: str, params: list[Any]) -> list[
     return list(await conn.fetch(sql, *params))
 
 
-@attrs.frozen
-class _Commit:
-    """A commit waiting for its batch, with its encoding (the head it remembers)."""
-
-    pending: Pending
-    encoded: EncodedCommit
-
-
 def _rows(cp: Checkpoint, enc: EncodedCommit) -> CommitRows:
     run = cp.run
     columns = (run.revision, run.state, micros(run.updated_at), seal(dump_bytes(enc.head)))
@@ -469,34 +466,6 @@ def _rows(cp: Checkpoint, enc: EncodedCommit) -> CommitRows:
         [seal(t) for t in enc.turns],
         [(k, seal(v)) for k, v in enc.blobs.items()],
     )
-
-
-def _checked_head(stored: Stored, what: str) -> dict[str, Any]:
-    head = load_json(unseal(stored.head, f"head of {what}"), what)
-    if not isinstance(head, dict):
-        raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
-    check_columns(stored, head, what)
-    return head
-
-
-def _head_at(
-    stored: Stored, entries: list[tuple[int, bytes]], revision: int | None, what: str
-) -> dict[str, Any]:
-    assert revision is not None  # entries are read only for a past revision
-    chosen = [(r, e) for r, e in entries if r <= revision]
-    return replay(_entries(chosen, what), revision, what=what)
-
-
-def _entries(rows: list[tuple[int, bytes]], what: str) -> list[tuple[int, Any]]:
-    return [
-        (r, load_entry(unseal(e, f"commit log entry of revision {r} of {what}"), what))
-        for r, e in rows
-    ]
-
-
-def _parse(docs: list[bytes], what: str) -> list[Any]:
-    parsed = load_json(b"[" + b",".join(docs) + b"]", what)
-    return parsed  # type: ignore[no-any-return]
 
 
 def _filters(

@@ -18,27 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
-
-from statekernel._storage.protocol import Lease
+from statekernel.stores._tables import Outcome, Pending
 from statekernel.stores.postgres._ops import Tables, apply_commit
-from statekernel.stores.sqlite._ops import CommitRows, Stored
 
 __all__ = ["Outcome", "Pending", "write_commits"]
-
-Outcome = tuple[bool, Stored | None]
-"""(True, the new head) when a commit landed, else (False, the head found instead)."""
-
-
-@attrs.frozen
-class Pending:
-    """One commit of a batch: the head it expects (row id, revision; None for a new
-    run), its rows, and the lease it is fenced by (if any)."""
-
-    run_id: str
-    expect: tuple[int, int] | None
-    rows: CommitRows
-    fence: Lease | None = None
 
 
 async def write_commits(

@@ -1,8 +1,17 @@
 """The SQLite store: ``_store`` (the store), ``_schema`` (tables and migrations),
 ``_ops`` (the SQL of reads and commits), ``_writer`` (group commit), ``_thread`` (the
 connection's own thread), ``_file`` (opening the database file), ``_columns`` (typed
-columns) and ``_doctor`` (its checks)."""
+columns) and ``_doctor`` (its checks). ``SQLiteStore`` is imported when first used, so
+the PostgreSQL store can share the row shapes and column checks without it."""
 
-from statekernel.stores.sqlite._store import SQLiteStore
+from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from statekernel import _exports
+
+if TYPE_CHECKING:
+    from statekernel.stores.sqlite._store import SQLiteStore
+
+__getattr__, __dir__ = _exports.lazy_exports(__name__, {"SQLiteStore": "._store"})
 __all__ = ["SQLiteStore"]

@@ -27,8 +27,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-import attrs
-
 from statekernel._records.encoding import dump_bytes, enc_time, load_json
 from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
@@ -65,14 +63,20 @@ from statekernel.stores._format.codec import (
     head_summary,
     iter_history,
     log_ends,
-    replay,
     snapshot_of,
 )
-from statekernel.stores._format.dicts import dump_entry, load_entry
+from statekernel.stores._format.dicts import dump_entry
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._owners import Clock, HostLeased, HostLeases, LeaseChange, LeaseRecord
-from statekernel.stores.sqlite._columns import BAD_STATE, check_columns, column_problem
+from statekernel.stores._tables import (
+    PendingWrite,
+    checked_head,
+    head_at,
+    log_entries,
+    parse_docs,
+)
+from statekernel.stores.sqlite._columns import BAD_STATE, column_problem
 from statekernel.stores.sqlite._file import (
     connect,
     file_state,
@@ -143,7 +147,7 @@ class SQLiteStore(HostLeased, Closing):
         self._heads: HeadCache[Stored] = HeadCache()
         folder = None if self.path == ":memory:" else Path(self.path + "-owners")
         self._leases = HostLeases(folder, self._apply, clock=clock)
-        self._group: GroupCommit[_Commit, Outcome] = GroupCommit(self._write, self._failed)
+        self._group: GroupCommit[PendingWrite, Outcome] = GroupCommit(self._write, self._failed)
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.url!r})"
@@ -241,12 +245,12 @@ class SQLiteStore(HostLeased, Closing):
         heads: list[dict[str, Any]] = []
 
         def first_entry(stored: Stored) -> int | None:
-            heads.append(_checked_head(stored, what))  # the columns the load trusts
+            heads.append(checked_head(stored, what))  # the columns the load trusts
             wanted = check_revision(run_id, revision, stored.revision)
             return None if wanted == stored.revision else snapshot_of(wanted)
 
         def head_of(stored: Stored, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
-            return _head_at(stored, entries, revision, what) if entries else heads[0]
+            return head_at(stored, entries, revision, what) if entries else heads[0]
 
         parts = await self._call(read_parts, run_id, first_entry, head_of, log_ends)
         if parts is None:
@@ -260,14 +264,14 @@ class SQLiteStore(HostLeased, Closing):
         what = f"history of {run_id!r} in {self.url}"
 
         def head_of(stored: Stored, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
-            return _head_at(stored, [], None, what)
+            return head_at(stored, [], None, what)
 
         parts = await shielded(self._call(read_parts, run_id, lambda _: 0, head_of, log_ends))
         if parts is None:
             raise RunNotFound(run_id)
-        entries = _entries(parts.entries, what)
-        messages = _parse(unseal_each(parts.messages, f"message of {what}"), what)
-        turns = _parse(unseal_each(parts.turns, f"completed turn of {what}"), what)
+        entries = log_entries(parts.entries, what)
+        messages = parse_docs(unseal_each(parts.messages, f"message of {what}"), what)
+        turns = parse_docs(unseal_each(parts.turns, f"completed turn of {what}"), what)
         blobs = unseal_blobs(parts.blobs, what)
         last = parts.stored.revision
         for item in iter_history(entries, messages, turns, blobs, run_id, last=last, what=what):
@@ -300,12 +304,12 @@ class SQLiteStore(HostLeased, Closing):
                 enc = encode_commit(cp, known.head, known.refs)
                 expect = (known.key.rid, known.key.revision)
             pending = Pending(run_id, expect, _rows(cp, enc), lease)
-            landed, stored = await self._group.submit(_Commit(pending, enc))
+            landed, stored = await self._group.submit(PendingWrite(pending, enc))
             if landed:
                 return
             known = self._prior(run_id, stored)
 
-    async def _write(self, batch: list[_Commit]) -> list[Outcome | Exception]:
+    async def _write(self, batch: list[PendingWrite]) -> list[Outcome | Exception]:
         """Write a batch of commits in one transaction; remember the heads that landed."""
         outcomes = await self._call(write_commits, [c.pending for c in batch])
         for commit, outcome in zip(batch, outcomes, strict=True):
@@ -327,7 +331,7 @@ class SQLiteStore(HostLeased, Closing):
         return None if stored is None else Prior(stored, self._head(stored, run_id))
 
     def _head(self, stored: Stored, run_id: str) -> dict[str, Any]:
-        return _checked_head(stored, f"run {run_id!r} in {self.url}")
+        return checked_head(stored, f"run {run_id!r} in {self.url}")
 
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
@@ -340,7 +344,7 @@ class SQLiteStore(HostLeased, Closing):
         nxt = [first]
 
         def collect(batch: list[tuple[int, bytes]]) -> bool:
-            entries = _entries(batch, what)
+            entries = log_entries(batch, what)
             check_log(entries, nxt[0], None, what)
             nxt[0] += len(entries)
             found.extend(decode_events(entries, run_id, what=what))
@@ -349,7 +353,7 @@ class SQLiteStore(HostLeased, Closing):
         stored = await shielded(self._call(read_events, run_id, first, collect))
         if stored is None:
             raise RunNotFound(run_id)
-        _checked_head(stored, f"run {run_id!r} in {self.url}")
+        checked_head(stored, f"run {run_id!r} in {self.url}")
         if limit is None or len(found) < limit:
             check_log([], nxt[0], stored.revision, what)
         return found if limit is None else found[:limit]
@@ -415,14 +419,6 @@ class SQLiteStore(HostLeased, Closing):
                 await conn.close()
 
 
-@attrs.frozen
-class _Commit:
-    """A commit waiting for its batch, with its encoding (the head it remembers)."""
-
-    pending: Pending
-    encoded: EncodedCommit
-
-
 def _rows(cp: Checkpoint, enc: EncodedCommit) -> CommitRows:
     run = cp.run
     turns = enc.head["$t"][1] + (1 if "current_turn" in enc.head else 0)
@@ -452,44 +448,12 @@ _LISTED = "run_id, revision, state, updated_us, head"
 """The columns a listing reads: the head, and the columns it checks against the head."""
 
 
-def _checked_head(stored: Stored, what: str) -> dict[str, Any]:
-    """The stored head document; its checksum, and the columns beside it, checked."""
-    head = load_json(unseal(stored.head, f"head of {what}"), what)
-    if not isinstance(head, dict):
-        raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
-    check_columns(stored, head, what)
-    return head
-
-
-def _head_at(
-    stored: Stored, entries: list[tuple[int, bytes]], revision: int | None, what: str
-) -> dict[str, Any]:
-    if not entries:
-        return _checked_head(stored, what)
-    assert revision is not None  # entries are read only for a past revision
-    chosen = [(r, e) for r, e in entries if r <= revision]
-    return replay(_entries(chosen, what), revision, what=what)
-
-
-def _entries(rows: list[tuple[int, bytes]], what: str) -> list[tuple[int, Any]]:
-    """Commit log entries as documents, each checked against its checksum."""
-    return [
-        (r, load_entry(unseal(e, f"commit log entry of revision {r} of {what}"), what))
-        for r, e in rows
-    ]
-
-
 def _decode(parts: Parts, what: str) -> Run:
     check_parts(log_ends(parts.head), len(parts.messages), len(parts.turns), what)
     messages = unseal_each(parts.messages, f"message of {what}")  # parsed as decoded
     turns = unseal_each(parts.turns, f"completed turn of {what}")  # parsed when read
     blobs = unseal_blobs(parts.blobs, what)
     return decode_run(parts.head, messages, turns, blobs, what=what)
-
-
-def _parse(docs: list[bytes], what: str) -> list[Any]:
-    parsed = load_json(b"[" + b",".join(docs) + b"]", what)
-    return parsed  # type: ignore[no-any-return]
 
 
 def _filters(
