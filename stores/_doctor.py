@@ -27,9 +27,8 @@ from typing import Any
 from statekernel._lifecycle.trace import DATA_EVENTS, DECLARED, transitions_of
 from statekernel._records.events import Event
 from statekernel._records.run import STATE_IDS, Run
-from statekernel._secrets import redact_url
 from statekernel._storage.protocol import RevisionHistory
-from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
+from statekernel.errors import CorruptCheckpoint, RunNotFound, StoreError
 from statekernel.stores._doctor_probe import (
     DAMAGED,
     OK,
@@ -40,6 +39,7 @@ from statekernel.stores._doctor_probe import (
     RunRef,
     Status,
 )
+from statekernel.stores._open import backend
 
 __all__ = ["DAMAGED", "OK", "WARNING", "Finding", "Status", "diagnose", "lease_finding"]
 
@@ -239,35 +239,5 @@ def open_probe(url: str) -> Probe:
     """The probe for a store URL. An unknown scheme is a ``ConfigError``; a SQLite file
     or file-store folder that does not exist is a ``StoreError`` naming its path (the
     doctor never creates a store)."""
-    if not isinstance(url, str) or "://" not in url:
-        raise ConfigError(f"not a store URL: {redact_url(str(url))!r} (expected scheme://...)")
-    scheme = url.split("://", 1)[0].lower()
-    if scheme == "memory":
-        from statekernel.stores.file._doctor import MemoryProbe
-
-        return MemoryProbe(url)
-    if scheme == "sqlite":
-        from statekernel.stores.sqlite._doctor import SQLiteProbe
-
-        return SQLiteProbe(url)
-    if scheme == "file":
-        from statekernel.stores.file._doctor import FileProbe
-
-        return FileProbe(url)
-    if scheme in ("redis", "rediss"):
-        from statekernel.stores.redis._doctor import RedisProbe
-
-        return RedisProbe(url)
-    if scheme in ("postgresql", "postgres"):
-        try:
-            from statekernel.stores.postgres._doctor import PostgresProbe
-        except ImportError as exc:  # the driver is an extra
-            raise ConfigError(
-                f"{redact_url(url)!r} needs asyncpg: pip install 'statekernel[postgres]'"
-            ) from exc
-
-        return PostgresProbe(url)
-    raise ConfigError(
-        f"unknown store URL scheme {scheme!r} in {redact_url(url)!r} "
-        "(known: memory, file, sqlite, redis, rediss, postgresql, postgres)"
-    )
+    probe: Probe = backend(url, "probe")(url)
+    return probe

@@ -1,12 +1,68 @@
-"""``open_store(url)``: pick a store implementation by URL scheme."""
+"""``open_store(url)``: pick a store implementation by URL scheme; ``backend`` finds a
+part of the backend a URL names (its store, its doctor's probe) for both."""
 
 from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from statekernel._secrets import redact_url, remember_url
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import ConfigError
 
-__all__ = ["open_store"]
+__all__ = ["backend", "open_store"]
+
+_BACKENDS: dict[str, str] = {
+    "memory": "memory",
+    "sqlite": "sqlite",
+    "file": "file",
+    "redis": "redis",
+    "rediss": "redis",
+    "postgresql": "postgres",
+    "postgres": "postgres",
+}
+"""URL scheme -> backend."""
+
+_PARTS: dict[str, dict[str, tuple[str, str]]] = {
+    "store": {
+        "memory": ("statekernel.stores._open", "_memory_store"),
+        "sqlite": ("statekernel.stores.sqlite._store", "SQLiteStore"),
+        "file": ("statekernel.stores.file._store", "FileStore"),
+        "redis": ("statekernel.stores.redis._store", "RedisStore"),
+        "postgres": ("statekernel.stores.postgres._store", "PostgresStore"),
+    },
+    "probe": {
+        "memory": ("statekernel.stores.file._doctor", "MemoryProbe"),
+        "sqlite": ("statekernel.stores.sqlite._doctor", "SQLiteProbe"),
+        "file": ("statekernel.stores.file._doctor", "FileProbe"),
+        "redis": ("statekernel.stores.redis._doctor", "RedisProbe"),
+        "postgres": ("statekernel.stores.postgres._doctor", "PostgresProbe"),
+    },
+}
+
+
+def backend(url: object, part: str) -> Any:
+    """What makes ``part`` (``store`` or ``probe``) of the backend ``url`` names,
+    called with the URL. A malformed URL, an unknown scheme, or a backend whose driver
+    (an extra) is missing is a ``ConfigError``."""
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigError(f"not a store URL: {redact_url(str(url))!r} (expected scheme://...)")
+    scheme = url.split("://", 1)[0].lower()
+    name = _BACKENDS.get(scheme)
+    if name is None:
+        raise ConfigError(
+            f"unknown store URL scheme {scheme!r} in {redact_url(url)!r} "
+            f"(known: {', '.join(_BACKENDS)})"
+        )
+    module, cls = _PARTS[part][name]
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except ImportError as exc:
+        if name != "postgres":
+            raise
+        raise ConfigError(  # its driver is an extra
+            f"{redact_url(url)!r} needs asyncpg: pip install 'statekernel[postgres]'"
+        ) from exc
 
 
 def open_store(url: str) -> CheckpointStore:
@@ -14,36 +70,14 @@ def open_store(url: str) -> CheckpointStore:
 
     Opening is lazy: connections and files are opened on first use.
     """
-    if not isinstance(url, str) or "://" not in url:
-        raise ConfigError(f"not a store URL: {redact_url(str(url))!r} (expected scheme://...)")
+    make = backend(url, "store")
     remember_url(url)
-    scheme = url.split("://", 1)[0].lower()
-    if scheme == "memory":
-        from statekernel.stores._memory import MemoryStore
+    store: CheckpointStore = make(url)
+    return store
 
-        return MemoryStore(url.split("://", 1)[1])
-    if scheme == "sqlite":
-        from statekernel.stores.sqlite._store import SQLiteStore
 
-        return SQLiteStore(url)
-    if scheme == "file":
-        from statekernel.stores.file._store import FileStore
+def _memory_store(url: str) -> CheckpointStore:
+    """``memory://name``: a store in this process (its name is the rest of the URL)."""
+    from statekernel.stores._memory import MemoryStore
 
-        return FileStore(url)
-    if scheme in ("redis", "rediss"):
-        from statekernel.stores.redis._store import RedisStore
-
-        return RedisStore(url)
-    if scheme in ("postgresql", "postgres"):
-        try:
-            from statekernel.stores.postgres import PostgresStore
-        except ImportError as exc:  # the driver is an extra
-            raise ConfigError(
-                f"{redact_url(url)!r} needs asyncpg: pip install 'statekernel[postgres]'"
-            ) from exc
-
-        return PostgresStore(url)
-    raise ConfigError(
-        f"unknown store URL scheme {scheme!r} in {redact_url(url)!r} "
-        "(known: memory, file, sqlite, redis, rediss, postgresql, postgres)"
-    )
+    return MemoryStore(url.split("://", 1)[1])
