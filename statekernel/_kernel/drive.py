@@ -402,6 +402,10 @@ class RunDriver:
         pending.base = base
         pending.events.extend(events)
         pending.moves.append((event, payload))
+        if event == "pause":  # calls that wait (a question, a paused child) stay in flight
+            # and run again after the resume: their results leave the driver with the
+            # pause, which would otherwise hold them, and the run, for good
+            pending.outcomes.extend(self._ready_outcomes(asking=True))
 
     def _stage_outcome(self, outcome: Outcome) -> None:
         self.stage(
@@ -961,9 +965,6 @@ class RunDriver:
         if uncertain and not self._must_flush():
             calls = tuple(UncertainCall(r.id, r.name, r.input, r.attempt) for r in uncertain)
             self.stage("pause", reason=UNCERTAIN, details=Uncertain(calls))
-            # calls that wait (a question, a paused child) stay in flight and run again
-            # after the resume; holding their results would keep the run from others
-            self.pending.outcomes.extend(self._ready_outcomes(asking=True))
 
     def _spawn(self, ids: list[str], call_input: JSON) -> None:
         run = self.run
@@ -1067,7 +1068,6 @@ class RunDriver:
             name = self.names[first.ids[0]]
             about = ChildWait(first.ids, name, first.child, first.child_pause)
             self.stage("pause", reason=CHILD_PAUSED, details=about)
-        self.pending.outcomes.extend(waiting)  # they leave the driver with the pause
 
     async def _wait(self) -> AsyncIterator[Event]:
         while not self._ready_outcomes() and self.tasks and self.escaped is None:

@@ -295,3 +295,43 @@ async def test_a_question_asked_again_beside_an_uncertain_call_leaves_the_run_to
         "ask_user": "because",
         "pay": "paid 5",
     }
+
+
+async def test_a_hook_pause_beside_a_waiting_question_leaves_the_run_to_others() -> None:
+    """A hook pauses the run before a payment while a question asked in the same turn
+    waits: the question's result leaves with the pause (it is asked again after the
+    resume), so the drive gives the run back."""
+    approved: list[bool] = []
+
+    class Gate(sk.Hooks):
+        async def on_tool_call_started(
+            self, run: sk.Run, call: sk.ToolCallRecord
+        ) -> sk.Decision | None:
+            if call.name == "pay" and not approved:
+                return sk.Pause("approval", {"call": call.id})
+            return None
+
+    ask = sk.ask_user()
+    both = Reply(tool_calls=(call(ask.name, {"question": "why?"}), call(pay.name, {"amount": 5})))
+    provider = ScriptedProvider([both, "done"])
+    store = MemoryStore()
+    async with sk.Kernel(
+        store, tools=[ask, pay], providers={"scripted": provider}, hooks=Gate()
+    ) as kernel:
+        run = await kernel.start(model="scripted/x", messages=["go"])
+        first = await _drive(kernel, run.run_id)
+        assert first.pause is not None
+        assert first.pause.reason == "approval"
+        assert not kernel.holds(run.run_id)
+        approved.append(True)
+        await kernel.resume(run.run_id)
+        asked = await _drive(kernel, run.run_id)
+        assert asked.pause is not None
+        assert asked.pause.reason == "input_required"
+        await kernel.resume(run.run_id, value="because")
+        final = await _drive(kernel, run.run_id)
+    assert final.state == "completed"
+    assert {r.name: r.output for r in final.turns[0].completed} == {
+        "ask_user": "because",
+        "pay": "paid 5",
+    }
