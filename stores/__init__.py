@@ -25,6 +25,7 @@ from statekernel._storage.protocol import (
     SettlesOnCancel,
     StoreWrapper,
 )
+from statekernel._storage.queues import DeadLetter, QueueEntry, RunQueue
 from statekernel.stores._open import open_store
 
 if TYPE_CHECKING:
@@ -51,14 +52,17 @@ __all__ = [
     "Checkpoint",
     "CheckpointStore",
     "DamagedRun",
+    "DeadLetter",
     "FileStore",
     "Lease",
     "MemoryStore",
     "Migration",
     "PostgresStore",
+    "QueueEntry",
     "RedisStore",
     "RevisionHistory",
     "RunPage",
+    "RunQueue",
     "RunQueues",
     "RunSummary",
     "SQLiteStore",

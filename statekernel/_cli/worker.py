@@ -1,4 +1,4 @@
-"""``statekernel worker``: drive the runs of a Redis queue until SIGTERM or SIGINT."""
+"""``statekernel worker``: drive the runs of a store's run queue until SIGTERM or SIGINT."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ from statekernel._workers.worker import Worker, WorkerStats
 from statekernel.stores import redact_url
 
 __all__ = ["load_agent", "worker"]
+
+QUEUE_SCHEMES = ("redis", "rediss", "postgresql", "postgres")
+"""URL schemes of the stores that keep run queues."""
 
 
 def load_agent(spec: str | None) -> Mapping[str, Any]:
@@ -68,7 +71,14 @@ async def _serve(worker: Worker) -> WorkerStats:
 
 
 @click.command()
-@click.option("--store", metavar="URL", help="Redis store URL (default: the configured store).")
+@click.option(
+    "--store",
+    metavar="URL",
+    help=(
+        "Store URL with run queues: redis://, rediss:// or postgresql://"
+        " (default: the configured store)."
+    ),
+)
 @click.option("--queue", default="default", show_default=True, help="Queue to consume.")
 @click.option(
     "--concurrency",
@@ -109,7 +119,7 @@ def worker(
     name: str | None,
     as_json: bool,
 ) -> None:
-    """Drive the runs submitted to a Redis queue (kernel.submit), many at once.
+    """Drive the runs submitted to a run queue (kernel.submit), many at once.
 
     Runs as many workers as you like, on as many machines. SIGTERM (or Ctrl-C) stops
     taking work, lets each run reach a clean stopping point and hands it back to the
@@ -117,9 +127,12 @@ def worker(
     the others after --lease-ttl seconds.
     """
     url = store_url(store)
-    if url.partition("://")[0].lower() not in ("redis", "rediss"):
+    if url.partition("://")[0].lower() not in QUEUE_SCHEMES:
         shown = redact_url(url)
-        raise UserError(f"a worker needs a Redis store (redis:// or rediss://), not {shown!r}")
+        raise UserError(
+            "a worker needs a store with run queues (redis://, rediss:// or postgresql://),"
+            f" not {shown!r}"
+        )
     options = load_agent(agent)
     runner = Worker(
         url,

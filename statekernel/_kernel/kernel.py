@@ -432,14 +432,14 @@ class Kernel(Closing):
     async def submit(self, run_id: str, *, queue: str = "default") -> str:
         """Hand the run to workers (``statekernel worker``): enqueue it on ``queue``.
 
-        Needs a store with run queues (``RunQueues``: Redis, where the queue lives next
-        to the runs); returns the entry id.
+        Needs a store with run queues (``RunQueues``: Redis or PostgreSQL, where the
+        queue lives next to the runs); returns the entry id.
         """
         run_id_arg(run_id)
         text("queue", queue)
         if not isinstance(self.store, RunQueues):
             raise ConfigError(
-                "submit needs a Redis store (redis:// or rediss://), one with run queues,"
+                "submit needs a store with run queues (redis://, rediss://, postgresql://),"
                 f" not {type(self.store).__name__}"
             )
         return await self.store.submit(run_id, queue)

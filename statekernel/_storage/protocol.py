@@ -24,6 +24,7 @@ import attrs
 from statekernel._records.events import Event
 from statekernel._records.run import PauseInfo, Run, StateId
 from statekernel._storage.closing import Closing
+from statekernel._storage.queues import RunQueues
 
 __all__ = [
     "Checkpoint",
@@ -248,18 +249,6 @@ class RevisionHistory(Protocol):
 
     def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
         """Every revision of the run with its commit's events; ``RunNotFound`` if none."""
-        ...
-
-
-@runtime_checkable
-class RunQueues(Protocol):
-    """What a store may offer beyond ``CheckpointStore``: run queues next to its runs,
-    from which workers (``statekernel worker``) take runs to drive
-    (``statekernel.stores.RedisStore``)."""
-
-    async def submit(self, run_id: str, queue: str = "default") -> str:
-        """Enqueue the existing run on ``queue``; the entry id. ``RunNotFound`` if the
-        run does not exist, ``InvalidArgument`` for a bad queue name."""
         ...
 
 

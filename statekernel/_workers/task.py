@@ -5,7 +5,7 @@ Settling follows the run's outcome:
 
 * at rest (``completed``, ``paused``): acknowledge the entry;
 * ``failed``, or the entry cannot be driven (unknown run, corrupt data, a bug):
-  record it on the dead-letter stream and acknowledge, in one transaction;
+  record it as a dead letter and acknowledge, in one transaction;
 * stopped early (graceful shutdown) or the run is busy elsewhere (``RunBusy`` after the
   worker's ``lease_wait``): hand the entry back (a new entry replaces it, in one
   transaction);
@@ -25,12 +25,11 @@ import attrs
 from statekernel._records.events import Event
 from statekernel._records.run import Run
 from statekernel._secrets import logger
+from statekernel._storage.queues import QueueEntry, RunQueue
 from statekernel.errors import ConflictError, LeaseLost, RunBusy, StatekernelError, StoreError
-from statekernel.stores.redis._queue import Entry
 
 if TYPE_CHECKING:
     from statekernel._kernel.kernel import Kernel
-    from statekernel.stores.redis._queue import RunQueue
 
 __all__ = ["Host", "RunTask", "WorkerStats"]
 
@@ -74,7 +73,7 @@ class Host(Protocol):
     """What a task uses of its worker (``Worker`` is one)."""
 
     name: str
-    holding: dict[str, Entry]
+    holding: dict[str, QueueEntry]
     """The entries the worker works on, by run id."""
     stats: WorkerStats
 
@@ -97,7 +96,7 @@ class Host(Protocol):
 class RunTask:
     """Handles one entry for ``worker``."""
 
-    def __init__(self, worker: Host, entry: Entry) -> None:
+    def __init__(self, worker: Host, entry: QueueEntry) -> None:
         self.worker = worker
         self.entry = entry
         self.run_id = entry.run_id

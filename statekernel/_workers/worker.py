@@ -1,4 +1,7 @@
-"""``Worker``: drive the runs of a Redis queue, many at once on one event loop.
+"""``Worker``: drive the runs of a store's run queue, many at once on one event loop.
+
+Any store with run queues (``RunQueues``: Redis, PostgreSQL) serves: the worker only
+uses the queue operations of ``statekernel._storage.queues``.
 
 Ownership
     A worker owns runs as any kernel does (one ownership system): its kernel takes each
@@ -10,12 +13,13 @@ Ownership
     A child run that a run's ``delegate`` tool starts takes its own lease the same way,
     in whatever process drives it.
 Reclaim
-    While it holds a lease the worker also refreshes the run's queue entry (``XCLAIM``
-    with ``JUSTID`` resets its idle time). An entry idle longer than the lease's time
-    to live therefore belongs to a worker that stopped renewing: the others take it
-    over with ``XAUTOCLAIM``, wait for the lease to expire, and resume the run from
-    its last commit. An entry delivered more than ``max_deliveries`` times goes to the
-    dead-letter stream instead (a run that keeps killing its workers).
+    While it holds a lease the worker also refreshes the run's queue entry (on Redis,
+    ``XCLAIM`` with ``JUSTID`` resets its idle time; on PostgreSQL, its claim time moves
+    to the server's ``now()``). An entry idle longer than the lease's time to live
+    therefore belongs to a worker that stopped renewing: the others take it over, wait
+    for the lease to expire, and resume the run from its last commit. An entry delivered
+    more than ``max_deliveries`` times goes to the dead letters instead (a run that
+    keeps killing its workers).
 Backpressure
     At most ``concurrency`` entries are in hand; the worker reads only as many as it
     has free slots.
@@ -41,10 +45,9 @@ from statekernel._kernel.kernel import Kernel
 from statekernel._records.arguments import check_worker_options, optional_text, text
 from statekernel._secrets import logger
 from statekernel._storage.protocol import CheckpointStore
+from statekernel._storage.queues import QueueEntry, RunQueue, RunQueues
 from statekernel._workers.task import RunTask, WorkerStats
 from statekernel.errors import ConfigError, InvalidArgument, StoreError
-from statekernel.stores.redis._fencing import redis_backed
-from statekernel.stores.redis._queue import Entry, RunQueue
 
 __all__ = ["AgentSpec", "Worker", "WorkerStats"]
 
@@ -60,9 +63,10 @@ def _default_name() -> str:
 
 
 class Worker:
-    """Consumes a run queue of a Redis store and drives its runs durably.
+    """Consumes a run queue of a store and drives its runs durably.
 
-    ``store``: a ``redis://`` URL or a ``RedisStore`` (None: the configured store).
+    ``store``: a store with run queues (``RunQueues``), or its URL: ``redis://``,
+    ``rediss://``, ``postgresql://`` (None: the configured store).
     ``agent``: the ``Kernel`` keyword arguments the runs need (tools, providers,
     hooks, ...), or a function returning them. ``concurrency``: runs in hand at most.
     ``lease_ttl``: seconds a lease lives without renewal, and how long a crashed
@@ -102,7 +106,7 @@ class Worker:
         self.max_deliveries = max_deliveries
         self.name = name or _default_name()
         self.stats = WorkerStats()
-        self.holding: dict[str, Entry] = {}
+        self.holding: dict[str, QueueEntry] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
         self._hurry = asyncio.Event()
@@ -133,18 +137,25 @@ class Worker:
         self._served = True
         store, owned = _open(self.store_spec)
         try:
-            backed = redis_backed(store, "a worker")
-            self.queue = RunQueue(backed, self.queue_name)
-            self.kernel = Kernel(
-                backed,
-                lease_ttl=self.lease_ttl,
-                busy_timeout=self.lease_wait,
-                **self._kernel_options(),
-            )
+            if not isinstance(store, RunQueues):
+                raise ConfigError(
+                    "a worker needs a store with run queues (redis://, rediss://,"
+                    f" postgresql://), not {type(store).__name__}"
+                )
+            self.queue = store.run_queue(self.queue_name)
             try:
-                await self._serve()
+                self.kernel = Kernel(
+                    store,
+                    lease_ttl=self.lease_ttl,
+                    busy_timeout=self.lease_wait,
+                    **self._kernel_options(),
+                )
+                try:
+                    await self._serve()
+                finally:
+                    await self.kernel.aclose()
             finally:
-                await self.kernel.aclose()
+                await self.queue.aclose()
         finally:
             if owned:
                 await store.aclose()
@@ -160,7 +171,7 @@ class Worker:
         return options
 
     async def _serve(self) -> None:
-        await self.queue.ensure_group()
+        await self.queue.prepare()
         log.info("worker %s: queue %r, %d at once", self.name, self.queue_name, self.concurrency)
         refresher = asyncio.create_task(self._refresh_loop())
         try:
@@ -187,7 +198,7 @@ class Worker:
                 await self._sleep(None)
                 continue
             try:
-                entries: list[Entry] = []
+                entries: list[QueueEntry] = []
                 if loop.time() >= next_claim:
                     entries = await self._reclaim(free)
                     next_claim = loop.time() + min(self.lease_ttl / 2, 5.0)
@@ -200,7 +211,7 @@ class Worker:
             for entry in entries:
                 self._spawn(entry)
 
-    async def _reclaim(self, free: int) -> list[Entry]:
+    async def _reclaim(self, free: int) -> list[QueueEntry]:
         idle_ms = round(self.lease_ttl * 1000)
         self._cursor, entries = await self.queue.reclaim(self.name, free, idle_ms, self._cursor)
         taken = []
@@ -215,7 +226,7 @@ class Worker:
         self.stats.reclaimed += len(taken)
         return taken
 
-    def _spawn(self, entry: Entry) -> None:
+    def _spawn(self, entry: QueueEntry) -> None:
         task = asyncio.create_task(RunTask(self, entry).handle())
         self._tasks.add(task)
         task.add_done_callback(self._finished)

@@ -57,6 +57,7 @@ class Tables:
         self.runs, self.commits = f"{s}.runs", f"{s}.commits"
         self.messages, self.turns = f"{s}.messages", f"{s}.turns"
         self.blobs, self.leases = f"{s}.blobs", f"{s}.leases"
+        self.queue, self.dead = f"{s}.queue_entries", f"{s}.dead_letters"
 
 
 async def _stored(conn: Any, t: Tables, run_id: str) -> Stored | None:

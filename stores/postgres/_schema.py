@@ -17,10 +17,10 @@ from typing import Any
 from statekernel.errors import StoreError
 from statekernel.stores.postgres._keys import lock_key
 
-__all__ = ["SCHEMA", "STORE_VERSION", "layout_version", "migrate_schema"]
+__all__ = ["QUEUES", "SCHEMA", "STORE_VERSION", "layout_version", "migrate_schema"]
 
-STORE_VERSION = 1
-"""The layout version of the Postgres store written by this release."""
+STORE_VERSION = 2
+"""The layout version of the Postgres store written by this release (2: run queues)."""
 
 SCHEMA = """
 CREATE TABLE {s}.runs (
@@ -52,8 +52,37 @@ CREATE TABLE {s}.leases (
 )
 """
 
-_MIGRATIONS: dict[int, str] = {}
-"""SQL that upgrades the store from a version to the next one (none yet)."""
+QUEUES = """
+CREATE TABLE {s}.queue_entries (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue text NOT NULL,
+    run_id bytea NOT NULL,
+    submitted_ms bigint NOT NULL,
+    consumer text,
+    claimed_at timestamptz,
+    deliveries integer NOT NULL DEFAULT 0
+);
+CREATE INDEX queue_entries_new ON {s}.queue_entries (queue, id) WHERE consumer IS NULL;
+CREATE INDEX queue_entries_taken ON {s}.queue_entries (queue, claimed_at)
+    WHERE consumer IS NOT NULL;
+CREATE TABLE {s}.dead_letters (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue text NOT NULL,
+    run_id bytea NOT NULL,
+    entry text NOT NULL,
+    reason text NOT NULL,
+    detail text NOT NULL,
+    worker text NOT NULL,
+    at_ms bigint NOT NULL
+);
+CREATE INDEX dead_letters_by_queue ON {s}.dead_letters (queue, id)
+"""
+"""Run queues (layout version 2): entries not yet settled, and dead letters. An entry
+is new while ``consumer`` is NULL; ``claimed_at`` is the server's time at which its
+consumer last took or refreshed it."""
+
+_MIGRATIONS: dict[int, str] = {1: QUEUES}
+"""SQL that upgrades the store from a version to the next one."""
 
 
 def _statements(script: str, schema: str) -> list[str]:
@@ -88,7 +117,7 @@ async def migrate_schema(conn: Any, schema: str) -> None:
             f'CREATE TABLE IF NOT EXISTS "{schema}".statekernel_schema (version integer NOT NULL)'
         )
         if version is None:
-            for statement in _statements(SCHEMA, schema):
+            for statement in _statements(SCHEMA + ";" + QUEUES, schema):
                 await conn.execute(statement)
             await conn.execute(
                 f'INSERT INTO "{schema}".statekernel_schema (version) VALUES ($1)', STORE_VERSION

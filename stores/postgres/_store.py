@@ -17,6 +17,7 @@ advisory lock (``owners``), so a crashed owner's runs are taken over at once.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
@@ -74,6 +75,7 @@ from statekernel.stores._tables import (
 )
 from statekernel.stores.postgres import _ops as ops
 from statekernel.stores.postgres._owners import OwnerLocks
+from statekernel.stores.postgres._queue import PostgresRunQueue
 from statekernel.stores.postgres._schema import STORE_VERSION, layout_version, migrate_schema
 from statekernel.stores.postgres._url import check_schema, parse_postgres_url
 from statekernel.stores.postgres._writer import Outcome, Pending, write_commits
@@ -135,6 +137,7 @@ class PostgresStore(Closing):
             self.schema, self._owner_conn, self._owner_done, enabled=not self.pgbouncer
         )
         self._group: GroupCommit[PendingWrite, Outcome] = GroupCommit(self._write, self._failed)
+        self._queues: weakref.WeakSet[PostgresRunQueue] = weakref.WeakSet()
 
     def _shown(self) -> str:
         target = redact_url(self.url) if self.url is not None else "(a pool)"
@@ -396,6 +399,41 @@ class PostgresStore(Closing):
         self._heads.drop(run_id)
         return await self._run(ops.delete_run, run_id)
 
+    # -- run queues ----------------------------------------------------------------
+
+    def run_queue(self, name: str) -> PostgresRunQueue:
+        """The run queue ``name``: a table next to the runs, read with ``SKIP LOCKED``
+        and woken by ``LISTEN/NOTIFY`` (polled behind PgBouncer)."""
+        queue = PostgresRunQueue(
+            name,
+            self._t,
+            self._run,
+            acquire=self._owner_conn,
+            release=self._listener_done,
+            listens=not self.pgbouncer,
+        )
+        self._queues.add(queue)  # closed with the store: a pool waits for its connections
+        return queue
+
+    async def submit(self, run_id: str, queue: str = "default") -> str:
+        """Enqueue the existing run on the run queue ``queue`` for workers; the entry id."""
+        checked_run_id(run_id)
+        self._writable()
+        found = await self.run_queue(queue).submit_existing(run_id)
+        if found is None:
+            raise RunNotFound(run_id)
+        return str(found)
+
+    async def _listener_done(self, conn: Any) -> None:
+        """Give a queue's listening connection back to the pool (its session's
+        ``LISTEN`` ends there: the pool resets what a session set)."""
+        if self._pool is None:
+            return
+        try:
+            await self._pool.release(conn)
+        except _DRIVER_ERRORS:
+            conn.terminate()
+
     # -- leases --------------------------------------------------------------------
 
     async def _lease(
@@ -438,7 +476,10 @@ class PostgresStore(Closing):
             raise self._typed(exc) from exc
 
     async def aclose(self) -> None:
-        """Close the pool the store opened (a pool it was given stays open)."""
+        """Close the pool the store opened (a pool it was given stays open), after the
+        listening connections of its run queues went back to it."""
+        for queue in list(self._queues):
+            await queue.aclose()
         await self._owners.close()
         async with self._lock:
             pool, self._ready = self._pool, False

@@ -10,55 +10,43 @@ new entries and the consumer group's pending list.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
-import attrs
-
 from statekernel._secrets import redact
-from statekernel.errors import InvalidArgument, StoreError
+from statekernel._storage.queues import DeadLetter, QueueEntry, checked_queue_name
+from statekernel.errors import StoreError
 from statekernel.stores.redis._fencing import RedisBacked
 
-__all__ = ["GROUP", "Entry", "RunQueue"]
+__all__ = ["GROUP", "RedisRunQueue"]
 
 T = TypeVar("T")
 GROUP = "workers"
 DEAD_MAXLEN = 10_000
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-
-
-@attrs.frozen
-class Entry:
-    """One queue entry: the run to drive, when it was submitted, how often delivered."""
-
-    id: str
-    run_id: str
-    submitted_ms: int = 0
-    deliveries: int = 1
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _entry(item: Any, deliveries: int = 1) -> Entry:
+def _entry(item: Any, deliveries: int = 1) -> QueueEntry:
     entry_id, fields = item
     fields = {_text(k): _text(v) for k, v in (fields or {}).items()}
-    at = fields.get("at", "0")
-    return Entry(_text(entry_id), fields.get("run", ""), int(at) if at.isdigit() else 0, deliveries)
+    at = _number(fields.get("at", "0"))
+    return QueueEntry(_text(entry_id), fields.get("run", ""), at, deliveries)
 
 
-class RunQueue:
-    """The queue ``name`` of a Redis store: submit, take, acknowledge, hand back."""
+def _number(value: str) -> int:
+    return int(value) if value.isdigit() else 0
+
+
+class RedisRunQueue:
+    """The queue ``name`` of a Redis store: submit, take, acknowledge, hand back
+    (a ``statekernel.stores.RunQueue``)."""
 
     def __init__(self, store: RedisBacked, name: str) -> None:
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise InvalidArgument(
-                f"invalid queue name {name!r}: 1-128 letters, digits, '.', '_', ':', '-'"
-            )
-        self.name = name
+        self.name = checked_queue_name(name)
         self.client = store.client
         self.key = f"{store.prefix}:queue:{{{name}}}"
         self.dead_key = self.key + ":dead"
@@ -77,7 +65,7 @@ class RunQueue:
         fields: dict[Any, Any] = {"run": run_id, "at": at}
         return _text(await self._call(self.client.xadd(self.key, fields)))
 
-    async def ensure_group(self) -> None:
+    async def prepare(self) -> None:
         """Create the consumer group (and the stream) if needed; it sees every entry."""
         from redis.exceptions import RedisError, ResponseError
 
@@ -89,7 +77,7 @@ class RunQueue:
         except (RedisError, OSError) as exc:
             raise StoreError(redact(f"queue {self.name!r}: {type(exc).__name__}: {exc}")) from exc
 
-    async def read(self, consumer: str, count: int, block_ms: int) -> list[Entry]:
+    async def read(self, consumer: str, count: int, block_ms: int) -> list[QueueEntry]:
         """Up to ``count`` new entries, waiting up to ``block_ms`` for the first one."""
         streams: dict[Any, Any] = {self.key: ">"}
         reply: Any = await self._call(
@@ -99,7 +87,7 @@ class RunQueue:
 
     async def reclaim(
         self, consumer: str, count: int, min_idle_ms: int, cursor: str = "0-0"
-    ) -> tuple[str, list[Entry]]:
+    ) -> tuple[str, list[QueueEntry]]:
         """Take over up to ``count`` entries pending longer than ``min_idle_ms`` (their
         worker stopped refreshing them); returns the next cursor and the entries with
         their delivery counts."""
@@ -121,14 +109,14 @@ class RunQueue:
             claim = self.client.xclaim(self.key, GROUP, consumer, 0, list(ids), justid=True)
             await self._call(claim)
 
-    async def ack(self, entry: Entry) -> None:
+    async def ack(self, entry: QueueEntry) -> None:
         """Acknowledge and delete an entry: its run is at rest."""
         pipe = self.client.pipeline(transaction=True)
         pipe.xack(self.key, GROUP, entry.id)
         pipe.xdel(self.key, entry.id)
         await self._call(pipe.execute())
 
-    async def requeue(self, entry: Entry) -> str:
+    async def requeue(self, entry: QueueEntry) -> str:
         """Replace an entry by a new one at the end of the queue, atomically."""
         fields: dict[Any, Any] = {"run": entry.run_id, "at": entry.submitted_ms}
         pipe = self.client.pipeline(transaction=True)
@@ -138,7 +126,7 @@ class RunQueue:
         new_id, *_ = await self._call(pipe.execute())
         return _text(new_id)
 
-    async def dead(self, entry: Entry, reason: str, detail: str, worker: str) -> None:
+    async def dead(self, entry: QueueEntry, reason: str, detail: str, worker: str) -> None:
         """Record a failure on the dead-letter stream and acknowledge the entry, atomically."""
         fields: dict[Any, Any] = {"run": entry.run_id, "entry": entry.id, "reason": reason}
         fields |= {"detail": detail[:2000], "worker": worker, "at": int(time.time() * 1000)}
@@ -158,7 +146,43 @@ class RunQueue:
         )
         return len(rows)
 
+    async def waiting(self) -> int:
+        """Entries not delivered yet (the stream holds these and the pending ones)."""
+        length = int(await self._call(self.client.xlen(self.key)))
+        return max(length - await self._pending_or_none(), 0)
+
+    async def _pending_or_none(self) -> int:
+        from redis.exceptions import ResponseError
+
+        try:
+            return await self.pending()
+        except StoreError as exc:
+            if isinstance(exc.__cause__, ResponseError) and "NOGROUP" in str(exc):
+                return 0
+            raise
+
+    async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """The newest dead letters, oldest first."""
+        rows: Any = await self._call(self.client.xrevrange(self.dead_key, count=limit))
+        found = []
+        for _, raw in reversed(rows or []):
+            fields = {_text(k): _text(v) for k, v in (raw or {}).items()}
+            found.append(
+                DeadLetter(
+                    fields.get("run", ""),
+                    fields.get("entry", ""),
+                    fields.get("reason", ""),
+                    fields.get("detail", ""),
+                    fields.get("worker", ""),
+                    _number(fields.get("at", "0")),
+                )
+            )
+        return found
+
     async def leave(self, consumer: str) -> None:
         """Remove ``consumer`` from the group if it has nothing pending."""
         if await self.pending(consumer) == 0:
             await self._call(self.client.xgroup_delconsumer(self.key, GROUP, consumer))
+
+    async def aclose(self) -> None:
+        """Nothing to give back: the store's client serves the queue."""

@@ -80,7 +80,7 @@ from statekernel.stores._lease_records import redis_holder
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores.redis._fencing import FENCE_KEY_TTL_MS, RELEASE, RENEW
 from statekernel.stores.redis._index import RunIndex
-from statekernel.stores.redis._queue import RunQueue
+from statekernel.stores.redis._queue import RedisRunQueue
 from statekernel.stores.redis._wire import Command, Wire
 
 __all__ = ["RedisStore"]
@@ -224,9 +224,13 @@ class RedisStore(Closing):
 
     async def submit(self, run_id: str, queue: str = "default") -> str:
         """Enqueue the existing run on the run queue ``queue`` for workers; the entry id."""
-        run_queue = RunQueue(self, queue)
+        run_queue = RedisRunQueue(self, queue)
         await self.load(run_id)  # RunNotFound for a run that does not exist
         return await run_queue.submit(run_id)
+
+    def run_queue(self, name: str) -> RedisRunQueue:
+        """The run queue ``name`` (a Redis Stream next to the runs)."""
+        return RedisRunQueue(self, name)
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision`` (one transaction)."""

@@ -5,18 +5,16 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, TypedDict, cast
+from typing import Any, TypedDict
 
 import pytest
 
 import statekernel as sk
 from statekernel._storage.protocol import Lease, StoreWrapper
+from statekernel._storage.queues import RunQueue, RunQueues
 from statekernel.errors import ConfigError, InvalidArgument, ProviderError, RunNotFound
-from statekernel.stores import RedisStore
-from statekernel.stores.redis._queue import GROUP, RunQueue
+from statekernel.stores.redis._queue import GROUP, RedisRunQueue
 from statekernel.testing import Fail, Reply, ScriptedProvider, call
-
-pytestmark = pytest.mark.redis
 
 
 class Timing(TypedDict):
@@ -30,16 +28,31 @@ SUBMITTER = {"scripted": ScriptedProvider([])}
 """What a process that only starts runs for the workers needs: the provider's name."""
 
 
-@pytest.fixture
-async def kernel(redis_store_url: str) -> AsyncIterator[sk.Kernel]:
-    k = sk.Kernel(redis_store_url, providers=SUBMITTER)
+@pytest.fixture(
+    params=[
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
+async def kernel(request: pytest.FixtureRequest) -> AsyncIterator[sk.Kernel]:
+    """A kernel on each store with run queues in turn."""
+    url = str(request.getfixturevalue(f"{request.param}_store_url"))
+    k = sk.Kernel(url, providers=SUBMITTER)
     yield k
     await k.aclose()
 
 
-def store_of(kernel: sk.Kernel) -> RedisStore:
-    assert isinstance(kernel.store, RedisStore)
-    return kernel.store
+def queue_of(kernel: sk.Kernel, name: str = "default") -> RunQueue:
+    assert isinstance(kernel.store, RunQueues)
+    return kernel.store.run_queue(name)
+
+
+async def released(kernel: sk.Kernel, ids: Sequence[str]) -> bool:
+    """True when another owner takes each run's lease at once (the worker gave it back)."""
+    for run_id in ids:
+        lease = await kernel.store.acquire(run_id, "someone-else", ttl=5)
+        await kernel.store.release(lease)
+    return True
 
 
 def agent(
@@ -91,12 +104,7 @@ async def all_in(kernel: sk.Kernel, ids: Sequence[str], state: str) -> bool:
 
 
 async def queue_empty(q: RunQueue) -> bool:
-    return await q.pending() == 0 and await q.client.xlen(q.key) == 0
-
-
-async def dead_letters(q: RunQueue) -> list[tuple[bytes, dict[bytes, bytes]]]:
-    """The entries of the dead-letter stream (the store's client answers bytes)."""
-    return cast(list[tuple[bytes, dict[bytes, bytes]]], await q.client.xrange(q.dead_key))
+    return await q.pending() == 0 and await q.waiting() == 0
 
 
 async def serve(worker: sk.Worker) -> asyncio.Task[sk.WorkerStats]:
@@ -111,7 +119,7 @@ async def test_submitted_runs_complete_and_nothing_stays_pending(kernel: sk.Kern
     worker = sk.Worker(kernel.store, agent=agent(note_then_done(), ran=ran), concurrency=8, **FAST)
     task = await serve(worker)
     await until(lambda: all_in(kernel, ids, "completed"))
-    q = RunQueue(store_of(kernel), "default")
+    q = queue_of(kernel)
     await until(lambda: queue_empty(q))
     worker.stop()
     stats = await task
@@ -120,9 +128,9 @@ async def test_submitted_runs_complete_and_nothing_stays_pending(kernel: sk.Kern
     assert set(ran.values()) == {1}
     assert len(ran) == 30
     assert worker.holding == {}
-    leases = [store_of(kernel).run_key(i, "lease") for i in ids]
-    assert await store_of(kernel).client.exists(*leases) == 0, "leases released"
+    assert await released(kernel, ids)
     assert await q.pending(worker.name) == 0
+    assert await q.dead_letters() == []
 
 
 async def test_never_more_runs_in_flight_than_concurrency(kernel: sk.Kernel) -> None:
@@ -156,16 +164,14 @@ async def test_failed_run_is_acknowledged_with_its_failure_recorded(kernel: sk.K
     worker = sk.Worker(kernel.store, agent=agent(script), concurrency=2, **FAST)
     task = await serve(worker)
     await until(lambda: all_in(kernel, ids, "failed"))
-    q = RunQueue(store_of(kernel), "default")
+    q = queue_of(kernel)
     await until(lambda: queue_empty(q))
     worker.stop()
     assert (await task).failed == 1
-    dead = await dead_letters(q)
-    assert len(dead) == 1
-    fields = {k.decode(): v.decode() for k, v in dead[0][1].items()}
-    assert fields["run"] == ids[0]
-    assert fields["reason"] == "failed"
-    assert "model down" in fields["detail"]
+    (dead,) = await q.dead_letters()
+    assert (dead.run_id, dead.reason, dead.worker) == (ids[0], "failed", worker.name)
+    assert "model down" in dead.detail
+    assert dead.at_ms > 0
 
 
 async def test_paused_run_is_acknowledged_and_can_be_submitted_again(kernel: sk.Kernel) -> None:
@@ -181,7 +187,7 @@ async def test_paused_run_is_acknowledged_and_can_be_submitted_again(kernel: sk.
         kernel.store, agent=lambda: {**base(), "hooks": Approve()}, concurrency=2, **FAST
     )
     task = await serve(worker)
-    q = RunQueue(store_of(kernel), "default")
+    q = queue_of(kernel)
     await until(lambda: all_in(kernel, ids, "paused"))
     await until(lambda: queue_empty(q))
     await kernel.resume(ids[0], value="yes")
@@ -193,24 +199,24 @@ async def test_paused_run_is_acknowledged_and_can_be_submitted_again(kernel: sk.
     assert (stats.paused, stats.completed) == (1, 1)
 
 
-async def test_entry_for_an_unknown_run_goes_to_the_dead_letter_stream(kernel: sk.Kernel) -> None:
-    q = RunQueue(store_of(kernel), "default")
+async def test_entry_for_an_unknown_run_goes_to_the_dead_letters(kernel: sk.Kernel) -> None:
+    q = queue_of(kernel)
     await q.submit("no-such-run")
     worker = sk.Worker(kernel.store, agent=agent(["done"]), **FAST)
     task = await serve(worker)
     await until(lambda: queue_empty(q))
     worker.stop()
     assert (await task).errors == 1
-    (entry,) = await dead_letters(q)
-    assert b"RunNotFound" in entry[1][b"detail"]
+    (dead,) = await q.dead_letters()
+    assert (dead.run_id, "RunNotFound" in dead.detail) == ("no-such-run", True)
 
 
-async def test_submit_needs_a_redis_store_an_existing_run_and_a_valid_queue(
+async def test_submit_needs_a_store_with_queues_an_existing_run_and_a_valid_queue(
     kernel: sk.Kernel,
 ) -> None:
     memory = sk.Kernel("memory://", providers=SUBMITTER)
     run = await memory.start(model="scripted/x", run_id="m1")
-    with pytest.raises(ConfigError, match="Redis store"):
+    with pytest.raises(ConfigError, match="run queues"):
         await memory.submit(run.run_id)
     with pytest.raises(RunNotFound):
         await kernel.submit("missing")
@@ -242,10 +248,11 @@ class Dies(StoreWrapper):
 async def crashed_holder(kernel: sk.Kernel, ttl: float) -> tuple[list[str], RunQueue]:
     """A worker that took a run, committed the model intent under its lease, and died."""
     ids = await submit_new(kernel, 1)
-    store = store_of(kernel)
-    q = RunQueue(store, "default")
-    await q.ensure_group()
+    store = kernel.store
+    q = queue_of(kernel)
+    await q.prepare()
     (entry,) = await q.read("dead-worker", 1, 100)
+    await q.aclose()
     dies = Dies(store)
     dying = sk.Kernel(dies, lease_ttl=ttl, **agent(note_then_done())())
     for step in range(3):  # start, turn_prepared, model_started
@@ -273,7 +280,7 @@ async def test_a_crashed_workers_run_is_reclaimed_after_its_lease_expires(
     assert kinds.count("run_completed") == 1
 
 
-async def test_an_entry_delivered_too_often_goes_to_the_dead_letter_stream(
+async def test_an_entry_delivered_too_often_goes_to_the_dead_letters(
     kernel: sk.Kernel,
 ) -> None:
     ids, q = await crashed_holder(kernel, ttl=0.3)
@@ -282,9 +289,8 @@ async def test_an_entry_delivered_too_often_goes_to_the_dead_letter_stream(
     await until(lambda: queue_empty(q))
     worker.stop()
     assert (await task).errors == 1
-    (entry,) = await dead_letters(q)
-    assert entry[1][b"reason"] == b"deliveries"
-    assert entry[1][b"run"] == ids[0].encode()
+    (dead,) = await q.dead_letters()
+    assert (dead.reason, dead.run_id) == ("deliveries", ids[0])
 
 
 async def test_a_live_holder_keeps_its_run_past_the_lease_ttl(kernel: sk.Kernel) -> None:
@@ -322,9 +328,9 @@ async def test_stop_lets_in_flight_tools_commit_and_hands_runs_back(kernel: sk.K
     assert stats.requeued == 4
     assert stats.completed == 0
     assert first.holding == {}
-    q = RunQueue(store_of(kernel), "default")
+    q = queue_of(kernel)
     assert await q.pending() == 0
-    assert await q.client.xlen(q.key) == 4
+    assert await q.waiting() == 4
     for run_id in ids:  # the tool calls in flight finished and were committed
         run = await kernel.get(run_id)
         assert run.current_turn is not None
@@ -358,7 +364,7 @@ async def test_a_worker_stopped_by_the_commit_that_completes_a_run_acknowledges_
     stats = await asyncio.wait_for(await serve(worker), 15)
     assert (stats.completed, stats.requeued) == (1, 0)
     assert await states(kernel, ids) == ["completed"]
-    assert await queue_empty(RunQueue(store_of(kernel), "default"))
+    assert await queue_empty(queue_of(kernel))
 
 
 async def _started_tools(kernel: sk.Kernel, ids: Sequence[str], n: int) -> bool:
@@ -377,9 +383,9 @@ async def test_cancelling_serve_hands_the_runs_back_at_once(kernel: sk.Kernel) -
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 5)
     assert worker.holding == {}
-    q = RunQueue(store_of(kernel), "default")
+    q = queue_of(kernel)
     assert await q.pending() == 0
-    assert await q.client.xlen(q.key) == 3
+    assert await q.waiting() == 3
     with pytest.raises(InvalidArgument, match="serves once"):
         await worker.serve()
 
@@ -398,7 +404,7 @@ async def test_duplicate_submissions_drive_a_run_once(kernel: sk.Kernel) -> None
         for _ in range(2)
     ]
     tasks = [await serve(w) for w in workers]
-    q = RunQueue(store_of(kernel), "default")
+    q = queue_of(kernel)
     await until(lambda: all_in(kernel, ids, "completed"))
     await until(lambda: queue_empty(q))
     for w in workers:
@@ -407,8 +413,9 @@ async def test_duplicate_submissions_drive_a_run_once(kernel: sk.Kernel) -> None
     kinds = [e.type for e in await kernel.events(ids[0])]
     assert kinds.count("run_completed") == 1
     assert list(ran.values()) == [1]
-    consumers = await q.client.xinfo_consumers(q.key, GROUP)
-    assert consumers == [], "stopped workers leave the group"
+    if isinstance(q, RedisRunQueue):
+        consumers = await q.client.xinfo_consumers(q.key, GROUP)
+        assert consumers == [], "stopped workers leave the group"
 
 
 def test_worker_command_reports_mistakes_in_one_line(kernel: sk.Kernel) -> None:
@@ -428,11 +435,12 @@ def test_worker_command_reports_mistakes_in_one_line(kernel: sk.Kernel) -> None:
         done = runner.invoke(cli, ["worker", "--store", "redis://x", "--agent", agent_spec])
         assert (done.exit_code, needle in done.output) == (2, True), done.output
     done = runner.invoke(cli, ["worker", "--store", "memory://"])
-    assert (done.exit_code, "needs a Redis store" in done.output) == (2, True), done.output
+    assert (done.exit_code, "run queues" in done.output) == (2, True), done.output
     done = runner.invoke(cli, ["worker", "--store", "sqlite:///x.db"])
     assert done.exit_code == 2
     assert done.output.strip().splitlines() == [  # no banner before the error
-        "error: a worker needs a Redis store (redis:// or rediss://), not 'sqlite:///x.db'"
+        "error: a worker needs a store with run queues (redis://, rediss:// or"
+        " postgresql://), not 'sqlite:///x.db'"
     ]
     done = runner.invoke(cli, ["worker", "--help"])
     assert "--json" in done.output

@@ -21,7 +21,7 @@ import pytest
 
 import statekernel as sk
 from statekernel.stores import RedisStore
-from statekernel.stores.redis._queue import RunQueue
+from statekernel.stores.redis._queue import RedisRunQueue
 from statekernel.testing import ScriptedProvider
 from statekernel.testing._fuzz import run_history_ok, run_outcome
 
@@ -72,7 +72,7 @@ async def submit_all(url: str) -> None:
 async def queue_state(url: str) -> tuple[int, int]:
     store = RedisStore(url)
     try:
-        q = RunQueue(store, "q")
+        q = RedisRunQueue(store, "q")
         return await q.pending(), int(await store.client.xlen(q.key))
     finally:
         await store.aclose()
@@ -155,7 +155,7 @@ def check_log(log: Path) -> None:
 async def leftovers(url: str) -> tuple[int, int]:
     store = RedisStore(url)
     try:
-        q = RunQueue(store, "q")
+        q = RedisRunQueue(store, "q")
         leases = await store.client.exists(
             *[store.run_key(f"run-{i:03}", "lease") for i in range(RUNS)]
         )

@@ -1,0 +1,140 @@
+"""Run queues: what a worker needs of a store that keeps queues next to its runs.
+
+A queue holds entries, each naming a run to drive. A worker *reads* new entries (each
+delivered to one consumer, the worker's name), keeps *refreshing* the ones it works
+on, and settles each one: *ack* (the run is at rest), *requeue* (handed back, at the
+end of the queue) or *dead* (recorded as a dead letter, then acknowledged). An entry
+whose consumer stopped refreshing it for longer than a lease lives is *reclaimed* by
+another worker, with its delivery count increased, so a run that keeps killing its
+workers ends as a dead letter instead of going round forever.
+
+Two stores implement it: Redis (a stream and a consumer group per queue) and
+PostgreSQL (a table read with ``FOR UPDATE SKIP LOCKED``, woken by ``LISTEN/NOTIFY``).
+The same ``Worker`` serves either.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from statekernel.errors import InvalidArgument
+
+__all__ = ["DeadLetter", "QueueEntry", "RunQueue", "RunQueues", "checked_queue_name"]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+def checked_queue_name(name: object) -> str:
+    """``name`` if it is a valid queue name, else ``InvalidArgument`` naming it."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidArgument(
+            f"invalid queue name {name!r}: 1-128 letters, digits, '.', '_', ':', '-'"
+        )
+    return name
+
+
+@attrs.frozen
+class QueueEntry:
+    """One queue entry: the run to drive, when it was submitted (ms since the epoch),
+    how often it was delivered."""
+
+    id: str
+    run_id: str
+    submitted_ms: int = 0
+    deliveries: int = 1
+
+
+@attrs.frozen
+class DeadLetter:
+    """A run a worker gave up on: the entry, why (``failed``, ``deliveries``,
+    ``malformed``, ``error``), the detail, which worker and when (ms since the epoch)."""
+
+    run_id: str
+    entry: str
+    reason: str
+    detail: str
+    worker: str
+    at_ms: int
+
+
+@runtime_checkable
+class RunQueue(Protocol):
+    """One named queue of a store, as a worker uses it."""
+
+    name: str
+
+    async def prepare(self) -> None:
+        """Create what the queue needs before it is read (idempotent)."""
+        ...
+
+    async def submit(self, run_id: str, submitted_ms: int | None = None) -> str:
+        """Append an entry for ``run_id``; the entry id."""
+        ...
+
+    async def read(self, consumer: str, count: int, block_ms: int) -> list[QueueEntry]:
+        """Up to ``count`` new entries for ``consumer``, waiting up to ``block_ms`` for
+        the first one."""
+        ...
+
+    async def reclaim(
+        self, consumer: str, count: int, min_idle_ms: int, cursor: str = "0-0"
+    ) -> tuple[str, list[QueueEntry]]:
+        """Take over up to ``count`` entries not refreshed for ``min_idle_ms``; the
+        cursor to pass next time and the entries with their delivery counts."""
+        ...
+
+    async def refresh(self, consumer: str, ids: Sequence[str]) -> None:
+        """Mark entries of ``consumer`` as worked on (not reclaimable for a while)."""
+        ...
+
+    async def ack(self, entry: QueueEntry) -> None:
+        """Acknowledge and remove an entry: its run is at rest."""
+        ...
+
+    async def requeue(self, entry: QueueEntry) -> str:
+        """Replace an entry by a new one at the end of the queue, atomically; its id."""
+        ...
+
+    async def dead(self, entry: QueueEntry, reason: str, detail: str, worker: str) -> None:
+        """Record a dead letter and acknowledge the entry, atomically."""
+        ...
+
+    async def pending(self, consumer: str | None = None) -> int:
+        """Entries delivered and not yet settled (of ``consumer``, or of anyone)."""
+        ...
+
+    async def waiting(self) -> int:
+        """Entries not delivered yet."""
+        ...
+
+    async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """The newest dead letters, oldest first."""
+        ...
+
+    async def leave(self, consumer: str) -> None:
+        """``consumer`` stops reading (what the store keeps of it may go)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Give back what the queue holds (a connection that listens for entries)."""
+        ...
+
+
+@runtime_checkable
+class RunQueues(Protocol):
+    """What a store may offer beyond ``CheckpointStore``: run queues next to its runs,
+    from which workers (``statekernel worker``) take runs to drive
+    (``statekernel.stores.RedisStore``, ``statekernel.stores.PostgresStore``)."""
+
+    async def submit(self, run_id: str, queue: str = "default") -> str:
+        """Enqueue the existing run on ``queue``; the entry id. ``RunNotFound`` if the
+        run does not exist, ``InvalidArgument`` for a bad queue name."""
+        ...
+
+    def run_queue(self, name: str) -> RunQueue:
+        """The queue ``name`` (``InvalidArgument`` for a bad name)."""
+        ...

@@ -1,0 +1,193 @@
+"""Run queues on the Postgres store: entries taken once by readers racing on two pools
+(``SKIP LOCKED``), a waiting reader woken by the submit's ``NOTIFY``, polling behind
+PgBouncer, reclaim on the server's clock, dead letters kept to their bound, and a
+layout of version 1 upgraded to hold queues."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from statekernel.errors import InvalidArgument, RunNotFound
+from statekernel.stores import Checkpoint, PostgresStore
+from statekernel.stores.postgres import _queue
+from statekernel.stores.postgres._queue import PostgresRunQueue
+from statekernel.stores.postgres._schema import SCHEMA, STORE_VERSION
+from statekernel.stores.postgres._url import parse_postgres_url
+from statekernel.testing._store_cases import sample_run
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def store(postgres_store_url: str) -> AsyncIterator[PostgresStore]:
+    s = PostgresStore(postgres_store_url)
+    yield s
+    await s.aclose()
+
+
+async def _runs(store: PostgresStore, n: int) -> list[str]:
+    ids = [f"run-{i}" for i in range(n)]
+    for run_id in ids:
+        await store.commit(Checkpoint.between(None, sample_run(run_id)))
+    return ids
+
+
+async def test_two_readers_on_two_pools_take_each_entry_once(
+    store: PostgresStore, postgres_store_url: str
+) -> None:
+    ids = await _runs(store, 40)
+    for run_id in ids:
+        await store.submit(run_id)
+    other = PostgresStore(postgres_store_url)
+    try:
+        a, b = store.run_queue("default"), other.run_queue("default")
+        taken: list[str] = []
+
+        async def drain(q: PostgresRunQueue, consumer: str) -> None:
+            while batch := await q.read(consumer, 3, 0):
+                taken.extend(e.run_id for e in batch)
+                assert {e.deliveries for e in batch} == {1}
+
+        await asyncio.gather(drain(a, "a"), drain(b, "b"), drain(a, "a2"), drain(b, "b2"))
+        assert sorted(taken) == sorted(ids)
+        assert (await a.pending(), await a.waiting()) == (40, 0)
+        assert (
+            await a.pending("a")
+            + await a.pending("a2")
+            + await b.pending("b")
+            + await b.pending("b2")
+            == 40
+        )
+    finally:
+        await other.aclose()
+
+
+async def test_a_waiting_reader_is_woken_by_the_notice_of_a_submit(
+    store: PostgresStore, postgres_store_url: str
+) -> None:
+    (run_id,) = await _runs(store, 1)
+    q = store.run_queue("default")
+    notices: list[Any] = []
+
+    def notified(*args: Any) -> None:
+        notices.append(args)
+        q._wake.set()
+
+    q._notified = notified  # type: ignore[method-assign]
+    await q.prepare()
+    reader = asyncio.create_task(q.read("reader", 10, 600_000))
+    submitter = PostgresStore(postgres_store_url)  # another pool: the notice crosses the server
+    try:
+        await submitter.submit(run_id)
+        entries = await asyncio.wait_for(reader, 60)
+    finally:
+        await submitter.aclose()
+    assert [e.run_id for e in entries] == [run_id]
+    assert notices
+    assert notices[0][2] == q.channel
+
+
+async def test_behind_pgbouncer_a_reader_looks_again_instead_of_listening(
+    postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_queue, "POLL_SECONDS", 0.01)
+    store = PostgresStore(postgres_store_url + "&pgbouncer=1")
+    try:
+        (run_id,) = await _runs(store, 1)
+        q = store.run_queue("default")
+        await q.prepare()
+        reader = asyncio.create_task(q.read("reader", 10, 600_000))
+        await store.submit(run_id)
+        entries = await asyncio.wait_for(reader, 60)
+        assert [e.run_id for e in entries] == [run_id]
+        assert q._listener is None
+    finally:
+        await store.aclose()
+
+
+async def test_reclaim_takes_entries_whose_claim_went_stale_on_the_servers_clock(
+    store: PostgresStore,
+) -> None:
+    ids = await _runs(store, 3)
+    q = store.run_queue("jobs")
+    for run_id in ids:
+        await q.submit(run_id)
+    first = await q.read("a", 3, 0)
+    _, none = await q.reclaim("b", 10, 60_000)
+    assert none == []
+    await q.refresh("a", [first[0].id])
+    conn = await asyncpg.connect(parse_postgres_url(store.url or "").dsn)
+    try:  # the claims of the two others are an hour old
+        await conn.execute(
+            f'UPDATE "{store.schema}".queue_entries SET claimed_at = now() - interval'
+            " '1 hour' WHERE id = ANY($1::bigint[])",
+            [int(e.id) for e in first[1:]],
+        )
+    finally:
+        await conn.close()
+    _, taken = await q.reclaim("b", 10, 60_000)
+    assert sorted(e.run_id for e in taken) == sorted(ids[1:])
+    assert {e.deliveries for e in taken} == {2}
+    assert (await q.pending("a"), await q.pending("b")) == (1, 2)
+
+
+async def test_settling_acks_requeues_and_buries(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_queue, "DEAD_MAX", 2)
+    ids = await _runs(store, 5)
+    q = store.run_queue("default")
+    for run_id in ids:
+        await store.submit(run_id)
+    entries = await q.read("w", 5, 0)
+    await q.ack(entries[0])
+    new_id = await q.requeue(entries[1])
+    assert int(new_id) > max(int(e.id) for e in entries)
+    for entry in entries[2:]:
+        await q.dead(entry, "failed", "x" * 5000, "w")
+    assert (await q.pending(), await q.waiting()) == (0, 1)
+    (again,) = await q.read("w", 5, 0)
+    assert (again.id, again.run_id, again.deliveries) == (new_id, ids[1], 1)
+    letters = await q.dead_letters()
+    assert [d.run_id for d in letters] == ids[3:]  # the oldest went beyond the bound
+    assert {len(d.detail) for d in letters} == {2000}
+
+
+async def test_submit_refuses_an_unknown_run_and_a_bad_queue_name(store: PostgresStore) -> None:
+    with pytest.raises(RunNotFound):
+        await store.submit("missing")
+    await _runs(store, 1)
+    with pytest.raises(InvalidArgument, match="queue name"):
+        await store.submit("run-0", queue="{bad}")
+    assert await store.run_queue("default").waiting() == 0
+
+
+async def test_a_version_1_layout_is_upgraded_to_hold_queues(postgres_store_url: str) -> None:
+    schema = parse_postgres_url(postgres_store_url).schema
+    conn = await asyncpg.connect(parse_postgres_url(postgres_store_url).dsn)
+    try:
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+        await conn.execute(f'CREATE TABLE "{schema}".statekernel_schema (version integer)')
+        for statement in [s for s in SCHEMA.split(";") if s.strip()]:
+            await conn.execute(statement.format(s=f'"{schema}"'))
+        await conn.execute(f'INSERT INTO "{schema}".statekernel_schema VALUES (1)')
+    finally:
+        await conn.close()
+    store = PostgresStore(postgres_store_url)
+    try:
+        (run_id,) = await _runs(store, 1)
+        await store.submit(run_id)
+        assert [e.run_id for e in await store.run_queue("default").read("w", 1, 0)] == [run_id]
+    finally:
+        await store.aclose()
+    conn = await asyncpg.connect(parse_postgres_url(postgres_store_url).dsn)
+    try:
+        version = await conn.fetchval(f'SELECT version FROM "{schema}".statekernel_schema')
+    finally:
+        await conn.close()
+    assert version == STORE_VERSION == 2
