@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from statekernel.stores import open_store
+from statekernel.stores.postgres._schema import STORE_VERSION
 from statekernel.testing import (
     FileRecords,
     PostgresRecords,
@@ -247,7 +248,7 @@ def test_postgres_store(tmp_path: Path, postgres_store_url: str) -> None:
     assert "holds no store" in empty
     demo(postgres_store_url, "run-p", tmp_path)
     findings = doctor(postgres_store_url, tmp_path, 0)
-    assert "layout version 1" in findings[0]["detail"]
+    assert f"layout version {STORE_VERSION}" in findings[0]["detail"]
     checks = {f["check"]: f for f in findings}
     assert checks["synchronous_commit"]["status"] == "ok"
     fsync = checks["fsync"]
