@@ -26,6 +26,7 @@ from statekernel._storage.protocol import (
     StoreWrapper,
 )
 from statekernel._storage.queues import DeadLetter, QueueEntry, RunQueue
+from statekernel._storage.watching import CommitNotice, Watches, watch
 from statekernel.stores._open import open_store
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ __getattr__, __dir__ = _exports.lazy_exports(
 __all__ = [
     "Checkpoint",
     "CheckpointStore",
+    "CommitNotice",
     "DamagedRun",
     "DeadLetter",
     "FileStore",
@@ -68,7 +70,9 @@ __all__ = [
     "SQLiteStore",
     "SettlesOnCancel",
     "StoreWrapper",
+    "Watches",
     "migrate",
     "open_store",
     "redact_url",
+    "watch",
 ]

@@ -4,9 +4,11 @@ diagram."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from statekernel._cli.worker import load_agent
 from statekernel._lifecycle.diagram import FORMATS
 from statekernel._records.run import STATE_IDS, Run, StateId
 from statekernel._storage.protocol import CheckpointStore, RunSummary
+from statekernel._storage.watching import Watches, watch
 from statekernel.errors import RunBusy, RunNotFound
 
 __all__ = ["runs"]
@@ -179,33 +182,46 @@ def events(
     printer = EventPrinter(out.console, live=False)
 
     async def go() -> None:
-        nonlocal after
         async with open_cli_store(store) as s:
-            loop = asyncio.get_running_loop()
-            quiet_since, told = loop.time(), False
-            while True:
-                for event in await s.events(run_id, after_revision=after):
-                    if as_json:
-                        out.json(event, lines=True)
-                    else:
-                        printer.show(event)
-                    after = max(after, event.revision)
-                    quiet_since, told = loop.time(), False
-                if not follow:
-                    return
-                run = await s.load(run_id)
-                if run.is_terminal and run.revision <= after:
-                    return
-                if not told and loop.time() - quiet_since >= IDLE_NOTE_AFTER:
-                    told = True
-                    if not await _driven(s, run_id):
-                        hint = command_hint(f"statekernel runs resume {run_id}", store)
-                        note = (
-                            f"run {run_id} is in {run.state} at revision {run.revision} and no "
-                            f"process drives it (its last owner stopped or died): {hint}"
-                        )
-                        out.note(visible(note), markup=False)
+            if not follow or not isinstance(s, Watches):
+                await printing(s, None)
+                return
+            async with watch(s, run_id) as notices:
+                await printing(s, notices)
+
+    async def printing(s: CheckpointStore, notices: AsyncIterator[object] | None) -> None:
+        """Print the new events, then wait for the next commit (a notice from a store
+        with a feed of its own, else ``interval``) while following."""
+        nonlocal after
+        loop = asyncio.get_running_loop()
+        quiet_since, told = loop.time(), False
+        while True:
+            for event in await s.events(run_id, after_revision=after):
+                if as_json:
+                    out.json(event, lines=True)
+                else:
+                    printer.show(event)
+                after = max(after, event.revision)
+                quiet_since, told = loop.time(), False
+            if not follow:
+                return
+            run = await s.load(run_id)
+            if run.is_terminal and run.revision <= after:
+                return
+            if not told and loop.time() - quiet_since >= IDLE_NOTE_AFTER:
+                told = True
+                if not await _driven(s, run_id):
+                    hint = command_hint(f"statekernel runs resume {run_id}", store)
+                    note = (
+                        f"run {run_id} is in {run.state} at revision {run.revision} and no "
+                        f"process drives it (its last owner stopped or died): {hint}"
+                    )
+                    out.note(visible(note), markup=False)
+            if notices is None:
                 await asyncio.sleep(interval)
+            else:  # a notice, or a look now and then all the same (notices may be missed)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(anext(notices), max(interval, IDLE_NOTE_AFTER))
 
     run_async(go())
 

@@ -40,6 +40,7 @@ from statekernel._kernel.middleware import Middleware
 from statekernel._kernel.options import check_delegate_options
 from statekernel._kernel.tools import Tool, ToolContext, tool
 from statekernel._records.messages import JSON, Message
+from statekernel._storage.watching import watch
 from statekernel.errors import ConflictError, RunNotFound, ToolError
 
 if TYPE_CHECKING:
@@ -92,6 +93,11 @@ class Parent(Protocol):
         middleware: Sequence[Middleware] = (),
     ) -> Parent:
         """A kernel for the child agent over the same store and providers."""
+        ...
+
+    @property
+    def store(self) -> CheckpointStore:
+        """The store the kernel's runs are in."""
         ...
 
     async def get(self, run_id: str) -> Run:
@@ -237,16 +243,20 @@ async def _start_once(
 
 async def _on_workers(kernel: Parent, run_id: str, queue: str, poll: float) -> Run:
     """Hand the child to the workers of ``queue`` unless it is at rest, then wait until
-    it is (its head read after 0.05 s, then less and less often, up to ``poll``)."""
-    run = await kernel.get(run_id)
-    if not run.is_terminal:
-        await kernel.submit(run_id, queue=queue)
-    delay = 0.05
-    while not run.is_terminal:
-        await asyncio.sleep(delay)
-        delay = min(delay * 1.5, poll)
+    it is: its head is read again at each notice of a commit of the child (on a store
+    with a feed of its own, ``statekernel.stores.watch``), and at least every ``poll``
+    seconds (after 0.05 s, then less and less often)."""
+    async with watch(kernel.store, run_id, poll=poll) as notices:
         run = await kernel.get(run_id)
-    return run
+        if not run.is_terminal:
+            await kernel.submit(run_id, queue=queue)
+        delay = 0.05
+        while not run.is_terminal:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(anext(notices), delay)
+            delay = min(delay * 1.5, poll)
+            run = await kernel.get(run_id)
+        return run
 
 
 def _answer(child: Run) -> JSON:

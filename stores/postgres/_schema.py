@@ -12,12 +12,21 @@ the tables, the others find them. A layout newer than this release is refused.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from statekernel.errors import StoreError
 from statekernel.stores.postgres._keys import lock_key
 
-__all__ = ["QUEUES", "SCHEMA", "STORE_VERSION", "layout_version", "migrate_schema"]
+__all__ = [
+    "QUEUES",
+    "SCHEMA",
+    "STORE_VERSION",
+    "commits_channel",
+    "layout_version",
+    "migrate_schema",
+]
 
 STORE_VERSION = 2
 """The layout version of the Postgres store written by this release (2: run queues)."""
@@ -81,8 +90,43 @@ CREATE INDEX dead_letters_by_queue ON {s}.dead_letters (queue, id)
 is new while ``consumer`` is NULL; ``claimed_at`` is the server's time at which its
 consumer last took or refreshed it."""
 
-_MIGRATIONS: dict[int, str] = {1: QUEUES}
-"""SQL that upgrades the store from a version to the next one."""
+NOTIFY = """
+CREATE FUNCTION {s}.statekernel_notify() RETURNS trigger LANGUAGE plpgsql AS $body$
+BEGIN
+  PERFORM pg_notify('{channel}', NEW.revision || ' ' || NEW.state || ' ' || md5(NEW.run_id)
+    || ' ' || CASE WHEN octet_length(NEW.run_id) <= 3000 THEN encode(NEW.run_id, 'hex')
+    ELSE '' END);
+  RETURN NULL;
+END
+$body$
+"""
+"""Commit notices (layout version 2): each insert or update of a run's row notifies the
+schema's channel with the revision, the state, the MD5 of the run id and the run id in
+hex (left out when longer than 3,000 bytes: a notice holds at most 8,000)."""
+
+NOTIFY_TRIGGER = (
+    "CREATE TRIGGER runs_notify AFTER INSERT OR UPDATE ON {s}.runs"
+    " FOR EACH ROW EXECUTE FUNCTION {s}.statekernel_notify()"
+)
+
+
+def commits_channel(schema: str) -> str:
+    """The ``NOTIFY`` channel of the commits of the store in ``schema``."""
+    text = f"{schema}".encode("utf-8", "surrogatepass")
+    return "statekernel_c_" + hashlib.blake2b(text, digest_size=12).hexdigest()
+
+
+async def _version_2(conn: Any, schema: str) -> None:
+    """Run queues, and commit notices."""
+    for statement in _statements(QUEUES, schema):
+        await conn.execute(statement)
+    quoted = f'"{schema}"'
+    await conn.execute(NOTIFY.format(s=quoted, channel=commits_channel(schema)))
+    await conn.execute(NOTIFY_TRIGGER.format(s=quoted))
+
+
+_MIGRATIONS: dict[int, Callable[[Any, str], Awaitable[None]]] = {1: _version_2}
+"""What upgrades the store from a version to the next one."""
 
 
 def _statements(script: str, schema: str) -> list[str]:
@@ -117,8 +161,10 @@ async def migrate_schema(conn: Any, schema: str) -> None:
             f'CREATE TABLE IF NOT EXISTS "{schema}".statekernel_schema (version integer NOT NULL)'
         )
         if version is None:
-            for statement in _statements(SCHEMA + ";" + QUEUES, schema):
+            for statement in _statements(SCHEMA, schema):
                 await conn.execute(statement)
+            for upgrade in _MIGRATIONS.values():
+                await upgrade(conn, schema)
             await conn.execute(
                 f'INSERT INTO "{schema}".statekernel_schema (version) VALUES ($1)', STORE_VERSION
             )
@@ -129,7 +175,6 @@ async def migrate_schema(conn: Any, schema: str) -> None:
                 f" by an unreleased development version ({STORE_VERSION} here)"
             )
         while version < STORE_VERSION:
-            for statement in _statements(_MIGRATIONS[version], schema):
-                await conn.execute(statement)
+            await _MIGRATIONS[version](conn, schema)
             version += 1
             await conn.execute(f'UPDATE "{schema}".statekernel_schema SET version = $1', version)

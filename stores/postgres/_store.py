@@ -17,6 +17,7 @@ advisory lock (``owners``), so a crashed owner's runs are taken over at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
@@ -27,10 +28,11 @@ import asyncpg
 from statekernel._records.encoding import dump_bytes, load_json
 from statekernel._records.events import Event
 from statekernel._records.run import STATE_IDS, Run, StateId
-from statekernel._secrets import redact, redact_url, remember_url
+from statekernel._secrets import logger, redact, redact_url, remember_url
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel._storage.shielding import shielded
+from statekernel._storage.watching import CommitNotice, Feed, poll_watch
 from statekernel.errors import (
     ConfigError,
     CorruptCheckpoint,
@@ -76,7 +78,12 @@ from statekernel.stores._tables import (
 from statekernel.stores.postgres import _ops as ops
 from statekernel.stores.postgres._owners import OwnerLocks
 from statekernel.stores.postgres._queue import PostgresRunQueue
-from statekernel.stores.postgres._schema import STORE_VERSION, layout_version, migrate_schema
+from statekernel.stores.postgres._schema import (
+    STORE_VERSION,
+    commits_channel,
+    layout_version,
+    migrate_schema,
+)
 from statekernel.stores.postgres._url import check_schema, parse_postgres_url
 from statekernel.stores.postgres._writer import Outcome, Pending, write_commits
 from statekernel.stores.sqlite._columns import column_problem
@@ -85,6 +92,7 @@ from statekernel.stores.sqlite._ops import BadRow, CommitRows, Stored
 __all__ = ["PostgresStore"]
 
 T = TypeVar("T")
+log = logger("statekernel.stores")
 
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, OverflowError)
 """What asyncpg raises for a server, connection or value it cannot send (a
@@ -399,6 +407,30 @@ class PostgresStore(Closing):
         self._heads.drop(run_id)
         return await self._run(ops.delete_run, run_id)
 
+    # -- commit notices ------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def watch(self, run_id: str | None = None) -> AsyncIterator[Feed]:
+        """Notices of the commits of ``run_id`` (or of every run) made once entered, sent
+        by a trigger on the runs table and received with ``LISTEN`` on a connection of
+        the pool (listened again after the server ended its session: notices of the gap
+        are missed). Behind PgBouncer, where a session cannot listen, it polls the
+        listing instead."""
+        if run_id is not None:
+            checked_run_id(run_id)
+        if self.pgbouncer:
+            async with poll_watch(self, run_id) as polled:
+                yield polled
+            return
+        await self._open()
+        feed = Feed(run_id)
+        listening = _Listening(self, feed, commits_channel(self.schema))
+        await listening.start()
+        try:
+            yield feed
+        finally:
+            await listening.stop()
+
     # -- run queues ----------------------------------------------------------------
 
     def run_queue(self, name: str) -> PostgresRunQueue:
@@ -488,6 +520,91 @@ class PostgresStore(Closing):
                 self._pool = None
                 if pool is not None:
                     await pool.close()
+
+
+class _Listening:
+    """A connection of the store's pool that listens for commit notices and puts them
+    on ``feed``; when the server ends its session, another one takes over."""
+
+    def __init__(self, store: PostgresStore, feed: Feed, channel: str) -> None:
+        self.store, self.feed, self.channel = store, feed, channel
+        self._conn: Any = None
+        self._again: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        conn = await self.store._owner_conn()
+        try:
+            await conn.add_listener(self.channel, self._notified)
+            conn.add_termination_listener(self._ended)
+        except BaseException:
+            await self.store._listener_done(conn)
+            raise
+        self._conn = conn
+
+    def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        notice = _notice(payload)
+        if notice is not None:
+            self.feed.put(notice)
+        elif payload.count(" ") >= 2:  # a run id too long for a notice: found by its digest
+            task = asyncio.create_task(self._by_digest(payload))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _by_digest(self, payload: str) -> None:
+        revision, state, digest = payload.split(" ", 3)[:3]
+        with contextlib.suppress(StatekernelError):
+            found = await self.store._run(_fetch, _BY_DIGEST.format(t=self.store._t.runs), [digest])
+            if found:
+                run_id = bytes(found[0][0]).decode("utf-8", "surrogatepass")
+                self.feed.put(CommitNotice(run_id, int(revision), state))
+
+    def _ended(self, _conn: Any) -> None:
+        if self._again is None or self._again.done():
+            self._again = asyncio.create_task(self._listen_again())
+
+    async def _listen_again(self) -> None:
+        old, self._conn = self._conn, None
+        if old is not None:
+            await self.store._listener_done(old)
+        delay = 0.1
+        while self._conn is None:
+            try:
+                await self.start()
+            except StatekernelError as exc:
+                log.warning("watching %r: %s; listening again in %.1f s", self.store, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def stop(self) -> None:
+        for task in [self._again, *self._tasks]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StatekernelError):
+                    await task
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        with contextlib.suppress(*_DRIVER_ERRORS):
+            conn.remove_termination_listener(self._ended)
+            if not conn.is_closed():
+                await conn.remove_listener(self.channel, self._notified)
+        await self.store._listener_done(conn)
+
+
+def _notice(payload: str) -> CommitNotice | None:
+    """The notice of a payload (``revision state md5 hex-id``); None without the id."""
+    revision, state, _digest, hex_id = [*payload.split(" ", 3), "", "", ""][:4]
+    if not revision.isdigit() or not hex_id:
+        return None
+    try:
+        run_id = bytes.fromhex(hex_id).decode("utf-8", "surrogatepass")
+    except ValueError:
+        return None
+    return CommitNotice(run_id, int(revision), state)
+
+
+_BY_DIGEST = "SELECT run_id FROM {t} WHERE md5(run_id) = $1"
 
 
 async def _fetch(conn: Any, t: ops.Tables, sql: str, params: list[Any]) -> list[Any]:

@@ -21,6 +21,7 @@ refuses the commit with ``LeaseLost`` otherwise. A lease expires on the server's
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import re
@@ -37,9 +38,10 @@ from redis.exceptions import NoScriptError, RedisError
 from statekernel._records.encoding import dump_bytes, load_json
 from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
-from statekernel._secrets import redact, redact_url, remember_url
+from statekernel._secrets import logger, redact, redact_url, remember_url
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
+from statekernel._storage.watching import CommitNotice, Feed
 from statekernel.errors import (
     ConfigError,
     ConflictError,
@@ -86,6 +88,7 @@ from statekernel.stores.redis._wire import Command, Wire
 __all__ = ["RedisStore"]
 
 T = TypeVar("T")
+log = logger("statekernel.stores")
 _PLAIN_TAG = re.compile(r"[^{}]{1,200}")
 
 COMMIT_SCRIPT = """
@@ -113,10 +116,11 @@ if redis.call('LLEN', KEYS[2]) ~= tonumber(ARGV[2])
 end
 redis.call('HSET', KEYS[1], 'r', ARGV[2], 'doc', ARGV[4], 'cid', ARGV[11])
 redis.call('RPUSH', KEYS[2], ARGV[5])
-local i = 12
+local i = 14
 for _ = 1, n_m do redis.call('RPUSH', KEYS[3], ARGV[i]); i = i + 1 end
 for _ = 1, n_t do redis.call('RPUSH', KEYS[4], ARGV[i]); i = i + 1 end
 for _ = 1, n_b do redis.call('HSETNX', KEYS[5], ARGV[i], ARGV[i + 1]); i = i + 2 end
+redis.call('PUBLISH', ARGV[12], ARGV[13])
 return {0, 0}
 """
 
@@ -161,6 +165,19 @@ def _split_url(url: str) -> tuple[str, str]:
     return urlunsplit(parts._replace(query=rest)), prefix
 
 
+def _notice(message: Any) -> CommitNotice | None:
+    """The commit notice of a pub/sub message (``revision state run-id``)."""
+    if not isinstance(message, dict) or message.get("type") != "message":
+        return None
+    data = message.get("data")
+    text = data.decode("utf-8", "surrogatepass") if isinstance(data, bytes) else str(data)
+    revision, _, rest = text.partition(" ")
+    state, _, run_id = rest.partition(" ")
+    if not revision.isdigit() or not run_id:
+        return None
+    return CommitNotice(run_id, int(revision), state)
+
+
 class RedisStore(Closing):
     """Runs in Redis (standalone; run keys are Cluster-ready)."""
 
@@ -177,6 +194,7 @@ class RedisStore(Closing):
         self._renew = self._client.register_script(RENEW)
         self._release = self._client.register_script(RELEASE)
         self._known: HeadCache[_Known] = HeadCache()
+        self._commits_channel = f"{self.prefix}:commits"
         self._wire = Wire(self._client)
         self._runs = RunIndex(self._client, self.prefix, self._call, self._wire)
         self._group: GroupCommit[_Script, _Outcome] = GroupCommit(self._scripts, self._failed)
@@ -212,6 +230,45 @@ class RedisStore(Closing):
     def run_key(self, run_id: str, name: str) -> str:
         """A key called ``name`` in the hash slot of the run's keys (for leases)."""
         return self._base(run_id) + name
+
+    @contextlib.asynccontextmanager
+    async def watch(self, run_id: str | None = None) -> AsyncIterator[Feed]:
+        """Notices of the commits of ``run_id`` (or of every run) made once entered,
+        published by the commit script on ``<prefix>:commits`` (subscribed again after a
+        lost connection: notices of the gap are missed)."""
+        if run_id is not None:
+            checked_run_id(run_id)
+        feed = Feed(run_id)
+        pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        await self._call(pubsub.subscribe(self._commits_channel))
+        task = asyncio.create_task(self._receive(pubsub, feed))
+        try:
+            yield feed
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _receive(self, pubsub: Any, feed: Feed) -> None:
+        """Put the notices of ``pubsub`` on ``feed``, subscribing again after an error."""
+        try:
+            while True:
+                try:
+                    message = await pubsub.get_message(timeout=None)
+                except (RedisError, OSError) as exc:
+                    log.warning("watching %r: %s; subscribing again", self, self._clean(exc))
+                    await pubsub.aclose()
+                    await asyncio.sleep(1.0)
+                    pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+                    with contextlib.suppress(RedisError, OSError):
+                        await pubsub.subscribe(self._commits_channel)
+                    continue
+                notice = _notice(message)
+                if notice is not None:
+                    feed.put(notice)
+        finally:
+            with contextlib.suppress(RedisError, OSError):
+                await pubsub.aclose()
 
     @property
     def client(self) -> aioredis.Redis:
@@ -346,6 +403,8 @@ class RedisStore(Closing):
             len(enc.turns),
             len(enc.blobs),
             uuid.uuid4().hex,  # this commit's id: a script sent again knows it landed
+            self._commits_channel,
+            f"{run.revision} {run.state} {run.run_id}",  # the commit notice
             *[seal(m) for m in enc.messages],
             *[seal(t) for t in enc.turns],
         ]
