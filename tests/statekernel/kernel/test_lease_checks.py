@@ -193,6 +193,51 @@ async def test_delete_waits_for_a_live_drive_and_never_cuts_it(store_url: str) -
         await kernel.aclose()
 
 
+async def test_deleting_a_tree_while_a_delegate_call_starts_leaves_no_orphan(
+    store_url: str,
+) -> None:
+    """``delete(parent, children=True)`` while the parent's delegate call is about to
+    create its child: the delete waits for the drive and is refused (``RunBusy``), so the
+    child is created under a parent that still exists; once the drive ended, the delete
+    takes the whole tree, and no run is left behind."""
+    gate, entered = asyncio.Event(), asyncio.Event()
+
+    async def held(invocation: Any, call_next: Any) -> Any:
+        if isinstance(invocation, ToolInvocation):  # its intent is committed
+            entered.set()
+            await gate.wait()
+        return await call_next(invocation)
+
+    helper = sk.delegate("helper", "Ask the helper.", model="helper/small")
+    providers = {
+        "scripted": ScriptedProvider([sk.testing.call("helper", {"task": "sum"}), "42"]),
+        "helper": ScriptedProvider(["the sum is 42"]),
+    }
+    async with opened(store_url) as store:
+        kernel = sk.Kernel(store, tools=[helper], providers=providers, middleware=[held])
+        other = sk.Kernel(store, busy_timeout=0.1)
+        run = await kernel.start(model="scripted/x", messages=["go"])
+        driving = asyncio.create_task(drain(kernel, run.run_id))
+        await entered.wait()
+        with pytest.raises(sk.RunBusy) as busy:
+            await other.delete(run.run_id, children=True)
+        assert busy.value.owner == kernel.owner
+        assert (await store.load(run.run_id)).run_id == run.run_id  # nothing deleted
+        gate.set()
+        await driving
+        parent = await store.load(run.run_id)
+        assert parent.state == "completed"
+        (child,) = await kernel.children(run.run_id)
+        assert child.parent_run_id == run.run_id
+        assert await other.delete(run.run_id, children=True) == [child.run_id, run.run_id]
+        for run_id in (run.run_id, child.run_id):
+            with pytest.raises(sk.RunNotFound):
+                await store.load(run_id)
+        assert (await store.list_runs()).runs == ()
+        await other.aclose()
+        await kernel.aclose()
+
+
 class RenewFailsOnce(StoreWrapper):
     """The first renewal fails in the store; later ones go through."""
 
