@@ -168,6 +168,44 @@ async def test_update_context_never_cuts_a_running_call(store_url: str) -> None:
         await kernel.aclose()
 
 
+async def test_every_command_on_a_live_drive_of_its_kernel_is_refused_or_lands_never_cuts(
+    store_url: str,
+) -> None:
+    """``send``, ``resume``, ``retry``, ``resolve_tool_call``, ``update_context`` and
+    ``fork`` while the kernel's own drive runs a payment: each is refused with a typed
+    error (the lifecycle does not allow it now) or lands between the drive's commits; the
+    payment runs once and completes."""
+    ledger = Ledger()
+    async with opened(store_url) as store:
+        kernel = kernel_on(store, ledger, hold=True)
+        run = await kernel.start(model="scripted/x", messages=["pay"])
+        driving = asyncio.create_task(drain(kernel, run.run_id))
+        while not ledger.started:  # noqa: ASYNC110 - waits for the call to be in its effect
+            await asyncio.sleep(0.005)
+        rid = run.run_id
+        refused = {
+            "send": kernel.send(rid, "more"),
+            "resume": kernel.resume(rid),
+            "retry": kernel.retry(rid),
+            "resolve_tool_call": kernel.resolve_tool_call(rid, "call_0_0", rerun=True),
+        }
+        for name, command in refused.items():
+            with pytest.raises(sk.InvalidTransition):
+                await command
+            assert not driving.done(), name
+        await kernel.update_context(rid, lambda c: {**c, "note": 1})
+        forked = await kernel.fork(rid)
+        assert forked.state == "dispatching_tools"
+        ledger.gate.set()
+        await driving
+        final = await store.load(rid)
+        assert final.state == "completed"
+        assert final.context == {"note": 1}
+        assert len(ledger.started) == 2  # each call once, none cut off
+        assert all(r.error is None for t in final.turns for r in t.completed)
+        await kernel.aclose()
+
+
 async def test_delete_waits_for_a_live_drive_and_never_cuts_it(store_url: str) -> None:
     ledger = Ledger()
     async with opened(store_url) as store:
