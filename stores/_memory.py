@@ -9,7 +9,6 @@ load gives a run decoded from bytes, sharing nothing with the committed objects.
 
 from __future__ import annotations
 
-import time
 import weakref
 from datetime import datetime
 from typing import Any
@@ -90,14 +89,14 @@ class MemoryStore(HostLeased, Closing):
     point into, so memory grows with the change, not with the number of revisions
     times the transcript. Stores opened with the same ``memory://NAME`` URL in one
     process share data while any of them is alive; once the last one is gone, so
-    is the data. Leases expire on ``clock`` (seconds since the epoch, ``time.time``
-    unless given another, such as ``statekernel.testing.ManualClock``).
+    is the data. Leases expire on the monotonic clock, or on ``clock`` (seconds since
+    the epoch) when given one, such as ``statekernel.testing.ManualClock``.
     """
 
     settles_on_cancel = True
     """A commit runs without awaiting, so a cancelled caller leaves nothing in flight."""
 
-    def __init__(self, name: str = "", *, clock: Clock = time.time) -> None:
+    def __init__(self, name: str = "", *, clock: Clock | None = None) -> None:
         self.url = f"memory://{name}"
         self._runs = _named.setdefault(name, _Runs()) if name else _Runs()
         self._leases = HostLeases(None, self._apply, clock=clock)

@@ -14,10 +14,13 @@ never taken over, whatever any clock says: a process whose wall clock is an hour
 (an NTP step, a migrated VM) cannot mistake a live owner's lease for an expired one.
 
 Between owners of one process (two kernels on one store, or an owner that acquired and
-never renewed) the lock proves nothing, so there the lease lasts until it expires, on a
-``Clock``: wall-clock seconds since the epoch, ``time.time`` unless a store was given
-another (``statekernel.testing.ManualClock`` in tests, so a lease expires when a test
-moves the clock on rather than after a real sleep). Both sides read the same clock.
+never renewed) the lock proves nothing, so there the lease lasts until it expires. That
+is measured on the monotonic clock, as the owner measures it before each effect
+(``statekernel._kernel.tenure``): a wall-clock step never ends a lease the owner still
+counts on. The record keeps a wall-clock expiry too (``time.time``), for the doctor. A
+store given a ``Clock`` (``statekernel.testing.ManualClock`` in tests, so a lease
+expires when a test moves the clock on rather than after a real sleep) measures every
+expiry on it instead. Both sides read the same clock.
 """
 
 from __future__ import annotations
@@ -55,8 +58,8 @@ __all__ = [
 
 
 Clock = Callable[[], float]
-"""What lease expiry is measured on: a call that returns the current time in seconds
-since the epoch, like ``time.time`` (the default)."""
+"""What lease expiry is measured on, when a store is given one: a call that returns the
+current time in seconds since the epoch, like ``time.time``."""
 
 
 @attrs.frozen
@@ -76,16 +79,20 @@ def take(
     ttl: float,
     now: float,
     alive: Callable[[str], bool],
+    held: Callable[[LeaseRecord], bool] | None = None,
 ) -> LeaseRecord:
     """The record giving the lease to ``owner``, or ``RunBusy`` while a live owner holds it.
 
-    An owner of this process holds it until it expires on ``now``'s clock; an owner of
-    another process holds it for as long as ``alive`` proves it alive (its OS lock),
-    whatever the expiry time says.
+    An owner of this process holds it while ``held`` says so (unless given: until it
+    expires on ``now``'s clock); an owner of another process holds it for as long as
+    ``alive`` proves it alive (its OS lock), whatever the expiry time says.
     """
     if record is not None and record.owner is not None:
         holder = record.owner
-        busy = record.expires > now if local_owner(holder) else alive(holder)
+        if local_owner(holder):
+            busy = held(record) if held is not None else record.expires > now
+        else:
+            busy = alive(holder)
         if busy:
             raise RunBusy(run_id, holder)
     return LeaseRecord((record.token if record is not None else 0) + 1, owner, now + ttl)
@@ -94,6 +101,9 @@ def take(
 _local: collections.Counter[str] = collections.Counter()
 """Leases held by each owner of this process, over every store it opened."""
 _local_mutex = threading.Lock()
+_steady: dict[str, dict[tuple[str, str], float]] = {}
+"""Until when (``time.monotonic``) the leases of each owner of this process last, by run
+id and token, as the stores without a clock of their own gave or renewed them."""
 
 
 def local_owner(owner: str) -> bool:
@@ -106,6 +116,28 @@ def _count(owner: str, change: int) -> None:
         _local[owner] += change
         if _local[owner] <= 0:
             del _local[owner]
+            _steady.pop(owner, None)
+
+
+def _lasts(owner: str, run_id: str, token: str, until: float) -> None:
+    """Note that ``owner``'s lease (``token``) on ``run_id`` lasts until ``until`` at least."""
+    with _local_mutex:
+        if owner in _local:
+            leases = _steady.setdefault(owner, {})
+            leases[run_id, token] = max(leases.get((run_id, token), until), until)
+
+
+def _ended(owner: str, run_id: str, token: str) -> None:
+    with _local_mutex:
+        _steady.get(owner, {}).pop((run_id, token), None)
+
+
+def _steady_held(run_id: str, record: LeaseRecord, fallback: bool) -> bool:
+    """Whether an owner of this process still holds ``record`` on the monotonic clock
+    (``fallback`` when no store without a clock of its own gave it)."""
+    with _local_mutex:
+        until = _steady.get(record.owner or "", {}).get((run_id, str(record.token)))
+    return fallback if until is None else until > time.monotonic()
 
 
 def _current(record: LeaseRecord | None, lease: Lease) -> bool:
@@ -146,6 +178,7 @@ def _forget_in_child() -> None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
     _local.clear()
+    _steady.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -270,8 +303,9 @@ class HostLeases:
     ``apply(run_id, change)`` is the store's own atomic step: read the run's lease
     record, store ``change(record)`` and return it, all under the lock or transaction
     its commits take; it raises ``RunNotFound`` when there is no such run. Owners
-    prove they are alive with ``OwnerProofs`` in ``folder``. Leases expire on
-    ``clock`` (``time.time`` unless given another).
+    prove they are alive with ``OwnerProofs`` in ``folder``. Leases of owners of this
+    process expire on the monotonic clock (the record keeps a ``time.time`` expiry),
+    or on ``clock`` when one is given.
     """
 
     def __init__(
@@ -279,34 +313,48 @@ class HostLeases:
         folder: Path | None,
         apply: Callable[[str, LeaseChange], Awaitable[LeaseRecord | None]],
         *,
-        clock: Clock = time.time,
+        clock: Clock | None = None,
     ) -> None:
         self.proofs = OwnerProofs(folder)
-        self.clock = clock
+        self.clock: Clock = time.time if clock is None else clock
+        self._steady = clock is None
         self._apply = apply
+
+    def _held(self, run_id: str) -> Callable[[LeaseRecord], bool] | None:
+        if not self._steady:
+            return None  # expiry on the given clock
+        return lambda record: _steady_held(run_id, record, record.expires > self.clock())
 
     async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
         """Take the run's lease; a holder whose process died is taken over at once."""
+        began = time.monotonic()
         self.proofs.hold(owner)
+        held, alive = self._held(run_id), self.proofs.alive
         try:
             record = await self._apply(
-                run_id, lambda old: take(old, run_id, owner, ttl, self.clock(), self.proofs.alive)
+                run_id, lambda old: take(old, run_id, owner, ttl, self.clock(), alive, held)
             )
         except BaseException:
             self.proofs.drop(owner)
             raise
         assert record is not None
+        if self._steady:
+            _lasts(owner, run_id, str(record.token), began + ttl)
         return Lease(run_id, owner, str(record.token))
 
     async def renew(self, lease: Lease, *, ttl: float) -> None:
         """Extend the lease (``LeaseLost`` if it moved on)."""
+        began = time.monotonic()
         await self._apply(lease.run_id, lambda old: renewed(old, lease, ttl, self.clock()))
+        if self._steady:
+            _lasts(lease.owner, lease.run_id, lease.token, began + ttl)
 
     async def release(self, lease: Lease) -> None:
         """Give the lease up and, with the owner's last lease here, its owner lock."""
         try:
             await self._apply(lease.run_id, lambda old: released(old, lease))
         finally:
+            _ended(lease.owner, lease.run_id, lease.token)
             self.proofs.drop(lease.owner)
 
     def close(self) -> None:

@@ -16,7 +16,6 @@ import hashlib
 import os
 import re
 import shutil
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
@@ -90,11 +89,11 @@ def folder_name(run_id: str) -> str:
 class FileStore(HostLeased, Closing):
     """Runs as folders of append-only files under one directory.
 
-    Leases expire on ``clock`` (seconds since the epoch, ``time.time`` unless given
-    another, such as ``statekernel.testing.ManualClock``).
+    Leases of owners of this process expire on the monotonic clock, or on ``clock``
+    (seconds since the epoch) when given one, such as ``statekernel.testing.ManualClock``.
     """
 
-    def __init__(self, url: str, *, clock: Clock = time.time) -> None:
+    def __init__(self, url: str, *, clock: Clock | None = None) -> None:
         parts = urlsplit(url)
         if parts.netloc not in ("", "localhost") or not parts.path or parts.query:
             raise ConfigError(f"bad file store URL {url!r}: expected file:///path/to/dir")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
@@ -130,12 +129,12 @@ class SQLiteStore(HostLeased, Closing):
     (one still queued is not written; one being written is waited for)."""
 
     def __init__(
-        self, url: str, *, read_only: bool | None = None, clock: Clock = time.time
+        self, url: str, *, read_only: bool | None = None, clock: Clock | None = None
     ) -> None:
         """``read_only`` None: read-only when the file exists but it or its folder
-        cannot be written (a commit then fails with ``StoreError``). Leases expire on
-        ``clock`` (seconds since the epoch, ``time.time`` unless given another, such
-        as ``statekernel.testing.ManualClock``)."""
+        cannot be written (a commit then fails with ``StoreError``). Leases of owners of
+        this process expire on the monotonic clock, or on ``clock`` (seconds since the
+        epoch) when given one, such as ``statekernel.testing.ManualClock``."""
         self.url = url
         self.path, self._sync, self._timeout = parse_sqlite_url(url)
         self.read_only = needs_read_only(self.path) if read_only is None else read_only

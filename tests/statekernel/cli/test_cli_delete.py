@@ -11,15 +11,25 @@ from pathlib import Path
 
 import pytest
 
-from ..kernel.test_stalled_owner import created
+from ..kernel.test_stalled_owner import created, url_of
 from .test_cli_runs import sk
 
 DRIVER = Path(__file__).parents[1] / "kernel" / "stall_driver.py"
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "file"])
-def test_delete_never_cuts_a_run_another_process_drives(kind: str, tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/runs.db" if kind == "sqlite" else f"file://{tmp_path}/store"
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "sqlite",
+        "file",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
+def test_delete_never_cuts_a_run_another_process_drives(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = url_of(kind, tmp_path, request)
     ledger = tmp_path / "ledger"
     run_id = asyncio.run(created(url))
     holder = subprocess.Popen(

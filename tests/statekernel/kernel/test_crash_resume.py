@@ -27,7 +27,7 @@ from statekernel.testing import CrashAt, call, check_crash_resume, fuzz_agent
 from statekernel.testing import strategies as sts
 from statekernel.testing._fuzz import run_history_ok
 
-STORES = ["memory", "file", "sqlite", "redis"]
+STORES = ["memory", "file", "sqlite", "redis", pytest.param("postgres", marks=pytest.mark.postgres)]
 LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"
 FUZZ = settings(
     deadline=None,
@@ -41,8 +41,10 @@ _counter = itertools.count()
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], str]:
     """A factory of fresh store URLs of one kind (one per generated example)."""
     kind = request.param
-    if kind == "redis":
-        base: str = request.getfixturevalue("redis_url")
+    if kind in ("redis", "postgres"):  # one server's store: each example has its own run ids
+        base: str = request.getfixturevalue(
+            "redis_url" if kind == "redis" else "postgres_store_url"
+        )
 
     def fresh() -> str:
         n = next(_counter)

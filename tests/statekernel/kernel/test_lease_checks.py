@@ -168,6 +168,44 @@ async def test_update_context_never_cuts_a_running_call(store_url: str) -> None:
         await kernel.aclose()
 
 
+async def test_every_command_on_a_live_drive_of_its_kernel_is_refused_or_lands_never_cuts(
+    store_url: str,
+) -> None:
+    """``send``, ``resume``, ``retry``, ``resolve_tool_call``, ``update_context`` and
+    ``fork`` while the kernel's own drive runs a payment: each is refused with a typed
+    error (the lifecycle does not allow it now) or lands between the drive's commits; the
+    payment runs once and completes."""
+    ledger = Ledger()
+    async with opened(store_url) as store:
+        kernel = kernel_on(store, ledger, hold=True)
+        run = await kernel.start(model="scripted/x", messages=["pay"])
+        driving = asyncio.create_task(drain(kernel, run.run_id))
+        while not ledger.started:  # noqa: ASYNC110 - waits for the call to be in its effect
+            await asyncio.sleep(0.005)
+        rid = run.run_id
+        refused = {
+            "send": kernel.send(rid, "more"),
+            "resume": kernel.resume(rid),
+            "retry": kernel.retry(rid),
+            "resolve_tool_call": kernel.resolve_tool_call(rid, "call_0_0", rerun=True),
+        }
+        for name, command in refused.items():
+            with pytest.raises(sk.InvalidTransition):
+                await command
+            assert not driving.done(), name
+        await kernel.update_context(rid, lambda c: {**c, "note": 1})
+        forked = await kernel.fork(rid)
+        assert forked.state == "dispatching_tools"
+        ledger.gate.set()
+        await driving
+        final = await store.load(rid)
+        assert final.state == "completed"
+        assert final.context == {"note": 1}
+        assert len(ledger.started) == 2  # each call once, none cut off
+        assert all(r.error is None for t in final.turns for r in t.completed)
+        await kernel.aclose()
+
+
 async def test_delete_waits_for_a_live_drive_and_never_cuts_it(store_url: str) -> None:
     ledger = Ledger()
     async with opened(store_url) as store:
@@ -189,6 +227,51 @@ async def test_delete_waits_for_a_live_drive_and_never_cuts_it(store_url: str) -
         assert await other.delete(run.run_id) == [run.run_id]
         with pytest.raises(sk.RunNotFound):
             await store.load(run.run_id)
+        await other.aclose()
+        await kernel.aclose()
+
+
+async def test_deleting_a_tree_while_a_delegate_call_starts_leaves_no_orphan(
+    store_url: str,
+) -> None:
+    """``delete(parent, children=True)`` while the parent's delegate call is about to
+    create its child: the delete waits for the drive and is refused (``RunBusy``), so the
+    child is created under a parent that still exists; once the drive ended, the delete
+    takes the whole tree, and no run is left behind."""
+    gate, entered = asyncio.Event(), asyncio.Event()
+
+    async def held(invocation: Any, call_next: Any) -> Any:
+        if isinstance(invocation, ToolInvocation):  # its intent is committed
+            entered.set()
+            await gate.wait()
+        return await call_next(invocation)
+
+    helper = sk.delegate("helper", "Ask the helper.", model="helper/small")
+    providers = {
+        "scripted": ScriptedProvider([sk.testing.call("helper", {"task": "sum"}), "42"]),
+        "helper": ScriptedProvider(["the sum is 42"]),
+    }
+    async with opened(store_url) as store:
+        kernel = sk.Kernel(store, tools=[helper], providers=providers, middleware=[held])
+        other = sk.Kernel(store, busy_timeout=0.1)
+        run = await kernel.start(model="scripted/x", messages=["go"])
+        driving = asyncio.create_task(drain(kernel, run.run_id))
+        await entered.wait()
+        with pytest.raises(sk.RunBusy) as busy:
+            await other.delete(run.run_id, children=True)
+        assert busy.value.owner == kernel.owner
+        assert (await store.load(run.run_id)).run_id == run.run_id  # nothing deleted
+        gate.set()
+        await driving
+        parent = await store.load(run.run_id)
+        assert parent.state == "completed"
+        (child,) = await kernel.children(run.run_id)
+        assert child.parent_run_id == run.run_id
+        assert await other.delete(run.run_id, children=True) == [child.run_id, run.run_id]
+        for run_id in (run.run_id, child.run_id):
+            with pytest.raises(sk.RunNotFound):
+                await store.load(run_id)
+        assert (await store.list_runs()).runs == ()
         await other.aclose()
         await kernel.aclose()
 

@@ -31,7 +31,13 @@ from statekernel.stores import (
 )
 from statekernel.testing import ManualClock, ScriptedProvider, call
 
-KINDS = ["memory", "file", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+KINDS = [
+    "memory",
+    "file",
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
 HOST_KINDS = ["memory", "file", "sqlite"]
 """The stores whose leases expire on a clock they are given (Redis expires them itself)."""
 _n = itertools.count()
@@ -47,7 +53,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"file://{tmp_path}/files"
     if kind == "sqlite":
         return f"sqlite:///{tmp_path}/runs.db"
-    return str(request.getfixturevalue("redis_store_url"))
+    return str(request.getfixturevalue(f"{kind}_store_url"))
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 Two processes drive the same runs at the same time: a call never has two executions at
 once, no live owner's call is taken for a crash remnant, every run ends as a solo run
 does. A process SIGKILLed inside its tools is taken over by the next one: at once where
-the store can prove the death (sqlite, file), after the lease where it cannot (redis).
+the store can prove the death (sqlite, file, postgres), after the lease where it cannot (redis).
 Everything is checked from outside: the store and the ledger the tools append to.
 """
 
@@ -33,7 +33,12 @@ from statekernel.testing._fuzz import run_history_ok, run_outcome
 DRIVER = Path(__file__).with_name("race_driver.py")
 RACE_RUNS = int(os.environ.get("STATEKERNEL_RACE_RUNS", "12"))
 KILL_RUNS = 8
-STORES = ["sqlite", "file", pytest.param("redis", marks=pytest.mark.redis)]
+STORES = [
+    "sqlite",
+    "file",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
 
 
 def _driver_module() -> ModuleType:
@@ -54,6 +59,7 @@ def store_url(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
         "file": lambda: f"file://{tmp_path}/store",
         "sqlite": lambda: f"sqlite:///{tmp_path}/runs.db",
         "redis": lambda: str(request.getfixturevalue("redis_store_url")),
+        "postgres": lambda: str(request.getfixturevalue("postgres_store_url")),
     }
     return urls[kind]()
 
@@ -263,8 +269,9 @@ def test_a_sigkilled_owner_is_taken_over(
     run_ids = [f"kill-{i:02}" for i in range(KILL_RUNS)]
     asyncio.run(create_runs(url, run_ids))
     ledger = tmp_path / "ledger"
-    # sqlite and file prove the death with the lock the owner held: its long lease must
-    # not matter. redis cannot: the short lease is what lets the next process in.
+    # sqlite and file prove the death with the lock the owner held, postgres with its
+    # session's advisory lock: its long lease must not matter. redis cannot: the short
+    # lease is what lets the next process in.
     lease_ttl = 1.0 if kind == "redis" else 120.0
     first = spawn("all", url, ledger, run_ids, lease_ttl=lease_ttl, busy_timeout=3.0, slow=60.0)
     go([first])

@@ -22,7 +22,17 @@ import statekernel as sk
 from statekernel.testing import ScriptedProvider
 
 DRIVER = Path(__file__).with_name("stall_driver.py")
-STORES = ["sqlite", "file", pytest.param("redis", marks=pytest.mark.redis)]
+STORES = [
+    "sqlite",
+    "file",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("pgbouncer", marks=pytest.mark.postgres),
+]
+"""``pgbouncer``: the Postgres store in PgBouncer mode, where no session lock proves an
+owner alive and a lease lasts until it expires on the server's clock, as on Redis."""
+BY_EXPIRY = ("redis", "pgbouncer")
+"""The stores that cannot tell a frozen owner from a dead one."""
 TTL = 1.0
 
 
@@ -31,6 +41,10 @@ def url_of(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
         return f"sqlite:///{tmp_path}/runs.db"
     if kind == "file":
         return f"file://{tmp_path}/store"
+    if kind == "postgres":
+        return str(request.getfixturevalue("postgres_store_url"))
+    if kind == "pgbouncer":
+        return f"{request.getfixturevalue('postgres_store_url')}&pgbouncer=1"
     return str(request.getfixturevalue("redis_store_url"))
 
 
@@ -85,10 +99,11 @@ def test_a_frozen_owner_never_starts_a_call_after_losing_its_lease(
     url, run_id, ledger, a = held_at_intent(kind, tmp_path, request)
     a.send_signal(signal.SIGSTOP)  # a VM pause, a long GC: the lease is not renewed
     try:
-        # redis cannot tell a frozen owner from a dead one: once the lease ends on the
-        # server's clock, b takes over, and the operator answers "rerun"; sqlite and file
-        # prove a live owner by its OS lock, frozen or not: b never takes the run
-        wait = 60.0 if kind == "redis" else 2.0
+        # redis (and postgres behind pgbouncer) cannot tell a frozen owner from a dead
+        # one: once the lease ends on the server's clock, b takes over, and the operator
+        # answers "rerun"; sqlite and file prove a live owner by its OS lock, postgres by
+        # its session's advisory lock, frozen or not: b never takes the run
+        wait = 60.0 if kind in BY_EXPIRY else 2.0
         b = report(spawn("operator", url, ledger, run_id, wait))
     finally:
         a.send_signal(signal.SIGCONT)
@@ -98,7 +113,7 @@ def test_a_frozen_owner_never_starts_a_call_after_losing_its_lease(
     first = report(a)
     paid = payments(ledger)
     assert len(paid) == 1, f"the payment ran {len(paid)} times: {paid}"
-    if kind == "redis":
+    if kind in BY_EXPIRY:
         assert b == {"outcome": "done", "state": "completed"}
         assert first["outcome"] == "lost"
         assert paid[0][1] == str(b_pid_of(paid, a.pid))
@@ -131,3 +146,76 @@ def test_a_clock_an_hour_ahead_never_takes_a_live_owners_run(
     assert report(a) == {"outcome": "done", "state": "completed"}
     paid = payments(ledger)
     assert [p[1] for p in paid] == [str(a.pid)]
+
+
+STEPPED = """
+import sys, time
+_wall, _step = time.time, [0.0]
+time.time = lambda: _wall() + _step[0]  # this process's wall clock, before anything reads it
+
+import asyncio, json
+import statekernel as sk
+from statekernel.errors import LeaseLost
+from statekernel.middleware import ToolInvocation
+from statekernel.testing import ScriptedProvider, call
+
+async def main(url):
+    seen = {"paid": []}
+
+    @sk.tool
+    async def pay(to: str, ctx: sk.ToolContext) -> str:
+        '''Pay someone (not idempotent).'''
+        seen["paid"].append(ctx.fencing_token)
+        return "paid"
+
+    async def step(invocation, call_next):
+        if isinstance(invocation, ToolInvocation) and "b" not in seen:
+            _step[0] += 3600.0  # the wall clock steps an hour ahead (NTP, a migrated VM)
+            async with sk.Kernel(url, busy_timeout=0.2) as b:  # another kernel, same process
+                try:
+                    await b.update_context(invocation.run.run_id, lambda c: {**c, "b": 1})
+                    seen["b"] = "took"
+                except sk.RunBusy:
+                    seen["b"] = "busy"
+        return await call_next(invocation)
+
+    model = ScriptedProvider([call("pay", {"to": "bob"}), "done"])
+    options = dict(tools=[pay], providers={"scripted": model}, middleware=[step])
+    async with sk.Kernel(url, lease_ttl=30.0, **options) as a:
+        run = await a.start(model="scripted/x", messages=["go"])
+        try:
+            async for _ in a.run(run.run_id):
+                pass
+        except LeaseLost:
+            seen["a"] = "lost"
+        seen["state"] = (await a.get(run.run_id)).state
+    print(json.dumps(seen))
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "file"])
+def test_a_wall_clock_step_never_hands_a_run_to_another_kernel_of_the_process(
+    kind: str, tmp_path: Path
+) -> None:
+    """Between two kernels of one process, where no OS lock tells them apart, a lease
+    lasts on the monotonic clock, as its owner counts it before each effect: the wall
+    clock stepping an hour ahead while the owner is about to pay hands the run to no one
+    (else the owner, still counting its lease live, would pay under a lease another
+    kernel holds)."""
+    urls = {
+        "memory": "memory://stepped",
+        "sqlite": f"sqlite:///{tmp_path}/runs.db",
+        "file": f"file://{tmp_path}/store",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", STEPPED, urls[kind]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"paid": [1], "b": "busy", "state": "completed"}, seen

@@ -35,7 +35,20 @@ from statekernel.testing import Reply, ScriptedProvider, call
 from statekernel.testing.strategies import forged
 
 INT_MAX = 2**63 - 1
-STORES = ["memory", "file", "sqlite"]
+STORES = [
+    "memory",
+    "file",
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
+
+
+def kind_of(kind: str, request: pytest.FixtureRequest) -> str:
+    """``kind``, or the store URL of this test for a server's store."""
+    if kind in ("redis", "postgres"):
+        return str(request.getfixturevalue(f"{kind}_store_url"))
+    return kind
 
 
 @sk.tool
@@ -293,6 +306,8 @@ PROVIDER_CASES: dict[str, tuple[list[object], str]] = {
 
 
 def open_kind(kind: str, tmp_path: Path) -> Any:
+    if "://" in kind:
+        return open_store(kind)
     if kind == "memory":
         return open_store(f"memory://{tmp_path.name}")  # shared while one is open
     if kind == "file":
@@ -346,20 +361,22 @@ def failed_with(run: sk.Run, error: str, match: str) -> None:
 @pytest.mark.parametrize("kind", STORES)
 @pytest.mark.parametrize("case", list(HOOK_CASES))
 async def test_a_hook_answer_a_run_cannot_hold_fails_the_run(
-    kind: str, case: str, tmp_path: Path
+    kind: str, case: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     script, answers, match = HOOK_CASES[case]
-    loaded = await drive(kind, tmp_path, ScriptedProvider(script), hooks=Returning(**answers))
+    loaded = await drive(
+        kind_of(kind, request), tmp_path, ScriptedProvider(script), hooks=Returning(**answers)
+    )
     failed_with(loaded, "InvalidArgument", match)
 
 
 @pytest.mark.parametrize("kind", STORES)
 @pytest.mark.parametrize("case", list(PROVIDER_CASES))
 async def test_a_stream_part_a_run_cannot_hold_fails_the_run(
-    kind: str, case: str, tmp_path: Path
+    kind: str, case: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     parts, match = PROVIDER_CASES[case]
-    loaded = await drive(kind, tmp_path, Streaming(parts))
+    loaded = await drive(kind_of(kind, request), tmp_path, Streaming(parts))
     failed_with(loaded, "ProviderError", match)
     assert loaded.usage == sk.Usage()
 

@@ -2,10 +2,11 @@
 
 Hooks answer with drawn values and the provider streams drawn parts, right or wrong
 (``statekernel.testing.strategies.hook_answers`` and ``stream_answers``). The drive never
-lets anything but a ``StatekernelError`` escape; afterwards the run, each of its turns and
-its events load from a fresh store, in a state at rest; and the run failed exactly when a
-wrong value was handed over, with the typed error naming it (``InvalidArgument`` from a
-hook, ``ProviderError`` from the stream).
+lets anything but a ``StatekernelError`` escape; afterwards the run, each of its turns,
+every revision committed on the way and its events load from a fresh store, in a state at
+rest; and the run failed exactly when a wrong value was handed over, with the typed error
+naming it (``InvalidArgument`` from a hook, ``ProviderError`` from the stream). On every
+store.
 """
 
 from __future__ import annotations
@@ -25,8 +26,15 @@ from statekernel.errors import StatekernelError
 from statekernel.providers import StreamPart
 from statekernel.stores import open_store
 from statekernel.testing import strategies as sts
+from statekernel.testing._fuzz import run_history_ok
 
-STORES = ["memory", "file", "sqlite"]
+STORES = [
+    "memory",
+    "file",
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
 
 
 @sk.tool
@@ -91,6 +99,8 @@ class Provider:
 
 
 def _url(kind: str, folder: str) -> str:
+    if "://" in kind:  # a server's store, shared by the examples (each run has its own id)
+        return kind
     if kind == "memory":
         return f"memory://{Path(folder).name}"
     if kind == "file":
@@ -122,6 +132,7 @@ async def _case(kind: str, drawn: Drawn) -> None:
                 assert turn.result is not None
             events = await fresh.events(run.run_id)
             assert events[-1].revision == loaded.revision
+            await run_history_ok(fresh, run.run_id)  # every revision committed loads back
         finally:
             await fresh.aclose()
             await store.aclose()
@@ -149,6 +160,11 @@ def _answers() -> st.SearchStrategy[dict[str, list[sts.Answer]]]:
 )
 @given(answers=_answers(), streams=st.lists(sts.stream_answers(), min_size=1, max_size=3))
 def test_every_committed_run_loads_back(
-    kind: str, answers: dict[str, list[sts.Answer]], streams: list[sts.Answer]
+    kind: str,
+    request: pytest.FixtureRequest,
+    answers: dict[str, list[sts.Answer]],
+    streams: list[sts.Answer],
 ) -> None:
+    if kind in ("redis", "postgres"):
+        kind = str(request.getfixturevalue(f"{kind}_store_url"))
     asyncio.run(_case(kind, Drawn(answers, streams)))

@@ -1,7 +1,8 @@
 """Every way a turn closes applies the same rules: its calls' context patches apply to
 the run's context in call order and their results go to the transcript in that order,
 whether the turn closes because its calls completed, because new input interrupted it
-(``send`` or ``run(run_id, text)``), or with a finish or a pause decided at its end."""
+(``send`` or ``run(run_id, text)``), or with a finish or a pause decided at its end; on
+every store."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 import statekernel as sk
-from statekernel.stores import MemoryStore
 from statekernel.testing import ScriptedProvider, call
 
 
@@ -78,9 +78,9 @@ async def _by_run_with_text(kernel: sk.Kernel, run_id: str) -> sk.Run:
 
 @pytest.mark.parametrize("new_input", [_by_send, _by_run_with_text])
 async def test_new_input_instead_of_an_answer_applies_the_patches_in_call_order(
-    new_input: Callable[[sk.Kernel, str], Awaitable[sk.Run]],
+    new_input: Callable[[sk.Kernel, str], Awaitable[sk.Run]], every_store_url: str
 ) -> None:
-    kernel = _kernel(MemoryStore(), [TURN, "going on"])
+    kernel = _kernel(every_store_url, [TURN, "going on"])
     run = await kernel.start(model="scripted/x", messages=["plan"], context={"keep": 1})
     paused = await _drive(kernel, run.run_id)
     assert paused.pause is not None
@@ -105,10 +105,11 @@ async def test_new_input_instead_of_an_answer_applies_the_patches_in_call_order(
     [(sk.Finish("enough"), "completed"), (sk.Pause("review"), "paused"), (None, "completed")],
 )
 async def test_a_turn_that_finishes_pauses_or_goes_on_applies_the_patches_in_call_order(
-    decision: sk.Decision | None, state: str
+    decision: sk.Decision | None, state: str, every_store_url: str
 ) -> None:
     turn = [TURN[0], TURN[2]]
-    kernel = _kernel(MemoryStore(), [turn, "done"], EndsTurn(decision) if decision else None)
+    hooks = EndsTurn(decision) if decision else None
+    kernel = _kernel(every_store_url, [turn, "done"], hooks)
     run = await kernel.start(model="scripted/x", messages=["plan"], context={"keep": 1})
     final = await _drive(kernel, run.run_id)
     assert final.state == state
