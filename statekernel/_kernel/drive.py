@@ -26,8 +26,9 @@ hand); before a hook observes a committed result; and when the run comes to rest
 (paused, failed, completed). A turn with tool calls takes two commits, a text turn
 one, and ``revision`` counts commits.
 
-The module reads in that order: what the kernel asks of a driver, then stage and
-commit, then ``advance``, the loop from effect to effect. The effects live beside it:
+The module reads in that order: ``advance``, the loop from effect to effect; ``stage``,
+each transition joining the commit being gathered; ``commit``; then what the kernel
+asks of a driver (holding it, a command between its commits, its lease). The effects live beside it:
 the model call in ``statekernel._kernel.model_call`` (with the calls started early
 while an answer streams), the tool calls in ``statekernel._kernel.tool_calls``
 (``ToolCalls``: what is decided about each call, its task, its result in hand); what
@@ -150,7 +151,209 @@ class RunDriver:
         """A command of this kernel committed something the staged transitions no longer
         apply to: the commit being gathered is refused (``ConflictError``)."""
 
-    # -- what the kernel asks of a driver ------------------------------------------
+    # -- effect: up to the next commit ----------------------------------------------
+
+    async def advance(self) -> AsyncIterator[Event]:
+        """Perform effects and stage their transitions up to the next commit, and commit
+        (nothing if the run is at rest). Yields live events while effects run, then the
+        committed ones.
+
+        Transitions between which no effect happens share the commit: it lands before a
+        model call (``model_started``), before tools start (their intents, with the model
+        answer that asked for them), before waiting for tools still running (the results in
+        hand), before a hook observes a result, and when the run comes to rest.
+        """
+        with self._dropped_unless_committed():
+            try:
+                async for live in self._gather():
+                    yield live
+                committed = await self._commit()
+            except HookFailed as failed:  # before anything landed
+                committed = _Committed((), failed)
+            landed = committed.events
+            if committed.hook_failed is not None:
+                landed += await self._fail_after(committed.hook_failed)
+        for event in landed:
+            yield event
+
+    async def _gather(self) -> AsyncIterator[Event]:
+        """Stage transitions, effect by effect, until what is staged must be committed
+        before the next effect (``PendingCommit.must_commit``), tools still run while
+        something is staged (it lands before waiting for them), or the run rests."""
+        while True:
+            state = self.run.state
+            if state == "init":
+                self.stage("start")
+            elif state == "preparing_turn":
+                await self._prepare()
+            elif state == "calling_model":
+                async for live in self.model.call():
+                    yield live
+            elif state == "dispatching_tools":
+                if await self.calls.dispatch():  # only waiting for running tools is left
+                    if self.pending.open:
+                        return  # what is decided lands before waiting for the tools
+                    async for live in self.calls.wait():
+                        yield live
+            else:
+                return
+            if self.pending.must_commit(self.observing):
+                return
+
+    async def _prepare(self) -> None:
+        run = self.run
+        if run.pending_pause is not None:
+            info = run.pending_pause
+            self.stage("pause", reason=info.reason, details=info.details)
+            return
+        if run.max_turns is not None and len(run.turns) >= run.max_turns:
+            budget = MaxTurns(run.max_turns, len(run.turns))
+            self.stage("pause", reason=MAX_TURNS, details=budget)
+            return
+        request = ModelRequest(model=run.model, messages=run.messages, tools=self.kernel.tool_specs)
+        hooked = await hook(self.kernel, "on_turn_prepared", run, request)
+        if hooked is not None:
+            if not isinstance(hooked, ModelRequest):
+                raise HookFailed(TypeError("on_turn_prepared must return a ModelRequest or None"))
+            request = hooked
+        self.stage("turn_prepared", request=request)
+
+    async def answer(self, question: Question, value: JSON, max_turns: int | None) -> None:
+        """Resume a run paused with ``input_required``: ``value`` (checked against the
+        question's schema first) is the asking call's result, committed with the resume,
+        and the next waiting question pauses the run again in the same commit. A hook
+        observing that result that raises fails the run, as in a drive."""
+        ids, error, waiting = answered(question, value)
+        with self._dropped_unless_committed():
+            self.stage("resume", value=value, max_turns=max_turns)
+            self.calls.stage_result(Outcome(tuple(ids), None if error else value, error))
+            if waiting is not None:
+                self.stage("pause", reason=INPUT_REQUIRED, details=waiting)
+            committed = await self._commit()
+            if committed.hook_failed is not None:
+                await self._fail_after(committed.hook_failed)
+
+    async def commit_held(self) -> None:
+        """Commit the results in hand, and nothing else, before the run is let go (else
+        the next owner would find those calls uncertain); nothing when none can land
+        now. A hook observing them that raises fails the run, as in a drive."""
+        if not self.calls.outcomes or self.lost or self.run.state != "dispatching_tools":
+            return
+        with self._dropped_unless_committed():
+            for outcome in self.calls.ready():
+                self.calls.stage_result(outcome)
+            committed = await self._commit()
+            if committed.hook_failed is not None:
+                await self._fail_after(committed.hook_failed)
+
+    async def _fail_after(self, failed: HookFailed) -> tuple[Event, ...]:
+        """A hook that observed landed results raised: the run fails in the next commit."""
+        original = failed.original
+        self.stage("fail", error=type(original).__name__, message=str(original))
+        return await self.commit()
+
+    # -- transition: staged into the commit being gathered ----------------------------
+
+    def stage(self, event: str, **payload: Any) -> None:
+        """Apply one transition to the driver's copy. It joins the commit being gathered
+        (the first one after a commit starts it); ``commit`` lands them together."""
+        pending = self.pending
+        joining = pending.open
+        base = pending.base if pending.base is not None else self.lc.run
+        if event in DATA_CHANGES:
+            _, events = self.lc.change(event, join=joining, **payload)
+        else:
+            _, events = self.lc.apply(event, join=joining, **payload)
+        pending.base = base
+        pending.events.extend(events)
+        pending.moves.append((event, payload))
+        if event == "pause":  # calls that wait (a question, a paused child) stay in flight
+            # and run again after the resume: their results leave the driver with the
+            # pause, which would otherwise hold them, and the run, for good
+            pending.outcomes.extend(self.calls.ready(asking=True))
+
+    @contextlib.contextmanager
+    def _dropped_unless_committed(self) -> Iterator[None]:
+        """Whatever stops the block (an error, a cancellation) drops what it staged and
+        did not commit, so the driver's copy is the last commit again."""
+        try:
+            yield
+        except BaseException:
+            self._drop_staged()
+            raise
+
+    def _drop_staged(self) -> None:
+        """Forget the transitions staged since the last commit (they did not land)."""
+        pending, self.pending = self.pending, PendingCommit()
+        if pending.base is not None:
+            self.lc.reset(pending.base)
+        self.calls.dropped(pending.intents)
+
+    # -- commit -----------------------------------------------------------------------
+
+    async def commit(self) -> tuple[Event, ...]:
+        """Commit the transitions staged since the last commit (nothing if none).
+
+        On return they landed: the intents among them are started, the results among
+        them leave the driver, and the hooks observing results are called (one that
+        raises: ``HookFailed``). On any way out without a landed commit, the driver's
+        copy is back at the last commit; an intent that landed under a cancellation is
+        kept as unstarted (the next step starts it).
+        """
+        committed = await self._commit()
+        if committed.hook_failed is not None:
+            raise committed.hook_failed
+        return committed.events
+
+    async def _commit(self) -> _Committed:
+        """``commit``, with the failure of a hook observing the landed results as a value."""
+        if not self.pending.open:
+            return _Committed(())
+        async with self.commit_lock:  # a command of this kernel may commit first: adopted
+            pending = self.pending
+            base = pending.base
+            if base is None:
+                return _Committed(())
+            if self.overtaken:  # what was staged was built on what the command changed
+                self.overtaken = False
+                self._drop_staged()
+                raise ConflictError(base.run_id, base.revision - 1, base.revision)
+            checkpoint = pending.checkpoint(self.lc.run)
+            self.pending = PendingCommit()
+            landing = await self.committer.commit(checkpoint, self.trace_parent)
+            if not isinstance(landing, Landed):
+                # Nothing landed: the driver's copy goes back to the last commit, and the
+                # calls whose intents were staged are forgotten. None of them started (a
+                # call starts only after its intent lands) and the store never saw their
+                # intents, so nothing may treat them as this driver's calls in flight.
+                self.lc.reset(base)
+                self.calls.dropped(pending.intents)
+                landing.unwrap()
+            self.calls.landed(pending.outcomes)
+            if landing.cancelled is not None:  # landed, then the drive stops
+                self.calls.hold(pending.intents)
+                landing.unwrap()
+        if pending.model_intent:
+            self.model.claim = self.run.revision
+        self.calls.start(pending.intents)
+        try:
+            await self._observe(pending.outcomes)
+        except HookFailed as failed:
+            return _Committed(tuple(pending.events), failed)
+        return _Committed(tuple(pending.events))
+
+    async def _observe(self, outcomes: list[Outcome]) -> None:
+        """``on_tool_call_completed`` after the commit, once for each call it completed: at
+        most once per result (a crash before a hook skips it; a hook that raises fails the
+        run, and retry goes on from the committed result without calling it again)."""
+        if not outcomes or not self.observing:
+            return
+        run = self.run
+        for outcome in (o for o in outcomes if not o.waiting):
+            for call_id in outcome.ids:
+                await hook(self.kernel, "on_tool_call_completed", run, turn_of(run).call(call_id))
+
+    # -- what the kernel asks of a driver ---------------------------------------------
 
     @property
     def run(self) -> Run:
@@ -313,203 +516,3 @@ class RunDriver:
         when the drive reports that it stopped (and the run may be driven elsewhere).
         """
         await self.calls.stop()
-
-    # -- stage and commit --------------------------------------------------------
-
-    def stage(self, event: str, **payload: Any) -> None:
-        """Apply one transition to the driver's copy. It joins the commit being gathered
-        (the first one after a commit starts it); ``commit`` lands them together."""
-        pending = self.pending
-        joining = pending.open
-        base = pending.base if pending.base is not None else self.lc.run
-        if event in DATA_CHANGES:
-            _, events = self.lc.change(event, join=joining, **payload)
-        else:
-            _, events = self.lc.apply(event, join=joining, **payload)
-        pending.base = base
-        pending.events.extend(events)
-        pending.moves.append((event, payload))
-        if event == "pause":  # calls that wait (a question, a paused child) stay in flight
-            # and run again after the resume: their results leave the driver with the
-            # pause, which would otherwise hold them, and the run, for good
-            pending.outcomes.extend(self.calls.ready(asking=True))
-
-    @contextlib.contextmanager
-    def _dropped_unless_committed(self) -> Iterator[None]:
-        """Whatever stops the block (an error, a cancellation) drops what it staged and
-        did not commit, so the driver's copy is the last commit again."""
-        try:
-            yield
-        except BaseException:
-            self._drop_staged()
-            raise
-
-    def _drop_staged(self) -> None:
-        """Forget the transitions staged since the last commit (they did not land)."""
-        pending, self.pending = self.pending, PendingCommit()
-        if pending.base is not None:
-            self.lc.reset(pending.base)
-        self.calls.dropped(pending.intents)
-
-    async def commit(self) -> tuple[Event, ...]:
-        """Commit the transitions staged since the last commit (nothing if none).
-
-        On return they landed: the intents among them are started, the results among
-        them leave the driver, and the hooks observing results are called (one that
-        raises: ``HookFailed``). On any way out without a landed commit, the driver's
-        copy is back at the last commit; an intent that landed under a cancellation is
-        kept as unstarted (the next step starts it).
-        """
-        committed = await self._commit()
-        if committed.hook_failed is not None:
-            raise committed.hook_failed
-        return committed.events
-
-    async def _commit(self) -> _Committed:
-        """``commit``, with the failure of a hook observing the landed results as a value."""
-        if not self.pending.open:
-            return _Committed(())
-        async with self.commit_lock:  # a command of this kernel may commit first: adopted
-            pending = self.pending
-            base = pending.base
-            if base is None:
-                return _Committed(())
-            if self.overtaken:  # what was staged was built on what the command changed
-                self.overtaken = False
-                self._drop_staged()
-                raise ConflictError(base.run_id, base.revision - 1, base.revision)
-            checkpoint = pending.checkpoint(self.lc.run)
-            self.pending = PendingCommit()
-            landing = await self.committer.commit(checkpoint, self.trace_parent)
-            if not isinstance(landing, Landed):
-                # Nothing landed: the driver's copy goes back to the last commit, and the
-                # calls whose intents were staged are forgotten. None of them started (a
-                # call starts only after its intent lands) and the store never saw their
-                # intents, so nothing may treat them as this driver's calls in flight.
-                self.lc.reset(base)
-                self.calls.dropped(pending.intents)
-                landing.unwrap()
-            self.calls.landed(pending.outcomes)
-            if landing.cancelled is not None:  # landed, then the drive stops
-                self.calls.hold(pending.intents)
-                landing.unwrap()
-        if pending.model_intent:
-            self.model.claim = self.run.revision
-        self.calls.start(pending.intents)
-        try:
-            await self._observe(pending.outcomes)
-        except HookFailed as failed:
-            return _Committed(tuple(pending.events), failed)
-        return _Committed(tuple(pending.events))
-
-    async def _observe(self, outcomes: list[Outcome]) -> None:
-        """``on_tool_call_completed`` after the commit, once for each call it completed: at
-        most once per result (a crash before a hook skips it; a hook that raises fails the
-        run, and retry goes on from the committed result without calling it again)."""
-        if not outcomes or not self.observing:
-            return
-        run = self.run
-        for outcome in (o for o in outcomes if not o.waiting):
-            for call_id in outcome.ids:
-                await hook(self.kernel, "on_tool_call_completed", run, turn_of(run).call(call_id))
-
-    # -- effect -> transition -> commit ----------------------------------------------
-
-    async def advance(self) -> AsyncIterator[Event]:
-        """Perform effects and stage their transitions up to the next commit, and commit
-        (nothing if the run is at rest). Yields live events while effects run, then the
-        committed ones.
-
-        Transitions between which no effect happens share the commit: it lands before a
-        model call (``model_started``), before tools start (their intents, with the model
-        answer that asked for them), before waiting for tools still running (the results in
-        hand), before a hook observes a result, and when the run comes to rest.
-        """
-        with self._dropped_unless_committed():
-            try:
-                async for live in self._gather():
-                    yield live
-                committed = await self._commit()
-            except HookFailed as failed:  # before anything landed
-                committed = _Committed((), failed)
-            landed = committed.events
-            if committed.hook_failed is not None:
-                landed += await self._fail_after(committed.hook_failed)
-        for event in landed:
-            yield event
-
-    async def _gather(self) -> AsyncIterator[Event]:
-        """Stage transitions, effect by effect, until what is staged must be committed
-        before the next effect (``PendingCommit.must_commit``), tools still run while
-        something is staged (it lands before waiting for them), or the run rests."""
-        while True:
-            state = self.run.state
-            if state == "init":
-                self.stage("start")
-            elif state == "preparing_turn":
-                await self._prepare()
-            elif state == "calling_model":
-                async for live in self.model.call():
-                    yield live
-            elif state == "dispatching_tools":
-                if await self.calls.dispatch():  # only waiting for running tools is left
-                    if self.pending.open:
-                        return  # what is decided lands before waiting for the tools
-                    async for live in self.calls.wait():
-                        yield live
-            else:
-                return
-            if self.pending.must_commit(self.observing):
-                return
-
-    async def _prepare(self) -> None:
-        run = self.run
-        if run.pending_pause is not None:
-            info = run.pending_pause
-            self.stage("pause", reason=info.reason, details=info.details)
-            return
-        if run.max_turns is not None and len(run.turns) >= run.max_turns:
-            budget = MaxTurns(run.max_turns, len(run.turns))
-            self.stage("pause", reason=MAX_TURNS, details=budget)
-            return
-        request = ModelRequest(model=run.model, messages=run.messages, tools=self.kernel.tool_specs)
-        hooked = await hook(self.kernel, "on_turn_prepared", run, request)
-        if hooked is not None:
-            if not isinstance(hooked, ModelRequest):
-                raise HookFailed(TypeError("on_turn_prepared must return a ModelRequest or None"))
-            request = hooked
-        self.stage("turn_prepared", request=request)
-
-    async def answer(self, question: Question, value: JSON, max_turns: int | None) -> None:
-        """Resume a run paused with ``input_required``: ``value`` (checked against the
-        question's schema first) is the asking call's result, committed with the resume,
-        and the next waiting question pauses the run again in the same commit. A hook
-        observing that result that raises fails the run, as in a drive."""
-        ids, error, waiting = answered(question, value)
-        with self._dropped_unless_committed():
-            self.stage("resume", value=value, max_turns=max_turns)
-            self.calls.stage_result(Outcome(tuple(ids), None if error else value, error))
-            if waiting is not None:
-                self.stage("pause", reason=INPUT_REQUIRED, details=waiting)
-            committed = await self._commit()
-            if committed.hook_failed is not None:
-                await self._fail_after(committed.hook_failed)
-
-    async def commit_held(self) -> None:
-        """Commit the results in hand, and nothing else, before the run is let go (else
-        the next owner would find those calls uncertain); nothing when none can land
-        now. A hook observing them that raises fails the run, as in a drive."""
-        if not self.calls.outcomes or self.lost or self.run.state != "dispatching_tools":
-            return
-        with self._dropped_unless_committed():
-            for outcome in self.calls.ready():
-                self.calls.stage_result(outcome)
-            committed = await self._commit()
-            if committed.hook_failed is not None:
-                await self._fail_after(committed.hook_failed)
-
-    async def _fail_after(self, failed: HookFailed) -> tuple[Event, ...]:
-        """A hook that observed landed results raised: the run fails in the next commit."""
-        original = failed.original
-        self.stage("fail", error=type(original).__name__, message=str(original))
-        return await self.commit()

@@ -417,7 +417,7 @@ class Kernel(Closing):
                     await driver.drive_ended(stop_tasks=not keep)
 
     async def step(self, run_id: str) -> list[Event]:
-        """Perform the effects up to the next commit and land it; returns its events.
+        """Perform the effects up to the next commit and commit; returns its events.
 
         One step is one commit: the transitions between two effect boundaries (see
         ``run``'s note on commits); with eager dispatch, the step that reads the model's

@@ -1,4 +1,4 @@
-"""``Committer.land``: what became of a commit, as a value, on every way out."""
+"""``Committer.commit``: what became of a commit, as a value, on every way out."""
 
 from __future__ import annotations
 
