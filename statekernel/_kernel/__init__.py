@@ -1,5 +1,6 @@
 """Layer 5, the kernel: the API (``kernel.Kernel``), the drive of one run (``drive``:
-effect, transition, commit, and where a crash can land), and what a run calls out to:
+effect, transition, commit, and where a crash can land; its model call in
+``model_call``, its tool calls in ``tool_calls``), and what a run calls out to:
 tools (``tools``, ``schema``, ``mcp``), dispatch policy, hooks, middleware, questions
 (``asking``), child runs (``delegate``) and telemetry. Models are reached through
 their protocol (``statekernel._storage.provider``). The adapters below it are reached only

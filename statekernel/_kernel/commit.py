@@ -1,8 +1,8 @@
-"""Landing one commit of a run: the one way a change reaches the store (the drive's
+"""Committing one change of a run: the one way a change reaches the store (the drive's
 effect -> transition -> commit, see ``statekernel._kernel.drive``; the commands; a new
 run from ``start`` or ``fork``).
 
-``Committer.land`` never raises: it returns what became of the commit, as a value the
+``Committer.commit`` never raises: it returns what became of the commit, as a value the
 caller decides from. ``Landed``: the commit is in the store (with the cancellation
 that came meanwhile, if one did: the caller records the commit, then raises it).
 ``NotLanded``: it is not, and ``error`` says why. ``Overtaken``: another commit took
@@ -102,11 +102,11 @@ class Overtaken:
 
 
 Landing = Landed | NotLanded | Overtaken
-"""What became of a commit (``Committer.land``)."""
+"""What became of a commit (``Committer.commit``)."""
 
 
 class Committer:
-    """Lands the commits of one run under ``lease`` (None: unfenced, for a new run)."""
+    """Commits the changes of one run under ``lease`` (None: unfenced, for a new run)."""
 
     def __init__(
         self, store: CheckpointStore, lease: Lease | None, *, reported: bool = True
@@ -121,7 +121,7 @@ class Committer:
         self.lost = False
         """True once the lease was found to have moved on: nothing more is committed."""
 
-    async def land(
+    async def commit(
         self, checkpoint: Checkpoint, trace_parent: telemetry.TraceContext | None = None
     ) -> Landing:
         """Commit ``checkpoint``, trying again after store failures; what became of it

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import inspect
 import os
 import re
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from statekernel._kernel import telemetry
-from statekernel._kernel.commit import Committer, log_lease_lost
+from statekernel._kernel.commit import Committer
 from statekernel._kernel.delegate import DelegateTool, child_runs, run_tree
 from statekernel._kernel.dispatch import DispatchPolicy
 from statekernel._kernel.drive import RunDriver
@@ -82,7 +83,6 @@ from statekernel.errors import (
     ConflictError,
     InvalidArgument,
     InvalidTransition,
-    LeaseLost,
     RunBusy,
     RunHasChildren,
     RunNotFound,
@@ -199,8 +199,8 @@ class Kernel(Closing):
         self._closed = True
         drivers, self._drivers = list(self._drivers.values()), {}
         for driver in drivers:
-            if driver.lock.locked():
-                driver.lost = True  # a drive of another task has it: it must stop committing
+            if driver.driving:
+                driver.lose()  # a drive of another task has it: it must stop committing
             await driver.stop_tasks()
             await self._commit_held(driver)
         if self._renewer is not None:
@@ -306,7 +306,7 @@ class Kernel(Closing):
         is settled from the head (the run is created once), one that did not land is
         tried again; ``StoreError`` when no attempt landed, ``ConflictError`` when
         another run has the id."""
-        landing = await Committer(self.store, None, reported=False).land(checkpoint)
+        landing = await Committer(self.store, None, reported=False).commit(checkpoint)
         landing.unwrap()
 
     def child_kernel(
@@ -417,7 +417,7 @@ class Kernel(Closing):
                     await driver.drive_ended(stop_tasks=not keep)
 
     async def step(self, run_id: str) -> list[Event]:
-        """Perform the effects up to the next commit and land it; returns its events.
+        """Perform the effects up to the next commit and commit; returns its events.
 
         One step is one commit: the transitions between two effect boundaries (see
         ``run``'s note on commits); with eager dispatch, the step that reads the model's
@@ -447,21 +447,18 @@ class Kernel(Closing):
     @contextlib.asynccontextmanager
     async def _driver(self, run_id: str) -> AsyncIterator[RunDriver]:
         driver, fresh = await self._claim(run_id)
-        waited = driver.lock.locked()
-        driver.users += 1
         try:
-            async with driver.lock:
+            async with driver.taken() as waited:
                 try:
                     if not fresh or waited:  # a driver just built from the head needs no reload
                         await driver.reset(await self.store.load(run_id))
                     yield driver
                 finally:
-                    last = driver.users == 1  # no other task waits for this driver
+                    last = not driver.awaited  # no other task waits for this driver
                     if last and not driver.busy and self._drivers.get(run_id) is driver:
                         del self._drivers[run_id]
         finally:
-            driver.users -= 1
-            if not driver.users and not driver.busy and self._drivers.get(run_id) is not driver:
+            if driver.idle and self._drivers.get(run_id) is not driver:
                 await self._release(driver)
 
     async def _claim(self, run_id: str) -> tuple[RunDriver, bool]:
@@ -526,14 +523,14 @@ class Kernel(Closing):
     async def _commit_held(self, driver: RunDriver) -> None:
         """Commit the results a driver still holds before it lets the run go (else the
         next owner would find those calls uncertain); a store that fails leaves them so."""
-        if driver.lock.locked():
+        if driver.driving:
             return  # a drive of another task still has it: that drive commits them
         with contextlib.suppress(StatekernelError):
             await driver.commit_held()
 
     async def _release(self, driver: RunDriver) -> None:
         lease = driver.lease
-        driver.lost = True  # a drive still using it (aclose meanwhile) commits nothing more
+        driver.lose()  # a drive still using it (aclose meanwhile) commits nothing more
         if lease is not None:
             await self._release_lease(lease)
 
@@ -553,6 +550,10 @@ class Kernel(Closing):
         for lease in leases:
             await self._release_lease(lease)
 
+    def _drives(self, run_id: str, driver: RunDriver) -> bool:
+        """True while ``driver`` is this kernel's driver of the run."""
+        return self._drivers.get(run_id) is driver
+
     def holds(self, run_id: str) -> bool:
         """True while a drive of this kernel holds the run's lease (and has not lost it)."""
         driver = self._drivers.get(run_id)
@@ -568,16 +569,8 @@ class Kernel(Closing):
             await asyncio.sleep(self.lease_ttl / 3)
             await self._release_again()
             for driver in list(self._drivers.values()):
-                tenure = driver.tenure
-                if tenure is None or driver.lost:
-                    continue
-                try:
-                    await tenure.renew()
-                except LeaseLost:
-                    driver.lost = True  # its next commit is refused; nothing it holds is lost
-                    log_lease_lost(driver.run.run_id, driver.run.revision, "renewal refused")
-                except StatekernelError:
-                    continue  # the store is unreachable now: try again next round
+                with contextlib.suppress(StatekernelError):  # unreachable now: next round
+                    await driver.renew_lease()
 
     @contextlib.asynccontextmanager
     async def _fresh(self, run_id: str) -> AsyncIterator[RunDriver]:
@@ -596,18 +589,13 @@ class Kernel(Closing):
             if tenure is not None:
                 break
             live = self._drivers[run_id]
-            if live.commander is asyncio.current_task():  # a hook of this very command
+            if live.commanding():  # a hook of this very command
                 raise RunBusy(run_id, self.owner)
-            async with live.commit_lock:
-                if live.lost or self._drivers.get(run_id) is not live:
+            current = functools.partial(self._drives, run_id, live)
+            async with live.command(current) as driver:
+                if driver is None:
                     continue  # the drive let the run go meanwhile: take it afresh
-                live.commander = asyncio.current_task()
-                driver = RunDriver(self, live.committed, live.tenure)
-                try:
-                    yield driver
-                finally:
-                    live.commander = None
-                    live.adopt(driver.run)  # whatever of the command landed
+                yield driver  # the drive goes on from whatever of the command landed
                 return
         try:
             yield RunDriver(self, await self.store.load(run_id), tenure)
@@ -653,7 +641,8 @@ class Kernel(Closing):
             raise InvalidArgument("send needs at least one message")
         async with self._fresh(run_id) as driver:
             _check_input(driver.run)
-            await driver.commit("input", messages=_as_messages(messages))
+            driver.stage("input", messages=_as_messages(messages))
+            await driver.commit()
             return driver.run
 
     async def resume(
@@ -690,14 +679,16 @@ class Kernel(Closing):
                     )
                 await driver.answer(question, value, max_turns)
             else:
-                await driver.commit("resume", value=value, max_turns=max_turns)
+                driver.stage("resume", value=value, max_turns=max_turns)
+                await driver.commit()
             return driver.run
 
     async def retry(self, run_id: str) -> Run:
         """Return a failed run to the state it failed in."""
         run_id_arg(run_id)
         async with self._fresh(run_id) as driver:
-            await driver.commit("retry")
+            driver.stage("retry")
+            await driver.commit()
             return driver.run
 
     async def resolve_tool_call(
@@ -743,12 +734,14 @@ class Kernel(Closing):
             resolutions = {**uncertain.resolutions, call_id: resolution}
             details = attrs.evolve(uncertain, resolutions=resolutions)
             data = {"call_id": call_id, "resolution": resolution.metadata}
-            await driver.commit_data(
-                "tool_call_resolved", data, pause=attrs.evolve(pause, details=details)
+            driver.stage(
+                "tool_call_resolved", data=data, pause=attrs.evolve(pause, details=details)
             )
+            await driver.commit()
             answered = _all_resolved(driver.run.pause)
             if answered is not None:  # every call answered: go on
-                await driver.commit("resume", value={"resolutions": answered}, max_turns=None)
+                driver.stage("resume", value={"resolutions": answered}, max_turns=None)
+                await driver.commit()
             return driver.run
 
     async def update_context(
@@ -772,7 +765,8 @@ class Kernel(Closing):
                     new = await new
                 new = checked(new, "context")
                 try:
-                    await driver.commit_data("context_updated", {}, context=new)
+                    driver.stage("context_updated", data={}, context=new)
+                    await driver.commit()
                 except ConflictError:
                     if attempt == attempts - 1:
                         raise

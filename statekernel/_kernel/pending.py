@@ -1,8 +1,8 @@
 """What a drive holds between two commits: the results of its tool calls (``Outcome``)
 and the commit it gathers (``PendingCommit``).
 
-Transitions are applied to the driver's copy of the run one by one (``stage``) and land
-together in one commit (``flush``). Until then the pending commit remembers the run
+Transitions are applied to the driver's copy of the run one by one (``stage``) and are
+committed together (``commit``). Until then the pending commit remembers the run
 they build on, the events and transitions staged, the calls whose intents it carries
 (they start only once it lands), the results it lands, and whether it is the driver's
 own intent to call the model. Dropping what was staged is one assignment of a fresh
@@ -70,8 +70,8 @@ class PendingCommit:
         """True once a transition was staged."""
         return self.base is not None
 
-    def must_land(self, observing: bool) -> bool:
-        """Whether it must land before the next effect: it holds the intent to call the
+    def must_commit(self, observing: bool) -> bool:
+        """Whether it must be committed before the next effect: it holds the intent to call the
         model or to start tools, or results the hooks observe (``observing``)."""
         return self.model_intent or bool(self.intents) or (observing and bool(self.outcomes))
 

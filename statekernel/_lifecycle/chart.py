@@ -59,7 +59,7 @@ class _Cell:
 
     ``state`` is the machine's view of ``Run.state``: the chart sets it when it
     enters a state, and ``Lifecycle.apply`` folds it into the next run together
-    with the revision (one ``evolve`` per transition). Transition actions stage the
+    with the revision (one ``evolve`` per transition). Transition actions build the
     next run in ``run`` and their events in ``events``.
     """
 
@@ -159,33 +159,33 @@ class RunLifecycle(StateChart[_Cell]):
     def failure_returns_to_dispatching_tools(self) -> bool:
         return self._failure_to("dispatching_tools")
 
-    # -- actions: stage the next run built by a pure function -------------------
+    # -- actions: the next run, built by a pure function --------------------------
 
-    def _stage(self, effects: tr.Effects) -> None:
+    def _build(self, effects: tr.Effects) -> None:
         self.model.run, self.model.events = effects
 
     def on_start(self, at: Any) -> None:
-        self._stage(tr.start(self.model.run, at))
+        self._build(tr.start(self.model.run, at))
 
     def on_turn_prepared(self, request: ModelRequest, at: Any) -> None:
-        self._stage(tr.turn_prepared(self.model.run, request, at))
+        self._build(tr.turn_prepared(self.model.run, request, at))
 
     def on_model_started(self, at: Any) -> None:
-        self._stage(tr.model_started(self.model.run, at))
+        self._build(tr.model_started(self.model.run, at))
 
     def on_model_completed(
         self, result: ModelResult, finish: str | None, then_pause: PauseInfo | None, at: Any
     ) -> None:
-        self._stage(tr.model_completed(self.model.run, result, finish, then_pause, at))
+        self._build(tr.model_completed(self.model.run, result, finish, then_pause, at))
 
     def on_early_call_started(self, partial: Message, call_input: JSON, at: Any) -> None:
-        self._stage(tr.early_call_started(self.model.run, partial, call_input, at))
+        self._build(tr.early_call_started(self.model.run, partial, call_input, at))
 
     def on_answer_cut_off(self, reason: str, at: Any) -> None:
-        self._stage(tr.answer_cut_off(self.model.run, reason, at))
+        self._build(tr.answer_cut_off(self.model.run, reason, at))
 
     def on_tool_call_started(self, call_ids: list[str], call_input: JSON, at: Any) -> None:
-        self._stage(tr.tool_call_started(self.model.run, call_ids, call_input, at))
+        self._build(tr.tool_call_started(self.model.run, call_ids, call_input, at))
 
     def on_tool_call_completed(
         self,
@@ -199,25 +199,25 @@ class RunLifecycle(StateChart[_Cell]):
     ) -> None:
         run = self.model.run
         done = tr.tool_call_completed(run, call_ids, output, error, resolved, context, skipped, at)
-        self._stage(done)
+        self._build(done)
 
     def on_tools_completed(self, finish: str | None, then_pause: PauseInfo | None, at: Any) -> None:
-        self._stage(tr.tools_completed(self.model.run, finish, then_pause, at))
+        self._build(tr.tools_completed(self.model.run, finish, then_pause, at))
 
     def on_pause(self, reason: str, details: PauseDetails, at: Any) -> None:
-        self._stage(tr.pause(self.model.run, reason, details, at))
+        self._build(tr.pause(self.model.run, reason, details, at))
 
     def on_resume(self, value: JSON, max_turns: int | None, at: Any) -> None:
-        self._stage(tr.resume(self.model.run, value, max_turns, at))
+        self._build(tr.resume(self.model.run, value, max_turns, at))
 
     def on_fail(self, error: str, message: str, at: Any) -> None:
-        self._stage(tr.fail(self.model.run, error, message, at))
+        self._build(tr.fail(self.model.run, error, message, at))
 
     def on_retry(self, at: Any) -> None:
-        self._stage(tr.retry(self.model.run, at))
+        self._build(tr.retry(self.model.run, at))
 
     def on_input(self, messages: list[Message], at: Any) -> None:
-        self._stage(tr.input_received(self.model.run, messages, at))
+        self._build(tr.input_received(self.model.run, messages, at))
 
 
 EVENTS: dict[str, frozenset[str]] = {
@@ -524,7 +524,7 @@ class Lifecycle:
         except BaseException:  # a bug in a transition: it surfaces as itself
             self._cell.reset(before)
             raise
-        return self._commit(before, at, join)
+        return self._fold(before, at, join)
 
     def change(
         self, kind: str, *, data: dict[str, Any], join: bool = False, **fields: Any
@@ -543,10 +543,10 @@ class Lifecycle:
             )
         self._cell.run = attrs.evolve(before, **fields)
         self._cell.events = [(kind, data)]
-        return self._commit(before, at, join)
+        return self._fold(before, at, join)
 
     def _step(self, event: str, at: Any, payload: dict[str, Any]) -> None:
-        """Stage the transition in the cell: next run, its events, the target state."""
+        """Run the transition in the cell: next run, its events, the target state."""
         payload["at"] = at
         route = _select(TABLE.get((self._cell.state, event), ()), self._chart, payload)
         action = ACTIONS[event]
@@ -554,14 +554,14 @@ class Lifecycle:
             action.run(self._chart, payload)
         self._cell.state = route.target
 
-    def _commit(self, before: Run, at: Any, join: bool) -> tuple[Run, tuple[Event, ...]]:
-        """Fold the staged transition into the next run and number its events."""
-        staged, self._cell.events = self._cell.events, []
+    def _fold(self, before: Run, at: Any, join: bool) -> tuple[Run, tuple[Event, ...]]:
+        """Fold the transition just run into the next run and number its events."""
+        built, self._cell.events = self._cell.events, []
         revision = before.revision if join else before.revision + 1
         seq = before.event_count
         events = tuple(
             Event(kind, before.run_id, revision, seq + i, data, at)
-            for i, (kind, data) in enumerate(staged)
+            for i, (kind, data) in enumerate(built)
         )
         run = attrs.evolve(
             self._cell.run,

@@ -179,7 +179,7 @@ class CheckpointStore(Protocol):
         ...
 
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
-        """Land a checkpoint atomically if the head is ``checkpoint.expected_revision``.
+        """Commit a checkpoint atomically if the head is ``checkpoint.expected_revision``.
 
         Raises ``ConflictError`` when the head moved (or, at revision 0, when the run
         exists). With ``lease``, the commit lands only while the lease is the run's

@@ -234,6 +234,7 @@ async def test_partial_resolution_waits_for_every_uncertain_call(make_kernel: Ma
 
 async def test_a_failure_of_the_model_work_while_stopping_is_raised() -> None:
     from statekernel._kernel.drive import RunDriver
+    from statekernel._kernel.model_call import pump
 
     kernel = sk.Kernel(RecordingStore(), providers={"scripted": ScriptedProvider([])})
     run = await start(kernel)
@@ -248,7 +249,7 @@ async def test_a_failure_of_the_model_work_while_stopping_is_raised() -> None:
             stopped.set()
             raise RuntimeError("the model call failed while stopping")
 
-    live = cast("AsyncGenerator[sk.Event, None]", driver._pump(work()))  # an async generator
+    live = cast("AsyncGenerator[sk.Event, None]", pump(driver.queue, work()))  # an async generator
     async for _ in live:
         break
     with pytest.raises(RuntimeError, match="while stopping"):

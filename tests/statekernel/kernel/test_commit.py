@@ -1,4 +1,4 @@
-"""``Committer.land``: what became of a commit, as a value, on every way out."""
+"""``Committer.commit``: what became of a commit, as a value, on every way out."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ async def test_a_cancellation_during_the_pause_between_attempts_is_not_landed() 
     inner = MemoryStore()
     checkpoint = await _first(inner)
     committer = Committer(FailingStore(inner), None)
-    task = asyncio.ensure_future(committer.land(checkpoint))
+    task = asyncio.ensure_future(committer.commit(checkpoint))
     await asyncio.sleep(0.02)  # the first attempt failed; the pause before the second runs
     task.cancel()
     landing = await task
@@ -107,7 +107,7 @@ async def test_every_attempt_failing_is_not_landed_with_the_store_error() -> Non
     committer = Committer(FailingStore(inner), None)
     with pytest.MonkeyPatch.context() as patch:
         pauses = _no_pauses(patch)
-        landing = await committer.land(checkpoint)
+        landing = await committer.commit(checkpoint)
     assert isinstance(landing, NotLanded)
     assert isinstance(landing.error, StoreError)
     with pytest.raises(StoreError):
@@ -119,7 +119,7 @@ async def test_repeated_cancellations_wait_for_the_write_and_keep_a_landed_commi
     inner = MemoryStore()
     checkpoint = await _first(inner)
     committer = Committer(SlowStore(inner, 0.1), None)
-    task = asyncio.ensure_future(committer.land(checkpoint))
+    task = asyncio.ensure_future(committer.commit(checkpoint))
     for _ in range(3):
         await asyncio.sleep(0.01)
         task.cancel()
@@ -135,7 +135,7 @@ async def test_an_ambiguous_failure_that_landed_is_settled_from_the_head() -> No
     inner = MemoryStore()
     checkpoint = await _first(inner)
     store = AmbiguousStore(inner)
-    landing = await Committer(store, None).land(checkpoint)
+    landing = await Committer(store, None).commit(checkpoint)
     assert landing == Landed()
     assert store.commits == 1  # not written twice
     assert (await inner.load("c")).revision == 1
@@ -149,7 +149,7 @@ async def test_a_conflict_after_an_ambiguous_attempt_that_landed_is_landed() -> 
     store = AmbiguousStore(inner, blind=1)
     with pytest.MonkeyPatch.context() as patch:
         _no_pauses(patch)
-        landing = await Committer(store, None).land(checkpoint)
+        landing = await Committer(store, None).commit(checkpoint)
     assert landing == Landed()
     assert store.commits == 2
 
@@ -158,7 +158,7 @@ async def test_a_commit_another_one_overtook_is_overtaken() -> None:
     inner = MemoryStore()
     checkpoint = await _first(inner)
     await inner.commit(_other(checkpoint))  # the revision, taken by another commit
-    landing = await Committer(inner, None).land(checkpoint)
+    landing = await Committer(inner, None).commit(checkpoint)
     assert isinstance(landing, Overtaken)
     with pytest.raises(ConflictError):
         landing.unwrap()
@@ -179,7 +179,7 @@ async def test_a_cancelled_write_that_did_not_land_under_a_moved_head_stays_a_ca
     inner = MemoryStore()
     checkpoint = await _first(inner)
     store = HeldStore(inner)
-    task = asyncio.ensure_future(Committer(store, None).land(checkpoint))
+    task = asyncio.ensure_future(Committer(store, None).commit(checkpoint))
     await store.began.wait()
     await inner.commit(_other(checkpoint))  # the head moves on meanwhile
     task.cancel()
@@ -199,7 +199,7 @@ async def test_a_commit_refused_for_a_lost_lease_is_not_landed_and_said(
     await inner.release(lease)
     await inner.acquire(checkpoint.run.run_id, "another", ttl=60.0)  # the run moved on
     with caplog.at_level(logging.WARNING, logger="statekernel"):
-        landing = await Committer(inner, lease).land(checkpoint)
+        landing = await Committer(inner, lease).commit(checkpoint)
     assert isinstance(landing, NotLanded)
     with pytest.raises(LeaseLost):
         landing.unwrap()

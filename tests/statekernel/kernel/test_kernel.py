@@ -368,8 +368,9 @@ async def test_two_kernels_racing_on_one_run_conflict(make_kernel: MakeKernel) -
     from statekernel._kernel.drive import RunDriver
 
     loser = RunDriver(kernel, stale)
+    loser.stage("start")
     with pytest.raises(ConflictError):
-        await loser.commit("start")
+        await loser.commit()
     assert loser.run is stale
     assert (await store.load(run.run_id)) == driver_run
 
