@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from statekernel._records.encoding import dump_bytes, load_json
+from statekernel.stores._format.documents import dump_bytes, load_json
 from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
 from statekernel._storage.closing import Closing

@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from statekernel._records.encoding import load_json
+from statekernel.stores._format.documents import load_json
 from statekernel._storage.protocol import Lease
 from statekernel.errors import CorruptCheckpoint
 from statekernel.stores._format.checksum import unseal

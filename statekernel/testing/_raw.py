@@ -21,7 +21,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from statekernel._records.encoding import dump_bytes, load_json
+from statekernel.stores._format.documents import dump_bytes, load_json
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.stores._format.checksum import seal, seal_line, unseal, unseal_line
 from statekernel.stores._format.dicts import dump_entry, load_entry

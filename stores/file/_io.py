@@ -12,7 +12,8 @@ from typing import Any
 
 import attrs
 
-from statekernel._records.encoding import blob_text, dump_bytes, load_json
+from statekernel.stores._format.blobs import blob_text
+from statekernel.stores._format.documents import dump_bytes, load_json
 from statekernel.errors import CorruptCheckpoint, StoreError
 from statekernel.stores._format.checksum import seal_line, unseal_line
 from statekernel.stores._format.dicts import dump_entry, load_entry

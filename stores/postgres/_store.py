@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from statekernel._records.encoding import dump_bytes, load_json
+from statekernel.stores._format.documents import dump_bytes, load_json
 from statekernel._records.events import Event
 from statekernel._records.run import STATE_IDS, Run, StateId
 from statekernel._secrets import redact, redact_url, remember_url

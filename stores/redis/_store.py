@@ -34,7 +34,7 @@ import attrs
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
-from statekernel._records.encoding import dump_bytes, load_json
+from statekernel.stores._format.documents import dump_bytes, load_json
 from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
 from statekernel._secrets import redact, redact_url, remember_url

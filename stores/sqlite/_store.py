@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from statekernel._records.encoding import dump_bytes, enc_time, load_json
+from statekernel.stores._format.documents import dump_bytes, enc_time, load_json
 from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
 from statekernel._storage.closing import Closing
