@@ -14,7 +14,6 @@ import attrs
 import pytest
 
 from statekernel._records import convert
-from statekernel.stores._format.blobs import blob_bytes, blob_text
 from statekernel._records.events import Event
 from statekernel._records.lazy import LazyTuple
 from statekernel._records.messages import (
@@ -24,6 +23,7 @@ from statekernel._records.messages import (
 from statekernel._records.run import Run, ToolCallRecord, Turn
 from statekernel.errors import CorruptCheckpoint, StoreError
 from statekernel.stores import Checkpoint, open_store
+from statekernel.stores._format.blobs import blob_bytes, blob_text
 from statekernel.stores._format.codec import decode_run, encode_commit
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._format.events import decode_events, encode_events
