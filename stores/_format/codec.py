@@ -352,15 +352,19 @@ class _Decoder:
         if isinstance(doc, bytes | str):  # stored JSON, parsed only now
             doc = load_json(doc, what)
         self.version, self.what = version, what
+        self.ctx.blobs.missing = None
         if version < convert.SCHEMA_VERSION:
             doc = convert.migrate("turn", doc, version, what=what)
         return self._structure(doc, Turn, what)
 
     def _structure(self, doc: Any, cls: type[_R], what: str) -> _R:
         """``doc`` as a record of the run; a blob it references that the run does not
-        hold (a lost blob record) raises ``CorruptCheckpoint`` naming that blob."""
+        hold (a lost blob record) raises ``CorruptCheckpoint`` naming that blob.
+
+        ``missing`` is cleared where a decode starts (``run``, ``_turn``), not here: a
+        message decoded within a record being decoded must not clear what an earlier
+        field of that record found missing (cattrs goes on to the next field)."""
         blobs = self.ctx.blobs
-        blobs.missing = None
         try:
             with reading(self.ctx) as conv:
                 return convert.structure(doc, cls, what=what, using=conv)
@@ -374,6 +378,7 @@ class _Decoder:
             raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
         version = convert.check_version(head.get("schema_version"), what=what)
         self.version, self.what = version, what
+        self.ctx.blobs.missing = None
         head = upgraded_head(head, version, what)
         try:
             return self._run(head, what)
