@@ -264,13 +264,10 @@ def _filled(data: Any, value: Any) -> Any:
     return data
 
 
-def structure(
-    data: Any, cls: type[T], *, what: str = "record", using: cattrs.Converter = converter
-) -> T:
-    """Data back into a record (by ``using``: a store passes its storage converter);
-    any mismatch raises ``CorruptCheckpoint``."""
+def structure(data: Any, cls: type[T], *, what: str = "record") -> T:
+    """Data back into a record; any mismatch raises ``CorruptCheckpoint``."""
     try:
-        return using.structure(data, cls)
+        return converter.structure(data, cls)
     except Exception as exc:
         detail = "; ".join(cattrs.transform_error(exc)) if isinstance(exc, Exception) else ""
         raise CorruptCheckpoint(f"invalid {what}: {detail or exc}") from exc

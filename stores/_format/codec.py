@@ -367,7 +367,7 @@ class _Decoder:
         blobs = self.ctx.blobs
         try:
             with reading(self.ctx) as conv:
-                return convert.structure(doc, cls, what=what, using=conv)
+                return conv.load(doc, cls, what)
         except CorruptCheckpoint as exc:
             if blobs.missing is None:
                 raise
@@ -419,7 +419,7 @@ def _pause_of(doc: Any, what: str) -> PauseInfo | None:
     if doc is None:
         return None
     with reading(NO_BLOBS) as conv:
-        return convert.structure(doc, PauseInfo, what=what, using=conv)
+        return conv.load(doc, PauseInfo, what)
 
 
 def head_summary(head: Mapping[str, Any], *, what: str = "run head") -> RunSummary:

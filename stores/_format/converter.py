@@ -28,17 +28,18 @@ is not an integer.
 
 What a converter encodes for (``Storing``: the commit's known blobs and transcript)
 or decodes from (``Loading``: the run's blobs and message log) is given to it for
-each use: ``writing(storing)`` and ``reading(loading)`` lend a converter from a
-small pool with that set, and take it back after. A converter is built once (its
-hooks generated once) and serves one use at a time, so threads and nested uses
-each get their own.
+each use: ``with writing(storing) as conv`` and ``with reading(loading) as conv``
+lend a converter from a small pool with that set, and take it back after the block.
+A converter is built once (its hooks generated once, each resolved where it is
+built) and serves one use at a time, so threads and nested uses each get their own;
+its hooks read what it was given from the converter itself, not from a global or a
+context variable.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -49,6 +50,7 @@ from statekernel._records.convert import configure_converter as configure_record
 from statekernel._records.lazy import LazyTuple
 from statekernel._records.messages import Message, ModelRequest, ModelResult, ToolCall, ToolSpec
 from statekernel._records.run import PauseInfo, Run, ToolCallRecord, Turn
+from statekernel.errors import CorruptCheckpoint
 from statekernel.stores._format.blobs import BlobReader, BlobWriter, escape
 from statekernel.stores._format.documents import canonical, dec_time, enc_time
 from statekernel.stores._format.patches import same
@@ -151,6 +153,23 @@ class StorageConverter(cattrs.Converter):
         self.loading, self.stored = loading, loading.blobs
         self.calls = ()
 
+    def load(self, doc: Any, cls: type[_V], what: str) -> _V:
+        """``doc`` as a ``cls``; any mismatch raises ``CorruptCheckpoint`` naming ``what``
+        (as ``statekernel._records.convert.structure`` does for plain data)."""
+        try:
+            return self.structure(doc, cls)
+        except Exception as exc:
+            detail = "; ".join(cattrs.transform_error(exc))
+            raise CorruptCheckpoint(f"invalid {what}: {detail or exc}") from exc
+
+    def __enter__(self) -> StorageConverter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Give the converter back (``writing``, ``reading``), keeping no run alive."""
+        self.use(INLINE, NO_BLOBS)
+        _FREE.append(self)
+
 
 def _no_head(run: Run) -> dict[str, Any]:
     raise TypeError("the converter is not configured")
@@ -174,30 +193,28 @@ def configure_converter(conv: StorageConverter) -> None:
 
 
 _FREE: list[StorageConverter] = []
+"""Converters not lent out (a thread or a nested use takes one more; there are few)."""
 
 
-@contextlib.contextmanager
-def _lent(storing: Storing, loading: Loading) -> Iterator[StorageConverter]:
+def _lend(storing: Storing, loading: Loading) -> StorageConverter:
     try:
         conv = _FREE.pop()
     except IndexError:
         conv = make_converter()
     conv.use(storing, loading)
-    try:
-        yield conv
-    finally:
-        conv.use(INLINE, NO_BLOBS)  # keeps no run alive while it waits
-        _FREE.append(conv)
+    return conv
 
 
-def writing(storing: Storing) -> contextlib.AbstractContextManager[StorageConverter]:
-    """``with writing(Storing(...)) as conv``: a converter that encodes for ``storing``."""
-    return _lent(storing, NO_BLOBS)
+def writing(storing: Storing) -> StorageConverter:
+    """``with writing(Storing(...)) as conv``: a converter that encodes for ``storing``,
+    given back at the end of the block."""
+    return _lend(storing, NO_BLOBS)
 
 
-def reading(loading: Loading) -> contextlib.AbstractContextManager[StorageConverter]:
-    """``with reading(Loading(...)) as conv``: a converter that decodes from ``loading``."""
-    return _lent(INLINE, loading)
+def reading(loading: Loading) -> StorageConverter:
+    """``with reading(Loading(...)) as conv``: a converter that decodes from ``loading``,
+    given back at the end of the block."""
+    return _lend(INLINE, loading)
 
 
 # -- scalars ---------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from statekernel._records.convert import structure
 from statekernel._records.events import Event
 from statekernel.stores._format.converter import (
     INLINE,
@@ -80,4 +79,4 @@ def _decode_entry(
         if type(doc) is not dict:
             raise TypeError(f"an event is a {type(doc).__name__}")
         full = {"run_id": run_id, "revision": revision, "seq": first + i, "at": at, **doc}
-        out.append(structure(full, Event, what=what, using=conv))
+        out.append(conv.load(full, Event, what))

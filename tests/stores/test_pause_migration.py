@@ -50,7 +50,7 @@ RAW: dict[str, RawDocuments] = {
 
 def _v1_pause(doc: dict[str, Any]) -> dict[str, Any]:
     with reading(NO_BLOBS) as conv:
-        info = convert.structure(doc, PauseInfo, using=conv)
+        info = conv.load(doc, PauseInfo, "pause")
     out = {"reason": doc["reason"], "resume_to": doc["resume_to"]}
     if info.metadata:
         out["metadata"] = escape(info.metadata)
