@@ -56,6 +56,7 @@ from statekernel.stores._format.documents import canonical, dec_time, enc_time
 from statekernel.stores._format.patches import same
 
 __all__ = [
+    "INLINE",
     "NO_BLOBS",
     "TOOLS_BLOB_MIN",
     "Loading",
