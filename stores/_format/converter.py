@@ -137,10 +137,10 @@ class StorageConverter(cattrs.Converter):
     def __init__(self) -> None:
         super().__init__(omit_if_default=True, forbid_extra_keys=True)
         self.storing = INLINE
-        self.blobs = INLINE.blobs
+        self.writer = INLINE.blobs
         """The blob writer of ``storing`` (what the string hooks call)."""
         self.loading = NO_BLOBS
-        self.stored = NO_BLOBS.blobs
+        self.reader = NO_BLOBS.blobs
         """The blob reader of ``loading``."""
         self.calls: tuple[ToolCall, ...] = ()
         """The tool calls of the turn being decoded (its result comes before its records)."""
@@ -150,8 +150,8 @@ class StorageConverter(cattrs.Converter):
 
     def use(self, storing: Storing, loading: Loading) -> None:
         """Encode for ``storing`` and decode from ``loading`` from now on."""
-        self.storing, self.blobs = storing, storing.blobs
-        self.loading, self.stored = loading, loading.blobs
+        self.storing, self.writer = storing, storing.blobs
+        self.loading, self.reader = loading, loading.blobs
         self.calls = ()
 
     def load(self, doc: Any, cls: type[_V], what: str) -> _V:
@@ -222,14 +222,14 @@ def reading(loading: Loading) -> StorageConverter:
 
 
 def _configure_scalars(conv: StorageConverter) -> None:
-    conv.register_unstructure_hook(str, lambda value: conv.blobs.s(value))
+    conv.register_unstructure_hook(str, lambda value: conv.writer.s(value))
     conv.register_structure_hook(
-        str, lambda value, _: value if type(value) is str else conv.stored.s(value)
+        str, lambda value, _: value if type(value) is str else conv.reader.s(value)
     )
     for kind in (int, bool, float):
         conv.register_structure_hook(kind, _strict(kind))
-    conv.register_unstructure_hook_func(_is_any, lambda value: conv.blobs.json(value))
-    conv.register_structure_hook_func(_is_any, lambda value, _: conv.stored.json(value))
+    conv.register_unstructure_hook_func(_is_any, lambda value: conv.writer.json(value))
+    conv.register_structure_hook_func(_is_any, lambda value, _: conv.reader.json(value))
     conv.register_unstructure_hook(datetime, enc_time)
     conv.register_structure_hook(datetime, lambda value, _: dec_time(value))
 
@@ -406,7 +406,7 @@ def _configure_turns(conv: StorageConverter) -> None:
     def unstructure_pause(pause: PauseInfo) -> Any:
         """Kept whole in the head, its strings and JSON values escaped, never blobs (a
         head's pause is read by listings without the run's blobs)."""
-        if conv.blobs.inline:
+        if conv.writer.inline:
             return pause_doc(pause)
         with writing(INLINE) as inline:
             return inline.unstructure(pause, PauseInfo)
@@ -484,7 +484,7 @@ def _record_of(conv: StorageConverter, doc: Any) -> Any:
     if doc.get("input") == _PARSED:
         arguments = doc.get("arguments")
         if type(arguments) is dict:  # a long argument text, stored as a blob
-            arguments = conv.stored.s(arguments)
+            arguments = conv.reader.s(arguments)
         if type(arguments) is not str:
             raise TypeError("a parsed input without its arguments")
         parsed = json.loads(arguments) if arguments.strip() else {}
