@@ -34,8 +34,9 @@ def encode_events(
     implied: dict[str, Any] = {"run_id": run_id, "revision": revision, "at": at}
     docs: list[dict[str, Any]] = []
     with writing(INLINE) as conv:
+        unstructure = conv.get_unstructure_hook(Event)
         for i, event in enumerate(events):
-            doc = conv.unstructure(event, Event)
+            doc = unstructure(event)
             implied["seq"] = first + i
             docs.append({k: v for k, v in doc.items() if implied.get(k, _NONE) != v})
     return docs
