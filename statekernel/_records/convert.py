@@ -18,13 +18,15 @@ from typing import Any, TypeVar, get_args, get_origin
 
 import attrs
 import cattrs
-from cattrs.gen import make_dict_unstructure_fn, override
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
 from statekernel._records.lazy import LazyTuple
 from statekernel._records.messages import (
     ContentPart,
     ImagePart,
+    Message,
+    ModelRequest,
     ReasoningPart,
     TextPart,
     ToolCall,
@@ -163,7 +165,27 @@ def make_converter() -> cattrs.Converter:
     made.register_unstructure_hook_func(lambda t: t is Any, lambda value: value)
     made.register_structure_hook_func(lambda t: t is Any, lambda value, _: value)
     configure_converter(made)
+    made.register_structure_hook_factory(lambda cls: cls is ModelRequest, _request_of(made))
     return made
+
+
+def _request_of(converter: cattrs.Converter) -> Callable[[Any], Any]:
+    """A request's structure hook: its messages must be a list (a store's converter has
+    its own, which also reads references into the message log)."""
+
+    def factory(_: Any) -> Any:
+        message = converter.get_structure_hook(Message)
+
+        def messages(value: Any, _: Any) -> LazyTuple[Message]:
+            if type(value) is not list:
+                raise TypeError("expected a list of messages")
+            return LazyTuple([message(m, Message) for m in value])
+
+        return make_dict_structure_fn(
+            ModelRequest, converter, messages=override(struct_hook=messages)
+        )
+
+    return factory
 
 
 converter = make_converter()
