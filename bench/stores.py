@@ -37,11 +37,11 @@ import aiosqlite
 import redis
 
 import statekernel as sk
-from statekernel._records.encoding import dump_bytes
 from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease, StoreWrapper
 from statekernel.stores import open_store
 from statekernel.stores._format.codec import encode_commit
 from statekernel.stores._format.dicts import dump_entry
+from statekernel.stores._format.documents import dump_bytes
 from statekernel.testing import ScriptedProvider, call
 
 SIZES = (10, 100, 1000)

@@ -15,7 +15,6 @@ from typing import Any
 
 import attrs
 
-from statekernel._records.encoding import dump_bytes, load_json
 from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
 from statekernel._storage.closing import Closing
@@ -42,6 +41,7 @@ from statekernel.stores._format.codec import (
     snapshot_of,
 )
 from statekernel.stores._format.dicts import dump_entry, load_entry
+from statekernel.stores._format.documents import dump_bytes, load_json
 from statekernel.stores._listing import page_of
 from statekernel.stores._owners import (
     Clock,

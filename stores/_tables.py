@@ -10,12 +10,12 @@ from typing import Any
 
 import attrs
 
-from statekernel._records.encoding import load_json
 from statekernel._storage.protocol import Lease
 from statekernel.errors import CorruptCheckpoint
 from statekernel.stores._format.checksum import unseal
 from statekernel.stores._format.codec import EncodedCommit, replay
 from statekernel.stores._format.dicts import load_entry
+from statekernel.stores._format.documents import load_json
 from statekernel.stores.sqlite._columns import check_columns
 from statekernel.stores.sqlite._ops import CommitRows, Stored
 

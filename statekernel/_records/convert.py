@@ -1,11 +1,12 @@
-"""The one cattrs converter: records to JSON-able data and back, with schema migrations.
+"""The plain converter: records to JSON-able data and back, with schema migrations.
 
-Every record a store keeps goes through this converter, and so do exports
-(``unstructure``, ``dumps``). Its hooks for strings, JSON values, times, a request's
-messages and tools and a result's message are the stored format's
-(``statekernel._records.storing``): inside a store's ``storing``/``loading`` context
-they keep each thing once (blobs, references into the message log); outside it they
-give plain data (ISO times, lists, strings).
+``converter`` turns every record into plain data (``unstructure``, ``dumps``, what
+``statekernel runs show --json`` prints) and back (``structure``, ``loads``): field
+names as in the records, defaults left out, ISO times, content parts and pause
+details tagged by kind. A store's bytes are made by another converter, built the
+same way with the stored format's hooks for strings, JSON values and times first
+(``statekernel.stores._format.converter``): ``configure_converter`` is the part they
+share, as ``cattrs.preconf`` builds its converters.
 """
 
 from __future__ import annotations
@@ -20,19 +21,16 @@ import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
-from statekernel._records import storing as hooks
 from statekernel._records.lazy import LazyTuple
 from statekernel._records.messages import (
     ContentPart,
     ImagePart,
     Message,
     ModelRequest,
-    ModelResult,
     ReasoningPart,
     TextPart,
     ToolCall,
     ToolResult,
-    ToolSpec,
 )
 from statekernel._records.pauses import (
     ChildWait,
@@ -46,7 +44,7 @@ from statekernel._records.pauses import (
     ResolvedOutput,
     Uncertain,
 )
-from statekernel._records.run import SCHEMA_VERSION, PauseInfo, Run, ToolCallRecord, Turn
+from statekernel._records.run import SCHEMA_VERSION, PauseInfo, Run
 from statekernel._records.upgrade_v1 import from_v1
 from statekernel.errors import CorruptCheckpoint
 
@@ -54,16 +52,17 @@ __all__ = [
     "SCHEMA_VERSION",
     "Migration",
     "check_version",
+    "configure_converter",
     "converter",
     "dumps",
     "loads",
+    "make_converter",
     "migrate",
     "register_migration",
     "structure",
     "structure_run",
     "to_plain",
     "unstructure",
-    "unstructure_head",
     "upgrade",
 ]
 
@@ -76,26 +75,6 @@ _PART_TAGS: dict[type, str] = {
     ToolCall: "tool_call",
     ToolResult: "tool_result",
 }
-
-converter = cattrs.Converter(omit_if_default=True, forbid_extra_keys=True)
-"""The converter used for every stored record."""
-
-converter.register_unstructure_hook(str, hooks.unstructure_str)
-converter.register_structure_hook(str, hooks.structure_str)
-converter.register_structure_hook(int, hooks.structure_int)
-converter.register_structure_hook(bool, hooks.structure_bool)
-converter.register_structure_hook(float, hooks.structure_float)
-converter.register_unstructure_hook_func(lambda t: t is Any, hooks.unstructure_json)
-converter.register_structure_hook_func(lambda t: t is Any, hooks.structure_json)
-converter.register_unstructure_hook(datetime, hooks.unstructure_time)
-converter.register_structure_hook(datetime, hooks.structure_time)
-configure_tagged_union(
-    ContentPart,
-    converter,
-    tag_generator=lambda cls: _PART_TAGS[cls],
-    tag_name="type",
-)
-
 _PAUSE_TAGS: dict[type, str] = {
     Uncertain: "uncertain",
     Question: "question",
@@ -108,135 +87,109 @@ _RESOLUTION_TAGS: dict[type, str] = {
     ResolvedError: "error",
     Rerun: "rerun",
 }
-configure_tagged_union(
-    Resolution, converter, tag_generator=lambda cls: _RESOLUTION_TAGS[cls], tag_name="kind"
-)
-configure_tagged_union(
-    PauseDetails, converter, tag_generator=lambda cls: _PAUSE_TAGS[cls], tag_name="kind"
-)
+
+
+def configure_converter(converter: cattrs.Converter) -> None:
+    """Teach ``converter`` the shapes of the records: content parts, resolutions and
+    pause details tagged by kind, ``LazyTuple`` fields as lists, a run's
+    ``schema_version`` always written.
+
+    The hooks for strings, numbers, JSON values (``Any``) and times must be registered
+    first: the generated functions of the records call the hooks registered when they
+    are made. Those of whole records are made when first used, so hooks registered
+    after this call for a record (the stored format's, for a request or a turn) are
+    the ones a run's function calls.
+    """
+    for union, tags, name in (
+        (ContentPart, _PART_TAGS, "type"),
+        (Resolution, _RESOLUTION_TAGS, "kind"),
+        (PauseDetails, _PAUSE_TAGS, "kind"),
+    ):
+        configure_tagged_union(union, converter, tag_generator=tags.__getitem__, tag_name=name)
+
+    def structure_lazy_tuple(cls: Any) -> Callable[[Any, Any], LazyTuple[Any]]:
+        (item,) = get_args(cls) or (Any,)
+        items = tuple[item, ...]  # type: ignore[valid-type]
+        hook = converter.get_structure_hook(items)
+        return lambda value, _: LazyTuple(hook(value, items))
+
+    converter.register_unstructure_hook_func(
+        _is_lazy_tuple, lambda value: [converter.unstructure(item) for item in value]
+    )
+    converter.register_structure_hook_factory(_is_lazy_tuple, structure_lazy_tuple)
+    converter.register_unstructure_hook_factory(
+        lambda cls: cls is Run,
+        lambda _: make_dict_unstructure_fn(
+            Run,
+            converter,
+            _cattrs_omit_if_default=True,
+            schema_version=override(omit_if_default=False),
+        ),
+    )
 
 
 def _is_lazy_tuple(cls: Any) -> bool:
     return cls is LazyTuple or get_origin(cls) is LazyTuple
 
 
-def _structure_lazy_tuple(value: Any, cls: Any) -> LazyTuple[Any]:
-    (item,) = get_args(cls) or (Any,)
-    return LazyTuple(converter.structure(value, tuple[item, ...]))  # type: ignore[valid-type]
+def _structure_str(value: Any, _: Any) -> str:
+    return value if type(value) is str else str(value)
 
 
-converter.register_unstructure_hook_func(
-    _is_lazy_tuple, lambda value: [converter.unstructure(item) for item in value]
-)
-converter.register_structure_hook_func(_is_lazy_tuple, _structure_lazy_tuple)
+def _lenient(kind: type) -> Callable[[Any, Any], Any]:
+    """Structure ``kind`` (int, bool, float): itself (an int for a float), else converted."""
+
+    def structure(value: Any, _: Any) -> Any:
+        if type(value) is kind or (kind is float and type(value) is int):
+            return value
+        return kind(value)
+
+    return structure
 
 
-def _message(message: Message) -> Any:
-    return converter.unstructure(message, Message)
+def _structure_time(value: Any, _: Any) -> datetime:
+    if type(value) is not str:
+        raise TypeError(f"expected an ISO datetime string, got {type(value).__name__}")
+    return datetime.fromisoformat(value)
 
 
-def _message_of(doc: Any) -> Message:
-    return converter.structure(doc, Message)
+def make_converter() -> cattrs.Converter:
+    """A new plain converter (what ``converter`` is): times as ISO text, strings and
+    JSON values as they are, numbers converted where they can be."""
+    made = cattrs.Converter(omit_if_default=True, forbid_extra_keys=True)
+    made.register_structure_hook(str, _structure_str)
+    for kind in (int, bool, float):
+        made.register_structure_hook(kind, _lenient(kind))
+    made.register_unstructure_hook(datetime, datetime.isoformat)
+    made.register_structure_hook(datetime, _structure_time)
+    made.register_unstructure_hook_func(lambda t: t is Any, lambda value: value)
+    made.register_structure_hook_func(lambda t: t is Any, lambda value, _: value)
+    configure_converter(made)
+    made.register_structure_hook_factory(lambda cls: cls is ModelRequest, _request_of(made))
+    return made
 
 
-def _spec(spec: ToolSpec) -> Any:
-    return converter.unstructure(spec, ToolSpec)
+def _request_of(converter: cattrs.Converter) -> Callable[[Any], Any]:
+    """A request's structure hook: its messages must be a list (a store's converter has
+    its own, which also reads references into the message log)."""
+
+    def factory(_: Any) -> Any:
+        message = converter.get_structure_hook(Message)
+
+        def messages(value: Any, _: Any) -> LazyTuple[Message]:
+            if type(value) is not list:
+                raise TypeError("expected a list of messages")
+            return LazyTuple([message(m, Message) for m in value])
+
+        return make_dict_structure_fn(
+            ModelRequest, converter, messages=override(struct_hook=messages)
+        )
+
+    return factory
 
 
-def _specs_of(doc: Any) -> tuple[ToolSpec, ...]:
-    return converter.structure(doc, tuple[ToolSpec, ...])
-
-
-# Registered after the scalar, union and LazyTuple hooks, so the generated functions use them.
-converter.register_unstructure_hook(
-    ModelRequest,
-    make_dict_unstructure_fn(
-        ModelRequest,
-        converter,
-        _cattrs_omit_if_default=True,
-        messages=override(unstruct_hook=lambda v: hooks.unstructure_sent(v, _message)),
-        tools=override(unstruct_hook=lambda v: hooks.unstructure_tools(v, _spec)),
-    ),
-)
-converter.register_structure_hook(
-    ModelRequest,
-    make_dict_structure_fn(
-        ModelRequest,
-        converter,
-        _cattrs_forbid_extra_keys=True,
-        messages=override(struct_hook=lambda v, _: hooks.structure_sent(v, _message_of)),
-        tools=override(struct_hook=lambda v, _: hooks.structure_tools(v, _specs_of)),
-    ),
-)
-converter.register_unstructure_hook(
-    ModelResult,
-    make_dict_unstructure_fn(
-        ModelResult,
-        converter,
-        _cattrs_omit_if_default=True,
-        message=override(unstruct_hook=lambda v: hooks.unstructure_answer(v, _message)),
-    ),
-)
-_result_of = make_dict_structure_fn(
-    ModelResult,
-    converter,
-    _cattrs_forbid_extra_keys=True,
-    message=override(struct_hook=lambda v, _: hooks.structure_answer(v, _message_of)),
-)
-converter.register_structure_hook(
-    ModelResult, lambda doc, cls: hooks.result_calls(_result_of(doc, cls))
-)
-# A pause is stored inline (no blobs), so a run listing reads it off the head.
-_pause_doc = make_dict_unstructure_fn(PauseInfo, converter, _cattrs_omit_if_default=True)
-converter.register_unstructure_hook(
-    PauseInfo, lambda pause: hooks.unstructure_inline(pause, _pause_doc)
-)
-_record_doc = make_dict_unstructure_fn(ToolCallRecord, converter, _cattrs_omit_if_default=True)
-_record_of = make_dict_structure_fn(ToolCallRecord, converter, _cattrs_forbid_extra_keys=True)
-converter.register_unstructure_hook(
-    ToolCallRecord, lambda record: hooks.unstructure_record(record, _record_doc(record))
-)
-converter.register_structure_hook(
-    ToolCallRecord, lambda doc, cls: _record_of(hooks.structure_record(doc), cls)
-)
-_turn_doc = make_dict_unstructure_fn(Turn, converter, _cattrs_omit_if_default=True)
-_turn_of = make_dict_structure_fn(Turn, converter, _cattrs_forbid_extra_keys=True)
-
-
-def _unstructure_turn(turn: Turn) -> dict[str, Any]:
-    hooks.turn_calls(turn)
-    return _turn_doc(turn)
-
-
-def _structure_turn(doc: Any, cls: Any) -> Turn:
-    hooks.turn_calls(None)
-    return _turn_of(doc, cls)
-
-
-converter.register_unstructure_hook(Turn, _unstructure_turn)
-converter.register_structure_hook(Turn, _structure_turn)
-_run_doc = make_dict_unstructure_fn(
-    Run, converter, _cattrs_omit_if_default=True, schema_version=override(omit_if_default=False)
-)
-_head_doc = make_dict_unstructure_fn(
-    Run,
-    converter,
-    _cattrs_omit_if_default=True,
-    schema_version=override(omit_if_default=False),
-    revision=override(omit_if_default=False),
-    state=override(omit_if_default=False),
-    created_at=override(omit_if_default=False),
-    updated_at=override(omit_if_default=False),
-    messages=override(omit=True),
-    turns=override(omit=True),
-)
-converter.register_unstructure_hook(Run, _run_doc)
-
-
-def unstructure_head(run: Run) -> dict[str, Any]:
-    """A run without its transcript and completed turns: what a store's head holds
-    (its revision, state and times always, so a listing reads them off the head)."""
-    return _head_doc(run)
+converter = make_converter()
+"""The plain converter: records to plain data and back."""
 
 
 Migration = Callable[[str, Any], Any]
@@ -246,10 +199,11 @@ Migration = Callable[[str, Any], Any]
 the run's document without ``messages`` and ``turns``; its ``revision``,
 ``schema_version``, ``"$m"`` and ``"$t"`` are the store's and stay as they are),
 ``"message"``, ``"turn"`` (a completed turn, or the current turn of a head) or
-``"run"`` (a whole run as ``unstructure`` gives it). Documents are the converter's:
+``"run"`` (a whole run as ``unstructure`` gives it). Documents are the converters':
 field names as in the records, defaults left out; in a store's documents a long
 string may be ``{"$b": key}`` and a request's messages a reference (see
-``statekernel._records.storing``). ``fn`` may change ``doc`` in place and return it.
+``statekernel.stores._format.converter``). ``fn`` may change ``doc`` in place and
+return it.
 """
 
 _MIGRATIONS: dict[int, Migration] = {}

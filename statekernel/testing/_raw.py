@@ -21,10 +21,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from statekernel._records.encoding import dump_bytes, load_json
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.stores._format.checksum import seal, seal_line, unseal, unseal_line
 from statekernel.stores._format.dicts import dump_entry, load_entry
+from statekernel.stores._format.documents import dump_bytes, load_json
 from statekernel.stores._memory import MemoryStore, StoredRun
 from statekernel.stores.file._store import FileStore, folder_name
 from statekernel.stores.redis._store import RedisStore

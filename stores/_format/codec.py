@@ -7,19 +7,19 @@ A run is stored as append-only parts plus a small mutable head:
   by a hook is appended again at the end, so older revisions keep their range;
 * the **turn log**: every completed turn once (``"$t"`` in the head);
 * **blobs**: long strings and large JSON values, once per run, by content hash
-  (zlib-compressed when that pays, ``_records.encoding.blob_bytes``);
+  (zlib-compressed when that pays, ``blobs``);
 * the **head**: the run without its messages and turns (a few hundred bytes),
-  ``convert.unstructure_head``, with ``"$m"`` and ``"$t"`` added;
+  ``StorageConverter.unstructure_head``, with ``"$m"`` and ``"$t"`` added;
 * the **commit log**: one entry per revision with the head as a patch of the
-  previous head (a full head every ``SNAPSHOT_EVERY`` revisions) and the events of
-  that commit (``stores._format.events``), so every revision stays loadable and events are
-  read by revision; stores keep entries deflated with a preset dictionary
-  (``stores._format.dicts``).
+  previous head (a full head every ``SNAPSHOT_EVERY`` revisions, ``patches``) and
+  the events of that commit (``events``), so every revision stays loadable and
+  events are read by revision; stores keep entries deflated with a preset
+  dictionary (``dicts``).
 
-Heads, messages and turns are the documents of the one converter
-(``statekernel._records.convert``), made inside ``_records.storing.storing`` so long strings
-are blobs and a request's messages and a result's message are references into the
-message log; events likewise (``stores._format.events``). After every commit the transcript
+Heads, messages and turns are the documents of the storage converter
+(``converter``), lent for the commit with what it needs (``writing(Storing(...))``)
+so long strings are blobs and a request's messages and a result's message are
+references into the message log. After every commit the transcript
 ends at the end of the message log and the completed turns at the end of the turn
 log, so a store knows where to append from the head alone. Decoding gives records
 equal to the ones committed, sharing their messages as they did.
@@ -43,24 +43,17 @@ from typing import Any, TypeVar
 import attrs
 
 from statekernel._records import convert
-from statekernel._records.encoding import (
-    SNAPSHOT_EVERY,
-    apply_patch,
-    blob_refs,
-    corrupt,
-    dec_time,
-    diff,
-    dump_bytes,
-    load_json,
-)
 from statekernel._records.events import Event
 from statekernel._records.lazy import Deferred, LazyTuple
 from statekernel._records.messages import Message
 from statekernel._records.run import STATE_IDS, PauseInfo, Run, StateId, Turn
-from statekernel._records.storing import NO_BLOBS, Loading, Storing, loading, loading_now, storing
 from statekernel._storage.protocol import Checkpoint, RunSummary
 from statekernel.errors import CorruptCheckpoint
+from statekernel.stores._format.blobs import blob_refs
+from statekernel.stores._format.converter import NO_BLOBS, Loading, Storing, reading, writing
+from statekernel.stores._format.documents import corrupt, dec_time, dump_bytes, load_json
 from statekernel.stores._format.events import decode_events, encode_events
+from statekernel.stores._format.patches import SNAPSHOT_EVERY, apply_patch, diff
 
 __all__ = [
     "SNAPSHOT_EVERY",
@@ -173,12 +166,12 @@ def encode_commit(
     if known is None:
         known = blob_refs(prior) if prior else frozenset()
     ctx = Storing(known, run.messages, m0)
-    unstructure = convert.converter.unstructure
-    with storing(ctx):
-        head = convert.unstructure_head(run)
+    with writing(ctx) as conv:
+        head = conv.unstructure_head(run)
         refs = frozenset(ctx.blobs.refs)
-        messages = tuple([dump_bytes(unstructure(m, Message)) for m in run.messages[m_end - m0 :]])
-        turns = tuple([dump_bytes(unstructure(t, Turn)) for t in run.turns[t_end - t0 :]])
+        message, turn = conv.get_unstructure_hook(Message), conv.get_unstructure_hook(Turn)
+        messages = tuple([dump_bytes(message(m)) for m in run.messages[m_end - m0 :]])
+        turns = tuple([dump_bytes(turn(t)) for t in run.turns[t_end - t0 :]])
     head["$m"] = [m0, len(run.messages)]
     head["$t"] = [t0, len(run.turns)]
     entry: dict[str, Any]
@@ -341,10 +334,9 @@ class _Decoder:
         if start < 0 or count < 0 or start + count > self.message_count:
             raise ValueError(f"bad message range {start}+{count}")
         log, at = self._log, self.message_at
-        with loading(self.ctx):
-            for pos in range(start, start + count):
-                if log[pos] is None:
-                    at(pos)
+        for pos in range(start, start + count):
+            if log[pos] is None:
+                at(pos)
         return LazyTuple.view(log, start, start + count)
 
     def turn_at(self, pos: int, what: str) -> Deferred[Turn]:
@@ -360,20 +352,22 @@ class _Decoder:
         if isinstance(doc, bytes | str):  # stored JSON, parsed only now
             doc = load_json(doc, what)
         self.version, self.what = version, what
+        self.ctx.blobs.missing = None
         if version < convert.SCHEMA_VERSION:
             doc = convert.migrate("turn", doc, version, what=what)
         return self._structure(doc, Turn, what)
 
     def _structure(self, doc: Any, cls: type[_R], what: str) -> _R:
         """``doc`` as a record of the run; a blob it references that the run does not
-        hold (a lost blob record) raises ``CorruptCheckpoint`` naming that blob."""
+        hold (a lost blob record) raises ``CorruptCheckpoint`` naming that blob.
+
+        ``missing`` is cleared where a decode starts (``run``, ``_turn``), not here: a
+        message decoded within a record being decoded must not clear what an earlier
+        field of that record found missing (cattrs goes on to the next field)."""
         blobs = self.ctx.blobs
         try:
-            if loading_now() is self.ctx:  # within a record being decoded
-                return convert.structure(doc, cls, what=what)
-            blobs.missing = None
-            with loading(self.ctx):
-                return convert.structure(doc, cls, what=what)
+            with reading(self.ctx) as conv:
+                return conv.load(doc, cls, what)
         except CorruptCheckpoint as exc:
             if blobs.missing is None:
                 raise
@@ -384,6 +378,7 @@ class _Decoder:
             raise CorruptCheckpoint(f"invalid {what}: the head is not an object")
         version = convert.check_version(head.get("schema_version"), what=what)
         self.version, self.what = version, what
+        self.ctx.blobs.missing = None
         head = upgraded_head(head, version, what)
         try:
             return self._run(head, what)
@@ -423,8 +418,8 @@ def _pause_of(doc: Any, what: str) -> PauseInfo | None:
     """A head's pause (stored inline: listings read it without the run's blobs)."""
     if doc is None:
         return None
-    with loading(NO_BLOBS):
-        return convert.structure(doc, PauseInfo, what=what)
+    with reading(NO_BLOBS) as conv:
+        return conv.load(doc, PauseInfo, what)
 
 
 def head_summary(head: Mapping[str, Any], *, what: str = "run head") -> RunSummary:

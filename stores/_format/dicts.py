@@ -14,7 +14,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from statekernel._records.encoding import corrupt, dump_bytes, load_json
+from statekernel.stores._format.documents import corrupt, dump_bytes, load_json
 
 __all__ = ["ENTRY_DICT", "dump_entry", "load_entry"]
 

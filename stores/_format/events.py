@@ -1,7 +1,7 @@
 """Stored form of events, inside the commit log entry of the revision that wrote them.
 
 An entry's events are ``"E": [event, ...]`` with ``"q"``, the ``seq`` of the first
-one. Each is the converter's document of the ``Event`` (``statekernel._records.convert``)
+one. Each is the storage converter's document of the ``Event`` (``converter``)
 without what the entry implies: ``run_id`` and ``revision`` when they are the
 entry's, ``seq`` when it follows on, ``at`` when it is the commit's ``updated_at``.
 Event data stays in the entry (no blobs): events are read without the run's parts.
@@ -12,10 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from statekernel._records import convert
-from statekernel._records.encoding import corrupt
 from statekernel._records.events import Event
-from statekernel._records.storing import NO_BLOBS, Storing, loading, storing
+from statekernel.stores._format.converter import (
+    INLINE,
+    NO_BLOBS,
+    StorageConverter,
+    reading,
+    writing,
+)
+from statekernel.stores._format.documents import corrupt
 
 __all__ = ["decode_events", "encode_events", "entry_time"]
 
@@ -28,9 +33,10 @@ def encode_events(
     """The stored form of a commit's events; ``at`` is the commit's stored ``updated_at``."""
     implied: dict[str, Any] = {"run_id": run_id, "revision": revision, "at": at}
     docs: list[dict[str, Any]] = []
-    with storing(Storing(inline=True)):
+    with writing(INLINE) as conv:
+        unstructure = conv.get_unstructure_hook(Event)
         for i, event in enumerate(events):
-            doc = convert.converter.unstructure(event, Event)
+            doc = unstructure(event)
             implied["seq"] = first + i
             docs.append({k: v for k, v in doc.items() if implied.get(k, _NONE) != v})
     return docs
@@ -51,17 +57,22 @@ def decode_events(
     """The events of commit log entries, given as (revision, entry) pairs."""
     events: list[Event] = []
     try:
-        with loading(NO_BLOBS):
+        with reading(NO_BLOBS) as conv:
             for revision, entry in entries:
                 if "E" in entry:
-                    _decode_entry(events, entry, revision, run_id, what)
+                    _decode_entry(events, entry, revision, run_id, conv, what)
     except _DECODE_ERRORS as exc:
         raise corrupt(what, exc) from exc
     return events
 
 
 def _decode_entry(
-    out: list[Event], entry: Mapping[str, Any], revision: int, run_id: str, what: str
+    out: list[Event],
+    entry: Mapping[str, Any],
+    revision: int,
+    run_id: str,
+    conv: StorageConverter,
+    what: str,
 ) -> None:
     first = entry["q"]
     at = entry_time(entry)
@@ -69,4 +80,4 @@ def _decode_entry(
         if type(doc) is not dict:
             raise TypeError(f"an event is a {type(doc).__name__}")
         full = {"run_id": run_id, "revision": revision, "seq": first + i, "at": at, **doc}
-        out.append(convert.structure(full, Event, what=what))
+        out.append(conv.load(full, Event, what))

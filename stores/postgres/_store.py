@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from statekernel._records.encoding import dump_bytes, load_json
 from statekernel._records.events import Event
 from statekernel._records.run import STATE_IDS, Run, StateId
 from statekernel._secrets import logger, redact, redact_url, remember_url
@@ -65,6 +64,7 @@ from statekernel.stores._format.codec import (
     snapshot_of,
 )
 from statekernel.stores._format.dicts import dump_entry
+from statekernel.stores._format.documents import dump_bytes, load_json
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._owners import LeaseRecord, released, renewed, take

@@ -35,7 +35,6 @@ import attrs
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
-from statekernel._records.encoding import dump_bytes, load_json
 from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
 from statekernel._secrets import logger, redact, redact_url, remember_url
@@ -77,6 +76,7 @@ from statekernel.stores._format.codec import (
     snapshot_of,
 )
 from statekernel.stores._format.dicts import dump_entry, load_entry
+from statekernel.stores._format.documents import dump_bytes, load_json
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._lease_records import redis_holder
 from statekernel.stores._listing import decode_cursor, encode_cursor

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from statekernel._records.encoding import dump_bytes, enc_time, load_json
 from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
 from statekernel._storage.closing import Closing
@@ -65,6 +64,7 @@ from statekernel.stores._format.codec import (
     snapshot_of,
 )
 from statekernel.stores._format.dicts import dump_entry
+from statekernel.stores._format.documents import dump_bytes, enc_time, load_json
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._owners import Clock, HostLeased, HostLeases, LeaseChange, LeaseRecord

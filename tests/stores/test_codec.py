@@ -14,7 +14,6 @@ import attrs
 import pytest
 
 from statekernel._records import convert
-from statekernel._records.encoding import blob_bytes, blob_text
 from statekernel._records.events import Event
 from statekernel._records.lazy import LazyTuple
 from statekernel._records.messages import (
@@ -24,6 +23,7 @@ from statekernel._records.messages import (
 from statekernel._records.run import Run, ToolCallRecord, Turn
 from statekernel.errors import CorruptCheckpoint, StoreError
 from statekernel.stores import Checkpoint, open_store
+from statekernel.stores._format.blobs import blob_bytes, blob_text
 from statekernel.stores._format.codec import decode_run, encode_commit
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._format.events import decode_events, encode_events
@@ -222,16 +222,16 @@ def test_damaged_compressed_parts_are_corrupt_checkpoints() -> None:
 
 def test_tool_specs_are_encoded_from_the_tuple_they_are() -> None:
     from statekernel._records.messages import ToolSpec
-    from statekernel._records.storing import Loading, Storing, loading, storing
+    from statekernel.stores._format.converter import Loading, Storing, reading, writing
 
     def round_trip(tools: tuple[ToolSpec, ...]) -> tuple[ToolSpec, ...]:
         ctx = Storing()
-        with storing(ctx):
-            doc = convert.converter.unstructure(ModelRequest("p/m", (), tools), ModelRequest)
+        with writing(ctx) as conv:
+            doc = conv.unstructure(ModelRequest("p/m", (), tools), ModelRequest)
         stored = json.loads(json.dumps(doc))
-        with loading(Loading(ctx.blobs.blobs)):
-            first = convert.converter.structure(stored, ModelRequest).tools
-            again = convert.converter.structure(stored, ModelRequest).tools
+        with reading(Loading(ctx.blobs.blobs)) as conv:
+            first = conv.structure(stored, ModelRequest).tools
+            again = conv.structure(stored, ModelRequest).tools
         if len(json.dumps(doc["tools"])) > 50:  # a blob: read once, shared
             assert again is first, "requests loaded together share their tool specs"
         return first

@@ -18,11 +18,11 @@ import pytest
 
 import statekernel as sk
 from statekernel._records import convert
-from statekernel._records.encoding import escape
 from statekernel._records.run import PauseInfo
-from statekernel._records.storing import NO_BLOBS, loading
 from statekernel.pauses import ChildWait, HookPause, MaxTurns, Question, Uncertain
 from statekernel.stores import CheckpointStore, open_store
+from statekernel.stores._format.blobs import escape
+from statekernel.stores._format.converter import NO_BLOBS, reading
 from statekernel.testing import (
     Crash,
     CrashAt,
@@ -49,8 +49,8 @@ RAW: dict[str, RawDocuments] = {
 
 
 def _v1_pause(doc: dict[str, Any]) -> dict[str, Any]:
-    with loading(NO_BLOBS):
-        info = convert.structure(doc, PauseInfo)
+    with reading(NO_BLOBS) as conv:
+        info = conv.load(doc, PauseInfo, "pause")
     out = {"reason": doc["reason"], "resume_to": doc["resume_to"]}
     if info.metadata:
         out["metadata"] = escape(info.metadata)

@@ -21,7 +21,7 @@ import pytest
 import redis as redis_sync
 
 import statekernel as sk
-from statekernel._records.encoding import blob_text
+from statekernel.stores._format.blobs import blob_text
 from statekernel.stores._format.dicts import ENTRY_DICT
 
 from .conftest import REDIS_PASSWORD

@@ -64,6 +64,14 @@ def test_corrupt_or_unknown_data_raises_corrupt_checkpoint(mutate, problem: str)
     assert not isinstance(info.value, KeyError)
 
 
+@pytest.mark.parametrize("messages", [{}, "", {"$r": [0, 1]}])
+def test_a_request_in_plain_data_lists_its_messages(messages: object) -> None:
+    with pytest.raises(CorruptCheckpoint):
+        convert.structure({"model": "p/m", "messages": messages}, sk.ModelRequest)
+    request = convert.structure({"model": "p/m", "messages": []}, sk.ModelRequest)
+    assert request == sk.ModelRequest("p/m")
+
+
 def test_not_json_raises_corrupt_checkpoint() -> None:
     with pytest.raises(CorruptCheckpoint, match="not JSON"):
         convert.loads('{"run_id": ', sk.Run)

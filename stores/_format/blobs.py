@@ -1,11 +1,13 @@
-"""Building blocks of the stored encoding: blobs, JSON values, times, head patches.
+"""Blobs: long strings and large JSON values kept once per run, by a hash of their text.
 
-Stored documents are compact JSON. Long strings and large JSON values are stored
-once per run as *blobs* keyed by a hash of their text and referenced by a marker,
-so a tool output that appears in a tool call record, a tool message and a head
-revision is written once. Markers are one-key (or two-key) objects whose first key
-starts with ``$``; a user object that has a key starting with ``$`` is wrapped as
-``{"$e": {...}}`` so it can never be read back as a marker.
+A tool output that appears in a tool call record, a tool message and a head
+revision is written once. In a document a blob is a marker, a one-key object whose
+key starts with ``$``: ``{"$b": key}`` for a string of at least ``BLOB_MIN``
+characters, ``{"$v": key}`` for an object or array whose JSON text is that long. A
+user object with a key starting with ``$`` is wrapped as ``{"$e": {...}}`` so it is
+never read back as a marker. A blob's bytes are its UTF-8 text, zlib-compressed when
+that saves a tenth (``blob_bytes``). ``BlobWriter`` encodes a commit's strings and
+values and collects the blobs it must write; ``BlobReader`` reads them back.
 """
 
 from __future__ import annotations
@@ -16,90 +18,31 @@ import hashlib
 import json
 import zlib
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from statekernel.errors import CorruptCheckpoint
+from statekernel.stores._format.documents import canonical, load_json
 
 __all__ = [
     "BLOB_MIN",
-    "SNAPSHOT_EVERY",
     "ZIP_MIN",
     "BlobReader",
     "BlobWriter",
-    "apply_patch",
+    "blob_bytes",
+    "blob_key",
     "blob_refs",
-    "canonical",
-    "corrupt",
-    "dec_time",
-    "diff",
-    "dump_bytes",
-    "enc_time",
-    "load_json",
+    "blob_text",
+    "escape",
 ]
-
-_fast_loads: Callable[[bytes | str], Any] | None
-try:
-    from orjson import loads as _orjson_loads
-
-    _fast_loads = _orjson_loads
-except ImportError:  # pragma: no cover - optional speed-up
-    _fast_loads = None
 
 BLOB_MIN = 256
 """Strings (and JSON texts of values) at least this long are stored as blobs."""
-
-SNAPSHOT_EVERY = 32
-"""Every revision divisible by this is logged as a full head, the others as patches."""
 
 ZIP_MIN = 512
 """Blobs of at least this many bytes are stored zlib-compressed when that saves a tenth."""
 
 _ZIPPED = b"\x00z"
 _ESCAPED = b"\x00"
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICRO = timedelta(microseconds=1)
 _BLOB_CODES = ("$b", "$v")
-
-
-def corrupt(what: str, exc: BaseException | str) -> CorruptCheckpoint:
-    """A ``CorruptCheckpoint`` naming what could not be read and why."""
-    detail = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
-    return CorruptCheckpoint(f"invalid {what}: {detail}")
-
-
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-
-
-def canonical(value: Any) -> str:
-    """The compact JSON text of a value (the form tool results are fed back in)."""
-    return _ENCODER.encode(value)
-
-
-def dump_bytes(doc: Any) -> bytes:
-    """A document as UTF-8 JSON; text with lone surrogates falls back to ASCII escapes."""
-    try:
-        return canonical(doc).encode()
-    except UnicodeEncodeError:
-        return json.dumps(doc, separators=(",", ":")).encode()
-
-
-def load_json(data: bytes | str, what: str) -> Any:
-    """Parse stored JSON; anything unreadable raises ``CorruptCheckpoint``.
-
-    Uses ``orjson`` when it is installed and falls back to ``json`` for what orjson
-    refuses (integers beyond 64 bits, NaN), so the result is the same either way.
-    """
-    if _fast_loads is not None:
-        try:
-            return _fast_loads(data)
-        except ValueError:
-            pass
-    try:
-        return json.loads(data)
-    except (ValueError, TypeError) as exc:
-        raise corrupt(what, exc) from exc
 
 
 def blob_key(text: str) -> str:
@@ -137,23 +80,8 @@ def blob_text(data: bytes) -> str:
     return data.decode()
 
 
-def enc_time(value: datetime) -> int | str:
-    """UTC times as integer microseconds since the epoch, any other as ISO text."""
-    if value.tzinfo is UTC:
-        return (value - _EPOCH) // _MICRO
-    return value.isoformat()
-
-
-def dec_time(value: Any) -> datetime:
-    """The inverse of ``enc_time``."""
-    if type(value) is int:
-        return _EPOCH + value * _MICRO
-    if type(value) is str:
-        return datetime.fromisoformat(value)
-    raise TypeError(f"expected a time, got {type(value).__name__}")
-
-
 def escape(value: Any) -> Any:
+    """A JSON value as a document keeps it: objects with a ``$`` key wrapped as ``{"$e": ...}``."""
     if type(value) is dict:
         out = {k: escape(v) for k, v in value.items()}
         if any(type(k) is str and k[:1] == "$" for k in out):
@@ -305,74 +233,3 @@ def _collect(doc: Any, add: Callable[[str], None]) -> None:
                 doc = doc[key]
         for v in doc.values():
             _collect(v, add)
-
-
-# -- head patches -----------------------------------------------------------------
-
-_NESTED = frozenset({"current_turn", "request", "result"})
-_NOT_LOGGED = "revision"
-_MISSING = object()
-
-
-def same(a: Any, b: Any) -> bool:
-    """Equality of JSON values that also tells ``1``, ``1.0`` and ``True`` apart."""
-    if a is b:
-        return True
-    kind = type(a)
-    if kind is not type(b):
-        return False
-    if kind is dict:
-        if len(a) != len(b):
-            return False
-        for key, value in a.items():
-            other = b.get(key, _MISSING)
-            if other is _MISSING or not (value is other or same(value, other)):
-                return False
-        return True
-    if kind is list:
-        if len(a) != len(b):
-            return False
-        for x, y in zip(a, b, strict=True):  # noqa: SIM110 - a plain loop is faster here
-            if x is not y and not same(x, y):
-                return False
-        return True
-    return bool(a == b)
-
-
-def diff(old: dict[str, Any], new: dict[str, Any], *, top: bool = True) -> dict[str, Any]:
-    """A patch turning head document ``old`` into ``new`` (revision excluded).
-
-    ``{key: value}`` sets, ``{"-": [keys]}`` deletes, ``{"~key": patch}`` patches a
-    nested record document (the current turn, its request and result).
-    """
-    patch: dict[str, Any] = {}
-    for key, value in new.items():
-        if top and key == _NOT_LOGGED:
-            continue
-        prior = old.get(key, _MISSING)
-        if prior is value:
-            continue
-        if key in _NESTED and type(prior) is dict and type(value) is dict:
-            sub = diff(prior, value, top=False)
-            if sub:
-                patch["~" + key] = sub
-        elif not same(prior, value):
-            patch[key] = value
-    gone = [k for k in old if k not in new and not (top and k == _NOT_LOGGED)]
-    if gone:
-        patch["-"] = gone
-    return patch
-
-
-def apply_patch(doc: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-    """``doc`` with ``patch`` applied (``doc`` is not modified)."""
-    out = dict(doc)
-    for key, value in patch.items():
-        if key == "-":
-            for gone in value:
-                out.pop(gone, None)
-        elif key[:1] == "~":
-            out[key[1:]] = apply_patch(out[key[1:]], value)
-        else:
-            out[key] = value
-    return out
