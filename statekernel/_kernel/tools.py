@@ -87,6 +87,7 @@ class Tool:
     idempotent: bool = False
     concurrency_safe: bool = True
     timeout: float | None = None
+    inline: bool = False
 
     @property
     def spec(self) -> ToolSpec:
@@ -110,16 +111,21 @@ class Tool:
         """Validate, call (with ``timeout``) and return JSON-able output (a
         ``ToolReturn`` of JSON-able parts when the tool returned one).
 
-        A sync function runs in a thread of the loop's default executor. Cancelling
-        the call then waits for the thread to return (a thread cannot be stopped), so
-        a cancelled call has always ended. A timeout does not wait: the thread may go
-        on and its result is dropped.
+        A sync function runs in a thread of the loop's default executor, or on the
+        event loop itself when the tool is ``inline``. Cancelling the call then waits
+        for the thread to return (a thread cannot be stopped), so a cancelled call has
+        always ended. A timeout does not wait: the thread may go on and its result is
+        dropped.
         """
         kwargs = self.validate(arguments)
         if self.context_param:
             kwargs[self.context_param] = ctx
         if _is_async(self.fn):
             result = await self._awaited(self.fn(**kwargs))
+        elif self.inline:
+            result = self.fn(**kwargs)
+            if inspect.isawaitable(result):
+                result = await self._awaited(result)
         else:
             result = await self._in_thread(kwargs)
             if inspect.isawaitable(result):
@@ -194,6 +200,7 @@ def _build(
     idempotent: bool,
     concurrency_safe: bool,
     timeout: float | None,
+    inline: bool = False,
 ) -> Tool:
     if name is None and fn.__name__ == "<lambda>":
         raise ConfigError("a tool made from a lambda needs a name: tool(name=...)(lambda ...)")
@@ -250,7 +257,22 @@ def _build(
         idempotent=idempotent,
         concurrency_safe=concurrency_safe,
         timeout=timeout,
+        inline=_inline(fn, name, inline, timeout),
     )
+
+
+def _inline(fn: Callable[..., Any], name: str | None, inline: object, timeout: object) -> bool:
+    """``inline`` as given, for a sync function without a timeout (``ConfigError``
+    otherwise: an async function never blocks the loop, and a call on the loop cannot
+    be cut off)."""
+    what = f"tool {name or fn.__name__!r}"
+    if type(inline) is not bool:
+        raise ConfigError(f"{what}: inline must be True or False, got {inline!r}")
+    if inline and _is_async(fn):
+        raise ConfigError(f"{what}: inline is for sync functions (an async one runs on the loop)")
+    if inline and timeout is not None:
+        raise ConfigError(f"{what}: an inline tool runs on the event loop and cannot time out")
+    return inline
 
 
 @overload
@@ -265,6 +287,7 @@ def tool(
     idempotent: bool = False,
     concurrency_safe: bool = True,
     timeout: float | None = None,
+    inline: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -277,17 +300,21 @@ def tool(
     idempotent: bool = False,
     concurrency_safe: bool = True,
     timeout: float | None = None,
+    inline: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a (sync or async) function into a ``Tool``.
 
     The JSON schema comes from the type hints, the description and parameter
     descriptions from the docstring (Google style ``Args:``). ``idempotent`` tools
     are re-run on resume; ``concurrency_safe=False`` tools run alone; ``timeout``
-    (seconds) turns a slow call into an error result.
+    (seconds) turns a slow call into an error result. A sync function runs in a
+    thread, so it never holds up the event loop (and the lease renewals on it);
+    ``inline=True`` calls a sync function that is quick and never blocks (no I/O, no
+    sleeping) on the loop instead, without the hand-off to a thread.
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return _build(f, name, description, idempotent, concurrency_safe, timeout)
+        return _build(f, name, description, idempotent, concurrency_safe, timeout, inline)
 
     return wrap(fn) if fn is not None else wrap
 

@@ -339,3 +339,66 @@ async def test_an_argument_check_that_raises_is_an_error_result(make_kernel: Mak
     assert final.state == "completed"
     record = final.turns[0].completed[0]
     assert record.error == "invalid arguments for picky: LookupError: no such entry: {'q': 1}"
+
+
+async def test_a_sync_tool_runs_in_a_thread_unless_it_is_inline() -> None:
+    threads: dict[str, int] = {}
+
+    def threaded_fn() -> str:
+        """Where it runs."""
+        threads["threaded"] = threading.get_ident()
+        return "threaded"
+
+    def inline_fn() -> str:
+        """Where it runs."""
+        threads["inline"] = threading.get_ident()
+        return "inline"
+
+    threaded = sk.tool(threaded_fn)
+    inline = sk.tool(inline=True)(inline_fn)
+    ctx = sk.ToolContext("r", "c", 1, {})
+    assert await threaded.invoke({}, ctx) == "threaded"
+    assert await inline.invoke({}, ctx) == "inline"
+    assert threads["inline"] == threading.get_ident() != threads["threaded"]
+
+
+async def test_an_inline_tool_drives_a_run_and_sees_its_context(make_kernel: MakeKernel) -> None:
+    seen: list[str] = []
+
+    @sk.tool(inline=True)
+    def note(text: str, ctx: sk.ToolContext) -> str:
+        """Note quickly."""
+        seen.append(f"{ctx.run_id}:{text}")
+        return f"noted {text}"
+
+    kernel, _, _ = make_kernel([call("note", {"text": "a"}), "done"], tools=[note])
+    run = await start(kernel)
+    await drain(kernel, run.run_id)
+    final = await kernel.get(run.run_id)
+    assert final.state == "completed"
+    assert seen == [f"{run.run_id}:a"]
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"inline": True, "timeout": 1.0}, "cannot time out"),
+        ({"inline": "yes"}, "inline must be True or False"),
+    ],
+)
+def test_inline_is_refused_where_it_cannot_hold(options: dict[str, object], problem: str) -> None:
+    def quick() -> str:
+        """Quick."""
+        return "x"
+
+    with pytest.raises(ConfigError, match=problem):
+        sk.tool(**options)(quick)  # type: ignore[call-overload]
+
+
+def test_an_async_tool_cannot_be_inline() -> None:
+    async def quick() -> str:
+        """Quick."""
+        return "x"
+
+    with pytest.raises(ConfigError, match="inline is for sync functions"):
+        sk.tool(inline=True)(quick)
