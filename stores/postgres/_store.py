@@ -94,6 +94,10 @@ __all__ = ["PostgresStore"]
 T = TypeVar("T")
 log = logger("statekernel.stores")
 
+MIN_POOL = 2
+"""The smallest pool a store can work with: one connection for the owners' advisory
+locks (a worker's queue listens on one more), one for everything else."""
+
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, OverflowError)
 """What asyncpg raises for a server, connection or value it cannot send (a
 ``StoreError`` here); ``BadRow`` is damage (``CorruptCheckpoint``)."""
@@ -130,6 +134,13 @@ class PostgresStore(Closing):
             pgbouncer = target.pgbouncer if pgbouncer is None else pgbouncer
         else:
             self._dsn = None
+            size = pool.get_max_size() if pool is not None else MIN_POOL
+            if size < MIN_POOL:
+                raise ConfigError(
+                    f"PostgresStore needs a pool of at least {MIN_POOL} connections, got"
+                    f" {size}: an owner's advisory lock holds one for as long as it drives"
+                    " runs, and commits need another"
+                )
         self.url = url
         self.schema = check_schema("statekernel" if schema is None else schema)
         self.pgbouncer = bool(pgbouncer)

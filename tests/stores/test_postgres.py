@@ -228,6 +228,17 @@ async def test_pgbouncer_mode_and_a_pool_of_the_callers(postgres_store_url: str)
         await pool.close()
 
 
+async def test_a_pool_of_one_connection_is_refused(postgres_store_url: str) -> None:
+    """An owner's advisory lock would hold the only connection, and commits wait forever."""
+    target = parse_postgres_url(postgres_store_url)
+    pool = await asyncpg.create_pool(target.dsn, min_size=1, max_size=1)
+    try:
+        with pytest.raises(ConfigError, match="at least 2 connections, got 1"):
+            PostgresStore(pool=pool, schema=target.schema)
+    finally:
+        await pool.close()
+
+
 async def test_migrate_between_sqlite_and_postgres_both_ways(
     tmp_path: Path, postgres_store_url: str
 ) -> None:
