@@ -31,6 +31,7 @@ from statekernel._secrets import logger, redact, redact_url, remember_url
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel._storage.shielding import shielded
+from statekernel._storage.unclosed import warn_unclosed
 from statekernel._storage.watching import CommitNotice, Feed, poll_watch
 from statekernel.errors import (
     ConfigError,
@@ -161,6 +162,13 @@ class PostgresStore(Closing):
     def _shown(self) -> str:
         target = redact_url(self.url) if self.url is not None else "(a pool)"
         return f"{target!r} schema {self.schema!r}"
+
+    def __del__(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None and getattr(self, "_owns_pool", False):  # never closed
+            warn_unclosed(f"PostgresStore {self._shown()}", self)
+            with contextlib.suppress(Exception):
+                pool.terminate()  # the server's sessions end now, not at the process's exit
 
     def __repr__(self) -> str:
         if self.url is None:

@@ -5,6 +5,7 @@ SQLite both ways."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import subprocess
@@ -226,6 +227,19 @@ async def test_pgbouncer_mode_and_a_pool_of_the_callers(postgres_store_url: str)
         await bouncer.aclose()
     finally:
         await pool.close()
+
+
+async def test_a_store_collected_unclosed_warns_and_ends_its_sessions(
+    postgres_store_url: str,
+) -> None:
+    store = PostgresStore(postgres_store_url)
+    await store.list_runs()
+    pool = store._pool
+    assert pool is not None
+    del store
+    with pytest.warns(ResourceWarning, match="unclosed PostgresStore"):
+        gc.collect()
+    assert pool._closed
 
 
 async def test_a_pool_of_one_connection_is_refused(postgres_store_url: str) -> None:
