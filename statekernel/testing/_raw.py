@@ -268,11 +268,11 @@ class FileRecords:
 
     def decode(self, key: RecordKey, data: bytes) -> Any:
         """The record's document (a log line holds it third, a head record fourth; an
-        entry as base64)."""
+        entry and a head compressed, in base64)."""
         kind = key[0]
         line = load_json(unseal_line(data, kind), kind)
         if kind == "head":
-            return line[3]
+            return load_entry(base64.b64decode(line[3]), kind)
         if kind == "entry":
             return load_entry(base64.b64decode(line[2]), kind)
         return line[2]
@@ -282,7 +282,7 @@ class FileRecords:
         kind = key[0]
         outer = load_json(unseal_line(like, kind), kind)
         if kind == "head":
-            outer[3] = doc
+            outer[3] = base64.b64encode(dump_entry(doc)).decode()
         elif kind == "entry":
             outer[2] = base64.b64encode(dump_entry(doc)).decode()
         else:

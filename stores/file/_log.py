@@ -2,8 +2,9 @@
 
 Each commit appended to ``log.jsonl`` ends with its head record,
 ``["h", at, "crc", head]`` sealed like every line: ``at`` is the offset where the
-commit's lines begin and ``crc`` the CRC32 of their bytes (the head record excluded,
-which its own seal covers). The fsync of the log is the commit point: a commit is
+commit's lines begin, ``crc`` the CRC32 of their bytes (the head record excluded,
+which its own seal covers) and ``head`` the head, compressed as commit log entries are
+(``stores._format.dicts``) and in base64. The fsync of the log is the commit point: a commit is
 there when its head record is, with its checksum matching the lines before it.
 
 ``head.json`` is a hint written after that fsync and not fsynced: the length of the
@@ -19,6 +20,8 @@ commit point of that layout) is a hint that holds the head itself.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +31,7 @@ import attrs
 from statekernel._records.encoding import dump_bytes, load_json
 from statekernel.errors import CorruptCheckpoint, StoreError
 from statekernel.stores._format.checksum import seal_line, unseal_line
+from statekernel.stores._format.dicts import dump_entry, load_entry
 
 __all__ = [
     "LAYOUT_VERSION",
@@ -77,7 +81,8 @@ class Committed:
 
 def head_record(at: int, lines: bytes, head: dict[str, Any]) -> bytes:
     """The line that ends a commit: its head, where the commit began, its checksum."""
-    body = b'["h",%d,"%08x",%s]' % (at, zlib.crc32(lines), dump_bytes(head))
+    packed = base64.b64encode(dump_entry(head))
+    body = b'["h",%d,"%08x","%s"]' % (at, zlib.crc32(lines), packed)
     return seal_line(body) + b"\n"
 
 
@@ -114,7 +119,17 @@ Read = Callable[[int, int], bytes]
 class _Record:
     at: int
     crc: int
-    head: dict[str, Any]
+    packed: str
+
+    def head(self, what: str) -> dict[str, Any]:
+        """The head the record holds (decoded only for the commit that is read)."""
+        try:
+            head = load_entry(base64.b64decode(self.packed, validate=True), what)
+        except (ValueError, binascii.Error) as exc:
+            raise CorruptCheckpoint(f"invalid {what}: {exc}") from exc
+        if not isinstance(head, dict):
+            raise CorruptCheckpoint(f"invalid {what}: not a head")
+        return head
 
 
 def _record(line: bytes) -> _Record | None:
@@ -130,7 +145,7 @@ def _record(line: bytes) -> _Record | None:
         or type(doc[1]) is not int
         or not isinstance(doc[2], str)
         or len(doc[2]) != 8
-        or not isinstance(doc[3], dict)
+        or not isinstance(doc[3], str)
     ):
         return None
     try:
@@ -202,16 +217,16 @@ def _hinted(read: Read, hint: Hint, where: str) -> Committed:
     if not line.endswith(b"\n") or not at_line:
         raise CorruptCheckpoint(f"invalid log of {where}: no head record at byte {hint.head_at}")
     record = _record(line[:-1])
+    what = f"head record (log byte {hint.head_at}) of {where}"
     if record is None:
-        return_what = f"head record (log byte {hint.head_at}) of {where}"
-        unseal_line(line[:-1], return_what)  # names a checksum mismatch
-        raise CorruptCheckpoint(f"invalid {return_what}: not a head record")
+        unseal_line(line[:-1], what)  # names a checksum mismatch
+        raise CorruptCheckpoint(f"invalid {what}: not a head record")
     if (
         not 0 <= record.at <= hint.head_at
         or zlib.crc32(read(record.at, hint.head_at)) != record.crc
     ):
         raise _damage(read, min(max(record.at, 0), hint.head_at), hint.size, where)
-    return Committed(hint.size, record.head, True)
+    return Committed(hint.size, record.head(what), True)
 
 
 def _after(read: Read, size: int, base: Committed | None, where: str) -> Committed | None:
@@ -223,7 +238,8 @@ def _after(read: Read, size: int, base: Committed | None, where: str) -> Committ
     """
     start = 0 if base is None else base.size
     data = read(start, size)
-    found, end, broken, pos = base, start, False, 0
+    last: _Record | None = None
+    end, last_at, broken, pos = start, start, False, 0
     while (nl := data.find(b"\n", pos)) >= 0:
         line, line_at, pos = data[pos:nl], start + pos, nl + 1
         if line[:5] != _HEAD:
@@ -237,8 +253,10 @@ def _after(read: Read, size: int, base: Committed | None, where: str) -> Committ
         if not whole or record is None:
             broken = True
             continue
-        first = found is None  # a log begun in layout 3 has lines before its first commit
+        first = base is None and last is None  # a log begun in layout 3: lines before it
         if broken or (record.at != end and not first):
             raise _damage(read, end, line_at, where)
-        found, end = Committed(start + pos, record.head, False), start + pos
-    return found
+        last, last_at, end = record, line_at, start + pos
+    if last is None:
+        return base
+    return Committed(end, last.head(f"head record (log byte {last_at}) of {where}"), False)

@@ -18,7 +18,8 @@ from statekernel.errors import (
     StoreError,
 )
 from statekernel.stores import Checkpoint, open_store, redact_url
-from statekernel.stores._format.checksum import seal, seal_line, unseal, unseal_line
+from statekernel.stores._format.checksum import seal, unseal
+from statekernel.testing._raw import FileRecords
 from statekernel.testing._store_cases import next_revision, sample_run
 
 
@@ -216,9 +217,10 @@ async def test_unknown_schema_version_file(tmp_path: Path) -> None:
     await _commit_two(f"file://{tmp_path}")
     path = tmp_path / "r" / "log.jsonl"
     *lines, last = path.read_bytes().split(b"\n")[:-1]
-    record = json.loads(unseal_line(last, "head record"))  # the last commit's head record
-    record[3]["schema_version"] = 99
-    lines.append(seal_line(json.dumps(record, separators=(",", ":")).encode()))
+    raw, key = FileRecords(), ("head", 0)  # the last commit's head record
+    head = raw.decode(key, last)
+    head["schema_version"] = 99
+    lines.append(raw.encode(key, head, last))
     path.write_bytes(b"".join(line + b"\n" for line in lines))
     (tmp_path / "r" / "head.json").unlink()  # its length no longer matches
     with pytest.raises(CorruptCheckpoint, match="schema_version 99"):

@@ -18,6 +18,7 @@ from statekernel._records.run import Run
 from statekernel.errors import CorruptCheckpoint
 from statekernel.stores import Checkpoint, open_store
 from statekernel.stores._format.checksum import seal_line, unseal_line
+from statekernel.testing._raw import FileRecords
 from statekernel.testing._store_cases import next_revision, sample_run
 
 
@@ -256,7 +257,7 @@ def _as_layout_3(folder: Path) -> dict[str, Any]:
     """The run in layout 3: its log without head records, its head in ``head.json``
     with the length of the log it covers (fsynced there: the commit point)."""
     lines = (folder / "log.jsonl").read_bytes().split(b"\n")[:-1]
-    head = json.loads(unseal_line(lines[-1], "head record"))[3]
+    head = FileRecords().decode(("head", 0), lines[-1])
     log = b"".join(line + b"\n" for line in lines if not line.startswith(b'["h",'))
     (folder / "log.jsonl").write_bytes(log)
     doc = {"v": 3, "sz": len(log), "head": head}
