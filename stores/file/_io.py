@@ -294,14 +294,14 @@ class RunFolder:
                 private_folder(self.path.parent)
             if not self.path.is_dir():
                 self.path.mkdir(mode=0o700, exist_ok=True)
-                _fsync_dir(self.path.parent)
         except OSError as exc:
             raise self._fail("create the run folder", exc) from exc
 
     def append(self, committed: int, data: bytes, *, first: bool) -> int:
         """Cut the log to its committed length, append ``data`` (a commit ending with its
         head record), fsync: the commit point. The first commit of a run also fsyncs
-        the run's folder (the log's name in it). Returns the new length."""
+        the run's folder and the store's (a folder left by a first commit that never
+        landed may not be on disk either). Returns the new length."""
         try:
             fd = os.open(self.path / LOG, os.O_WRONLY | os.O_CREAT, FILE_MODE)
         except OSError as exc:
@@ -321,8 +321,9 @@ class RunFolder:
                 with contextlib.suppress(OSError):  # not on disk: not a commit
                     os.ftruncate(fd, committed)
                 raise
-            if first:
+            if first:  # the log's name in the run's folder, the folder's in the store's
                 _fsync_dir(self.path)
+                _fsync_dir(self.path.parent)
             return end
         except OSError as exc:
             raise self._fail("append to the log", exc) from exc

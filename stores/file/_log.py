@@ -98,11 +98,13 @@ def parse_hint(data: bytes, path: str) -> Hint | str:
         doc = load_json(unseal_line(data, "head file"), "head file")
     except CorruptCheckpoint:
         return TORN
-    if not isinstance(doc, dict) or type(doc.get("sz")) is not int:
+    if not isinstance(doc, dict):
         return TORN
     version = doc.get("v")
     if version not in _READABLE:
         raise StoreError(f"head file {path!r}: unknown file store layout {version!r}")
+    if type(doc.get("sz")) is not int:
+        return TORN
     if version == 3:
         head = doc.get("head")
         return Hint(3, doc["sz"], doc["sz"], head) if isinstance(head, dict) else TORN
