@@ -18,10 +18,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import sqlite3
+import zlib
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from statekernel._storage.protocol import CheckpointStore
+from statekernel.errors import CorruptCheckpoint
 from statekernel.stores._format.checksum import seal, seal_line, unseal, unseal_line
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._format.documents import dump_bytes, load_json
@@ -245,7 +247,8 @@ def _connect(path: str) -> sqlite3.Connection:
 
 
 class FileRecords:
-    """``RawRecords`` of ``file://`` stores: lines of the run's log and its head file."""
+    """``RawRecords`` of ``file://`` stores: lines of the run's log (its last head
+    record is the head; the earlier ones are not records of their own)."""
 
     _KINDS: ClassVar[dict[bytes, str]] = {
         b"c": "entry",
@@ -257,28 +260,29 @@ class FileRecords:
 
     async def read(self, store: CheckpointStore, run_id: str) -> dict[RecordKey, bytes]:
         """The run's records."""
-        folder = _folder(store, run_id)
-        records: dict[RecordKey, bytes] = {("head", 0): (folder / "head.json").read_bytes()}
-        for key, line in self._lines(folder):
-            records[key] = line
+        records: dict[RecordKey, bytes] = {}
+        for key, line in self._lines(_folder(store, run_id)):
+            if key[0] != "head" or key[1] == 0:
+                records[key] = line
         return records
 
     def decode(self, key: RecordKey, data: bytes) -> Any:
-        """The record's document (a log line holds it third; an entry as base64)."""
+        """The record's document (a log line holds it third, a head record fourth; an
+        entry and a head compressed, in base64)."""
         kind = key[0]
-        if kind == "head":
-            return load_json(unseal_line(data, kind), kind)["head"]
         line = load_json(unseal_line(data, kind), kind)
+        if kind == "head":
+            return load_entry(base64.b64decode(line[3]), kind)
         if kind == "entry":
             return load_entry(base64.b64decode(line[2]), kind)
         return line[2]
 
     def encode(self, key: RecordKey, doc: Any, like: bytes) -> bytes:
-        """``doc`` in the record's line (or head file) in place of what it holds."""
+        """``doc`` in the record's line in place of what it holds."""
         kind = key[0]
         outer = load_json(unseal_line(like, kind), kind)
         if kind == "head":
-            outer["head"] = doc
+            outer[3] = base64.b64encode(dump_entry(doc)).decode()
         elif kind == "entry":
             outer[2] = base64.b64encode(dump_entry(doc)).decode()
         else:
@@ -286,8 +290,16 @@ class FileRecords:
         return seal_line(dump_bytes(outer))
 
     def _lines(self, folder: Path) -> list[tuple[RecordKey, bytes]]:
+        """Every line with its record key; head records are ``("head", n)``, the last
+        one ``("head", 0)``."""
         found: list[tuple[RecordKey, bytes]] = []
-        for line in (folder / "log.jsonl").read_bytes().split(b"\n")[:-1]:
+        lines = (folder / "log.jsonl").read_bytes().split(b"\n")[:-1]
+        heads = sum(1 for line in lines if line.startswith(b'["h",'))
+        for line in lines:
+            if line.startswith(b'["h",'):
+                heads -= 1
+                found.append((("head", heads), line))
+                continue
             kind, name = load_json(line[:-9], "log line")[:2]
             found.append(((self._KINDS[kind.encode()], name), line))
         return found
@@ -295,18 +307,33 @@ class FileRecords:
     async def write(
         self, store: CheckpointStore, run_id: str, key: RecordKey, data: bytes | None
     ) -> None:
-        """Replace or remove one record; the head is updated to cover the new log."""
+        """Replace or remove one record; the commits are sealed again over their new
+        lines (a head record that is not intact is left as it is) and the hint covers
+        the new log."""
         folder = _folder(store, run_id)
-        if key == ("head", 0):
-            assert data is not None, "the head cannot be removed"
-            (folder / "head.json").write_bytes(data)
-            return
         lines = [data if k == key else line for k, line in self._lines(folder)]
-        log = b"".join(line + b"\n" for line in lines if line is not None)
-        (folder / "log.jsonl").write_bytes(log)
-        head = load_json(unseal_line((folder / "head.json").read_bytes(), "head"), "head")
-        head["sz"] = len(log)
-        (folder / "head.json").write_bytes(seal_line(dump_bytes(head)))
+        log = bytearray()
+        at = 0
+        head_at = 0
+        for line in lines:
+            if line is None:
+                continue
+            if line.startswith(b'["h",'):
+                head_at = len(log)
+                try:
+                    record = load_json(unseal_line(line, "head record"), "head record")
+                except CorruptCheckpoint:
+                    record = None
+                if isinstance(record, list) and len(record) == 4:
+                    record[1], record[2] = at, f"{zlib.crc32(log[at:]):08x}"
+                    line = seal_line(dump_bytes(record))
+                log += line + b"\n"
+                at = len(log)
+            else:
+                log += line + b"\n"
+        (folder / "log.jsonl").write_bytes(bytes(log))
+        hint = {"v": 4, "sz": len(log), "h": head_at}
+        (folder / "head.json").write_bytes(seal_line(dump_bytes(hint)))
 
     copies: tuple[str, ...] = ("lease",)
     lease_kept: bool = True

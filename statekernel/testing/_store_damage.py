@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import attrs
 
+from statekernel._records.encoding import dump_bytes
 from statekernel._records.messages import Message
 from statekernel._records.run import Run, StateId
 from statekernel._storage.protocol import Checkpoint, CheckpointStore
 from statekernel.errors import CorruptCheckpoint, LeaseLost
-from statekernel.testing._raw import RawCopies, RawRecords, RecordKey
+from statekernel.testing._raw import RawCopies, RawDocuments, RawRecords, RecordKey
 from statekernel.testing._store_cases import events_for, next_revision, sample_run
 
 __all__ = [
@@ -62,11 +63,25 @@ def _flip(data: bytes, at: int) -> bytes:
     return data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :]
 
 
-def _holding(records: dict[RecordKey, bytes], kind: str, needle: bytes) -> RecordKey:
+def _holding(
+    records: dict[RecordKey, bytes], kind: str, needle: bytes, raw: RawRecords
+) -> RecordKey:
+    """The record of ``kind`` holding ``needle``: as text, or in the document of a record
+    stored compressed (``RawDocuments``)."""
     for key, data in records.items():
         if key[0] == kind and needle in data:
             return key
-    raise AssertionError(f"no stored {kind} holds {needle!r} as text")
+    if isinstance(raw, RawDocuments) and kind in ("head", "entry", "message", "turn"):
+        for key, data in records.items():
+            if key[0] == kind and needle in dump_bytes(raw.decode(key, data)):
+                return key
+    raise AssertionError(f"no stored {kind} holds {needle!r}")
+
+
+def _inside(data: bytes, needle: bytes) -> int:
+    """Where to flip a byte of a record: in ``needle`` when it is stored as text, else
+    in the middle."""
+    return data.index(needle) + 2 if needle in data else len(data) // 2
 
 
 async def check_damaged_records(store: CheckpointStore, raw: RawRecords) -> None:
@@ -84,9 +99,9 @@ async def check_damaged_records(store: CheckpointStore, raw: RawRecords) -> None
         ("head", b"calling_model", ("head",)),
     ]
     for kind, needle, words in targets:
-        key = _holding(records, kind, needle)
+        key = _holding(records, kind, needle, raw)
         original = records[key]
-        await raw.write(store, run_id, key, _flip(original, original.index(needle) + 2))
+        await raw.write(store, run_id, key, _flip(original, _inside(original, needle)))
         await corrupt_raised(store.load(run_id), run_id, words, f"load with a damaged {kind}")
         if kind == "head":  # a listing leaves it out and names it, listing the others
             page = await store.list_runs()
@@ -149,7 +164,7 @@ async def check_missing_records(store: CheckpointStore, raw: RawRecords) -> None
         if needle is None:
             key = min(k for k in records if k[0] == kind)
         else:
-            key = _holding(records, kind, needle)
+            key = _holding(records, kind, needle, raw)
         await raw.write(store, run_id, key, None)
         what = f"load with a {kind} missing ({key})"
         await corrupt_raised(_loaded(store, run_id), run_id, (kind,), what)

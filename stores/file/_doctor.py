@@ -21,7 +21,7 @@ from statekernel.stores._doctor_probe import (
     host_lease,
     permissions,
 )
-from statekernel.stores.file._io import RunFolder, read_head, read_lease
+from statekernel.stores.file._io import RunFolder, read_lease
 from statekernel.stores.file._store import FileStore, folder_name
 
 __all__ = ["FileProbe", "MemoryProbe"]
@@ -106,15 +106,14 @@ class FileProbe:
     def _run(self, name: str, path: Path) -> RunRef:
         named = None if name.startswith("~") else name  # a plain run id is its own folder
         try:
-            doc = read_head(RunFolder(path, self.url))
+            head = RunFolder(path, self.url).head()
         except StatekernelError as exc:
             if named is not None:
                 return RunRef(named, named)  # the run's own checks report the damage
             return RunRef(None, str(path), Finding("records", str(path), DAMAGED, str(exc)))
-        if doc is None:
+        if head is None:
             detail = "a run folder without a committed head: a first commit that never landed"
             return RunRef(None, str(path), Finding("records", str(path), WARNING, detail))
-        head = doc["head"]
         run_id = head.get("run_id") if isinstance(head, dict) else None
         if not isinstance(run_id, str) or folder_name(run_id) != name:
             detail = f"the head names run {run_id!r}, which does not belong in this folder"

@@ -1,4 +1,4 @@
-"""Crash-safe file operations of the file store: lock, append, atomic head, snapshot reads."""
+"""Crash-safe file operations of the file store: lock, append, the head hint, snapshot reads."""
 
 from __future__ import annotations
 
@@ -19,18 +19,27 @@ from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._format.documents import dump_bytes, load_json
 from statekernel.stores._lease_records import damaged_lease, host_record
 from statekernel.stores._owners import LeaseRecord
-from statekernel.stores._private import private_folder, write_private
+from statekernel.stores._private import FILE_MODE, private_folder, write_private
+from statekernel.stores.file._log import (
+    LAYOUT_VERSION,
+    Committed,
+    Hint,
+    find_committed,
+    hint_bytes,
+    parse_hint,
+    record_name,
+)
 
 __all__ = [
+    "LAYOUT_VERSION",
     "Locked",
     "RunFolder",
     "Snapshot",
     "blob_line",
     "entry_line",
-    "read_head",
     "log_lines",
     "read_lease",
-    "write_head",
+    "write_hint",
     "write_lease",
 ]
 
@@ -38,15 +47,11 @@ HEAD = "head.json"
 LOG = "log.jsonl"
 LOCK = "lock"
 LEASE = "lease.json"
-LAYOUT_VERSION = 3
-"""The file store layout: every log line and the head end with their CRC32."""
-_READABLE = (LAYOUT_VERSION,)
-_KINDS = {b"m": "message", b"t": "completed turn", b"c": "commit log entry of revision"}
 
 
 @attrs.frozen
 class Locked:
-    """A run's stored head document (``{"v", "sz", "head"}``) read under its lock."""
+    """A run's committed head and log length, read under its lock."""
 
     head: dict[str, Any]
     size: int
@@ -69,21 +74,10 @@ def log_lines(records: list[bytes]) -> bytes:
     return b"".join([seal_line(r) + b"\n" for r in records])
 
 
-def _record_name(body: bytes, number: int) -> str:
-    """What a log line holds, for error messages ("message 3 (log line 9)")."""
-    kind = body[2:3]
-    end = body.find(b",", 5)
-    label = body[5:end].decode("utf-8", "replace").strip('"') if end > 5 else "?"
-    if kind in (b"b", b"z"):
-        return f"blob {label} (log line {number})"
-    if kind in _KINDS:
-        return f"{_KINDS[kind]} {label} (log line {number})"
-    return f"log line {number}"
-
-
 @attrs.define
 class Snapshot:
-    """The head and the committed part of the log of one run, read together."""
+    """The head and the committed part of the log of one run, read together (its head
+    records are checked like every line and otherwise skipped)."""
 
     head: dict[str, Any]
     log: bytes
@@ -96,10 +90,11 @@ class Snapshot:
             kinds: dict[bytes, list[bytes]] = {}
             for number, line in enumerate(self.log.split(b"\n")[:-1], 1):
                 body = line[:-9]
-                what = f"{_record_name(body, number)} of {self.where}"
+                what = f"{record_name(body, number)} of {self.where}"
                 body = unseal_line(line, what)
                 if body[:2] == b'["' and body[3:5] == b'",':
-                    kinds.setdefault(body[2:3], []).append(body)
+                    if body[2:3] != b"h":
+                        kinds.setdefault(body[2:3], []).append(body)
                 else:
                     raise CorruptCheckpoint(f"invalid {what}: not a log record")
             self._kinds = kinds
@@ -171,42 +166,94 @@ class RunFolder:
     def _fail(self, what: str, exc: OSError) -> StoreError:
         return StoreError(f"file store {str(self.path)!r}: cannot {what}: {exc}")
 
+    def _hint(self, dir_fd: int) -> Hint | str | None:
+        try:
+            with open(HEAD, "rb", opener=_opener(dir_fd)) as f:
+                data = f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise self._fail("read the head file", exc) from exc
+        return parse_hint(data, str(self.path / HEAD))
+
     @contextlib.contextmanager
-    def snapshot(self) -> Iterator[Snapshot | None]:
-        """The head and the log it covers, or None when there is no run here."""
+    def _log(self, dir_fd: int) -> Iterator[_Log]:
+        try:
+            fd = os.open(LOG, os.O_RDONLY, dir_fd=dir_fd)
+        except FileNotFoundError:
+            yield _Log(None)
+            return
+        except OSError as exc:
+            raise self._fail("open the log", exc) from exc
+        try:
+            yield _Log(fd)
+        finally:
+            os.close(fd)
+
+    def _committed(self, dir_fd: int, log: _Log, *, locked: bool) -> Committed | None:
+        """The committed part of the log. A commit past the hint (being written, or
+        left by a committer that stopped before its hint) is served only when no
+        committer holds the lock, after an fsync: never a commit not yet on disk."""
+        try:
+            found = find_committed(
+                log.read, log.size(), self._hint(dir_fd), self.where, str(self.path / LOG)
+            )
+            if found is None or found.settled:
+                return found
+            if not locked:
+                with _shared_lock(dir_fd):
+                    return self._committed(dir_fd, log, locked=True)
+            if log.fd is not None:
+                os.fsync(log.fd)
+            return found
+        except OSError as exc:
+            raise self._fail("read the log", exc) from exc
+
+    @contextlib.contextmanager
+    def _opened(self) -> Iterator[int | None]:
         try:
             dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             yield None
             return
         except OSError as exc:
             raise self._fail("open the run folder", exc) from exc
         try:
-            doc = read_head(self, dir_fd=dir_fd)
-            if doc is None:
-                yield None
-                return
-            yield Snapshot(doc, self._read_log(dir_fd, doc["sz"]), self.where)
+            yield dir_fd
         finally:
             os.close(dir_fd)
 
-    def _read_log(self, dir_fd: int, size: int) -> bytes:
-        try:
-            with open(LOG, "rb", opener=_opener(dir_fd)) as f:
-                data = f.read(size)
-        except FileNotFoundError:
-            data = b""
-        except OSError as exc:
-            raise self._fail("read the log", exc) from exc
-        if len(data) != size or (data and not data.endswith(b"\n")):
-            raise CorruptCheckpoint(
-                f"invalid log {str(self.path / LOG)!r}: {len(data)} of {size} committed bytes"
-            )
-        return data
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[Snapshot | None]:
+        """The head and the log it covers, or None when there is no run here."""
+        with self._opened() as dir_fd:
+            if dir_fd is None:
+                yield None
+                return
+            with self._log(dir_fd) as log:
+                found = self._committed(dir_fd, log, locked=False)
+                if found is None:
+                    yield None
+                    return
+                try:
+                    data = log.read(0, found.size)
+                except OSError as exc:
+                    raise self._fail("read the log", exc) from exc
+            yield Snapshot(found.head, data, self.where)
+
+    def head(self) -> dict[str, Any] | None:
+        """The head of the run's last commit (checked, its parts not read), or None
+        when there is no run here."""
+        with self._opened() as dir_fd:
+            if dir_fd is None:
+                return None
+            with self._log(dir_fd) as log:
+                found = self._committed(dir_fd, log, locked=False)
+        return None if found is None else found.head
 
     @contextlib.contextmanager
     def locked(self, *, create: bool) -> Iterator[Locked | None]:
-        """Hold the run's lock; yields its stored head, or None when there is no run."""
+        """Hold the run's lock; yields its committed head, or None when there is no run."""
         while True:
             if create:
                 self._make_folder()
@@ -226,8 +273,12 @@ class RunFolder:
                         continue
                     yield None
                     return
-                doc = read_head(self)
-                yield None if doc is None else Locked(doc, doc["sz"])
+                with self._opened() as dir_fd:
+                    found = None
+                    if dir_fd is not None:
+                        with self._log(dir_fd) as log:
+                            found = self._committed(dir_fd, log, locked=True)
+                yield None if found is None else Locked(found.head, found.size)
                 return
             finally:
                 os.close(fd)
@@ -244,14 +295,16 @@ class RunFolder:
                 private_folder(self.path.parent)
             if not self.path.is_dir():
                 self.path.mkdir(mode=0o700, exist_ok=True)
-                _fsync_dir(self.path.parent)
         except OSError as exc:
             raise self._fail("create the run folder", exc) from exc
 
-    def append(self, committed: int, data: bytes) -> int:
-        """Cut the log to its committed length, append ``data``, fsync; the new length."""
+    def append(self, committed: int, data: bytes, *, first: bool) -> int:
+        """Cut the log to its committed length, append ``data`` (a commit ending with its
+        head record), fsync: the commit point. The first commit of a run also fsyncs
+        the run's folder and the store's (a folder left by a first commit that never
+        landed may not be on disk either). Returns the new length."""
         try:
-            fd = os.open(self.path / LOG, os.O_WRONLY | os.O_CREAT, 0o600)
+            fd = os.open(self.path / LOG, os.O_WRONLY | os.O_CREAT, FILE_MODE)
         except OSError as exc:
             raise self._fail("open the log", exc) from exc
         try:
@@ -263,7 +316,15 @@ class RunFolder:
             if size > committed:
                 os.ftruncate(fd, committed)
             end = _write_all(fd, data, committed)
-            os.fsync(fd)
+            try:
+                os.fsync(fd)
+            except OSError:
+                with contextlib.suppress(OSError):  # not on disk: not a commit
+                    os.ftruncate(fd, committed)
+                raise
+            if first:  # the log's name in the run's folder, the folder's in the store's
+                _fsync_dir(self.path)
+                _fsync_dir(self.path.parent)
             return end
         except OSError as exc:
             raise self._fail("append to the log", exc) from exc
@@ -271,41 +332,54 @@ class RunFolder:
             os.close(fd)
 
 
-def read_head(folder: RunFolder, *, dir_fd: int | None = None) -> dict[str, Any] | None:
-    """The stored head document of a run folder, or None when it has none."""
-    path = folder.path / HEAD
+@attrs.frozen
+class _Log:
+    """The run's log, open for reading (None: there is none)."""
+
+    fd: int | None
+
+    def size(self) -> int:
+        return 0 if self.fd is None else os.fstat(self.fd).st_size
+
+    def read(self, start: int, end: int) -> bytes:
+        if self.fd is None or end <= start:
+            return b""
+        parts: list[bytes] = []
+        while start < end:
+            part = os.pread(self.fd, end - start, start)
+            if not part:
+                break
+            parts.append(part)
+            start += len(part)
+        return b"".join(parts)
+
+
+@contextlib.contextmanager
+def _shared_lock(dir_fd: int) -> Iterator[None]:
+    """The run's lock, shared: no committer is between its append and its hint."""
     try:
-        if dir_fd is None:
-            data = path.read_bytes()
-        else:
-            with open(HEAD, "rb", opener=_opener(dir_fd)) as f:
-                data = f.read()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        raise StoreError(f"file store {str(path)!r}: cannot read the head: {exc}") from exc
-    doc = load_json(unseal_line(data, f"head file {str(path)!r}"), f"head file {str(path)!r}")
-    if not isinstance(doc, dict) or type(doc.get("sz")) is not int or "head" not in doc:
-        raise CorruptCheckpoint(f"invalid head file {str(path)!r}: not a run head")
-    if doc.get("v") not in _READABLE:
-        raise StoreError(f"head file {str(path)!r}: unknown file store layout {doc.get('v')!r}")
-    return doc
+        fd = os.open(LOCK, os.O_RDONLY, dir_fd=dir_fd)
+    except FileNotFoundError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
 
 
-def write_head(folder: RunFolder, doc: dict[str, Any]) -> None:
-    """Replace ``head.json`` atomically: temp file, fsync, rename, fsync of the folder."""
+def write_hint(folder: RunFolder, size: int, head_at: int) -> None:
+    """Replace ``head.json`` (temp file and rename, not fsynced: a hint, see ``_log``).
+    The commit is on disk already; a hint that cannot be written is left stale."""
     tmp = folder.path / (HEAD + ".tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with contextlib.suppress(OSError):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
         try:
-            _write_all(fd, seal_line(dump_bytes(doc)), 0)
-            os.fsync(fd)
+            _write_all(fd, hint_bytes(size, head_at), 0)
         finally:
             os.close(fd)
         os.replace(tmp, folder.path / HEAD)
-        _fsync_dir(folder.path)
-    except OSError as exc:
-        raise StoreError(f"file store {str(folder.path)!r}: cannot write the head: {exc}") from exc
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> int:

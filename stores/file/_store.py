@@ -1,12 +1,16 @@
-"""``file:///path/dir``: one folder per run, append-only JSON lines and an atomic head.
+"""``file:///path/dir``: one folder per run, append-only JSON lines, one fsync a commit.
 
-A run's folder (0700) holds ``log.jsonl`` (messages, turns, blobs and commit log
-entries, one JSON array per line, appended and fsynced) and ``head.json`` (the
-head plus the byte length of the log it covers), replaced atomically: temp file,
-fsync, rename, fsync of the folder. The rename is the commit point; bytes of the
-log past the length in ``head.json`` are the torn tail of a commit that never
-happened and are ignored (and cut off by the next commit). A ``lock`` file taken
-with ``flock`` serializes committers across processes.
+A run's folder (0700) holds ``log.jsonl``: messages, turns, blobs and commit log
+entries, one JSON array per line, each commit ending with its head record (the
+head, where the commit began and the checksum of its lines); a commit is appended
+and fsynced, and that fsync is its commit point. Bytes after the last whole commit
+are a torn commit that never happened: ignored, and cut off by the next commit.
+``head.json`` is a hint replaced after the fsync (temp file and rename, not
+fsynced): the length of the log it covers and where its last head record is, for
+listings and to tell a torn commit from committed data lost (``stores.file._log``).
+A ``lock`` file taken with ``flock`` serializes committers across processes;
+readers take it shared only to read a commit past the hint. The first commit of a
+run also fsyncs the run's folder and the folder above it.
 """
 
 from __future__ import annotations
@@ -60,17 +64,16 @@ from statekernel.stores._owners import (
     check_fence,
 )
 from statekernel.stores.file._io import (
-    LAYOUT_VERSION,
     Locked,
     RunFolder,
     blob_line,
     entry_line,
     log_lines,
-    read_head,
     read_lease,
-    write_head,
+    write_hint,
     write_lease,
 )
+from statekernel.stores.file._log import head_record
 
 __all__ = ["FileStore"]
 
@@ -146,8 +149,8 @@ class FileStore(HostLeased, Closing):
         yield from iter_history(entries, messages, turns, blobs, run_id, last=last, what=what)
 
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
-        """Append the parts, then replace the head, under the run's lock (which also
-        guards its lease)."""
+        """Append the parts and the head record and fsync, then replace the hint, under
+        the run's lock (which also guards its lease)."""
         await asyncio.to_thread(self._commit, checkpoint, lease)
 
     async def _apply(self, run_id: str, change: LeaseChange) -> LeaseRecord | None:
@@ -177,8 +180,11 @@ class FileStore(HostLeased, Closing):
             lines += _numbered("m", enc.first_message, enc.messages)
             lines += _numbered("t", enc.first_turn, enc.turns)
             lines.append(entry_line(run.revision, enc.entry))
-            size = folder.append(0 if state is None else state.size, log_lines(lines))
-            write_head(folder, {"v": LAYOUT_VERSION, "sz": size, "head": enc.head})
+            at = 0 if state is None else state.size
+            body = log_lines(lines)
+            record = head_record(at, body, enc.head)
+            size = folder.append(at, body + record, first=state is None)
+            write_hint(folder, size, size - len(record))
 
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
@@ -228,9 +234,9 @@ class FileStore(HostLeased, Closing):
                 continue
             folder = RunFolder(self.root / name, self.url)
             try:
-                doc = read_head(folder)
-                if doc is not None:
-                    yield head_summary(doc["head"], what=f"head in {folder.path}")
+                head = folder.head()
+                if head is not None:
+                    yield head_summary(head, what=f"head in {folder.path}")
             except CorruptCheckpoint as exc:
                 damaged.append(DamagedRun(name, str(exc)))  # a hashed id: its folder
 
@@ -257,8 +263,7 @@ class FileStore(HostLeased, Closing):
         self._leases.close()
 
 
-def _own_head(doc: dict[str, Any], run_id: str, folder: RunFolder) -> dict[str, Any]:
-    head = doc.get("head")
+def _own_head(head: Any, run_id: str, folder: RunFolder) -> dict[str, Any]:
     if (
         not isinstance(head, dict)
         or head.get("run_id") != run_id

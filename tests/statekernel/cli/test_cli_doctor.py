@@ -211,6 +211,22 @@ def test_file_store(tmp_path: Path) -> None:
     assert "lease record of run 'Mixed.Case'" in lease["detail"]  # not only its folder
 
 
+def test_file_store_last_commit(tmp_path: Path) -> None:
+    """A torn commit after the last one is no damage; a flipped byte in the last
+    commit's head record, which ``head.json`` covers, is."""
+    root = tmp_path / "runs"
+    store = f"file://{root}"
+    demo(store, "torn", tmp_path)
+    demo(store, "flipped", tmp_path)
+    with (root / "torn" / "log.jsonl").open("ab") as f:
+        f.write(b'["m",99,["u",["a commit cut sh')
+    assert [f for f in doctor(store, tmp_path, 0) if f["status"] != "ok"] == []
+    damage(store, FileRecords(), "flipped", "head")
+    broken = finding(doctor(store, tmp_path, 1), "records", "flipped")
+    assert broken["status"] == "damaged"
+    assert "head record" in broken["detail"]
+
+
 @pytest.mark.redis
 def test_redis_store(tmp_path: Path, redis_store_url: str) -> None:
     demo(redis_store_url, "run-r", tmp_path)
