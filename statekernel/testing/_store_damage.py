@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import attrs
 
-from statekernel._records.encoding import dump_bytes
 from statekernel._records.messages import Message
 from statekernel._records.run import Run, StateId
 from statekernel._storage.protocol import Checkpoint, CheckpointStore
 from statekernel.errors import CorruptCheckpoint, LeaseLost
+from statekernel.stores._format.documents import dump_bytes
 from statekernel.testing._raw import RawCopies, RawDocuments, RawRecords, RecordKey
 from statekernel.testing._store_cases import events_for, next_revision, sample_run
 

@@ -28,10 +28,10 @@ from typing import Any
 
 import attrs
 
-from statekernel._records.encoding import dump_bytes, load_json
 from statekernel.errors import CorruptCheckpoint, StoreError
 from statekernel.stores._format.checksum import seal_line, unseal_line
 from statekernel.stores._format.dicts import dump_entry, load_entry
+from statekernel.stores._format.documents import dump_bytes, load_json
 
 __all__ = [
     "LAYOUT_VERSION",

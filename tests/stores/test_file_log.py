@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from statekernel._records.encoding import dump_bytes
 from statekernel._records.run import Run
 from statekernel.errors import CorruptCheckpoint
 from statekernel.stores import Checkpoint, open_store
 from statekernel.stores._format.checksum import seal_line, unseal_line
+from statekernel.stores._format.documents import dump_bytes
 from statekernel.testing._raw import FileRecords
 from statekernel.testing._store_cases import next_revision, sample_run
 
