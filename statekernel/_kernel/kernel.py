@@ -191,7 +191,11 @@ class Kernel(Closing):
 
     def __del__(self) -> None:
         if not self._closed:
-            warn_unclosed(f"Kernel {self.owner} on {self.store!r}", self)
+            try:
+                what = f"Kernel {self.owner} on {self.store!r}"
+            except Exception:  # at the interpreter's exit a store's repr may not build
+                what = f"Kernel {self.owner}"
+            warn_unclosed(what, self)
 
     async def aclose(self) -> None:
         """Stop background tool calls (waiting until each has ended), release the runs'

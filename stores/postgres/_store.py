@@ -166,7 +166,11 @@ class PostgresStore(Closing):
     def __del__(self) -> None:
         pool = getattr(self, "_pool", None)
         if pool is not None and getattr(self, "_owns_pool", False):  # never closed
-            warn_unclosed(f"PostgresStore {self._shown()}", self)
+            try:
+                what = f"PostgresStore {self._shown()}"
+            except Exception:  # at the interpreter's exit the redacted URL may not build
+                what = f"PostgresStore in schema {self.schema!r}"
+            warn_unclosed(what, self)
             with contextlib.suppress(Exception):
                 pool.terminate()  # the server's sessions end now, not at the process's exit
 

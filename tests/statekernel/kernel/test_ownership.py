@@ -177,6 +177,12 @@ async def test_a_second_owner_waits_then_gets_run_busy(
         assert said[0].run_id == run.run_id  # type: ignore[attr-defined]
         with pytest.raises(sk.RunBusy):
             await other.send(run.run_id, "more")  # commands wait for the owner too
+        with pytest.raises(sk.RunBusy):
+            await other.update_context(run.run_id, lambda ctx: {**ctx, "plan": "b"})
+        with pytest.raises(sk.RunBusy):
+            await other.resolve_tool_call(run.run_id, "call_0_0", output="paid")
+        with pytest.raises(sk.RunBusy):
+            await other.resume(run.run_id)
         head = await store.load(run.run_id)
         assert head.state == "dispatching_tools"
         assert head.current_turn is not None
