@@ -1,7 +1,8 @@
 """Checkpoint store costs on the kernel's workload, per store and run length.
 
-Each turn: the scripted model returns one tool call with ~200 bytes of arguments,
-the tool returns ~1 KB, the last turn returns text (two commits per turn).
+Each turn (``bench/stores_workload.py``): the scripted model returns one tool call with
+~200 bytes of arguments, the tool returns ~1 KB, the last turn returns text (two
+commits per turn).
 For memory, file, SQLite and Redis (a temporary redis-server is started) and
 N = 10, 100, 1000 turns it prints the median milliseconds per commit and per turn,
 the bytes stored (payload, and on disk for file and SQLite), the growth exponent of
@@ -20,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import math
 import os
 import shutil
@@ -35,6 +35,7 @@ from typing import Any
 
 import aiosqlite
 import redis
+from stores_workload import get_weather, script
 
 import statekernel as sk
 from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease, StoreWrapper
@@ -42,32 +43,9 @@ from statekernel.stores import open_store
 from statekernel.stores._format.codec import encode_commit
 from statekernel.stores._format.dicts import dump_entry
 from statekernel.stores._format.documents import dump_bytes
-from statekernel.testing import ScriptedProvider, call
+from statekernel.testing import ScriptedProvider
 
 SIZES = (10, 100, 1000)
-WORDS = ["sunny", "cloudy", "rain", "wind", "light", "strong"]
-WORDS += ["north", "south", "east", "west", "gusts", "showers"]
-
-
-def argument(turn: int) -> str:
-    """About 200 bytes of arguments, different in every turn."""
-    return f"Paris, France (turn {turn}); " + " ".join(WORDS[(turn + i) % 12] for i in range(28))
-
-
-@sk.tool
-def get_weather(city: str) -> str:
-    """About 1 KB of forecast, different for every input."""
-    seed = sum(map(ord, city))
-    hours = [
-        {
-            "h": h,
-            "t": (seed * (h + 3)) % 35 - 5,
-            "sky": WORDS[(seed + h) % 12],
-            "wind": (seed + h) % 40,
-        }
-        for h in range(24)
-    ]
-    return json.dumps({"city": city[:40], "hours": hours})[:1024]
 
 
 class Timed(StoreWrapper):
@@ -87,8 +65,7 @@ class Timed(StoreWrapper):
 
 async def drive(store: Timed, turns: int) -> tuple[str, float]:
     """One run of ``turns`` turns through the kernel; (run id, seconds)."""
-    steps: list[object] = [call("get_weather", {"city": argument(i)}) for i in range(turns - 1)]
-    provider = ScriptedProvider([*steps, "It is sunny."])
+    provider = ScriptedProvider(script(turns))
     kernel = sk.Kernel(store, tools=[get_weather], providers={"scripted": provider}, max_turns=None)
     run = await kernel.start(model="scripted/bench", messages=["Weather in Paris?"])
     began = time.perf_counter()
