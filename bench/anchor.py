@@ -3,6 +3,7 @@
     python bench/anchor.py --quick      # N = 10, 100 (about a minute)
     python bench/anchor.py              # N = 10, 100, 1000 (a few minutes, ~2 GB of disk)
     python bench/anchor.py --reps 10:7,100:5 --resume-reps 5 --no-fsyncs
+    python bench/anchor.py --no-langgraph --reps 3:1,5:1 --resume-reps 1 --no-fsyncs
 
 Workload (``bench/anchor_workload.py``): one user message; turns 1..N-1 the model
 asks for one ``search`` call with ~200 bytes of JSON arguments and the tool returns
@@ -21,7 +22,11 @@ LangGraph is not a dependency of statekernel: it runs in a subprocess
 ``<tmpdir>/statekernel-bench-langgraph``), created from
 ``bench/requirements-langgraph.txt`` when missing; an existing ``$ANCHORS_VENV`` with
 LangGraph installed is used instead when ``$BENCH_VENV`` is not set. statekernel runs in
-this interpreter.
+this interpreter. ``--no-langgraph`` leaves the LangGraph side out (no venv, no network):
+statekernel's figures alone, and the ratios among its stores; the last example above
+runs in seconds. ``--redis URL`` measures ``redis://`` on a running server instead of
+one started here (with that server's own persistence settings; the runs' keys are
+deleted after each).
 
 Each repetition runs every variant once at one N, in a rotating order, before the next
 repetition, and every N is done before the next one, so that the two sides are
@@ -72,6 +77,7 @@ import statekernel as sk
 from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease
 from statekernel.stores import open_store
 from statekernel.testing import ScriptedProvider, call
+from stores import delete_keys
 
 HERE = Path(__file__).resolve().parent
 MODEL = "scripted/bench"
@@ -271,13 +277,6 @@ def stop_redis(port: int, proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=10)
 
 
-def flush_redis(port: int) -> None:
-    import redis
-
-    with contextlib.closing(redis.Redis(port=port)) as client:
-        client.flushall()
-
-
 def venv_python() -> Path:
     """The python of the LangGraph venv, created and filled on first use."""
     ready = "import langgraph.checkpoint.sqlite, langchain_core"
@@ -376,10 +375,10 @@ RATIOS: dict[str, tuple[str, str]] = {
 
 
 class Bench:
-    def __init__(self, folder: Path, lg: LangGraphSide) -> None:
+    def __init__(self, folder: Path, lg: LangGraphSide | None) -> None:
         self.folder = folder
-        self.lg = lg
-        self.redis_port: int | None = None
+        self.lg = lg  # None: the LangGraph side is left out
+        self.redis: str | None = None  # the redis-server's base URL
         self.results = Results()
         self.kept: dict[str, tuple[str, str]] = {}  # kind -> (store URL or DB, run id)
 
@@ -391,16 +390,17 @@ class Bench:
         if kind == "file":
             return f"file://{place}"
         if kind == "redis":
-            return f"redis://127.0.0.1:{self.redis_port}/0?prefix={name}"
+            return f"{self.redis}/0?prefix={name}"
         return f"memory://{name}"
 
     def kinds(self) -> list[str]:
-        kinds = [k for k in SK_KINDS if k != "redis" or self.redis_port is not None]
-        return [*kinds, *LG_KINDS]
+        kinds = [k for k in SK_KINDS if k != "redis" or self.redis is not None]
+        return [*kinds, *LG_KINDS] if self.lg is not None else kinds
 
     def measure(self, kind: str, n: int, keep: bool) -> Sample:
         name = f"{kind}-{n}-{uuid.uuid4().hex[:8]}"
         if kind.startswith("lg-"):
+            assert self.lg is not None
             db = self.folder / f"{name}.db"
             answer = self.lg.ask(op="run", variant=kind[3:], n=n, db=str(db))
             sample = Sample(answer["seconds"], answer["cpu"], bytes=answer["bytes"])
@@ -419,8 +419,7 @@ class Bench:
         elif kind == "memory":
             asyncio.run(open_store(url).delete(run_id))
         elif kind == "redis":
-            assert self.redis_port is not None
-            flush_redis(self.redis_port)
+            delete_keys(url)
         else:
             shutil.rmtree(self.folder / name, ignore_errors=True)
         return sample
@@ -445,29 +444,31 @@ class Bench:
 
     def resume(self, reps: int) -> None:
         url, run_id = self.kept["sqlite"]
-        db, _ = self.kept["lg-sqlite"]
         for _ in range(reps):
             sk_seconds = asyncio.run(sk_resume(url, run_id))
-            lg_seconds = self.lg.ask(op="resume", db=db)["seconds"]
             self.results.resume.setdefault("sqlite", []).append(sk_seconds)
-            self.results.resume.setdefault("lg-sqlite", []).append(lg_seconds)
+            if self.lg is not None:
+                db, _ = self.kept["lg-sqlite"]
+                lg_seconds = self.lg.ask(op="resume", db=db)["seconds"]
+                self.results.resume.setdefault("lg-sqlite", []).append(lg_seconds)
 
-    def fsyncs(self, lg_python: Path) -> None:
+    def fsyncs(self, lg_python: Path | None) -> None:
         out = self.folder / "strace.txt"
         for kind in ("sqlite", "file"):
             url = self.url(kind, f"strace-{kind}")
             command = [sys.executable, str(HERE / "anchor.py"), "--one-run", url, str(FSYNC_N)]
             self.results.fsyncs[kind] = strace_fsyncs(command, out) / FSYNC_N
-        if self.redis_port is not None:
+        if self.redis is not None and shutil.which("redis-server"):
             trace = ["strace", "-f", "-c", "-e", "trace=fsync,fdatasync", "-o", str(out)]
             with redis_server(self.folder / "strace-redis", wrap=trace) as port:
                 url = f"redis://127.0.0.1:{port}/0?prefix=strace"
                 command = [sys.executable, str(HERE / "anchor.py"), "--one-run", url, str(FSYNC_N)]
                 subprocess.run(command, check=True)
             self.results.fsyncs["redis"] = parse_strace(out) / FSYNC_N
-        db = self.folder / "strace-lg.db"
-        command = [str(lg_python), str(HERE / "anchor_langgraph.py"), "once", str(FSYNC_N), str(db)]
-        self.results.fsyncs["lg-sqlite"] = strace_fsyncs(command, out) / FSYNC_N
+        if lg_python is not None:
+            db = self.folder / "strace-lg.db"
+            lg = [str(lg_python), str(HERE / "anchor_langgraph.py"), "once", str(FSYNC_N), str(db)]
+            self.results.fsyncs["lg-sqlite"] = strace_fsyncs(lg, out) / FSYNC_N
 
 
 def load() -> str:
@@ -485,12 +486,14 @@ def fmt(value: float | None, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
-def table(results: Results, ns: list[int], kinds: list[str]) -> list[str]:
+def table(
+    results: Results, ns: list[int], kinds: list[str], labels: dict[str, str] = LABELS
+) -> list[str]:
     top = ns[-1]
     heads = [*(f"N={n}" for n in ns), f"CPU@{top}", f"B/turn@{top}", "commits/turn", "fsyncs/turn"]
     rows = [["ms per turn (median)", *heads]]
     for kind in kinds:
-        row = [LABELS[kind], *(fmt(results.ms(kind, n)) for n in ns)]
+        row = [labels[kind], *(fmt(results.ms(kind, n)) for n in ns)]
         samples = results.samples[(kind, top)]
         row.append(fmt(statistics.median(s.cpu for s in samples) * 1e3 / top))
         stored = [s.bytes for s in samples if s.bytes is not None]
@@ -519,20 +522,21 @@ def verdict(value: float | None, target: float) -> str:
     return f"{value:.3f} {'PASS' if value <= target else 'MISS'}"
 
 
-def ratio_lines(results: Results, ns: list[int]) -> list[str]:
-    """One line per target: what, target, value, PASS or MISS."""
+def ratio_lines(results: Results, ns: list[int], langgraph: bool = True) -> list[str]:
+    """One line per target: what, target, value, PASS or MISS (``langgraph``: with the
+    targets against LangGraph)."""
 
     def ratio(name: str, n: int) -> float | None:
         values = results.ratios.get((name, n))
         return statistics.median(values) if values else None
 
     out: list[tuple[str, float, float | None]] = []
-    for n in ns:
+    for n in ns if langgraph else []:
         target = 0.1 if n >= 1000 else 0.5
         out.append(
             (f"sqlite:// turn / LangGraph SqliteSaver turn, N={n}", target, ratio("sqlite/lg", n))
         )
-    for n in ns:
+    for n in ns if langgraph else []:
         out.append(
             (f"memory:// turn / LangGraph no checkpointer, N={n}", 1.0, ratio("memory/lg-none", n))
         )
@@ -547,7 +551,7 @@ def ratio_lines(results: Results, ns: list[int]) -> list[str]:
         a, b = used_bytes(results, low), used_bytes(results, top)
         exponent = math.log(b / a) / math.log(top / low) if a and b else None
         out.append((f"growth exponent of sqlite:// bytes in N, {low}..{top}", 1.02, exponent))
-    if results.resume:
+    if "lg-sqlite" in results.resume:
         sk_runs, lg_runs = results.resume["sqlite"], results.resume["lg-sqlite"]
         pairs = statistics.median(a / b for a, b in zip(sk_runs, lg_runs, strict=True))
         sk_ms, lg_ms = statistics.median(sk_runs) * 1e3, statistics.median(lg_runs) * 1e3
@@ -596,6 +600,10 @@ def main() -> None:
     parser.add_argument("--reps", type=parse_reps, default=None, help="e.g. 10:7,100:5,1000:3")
     parser.add_argument("--resume-reps", type=int, default=3)
     parser.add_argument("--no-fsyncs", action="store_true", help="do not count fsyncs")
+    parser.add_argument(
+        "--no-langgraph", action="store_true", help="statekernel alone (no LangGraph venv)"
+    )
+    parser.add_argument("--redis", metavar="URL", help="a running redis-server's base URL")
     parser.add_argument("--one-run", nargs=2, metavar=("URL", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one_run:
@@ -605,19 +613,22 @@ def main() -> None:
     ns = sorted(reps)
     began = time.perf_counter()
     print(f"load average at start: {load()} ({os.cpu_count()} CPUs)", flush=True)
-    lg_python = venv_python()
+    lg_python = None if args.no_langgraph else venv_python()
     folder = Path(tempfile.mkdtemp(prefix="statekernel-bench-"))
-    lg = LangGraphSide(lg_python)
+    lg = None if lg_python is None else LangGraphSide(lg_python)
     try:
         bench = Bench(folder, lg)
         with contextlib.ExitStack() as stack:
-            if shutil.which("redis-server"):
-                bench.redis_port = stack.enter_context(redis_server(folder / "redis"))
+            if args.redis:
+                bench.redis = args.redis.rstrip("/")
+            elif shutil.which("redis-server"):
+                port = stack.enter_context(redis_server(folder / "redis"))
+                bench.redis = f"redis://127.0.0.1:{port}"
             disk, used = asyncio.run(empty_sqlite_bytes(folder))
             bench.results.empty["sqlite"], bench.results.empty_used = disk, used
-            bench.results.empty["lg-sqlite"] = lg.ask(op="empty", db=str(folder / "lg-empty.db"))[
-                "bytes"
-            ]
+            if lg is not None:
+                empty = lg.ask(op="empty", db=str(folder / "lg-empty.db"))
+                bench.results.empty["lg-sqlite"] = empty["bytes"]
             print(
                 "runs per variant: " + ", ".join(f"{r} at N={n}" for n, r in reps.items()),
                 flush=True,
@@ -629,18 +640,22 @@ def main() -> None:
                 bench.fsyncs(lg_python)
             kinds = bench.kinds()
     finally:
-        lg.close()
+        if lg is not None:
+            lg.close()
         shutil.rmtree(folder, ignore_errors=True)
     print()
+    other = f"LangGraph {lg.version}" if lg is not None else "LangGraph left out (--no-langgraph)"
     print(
         f"statekernel {version('statekernel')} (python {sys.version.split()[0]}), "
-        f"LangGraph {lg.version}; medians of "
-        + ", ".join(f"{r} runs at N={n}" for n, r in reps.items())
+        f"{other}; medians of " + ", ".join(f"{r} runs at N={n}" for n, r in reps.items())
     )
-    for line in table(bench.results, ns, kinds):
+    labels = LABELS
+    if args.redis:  # a server of its own settings
+        labels = {**LABELS, "redis": "statekernel redis:// (given server)"}
+    for line in table(bench.results, ns, kinds, labels):
         print(line)
     print()
-    for line in ratio_lines(bench.results, ns):
+    for line in ratio_lines(bench.results, ns, langgraph=lg is not None):
         print(line)
     notes = ["B/turn: bytes on disk after a WAL checkpoint, less an empty database"]
     if len(ns) >= 2:
@@ -653,8 +668,14 @@ def main() -> None:
         notes.append("fsyncs/turn: not counted (--no-fsyncs)")
     else:
         notes.append(f"fsyncs/turn: fsync + fdatasync at N={FSYNC_N} under strace (redis: server)")
-    if bench.redis_port is None:
+    if bench.redis is None:
         notes.append("redis: not measured, redis-server is not installed")
+    if lg is None:
+        resume_ms = statistics.median(bench.results.resume["sqlite"]) * 1e3
+        notes.append(
+            f"LangGraph: left out (--no-langgraph), so no ratio to it; resume of a {ns[-1]}-turn"
+            f" run on sqlite:// alone: {resume_ms:.1f} ms"
+        )
     print()
     for note in notes:
         print(note)

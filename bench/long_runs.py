@@ -2,6 +2,7 @@
 
     python bench/long_runs.py                  # N = 1,000 / 5,000 / 10,000 (about 6 minutes)
     python bench/long_runs.py --turns 200,1000,2000 --stores memory,sqlite
+    python bench/long_runs.py --turns 3,6 --redis redis://127.0.0.1:6379   # in seconds
 
 Workload: the one of ``bench/anchor.py`` (``bench/anchor_workload.py``): one user
 message; each turn the model asks for one ``search`` call with ~200 bytes of JSON
@@ -18,7 +19,8 @@ with AOF and ``appendfsync always``) and each N, printed:
   completed turn decoded (``tracemalloc``);
 * **stored KB/turn**: SQLite: bytes in use in its pages (``dbstat``) less an empty
   database; Redis: the run's keys and values; memory: not measured;
-* **ms/turn (last 100)**: wall time of the last 100 turns of the drive;
+* **ms/turn (last 100)**: wall time of the last 100 turns of the drive (of all but the
+  first below 101 turns);
 * **load ms**: median of 3 ``store.load`` on a newly opened store;
 * **resume ms**: median of 3 times load + one user message + one persisted turn, through
   ``kernel.run(run_id, message)`` (one load; the message joins the turn's first commit).
@@ -26,6 +28,9 @@ with AOF and ``appendfsync always``) and each N, printed:
 Below the table: the growth exponent of each figure in N (least squares on log-log;
 1.0 is linear, 0 is flat) and the 10,000/1,000 ratios of load and resume (target
 <= 12).
+
+``--redis URL``: a running redis-server instead of one started here (its AOF settings
+are its own; the runs' keys are deleted after).
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ from anchor_workload import tool_arguments
 import statekernel as sk
 from statekernel._records.run import Run, Turn
 from statekernel.testing import ScriptedProvider
-from stores import redis_bytes
+from stores import delete_keys, redis_bytes
 
 STORES = ("memory", "sqlite", "redis")
 
@@ -165,18 +170,19 @@ class Row:
     payload: int = 0
 
 
-async def measure(kind: str, n: int, folder: Path, redis_port: int | None) -> Row:
+async def measure(kind: str, n: int, folder: Path, redis_base: str | None) -> Row:
     row = Row(payload=payload_bytes(n))
     if kind == "memory":
         url = f"memory://long-{n}"
     elif kind == "sqlite":
         url = f"sqlite:///{folder}/runs-{n}.db"
     else:
-        url = f"redis://127.0.0.1:{redis_port}/0?prefix=long{n}"
+        url = f"{redis_base}/0?prefix=long{n}"
     if kind == "memory":
         holder = await opened(url)  # a memory://NAME keeps its runs while a store holds them
     run_id, keep = await drive(url, n)
-    row.last100 = (keep.ended[-1] - keep.ended[-101]) / 100 * 1e3
+    last = min(100, len(keep.ended) - 1)
+    row.last100 = (keep.ended[-1] - keep.ended[-1 - last]) / last * 1e3
     del keep  # the live run it holds would weigh on every collection during the loads
     if kind == "sqlite":
         empty, empty_used = await empty_sqlite_bytes(folder)
@@ -190,6 +196,8 @@ async def measure(kind: str, n: int, folder: Path, redis_port: int | None) -> Ro
     if kind == "memory":
         await holder.aclose()
         row.live = await live_bytes(n)  # last: its traced drive leaves a heap loads feel
+    if kind == "redis":
+        delete_keys(url)
     return row
 
 
@@ -249,18 +257,22 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", default="1000,5000,10000")
     parser.add_argument("--stores", default=",".join(STORES))
+    parser.add_argument("--redis", help="base URL of a redis-server (default: start one)")
     args = parser.parse_args()
     ns = [int(n) for n in args.turns.split(",")]
     kinds = [k for k in args.stores.split(",") if k]
     results: dict[str, dict[int, Row]] = {k: {} for k in kinds}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        server = redis_server(folder / "redis") if "redis" in kinds else contextlib.nullcontext()
-        with server as port:
+        with contextlib.ExitStack() as stack:
+            base = args.redis
+            if base is None and "redis" in kinds:
+                port = stack.enter_context(redis_server(folder / "redis"))
+                base = f"redis://127.0.0.1:{port}"
             for kind in kinds:
                 for n in ns:
                     began = time.perf_counter()
-                    results[kind][n] = await measure(kind, n, folder, port)
+                    results[kind][n] = await measure(kind, n, folder, base)
                     print(f"  {kind} N={n}: {time.perf_counter() - began:.0f} s", flush=True)
     print()
     report(results, ns)

@@ -1,7 +1,8 @@
 """CPU cost of the stored format alone: encoding a run's commits and decoding them back.
 
-The commits are those of a 20-turn run of the ``bench/stores.py`` workload (each turn a
-tool call with ~200 bytes of arguments and a ~1 KB output, two commits a turn). Prints
+The commits are those of a 20-turn run of the workload of ``bench/stores.py``
+(``bench/stores_workload.py``: each turn a tool call with ~200 bytes of arguments and a
+~1 KB output, two commits a turn). Prints
 the best of the repeats, in CPU microseconds of this thread: ``encode_commit`` per
 commit (each on top of the head before it, as a store does), the decode of the whole
 run with every turn read, and the decode of the commit log's events per commit.
@@ -12,42 +13,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 import timeit
 from collections.abc import Callable
 from typing import Any
 
+from stores_workload import get_weather, script
+
 import statekernel as sk
 from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease, StoreWrapper
 from statekernel.stores import open_store
 from statekernel.stores._format.codec import EncodedCommit, decode_events, decode_run, encode_commit
-from statekernel.testing import ScriptedProvider, call
+from statekernel.testing import ScriptedProvider
 
 TURNS = 20
-WORDS = ["sunny", "cloudy", "rain", "wind", "light", "strong"]
-WORDS += ["north", "south", "east", "west", "gusts", "showers"]
-
-
-def argument(turn: int) -> str:
-    """About 200 bytes of arguments, different in every turn (as in bench/stores.py)."""
-    return f"Paris, France (turn {turn}); " + " ".join(WORDS[(turn + i) % 12] for i in range(28))
-
-
-@sk.tool
-def get_weather(city: str) -> str:
-    """About 1 KB of forecast, different for every input (as in bench/stores.py)."""
-    seed = sum(map(ord, city))
-    hours = [
-        {
-            "h": h,
-            "t": (seed * (h + 3)) % 35 - 5,
-            "sky": WORDS[(seed + h) % 12],
-            "wind": (seed + h) % 40,
-        }
-        for h in range(24)
-    ]
-    return json.dumps({"city": city[:40], "hours": hours})[:1024]
 
 
 class Kept(StoreWrapper):
@@ -65,8 +44,7 @@ class Kept(StoreWrapper):
 async def commits() -> list[Checkpoint]:
     """The checkpoints of one run of ``TURNS`` turns."""
     store = Kept(open_store("memory://"))
-    steps: list[object] = [call("get_weather", {"city": argument(i)}) for i in range(TURNS - 1)]
-    provider = ScriptedProvider([*steps, "It is sunny."])
+    provider = ScriptedProvider(script(TURNS))
     kernel = sk.Kernel(store, tools=[get_weather], providers={"scripted": provider}, max_turns=None)
     async with kernel:
         run = await kernel.start(model="scripted/bench", messages=["Weather in Paris?"])

@@ -1,7 +1,8 @@
 """Checkpoint store costs on the kernel's workload, per store and run length.
 
-Each turn: the scripted model returns one tool call with ~200 bytes of arguments,
-the tool returns ~1 KB, the last turn returns text (two commits per turn).
+Each turn (``bench/stores_workload.py``): the scripted model returns one tool call with
+~200 bytes of arguments, the tool returns ~1 KB, the last turn returns text (two
+commits per turn).
 For memory, file, SQLite and Redis (a temporary redis-server is started) and
 N = 10, 100, 1000 turns it prints the median milliseconds per commit and per turn,
 the bytes stored (payload, and on disk for file and SQLite), the growth exponent of
@@ -12,15 +13,18 @@ same insert sent through one hop to the store's connection thread (what keeping
 SQLite off the event loop costs on this machine). "payload" is what the commits
 write (every head revision included); "stored" is what stays: bytes on disk for
 file and SQLite, bytes of the run's keys and values for Redis.
-Run: ``python bench/stores.py``.
+Run: ``python bench/stores.py [--turns 10,100,1000] [--redis URL]``: ``--turns`` the run
+lengths (two at least; the exponent is taken between the last two, the load at the
+last), ``--redis`` the base URL of a running redis-server instead of starting one (the
+runs' keys are deleted after). ``--turns 2,4`` runs in seconds.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import gc
-import json
 import math
 import os
 import shutil
@@ -35,6 +39,7 @@ from typing import Any
 
 import aiosqlite
 import redis
+from stores_workload import get_weather, script
 
 import statekernel as sk
 from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease, StoreWrapper
@@ -42,32 +47,10 @@ from statekernel.stores import open_store
 from statekernel.stores._format.codec import encode_commit
 from statekernel.stores._format.dicts import dump_entry
 from statekernel.stores._format.documents import dump_bytes
-from statekernel.testing import ScriptedProvider, call
+from statekernel.testing import ScriptedProvider
 
 SIZES = (10, 100, 1000)
-WORDS = ["sunny", "cloudy", "rain", "wind", "light", "strong"]
-WORDS += ["north", "south", "east", "west", "gusts", "showers"]
-
-
-def argument(turn: int) -> str:
-    """About 200 bytes of arguments, different in every turn."""
-    return f"Paris, France (turn {turn}); " + " ".join(WORDS[(turn + i) % 12] for i in range(28))
-
-
-@sk.tool
-def get_weather(city: str) -> str:
-    """About 1 KB of forecast, different for every input."""
-    seed = sum(map(ord, city))
-    hours = [
-        {
-            "h": h,
-            "t": (seed * (h + 3)) % 35 - 5,
-            "sky": WORDS[(seed + h) % 12],
-            "wind": (seed + h) % 40,
-        }
-        for h in range(24)
-    ]
-    return json.dumps({"city": city[:40], "hours": hours})[:1024]
+"""The run lengths measured by default."""
 
 
 class Timed(StoreWrapper):
@@ -87,8 +70,7 @@ class Timed(StoreWrapper):
 
 async def drive(store: Timed, turns: int) -> tuple[str, float]:
     """One run of ``turns`` turns through the kernel; (run id, seconds)."""
-    steps: list[object] = [call("get_weather", {"city": argument(i)}) for i in range(turns - 1)]
-    provider = ScriptedProvider([*steps, "It is sunny."])
+    provider = ScriptedProvider(script(turns))
     kernel = sk.Kernel(store, tools=[get_weather], providers={"scripted": provider}, max_turns=None)
     run = await kernel.start(model="scripted/bench", messages=["Weather in Paris?"])
     began = time.perf_counter()
@@ -153,6 +135,18 @@ async def hop_insert_ms(sizes: list[int], folder: Path) -> float:
     return statistics.median(times) * 1e3
 
 
+def delete_keys(url: str) -> None:
+    """Delete the keys of the Redis store at ``url`` (those under its prefix)."""
+    prefix = url.split("prefix=")[1]
+    client = redis.Redis.from_url(url.split("?")[0])
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start : start + 500])
+    finally:
+        client.close()
+
+
 def redis_bytes(url: str, run_id: str) -> int:
     """Bytes of a run's keys and values in Redis (what the store keeps, not Redis' overhead)."""
     prefix = url.split("prefix=")[1]
@@ -207,9 +201,9 @@ async def load_ms(url: str, run_id: str) -> float:
     return statistics.median(loads) * 1e3
 
 
-async def bench_store(kind: str, redis_url: str) -> None:
+async def bench_store(kind: str, redis_url: str, sizes: tuple[int, ...]) -> None:
     stored: dict[int, int] = {}
-    for turns in SIZES:
+    for turns in sizes:
         folder = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
         url = url_for(kind, folder, redis_url, turns)
         store = Timed(open_store(url))
@@ -230,15 +224,18 @@ async def bench_store(kind: str, redis_url: str) -> None:
             hop = await hop_insert_ms(payload, folder)
             line += f"  raw insert {raw:6.3f} ms (x{commit_ms / raw:.2f})"
             line += f"  via thread {hop:6.3f} ms (x{commit_ms / hop:.2f})"
-        if turns == SIZES[-1]:
+        if turns == sizes[-1]:
             line += f"  load {await load_ms(url, run_id):6.2f} ms"
         if kind == "memory":  # free the run now (its data lives while a store of the name does)
             await open_store(url).delete(run_id)
+        if kind == "redis":
+            delete_keys(url)
         print(line, flush=True)
         shutil.rmtree(folder, ignore_errors=True)
-    exponent = math.log(stored[SIZES[-1]] / stored[SIZES[-2]]) / math.log(SIZES[-1] / SIZES[-2])
+    low, top = sizes[-2], sizes[-1]
+    exponent = math.log(stored[top] / stored[low]) / math.log(top / low)
     what = "stored bytes" if kind != "memory" else "payload"
-    print(f"{kind:>7} growth exponent of {what} in N (100 -> 1000): {exponent:.3f}", flush=True)
+    print(f"{kind:>7} growth exponent of {what} in N ({low} -> {top}): {exponent:.3f}", flush=True)
 
 
 def start_redis() -> tuple[subprocess.Popen[bytes], str, str]:
@@ -256,18 +253,34 @@ def start_redis() -> tuple[subprocess.Popen[bytes], str, str]:
     return proc, f"redis://127.0.0.1:{port}", folder
 
 
-async def main() -> None:
-    proc, redis_url, folder = start_redis()
+async def main(sizes: tuple[int, ...], redis_url: str | None) -> None:
+    proc, folder = None, None
+    if redis_url is None:
+        proc, redis_url, folder = start_redis()
     try:
         for kind in ("memory", "file", "sqlite", "redis"):
-            await bench_store(kind, redis_url)
+            await bench_store(kind, redis_url, sizes)
     finally:
-        proc.terminate()
-        proc.wait()
-        shutil.rmtree(folder, ignore_errors=True)
+        if proc is not None:
+            proc.terminate()
+            proc.wait()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
     print("targets: SQLite commit <= 1.5x raw insert; <= 2 KB/turn stored, exponent ~1;")
-    print("         load of the 1000-turn run <= 20 ms")
+    print(f"         load of the {sizes[-1]}-turn run <= 20 ms")
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """``10,100,1000``: two run lengths at least, in increasing order."""
+    sizes = tuple(sorted(int(n) for n in text.split(",")))
+    if len(sizes) < 2 or sizes[0] < 1:
+        raise argparse.ArgumentTypeError("two run lengths at least, each 1 or more")
+    return sizes
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=parse_sizes, default=SIZES, help="e.g. 10,100,1000")
+    parser.add_argument("--redis", help="base URL of a redis-server (default: start one)")
+    args = parser.parse_args()
+    asyncio.run(main(args.turns, args.redis))

@@ -10,7 +10,9 @@ completion commit. Prints throughput (runs/s, turns/s), scaling efficiency again
 one worker, and the p50/p99 time from submit to completion.
 
 Run: ``python bench/workers.py`` (starts a temporary redis-server; ``--redis URL`` to
-use another). Workers run as ``python bench/workers.py --serve ...`` subprocesses.
+use another: a measurement deletes its own keys, under a prefix of its own). Workers
+run as ``python bench/workers.py --serve ...`` subprocesses. ``--runs 4 --turns 2
+--latency 0 --workers 1 --concurrency 4`` runs in seconds.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from typing import Any
 
 import statekernel as sk
 from statekernel.stores import RedisStore
-from statekernel.stores.redis._queue import RunQueue
 from statekernel.testing import Reply, ScriptedProvider, call
 
 QUEUE = "bench"
@@ -117,7 +118,7 @@ async def redis_cpu(store: RedisStore) -> float:
 
 
 async def drained(store: RedisStore) -> None:
-    q = RunQueue(store, QUEUE)
+    q = store.run_queue(QUEUE)
     while True:
         if not (await q.pending() or await store.client.xlen(q.key)):
             return
@@ -127,11 +128,11 @@ async def drained(store: RedisStore) -> None:
 async def measure(base: str, n: int, args: argparse.Namespace) -> dict[str, float]:
     url = f"{base}/0?prefix=bench-{uuid.uuid4().hex[:8]}"
     store = RedisStore(url)
-    kernel = sk.Kernel(store)
+    kernel = sk.Kernel(store, **agent(args.turns, args.latency, args.mode))  # knows the model
     ids = [f"run-{i:05}" for i in range(args.runs)]
     for run_id in ids:
         await kernel.start(model="scripted/bench", messages=["go"], run_id=run_id)
-    await RunQueue(store, QUEUE).ensure_group()
+    await store.run_queue(QUEUE).prepare()
     procs = [spawn(url, args) for _ in range(n)]
     try:
         await ready(store, n)
@@ -156,7 +157,7 @@ async def measure(base: str, n: int, args: argparse.Namespace) -> dict[str, floa
     latencies = sorted(done[r] - submitted[r] for r in done)
     elapsed = max(done.values()) - min(submitted.values())
     turns = len(done) * args.turns
-    await store.client.flushdb()
+    await delete_keys(store)
     await kernel.aclose()
     await store.aclose()
     return {
@@ -169,6 +170,13 @@ async def measure(base: str, n: int, args: argparse.Namespace) -> dict[str, floa
         "redis_ms": server_cpu / turns * 1e3,
         "driver_ms": driver_cpu / turns * 1e3,
     }
+
+
+async def delete_keys(store: RedisStore) -> None:
+    """Delete the keys under the store's prefix (the measurement's alone)."""
+    keys = [key async for key in store.client.scan_iter(match=f"{store.prefix}:*", count=1000)]
+    for start in range(0, len(keys), 500):
+        await store.client.delete(*keys[start : start + 500])
 
 
 def start_redis() -> tuple[subprocess.Popen[bytes], str, str]:
