@@ -158,6 +158,8 @@ class PostgresStore(Closing):
         )
         self._group: GroupCommit[PendingWrite, Outcome] = GroupCommit(self._write, self._failed)
         self._queues: weakref.WeakSet[PostgresRunQueue] = weakref.WeakSet()
+        self._watching = asyncio.Lock()
+        self._listening: _Listening | None = None
 
     def _shown(self) -> str:
         target = redact_url(self.url) if self.url is not None else "(a pool)"
@@ -433,8 +435,8 @@ class PostgresStore(Closing):
         """Notices of the commits of ``run_id`` (or of every run) made once entered, sent
         by a trigger on the runs table and received with ``LISTEN`` on a connection of
         the pool (listened again after the server ended its session: notices of the gap
-        are missed). Behind PgBouncer, where a session cannot listen, it polls the
-        listing instead."""
+        are missed); the watches of a store share that one connection. Behind
+        PgBouncer, where a session cannot listen, it polls the listing instead."""
         if run_id is not None:
             checked_run_id(run_id)
         if self.pgbouncer:
@@ -443,12 +445,20 @@ class PostgresStore(Closing):
             return
         await self._open()
         feed = Feed(run_id)
-        listening = _Listening(self, feed, commits_channel(self.schema))
-        await listening.start()
+        async with self._watching:
+            listening = self._listening
+            if listening is None:
+                listening = _Listening(self, commits_channel(self.schema))
+                await listening.start()
+                self._listening = listening
+            listening.feeds.add(feed)
         try:
             yield feed
         finally:
-            await listening.stop()
+            listening.feeds.discard(feed)
+            if not listening.feeds and self._listening is listening:
+                self._listening = None  # the last watch gives the connection back
+                await listening.stop()
 
     # -- run queues ----------------------------------------------------------------
 
@@ -528,9 +538,12 @@ class PostgresStore(Closing):
 
     async def aclose(self) -> None:
         """Close the pool the store opened (a pool it was given stays open), after the
-        listening connections of its run queues went back to it."""
+        listening connections of its run queues and watches went back to it."""
         for queue in list(self._queues):
             await queue.aclose()
+        listening, self._listening = self._listening, None
+        if listening is not None:
+            await listening.stop()
         await self._owners.close()
         async with self._lock:
             pool, self._ready = self._pool, False
@@ -543,10 +556,12 @@ class PostgresStore(Closing):
 
 class _Listening:
     """A connection of the store's pool that listens for commit notices and puts them
-    on ``feed``; when the server ends its session, another one takes over."""
+    on the ``feeds`` of the store's watches; when the server ends its session, another
+    one takes over."""
 
-    def __init__(self, store: PostgresStore, feed: Feed, channel: str) -> None:
-        self.store, self.feed, self.channel = store, feed, channel
+    def __init__(self, store: PostgresStore, channel: str) -> None:
+        self.store, self.channel = store, channel
+        self.feeds: set[Feed] = set()
         self._conn: Any = None
         self._again: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -564,7 +579,7 @@ class _Listening:
     def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         notice = _notice(payload)
         if notice is not None:
-            self.feed.put(notice)
+            self._put(notice)
         elif payload.count(" ") >= 2:  # a run id too long for a notice: found by its digest
             task = asyncio.create_task(self._by_digest(payload))
             self._tasks.add(task)
@@ -576,7 +591,11 @@ class _Listening:
             found = await self.store._run(_fetch, _BY_DIGEST.format(t=self.store._t.runs), [digest])
             if found:
                 run_id = bytes(found[0][0]).decode("utf-8", "surrogatepass")
-                self.feed.put(CommitNotice(run_id, int(revision), state))
+                self._put(CommitNotice(run_id, int(revision), state))
+
+    def _put(self, notice: CommitNotice) -> None:
+        for feed in list(self.feeds):
+            feed.put(notice)
 
     def _ended(self, _conn: Any) -> None:
         if self._again is None or self._again.done():

@@ -5,6 +5,7 @@ SQLite both ways."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import signal
@@ -313,3 +314,29 @@ def test_the_migrate_command_copies_into_postgres(tmp_path: Path, postgres_store
         await store.aclose()
 
     asyncio.run(check())
+
+
+async def test_watches_of_one_store_share_one_connection(postgres_store_url: str) -> None:
+    """Each watch holding a connection of its own would empty the pool (a parent waiting
+    for each queued child holds a watch): commits then wait forever."""
+    target = parse_postgres_url(postgres_store_url)
+    pool = await asyncpg.create_pool(target.dsn, min_size=1, max_size=4)
+    store = PostgresStore(pool=pool, schema=target.schema)
+    try:
+        await store.list_runs()
+        async with contextlib.AsyncExitStack() as watches:
+            feeds = [await watches.enter_async_context(store.watch(f"w{i}")) for i in range(3)]
+            everything = await watches.enter_async_context(store.watch())
+            assert pool.get_size() - pool.get_idle_size() == 1  # one connection listens
+            await store.commit(Checkpoint.between(None, sample_run("w1")))
+            assert (await asyncio.wait_for(anext(feeds[1]), 120)).run_id == "w1"
+            assert (await asyncio.wait_for(anext(everything), 120)).run_id == "w1"
+            assert feeds[0]._notices.empty()
+            assert feeds[2]._notices.empty()
+        assert pool.get_size() - pool.get_idle_size() == 0  # given back after the last
+        async with store.watch("w2") as again:  # and taken again by the next
+            await store.commit(Checkpoint.between(None, sample_run("w2")))
+            assert (await asyncio.wait_for(anext(again), 120)).run_id == "w2"
+    finally:
+        await store.aclose()
+        await pool.close()
