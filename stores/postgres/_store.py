@@ -567,12 +567,15 @@ class _Listening:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
+        """Listen on a connection of the pool (a dead one is a ``StoreError``)."""
         conn = await self.store._owner_conn()
         try:
             await conn.add_listener(self.channel, self._notified)
             conn.add_termination_listener(self._ended)
-        except BaseException:
+        except BaseException as exc:
             await self.store._listener_done(conn)
+            if isinstance(exc, _DRIVER_ERRORS):
+                raise self.store._typed(exc) from exc
             raise
         self._conn = conn
 

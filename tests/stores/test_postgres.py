@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -340,3 +341,48 @@ async def test_watches_of_one_store_share_one_connection(postgres_store_url: str
     finally:
         await store.aclose()
         await pool.close()
+
+
+async def test_a_watch_listens_again_after_its_session_ends_and_a_dead_connection(
+    postgres_store_url: str,
+) -> None:
+    """The server ends the listening session, and the first connection the pool hands
+    over is dead too (as after a restart): the watch keeps trying, typed, and its
+    notices come again."""
+    store = PostgresStore(postgres_store_url)
+    target = parse_postgres_url(postgres_store_url)
+    dead = await asyncpg.connect(target.dsn)
+    await dead.close()
+    try:
+        async with store.watch("again") as feed:
+            listening = store._listening
+            assert listening is not None
+            pid = listening._conn.get_server_pid()
+            given = store._owner_conn
+            handed: list[Any] = []
+
+            async def owner_conn() -> Any:
+                handed.append(dead if not handed else await given())
+                return handed[-1]
+
+            store._owner_conn = owner_conn  # type: ignore[method-assign]
+            admin = await asyncpg.connect(target.dsn)
+            try:
+                await admin.execute("SELECT pg_terminate_backend($1)", pid)
+            finally:
+                await admin.close()
+            run = sample_run("again")
+            await store.commit(Checkpoint.between(None, run))
+            got = None
+            while got is None:  # commits until the session listening again sees one
+                again = listening._again
+                assert again is None or not again.done() or again.exception() is None
+                later = next_revision(run)
+                await store.commit(Checkpoint.between(run, later))
+                run = later
+                with contextlib.suppress(TimeoutError):
+                    got = await asyncio.wait_for(anext(feed), 0.5)
+            assert got.run_id == "again"
+            assert len(handed) >= 2
+    finally:
+        await store.aclose()
