@@ -42,6 +42,8 @@ Run = Callable[..., Awaitable[Any]]
 """The store's ``fn(connection, tables, *args)`` runner (typed errors, shielded)."""
 Acquire = Callable[[], Awaitable[Any]]
 Release = Callable[[Any], Awaitable[None]]
+Typed = Callable[[BaseException], BaseException]
+"""The store's error for what the driver raised (a ``StoreError``), or the error as is."""
 
 
 def channel_of(schema: str, name: str) -> str:
@@ -72,6 +74,7 @@ class PostgresRunQueue:
         acquire: Acquire,
         release: Release,
         listens: bool,
+        typed: Typed = lambda exc: exc,
     ) -> None:
         self.name = checked_queue_name(name)
         self.channel = channel_of(tables.schema, name)
@@ -80,6 +83,7 @@ class PostgresRunQueue:
         self._acquire = acquire
         self._release = release
         self._listens = listens
+        self._typed = typed
         self._listener: Any = None
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -203,9 +207,12 @@ class PostgresRunQueue:
             conn = await self._acquire()
             try:
                 await conn.add_listener(self.channel, self._notified)
-            except BaseException:
+            except BaseException as exc:
                 await self._release(conn)
-                raise
+                typed = self._typed(exc)
+                if typed is exc:
+                    raise
+                raise typed from exc  # a dead connection (a restarted server): StoreError
             self._listener = conn
             self._wake.set()  # entries may have come while nobody listened
             return True

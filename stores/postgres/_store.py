@@ -472,6 +472,7 @@ class PostgresStore(Closing):
             acquire=self._owner_conn,
             release=self._listener_done,
             listens=not self.pgbouncer,
+            typed=self._driver_error,
         )
         self._queues.add(queue)  # closed with the store: a pool waits for its connections
         return queue
@@ -484,6 +485,10 @@ class PostgresStore(Closing):
         if found is None:
             raise RunNotFound(run_id)
         return str(found)
+
+    def _driver_error(self, exc: BaseException) -> BaseException:
+        """A ``StoreError`` for what the driver raised, else ``exc`` as is."""
+        return self._typed(exc) if isinstance(exc, _DRIVER_ERRORS) else exc
 
     async def _listener_done(self, conn: Any) -> None:
         """Give a queue's listening connection back to the pool (its session's
@@ -574,9 +579,10 @@ class _Listening:
             conn.add_termination_listener(self._ended)
         except BaseException as exc:
             await self.store._listener_done(conn)
-            if isinstance(exc, _DRIVER_ERRORS):
-                raise self.store._typed(exc) from exc
-            raise
+            typed = self.store._driver_error(exc)
+            if typed is exc:
+                raise
+            raise typed from exc
         self._conn = conn
 
     def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:

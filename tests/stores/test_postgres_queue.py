@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from statekernel.errors import InvalidArgument, RunNotFound
+from statekernel.errors import InvalidArgument, RunNotFound, StoreError
 from statekernel.stores import Checkpoint, PostgresStore
 from statekernel.stores.postgres import _queue
 from statekernel.stores.postgres._queue import PostgresRunQueue
@@ -191,3 +191,28 @@ async def test_a_version_1_layout_is_upgraded_to_hold_queues(postgres_store_url:
     finally:
         await conn.close()
     assert version == STORE_VERSION == 2
+
+
+async def test_a_dead_connection_to_listen_on_is_a_store_error(
+    store: PostgresStore, postgres_store_url: str
+) -> None:
+    """As after a server restart, the pool hands a dead connection to listen on: the
+    read fails with a ``StoreError`` (a worker waits and reads again), and the next one
+    listens on a live connection."""
+    (run_id,) = await _runs(store, 1)
+    dead = await asyncpg.connect(parse_postgres_url(postgres_store_url).dsn)
+    await dead.close()
+    q = store.run_queue("default")
+    given = q._acquire
+    handed: list[Any] = []
+
+    async def acquire() -> Any:
+        handed.append(dead if not handed else await given())
+        return handed[-1]
+
+    q._acquire = acquire
+    with pytest.raises(StoreError):
+        await q.read("reader", 10, 0)
+    await q.submit(run_id)
+    assert [e.run_id for e in await q.read("reader", 10, 60_000)] == [run_id]
+    assert q._listener is handed[-1]
