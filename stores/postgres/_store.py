@@ -97,7 +97,9 @@ log = logger("statekernel.stores")
 
 MIN_POOL = 2
 """The smallest pool a store can work with: one connection for the owners' advisory
-locks (a worker's queue listens on one more), one for everything else."""
+locks, one for everything else. Each connection that listens (a run queue being read,
+the store's watches) needs one more: a listener that would leave none for the rest is
+refused (``ConfigError``), as commits would wait for a connection forever."""
 
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, OverflowError)
 """What asyncpg raises for a server, connection or value it cannot send (a
@@ -159,6 +161,7 @@ class PostgresStore(Closing):
         self._group: GroupCommit[PendingWrite, Outcome] = GroupCommit(self._write, self._failed)
         self._queues: weakref.WeakSet[PostgresRunQueue] = weakref.WeakSet()
         self._watching = asyncio.Lock()
+        self._listeners = 0  # connections of the pool that listen (queues, watches)
         self._listening: _Listening | None = None
 
     def _shown(self) -> str:
@@ -243,6 +246,26 @@ class PostgresStore(Closing):
             return await pool.acquire()
         except _DRIVER_ERRORS as exc:
             raise self._typed(exc) from exc
+
+    async def _listener_conn(self) -> Any:
+        """A connection of the pool to listen on, for as long as a queue is read or
+        watches are open; ``ConfigError`` when the pool could then not hold the owners'
+        advisory locks and one connection for everything else."""
+        pool = await self._open()
+        room = pool.get_max_size() - MIN_POOL - self._listeners
+        if room < 1:
+            raise ConfigError(
+                f"Postgres store {self._shown()}: a pool of {pool.get_max_size()}"
+                f" connections cannot hold one more that listens ({self._listeners} do"
+                f" already, the owners' advisory locks hold one and commits need one):"
+                " give the store a larger pool"
+            )
+        self._listeners += 1
+        try:
+            return await self._owner_conn()
+        except BaseException:
+            self._listeners -= 1
+            raise
 
     async def _owner_done(self, conn: Any) -> None:
         if self._pool is None:
@@ -469,7 +492,7 @@ class PostgresStore(Closing):
             name,
             self._t,
             self._run,
-            acquire=self._owner_conn,
+            acquire=self._listener_conn,
             release=self._listener_done,
             listens=not self.pgbouncer,
             typed=self._driver_error,
@@ -493,6 +516,7 @@ class PostgresStore(Closing):
     async def _listener_done(self, conn: Any) -> None:
         """Give a queue's listening connection back to the pool (its session's
         ``LISTEN`` ends there: the pool resets what a session set)."""
+        self._listeners -= 1
         if self._pool is None:
             return
         try:
@@ -573,7 +597,7 @@ class _Listening:
 
     async def start(self) -> None:
         """Listen on a connection of the pool (a dead one is a ``StoreError``)."""
-        conn = await self.store._owner_conn()
+        conn = await self.store._listener_conn()
         try:
             await conn.add_listener(self.channel, self._notified)
             conn.add_termination_listener(self._ended)

@@ -386,3 +386,27 @@ async def test_a_watch_listens_again_after_its_session_ends_and_a_dead_connectio
             assert len(handed) >= 2
     finally:
         await store.aclose()
+
+
+async def test_a_listener_that_would_leave_no_connection_for_commits_is_refused(
+    postgres_store_url: str,
+) -> None:
+    """A pool of 2 holds the owners' advisory locks and one connection for the rest: a
+    queue listening on the second one would leave commits waiting forever."""
+    target = parse_postgres_url(postgres_store_url)
+    pool = await asyncpg.create_pool(target.dsn, min_size=1, max_size=3)
+    store = PostgresStore(pool=pool, schema=target.schema)
+    try:
+        queue = store.run_queue("default")
+        await queue.prepare()  # 3: the locks, this listener, the rest
+        with pytest.raises(ConfigError, match="cannot hold one more that listens"):
+            async with store.watch():
+                pass
+        await queue.aclose()
+        async with store.watch():  # its connection is free again
+            with pytest.raises(ConfigError, match="give the store a larger pool"):
+                await store.run_queue("other").read("reader", 1, 0)
+        await store.commit(Checkpoint.between(None, sample_run("roomy")))
+    finally:
+        await store.aclose()
+        await pool.close()
