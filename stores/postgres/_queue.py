@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from statekernel._storage.queues import DeadLetter, QueueEntry, checked_queue_name
+from statekernel._storage.shielding import shielded
 from statekernel.stores.postgres._ops import Tables, run_key
 
 __all__ = ["DEAD_MAX", "POLL_SECONDS", "PostgresRunQueue", "channel_of"]
@@ -221,7 +222,11 @@ class PostgresRunQueue:
         self._wake.set()
 
     async def aclose(self) -> None:
-        """Stop listening and give the connection back to the store's pool."""
+        """Stop listening and give the connection back to the store's pool (to the end,
+        even if the caller is cancelled meanwhile)."""
+        await shielded(self._unlisten())
+
+    async def _unlisten(self) -> None:
         async with self._lock:
             conn, self._listener = self._listener, None
             if conn is None:

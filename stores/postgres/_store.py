@@ -481,7 +481,7 @@ class PostgresStore(Closing):
             listening.feeds.discard(feed)
             if not listening.feeds and self._listening is listening:
                 self._listening = None  # the last watch gives the connection back
-                await listening.stop()
+                await shielded(listening.stop())  # to its end, cancelled again or not
 
     # -- run queues ----------------------------------------------------------------
 
@@ -572,7 +572,7 @@ class PostgresStore(Closing):
             await queue.aclose()
         listening, self._listening = self._listening, None
         if listening is not None:
-            await listening.stop()
+            await shielded(listening.stop())
         await self._owners.close()
         async with self._lock:
             pool, self._ready = self._pool, False

@@ -410,3 +410,44 @@ async def test_a_listener_that_would_leave_no_connection_for_commits_is_refused(
     finally:
         await store.aclose()
         await pool.close()
+
+
+async def test_a_watch_cancelled_again_while_it_ends_gives_its_connection_back(
+    postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task cancelled while it leaves a watch, and cancelled again meanwhile (a timeout
+    around a cancelled delegate call): the listening connection still goes back to the
+    pool, or it is lost to the store for good."""
+    target = parse_postgres_url(postgres_store_url)
+    pool = await asyncpg.create_pool(target.dsn, min_size=1, max_size=4)
+    store = PostgresStore(pool=pool, schema=target.schema)
+    entered, removing, go_on = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    real = asyncpg.connection.Connection.remove_listener
+
+    async def remove_listener(self: Any, *args: Any) -> None:
+        removing.set()
+        await go_on.wait()
+        await real(self, *args)
+
+    monkeypatch.setattr(asyncpg.connection.Connection, "remove_listener", remove_listener)
+
+    async def watching() -> None:
+        async with store.watch("x"):
+            entered.set()
+            await asyncio.Event().wait()
+
+    try:
+        await store.list_runs()
+        task = asyncio.create_task(watching())
+        await entered.wait()
+        task.cancel()
+        await removing.wait()
+        task.cancel()  # again, while the watch ends
+        go_on.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert pool.get_size() - pool.get_idle_size() == 0
+        assert store._listeners == 0
+    finally:
+        await store.aclose()
+        pool.terminate()  # close() would wait for a connection never given back

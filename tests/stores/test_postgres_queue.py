@@ -216,3 +216,38 @@ async def test_a_dead_connection_to_listen_on_is_a_store_error(
     await q.submit(run_id)
     assert [e.run_id for e in await q.read("reader", 10, 60_000)] == [run_id]
     assert q._listener is handed[-1]
+
+
+async def test_a_queue_closed_while_its_task_is_cancelled_again_gives_its_connection_back(
+    postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker cancelled while it closes its queue, and cancelled again meanwhile: the
+    listening connection still goes back to the pool (or the store's close waits for it
+    forever)."""
+    removing, go_on = asyncio.Event(), asyncio.Event()
+    real = asyncpg.connection.Connection.remove_listener
+
+    async def remove_listener(self: Any, *args: Any) -> None:
+        removing.set()
+        await go_on.wait()
+        await real(self, *args)
+
+    monkeypatch.setattr(asyncpg.connection.Connection, "remove_listener", remove_listener)
+    target = parse_postgres_url(postgres_store_url)
+    pool = await asyncpg.create_pool(target.dsn, min_size=1, max_size=4)
+    store = PostgresStore(pool=pool, schema=target.schema)
+    try:
+        q = store.run_queue("default")
+        await q.prepare()
+        task = asyncio.create_task(q.aclose())
+        await removing.wait()
+        task.cancel()
+        go_on.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert q._listener is None
+        assert store._listeners == 0
+        assert pool.get_size() - pool.get_idle_size() == 0
+    finally:
+        await store.aclose()
+        pool.terminate()  # close() would wait for a connection never given back
