@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from statekernel._storage.queues import DeadLetter, QueueEntry, checked_queue_name
+from statekernel._storage.shielding import shielded
 from statekernel.stores.postgres._ops import Tables, run_key
 
 __all__ = ["DEAD_MAX", "POLL_SECONDS", "PostgresRunQueue", "channel_of"]
@@ -42,6 +43,8 @@ Run = Callable[..., Awaitable[Any]]
 """The store's ``fn(connection, tables, *args)`` runner (typed errors, shielded)."""
 Acquire = Callable[[], Awaitable[Any]]
 Release = Callable[[Any], Awaitable[None]]
+Typed = Callable[[BaseException], BaseException]
+"""The store's error for what the driver raised (a ``StoreError``), or the error as is."""
 
 
 def channel_of(schema: str, name: str) -> str:
@@ -72,6 +75,7 @@ class PostgresRunQueue:
         acquire: Acquire,
         release: Release,
         listens: bool,
+        typed: Typed = lambda exc: exc,
     ) -> None:
         self.name = checked_queue_name(name)
         self.channel = channel_of(tables.schema, name)
@@ -80,6 +84,7 @@ class PostgresRunQueue:
         self._acquire = acquire
         self._release = release
         self._listens = listens
+        self._typed = typed
         self._listener: Any = None
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -203,9 +208,12 @@ class PostgresRunQueue:
             conn = await self._acquire()
             try:
                 await conn.add_listener(self.channel, self._notified)
-            except BaseException:
+            except BaseException as exc:
                 await self._release(conn)
-                raise
+                typed = self._typed(exc)
+                if typed is exc:
+                    raise
+                raise typed from exc  # a dead connection (a restarted server): StoreError
             self._listener = conn
             self._wake.set()  # entries may have come while nobody listened
             return True
@@ -214,7 +222,11 @@ class PostgresRunQueue:
         self._wake.set()
 
     async def aclose(self) -> None:
-        """Stop listening and give the connection back to the store's pool."""
+        """Stop listening and give the connection back to the store's pool (to the end,
+        even if the caller is cancelled meanwhile)."""
+        await shielded(self._unlisten())
+
+    async def _unlisten(self) -> None:
         async with self._lock:
             conn, self._listener = self._listener, None
             if conn is None:

@@ -97,7 +97,9 @@ log = logger("statekernel.stores")
 
 MIN_POOL = 2
 """The smallest pool a store can work with: one connection for the owners' advisory
-locks (a worker's queue listens on one more), one for everything else."""
+locks, one for everything else. Each connection that listens (a run queue being read,
+the store's watches) needs one more: a listener that would leave none for the rest is
+refused (``ConfigError``), as commits would wait for a connection forever."""
 
 _DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, OverflowError)
 """What asyncpg raises for a server, connection or value it cannot send (a
@@ -158,6 +160,9 @@ class PostgresStore(Closing):
         )
         self._group: GroupCommit[PendingWrite, Outcome] = GroupCommit(self._write, self._failed)
         self._queues: weakref.WeakSet[PostgresRunQueue] = weakref.WeakSet()
+        self._watching = asyncio.Lock()
+        self._listeners = 0  # connections of the pool that listen (queues, watches)
+        self._listening: _Listening | None = None
 
     def _shown(self) -> str:
         target = redact_url(self.url) if self.url is not None else "(a pool)"
@@ -245,6 +250,26 @@ class PostgresStore(Closing):
             return await pool.acquire()
         except _DRIVER_ERRORS as exc:
             raise self._typed(exc) from exc
+
+    async def _listener_conn(self) -> Any:
+        """A connection of the pool to listen on, for as long as a queue is read or
+        watches are open; ``ConfigError`` when the pool could then not hold the owners'
+        advisory locks and one connection for everything else."""
+        pool = await self._open()
+        room = pool.get_max_size() - MIN_POOL - self._listeners
+        if room < 1:
+            raise ConfigError(
+                f"Postgres store {self._shown()}: a pool of {pool.get_max_size()}"
+                f" connections cannot hold one more that listens ({self._listeners} do"
+                f" already, the owners' advisory locks hold one and commits need one):"
+                " give the store a larger pool"
+            )
+        self._listeners += 1
+        try:
+            return await self._owner_conn()
+        except BaseException:
+            self._listeners -= 1
+            raise
 
     async def _owner_done(self, conn: Any) -> None:
         if self._pool is None:
@@ -437,8 +462,8 @@ class PostgresStore(Closing):
         """Notices of the commits of ``run_id`` (or of every run) made once entered, sent
         by a trigger on the runs table and received with ``LISTEN`` on a connection of
         the pool (listened again after the server ended its session: notices of the gap
-        are missed). Behind PgBouncer, where a session cannot listen, it polls the
-        listing instead."""
+        are missed); the watches of a store share that one connection. Behind
+        PgBouncer, where a session cannot listen, it polls the listing instead."""
         if run_id is not None:
             checked_run_id(run_id)
         if self.pgbouncer:
@@ -447,12 +472,20 @@ class PostgresStore(Closing):
             return
         await self._open()
         feed = Feed(run_id)
-        listening = _Listening(self, feed, commits_channel(self.schema))
-        await listening.start()
+        async with self._watching:
+            listening = self._listening
+            if listening is None:
+                listening = _Listening(self, commits_channel(self.schema))
+                await listening.start()
+                self._listening = listening
+            listening.feeds.add(feed)
         try:
             yield feed
         finally:
-            await listening.stop()
+            listening.feeds.discard(feed)
+            if not listening.feeds and self._listening is listening:
+                self._listening = None  # the last watch gives the connection back
+                await shielded(listening.stop())  # to its end, cancelled again or not
 
     # -- run queues ----------------------------------------------------------------
 
@@ -463,9 +496,10 @@ class PostgresStore(Closing):
             name,
             self._t,
             self._run,
-            acquire=self._owner_conn,
+            acquire=self._listener_conn,
             release=self._listener_done,
             listens=not self.pgbouncer,
+            typed=self._driver_error,
         )
         self._queues.add(queue)  # closed with the store: a pool waits for its connections
         return queue
@@ -479,9 +513,14 @@ class PostgresStore(Closing):
             raise RunNotFound(run_id)
         return str(found)
 
+    def _driver_error(self, exc: BaseException) -> BaseException:
+        """A ``StoreError`` for what the driver raised, else ``exc`` as is."""
+        return self._typed(exc) if isinstance(exc, _DRIVER_ERRORS) else exc
+
     async def _listener_done(self, conn: Any) -> None:
         """Give a queue's listening connection back to the pool (its session's
         ``LISTEN`` ends there: the pool resets what a session set)."""
+        self._listeners -= 1
         if self._pool is None:
             return
         try:
@@ -532,9 +571,12 @@ class PostgresStore(Closing):
 
     async def aclose(self) -> None:
         """Close the pool the store opened (a pool it was given stays open), after the
-        listening connections of its run queues went back to it."""
+        listening connections of its run queues and watches went back to it."""
         for queue in list(self._queues):
             await queue.aclose()
+        listening, self._listening = self._listening, None
+        if listening is not None:
+            await shielded(listening.stop())
         await self._owners.close()
         async with self._lock:
             pool, self._ready = self._pool, False
@@ -547,28 +589,34 @@ class PostgresStore(Closing):
 
 class _Listening:
     """A connection of the store's pool that listens for commit notices and puts them
-    on ``feed``; when the server ends its session, another one takes over."""
+    on the ``feeds`` of the store's watches; when the server ends its session, another
+    one takes over."""
 
-    def __init__(self, store: PostgresStore, feed: Feed, channel: str) -> None:
-        self.store, self.feed, self.channel = store, feed, channel
+    def __init__(self, store: PostgresStore, channel: str) -> None:
+        self.store, self.channel = store, channel
+        self.feeds: set[Feed] = set()
         self._conn: Any = None
         self._again: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        conn = await self.store._owner_conn()
+        """Listen on a connection of the pool (a dead one is a ``StoreError``)."""
+        conn = await self.store._listener_conn()
         try:
             await conn.add_listener(self.channel, self._notified)
             conn.add_termination_listener(self._ended)
-        except BaseException:
+        except BaseException as exc:
             await self.store._listener_done(conn)
-            raise
+            typed = self.store._driver_error(exc)
+            if typed is exc:
+                raise
+            raise typed from exc
         self._conn = conn
 
     def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         notice = _notice(payload)
         if notice is not None:
-            self.feed.put(notice)
+            self._put(notice)
         elif payload.count(" ") >= 2:  # a run id too long for a notice: found by its digest
             task = asyncio.create_task(self._by_digest(payload))
             self._tasks.add(task)
@@ -580,7 +628,11 @@ class _Listening:
             found = await self.store._run(_fetch, _BY_DIGEST.format(t=self.store._t.runs), [digest])
             if found:
                 run_id = bytes(found[0][0]).decode("utf-8", "surrogatepass")
-                self.feed.put(CommitNotice(run_id, int(revision), state))
+                self._put(CommitNotice(run_id, int(revision), state))
+
+    def _put(self, notice: CommitNotice) -> None:
+        for feed in list(self.feeds):
+            feed.put(notice)
 
     def _ended(self, _conn: Any) -> None:
         if self._again is None or self._again.done():

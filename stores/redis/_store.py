@@ -239,8 +239,13 @@ class RedisStore(Closing):
         if run_id is not None:
             checked_run_id(run_id)
         feed = Feed(run_id)
-        pubsub = self._client.pubsub(ignore_subscribe_messages=True)
-        await self._call(pubsub.subscribe(self._commits_channel))
+        pubsub: Any = self._client.pubsub(ignore_subscribe_messages=True)
+        try:
+            await self._call(pubsub.subscribe(self._commits_channel))
+        except BaseException:
+            with contextlib.suppress(RedisError, OSError):
+                await pubsub.aclose()
+            raise
         task = asyncio.create_task(self._receive(pubsub, feed))
         try:
             yield feed
@@ -250,25 +255,42 @@ class RedisStore(Closing):
                 await task
 
     async def _receive(self, pubsub: Any, feed: Feed) -> None:
-        """Put the notices of ``pubsub`` on ``feed``, subscribing again after an error."""
+        """Put the notices of ``pubsub`` on ``feed``, subscribing again after an error
+        (until the server answers)."""
         try:
             while True:
                 try:
                     message = await pubsub.get_message(timeout=None)
                 except (RedisError, OSError) as exc:
                     log.warning("watching %r: %s; subscribing again", self, self._clean(exc))
-                    await pubsub.aclose()
-                    await asyncio.sleep(1.0)
-                    pubsub = self._client.pubsub(ignore_subscribe_messages=True)
                     with contextlib.suppress(RedisError, OSError):
-                        await pubsub.subscribe(self._commits_channel)
+                        await pubsub.aclose()
+                    pubsub = None
+                    pubsub = await self._subscribe_again()
                     continue
                 notice = _notice(message)
                 if notice is not None:
                     feed.put(notice)
         finally:
-            with contextlib.suppress(RedisError, OSError):
-                await pubsub.aclose()
+            if pubsub is not None:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()
+
+    async def _subscribe_again(self) -> Any:
+        """A new subscription to the commits channel, tried again (after 0.1 s, then
+        longer and longer, up to 5 s) until the server takes it."""
+        delay = 0.1
+        while True:
+            await asyncio.sleep(delay)
+            pubsub: Any = self._client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self._commits_channel)
+                return pubsub
+            except (RedisError, OSError) as exc:
+                log.warning("watching %r: %s; subscribing again", self, self._clean(exc))
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()
+                delay = min(delay * 2, 5.0)
 
     @property
     def client(self) -> aioredis.Redis:

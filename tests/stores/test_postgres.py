@@ -5,6 +5,7 @@ SQLite both ways."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -313,3 +315,139 @@ def test_the_migrate_command_copies_into_postgres(tmp_path: Path, postgres_store
         await store.aclose()
 
     asyncio.run(check())
+
+
+async def test_watches_of_one_store_share_one_connection(postgres_store_url: str) -> None:
+    """Each watch holding a connection of its own would empty the pool (a parent waiting
+    for each queued child holds a watch): commits then wait forever."""
+    target = parse_postgres_url(postgres_store_url)
+    pool = await asyncpg.create_pool(target.dsn, min_size=1, max_size=4)
+    store = PostgresStore(pool=pool, schema=target.schema)
+    try:
+        await store.list_runs()
+        async with contextlib.AsyncExitStack() as watches:
+            feeds = [await watches.enter_async_context(store.watch(f"w{i}")) for i in range(3)]
+            everything = await watches.enter_async_context(store.watch())
+            assert pool.get_size() - pool.get_idle_size() == 1  # one connection listens
+            await store.commit(Checkpoint.between(None, sample_run("w1")))
+            assert (await asyncio.wait_for(anext(feeds[1]), 120)).run_id == "w1"
+            assert (await asyncio.wait_for(anext(everything), 120)).run_id == "w1"
+            assert feeds[0]._notices.empty()
+            assert feeds[2]._notices.empty()
+        assert pool.get_size() - pool.get_idle_size() == 0  # given back after the last
+        async with store.watch("w2") as again:  # and taken again by the next
+            await store.commit(Checkpoint.between(None, sample_run("w2")))
+            assert (await asyncio.wait_for(anext(again), 120)).run_id == "w2"
+    finally:
+        await store.aclose()
+        await pool.close()
+
+
+async def test_a_watch_listens_again_after_its_session_ends_and_a_dead_connection(
+    postgres_store_url: str,
+) -> None:
+    """The server ends the listening session, and the first connection the pool hands
+    over is dead too (as after a restart): the watch keeps trying, typed, and its
+    notices come again."""
+    store = PostgresStore(postgres_store_url)
+    target = parse_postgres_url(postgres_store_url)
+    dead = await asyncpg.connect(target.dsn)
+    await dead.close()
+    try:
+        async with store.watch("again") as feed:
+            listening = store._listening
+            assert listening is not None
+            pid = listening._conn.get_server_pid()
+            given = store._owner_conn
+            handed: list[Any] = []
+
+            async def owner_conn() -> Any:
+                handed.append(dead if not handed else await given())
+                return handed[-1]
+
+            store._owner_conn = owner_conn  # type: ignore[method-assign]
+            admin = await asyncpg.connect(target.dsn)
+            try:
+                await admin.execute("SELECT pg_terminate_backend($1)", pid)
+            finally:
+                await admin.close()
+            run = sample_run("again")
+            await store.commit(Checkpoint.between(None, run))
+            got = None
+            while got is None:  # commits until the session listening again sees one
+                again = listening._again
+                assert again is None or not again.done() or again.exception() is None
+                later = next_revision(run)
+                await store.commit(Checkpoint.between(run, later))
+                run = later
+                with contextlib.suppress(TimeoutError):
+                    got = await asyncio.wait_for(anext(feed), 0.5)
+            assert got.run_id == "again"
+            assert len(handed) >= 2
+    finally:
+        await store.aclose()
+
+
+async def test_a_listener_that_would_leave_no_connection_for_commits_is_refused(
+    postgres_store_url: str,
+) -> None:
+    """A pool of 2 holds the owners' advisory locks and one connection for the rest: a
+    queue listening on the second one would leave commits waiting forever."""
+    target = parse_postgres_url(postgres_store_url)
+    pool = await asyncpg.create_pool(target.dsn, min_size=1, max_size=3)
+    store = PostgresStore(pool=pool, schema=target.schema)
+    try:
+        queue = store.run_queue("default")
+        await queue.prepare()  # 3: the locks, this listener, the rest
+        with pytest.raises(ConfigError, match="cannot hold one more that listens"):
+            async with store.watch():
+                pass
+        await queue.aclose()
+        async with store.watch():  # its connection is free again
+            with pytest.raises(ConfigError, match="give the store a larger pool"):
+                await store.run_queue("other").read("reader", 1, 0)
+        await store.commit(Checkpoint.between(None, sample_run("roomy")))
+    finally:
+        await store.aclose()
+        await pool.close()
+
+
+async def test_a_watch_cancelled_again_while_it_ends_gives_its_connection_back(
+    postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task cancelled while it leaves a watch, and cancelled again meanwhile (a timeout
+    around a cancelled delegate call): the listening connection still goes back to the
+    pool, or it is lost to the store for good."""
+    target = parse_postgres_url(postgres_store_url)
+    pool = await asyncpg.create_pool(target.dsn, min_size=1, max_size=4)
+    store = PostgresStore(pool=pool, schema=target.schema)
+    entered, removing, go_on = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    real = asyncpg.connection.Connection.remove_listener
+
+    async def remove_listener(self: Any, *args: Any) -> None:
+        removing.set()
+        await go_on.wait()
+        await real(self, *args)
+
+    monkeypatch.setattr(asyncpg.connection.Connection, "remove_listener", remove_listener)
+
+    async def watching() -> None:
+        async with store.watch("x"):
+            entered.set()
+            await asyncio.Event().wait()
+
+    try:
+        await store.list_runs()
+        task = asyncio.create_task(watching())
+        await entered.wait()
+        task.cancel()
+        await removing.wait()
+        task.cancel()  # again, while the watch ends
+        go_on.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert pool.get_size() - pool.get_idle_size() == 0
+        assert store._listeners == 0
+    finally:
+        await store.aclose()
+        pool.terminate()  # close() would wait for a connection never given back

@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from statekernel.errors import InvalidArgument, RunNotFound
+from statekernel.errors import InvalidArgument, RunNotFound, StoreError
 from statekernel.stores import Checkpoint, PostgresStore
 from statekernel.stores.postgres import _queue
 from statekernel.stores.postgres._queue import PostgresRunQueue
@@ -191,3 +191,63 @@ async def test_a_version_1_layout_is_upgraded_to_hold_queues(postgres_store_url:
     finally:
         await conn.close()
     assert version == STORE_VERSION == 2
+
+
+async def test_a_dead_connection_to_listen_on_is_a_store_error(
+    store: PostgresStore, postgres_store_url: str
+) -> None:
+    """As after a server restart, the pool hands a dead connection to listen on: the
+    read fails with a ``StoreError`` (a worker waits and reads again), and the next one
+    listens on a live connection."""
+    (run_id,) = await _runs(store, 1)
+    dead = await asyncpg.connect(parse_postgres_url(postgres_store_url).dsn)
+    await dead.close()
+    q = store.run_queue("default")
+    given = q._acquire
+    handed: list[Any] = []
+
+    async def acquire() -> Any:
+        handed.append(dead if not handed else await given())
+        return handed[-1]
+
+    q._acquire = acquire
+    with pytest.raises(StoreError):
+        await q.read("reader", 10, 0)
+    await q.submit(run_id)
+    assert [e.run_id for e in await q.read("reader", 10, 60_000)] == [run_id]
+    assert q._listener is handed[-1]
+
+
+async def test_a_queue_closed_while_its_task_is_cancelled_again_gives_its_connection_back(
+    postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker cancelled while it closes its queue, and cancelled again meanwhile: the
+    listening connection still goes back to the pool (or the store's close waits for it
+    forever)."""
+    removing, go_on = asyncio.Event(), asyncio.Event()
+    real = asyncpg.connection.Connection.remove_listener
+
+    async def remove_listener(self: Any, *args: Any) -> None:
+        removing.set()
+        await go_on.wait()
+        await real(self, *args)
+
+    monkeypatch.setattr(asyncpg.connection.Connection, "remove_listener", remove_listener)
+    target = parse_postgres_url(postgres_store_url)
+    pool = await asyncpg.create_pool(target.dsn, min_size=1, max_size=4)
+    store = PostgresStore(pool=pool, schema=target.schema)
+    try:
+        q = store.run_queue("default")
+        await q.prepare()
+        task = asyncio.create_task(q.aclose())
+        await removing.wait()
+        task.cancel()
+        go_on.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert q._listener is None
+        assert store._listeners == 0
+        assert pool.get_size() - pool.get_idle_size() == 0
+    finally:
+        await store.aclose()
+        pool.terminate()  # close() would wait for a connection never given back
