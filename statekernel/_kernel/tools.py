@@ -87,7 +87,13 @@ class Tool:
     idempotent: bool = False
     concurrency_safe: bool = True
     timeout: float | None = None
-    inline: bool = False
+    inline: bool = attrs.field(default=False, kw_only=True)
+
+    def __attrs_post_init__(self) -> None:
+        if self.inline and self.timeout is not None:
+            raise ConfigError(
+                f"tool {self.name!r}: an inline tool runs on the event loop and cannot time out"
+            )
 
     @property
     def spec(self) -> ToolSpec:

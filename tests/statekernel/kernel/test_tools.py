@@ -402,3 +402,13 @@ def test_an_async_tool_cannot_be_inline() -> None:
 
     with pytest.raises(ConfigError, match="inline is for sync functions"):
         sk.tool(inline=True)(quick)
+
+
+def test_a_tool_built_inline_with_a_timeout_is_refused() -> None:
+    def quick() -> str:
+        """Quick."""
+        return "x"
+
+    built = sk.tool(quick)
+    with pytest.raises(ConfigError, match="cannot time out"):
+        attrs.evolve(built, inline=True, timeout=1.0)
