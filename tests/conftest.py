@@ -111,15 +111,17 @@ def redis_store_url(redis_url: str, redis_prefix: str) -> str:
     return f"{redis_url}/0?prefix={redis_prefix}"
 
 
-@pytest.fixture(
-    params=[
-        "memory",
-        "file",
-        "sqlite",
-        "redis",
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
+STORE_KINDS = [
+    "memory",
+    "file",
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
+"""Every built-in store, for tests parametrized by kind (the servers' stores marked)."""
+
+
+@pytest.fixture(params=STORE_KINDS)
 def every_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A URL of each built-in store in turn: its runs belong to this test."""
     if request.param == "postgres":

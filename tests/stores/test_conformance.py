@@ -20,13 +20,9 @@ from statekernel.testing import (
     check_store,
 )
 
-KINDS = [
-    "memory",
-    "file",
-    "sqlite",
-    pytest.param("redis", marks=pytest.mark.redis),
-    pytest.param("postgres", marks=pytest.mark.postgres),
-]
+from ..conftest import STORE_KINDS
+
+KINDS = STORE_KINDS
 
 
 def factory_for(

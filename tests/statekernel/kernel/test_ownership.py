@@ -31,13 +31,9 @@ from statekernel.stores import (
 )
 from statekernel.testing import ManualClock, ScriptedProvider, call
 
-KINDS = [
-    "memory",
-    "file",
-    "sqlite",
-    pytest.param("redis", marks=pytest.mark.redis),
-    pytest.param("postgres", marks=pytest.mark.postgres),
-]
+from ...conftest import STORE_KINDS
+
+KINDS = STORE_KINDS
 HOST_KINDS = ["memory", "file", "sqlite"]
 """The stores whose leases expire on a clock they are given (Redis expires them itself)."""
 _n = itertools.count()

@@ -34,14 +34,10 @@ from statekernel.stores import open_store
 from statekernel.testing import Reply, ScriptedProvider, call
 from statekernel.testing.strategies import forged
 
+from ...conftest import STORE_KINDS
+
 INT_MAX = 2**63 - 1
-STORES = [
-    "memory",
-    "file",
-    "sqlite",
-    pytest.param("redis", marks=pytest.mark.redis),
-    pytest.param("postgres", marks=pytest.mark.postgres),
-]
+STORES = STORE_KINDS
 
 
 def kind_of(kind: str, request: pytest.FixtureRequest) -> str:

@@ -28,13 +28,9 @@ from statekernel.stores import open_store
 from statekernel.testing import strategies as sts
 from statekernel.testing._fuzz import run_history_ok
 
-STORES = [
-    "memory",
-    "file",
-    "sqlite",
-    pytest.param("redis", marks=pytest.mark.redis),
-    pytest.param("postgres", marks=pytest.mark.postgres),
-]
+from ...conftest import STORE_KINDS
+
+STORES = STORE_KINDS
 
 
 @sk.tool
