@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
@@ -28,7 +28,7 @@ from statekernel._secrets import logger
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import StatekernelError
 
-__all__ = ["CommitNotice", "Feed", "Watches", "poll_watch", "watch"]
+__all__ = ["CommitNotice", "Feed", "Watches", "fed_by", "poll_watch", "watch"]
 
 log = logger("statekernel.stores")
 
@@ -122,7 +122,15 @@ async def poll_watch(
             except StatekernelError as exc:  # the store is unreachable for a while
                 log.warning("watching %r: %s", store, exc)
 
-    task = asyncio.create_task(polling())
+    async with fed_by(feed, polling()):
+        yield feed
+
+
+@contextlib.asynccontextmanager
+async def fed_by(feed: Feed, work: Coroutine[Any, Any, None]) -> AsyncIterator[Feed]:
+    """``feed`` while ``work`` (which puts notices on it) runs in a task of its own,
+    cancelled and awaited when the block ends."""
+    task = asyncio.create_task(work)
     try:
         yield feed
     finally:

@@ -40,7 +40,7 @@ from statekernel._records.run import Run, StateId
 from statekernel._secrets import logger, redact, redact_url, remember_url
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
-from statekernel._storage.watching import CommitNotice, Feed
+from statekernel._storage.watching import CommitNotice, Feed, fed_by
 from statekernel.errors import (
     ConfigError,
     ConflictError,
@@ -246,13 +246,8 @@ class RedisStore(Closing):
             with contextlib.suppress(RedisError, OSError):
                 await pubsub.aclose()
             raise
-        task = asyncio.create_task(self._receive(pubsub, feed))
-        try:
+        async with fed_by(feed, self._receive(pubsub, feed)):
             yield feed
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     async def _receive(self, pubsub: Any, feed: Feed) -> None:
         """Put the notices of ``pubsub`` on ``feed``, subscribing again after an error

@@ -3,13 +3,16 @@ Postgres role with a password."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 import redis as redis_sync
 
@@ -111,3 +114,29 @@ def postgres_password_url(postgres_url: str) -> Iterator[str]:
         f"REVOKE ALL ON DATABASE {database} FROM {role}",
         f"DROP ROLE {role}",
     )
+
+
+@attrs.define
+class HeldUnlisten:
+    """``Connection.remove_listener`` held: ``removing`` is set once a caller is in it,
+    and it goes on when ``go_on`` is set."""
+
+    removing: asyncio.Event = attrs.field(factory=asyncio.Event)
+    go_on: asyncio.Event = attrs.field(factory=asyncio.Event)
+
+
+@pytest.fixture
+def held_unlisten(monkeypatch: pytest.MonkeyPatch) -> HeldUnlisten:
+    """Hold every asyncpg ``remove_listener`` call until the test lets it go on."""
+    import asyncpg
+
+    held = HeldUnlisten()
+    real = asyncpg.connection.Connection.remove_listener
+
+    async def remove_listener(self: Any, *args: Any) -> None:
+        held.removing.set()
+        await held.go_on.wait()
+        await real(self, *args)
+
+    monkeypatch.setattr(asyncpg.connection.Connection, "remove_listener", remove_listener)
+    return held

@@ -24,6 +24,8 @@ from statekernel.stores.postgres._schema import STORE_VERSION
 from statekernel.stores.postgres._url import parse_postgres_url
 from statekernel.testing._store_cases import events_for, next_revision, sample_run
 
+from .conftest import HeldUnlisten
+
 pytestmark = pytest.mark.postgres
 
 
@@ -413,7 +415,7 @@ async def test_a_listener_that_would_leave_no_connection_for_commits_is_refused(
 
 
 async def test_a_watch_cancelled_again_while_it_ends_gives_its_connection_back(
-    postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
+    postgres_store_url: str, held_unlisten: HeldUnlisten
 ) -> None:
     """A task cancelled while it leaves a watch, and cancelled again meanwhile (a timeout
     around a cancelled delegate call): the listening connection still goes back to the
@@ -421,15 +423,7 @@ async def test_a_watch_cancelled_again_while_it_ends_gives_its_connection_back(
     target = parse_postgres_url(postgres_store_url)
     pool = await asyncpg.create_pool(target.dsn, min_size=1, max_size=4)
     store = PostgresStore(pool=pool, schema=target.schema)
-    entered, removing, go_on = asyncio.Event(), asyncio.Event(), asyncio.Event()
-    real = asyncpg.connection.Connection.remove_listener
-
-    async def remove_listener(self: Any, *args: Any) -> None:
-        removing.set()
-        await go_on.wait()
-        await real(self, *args)
-
-    monkeypatch.setattr(asyncpg.connection.Connection, "remove_listener", remove_listener)
+    entered = asyncio.Event()
 
     async def watching() -> None:
         async with store.watch("x"):
@@ -441,9 +435,9 @@ async def test_a_watch_cancelled_again_while_it_ends_gives_its_connection_back(
         task = asyncio.create_task(watching())
         await entered.wait()
         task.cancel()
-        await removing.wait()
+        await held_unlisten.removing.wait()
         task.cancel()  # again, while the watch ends
-        go_on.set()
+        held_unlisten.go_on.set()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert pool.get_size() - pool.get_idle_size() == 0

@@ -20,6 +20,8 @@ from statekernel.stores.postgres._schema import SCHEMA, STORE_VERSION
 from statekernel.stores.postgres._url import parse_postgres_url
 from statekernel.testing._store_cases import sample_run
 
+from .conftest import HeldUnlisten
+
 pytestmark = pytest.mark.postgres
 
 
@@ -219,20 +221,11 @@ async def test_a_dead_connection_to_listen_on_is_a_store_error(
 
 
 async def test_a_queue_closed_while_its_task_is_cancelled_again_gives_its_connection_back(
-    postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
+    postgres_store_url: str, held_unlisten: HeldUnlisten
 ) -> None:
     """A worker cancelled while it closes its queue, and cancelled again meanwhile: the
     listening connection still goes back to the pool (or the store's close waits for it
     forever)."""
-    removing, go_on = asyncio.Event(), asyncio.Event()
-    real = asyncpg.connection.Connection.remove_listener
-
-    async def remove_listener(self: Any, *args: Any) -> None:
-        removing.set()
-        await go_on.wait()
-        await real(self, *args)
-
-    monkeypatch.setattr(asyncpg.connection.Connection, "remove_listener", remove_listener)
     target = parse_postgres_url(postgres_store_url)
     pool = await asyncpg.create_pool(target.dsn, min_size=1, max_size=4)
     store = PostgresStore(pool=pool, schema=target.schema)
@@ -240,9 +233,9 @@ async def test_a_queue_closed_while_its_task_is_cancelled_again_gives_its_connec
         q = store.run_queue("default")
         await q.prepare()
         task = asyncio.create_task(q.aclose())
-        await removing.wait()
+        await held_unlisten.removing.wait()
         task.cancel()
-        go_on.set()
+        held_unlisten.go_on.set()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert q._listener is None
