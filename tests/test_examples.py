@@ -198,3 +198,17 @@ def test_celery_worker_drives_a_run_once_when_the_task_comes_twice(
     with KernelThread(example.make_kernel) as blocking:
         done = blocking.call(lambda k: k.get(run_id.run_id))
     assert done.output == "Sent 50 to Bob."
+
+
+def test_otel_example_exports_the_spans_of_a_run(tmp_path: Path) -> None:
+    spans = [json.loads(line) for line in run_example("otel_export.py", tmp_path).splitlines()]
+    by_name = {span["name"]: span for span in spans}
+    drive = by_name["statekernel.drive"]
+    assert by_name["chat weather"]["attributes"]["gen_ai.request.model"] == "weather"
+    tool = by_name["execute_tool weather"]
+    assert tool["attributes"]["gen_ai.tool.name"] == "weather"
+    commits = [s for s in spans if s["name"] == "statekernel.commit"]
+    assert len(commits) >= 4
+    trace = drive["context"]["trace_id"]
+    assert all(s["context"]["trace_id"] == trace for s in [tool, *commits]), "one trace"
+    assert all(s["resource"]["attributes"]["service.name"] == "weather-agent" for s in spans)
