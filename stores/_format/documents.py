@@ -66,8 +66,12 @@ def load_json(data: bytes | str, what: str) -> Any:
     orjson: text with a run of 19 digits or more goes to ``json``), so the result is
     the same either way.
     """
-    long_digits = _LONG_DIGITS_TEXT if isinstance(data, str) else _LONG_DIGITS
-    if _fast_loads is not None and long_digits.search(data) is None:
+    plain = (
+        _LONG_DIGITS_TEXT.search(data) is None
+        if isinstance(data, str)
+        else _LONG_DIGITS.search(data) is None
+    )
+    if _fast_loads is not None and plain:
         try:
             return _fast_loads(data)
         except ValueError:
