@@ -7,8 +7,10 @@
 
 Workload (``bench/anchor_workload.py``): one user message; turns 1..N-1 the model
 asks for one ``search`` call with ~200 bytes of JSON arguments and the tool returns
-~1 KB of text; turn N answers text. statekernel: a ``Kernel(store, tools=[search],
-providers={"scripted": ScriptedProvider(script)}, max_turns=None)`` on ``sqlite://``
+~1 KB of text (a sync function declared ``inline``: it runs on the event loop, as the
+LangGraph side runs it inside its tools node); turn N answers text. statekernel: a
+``Kernel(store, tools=[search], providers={"scripted": ScriptedProvider(script)},
+max_turns=None)`` on ``sqlite://``
 (``synchronous=FULL``, the default), ``file://``, ``redis://`` (a redis-server started
 here on a free loopback port, ``--appendonly yes --appendfsync always --save ''``) and
 ``memory://``; ``kernel.start`` and ``kernel.run`` are timed. LangGraph:
@@ -94,9 +96,10 @@ LABELS = {
 FSYNC_N = 100
 
 
-@sk.tool
+@sk.tool(inline=True)
 def search(query: str, limit: int, page: int) -> str:
-    """Search the sources; about 1 KB of results."""
+    """Search the sources; about 1 KB of results (quick and without I/O: called on the
+    event loop, as the LangGraph side calls it in its tools node)."""
     return tool_output(query)
 
 

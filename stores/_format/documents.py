@@ -20,12 +20,22 @@ from statekernel.errors import CorruptCheckpoint
 __all__ = ["canonical", "corrupt", "dec_time", "dump_bytes", "enc_time", "load_json"]
 
 _fast_loads: Callable[[bytes | str], Any] | None
+_fast_dumps: Callable[[Any], bytes] | None
 try:
-    from orjson import loads as _orjson_loads
+    import orjson
 
-    _fast_loads = _orjson_loads
+    _fast_loads = orjson.loads
+    _OPTIONS = (
+        orjson.OPT_PASSTHROUGH_DATETIME
+        | orjson.OPT_PASSTHROUGH_DATACLASS
+        | orjson.OPT_PASSTHROUGH_SUBCLASS
+    )
+
+    def _fast_dumps(doc: Any) -> bytes:
+        return orjson.dumps(doc, option=_OPTIONS)
+
 except ImportError:  # pragma: no cover - optional speed-up
-    _fast_loads = None
+    _fast_loads = _fast_dumps = None
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
@@ -46,7 +56,22 @@ def canonical(value: Any) -> str:
 
 
 def dump_bytes(doc: Any) -> bytes:
-    """A document as UTF-8 JSON; text with lone surrogates falls back to ASCII escapes."""
+    """A document as UTF-8 JSON; text with lone surrogates falls back to ASCII escapes.
+
+    Written by ``orjson`` when it is installed and the document is plain JSON values
+    (dicts with string keys, lists, tuples, strings, 64-bit integers, floats, booleans,
+    None); anything else, and a document whose text holds ``null`` (``orjson`` writes a
+    non-finite float as ``null``, ``json`` as ``NaN``), is written by ``json`` as before,
+    so a value is never stored as another one.
+    """
+    if _fast_dumps is not None:
+        try:
+            data = _fast_dumps(doc)
+        except TypeError:  # orjson.JSONEncodeError: what json writes (or refuses) itself
+            pass
+        else:
+            if b"null" not in data:
+                return data
     try:
         return canonical(doc).encode()
     except UnicodeEncodeError:

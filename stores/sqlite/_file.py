@@ -28,11 +28,14 @@ __all__ = [
     "FIRST_WAIT_MS",
     "StoreConnection",
     "begin_immediate",
+    "begin_read",
     "connect",
     "file_state",
     "needs_read_only",
     "opens_immutable",
     "prepare_file",
+    "sync_at",
+    "wait_up_to",
 ]
 
 FIRST_WAIT_MS = 1000
@@ -42,27 +45,69 @@ log = logger("statekernel.stores")
 
 
 class StoreConnection(sqlite3.Connection):
-    """A connection that knows its store's path and how long a write may wait."""
+    """A connection that knows its store's path and how long a write may wait, and
+    keeps the ``busy_timeout`` and ``synchronous`` it last set, so that a transaction
+    sets either only when it needs another value (a run of commits sets none)."""
 
     path = ""
     patience_ms = 0
+    waiting_ms = 0
+    """The connection's ``busy_timeout`` now."""
+    wal = False
+    """True once the database is in WAL mode: only ``BEGIN`` then waits for a lock (a
+    write transaction already holds the write lock; its ``COMMIT`` takes no other)."""
+    durable = ""
+    """The store's ``synchronous`` for commits (``FULL``...; empty: never set)."""
+    sync = ""
+    """The connection's ``synchronous`` now (empty: unknown)."""
 
 
-def begin_immediate(conn: sqlite3.Connection) -> None:
+def wait_up_to(conn: sqlite3.Connection, ms: int) -> None:
+    """Let the next statements wait ``ms`` for a lock (a ``PRAGMA`` only if it changes)."""
+    if not isinstance(conn, StoreConnection):
+        return
+    if conn.waiting_ms != ms:
+        conn.execute(f"PRAGMA busy_timeout = {ms}")
+        conn.waiting_ms = ms
+
+
+def sync_at(conn: sqlite3.Connection, level: str) -> None:
+    """The ``synchronous`` level of the next commits (a ``PRAGMA`` only if it changes)."""
+    if isinstance(conn, StoreConnection) and conn.sync != level:
+        conn.execute(f"PRAGMA synchronous = {level}")
+        conn.sync = level
+
+
+def begin_read(conn: sqlite3.Connection) -> None:
+    """``BEGIN`` of a read transaction, waiting the full ``busy_timeout`` for a lock."""
+    if isinstance(conn, StoreConnection):
+        wait_up_to(conn, conn.patience_ms)
+    conn.execute("BEGIN")
+
+
+def begin_immediate(conn: sqlite3.Connection, *, durable: bool = True) -> None:
     """``BEGIN IMMEDIATE``; a wait for another writer's lock longer than
     ``FIRST_WAIT_MS`` is logged once, naming the store, and goes on to the full
-    ``busy_timeout`` (every other statement waits the full timeout at once)."""
-    if not isinstance(conn, StoreConnection) or conn.patience_ms <= FIRST_WAIT_MS:
+    ``busy_timeout`` (every other statement waits the full timeout at once).
+
+    ``durable`` False: the transaction is committed at ``synchronous = NORMAL`` (no
+    fsync: leases), else at the store's own level.
+    """
+    if not isinstance(conn, StoreConnection):
         conn.execute("BEGIN IMMEDIATE")
         return
-    conn.execute(f"PRAGMA busy_timeout = {FIRST_WAIT_MS}")
+    if conn.durable:
+        sync_at(conn, conn.durable if durable else "NORMAL")
+    if conn.patience_ms <= FIRST_WAIT_MS:
+        wait_up_to(conn, conn.patience_ms)
+        conn.execute("BEGIN IMMEDIATE")
+        return
+    wait_up_to(conn, FIRST_WAIT_MS)
     try:
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            return
-        except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
-                raise
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+            raise
         rest = conn.patience_ms - FIRST_WAIT_MS
         log.warning(
             "SQLite store %r: waiting for its write lock, held by another connection"
@@ -71,10 +116,10 @@ def begin_immediate(conn: sqlite3.Connection) -> None:
             rest / 1000,
             extra={"store": conn.path},
         )
-        conn.execute(f"PRAGMA busy_timeout = {rest}")
+        wait_up_to(conn, rest)
         conn.execute("BEGIN IMMEDIATE")
-    finally:
-        conn.execute(f"PRAGMA busy_timeout = {conn.patience_ms}")
+    if not conn.wal:  # a rollback journal's COMMIT waits for readers: the full timeout
+        wait_up_to(conn, conn.patience_ms)
 
 
 def prepare_file(path: Path) -> None:
@@ -123,7 +168,7 @@ def connect(path: str, *, read_only: bool, timeout_ms: int) -> sqlite3.Connectio
     if not read_only:
         conn = sqlite3.connect(path, isolation_level=None, factory=StoreConnection)
         conn.path, conn.patience_ms = path, timeout_ms
-        conn.execute(f"PRAGMA busy_timeout = {timeout_ms}")
+        wait_up_to(conn, timeout_ms)
         return conn
     file = Path(path).resolve()
     uri = file.as_uri() + "?mode=ro"

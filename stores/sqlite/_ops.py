@@ -22,7 +22,7 @@ from statekernel._storage.protocol import Lease
 from statekernel.errors import RunNotFound
 from statekernel.stores._lease_records import host_record, kept_record
 from statekernel.stores._owners import LeaseRecord, check_fence
-from statekernel.stores.sqlite._file import StoreConnection, begin_immediate
+from statekernel.stores.sqlite._file import StoreConnection, begin_immediate, begin_read
 
 __all__ = [
     "BadRow",
@@ -86,13 +86,16 @@ class CommitRows:
 
 
 @contextmanager
-def transaction(conn: sqlite3.Connection, *, write: bool = False) -> Iterator[sqlite3.Connection]:
+def transaction(
+    conn: sqlite3.Connection, *, write: bool = False, durable: bool = True
+) -> Iterator[sqlite3.Connection]:
     """One transaction (``write``: ``BEGIN IMMEDIATE``, which takes the write lock at
-    once): committed when the block ends, rolled back when it raises."""
+    once; ``durable`` False: committed without an fsync): committed when the block
+    ends, rolled back when it raises."""
     if write:
-        begin_immediate(conn)
+        begin_immediate(conn, durable=durable)
     else:
-        conn.execute("BEGIN")
+        begin_read(conn)
     try:
         yield conn
     except BaseException:
@@ -139,6 +142,26 @@ def _fenced_lease(conn: sqlite3.Connection, run_id: str, expected: int) -> Lease
     return record
 
 
+def _fenced_head(
+    conn: sqlite3.Connection, run_id: str, fence: Lease, expected: int
+) -> tuple[int, int] | None:
+    """The run's (row id, revision) for a commit fenced by ``fence``, read with its lease
+    record in one statement; ``LeaseLost`` unless ``fence`` is the run's current lease."""
+    row = conn.execute(
+        "SELECT r.id, r.revision, l.token, l.owner, l.expires FROM runs r"
+        " LEFT JOIN leases l ON l.run_id = r.run_id WHERE r.run_id = ?",
+        (run_id,),
+    ).fetchone()
+    if row is None:  # no such run: its lease record alone says whether the lease moved on
+        check_fence(_fenced_lease(conn, run_id, expected), fence, expected)
+        return None
+    record = None if row[2] is None else host_record(row[2:], run_id, _where(conn))
+    check_fence(
+        kept_record(record, run_id, _where(conn), expected=row[1] == expected), fence, expected
+    )
+    return row[0], row[1]
+
+
 def lease_op(
     conn: sqlite3.Connection,
     run_id: str,
@@ -150,23 +173,17 @@ def lease_op(
     Leases need not outlive a power loss (every owner on the host dies with it), so
     the transaction skips the fsync of the commits.
     """
-    sync = conn.execute("PRAGMA synchronous").fetchone()[0]
-    conn.execute("PRAGMA synchronous = NORMAL")
-    try:
-        with transaction(conn, write=True):
-            if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
-                raise RunNotFound(run_id)
-            old = _lease(conn, run_id)
-            new = change(old)
-            if new is not None and new != old:
-                conn.execute(
-                    "INSERT OR REPLACE INTO leases (run_id, token, owner, expires)"
-                    " VALUES (?, ?, ?, ?)",
-                    (run_id, new.token, new.owner, new.expires),
-                )
-        return new
-    finally:
-        conn.execute(f"PRAGMA synchronous = {int(sync)}")
+    with transaction(conn, write=True, durable=False):
+        if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+            raise RunNotFound(run_id)
+        old = _lease(conn, run_id)
+        new = change(old)
+        if new is not None and new != old:
+            conn.execute(
+                "INSERT OR REPLACE INTO leases (run_id, token, owner, expires) VALUES (?, ?, ?, ?)",
+                (run_id, new.token, new.owner, new.expires),
+            )
+    return new
 
 
 def apply_commit(
@@ -183,9 +200,10 @@ def apply_commit(
     Returns (True, the new head) when the commit landed, else (False, the stored
     head it found instead), having written nothing.
     """
-    if fence is not None:
-        check_fence(_fenced_lease(conn, run_id, rows.revision - 1), fence, rows.revision - 1)
-    found = conn.execute("SELECT id, revision FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    if fence is None:
+        found = conn.execute("SELECT id, revision FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    else:
+        found = _fenced_head(conn, run_id, fence, rows.revision - 1)
     if (None if found is None else tuple(found)) != expect:
         return False, _stored(conn, run_id)
     if found is None:

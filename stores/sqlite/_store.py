@@ -77,6 +77,7 @@ from statekernel.stores._tables import (
 )
 from statekernel.stores.sqlite._columns import BAD_STATE, column_problem
 from statekernel.stores.sqlite._file import (
+    StoreConnection,
     connect,
     file_state,
     needs_read_only,
@@ -171,8 +172,11 @@ class SQLiteStore(HostLeased, Closing):
         if self.read_only:
             check_layout(raw, self.path)
             return
-        raw.execute("PRAGMA journal_mode = WAL")
+        mode = raw.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         raw.execute(f"PRAGMA synchronous = {self._sync}")
+        if isinstance(raw, StoreConnection):
+            raw.wal = str(mode).lower() == "wal"
+            raw.durable = raw.sync = self._sync
         raw.execute("PRAGMA secure_delete = ON")
         migrate_schema(raw)
 

@@ -271,3 +271,33 @@ def test_integers_beyond_64_bits_read_back_exactly(number: int) -> None:
         loaded = load_json(stored, "a document")
         assert loaded == doc
         assert type(loaded["n"]) is int
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"a": [1, 2.5, True, None, "x"], "b": {"c": "é\n\u2028"}},
+        {"nan": float("nan"), "inf": [float("inf"), float("-inf")]},
+        {"surrogate": "\ud800 alone"},
+        {"key": "a text that says null"},
+        {1: "an int key"},
+    ],
+)
+def test_dumped_documents_read_back_as_the_same_values(doc: dict[Any, Any]) -> None:
+    """Whichever encoder writes a document (orjson or json), it reads back as the same
+    values: a non-finite float stays one (never ``null``), lone surrogates are kept,
+    an int key becomes its text as ``json`` writes it."""
+    from statekernel.stores._format.documents import dump_bytes, load_json
+
+    expected = json.loads(json.dumps(doc))
+    found = load_json(dump_bytes(doc), "a document")
+    assert json.dumps(found, sort_keys=True) == json.dumps(expected, sort_keys=True)
+    assert repr(found) == repr(expected)
+
+
+def test_integers_beyond_64_bits_are_written_as_json_writes_them() -> None:
+    """orjson refuses them: the document is written by ``json``, digit for digit."""
+    from statekernel.stores._format.documents import dump_bytes
+
+    doc = {"big": 2**70, "neg": -(2**64)}
+    assert dump_bytes(doc) == json.dumps(doc, separators=(",", ":")).encode()

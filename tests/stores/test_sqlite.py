@@ -84,3 +84,42 @@ async def test_a_write_waiting_for_the_lock_says_so_once(
     assert await impatient.load("held") == nxt
     await impatient.aclose()
     blocker.close()
+
+
+async def test_commits_set_no_pragma_and_a_commit_after_a_lease_is_durable_again(
+    tmp_path: Path,
+) -> None:
+    """The connection keeps the busy_timeout and synchronous it last set: a run of commits
+    sets no PRAGMA; a lease transaction runs at synchronous NORMAL and the commit after
+    it is back at the store's FULL before its BEGIN."""
+    store = SQLiteStore(f"sqlite:///{tmp_path}/runs.db")
+    run = sample_run("quiet")
+    await store.commit(Checkpoint.between(None, run))
+    lease = await store.acquire("quiet", "owner", ttl=30)
+    nxt = next_revision(run)
+    await store.commit(Checkpoint.between(run, nxt), lease=lease)  # back at FULL
+    run = nxt
+    statements: list[str] = []
+    conn = store._conn
+    raw = store._raw
+    assert conn is not None
+    assert raw is not None
+    await conn.call(raw.set_trace_callback, statements.append)
+    for _ in range(5):
+        nxt = next_revision(run)
+        await store.commit(Checkpoint.between(run, nxt), lease=lease)
+        run = nxt
+    assert statements
+    assert not [s for s in statements if s.startswith("PRAGMA")]
+    statements.clear()
+    await store.renew(lease, ttl=30)
+    nxt = next_revision(run)
+    await store.commit(Checkpoint.between(run, nxt), lease=lease)
+    pragmas = [s for s in statements if s.startswith("PRAGMA")]
+    assert pragmas == ["PRAGMA synchronous = NORMAL", "PRAGMA synchronous = FULL"]
+    begins = [i for i, s in enumerate(statements) if s == "BEGIN IMMEDIATE"]
+    assert statements.index("PRAGMA synchronous = FULL") < begins[-1]
+    await conn.call(raw.set_trace_callback, None)
+    await store.release(lease)
+    assert await store.load("quiet") == nxt
+    await store.aclose()
