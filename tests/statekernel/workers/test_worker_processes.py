@@ -1,7 +1,8 @@
-"""Three ``statekernel worker`` processes share 200 runs; one is SIGKILLed midway and
-another stopped with SIGTERM. Checked from outside, through the store, the queue and
-the side-effect log the tools append to: every run completes exactly once, no
-non-idempotent call runs twice, nothing stays pending, invariants 1-4 hold."""
+"""Three ``statekernel worker`` processes share 200 runs (on one Redis server, and on a
+Redis Cluster); one is SIGKILLed midway and another stopped with SIGTERM. Checked from
+outside, through the store, the queue and the side-effect log the tools append to: every
+run completes exactly once, no non-idempotent call runs twice, nothing stays pending,
+invariants 1-4 hold."""
 
 from __future__ import annotations
 
@@ -165,8 +166,11 @@ async def leftovers(url: str) -> tuple[int, int]:
         await store.aclose()
 
 
-def test_three_workers_one_killed_one_stopped(redis_store_url: str, tmp_path: Path) -> None:
-    url, log = redis_store_url, tmp_path / "side.log"
+@pytest.mark.parametrize("server", ["redis", "redis_cluster"])
+def test_three_workers_one_killed_one_stopped(
+    server: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url, log = str(request.getfixturevalue(f"{server}_store_url")), tmp_path / "side.log"
     asyncio.run(submit_all(url))
 
     def progress(n: int) -> Callable[[], bool]:
