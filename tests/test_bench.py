@@ -97,24 +97,48 @@ def bench_redis(redis_url: str) -> Iterator[str]:
     assert keys(redis_url) - before == set()
 
 
+def pg_schemas(url: str) -> set[str]:
+    """The schemas a bench made in the tests' database (``postgres_*``, ``bench_*``)."""
+    import asyncio
+
+    import asyncpg
+
+    async def names() -> set[str]:
+        conn = await asyncpg.connect(url)
+        try:
+            rows = await conn.fetch(
+                "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'postgres\\_%'"
+                " OR nspname LIKE 'bench\\_%'"
+            )
+            return {row["nspname"] for row in rows}
+        finally:
+            await conn.close()
+
+    return asyncio.run(names())
+
+
 def test_every_bench_runs_here() -> None:
     ran = set(re.findall(r'run_bench\(\s*"(\w+\.py)"', Path(__file__).read_text()))
     assert {path.name for path in BENCH.glob("*.py")} - HELPERS == ran
 
 
 @pytest.mark.redis
+@pytest.mark.postgres
 def test_anchor_measures_statekernel_alone_without_langgraph(
-    bench_redis: str, tmp_path: Path
+    bench_redis: str, postgres_url: str, tmp_path: Path
 ) -> None:
     args = ["--no-langgraph", "--reps", "3:1,5:1", "--resume-reps", "1", "--no-fsyncs"]
+    args += ["--postgres", postgres_url]
     out = run_bench("anchor.py", *args, "--redis", bench_redis, folder=tmp_path)
+    assert pg_schemas(postgres_url) == set(), "a measurement's schema was left behind"
     assert re.search(r"^statekernel .*, LangGraph left out \(--no-langgraph\); medians", out, re.M)
     assert "LangGraph SqliteSaver" not in out
     assert "LangGraph, no checkpointer" not in out
     head = cells("ms per turn (median)", out)
     assert head == ["N=3", "N=5", "CPU@5", "B/turn@5", "commits/turn", "fsyncs/turn"]
     commits = set()
-    for label in ("sqlite:// (FULL)", "file://", "redis:// (given server)", "memory://"):
+    labels = ("sqlite:// (FULL)", "file://", "redis:// (given server)", "postgresql://")
+    for label in (*labels, "memory://"):
         row = cells(f"statekernel {label}", out)
         assert all(number(ms) >= 0 for ms in row[:3]), row
         commits.add(number(row[4]))
