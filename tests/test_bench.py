@@ -259,6 +259,27 @@ def test_stores_prints_costs_per_store_and_growth(bench_redis: str, tmp_path: Pa
     assert "load of the 4-turn run <= 20 ms" in out
 
 
+@pytest.mark.postgres
+def test_postgres_prints_group_commit_notices_and_workers(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    args = ["--runs", "4", "--turns", "2", "--latency", "0", "--workers", "1", "2"]
+    args += ["--concurrency", "4", "--postgres", postgres_url]
+    out = run_bench("postgres.py", *args, folder=tmp_path)
+    assert out.startswith("4 runs x 2 turns, model latency 0 ms")
+    assert cells("one process", out)[:3] == ["turns/s", "commits/turn", "xacts/turn"]
+    for label in ("notices on", "notices off"):
+        row = cells(f"  {label}", out)
+        assert number(row[1]) > 0  # commits per turn
+        assert all(number(c) >= 0 for c in row[:3] + row[4:5]), row  # times, counts, CPU
+    figures(rf"^commit notices: turns/s x{NUMBER} without them, client CPU x{NUMBER}", out)
+    for n in (1, 2):
+        row = cells(f"{n:7}", out)
+        assert all(number(c) >= 0 for c in row[:4]), row
+        assert row[4] in ("PASS", "MISS")
+    assert pg_schemas(postgres_url) == set(), "a measurement's schema was left behind"
+
+
 @pytest.mark.redis
 def test_workers_prints_throughput_per_worker_count(bench_redis: str, tmp_path: Path) -> None:
     args = ["--runs", "4", "--turns", "2", "--latency", "0", "--workers", "1"]
