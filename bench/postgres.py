@@ -10,7 +10,7 @@ commit a turn.
 
 1. **One process**: ``--runs`` runs (500) driven at once by one ``Kernel`` on
    ``postgresql://``, first with the commit notices (the trigger that sends a
-   ``NOTIFY`` per commit, which watches need), then with that trigger dropped.
+   ``NOTIFY`` per commit, which watches need), then with them off (``notify=0``).
    Printed per turn: the store's commits (calls of ``commit``), the server's
    transactions (``pg_stat_database.xact_commit``: commits, and the leases' own) and
    WAL flushes (``pg_stat_wal.wal_sync``: fsyncs), the client's CPU and, for a server
@@ -56,15 +56,6 @@ async def drop_schema(base: str, schema: str) -> None:
     conn = await asyncpg.connect(base.split("?")[0])
     try:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    finally:
-        await conn.close()
-
-
-async def without_notices(base: str, schema: str) -> None:
-    """Drop the trigger that sends a commit notice per commit (watches need it)."""
-    conn = await asyncpg.connect(base.split("?")[0])
-    try:
-        await conn.execute(f'DROP TRIGGER runs_notify ON "{schema}".runs')
     finally:
         await conn.close()
 
@@ -117,12 +108,10 @@ async def one_process(base: str, args: argparse.Namespace, notify: bool) -> dict
         async with sk.Kernel(url, **agent(args.turns, args.latency, "text")) as starter:
             for run_id in ids:
                 await starter.start(model="scripted/bench", messages=["go"], run_id=run_id)
-        if not notify:
-            await without_notices(base, schema)
         # the server counts a backend's transactions once it is idle or ends: the
         # counters are read with no connection of the measurement open
         xacts, syncs = await server_counters(base)
-        store = open_store(url)
+        store = open_store(url if notify else f"{url}&notify=0")
         commits = 0
         commit = store.commit
 
