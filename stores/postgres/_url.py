@@ -5,8 +5,11 @@ created on first use; one database may hold several stores, one per schema.
 ``pgbouncer=1``: the server is reached through PgBouncer in transaction mode, so no
 server-side prepared statements are kept (``statement_cache_size=0``) and no session
 outlives a transaction: owners cannot prove themselves alive with a session lock, and
-leases of other processes last until they expire (on the server's clock). Every other
-query parameter is passed to asyncpg as it is (``sslmode``, ...).
+leases of other processes last until they expire (on the server's clock). ``notify=0``:
+this client's commits send no commit notice (a session setting the notice trigger
+reads; watches, ``runs events --follow`` and delegate parents waiting on a watch do not
+see them); not with ``pgbouncer=1``. Every other query parameter is passed to asyncpg as
+it is (``sslmode``, ...).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class PostgresTarget:
     dsn: str
     schema: str
     pgbouncer: bool
+    notify: bool = True
 
 
 def check_schema(schema: object) -> str:
@@ -65,6 +69,15 @@ def parse_postgres_url(url: str) -> PostgresTarget:
         raise ConfigError(
             f"bad Postgres URL option in {redact_url(url)!r}: pgbouncer must be 1 or 0"
         )
-    rest = urlencode([(k, v) for k, v in query if k not in ("schema", "pgbouncer")])
+    notify = options.get("notify", "1").lower()
+    if notify not in _TRUE:
+        raise ConfigError(f"bad Postgres URL option in {redact_url(url)!r}: notify must be 1 or 0")
+    if _TRUE[bouncer] and not _TRUE[notify]:
+        raise ConfigError(
+            f"bad Postgres URL options in {redact_url(url)!r}: notify=0 is a session setting,"
+            " which PgBouncer in transaction mode (pgbouncer=1) does not keep"
+        )
+    own = ("schema", "pgbouncer", "notify")
+    rest = urlencode([(k, v) for k, v in query if k not in own])
     dsn = urlunsplit(parts._replace(scheme="postgresql", query=rest))
-    return PostgresTarget(dsn, schema, _TRUE[bouncer])
+    return PostgresTarget(dsn, schema, _TRUE[bouncer], _TRUE[notify])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
 from statekernel._secrets import redact, redact_url
@@ -47,9 +48,18 @@ class RedisProbe:
         self._client: Any = self._store.client
         self._heads: set[str] = set()
 
-    async def _call(self, command: str, *args: Any) -> Any:
+    async def _nodes(self) -> list[Any]:
+        """The nodes whose settings and keys are checked: each primary of a Redis
+        Cluster, else None (the one server)."""
+        if not isinstance(self._client, RedisCluster):
+            return [None]
+        await self._call("PING")  # the client learns the cluster's nodes
+        return list(self._client.get_primaries())
+
+    async def _call(self, command: str, *args: Any, node: Any = None) -> Any:
+        options = {} if node is None else {"target_nodes": node}
         try:
-            return await self._client.execute_command(command, *args)
+            return await self._client.execute_command(command, *args, **options)
         except (RedisError, OSError) as exc:
             if isinstance(exc, ResponseError):
                 raise
@@ -57,40 +67,47 @@ class RedisProbe:
             raise StoreError(f"Redis store {self.subject!r}: {detail}") from exc
 
     async def settings(self) -> list[Finding]:
-        """Persistence (AOF, appendfsync, snapshots) and eviction."""
+        """Persistence (AOF, appendfsync, snapshots) and eviction (of each primary of
+        a Redis Cluster)."""
         await self._call("PING")
-        try:
-            config = await self._config(
-                "appendonly", "appendfsync", "save", "maxmemory", "maxmemory-policy"
-            )
-        except ResponseError as exc:
-            return [await self._from_info(str(exc))]
-        return [_persistence(config, self.subject), _eviction(config, self.subject)]
+        found: list[Finding] = []
+        for node in await self._nodes():
+            subject = self.subject if node is None else f"{self.subject} node {node.name}"
+            try:
+                config = await self._config(
+                    "appendonly", "appendfsync", "save", "maxmemory", "maxmemory-policy", node=node
+                )
+            except ResponseError as exc:
+                found.append(await self._from_info(str(exc), node, subject))
+                continue
+            found += [_persistence(config, subject), _eviction(config, subject)]
+        return found
 
-    async def _config(self, *names: str) -> dict[str, str]:
+    async def _config(self, *names: str, node: Any = None) -> dict[str, str]:
         found: dict[str, str] = {}
         for name in names:
-            reply = await self._call("CONFIG", "GET", name)
+            reply = await self._call("CONFIG", "GET", name, node=node)
             if not isinstance(reply, dict):  # a client that leaves the reply a flat list
                 reply = dict(zip(reply[::2], reply[1::2], strict=True))
             for key, value in reply.items():
                 found[_text(key)] = _text(value)
         return found
 
-    async def _from_info(self, refused: str) -> Finding:
+    async def _from_info(self, refused: str, node: Any, subject: str) -> Finding:
         why = f"CONFIG GET refused ({refused})"
         try:
-            info = await self._client.info("persistence")
+            options = {} if node is None else {"target_nodes": node}
+            info = await self._client.info("persistence", **options)
         except ResponseError as exc:
             detail = f"persistence unknown: {why}, INFO refused ({exc}); {_ALWAYS}"
-            return Finding("persistence", self.subject, WARNING, detail)
+            return Finding("persistence", subject, WARNING, detail)
         except (RedisError, OSError) as exc:
             raise StoreError(f"Redis store {self.subject!r}: {exc}") from exc
         if str(info.get("aof_enabled", "0")) != "1":
             detail = f"AOF off (INFO persistence: aof_enabled:0; {why}): {_not_durable()}"
-            return Finding("persistence", self.subject, WARNING, detail)
+            return Finding("persistence", subject, WARNING, detail)
         detail = f"AOF on, appendfsync unknown ({why}): {_ALWAYS}"
-        return Finding("persistence", self.subject, WARNING, detail)
+        return Finding("persistence", subject, WARNING, detail)
 
     async def runs(self) -> list[RunRef]:
         """Every run head key under the prefix, named by its head (or by its key's hash
@@ -98,12 +115,16 @@ class RedisProbe:
         prefix = self._store.prefix
         pattern = prefix.translate(_GLOB) + ":{*}:head"
         keys: list[bytes] = []
-        cursor: Any = 0
-        while True:
-            cursor, batch = await self._call("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
-            keys += batch
-            if int(cursor) == 0:
-                break
+        for node in await self._nodes():
+            cursor: Any = 0
+            while True:
+                reply = await self._call("SCAN", cursor, "MATCH", pattern, "COUNT", 1000, node=node)
+                cursor, batch = reply
+                if isinstance(cursor, dict):  # a cluster's: the cursor by node name
+                    cursor = next(iter(cursor.values()))
+                keys += batch
+                if int(cursor) == 0:
+                    break
         found: list[RunRef] = []
         for key in sorted(set(keys)):
             found.append(await self._run(_text(key), len(prefix)))

@@ -11,15 +11,19 @@ kernel: there is one ownership system.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import ConfigError
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
+    from redis.asyncio.cluster import RedisCluster
 
-__all__ = ["FENCE_KEY_TTL_MS", "RELEASE", "RENEW", "RedisBacked", "redis_backed"]
+__all__ = ["FENCE_KEY_TTL_MS", "RELEASE", "RENEW", "AnyRedis", "RedisBacked", "redis_backed"]
+
+AnyRedis: TypeAlias = "aioredis.Redis | RedisCluster"
+"""The client of a Redis store: one server's, or a Redis Cluster's."""
 
 FENCE_KEY_TTL_MS = 30 * 24 * 3600 * 1000
 """Fence counters outlive leases (a new lease must get a larger token), but not forever."""
@@ -45,7 +49,7 @@ class RedisBacked(CheckpointStore, Protocol):
     prefix: str
 
     @property
-    def client(self) -> aioredis.Redis:
+    def client(self) -> AnyRedis:
         """The redis.asyncio client of the store."""
         ...
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
+from statekernel.stores.redis._fencing import AnyRedis
 from statekernel.stores.redis._wire import Command, Wire
 
 __all__ = ["SETTLE_SCRIPT", "RunIndex", "execute_pipeline"]
@@ -38,7 +38,7 @@ HeadOf = Callable[[list[str]], Awaitable[list[tuple[int, int] | None]]]
 class RunIndex:
     """The run index and the pending announcements of one key prefix."""
 
-    def __init__(self, client: aioredis.Redis, prefix: str, call: Call, wire: Wire) -> None:
+    def __init__(self, client: AnyRedis, prefix: str, call: Call, wire: Wire) -> None:
         self.client = client
         self.wire = wire
         self.key = f"{prefix}:runs"
@@ -113,7 +113,9 @@ class RunIndex:
             for run_id, head in zip(run_ids, found, strict=True):
                 if head is not None:
                     pipe.zadd(self.key, {run_id: head[1]}, gt=True)
-                    pipe.evalsha(self._settle.sha, 1, self.pending, run_id, head[0])
+                    pipe.execute_command(
+                        "EVALSHA", self._settle.sha, 1, self.pending, run_id, head[0]
+                    )
             if not len(pipe) or await self._run(pipe):
                 return
 

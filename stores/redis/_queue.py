@@ -18,6 +18,7 @@ from statekernel._secrets import redact
 from statekernel._storage.queues import DeadLetter, QueueEntry, checked_queue_name
 from statekernel.errors import StoreError
 from statekernel.stores.redis._fencing import RedisBacked
+from statekernel.stores.redis._wire import transaction
 
 __all__ = ["GROUP", "RedisRunQueue"]
 
@@ -111,7 +112,7 @@ class RedisRunQueue:
 
     async def ack(self, entry: QueueEntry) -> None:
         """Acknowledge and delete an entry: its run is at rest."""
-        pipe = self.client.pipeline(transaction=True)
+        pipe = await self._call(transaction(self.client))
         pipe.xack(self.key, GROUP, entry.id)
         pipe.xdel(self.key, entry.id)
         await self._call(pipe.execute())
@@ -119,7 +120,7 @@ class RedisRunQueue:
     async def requeue(self, entry: QueueEntry) -> str:
         """Replace an entry by a new one at the end of the queue, atomically."""
         fields: dict[Any, Any] = {"run": entry.run_id, "at": entry.submitted_ms}
-        pipe = self.client.pipeline(transaction=True)
+        pipe = await self._call(transaction(self.client))
         pipe.xadd(self.key, fields)
         pipe.xack(self.key, GROUP, entry.id)
         pipe.xdel(self.key, entry.id)
@@ -130,7 +131,7 @@ class RedisRunQueue:
         """Record a failure on the dead-letter stream and acknowledge the entry, atomically."""
         fields: dict[Any, Any] = {"run": entry.run_id, "entry": entry.id, "reason": reason}
         fields |= {"detail": detail[:2000], "worker": worker, "at": int(time.time() * 1000)}
-        pipe = self.client.pipeline(transaction=True)
+        pipe = await self._call(transaction(self.client))
         pipe.xadd(self.dead_key, fields, maxlen=DEAD_MAXLEN, approximate=True)
         pipe.xack(self.key, GROUP, entry.id)
         pipe.xdel(self.key, entry.id)

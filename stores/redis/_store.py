@@ -33,6 +33,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import attrs
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError
 
 from statekernel._records.events import Event
@@ -80,10 +81,10 @@ from statekernel.stores._format.documents import dump_bytes, load_json
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._lease_records import redis_holder
 from statekernel.stores._listing import decode_cursor, encode_cursor
-from statekernel.stores.redis._fencing import FENCE_KEY_TTL_MS, RELEASE, RENEW
+from statekernel.stores.redis._fencing import FENCE_KEY_TTL_MS, RELEASE, RENEW, AnyRedis
 from statekernel.stores.redis._index import RunIndex
 from statekernel.stores.redis._queue import RedisRunQueue
-from statekernel.stores.redis._wire import Command, Wire
+from statekernel.stores.redis._wire import Command, Wire, initialized, transaction
 
 __all__ = ["RedisStore"]
 
@@ -157,12 +158,20 @@ class _Known:
     doc: bytes
 
 
-def _split_url(url: str) -> tuple[str, str]:
+_FLAGS = {"1": True, "yes": True, "true": True, "0": False, "no": False, "false": False}
+
+
+def _split_url(url: str) -> tuple[str, str, bool]:
+    """The URL for ``redis-py`` and the store's own options: the key prefix and
+    whether the server is a Redis Cluster (``cluster=1``)."""
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
     prefix = next((v for k, v in query if k == "prefix"), "statekernel")
-    rest = urlencode([(k, v) for k, v in query if k != "prefix"])
-    return urlunsplit(parts._replace(query=rest)), prefix
+    flag = next((v for k, v in query if k == "cluster"), "0")
+    if flag.lower() not in _FLAGS:
+        raise ValueError(f"cluster={flag!r}: expected 1 or 0 (or yes/no, true/false)")
+    rest = urlencode([(k, v) for k, v in query if k not in ("prefix", "cluster")])
+    return urlunsplit(parts._replace(query=rest)), prefix, _FLAGS[flag.lower()]
 
 
 def _notice(message: Any) -> CommitNotice | None:
@@ -181,12 +190,12 @@ def _notice(message: Any) -> CommitNotice | None:
 class RedisStore(Closing):
     """Runs in Redis (standalone; run keys are Cluster-ready)."""
 
-    def __init__(self, url: str, *, client: aioredis.Redis | None = None) -> None:
+    def __init__(self, url: str, *, client: AnyRedis | None = None) -> None:
         self.url = url
         remember_url(url)
         try:
-            target, self.prefix = _split_url(url)
-            self._client = client or _client_for(target)
+            target, self.prefix, cluster = _split_url(url)
+            self._client = client or (_cluster_for(target) if cluster else _client_for(target))
         except (ValueError, TypeError, RedisError) as exc:
             raise ConfigError(f"bad Redis URL {redact_url(url)!r}: {self._clean(exc)}") from exc
         self._script = self._client.register_script(COMMIT_SCRIPT)
@@ -239,6 +248,7 @@ class RedisStore(Closing):
         if run_id is not None:
             checked_run_id(run_id)
         feed = Feed(run_id)
+        await self._call(initialized(self._client))
         pubsub: Any = self._client.pubsub(ignore_subscribe_messages=True)
         try:
             await self._call(pubsub.subscribe(self._commits_channel))
@@ -277,19 +287,23 @@ class RedisStore(Closing):
         delay = 0.1
         while True:
             await asyncio.sleep(delay)
-            pubsub: Any = self._client.pubsub(ignore_subscribe_messages=True)
+            pubsub: Any = None
             try:
+                await initialized(self._client)
+                pubsub = self._client.pubsub(ignore_subscribe_messages=True)
                 await pubsub.subscribe(self._commits_channel)
                 return pubsub
             except (RedisError, OSError) as exc:
                 log.warning("watching %r: %s; subscribing again", self, self._clean(exc))
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()
+                if pubsub is not None:
+                    with contextlib.suppress(RedisError, OSError):
+                        await pubsub.aclose()
                 delay = min(delay * 2, 5.0)
 
     @property
-    def client(self) -> aioredis.Redis:
-        """The redis.asyncio client (run queues and leases live on the same server)."""
+    def client(self) -> AnyRedis:
+        """The redis.asyncio client, a ``RedisCluster`` on a cluster (run queues and
+        leases live on the same server)."""
         return self._client
 
     @property
@@ -311,7 +325,7 @@ class RedisStore(Closing):
         checked_revision(run_id, revision)
         head_key, c_key, m_key, t_key, b_key = self._keys(run_id)
         what = f"run {run_id!r} in {redact_url(self.url)}"
-        pipe = self._client.pipeline(transaction=True)
+        pipe = await self._call(transaction(self._client))
         pipe.hmget(head_key, ["doc", "r"])
         pipe.lrange(m_key, 0, -1)
         pipe.lrange(t_key, 0, -1)
@@ -337,7 +351,7 @@ class RedisStore(Closing):
         """Every revision with the events of its commit, oldest first (for copying runs)."""
         head_key, c_key, m_key, t_key, b_key = self._keys(run_id)
         what = f"history of {run_id!r} in {redact_url(self.url)}"
-        pipe = self._client.pipeline(transaction=True)
+        pipe = await self._call(transaction(self._client))
         pipe.hmget(head_key, ["doc", "r"])
         pipe.lrange(c_key, 0, -1)
         pipe.lrange(m_key, 0, -1)
@@ -615,6 +629,16 @@ class RedisStore(Closing):
         with contextlib.suppress(RedisError, OSError):
             await self._wire.aclose()
             await self._client.aclose()
+
+
+def _cluster_for(url: str) -> RedisCluster:
+    """A Redis Cluster client that starts from the node of ``url`` (it finds the others);
+    a cluster has one database, so a path other than ``/`` or ``/0`` is refused."""
+    path = urlsplit(url).path.strip("/")
+    if path not in ("", "0"):
+        raise ValueError(f"a Redis Cluster has database 0 only, not {path!r}")
+    url = urlunsplit(urlsplit(url)._replace(path=""))
+    return RedisCluster.from_url(url, decode_responses=False)
 
 
 def _client_for(url: str) -> aioredis.Redis:

@@ -22,17 +22,38 @@ from typing import Any
 
 import hiredis
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["Command", "Wire"]
+__all__ = ["Command", "Wire", "initialized", "transaction"]
 
 Command = tuple[Any, ...]
 """A command and its arguments, e.g. ``("ZADD", key, "GT", score, member)``."""
 
 _CUT = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+async def initialized(client: Any) -> None:
+    """Make sure a ``RedisCluster`` client knows the cluster's nodes and slots (nothing
+    to do for another client).
+
+    ``redis-py`` initializes a cluster client at its first command, but not before its
+    pub/sub looks up the node of a channel (a ``KeyError``), and its transaction
+    pipeline queues each command from a thread with an event loop of its own, which
+    would initialize the client there and leave it connections of a loop that is gone.
+    """
+    if isinstance(client, RedisCluster):
+        await client.initialize()
+
+
+async def transaction(client: Any) -> Any:
+    """A transaction pipeline (``MULTI``/``EXEC``) of ``client``; on a Redis Cluster its
+    commands must touch one hash slot."""
+    await initialized(client)
+    return client.pipeline(transaction=True)
 
 
 class Wire:

@@ -43,6 +43,8 @@ def factory_for(
         if kind == "postgres":  # a schema each, inside this test's schema name
             url = request.getfixturevalue("postgres_store_url")
             return open_store(f"{url}_{n}")
+        if kind == "redis-cluster":
+            return open_store(f"{request.getfixturevalue('redis_cluster_store_url')}-{n}")
         base = request.getfixturevalue("redis_url")
         prefix = request.getfixturevalue("redis_prefix")
         return open_store(f"{base}/0?prefix={prefix}-{n}")
@@ -57,11 +59,14 @@ async def test_store_conformance(kind: str, tmp_path: Path, request: pytest.Fixt
         "file": FileRecords(),
         "sqlite": SQLiteRecords(),
         "redis": RedisRecords(),
+        "redis-cluster": RedisRecords(),
         "postgres": PostgresRecords(),
     }
     clock = ManualClock()
     factory = factory_for(kind, tmp_path, request, clock)
-    clocked = None if kind in ("redis", "postgres") else clock  # the server's own clock
+    clocked = (
+        None if kind in ("redis", "redis-cluster", "postgres") else clock
+    )  # the server's own clock
     names = await check_store(factory, examples=30, raw=raw[kind], clock=clocked)
     declared = {
         "memory": ["a cancelled commit has settled (SettlesOnCancel)"],
@@ -71,6 +76,7 @@ async def test_store_conformance(kind: str, tmp_path: Path, request: pytest.Fixt
             "a cancelled commit has settled (SettlesOnCancel)",
         ],
         "redis": ["history of every revision (RevisionHistory)"],
+        "redis-cluster": ["history of every revision (RevisionHistory)"],
         "postgres": [
             "history of every revision (RevisionHistory)",
             "a cancelled commit has settled (SettlesOnCancel)",

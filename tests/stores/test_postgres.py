@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 
 from statekernel.errors import ConfigError, RunBusy, StoreError
-from statekernel.stores import Checkpoint, Migration, PostgresStore, migrate, open_store
+from statekernel.stores import Checkpoint, Migration, PostgresStore, migrate, open_store, watch
 from statekernel.stores.postgres._schema import STORE_VERSION
 from statekernel.stores.postgres._url import parse_postgres_url
 from statekernel.testing._store_cases import events_for, next_revision, sample_run
@@ -195,7 +195,10 @@ def test_url_options() -> None:
     assert target.pgbouncer
     assert target.dsn == "postgresql://u:pw@db:5433/runs?sslmode=disable"
     assert parse_postgres_url("postgresql://db/runs").schema == "statekernel"
-    for bad in ("schema=Bad-Name", "schema=1x", "pgbouncer=maybe"):
+    assert target.notify
+    assert not parse_postgres_url("postgresql://db/runs?notify=0").notify
+    assert "notify" not in parse_postgres_url("postgresql://db/runs?notify=1").dsn
+    for bad in ("schema=Bad-Name", "schema=1x", "pgbouncer=maybe", "notify=2"):
         with pytest.raises(ConfigError) as caught:
             parse_postgres_url(f"postgresql://u:secret-pw-123@db/runs?{bad}")
         assert "secret-pw-123" not in str(caught.value)
@@ -317,6 +320,27 @@ def test_the_migrate_command_copies_into_postgres(tmp_path: Path, postgres_store
         await store.aclose()
 
     asyncio.run(check())
+
+
+def test_notices_off_behind_pgbouncer_is_refused() -> None:
+    with pytest.raises(ConfigError, match="notify=0 is a session setting"):
+        parse_postgres_url("postgresql://db/runs?pgbouncer=1&notify=0")
+
+
+async def test_a_client_with_notices_off_commits_without_a_notice(postgres_store_url: str) -> None:
+    watched = open_store(postgres_store_url)
+    quiet = open_store(f"{postgres_store_url}&notify=0")
+    try:
+        await watched.list_runs()  # the schema is created
+        async with watch(watched) as feed:
+            await quiet.commit(Checkpoint.between(None, sample_run("quiet")))
+            await watched.commit(Checkpoint.between(None, sample_run("loud")))
+            notice = await asyncio.wait_for(anext(feed), 120)
+            assert notice.run_id == "loud"  # the quiet commit, made first, sent none
+        assert (await quiet.load("quiet")).revision == 0
+    finally:
+        await quiet.aclose()
+        await watched.aclose()
 
 
 async def test_watches_of_one_store_share_one_connection(postgres_store_url: str) -> None:

@@ -14,7 +14,7 @@ import pytest
 import redis as redis_sync
 from redis.exceptions import ResponseError
 
-from statekernel.errors import StoreError
+from statekernel.errors import ConfigError, StoreError
 from statekernel.stores import Checkpoint, RedisStore, open_store, redact_url
 from statekernel.stores.redis._wire import Wire
 from statekernel.testing._store_cases import T0, next_revision, sample_run
@@ -37,7 +37,22 @@ def _die(*args: object, **kwargs: object) -> None:
 # -- the run index ---------------------------------------------------------------------
 
 
-async def test_index_survives_a_client_killed_after_its_commit(redis_store_url: str) -> None:
+@pytest.fixture(params=["redis", "redis_cluster"])
+def one_or_cluster_url(request: pytest.FixtureRequest) -> str:
+    """A Redis store URL on one server, then on a Redis Cluster."""
+    return str(request.getfixturevalue(f"{request.param}_store_url"))
+
+
+def sync_client(url: str) -> redis_sync.Redis | redis_sync.RedisCluster:
+    """A plain client of the server (or cluster) of a store URL."""
+    base = url.split("?")[0]
+    if "cluster=1" in url:
+        return redis_sync.RedisCluster.from_url(base)
+    return redis_sync.Redis.from_url(base)
+
+
+async def test_index_survives_a_client_killed_after_its_commit(one_or_cluster_url: str) -> None:
+    redis_store_url = one_or_cluster_url
     writer = open_store(redis_store_url)
     assert isinstance(writer, RedisStore)
     run = sample_run("r")
@@ -54,7 +69,7 @@ async def test_index_survives_a_client_killed_after_its_commit(redis_store_url: 
         ("r", 1, later.updated_at)
     ]
     assert [s.run_id for s in (await reader.list_runs()).runs] == ["r", "fresh"]
-    client = redis_sync.Redis.from_url(redis_store_url.split("?")[0])
+    client = sync_client(redis_store_url)
     prefix = redis_store_url.split("prefix=")[1]
     assert client.zcard(f"{prefix}:runs:pending") == 0, "repaired announcements stay"
     assert client.zscore(f"{prefix}:runs", "r") == (T0 + timedelta(hours=2)).timestamp() * 1e6
@@ -253,3 +268,19 @@ async def test_head_cache_stays_bounded_over_many_runs(redis_store_url: str) -> 
     await store.commit(Checkpoint.between(first, next_revision(first)))
     assert (await store.load("r0")).revision == 1
     await store.aclose()
+
+
+@pytest.mark.parametrize(
+    ("query", "wrong"),
+    [("cluster=maybe", "cluster='maybe'"), ("cluster=1&x=1", "")],
+)
+def test_a_bad_cluster_option_is_a_config_error(query: str, wrong: str) -> None:
+    with pytest.raises(ConfigError, match="bad Redis URL") as info:
+        RedisStore(f"redis://127.0.0.1:1/0?{query}")
+    assert wrong in str(info.value)
+
+
+def test_a_cluster_has_database_0_only() -> None:
+    with pytest.raises(ConfigError, match="database 0 only, not '2'"):
+        RedisStore("redis://127.0.0.1:1/2?cluster=yes")
+    assert RedisStore("redis://127.0.0.1:1/0?cluster=true").prefix == "statekernel"

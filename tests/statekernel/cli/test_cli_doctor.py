@@ -21,6 +21,7 @@ from statekernel.testing import (
     SQLiteRecords,
 )
 
+from ...conftest import CLUSTER_NODES
 from .test_cli_runs import EXE, sk
 
 pytestmark = pytest.mark.skipif(
@@ -255,6 +256,24 @@ def test_redis_store(tmp_path: Path, redis_store_url: str) -> None:
 
     damage(redis_store_url, RedisRecords(), "run-r", "entry")
     log = finding(doctor(redis_store_url, tmp_path, 1), "commit log", "run-r")
+    assert "revision 0" in log["detail"]
+
+
+@pytest.mark.redis
+def test_redis_cluster_store(tmp_path: Path, redis_cluster_store_url: str) -> None:
+    url = redis_cluster_store_url
+    for n in range(6):  # runs in the slots of different nodes
+        demo(url, f"run-{n}", tmp_path)
+    findings = doctor(url, tmp_path, 0)
+    persistence = [f for f in findings if f["check"] == "persistence"]
+    assert len(persistence) == CLUSTER_NODES  # one per primary, each with AOF off
+    assert {f["status"] for f in persistence} == {"warning"}
+    assert all(" node 127.0.0.1:" in f["subject"] for f in persistence)
+    for n in range(6):
+        assert finding(findings, "records", f"run-{n}")["status"] == "ok"
+    assert finding(findings, "run index", url.split("prefix=")[1] + ":runs")["status"] == "ok"
+    damage(url, RedisRecords(), "run-3", "entry")
+    log = finding(doctor(url, tmp_path, 1), "commit log", "run-3")
     assert "revision 0" in log["detail"]
 
 

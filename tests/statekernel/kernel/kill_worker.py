@@ -16,14 +16,17 @@ import sys
 import statekernel as sk
 from statekernel.errors import RunNotFound
 from statekernel.stores import open_store
-from statekernel.testing import ScriptedProvider, call
+from statekernel.testing import Reply, ScriptedProvider, call
 
 
 def script(turns: int) -> list[object]:
+    """The model's answers; each takes ``SK_KILL_MODEL_DELAY`` seconds (default 0)."""
+    delay = float(os.environ.get("SK_KILL_MODEL_DELAY", "0"))
     items: list[object] = []
     for i in range(turns):
-        items.append([call("side_effect", {"key": f"s{i}"}), call("lookup", {"key": f"l{i}"})])
-    return [*items, "all done"]
+        calls = (call("side_effect", {"key": f"s{i}"}), call("lookup", {"key": f"l{i}"}))
+        items.append(Reply(tool_calls=calls, delay=delay) if delay else list(calls))
+    return [*items, Reply("all done", delay=delay) if delay else "all done"]
 
 
 def agent(log_path: str, turns: int) -> dict[str, object]:

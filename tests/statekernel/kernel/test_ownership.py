@@ -49,7 +49,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"file://{tmp_path}/files"
     if kind == "sqlite":
         return f"sqlite:///{tmp_path}/runs.db"
-    return str(request.getfixturevalue(f"{kind}_store_url"))
+    return str(request.getfixturevalue(f"{kind.replace('-', '_')}_store_url"))
 
 
 @pytest.fixture

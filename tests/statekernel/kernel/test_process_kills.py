@@ -132,12 +132,21 @@ def _check_ledger(run_id: str, log: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["file", "sqlite", "redis"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "file",
+        "sqlite",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
 def test_sigkill_then_resume(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     urls: dict[str, Callable[[], str]] = {
         "file": lambda: f"file://{tmp_path}/store",
         "sqlite": lambda: f"sqlite:///{tmp_path}/runs.db",
         "redis": lambda: request.getfixturevalue("redis_url"),
+        "postgres": lambda: request.getfixturevalue("postgres_store_url"),
     }
     stats = kill_loop(urls[kind](), tmp_path, KILLS)
     assert stats["kills"] >= KILLS

@@ -42,8 +42,8 @@ STORES = STORE_KINDS
 
 def kind_of(kind: str, request: pytest.FixtureRequest) -> str:
     """``kind``, or the store URL of this test for a server's store."""
-    if kind in ("redis", "postgres"):
-        return str(request.getfixturevalue(f"{kind}_store_url"))
+    if kind in ("redis", "redis-cluster", "postgres"):
+        return str(request.getfixturevalue(f"{kind.replace('-', '_')}_store_url"))
     return kind
 
 

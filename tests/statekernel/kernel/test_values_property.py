@@ -161,6 +161,6 @@ def test_every_committed_run_loads_back(
     answers: dict[str, list[sts.Answer]],
     streams: list[sts.Answer],
 ) -> None:
-    if kind in ("redis", "postgres"):
-        kind = str(request.getfixturevalue(f"{kind}_store_url"))
+    if kind in ("redis", "redis-cluster", "postgres"):
+        kind = str(request.getfixturevalue(f"{kind.replace('-', '_')}_store_url"))
     asyncio.run(_case(kind, Drawn(answers, streams)))

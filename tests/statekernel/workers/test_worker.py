@@ -31,11 +31,12 @@ SUBMITTER = {"scripted": ScriptedProvider([])}
 @pytest.fixture(
     params=[
         pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis_cluster", marks=pytest.mark.redis),
         pytest.param("postgres", marks=pytest.mark.postgres),
     ]
 )
 async def kernel(request: pytest.FixtureRequest) -> AsyncIterator[sk.Kernel]:
-    """A kernel on each store with run queues in turn."""
+    """A kernel on each store with run queues in turn (Redis also on a Redis Cluster)."""
     url = str(request.getfixturevalue(f"{request.param}_store_url"))
     k = sk.Kernel(url, providers=SUBMITTER)
     yield k

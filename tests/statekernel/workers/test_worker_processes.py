@@ -1,7 +1,8 @@
-"""Three ``statekernel worker`` processes share 200 runs; one is SIGKILLed midway and
-another stopped with SIGTERM. Checked from outside, through the store, the queue and
-the side-effect log the tools append to: every run completes exactly once, no
-non-idempotent call runs twice, nothing stays pending, invariants 1-4 hold."""
+"""Three ``statekernel worker`` processes share 200 runs (on one Redis server, on a Redis
+Cluster and on PostgreSQL); one is SIGKILLed midway and another stopped with SIGTERM.
+Checked from outside, through the store, the queue and the side-effect log the tools
+append to: every run completes exactly once, no non-idempotent call runs twice, nothing
+stays pending, invariants 1-4 hold."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 import statekernel as sk
-from statekernel.stores import RedisStore
-from statekernel.stores.redis._queue import RedisRunQueue
+from statekernel._storage.queues import RunQueues
+from statekernel.errors import RunBusy
+from statekernel.stores import open_store
 from statekernel.testing import ScriptedProvider
 from statekernel.testing._fuzz import run_history_ok, run_outcome
 
@@ -32,7 +34,6 @@ SIDE_TOTAL = RUNS * TURNS
 UNCERTAIN = "uncertain_tool_calls"
 
 pytestmark = [
-    pytest.mark.redis,
     pytest.mark.slow,
     pytest.mark.skipif(EXE is None, reason="the statekernel console script is not installed"),
 ]
@@ -70,11 +71,14 @@ async def submit_all(url: str) -> None:
 
 
 async def queue_state(url: str) -> tuple[int, int]:
-    store = RedisStore(url)
+    """Entries of the queue delivered and not settled, and entries not delivered yet."""
+    store = open_store(url)
+    assert isinstance(store, RunQueues)
+    q = store.run_queue("q")
     try:
-        q = RedisRunQueue(store, "q")
-        return await q.pending(), int(await store.client.xlen(q.key))
+        return await q.pending(), await q.waiting()
     finally:
+        await q.aclose()
         await store.aclose()
 
 
@@ -123,7 +127,7 @@ async def check_runs(url: str, log: Path, tmp: Path) -> None:
     for f in side_lines(log):
         if f[0] == "ack":
             acked.setdefault(f[1], []).append((int(f[2]), f[3]))
-    store = RedisStore(url)
+    store = open_store(url)
     try:
         for i in range(RUNS):
             run_id = f"run-{i:03}"
@@ -153,20 +157,37 @@ def check_log(log: Path) -> None:
 
 
 async def leftovers(url: str) -> tuple[int, int]:
-    store = RedisStore(url)
+    """Runs whose lease is still held, and dead letters of the queue."""
+    store = open_store(url)
+    assert isinstance(store, RunQueues)
+    q = store.run_queue("q")
+    held = 0
     try:
-        q = RedisRunQueue(store, "q")
-        leases = await store.client.exists(
-            *[store.run_key(f"run-{i:03}", "lease") for i in range(RUNS)]
-        )
-        dead = cast(list[Any], await store.client.xrange(q.dead_key))
-        return int(leases), len(dead)
+        for i in range(RUNS):
+            try:
+                lease = await store.acquire(f"run-{i:03}", "checker", ttl=5)
+            except RunBusy:
+                held += 1
+            else:
+                await store.release(lease)
+        return held, len(await q.dead_letters(limit=RUNS))
     finally:
+        await q.aclose()
         await store.aclose()
 
 
-def test_three_workers_one_killed_one_stopped(redis_store_url: str, tmp_path: Path) -> None:
-    url, log = redis_store_url, tmp_path / "side.log"
+@pytest.mark.parametrize(
+    "server",
+    [
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis_cluster", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
+def test_three_workers_one_killed_one_stopped(
+    server: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url, log = str(request.getfixturevalue(f"{server}_store_url")), tmp_path / "side.log"
     asyncio.run(submit_all(url))
 
     def progress(n: int) -> Callable[[], bool]:
