@@ -151,7 +151,9 @@ async def run_page(request: Request) -> Response:
     except CorruptCheckpoint as exc:
         damaged = {"run_id": run_id, "problem": str(exc), "store_url": web.store_label}
         return renderer.page(request, "damaged.html", damaged, status=200)
-    shown_events = [e for e in events if revision is None or e.revision <= run.revision]
+    # the events of the revisions shown (a commit that landed since the head was read is
+    # the stream's to send: the page follows from the head it shows)
+    shown_events = [e for e in events if e.revision <= run.revision]
     question = question_of(run) if revision is None else None
     context: dict[str, Any] = {
         "run": run,
@@ -159,7 +161,7 @@ async def run_page(request: Request) -> Response:
         "at_revision": revision,
         "said": transcript(run),
         "events": [event_row(e) for e in shown_events],
-        "last_revision": max((e.revision for e in events), default=-1),
+        "last_revision": run.revision,
         "timeline": timeline(shown_events),
         "diff": revision_diff(before, run) if revision is not None else [],
         "children": nodes[1:],
