@@ -85,9 +85,11 @@ def _value(field: Field, form: Mapping[str, str]) -> tuple[bool, Any]:
     """(given, value) of one field."""
     if field.kind == "boolean":
         return True, form.get(field.name) in ("on", "true", "1")
-    text = form.get(field.name, "")
-    if text == "" and not (field.required and field.kind == "text"):
+    if field.name not in form:
         return False, None
+    text = form[field.name]
+    if text == "" and not (field.required and field.kind == "text"):
+        return False, None  # an empty input of a number, a choice, JSON: not given
     try:
         if field.kind == "integer":
             return True, int(text)
