@@ -15,9 +15,9 @@ from statekernel._kernel.kernel import Kernel
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.web.actions import act
 from statekernel.web.context import Authorize, open_context
-from statekernel.web.live import list_stream, run_stream
 from statekernel.web.pages import diagram_svg, run_page, runs_list
 from statekernel.web.rendering import Renderer
+from statekernel.web.streams import list_stream, run_stream
 
 __all__ = ["create_app"]
 
