@@ -181,3 +181,21 @@ def test_without_an_agent_the_view_is_read_only_and_says_why(reader: TestClient)
     assert token is None  # no form at all
     refused = reader.post("/runs/asking/retry", data={"csrf_token": "x"})
     assert refused.status_code == 403
+
+
+def test_no_secret_is_rendered(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/runs.db"
+
+    async def start() -> None:
+        import statekernel as sk
+
+        async with sk.Kernel(url, **kernel_options()) as kernel:
+            text = "use postgresql://app:hunter2@db.internal/app please"
+            await kernel.start(model="chat/m", messages=[text], run_id="secret")
+
+    asyncio.run(start())
+    with TestClient(create_app(url)) as client:
+        page = client.get("/runs/secret").text
+        assert "hunter2" not in page
+        assert "postgresql://app:***@db.internal/app" in page
+        assert "hunter2" not in client.get("/runs/secret?revision=0").text
