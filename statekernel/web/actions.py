@@ -30,7 +30,7 @@ from statekernel.errors import (
     RunNotFound,
     StatekernelError,
 )
-from statekernel.web.context import WebContext
+from statekernel.web.context import WebContext, log
 from statekernel.web.forms import read_answer
 from statekernel.web.pages import forbidden
 from statekernel.web.rendering import renderer_of
@@ -177,9 +177,13 @@ async def act(request: Request) -> Response:
     except StatekernelError as exc:
         return refused(*refusal(exc))
     if drive and shown is not None:
-        run = await web.store.load(shown)
-        if not run.is_terminal:
-            web.drive(shown)
+        try:
+            run = await web.store.load(shown)
+        except StatekernelError as exc:  # deleted or damaged meanwhile: its page says so
+            log.warning("after %s on run %s: %s", name, shown, exc)
+        else:
+            if not run.is_terminal:
+                web.drive(shown)
     query = urlencode({"note": said})
     target = request.url_for("run", run_id=shown) if shown is not None else request.url_for("list")
     return RedirectResponse(f"{target}?{query}", status_code=303)

@@ -95,7 +95,8 @@ class WebContext:
             try:
                 async for _ in kernel.run(run_id):
                     pass
-            except StatekernelError as exc:  # busy elsewhere, failed commit: the page shows it
+            except Exception as exc:  # busy elsewhere, a failed commit, a tool's bug: logged,
+                # and the page shows the run where it stopped
                 log.warning("driving run %s from the web view: %s", run_id, exc)
             finally:
                 self._drives.pop(run_id, None)
