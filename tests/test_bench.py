@@ -291,3 +291,12 @@ def test_workers_prints_throughput_per_worker_count(bench_redis: str, tmp_path: 
     assert number(row[0]) == 4  # every run completed
     assert row[3] == "100%"  # one worker against itself
     assert all(number(c) >= 0 for c in row[1:3] + row[4:])  # runs/s ... ceiling turns/s
+
+
+def test_web_list_prints_the_list_page_times(tmp_path: Path) -> None:
+    out = run_bench("web_list.py", "--runs", "60", "--repeats", "2", folder=tmp_path)
+    assert re.search(r"^web list: 60 runs in a SQLite store", out, re.M)
+    assert figures(r"^GET / +(\d+) rows +median " + NUMBER + " ms +slowest " + NUMBER, out)[0] == 50
+    paused = figures(r"^GET /\?state=paused +(\d+) rows +median " + NUMBER + " ms", out)
+    assert paused[0] == 6
+    assert figures(r"^second page +(\d+) rows +median " + NUMBER + " ms", out)[0] == 10

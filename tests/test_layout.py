@@ -31,7 +31,7 @@ LAYERS = [
     ("statekernel.stores", "statekernel.providers"),
     ("statekernel._kernel",),
     ("statekernel._workers", "statekernel.testing"),
-    ("statekernel._cli",),
+    ("statekernel._cli", "statekernel.web"),
     (
         "statekernel",
         "statekernel.__main__",
@@ -57,6 +57,7 @@ CORE = (
 )
 OUTSIDE_CORE = (
     "statekernel._cli",
+    "statekernel.web",
     "statekernel._workers",
     "statekernel.stores",
     "statekernel.providers",

@@ -38,6 +38,7 @@ from statekernel._cli.demo import (
 from statekernel._cli.doctor import doctor
 from statekernel._cli.drive import CrashPoint, drive, summary_line
 from statekernel._cli.runs import runs
+from statekernel._cli.ui import ui
 from statekernel._cli.visible import visible
 from statekernel._cli.worker import worker
 from statekernel._lifecycle.diagram import DIAGRAM_NAME, FORMATS, can_render_svg, write_diagrams
@@ -73,6 +74,7 @@ def cli() -> None:
 cli.add_command(runs)
 cli.add_command(worker)
 cli.add_command(doctor)
+cli.add_command(ui)
 
 
 # -- demo --------------------------------------------------------------------------

@@ -1,0 +1,189 @@
+"""The actions: answer or approve a pause, resolve an uncertain call, send a message,
+retry, fork at a revision, delete. Each is a POST carrying the page's CSRF token,
+authorized by the ``authorize`` hook, done by the acting kernel; a run that goes on
+afterwards is driven in the background, and its page follows it live.
+
+A refused action answers a page saying why in one line (a run another process holds:
+busy, owned by whom), never a stack trace.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlencode
+
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from statekernel._kernel.kernel import Kernel
+from statekernel._records.run import Run
+from statekernel.errors import (
+    ConflictError,
+    CorruptCheckpoint,
+    InvalidArgument,
+    InvalidTransition,
+    RunBusy,
+    RunHasChildren,
+    RunNotFound,
+    StatekernelError,
+)
+from statekernel.web.context import WebContext, log
+from statekernel.web.forms import read_answer
+from statekernel.web.pages import forbidden
+from statekernel.web.rendering import renderer_of
+from statekernel.web.security import FIELD
+from statekernel.web.views import question_of
+
+__all__ = ["ACTIONS", "act", "refusal"]
+
+
+def refusal(exc: StatekernelError) -> tuple[int, str]:
+    """The status and one-line message of an action the kernel refused."""
+    if isinstance(exc, RunBusy):
+        return 409, f"busy: run {exc.run_id} is owned by {exc.owner}, which is driving it"
+    if isinstance(exc, ConflictError):
+        return 409, f"run {exc.run_id} moved on in another process: reload and try again"
+    if isinstance(exc, RunNotFound):
+        return 404, str(exc)
+    if isinstance(exc, RunHasChildren):
+        return 409, str(exc)
+    if isinstance(exc, CorruptCheckpoint):
+        return 409, f"the run is damaged: {exc}"
+    if isinstance(exc, InvalidArgument | InvalidTransition):
+        return 400, str(exc)
+    return 400, f"{type(exc).__name__}: {exc}"
+
+
+Act = Callable[[Kernel, str, FormData], Awaitable[tuple[str, str | None]]]
+"""An action: does it, returns (what it did, the run to show next or None for the
+list)."""
+
+
+async def _answer(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str | None]:
+    run = await kernel.get(run_id)
+    question = question_of(run)
+    if question is None:
+        raise InvalidTransition("answer", run.state, "the run asks no question")
+    value = read_answer(question.asked.schema, {k: str(v) for k, v in form.items()})
+    await kernel.resume(run_id, value=value)
+    return "answered; the run goes on", run_id
+
+
+async def _resume(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str | None]:
+    text = str(form.get("value", "")).strip()
+    if not text:
+        await kernel.resume(run_id)
+    else:
+        try:
+            value: Any = json.loads(text)
+        except ValueError:
+            value = text
+        await kernel.resume(run_id, value=value)
+    return "resumed; the run goes on", run_id
+
+
+async def _resolve(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str | None]:
+    call_id = str(form.get("call_id", ""))
+    how = form.get("how")
+    text = str(form.get("text", ""))
+    run: Run
+    if how == "output":
+        try:
+            output: Any = json.loads(text)
+        except ValueError:
+            output = text
+        run = await kernel.resolve_tool_call(run_id, call_id, output=output)
+    elif how == "error":
+        run = await kernel.resolve_tool_call(run_id, call_id, error=text or "failed")
+    elif how == "rerun":
+        run = await kernel.resolve_tool_call(run_id, call_id, rerun=True)
+    else:
+        raise InvalidArgument("say how the call ended: output, error or re-run")
+    if run.state == "paused":
+        return f"resolved {call_id}; the run still waits for other calls", run_id
+    return f"resolved {call_id}; the run goes on", run_id
+
+
+async def _send(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str | None]:
+    text = str(form.get("text", "")).strip()
+    if not text:
+        raise InvalidArgument("the message is empty")
+    await kernel.send(run_id, text)
+    return "sent; the run goes on", run_id
+
+
+async def _retry(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str | None]:
+    await kernel.retry(run_id)
+    return "retried; the run goes on", run_id
+
+
+async def _fork(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str | None]:
+    text = str(form.get("revision", "")).strip()
+    if text and not text.isdigit():
+        raise InvalidArgument(f"revision must be a number, got {text!r}")
+    run = await kernel.fork(run_id, at_revision=int(text) if text else None)
+    at = f"revision {text}" if text else "its head"
+    return f"forked {run_id} at {at} into {run.run_id}", run.run_id
+
+
+async def _delete(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str | None]:
+    if form.get("confirm") != run_id:
+        raise InvalidArgument(f"type the run id ({run_id}) to confirm the deletion")
+    deleted = await kernel.delete(run_id, children=form.get("children") == "on")
+    if not deleted:
+        raise RunNotFound(run_id)
+    more = len(deleted) - 1
+    return f"deleted run {run_id}" + (f" and {more} child run(s)" if more else ""), None
+
+
+ACTIONS: dict[str, tuple[Act, bool]] = {
+    "answer": (_answer, True),
+    "resume": (_resume, True),
+    "resolve": (_resolve, True),
+    "send": (_send, True),
+    "retry": (_retry, True),
+    "fork": (_fork, False),
+    "delete": (_delete, False),
+}
+"""Each action, and whether the run is driven to rest after it."""
+
+
+async def act(request: Request) -> Response:
+    """``POST /runs/{run_id}/{action}``."""
+    run_id = request.path_params["run_id"]
+    name = request.path_params["action"]
+    web: WebContext = request.app.state.web
+    renderer = renderer_of(request)
+    form = await request.form()
+
+    def refused(status: int, message: str) -> Response:
+        context = {"title": "Not done", "message": message, "run_id": run_id}
+        return renderer.page(request, "error.html", context, status=status)
+
+    if name not in ACTIONS:
+        return refused(404, f"no action {name!r}")
+    if not web.csrf.check(request, form.get(FIELD)):
+        return refused(403, "the form's CSRF token is missing or wrong: reload the page")
+    if (denied := await forbidden(request, name, run_id)) is not None:
+        return denied
+    if web.actor is None:
+        return refused(403, web.read_only_reason or "read-only")
+    work, drive = ACTIONS[name]
+    try:
+        said, shown = await work(web.actor, run_id, form)
+    except StatekernelError as exc:
+        return refused(*refusal(exc))
+    if drive and shown is not None:
+        try:
+            run = await web.store.load(shown)
+        except StatekernelError as exc:  # deleted or damaged meanwhile: its page says so
+            log.warning("after %s on run %s: %s", name, shown, exc)
+        else:
+            if not run.is_terminal:
+                web.drive(shown)
+    query = urlencode({"note": said})
+    target = request.url_for("run", run_id=shown) if shown is not None else request.url_for("list")
+    return RedirectResponse(f"{target}?{query}", status_code=303)

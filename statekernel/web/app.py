@@ -1,0 +1,69 @@
+"""``create_app``: the web view as an ASGI application (Starlette)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from statekernel._kernel.kernel import Kernel
+from statekernel._storage.protocol import CheckpointStore
+from statekernel.web.actions import act
+from statekernel.web.context import Authorize, open_context
+from statekernel.web.pages import diagram_svg, run_page, runs_list
+from statekernel.web.rendering import Renderer
+from statekernel.web.streams import list_stream, run_stream
+
+__all__ = ["create_app"]
+
+STATIC = Path(__file__).with_name("static")
+
+
+def create_app(
+    store_or_kernel: CheckpointStore | Kernel | str,
+    *,
+    agent: Mapping[str, Any] | str | None = None,
+    authorize: Authorize | None = None,
+) -> Starlette:
+    """The web view of a store's runs, as an ASGI app to serve (``statekernel ui``) or
+    to mount in your own Starlette or FastAPI service.
+
+    ``store_or_kernel``: a store URL (opened by the app, closed when it shuts down), a
+    ``CheckpointStore``, or a ``Kernel`` (which then also acts on runs). ``agent``:
+    the ``Kernel`` keyword arguments (tools, hooks, providers; or
+    ``"package.module:function"`` returning them) the view acts with; with neither a
+    kernel nor an agent the view is read-only and says why. ``authorize(request,
+    action, run_id)`` (sync or async) answers whether a request may ``view`` a page or
+    do an action (``answer``, ``resume``, ``resolve``, ``send``, ``retry``, ``fork``,
+    ``delete``); False answers 403. Every action is a POST carrying a CSRF token.
+
+    The app's lifespan closes what it opened; mounted in another app (whose lifespan
+    does not reach it) call ``await app.state.web.aclose()`` when that app stops.
+    """
+    web = open_context(store_or_kernel, agent=agent, authorize=authorize)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await web.aclose()
+
+    routes = [
+        Route("/", runs_list, name="list"),
+        Route("/stream", list_stream, name="list_stream"),
+        Route("/runs/{run_id}", run_page, name="run"),
+        Route("/runs/{run_id}/stream", run_stream, name="run_stream"),
+        Route("/runs/{run_id}/diagram.svg", diagram_svg, name="diagram"),
+        Route("/runs/{run_id}/{action}", act, methods=["POST"], name="act"),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.web = web
+    app.state.renderer = Renderer(web.csrf)
+    return app

@@ -1,0 +1,84 @@
+"""The live streams (Server-Sent Events) of the pages: a run's events as they are
+committed, and the list's notices of commits; both fed by the view's one watch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from statekernel.errors import StatekernelError
+from statekernel.web.context import WebContext
+from statekernel.web.live import LOOK_EVERY, next_notice, sse
+from statekernel.web.rendering import renderer_of
+from statekernel.web.views import event_row
+
+__all__ = ["list_stream", "run_stream"]
+
+
+async def run_stream(request: Request) -> Response:
+    """``/runs/{run_id}/stream?after=N``: the run's events after revision ``N`` as they
+    are committed (``event: events``, rendered rows), then ``event: run`` with its
+    revision and state after each change. With ``until=rest`` it ends (``event: rest``)
+    once the run is paused, failed or completed and every event was sent."""
+    run_id = request.path_params["run_id"]
+    web: WebContext = request.app.state.web
+    if not await web.authorized(request, "view", run_id):
+        return Response("not allowed", status_code=403)
+    text = request.query_params.get("after", "-1")
+    after = int(text) if text.lstrip("-").isdigit() else -1
+    until_rest = request.query_params.get("until") == "rest"
+    renderer = renderer_of(request)
+
+    async def stream() -> AsyncIterator[str]:
+        nonlocal after
+        async with web.hub.subscribe() as queue:
+            yield sse("hello", "{}")
+            while True:
+                try:
+                    run = await web.store.load(run_id)  # first: the events reach its revision
+                    events = await web.store.events(run_id, after_revision=after)
+                except StatekernelError as exc:
+                    yield sse("gone", str(exc))
+                    return
+                if events:
+                    rows = [event_row(e) for e in events]
+                    html = renderer.fragment("event_rows.html", {"events": rows})
+                    yield sse("events", html)
+                    after = max(e.revision for e in events)
+                    yield sse("run", json.dumps({"revision": run.revision, "state": run.state}))
+                if until_rest and run.is_terminal:
+                    yield sse("rest", json.dumps({"revision": run.revision, "state": run.state}))
+                    return
+                if await request.is_disconnected():
+                    return
+                await next_notice(queue, run_id)
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=NO_CACHE)
+
+
+async def list_stream(request: Request) -> Response:
+    """``/stream``: ``event: changed`` with the run id whenever a run is committed (the
+    list page fetches its table again)."""
+    web: WebContext = request.app.state.web
+    if not await web.authorized(request, "view", None):
+        return Response("not allowed", status_code=403)
+
+    async def stream() -> AsyncIterator[str]:
+        async with web.hub.subscribe() as queue:
+            yield sse("hello", "{}")
+            while not await request.is_disconnected():
+                try:
+                    notice = await asyncio.wait_for(queue.get(), LOOK_EVERY)
+                except TimeoutError:
+                    yield ": still here\n\n"
+                    continue
+                yield sse("changed", "" if notice is None else notice.run_id)
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=NO_CACHE)
+
+
+NO_CACHE = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}

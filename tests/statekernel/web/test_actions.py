@@ -1,0 +1,158 @@
+"""The web view's actions: each a POST with the page's CSRF token, authorized by the
+hook, done by the acting kernel; a refused one answers a page saying why."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.testclient import TestClient
+
+from statekernel.stores import open_store
+from statekernel.web import create_app
+
+from .runs_made import make_runs
+from .web_agent import kernel_options
+
+
+def token(client: TestClient, path: str = "/") -> str:
+    """The CSRF token of the page at ``path`` (its cookie is then the client's)."""
+    page = client.get(path).text
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    if found is None:  # the list has no form: take a run page's
+        found = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/runs/asking").text)
+    assert found is not None
+    return found.group(1)
+
+
+def state_of(client: TestClient, run_id: str) -> str:
+    found = re.search(r'id="state">([a-z_]+)<', client.get(f"/runs/{run_id}").text)
+    assert found is not None
+    return found.group(1)
+
+
+def wait_for_state(client: TestClient, run_id: str, state: str) -> None:
+    """Until the run (driven by the view in the background) is in ``state``."""
+    deadline = time.monotonic() + 30
+    while (now := state_of(client, run_id)) != state:
+        assert time.monotonic() < deadline, f"{run_id} stays {now}, not {state}"
+        time.sleep(0.05)
+
+
+def post(client: TestClient, run_id: str, action: str, **form: str) -> Any:
+    data = {"csrf_token": token(client, f"/runs/{run_id}"), **form}
+    return client.post(f"/runs/{run_id}/{action}", data=data, follow_redirects=False)
+
+
+def test_a_question_is_answered_from_its_form_and_the_run_completes(client: TestClient) -> None:
+    wrong = client.post(
+        "/runs/asking/answer", data={"csrf_token": token(client, "/runs/asking"), "value": "0"}
+    )
+    assert wrong.status_code == 400
+    assert "does not fit the question" in wrong.text
+    assert "0 is less than the minimum of 1" in wrong.text
+    not_a_number = client.post(
+        "/runs/asking/answer", data={"csrf_token": token(client, "/runs/asking"), "value": "two"}
+    )
+    assert not_a_number.status_code == 400
+    assert "is not a integer" in not_a_number.text
+    assert state_of(client, "asking") == "paused"
+    done = client.post(
+        "/runs/asking/answer",
+        data={"csrf_token": token(client, "/runs/asking"), "value": "2"},
+        follow_redirects=False,
+    )
+    assert done.status_code == 303
+    assert done.headers["location"].startswith("http://testserver/runs/asking?note=answered")
+    wait_for_state(client, "asking", "completed")
+    page = client.get("/runs/asking").text
+    assert "booked for you" in page
+
+
+def test_every_post_needs_the_csrf_token(client: TestClient) -> None:
+    client.get("/runs/asking")
+    missing = client.post("/runs/asking/answer", data={"value": "2"})
+    assert missing.status_code == 403
+    assert "CSRF" in missing.text
+    forged = client.post("/runs/asking/answer", data={"value": "2", "csrf_token": "a.b"})
+    assert forged.status_code == 403
+    other = TestClient(client.app)  # another browser: its own cookie, not this token
+    stolen = other.post("/runs/asking/answer", data={"value": "2", "csrf_token": token(client)})
+    assert stolen.status_code == 403
+    assert state_of(client, "asking") == "paused"
+
+
+def test_an_uncertain_call_is_resolved_and_the_run_goes_on(client: TestClient) -> None:
+    unknown = post(client, "uncertain", "resolve", call_id="nope", how="rerun")
+    assert unknown.status_code == 400
+    done = post(client, "uncertain", "resolve", call_id="call_0_0", how="output", text='"booked 2"')
+    assert done.status_code == 303
+    wait_for_state(client, "uncertain", "completed")
+    page = client.get("/runs/uncertain").text
+    assert "booked 2" in page
+    assert "uncertain: may or may not have run" not in page
+
+
+def test_send_retry_fork_and_delete(client: TestClient) -> None:
+    sent = post(client, "chat", "send", text="are you there?")
+    assert sent.status_code == 303
+    wait_for_state(client, "chat", "completed")
+    assert "are you there?" in client.get("/runs/chat").text
+    not_failed = post(client, "chat", "retry")
+    assert not_failed.status_code == 400
+    forked = post(client, "chat", "fork", revision="1")
+    assert forked.status_code == 303
+    location = forked.headers["location"]
+    new_id = location.split("/runs/")[1].split("?")[0]
+    assert new_id != "chat"
+    assert client.get(f"/runs/{new_id}").status_code == 200
+    unconfirmed = post(client, new_id, "delete", confirm="wrong")
+    assert unconfirmed.status_code == 400
+    assert f"type the run id ({new_id})" in unconfirmed.text
+    deleted = post(client, new_id, "delete", confirm=new_id)
+    assert deleted.status_code == 303
+    assert client.get(f"/runs/{new_id}").status_code == 404
+
+
+def test_a_run_another_process_holds_is_busy(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/runs.db"
+    asyncio.run(make_runs(url))
+
+    holder = open_store(url)
+
+    async def take() -> None:
+        await holder.acquire("asking", "someone-else/4242", ttl=60.0)
+
+    asyncio.run(take())
+    with TestClient(create_app(url, agent=kernel_options())) as client:
+        busy = post(client, "asking", "answer", value="2")
+        assert busy.status_code == 409
+        text = busy.text
+        assert "busy: run asking is owned by someone-else/4242" in text
+        assert "Traceback" not in text
+    asyncio.run(holder.aclose())
+
+
+def test_the_authorize_hook_decides(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/runs.db"
+    asyncio.run(make_runs(url))
+    asked: list[tuple[str, str | None]] = []
+
+    async def authorize(request: Request, action: str, run_id: str | None) -> bool:
+        asked.append((action, run_id))
+        return action in ("view", "send")
+
+    with TestClient(create_app(url, agent=kernel_options(), authorize=authorize)) as client:
+        assert client.get("/runs/asking").status_code == 200
+        refused = post(client, "chat", "delete", confirm="chat")
+        assert refused.status_code == 403
+        assert "not allowed: delete on run chat" in refused.text
+        allowed = post(client, "chat", "send", text="hi")
+        assert allowed.status_code == 303
+    assert ("delete", "chat") in asked
+    assert ("send", "chat") in asked
+    assert ("view", "asking") in asked
