@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from statekernel import Kernel, Tool
+    from statekernel._kernel.kernel import Kernel
+    from statekernel._kernel.tools import Tool
     from statekernel.providers import ScriptedProvider
 
 __all__ = [
@@ -61,7 +62,7 @@ class KernelMaker:
         """A kernel whose model answers from ``script`` (``statekernel.testing.Reply``,
         ``call(...)``, text, or ``Fail``); ``options`` are the ``Kernel``'s (hooks,
         middleware, max_turns...). Close it: ``async with maker(...) as kernel``."""
-        from statekernel import Kernel
+        from statekernel._kernel.kernel import Kernel
         from statekernel.testing import ScriptedProvider
 
         provider = ScriptedProvider(script, repeat_last=repeat_last)
