@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -124,7 +124,7 @@ class OllamaProvider(HTTPProvider):
         self, response: httpx.Response, request: ModelRequest
     ) -> AsyncGenerator[StreamPart, None]:
         done = False
-        async for line in response.aiter_lines():
+        async for line in _ndjson_lines(response):
             if not line.strip():
                 continue
             data = self._json(line)
@@ -213,3 +213,19 @@ def _arguments(call: ToolCall) -> Any:
         return call.parsed_arguments()
     except ValueError:
         return {"invalid_json": call.arguments}
+
+
+async def _ndjson_lines(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The lines of an NDJSON body, split at ``\n`` alone (``aiter_lines`` also splits
+    at U+2028, U+0085 and other separators a JSON string may hold raw)."""
+    pending = bytearray()  # a line in many chunks grows in place
+    async for chunk in response.aiter_bytes():
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            pending += chunk[start:end]
+            yield bytes(pending)
+            pending.clear()
+            start = end + 1
+        pending += chunk[start:]
+    if pending:
+        yield bytes(pending)

@@ -23,7 +23,6 @@ import concurrent.futures
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -35,60 +34,14 @@ from typing import Any
 import pytest
 import redis
 
-from statekernel.testing import redis_server_path
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_for(url: str, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    client = redis.Redis.from_url(url)
-    try:
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
-    finally:
-        client.close()
+from statekernel.testing._servers import free_port
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """The base URL of a redis-server for the tests (``redis://127.0.0.1:PORT``)."""
-    given = os.environ.get("REDIS_URL")
-    if given:
-        yield given.rstrip("/")
-        return
-    binary = redis_server_path()
-    if binary is None:
-        message = "redis-server not found (install it or the test extra, or set REDIS_URL)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="statekernel-redis-") as folder:
-        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-        args += ["--appendonly", "no", "--dir", folder, "--loglevel", "warning"]
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"redis://127.0.0.1:{port}"
-        try:
-            _wait_for(url, proc)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+def redis_url(statekernel_redis_url: str) -> str:
+    """The base URL of a redis-server for the tests (``redis://127.0.0.1:PORT``): the
+    plugin's (``statekernel.testing.plugin``)."""
+    return statekernel_redis_url
 
 
 @pytest.fixture
@@ -152,7 +105,7 @@ def mcp_http_url() -> Iterator[str]:
         import mcp_server
     finally:
         sys.path.remove(str(MCP_SERVER.parent))
-    port = _free_port()
+    port = free_port()
     app = mcp_server.server.streamable_http_app(host="127.0.0.1")
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -241,7 +194,7 @@ def _serve(prefix: list[str], initdb: str, pg_ctl: str, folder: Path) -> Generat
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     args = [*prefix, initdb, "-D", str(data), "-U", "postgres", "--auth=trust"]
     subprocess.run([*args, "--no-sync", "-E", "UTF8"], check=True, **quiet)  # type: ignore[call-overload]
-    port = _free_port()
+    port = free_port()
     options = f"-p {port} -h 127.0.0.1 -k {folder} -c fsync=off -c max_connections=200"
     start = [*prefix, pg_ctl, "-D", str(data), "-l", str(folder / "log"), "-o", options]
     subprocess.run([*start, "-w", "start"], check=True, **quiet)  # type: ignore[call-overload]

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from statekernel.blocking import KernelThread
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,3 +111,104 @@ def test_eager_dispatch_example_starts_calls_early_and_closes_a_cut_off_answer(
         for line in lines
         if "run " in line
     )
+
+
+def _module(name: str) -> ModuleType:
+    """``examples/<name>.py`` imported as a module of its own."""
+    spec = importlib.util.spec_from_file_location(
+        f"example_{name}", ROOT / "examples" / f"{name}.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _sse(client: Any, url: str) -> list[dict[str, Any]]:
+    """The events of a server-sent event stream, read to its end."""
+    events = []
+    with client.stream("GET", url) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[len("data: ") :]))
+    return events
+
+
+def test_fastapi_service_starts_streams_and_approves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastapi.testclient import TestClient
+
+    monkeypatch.setenv("STATEKERNEL_STORE", f"sqlite:///{tmp_path / 'runs.db'}")
+    service = _module("fastapi_service")
+    with TestClient(service.app) as client:
+        assert client.get("/runs/nope").status_code == 404
+        run_id = client.post("/runs", json={"message": "Pay Bob 50."}).json()["run_id"]
+        first = _sse(client, f"/runs/{run_id}/events")
+        assert first[0]["type"] == "run_started"
+        assert first[-1]["type"] == "run_paused"
+        assert "tool_call_completed" not in [e["type"] for e in first], "paid before approval"
+        waiting = client.get(f"/runs/{run_id}").json()
+        assert waiting["state"] == "paused"
+        assert waiting["waiting_for"]["reason"] == "approval"
+        call_id = waiting["waiting_for"]["call"]
+        wrong = client.post(f"/runs/{run_id}/approve", json={})
+        assert wrong.status_code == 422, "a body without the call is refused"
+        assert client.post(f"/runs/{run_id}/approve", json={"call_id": call_id}).is_success
+        after = first[-1]["revision"]
+        rest = _sse(client, f"/runs/{run_id}/events?after={after}")
+        kinds = [e["type"] for e in rest]
+        assert kinds.count("tool_call_completed") == 1
+        assert kinds[-1] == "run_completed"
+        done = client.get(f"/runs/{run_id}").json()
+        assert done["state"] == "completed"
+        assert done["output"] == "Sent 50 to Bob."
+
+
+@pytest.mark.redis
+def test_celery_worker_drives_a_run_once_when_the_task_comes_twice(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    ledger = tmp_path / "transfers.log"
+    broker = f"{redis_url}/4"
+    monkeypatch.setenv("STATEKERNEL_STORE", store)
+    monkeypatch.setenv("REDIS_URL", broker)
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    example = _module("bank_agent")
+    with KernelThread(example.make_kernel) as blocking:
+        run_id = blocking.call(lambda k: k.start(model="scripted/bank", messages=["Pay Bob."]))
+        assert blocking.kernel.holds(run_id.run_id) is False
+    tasks = _module("celery_tasks")
+    sent = [tasks.drive_run.delay(run_id.run_id) for _ in range(2)]
+    env = {**os.environ, "TRANSFERS": str(ledger), "PYTHONPATH": str(ROOT / "examples")}
+    argv = [sys.executable, "-m", "celery", "-A", "celery_tasks", "worker"]
+    argv += ["--pool", "prefork", "--concurrency", "2", "--loglevel", "warning"]
+    worker = subprocess.Popen(argv, cwd=tmp_path, env=env)
+    try:
+        results = sorted(task.get(timeout=120) for task in sent)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+    assert results in (["completed", "completed"], ["busy", "completed"])
+    assert ledger.read_text() == "Bob 50\n", "the transfer ran once"
+    with KernelThread(example.make_kernel) as blocking:
+        done = blocking.call(lambda k: k.get(run_id.run_id))
+    assert done.output == "Sent 50 to Bob."
+
+
+def test_otel_example_exports_the_spans_of_a_run(tmp_path: Path) -> None:
+    spans = [json.loads(line) for line in run_example("otel_export.py", tmp_path).splitlines()]
+    by_name = {span["name"]: span for span in spans}
+    drive = by_name["statekernel.drive"]
+    assert by_name["chat weather"]["attributes"]["gen_ai.request.model"] == "weather"
+    tool = by_name["execute_tool weather"]
+    assert tool["attributes"]["gen_ai.tool.name"] == "weather"
+    commits = [s for s in spans if s["name"] == "statekernel.commit"]
+    assert len(commits) >= 4
+    trace = drive["context"]["trace_id"]
+    assert all(s["context"]["trace_id"] == trace for s in [tool, *commits]), "one trace"
+    assert all(s["resource"]["attributes"]["service.name"] == "weather-agent" for s in spans)

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
+import socket
+import subprocess
 import sysconfig
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["redis_server_path"]
+from statekernel.errors import ConfigError, StoreError
+
+__all__ = ["free_port", "redis_server_path", "running_redis"]
+
+MISSING_REDIS = "redis-server not found (install it or the test extra, or set REDIS_URL)"
 
 
 def redis_server_path() -> str | None:
@@ -31,3 +41,52 @@ def redis_server_path() -> str | None:
     if not os.access(bundled, os.X_OK):
         bundled.chmod(bundled.stat().st_mode | 0o111)
     return str(bundled)
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_redis(*args: str, timeout: float = 30.0) -> Iterator[str]:
+    """A ``redis-server`` (``redis_server_path``) on a free loopback port for the block,
+    without persistence unless ``args`` asks for it; its base URL
+    (``redis://127.0.0.1:PORT``). ``ConfigError`` when there is no server to start,
+    ``StoreError`` when it does not answer within ``timeout`` seconds. Stopped
+    (terminated, killed if it lingers) at the end of the block."""
+    import redis
+
+    binary = redis_server_path()
+    if binary is None:
+        raise ConfigError(MISSING_REDIS)
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="statekernel-redis-") as folder:
+        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        argv += ["--appendonly", "no", "--dir", folder, "--loglevel", "warning", *args]
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"redis://127.0.0.1:{port}"
+        try:
+            client = redis.Redis.from_url(url)
+            deadline = time.monotonic() + timeout
+            try:
+                while True:
+                    try:
+                        client.ping()
+                        break
+                    except redis.ConnectionError as exc:
+                        if proc.poll() is not None or time.monotonic() > deadline:
+                            raise StoreError(f"redis-server on {url} did not start") from exc
+                        time.sleep(0.02)
+            finally:
+                client.close()
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -141,9 +141,9 @@ async def check_log_gaps(store: CheckpointStore, raw: RawRecords) -> None:
 
 
 async def _loaded(store: CheckpointStore, run_id: str) -> Run:
-    """The run, its completed turns read (they decode when first read)."""
+    """The run, its transcript and completed turns read (they decode when first read)."""
     run = await store.load(run_id)
-    for _ in run.turns:
+    for _ in (*run.messages, *run.turns):
         pass
     return run
 

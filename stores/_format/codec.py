@@ -259,8 +259,9 @@ def decode_run(
 
     Message and turn documents may be given as stored JSON (bytes), parsed one at a
     time as they are decoded (so a load never holds every parsed document at once);
-    completed turns are decoded, and parsed, only when read (``LazyTuple``), and a
-    damaged one raises ``CorruptCheckpoint`` then.
+    messages and completed turns are decoded, and parsed, only when read
+    (``LazyTuple``), and one that cannot be (a blob it references is missing) raises
+    ``CorruptCheckpoint`` then. Checksums are the stores' to check, on load.
     """
     return _Decoder(message_docs, turn_docs, blobs).run(head, what)
 
@@ -310,7 +311,7 @@ class _Decoder:
         self.turn_docs = turn_docs
         self.turns: dict[int, Deferred[Turn]] = {}
         self.ctx = Loading(blobs, self.message_at, self.message_range)
-        self._log: list[Message | None] = [None] * self.message_count
+        self._log: list[Message | Deferred[Message] | None] = [None] * self.message_count
         """The message log as decoded so far: every transcript and request of the run
         is a view of this one list (``LazyTuple.view``), as it was when committed."""
         self.version = convert.SCHEMA_VERSION
@@ -320,24 +321,43 @@ class _Decoder:
         if not 0 <= pos < self.message_count:
             raise ValueError(f"bad message position {pos}")
         found = self._log[pos]
+        if type(found) is Message:
+            return found
         if found is None:
-            doc = self.message_docs[pos]
-            if isinstance(doc, bytes | str):  # stored JSON, parsed only now
-                doc = load_json(doc, f"message of {self.what}")
-            if self.version < convert.SCHEMA_VERSION:
-                doc = convert.migrate("message", doc, self.version, what=self.what)
-            found = self._structure(doc, Message, f"message {pos} of {self.what}")
-            self._log[pos] = found
-        return found
+            message = self._message(pos, self.version, self.what)
+        else:
+            blobs = self.ctx.blobs
+            outer = blobs.missing  # what the record being decoded found missing so far
+            message = found.get()  # type: ignore[union-attr]
+            if blobs.missing is None:
+                blobs.missing = outer
+        self._log[pos] = message
+        return message
 
     def message_range(self, start: int, count: int) -> LazyTuple[Message]:
+        """Messages ``[start, start + count)`` of the log, each decoded when first read
+        (at the schema version and under the name of the record that references them)."""
         if start < 0 or count < 0 or start + count > self.message_count:
             raise ValueError(f"bad message range {start}+{count}")
-        log, at = self._log, self.message_at
+        log, version, what = self._log, self.version, self.what
         for pos in range(start, start + count):
             if log[pos] is None:
-                at(pos)
+                log[pos] = Deferred(partial(self._first_read, pos, version, what))
         return LazyTuple.view(log, start, start + count)
+
+    def _first_read(self, pos: int, version: int, what: str) -> Message:
+        """A message read for the first time through a transcript (not from within the
+        decoding of another record: a blob found missing is its own)."""
+        self.ctx.blobs.missing = None
+        return self._message(pos, version, what)
+
+    def _message(self, pos: int, version: int, what: str) -> Message:
+        doc = self.message_docs[pos]
+        if isinstance(doc, bytes | str):  # stored JSON, parsed only now
+            doc = load_json(doc, f"message of {what}")
+        if version < convert.SCHEMA_VERSION:
+            doc = convert.migrate("message", doc, version, what=what)
+        return self._structure(doc, Message, f"message {pos} of {what}")
 
     def turn_at(self, pos: int, what: str) -> Deferred[Turn]:
         """The completed turn at ``pos`` of the turn log, decoded when first read."""

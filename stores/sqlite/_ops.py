@@ -284,7 +284,12 @@ def read_parts(
 
 def _blobs(conn: sqlite3.Connection, rid: int) -> dict[str, bytes]:
     rows = conn.execute("SELECT key, data FROM blobs WHERE rid = ?", (rid,)).fetchall()
-    return dict(_checked(r, (str, bytes), "blobs") for r in rows)
+    found = dict(rows)
+    if len(found) != len(rows) or not all(
+        type(k) is str and type(v) is bytes for k, v in found.items()
+    ):  # checked in one pass; the row that is wrong is named only when one is
+        return dict(_checked(r, (str, bytes), "blobs") for r in rows)
+    return found
 
 
 def _docs(conn: sqlite3.Connection, table: str, rid: int, end: int) -> list[bytes]:
@@ -293,7 +298,10 @@ def _docs(conn: sqlite3.Connection, table: str, rid: int, end: int) -> list[byte
     rows = conn.execute(
         f"SELECT doc FROM {table} WHERE rid = ? AND pos < ? ORDER BY pos", (rid, end)
     ).fetchall()
-    return [_checked(r, (bytes,), table)[0] for r in rows]
+    docs = [r[0] for r in rows]
+    if not all(type(d) is bytes for d in docs):  # the row that is wrong named only then
+        return [_checked(r, (bytes,), table)[0] for r in rows]
+    return docs
 
 
 def read_events(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -200,3 +201,14 @@ async def test_host_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     provider = OllamaProvider()
     assert provider.base_url == "http://10.1.2.3:1234"
     await provider.aclose()
+
+
+async def test_text_with_unicode_line_separators_stays_whole(
+    wire: WireServer, provider: OllamaProvider
+) -> None:
+    text = "one\u2028two\u2029three\x85four\x1cfive\x0bsix"  # str.splitlines splits at each
+    lines = [line(text), final()]
+    chunks = [json.dumps(x, ensure_ascii=False).encode() + b"\n" for x in lines]
+    wire.reply(200, chunks, headers={"content-type": "application/x-ndjson"}, split=7)
+    parts = [p async for p in provider.stream(request())]
+    assert assemble(parts).message.text == text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -232,6 +233,16 @@ async def test_official_api_without_key_is_a_config_error(monkeypatch: pytest.Mo
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
         OpenAIProvider()
+
+
+async def test_text_with_unicode_line_separators_stays_whole(
+    wire: WireServer, provider: OpenAIProvider
+) -> None:
+    text = "one\u2028two\u2029three\x85four\x1cfive"  # str.splitlines splits at each
+    events = [chunk({"role": "assistant", "content": text}), chunk({}, "stop")]
+    raw = [json.dumps(e, ensure_ascii=False) for e in events]  # the separators raw
+    wire.sse(raw, done=True)
+    assert assemble(await collect(provider, request())).message.text == text
 
 
 async def test_reasoning_content_deltas(wire: WireServer, provider: OpenAIProvider) -> None:

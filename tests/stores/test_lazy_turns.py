@@ -1,5 +1,5 @@
-"""A loaded run decodes its completed turns when they are read, never before, and a
-damaged completed turn is a ``CorruptCheckpoint`` when it is read."""
+"""A loaded run decodes its messages and completed turns when they are read, never
+before, and one that cannot be decoded is a ``CorruptCheckpoint`` when it is read."""
 
 from __future__ import annotations
 
@@ -47,6 +47,37 @@ async def test_completed_turns_are_decoded_when_read(store_url: str) -> None:
     assert loaded == run
     assert loaded.turns.deferred == 0
     assert loaded.turns[2] is loaded.turns[2], "a decoded turn is kept"
+
+
+async def test_messages_are_decoded_when_read(store_url: str) -> None:
+    run = await _committed(store_url)
+    store = open_store(store_url)
+    loaded = await store.load("lazy")
+    await store.aclose()
+    count = len(run.messages)
+    assert len(loaded.messages) == count
+    assert loaded.messages.deferred == count, "loading decoded messages"
+    assert loaded.messages[-1] == run.messages[-1]
+    assert loaded.messages.deferred == count - 1
+    assert list(loaded.turns) == list(run.turns), "turns decode their requests' messages"
+    assert loaded.messages == run.messages
+    assert loaded.messages.deferred == 0
+    assert loaded.messages[0] is loaded.messages[0], "a decoded message is kept"
+
+
+async def test_undecodable_message_sqlite(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    run = await _committed(f"sqlite:///{path}")
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE messages SET doc = ? WHERE pos = 1", (seal(b'{"role": 7}'),))
+    store = open_store(f"sqlite:///{path}")
+    loaded = await store.load("lazy")
+    await store.aclose()
+    assert loaded.messages[0] == run.messages[0]
+    with pytest.raises(CorruptCheckpoint, match=r"message 1 of run 'lazy'.*runs\.db"):
+        loaded.messages[1]
+    with pytest.raises(CorruptCheckpoint):  # still undecodable on the next read
+        list(loaded.messages)
 
 
 async def test_damaged_completed_turn_sqlite(tmp_path: Path) -> None:

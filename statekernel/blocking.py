@@ -1,0 +1,103 @@
+"""A kernel for synchronous code: Celery tasks, RQ jobs, WSGI handlers, scripts.
+
+A kernel lives on one event loop: it holds the store's connections and the leases of
+the runs it drives, and renews them in the background. Sync code that calls
+``asyncio.run`` for each task would open and close a kernel (and its connections) every
+time, and could not keep one between tasks. ``KernelThread`` runs one event loop in a
+daemon thread of the process and a kernel on it; each call blocks until the coroutine
+it sends there has finished. Make one per process (for Celery's prefork pool, in the
+``worker_process_init`` signal, so a forked child never shares its parent's loop or
+connections), and ``close`` it at the process's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from statekernel._kernel.kernel import Kernel
+from statekernel._records.messages import Message
+from statekernel._records.run import Run
+from statekernel.errors import InvalidArgument, StatekernelError
+
+__all__ = ["KernelThread"]
+
+T = TypeVar("T")
+
+
+class KernelThread:
+    """A kernel made by ``make()`` on an event loop of its own thread.
+
+    ``call(fn)`` runs ``fn(kernel)`` there and returns its result (or raises its error)
+    in the calling thread; ``drive(run_id)`` drives a run to rest. Calls from several
+    threads are served concurrently by the one loop. ``close()`` closes the kernel and
+    stops the thread; a call after it raises ``StatekernelError``.
+    """
+
+    def __init__(self, make: Callable[[], Kernel], *, name: str = "statekernel") -> None:
+        if not callable(make):
+            raise InvalidArgument(f"make must be a callable that returns a Kernel, got {make!r}")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+        self._closed = False
+
+        async def made() -> Kernel:
+            kernel = make()
+            if not isinstance(kernel, Kernel):
+                raise InvalidArgument(f"make() must return a Kernel, got {kernel!r}")
+            return kernel
+
+        try:
+            self.kernel: Kernel = self._submit(made())
+            """The kernel (use it only through ``call``: it belongs to the thread's loop)."""
+        except BaseException:
+            self._stop()
+            raise
+
+    def _submit(self, work: Awaitable[T], timeout: float | None = None) -> T:
+        async def wrapped() -> T:
+            return await work
+
+        return asyncio.run_coroutine_threadsafe(wrapped(), self._loop).result(timeout)
+
+    def call(self, fn: Callable[[Kernel], Awaitable[T]], *, timeout: float | None = None) -> T:
+        """``await fn(kernel)`` on the kernel's loop; its result. ``timeout`` (seconds):
+        ``TimeoutError`` when it has not finished by then (the work goes on)."""
+        if self._closed:
+            raise StatekernelError("this KernelThread is closed")
+        return self._submit(fn(self.kernel), timeout)
+
+    def drive(self, run_id: str, *messages: Message | str) -> Run:
+        """Drive ``run_id`` to rest (with ``messages`` as new user input, as
+        ``Kernel.run`` takes them); the run then."""
+
+        async def drive(kernel: Kernel) -> Run:
+            async for _ in kernel.run(run_id, *messages):
+                pass
+            return await kernel.get(run_id)
+
+        return self.call(drive)
+
+    def close(self) -> None:
+        """Close the kernel (releasing its leases) and stop the thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._submit(self.kernel.aclose())
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> KernelThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
