@@ -10,6 +10,7 @@ text. Whatever cannot be read raises ``CorruptCheckpoint`` naming it (``corrupt`
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -52,13 +53,21 @@ def dump_bytes(doc: Any) -> bytes:
         return json.dumps(doc, separators=(",", ":")).encode()
 
 
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+_LONG_DIGITS_TEXT = re.compile(r"[0-9]{19}")
+"""Where an integer beyond 64 bits may be (orjson would read it as a float)."""
+
+
 def load_json(data: bytes | str, what: str) -> Any:
     """Parse stored JSON; anything unreadable raises ``CorruptCheckpoint``.
 
     Uses ``orjson`` when it is installed and falls back to ``json`` for what orjson
-    refuses (integers beyond 64 bits, NaN), so the result is the same either way.
+    refuses (NaN) or reads otherwise (an integer beyond 64 bits becomes a float in
+    orjson: text with a run of 19 digits or more goes to ``json``), so the result is
+    the same either way.
     """
-    if _fast_loads is not None:
+    long_digits = _LONG_DIGITS_TEXT if isinstance(data, str) else _LONG_DIGITS
+    if _fast_loads is not None and long_digits.search(data) is None:
         try:
             return _fast_loads(data)
         except ValueError:

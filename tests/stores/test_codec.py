@@ -260,3 +260,14 @@ def test_an_input_stored_as_its_parsed_arguments_keeps_keys_that_look_like_marke
     assert decoded.turns[0].completed[0].input == json.loads(arguments)
     assert decoded.current_turn is not None
     assert decoded.current_turn.completed[0] == record
+
+
+@pytest.mark.parametrize("number", [2**64, -(2**64), -(2**63) - 1, 10**30, 2**63])
+def test_integers_beyond_64_bits_read_back_exactly(number: int) -> None:
+    from statekernel.stores._format.documents import load_json
+
+    doc = {"n": number, "list": [number, 1.5, "12345678901234567890"]}
+    for stored in (json.dumps(doc).encode(), json.dumps(doc)):
+        loaded = load_json(stored, "a document")
+        assert loaded == doc
+        assert type(loaded["n"]) is int
