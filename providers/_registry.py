@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Mapping
 
+from statekernel._storage.plugins import PROVIDER_GROUP, load_registered, registered
 from statekernel._storage.provider import ModelProvider
 from statekernel.errors import ConfigError
 from statekernel.providers._keys import api_key as provider_key
 
 __all__ = ["NATIVE_NAMES", "ProviderRegistry", "builtin_names", "builtin_provider"]
 
-NATIVE_NAMES = ("anthropic", "azure", "local", "ollama", "openai")
+_NATIVE: dict[str, tuple[str, str]] = {
+    "anthropic": ("statekernel.providers._anthropic", "AnthropicProvider"),
+    "azure": ("statekernel.providers._azure", "AzureOpenAIProvider"),
+    "local": ("statekernel.providers._local", "LocalProvider"),
+    "ollama": ("statekernel.providers._ollama", "OllamaProvider"),
+    "openai": ("statekernel.providers._openai", "OpenAIProvider"),
+}
+"""Providers with a module of their own: name -> (module, class), made with no arguments."""
+
+NATIVE_NAMES = tuple(_NATIVE)
 """Providers with a module of their own (the others are rows of ``VENDORS``)."""
 
 
@@ -23,7 +34,9 @@ def builtin_names() -> tuple[str, ...]:
 
 
 def builtin_provider(name: str) -> ModelProvider:
-    """A built-in provider configured from the environment; unknown names raise ``ConfigError``.
+    """A built-in provider configured from the environment, else one an installed
+    distribution registers in the entry point group ``statekernel.providers`` (made with
+    no arguments); unknown names raise ``ConfigError``.
 
     ``openai`` reads ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL``, ``anthropic`` reads
     ``ANTHROPIC_API_KEY`` (and ``ANTHROPIC_BASE_URL``), ``ollama`` reads ``OLLAMA_HOST``,
@@ -33,40 +46,34 @@ def builtin_provider(name: str) -> ModelProvider:
     ``vllm`` ...) read the key variable of their row in ``VENDORS`` and
     ``<NAME>_BASE_URL``.
     """
-    if name == "openai":
-        from statekernel.providers._openai import OpenAIProvider
+    native = _NATIVE.get(name)
+    if native is not None:
+        module, cls = native
+        made: ModelProvider = getattr(importlib.import_module(module), cls)()
+        return made
+    from statekernel.providers._vendors import ALIASES, VENDORS
 
-        return OpenAIProvider()
-    if name == "anthropic":
-        from statekernel.providers._anthropic import AnthropicProvider
-
-        return AnthropicProvider()
-    if name == "azure":
-        from statekernel.providers._azure import AzureOpenAIProvider
-
-        return AzureOpenAIProvider()
-    if name == "ollama":
-        from statekernel.providers._ollama import OllamaProvider
-
-        return OllamaProvider()
-    if name == "local":
-        from statekernel.providers._local import LocalProvider
-
-        return LocalProvider()
-    return _vendor_provider(name)
+    if ALIASES.get(name, name) in VENDORS:
+        return _vendor_provider(name)
+    factory = load_registered(PROVIDER_GROUP, name)
+    if factory is None:
+        known = ", ".join(builtin_names())
+        raise ConfigError(
+            f"unknown model provider {name!r} (built in: {known}; or pass your own with"
+            f" Kernel(providers={{...}}), or register it in the entry point group"
+            f" {PROVIDER_GROUP!r})"
+        )
+    if not callable(factory):
+        raise ConfigError(f"the {PROVIDER_GROUP} entry point {name!r} is not callable")
+    provider: ModelProvider = factory()
+    return provider
 
 
 def _vendor_provider(name: str) -> ModelProvider:
     from statekernel.providers._openai import OpenAIProvider
     from statekernel.providers._vendors import ALIASES, VENDORS
 
-    vendor = VENDORS.get(ALIASES.get(name, name))
-    if vendor is None:
-        known = ", ".join(builtin_names())
-        raise ConfigError(
-            f"unknown model provider {name!r} (built in: {known}; or pass your own with"
-            " Kernel(providers={...}))"
-        )
+    vendor = VENDORS[ALIASES.get(name, name)]
     key = provider_key(None, vendor.key_env)
     if vendor.needs_key and not key:
         raise ConfigError(f"the {vendor.name} provider needs {vendor.key_env}")
@@ -104,12 +111,18 @@ class ProviderRegistry:
             raise ConfigError(f"model must look like 'provider/name', got {model!r}")
         if name in self._explicit or name in builtin_names():
             return name
+        installed = registered(PROVIDER_GROUP)
+        if name.lower() in installed:
+            return name
         given = ", ".join(sorted(self._explicit))
+        others = ", ".join(sorted(installed))
         raise ConfigError(
             f"unknown model provider {name!r} in {model!r} ("
             + (f"this kernel's: {given}; " if given else "")
-            + f"built in: {', '.join(builtin_names())}; or pass your own with"
-            " Kernel(providers={...}))"
+            + f"built in: {', '.join(builtin_names())}; "
+            + (f"installed: {others}; " if others else "")
+            + "or pass your own with Kernel(providers={...}), or register it in the"
+            f" entry point group {PROVIDER_GROUP!r})"
         )
 
     def shared(self) -> ProviderRegistry:

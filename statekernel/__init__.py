@@ -8,6 +8,7 @@ resumes where it stopped without repeating a side effect that must not repeat.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -108,6 +109,9 @@ __all__ = [
     "to_plain",
     "tool",
 ]
+
+__version__: str = importlib.metadata.version("statekernel")
+"""The installed version of statekernel (from the package's metadata)."""
 
 _MOVED = {
     "MCPConnection": ("statekernel.mcp", "MCPConnection"),

@@ -1,5 +1,9 @@
 """``open_store(url)``: pick a store implementation by URL scheme; ``backend`` finds a
-part of the backend a URL names (its store, its doctor's probe) for both."""
+part of the backend a URL names (its store, its doctor's probe) for both.
+
+Schemes other than the built-in ones are looked up in the entry point group
+``statekernel.stores`` (``statekernel._storage.plugins``): a store of another
+distribution, whose doctor has no probe for it."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import importlib
 from typing import Any
 
 from statekernel._secrets import redact_url, remember_url
+from statekernel._storage.plugins import STORE_GROUP, load_registered, registered
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import ConfigError
 
@@ -50,10 +55,7 @@ def backend(url: object, part: str) -> Any:
     scheme = url.split("://", 1)[0].lower()
     name = _BACKENDS.get(scheme)
     if name is None:
-        raise ConfigError(
-            f"unknown store URL scheme {scheme!r} in {redact_url(url)!r} "
-            f"(known: {', '.join(_BACKENDS)})"
-        )
+        return _registered(url, scheme, part)
     module, cls = _PARTS[part][name]
     try:
         return getattr(importlib.import_module(module), cls)
@@ -81,3 +83,21 @@ def _memory_store(url: str) -> CheckpointStore:
     from statekernel.stores._memory import MemoryStore
 
     return MemoryStore(url.split("://", 1)[1])
+
+
+def _registered(url: str, scheme: str, part: str) -> Any:
+    """The store a distribution registered for ``scheme`` (entry point group
+    ``statekernel.stores``); ``ConfigError`` when there is none, or for a doctor's probe."""
+    found = load_registered(STORE_GROUP, scheme)
+    if found is None:
+        known = [*_BACKENDS, *sorted(registered(STORE_GROUP))]
+        raise ConfigError(
+            f"unknown store URL scheme {scheme!r} in {redact_url(url)!r} "
+            f"(known: {', '.join(known)}; others register in the entry point group "
+            f"{STORE_GROUP!r})"
+        )
+    if part != "store":
+        raise ConfigError(f"statekernel doctor has no checks for {scheme}:// stores")
+    if not callable(found):
+        raise ConfigError(f"the {STORE_GROUP} entry point {scheme!r} is not callable: {found!r}")
+    return found

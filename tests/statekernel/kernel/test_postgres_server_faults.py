@@ -29,7 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from ...conftest import _free_port, _pg_ready
+from statekernel.testing._servers import free_port
+
+from ...conftest import _pg_ready
 from .test_process_kills import _check_ledger, _check_run, _load, read_acks, spawn, wait_ready
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -56,7 +58,7 @@ class OwnedServer:
     def __init__(self, folder: Path, initdb: str, pg_ctl: str, prefix: list[str]) -> None:
         self.folder, self.pg_ctl, self.prefix = folder, pg_ctl, prefix
         self.data = folder / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
         args = [*prefix, initdb, "-D", str(self.data), "-U", "postgres", "--auth=trust"]
         subprocess.run([*args, "-E", "UTF8"], check=True, capture_output=True)

@@ -1,0 +1,53 @@
+"""Stores and providers of other distributions, registered through entry points.
+
+A distribution registers a store for a URL scheme in the entry point group
+``statekernel.stores`` (the object is called with the URL and returns a
+``CheckpointStore``) and a model provider for a ``provider/`` prefix in
+``statekernel.providers`` (the object is called with no arguments and returns a
+``ModelProvider``, configured from the environment as the built-in ones are)::
+
+    [project.entry-points."statekernel.stores"]
+    dynamo = "my_package.store:DynamoStore"
+
+    [project.entry-points."statekernel.providers"]
+    corp = "my_package.models:CorpProvider"
+
+The built-in stores and providers come first: entry points are read only for a name
+that is not built in, so one cannot replace a built-in (``Kernel(providers={...})``
+replaces a provider for one kernel; ``Kernel(store=...)`` takes any store object).
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, Final
+
+from statekernel.errors import ConfigError
+
+__all__ = ["PROVIDER_GROUP", "STORE_GROUP", "load_registered", "registered"]
+
+STORE_GROUP: Final = "statekernel.stores"
+"""The entry point group of stores: name = URL scheme, object = ``factory(url)``."""
+
+PROVIDER_GROUP: Final = "statekernel.providers"
+"""The entry point group of providers: name = provider prefix, object = ``factory()``."""
+
+
+def registered(group: str) -> dict[str, EntryPoint]:
+    """The entry points of ``group`` by name (lowercased), of every installed distribution."""
+    return {ep.name.lower(): ep for ep in entry_points(group=group)}
+
+
+def load_registered(group: str, name: str) -> Any | None:
+    """The object the entry point ``name`` of ``group`` names, or None when none is
+    registered. One that cannot be loaded is a ``ConfigError`` naming its distribution."""
+    ep = registered(group).get(name.lower())
+    if ep is None:
+        return None
+    dist = ep.dist.name if ep.dist is not None else "an unknown distribution"
+    try:
+        return ep.load()
+    except Exception as exc:  # an entry point runs someone else's import
+        raise ConfigError(
+            f"{group} entry point {name!r} of {dist} ({ep.value}) failed to load: {exc}"
+        ) from exc

@@ -1,0 +1,65 @@
+"""Providers of other distributions: a provider registered in the entry point group
+``statekernel.providers`` serves the model strings that start with its name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import statekernel
+from statekernel.errors import ConfigError
+from statekernel.providers import ProviderRegistry, builtin_provider
+
+from ..distributions import install
+
+PROVIDER = '''
+from statekernel.providers import ScriptedProvider
+
+
+def corp() -> ScriptedProvider:
+    """The provider of another distribution: made with no arguments."""
+    return ScriptedProvider(["Hello from corp."])
+'''
+
+
+@pytest.fixture
+def corp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install(
+        tmp_path / "site",
+        monkeypatch,
+        "statekernel-corp",
+        {"statekernel.providers": {"corp": "sk_corp:corp", "openai": "sk_corp:corp"}},
+        {"sk_corp": PROVIDER},
+    )
+
+
+@pytest.mark.usefixtures("corp")
+async def test_a_registered_provider_serves_its_models() -> None:
+    async with statekernel.Kernel("memory://") as kernel:
+        run = await kernel.start(model="corp/large", messages=["Hi"])
+        async for _ in kernel.run(run.run_id):
+            pass
+        assert (await kernel.get(run.run_id)).output == "Hello from corp."
+
+
+@pytest.mark.usefixtures("corp")
+def test_a_registered_provider_never_replaces_a_built_in_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    from statekernel.providers import OpenAIProvider, ScriptedProvider
+
+    assert isinstance(builtin_provider("corp"), ScriptedProvider)
+    assert isinstance(builtin_provider("openai"), OpenAIProvider)
+
+
+@pytest.mark.usefixtures("corp")
+def test_an_unknown_provider_names_the_installed_ones() -> None:
+    with pytest.raises(ConfigError, match=r"installed: corp, openai;.*statekernel.providers"):
+        ProviderRegistry().check("nope/model")
+
+
+def test_without_the_distribution_the_provider_is_unknown() -> None:
+    with pytest.raises(ConfigError, match="unknown model provider 'corp'"):
+        ProviderRegistry().check("corp/large")

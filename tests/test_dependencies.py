@@ -1,0 +1,97 @@
+"""The declared dependencies say the truth: every package the library imports is
+declared (in ``dependencies``, or in the extra that names the feature), and every declared
+dependency is used."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+import sys
+import tomllib
+from collections.abc import Mapping
+from importlib.metadata import packages_distributions
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("statekernel", "stores", "providers")
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+FOR_THE_PROJECT = {"test", "dev", "docs", "bench"}
+"""Extras for working on the project itself, not features of the library."""
+USED_WITHOUT_AN_IMPORT = {
+    "jsonschema-specifications": "imported as jsonschema_specifications (checked below)",
+    "pygraphviz": "imported by name with importlib (statekernel/_lifecycle/diagram.py)",
+}
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_name(requirement: str) -> str:
+    return canonical(re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0])
+
+
+def declared() -> dict[str, set[str]]:
+    """Distribution -> where it is declared (``core`` or the extras)."""
+    where: dict[str, set[str]] = {}
+    for requirement in PROJECT["dependencies"]:
+        where.setdefault(requirement_name(requirement), set()).add("core")
+    for extra, requirements in PROJECT["optional-dependencies"].items():
+        for requirement in requirements:
+            if not requirement.startswith("statekernel["):
+                where.setdefault(requirement_name(requirement), set()).add(extra)
+    return where
+
+
+def imports() -> dict[str, set[str]]:
+    """Top-level module -> the library's files that import it (third-party modules only)."""
+    found: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top not in sys.stdlib_module_names and top != "statekernel":
+                        found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+@functools.cache
+def installed() -> Mapping[str, list[str]]:
+    return packages_distributions()
+
+
+def distributions(module: str) -> set[str]:
+    return {canonical(dist) for dist in installed().get(module, [module])}
+
+
+def test_every_imported_package_is_declared_for_the_library() -> None:
+    where = declared()
+    undeclared = {}
+    for module, files in imports().items():
+        homes = {
+            extra
+            for dist in distributions(module)
+            for extra in where.get(dist, set())
+            if extra not in FOR_THE_PROJECT
+        }
+        if not homes:
+            undeclared[module] = sorted(files)
+    assert not undeclared, f"imported but declared in no extra of the library: {undeclared}"
+
+
+def test_every_declared_dependency_is_imported() -> None:
+    imported = {dist for module in imports() for dist in distributions(module)}
+    library = {
+        dist
+        for dist, extras in declared().items()
+        if extras - FOR_THE_PROJECT and dist not in USED_WITHOUT_AN_IMPORT
+    }
+    assert library - imported == set(), "declared for the library but never imported"
