@@ -12,6 +12,11 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from statekernel import errors
+from statekernel._kernel.adapters import (
+    tool_from_langchain,
+    tool_from_pydantic_ai,
+    tools_from_mcp_server,
+)
 from statekernel._kernel.asking import NeedsInput, ask_user
 from statekernel._kernel.delegate import child_run_id, delegate
 from statekernel._kernel.dispatch import DispatchPolicy
@@ -107,6 +112,9 @@ __all__ = [
     "errors",
     "to_plain",
     "tool",
+    "tool_from_langchain",
+    "tool_from_pydantic_ai",
+    "tools_from_mcp_server",
 ]
 
 _MOVED = {

@@ -18,6 +18,7 @@ from statekernel._kernel.schema import (
     parse_docstring,
     schema_for,
     schema_problem,
+    schema_violation,
     strict_converter,
 )
 from statekernel._records.convert import converter as record_converter
@@ -26,7 +27,7 @@ from statekernel._records.values import as_stored
 from statekernel._storage.shielding import wait_ended
 from statekernel.errors import ConfigError, ToolError
 
-__all__ = ["Tool", "ToolContext", "ToolReturn", "tool"]
+__all__ = ["SchemaTool", "Tool", "ToolContext", "ToolReturn", "tool"]
 
 _ARGS = strict_converter()
 
@@ -181,6 +182,22 @@ class Tool:
         return ToolError(
             f"outcome unknown: {self.name} timed out after {self.timeout} s; it may have run"
         )
+
+
+@attrs.frozen
+class SchemaTool(Tool):
+    """A tool described by a JSON Schema of its own (an MCP server's, another library's):
+    arguments are checked against ``parameters`` and handed to ``fn`` as given (JSON)."""
+
+    def validate(self, arguments: JSON) -> dict[str, Any]:
+        """The arguments as given, if they satisfy the tool's schema; else ``ToolError``."""
+        if not isinstance(arguments, dict):
+            raise ToolError(f"arguments for {self.name} must be a JSON object")
+        violation = schema_violation(self.parameters, arguments)
+        if violation is not None:
+            where, why = violation
+            raise ToolError(f"invalid arguments for {self.name}{where}: {why}")
+        return dict(arguments)
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
