@@ -22,6 +22,7 @@ from statekernel._kernel.delegate import child_run_id, delegate
 from statekernel._kernel.dispatch import DispatchPolicy
 from statekernel._kernel.hooks import Continue, Decision, Finish, Hooks, Pause, Rewrite, Skip
 from statekernel._kernel.kernel import Kernel
+from statekernel._kernel.retention import PruneResult
 from statekernel._kernel.tools import Tool, ToolContext, ToolReturn, tool
 from statekernel._lifecycle.chart import RunLifecycle
 from statekernel._records.convert import to_plain
@@ -83,6 +84,7 @@ __all__ = [
     "Pause",
     "PauseInfo",
     "ProviderError",
+    "PruneResult",
     "ReasoningPart",
     "Rewrite",
     "Run",

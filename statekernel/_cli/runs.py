@@ -1,5 +1,5 @@
 """``statekernel runs ...``: list, inspect, follow, resume, send, resolve, fork, delete,
-diagram."""
+prune, diagram."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from statekernel._cli.common import (
     run_async,
 )
 from statekernel._cli.drive import resume_run, send_run, summary_line
+from statekernel._cli.prune import prune
 from statekernel._cli.view import (
     EventPrinter,
     run_details,
@@ -453,3 +454,6 @@ def diagram(run_id: str, output: str | None, store: str | None, as_json: bool) -
         out.json({"run_id": run_id, "path": target, "format": fmt})
     else:
         out.console.print(f"wrote {target}")
+
+
+runs.add_command(prune)
