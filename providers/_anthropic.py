@@ -77,6 +77,7 @@ class AnthropicProvider(HTTPProvider):
     """
 
     name = "anthropic"
+    url_variable: str | None = "ANTHROPIC_BASE_URL"
 
     def __init__(
         self,

@@ -84,6 +84,9 @@ class HTTPProvider:
     """
 
     name = "http"
+    url_variable: str | None = None
+    """The environment variable that sets ``base_url`` (named when the server cannot be
+    reached)."""
 
     def __init__(
         self,
@@ -202,6 +205,8 @@ class HTTPProvider:
                 return
             except httpx.HTTPError as exc:
                 error = error_from_exception(self.name, exc)
+                if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+                    error = self._unreachable(exc, error)
                 error.__cause__ = exc
             except ProviderError as exc:
                 error = exc
@@ -231,6 +236,15 @@ class HTTPProvider:
         raise error_for_status(
             self.name, response, body, clock=self._clock, secrets=self._secrets()
         )
+
+    def _unreachable(self, exc: httpx.HTTPError, error: ProviderError) -> ProviderError:
+        """``error`` naming the server that could not be reached and what sets its URL."""
+        source = f"set by {self.url_variable} or base_url=" if self.url_variable else "base_url="
+        message = redact(
+            f"{self.name}: cannot reach {redact_url(self.base_url)} ({source}): "
+            f"{type(exc).__name__}: {exc}"
+        )
+        return type(error)(message, provider=self.name)
 
     def _interrupted(self, error: ProviderError) -> ProviderError:
         if not isinstance(error, RateLimited | ProviderUnavailable):

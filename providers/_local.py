@@ -128,8 +128,14 @@ class LocalProvider:
                     client=self._client,
                     **self._provider_kwargs,
                 )
+                provider.url_variable = None  # this process's own server
                 self._served[name] = _Served(server, provider)
             return self._served[name]
+
+    def check_model(self, name: str) -> None:
+        """``ConfigError`` if ``name`` names no model this provider can load (checked
+        before a run exists, without loading anything)."""
+        self._resolve(name)
 
     def _resolve(self, name: str) -> tuple[Path, str | None]:
         if name in self.models:

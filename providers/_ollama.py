@@ -73,6 +73,7 @@ class OllamaProvider(HTTPProvider):
     """
 
     name = "ollama"
+    url_variable: str | None = "OLLAMA_HOST"
 
     def __init__(self, *, host: str | None = None, **kwargs: Any) -> None:
         super().__init__(base_url=ollama_host(host or os.environ.get("OLLAMA_HOST")), **kwargs)

@@ -102,6 +102,7 @@ class OpenAIProvider(HTTPProvider):
     """
 
     name = "openai"
+    url_variable: str | None = "OPENAI_BASE_URL"
 
     def __init__(
         self,

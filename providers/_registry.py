@@ -77,7 +77,7 @@ def _vendor_provider(name: str) -> ModelProvider:
     key = provider_key(None, vendor.key_env)
     if vendor.needs_key and not key:
         raise ConfigError(f"the {vendor.name} provider needs {vendor.key_env}")
-    return OpenAIProvider(
+    provider = OpenAIProvider(
         name=vendor.name,
         api_key=key or "",
         base_url=os.environ.get(vendor.url_env) or vendor.base_url,
@@ -85,6 +85,8 @@ def _vendor_provider(name: str) -> ModelProvider:
         think_tags=vendor.think_tags,
         short_call_ids=vendor.short_call_ids,
     )
+    provider.url_variable = vendor.url_env
+    return provider
 
 
 class ProviderRegistry:

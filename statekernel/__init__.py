@@ -13,11 +13,17 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from statekernel import errors
+from statekernel._kernel.adapters import (
+    tool_from_langchain,
+    tool_from_pydantic_ai,
+    tools_from_mcp_server,
+)
 from statekernel._kernel.asking import NeedsInput, ask_user
 from statekernel._kernel.delegate import child_run_id, delegate
 from statekernel._kernel.dispatch import DispatchPolicy
 from statekernel._kernel.hooks import Continue, Decision, Finish, Hooks, Pause, Rewrite, Skip
 from statekernel._kernel.kernel import Kernel
+from statekernel._kernel.retention import PruneResult
 from statekernel._kernel.tools import Tool, ToolContext, ToolReturn, tool
 from statekernel._lifecycle.chart import RunLifecycle
 from statekernel._records.convert import to_plain
@@ -79,6 +85,7 @@ __all__ = [
     "Pause",
     "PauseInfo",
     "ProviderError",
+    "PruneResult",
     "ReasoningPart",
     "Rewrite",
     "Run",
@@ -108,6 +115,9 @@ __all__ = [
     "errors",
     "to_plain",
     "tool",
+    "tool_from_langchain",
+    "tool_from_pydantic_ai",
+    "tools_from_mcp_server",
 ]
 
 __version__: str = importlib.metadata.version("statekernel")

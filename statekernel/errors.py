@@ -43,6 +43,12 @@ class ConflictError(StatekernelError):
         self.expected = expected
         self.actual = actual
         found = "no run" if actual is None else f"revision {actual}"
+        if expected == -1 and actual is not None:  # a new run whose id is taken
+            super().__init__(
+                f"run {run_id!r} already exists (at revision {actual}): "
+                "choose another run id, or resume or send to that run"
+            )
+            return
         super().__init__(f"run {run_id!r}: commit expected revision {expected}, store has {found}")
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "open_cli_kernel",
     "open_cli_store",
     "run_async",
+    "show_error",
     "store_url",
 ]
 
@@ -47,16 +48,34 @@ def one_line(message: str) -> str:
 
 
 class UserError(click.ClickException):
-    """A mistake the user can fix: printed as one line on stderr, exit status 2."""
+    """A mistake the user can fix: printed as one line on stderr (then ``hint``, the
+    commands that help, on lines of their own), exit status 2."""
 
     exit_code = EXIT_USER_ERROR
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, hint: str = "") -> None:
         super().__init__(one_line(message))
+        self.hint = redact(hint)
 
     def show(self, file: IO[Any] | None = None) -> None:
-        """Print ``error: <message>`` on stderr."""
+        """Print ``error: <message>`` (and the hint) on stderr."""
         click.echo(f"error: {visible(self.message)}", file=file or sys.stderr)
+        if self.hint:
+            click.echo(self.hint, file=file or sys.stderr)
+
+
+def show_error(exc: click.ClickException, *, as_json: bool) -> None:
+    """Print a command's error on stderr: as ``exc.show()`` does, or with ``--json`` as
+    one JSON object ``{"error": message, "exit_code": n}`` (and ``"hint"``)."""
+    if not as_json:
+        exc.show()
+        return
+    shown: dict[str, Any] = {"error": exc.format_message(), "exit_code": exc.exit_code}
+    hint = getattr(exc, "hint", "")
+    if hint:
+        shown["hint"] = hint
+    sys.stderr.write(json.dumps(shown, ensure_ascii=False) + "\n")
+    sys.stderr.flush()
 
 
 def run_async(coro: Awaitable[T]) -> T:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import shlex
 import signal
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -15,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
 
-from statekernel._cli.common import Output, UserError
+from statekernel._cli.common import Output, UserError, command_hint
 from statekernel._cli.demo import demo_kernel, is_demo_run
 from statekernel._cli.view import EventPrinter, short
 from statekernel._cli.visible import visible
@@ -26,7 +27,7 @@ from statekernel._records.run import UNCERTAIN, Run
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import ConflictError
 
-__all__ = ["CrashPoint", "ModelWait", "drive", "kernel_for_run", "resume_run"]
+__all__ = ["CrashPoint", "ModelWait", "checked_model", "drive", "kernel_for_run", "resume_run"]
 
 
 @attrs.frozen
@@ -120,43 +121,81 @@ def _tools_of(run: Run) -> list[str]:
     return sorted({spec.name for turn in turns for spec in turn.request.tools})
 
 
-def kernel_for_run(
+async def kernel_for_run(
     run: Run, store: CheckpointStore, agent: Mapping[str, Any] | None = None
 ) -> Kernel:
     """A kernel able to drive ``run`` from here: the demo's for demo runs, else one with
     the ``agent``'s keyword arguments (tools, hooks, providers) or the built-in
-    providers and no tools; a run whose tools the kernel lacks is refused."""
+    providers and no tools; a run whose tools the kernel lacks is refused (and the
+    kernel made for it closed)."""
     if is_demo_run(run) and not agent:
         kernel = demo_kernel(store)
     else:
         kernel = Kernel(store, **(agent or {}))
+    try:
         missing = [name for name in _tools_of(run) if name not in kernel.tools]
-        if missing:
+        if missing and not (is_demo_run(run) and not agent):
             raise UserError(
                 f"run {run.run_id} uses tools ({', '.join(missing)}) defined by the application "
                 "that started it; pass --agent package.module:function to provide them"
             )
-    if run.model.startswith("local/") and importlib.util.find_spec("xllamacpp") is None:
-        raise UserError(f"run {run.run_id} runs on {run.model}: pip install 'statekernel[local]'")
-    kernel.registry.get(run.model)  # an unknown provider fails here, before the run moves
+        if run.model.startswith("local/") and importlib.util.find_spec("xllamacpp") is None:
+            raise UserError(
+                f"run {run.run_id} runs on {run.model}: pip install 'statekernel[local]'"
+            )
+        checked_model(kernel, run.model)  # an unknown provider or model fails here
+    except BaseException:
+        await kernel.aclose()
+        raise
     return kernel
 
 
-def _check_resumable(run: Run, flags: str = "") -> None:
+def checked_model(kernel: Kernel, model: str) -> None:
+    """Refuse ``model`` before a run moves: an unknown provider, a provider that lacks
+    its key, or a model its provider says it cannot serve (``check_model``)."""
+    provider = kernel.registry.get(model)
+    check = getattr(provider, "check_model", None)
+    if callable(check):
+        check(model.partition("/")[2])
+
+
+def _check_resumable(run: Run, store: str | None = None, agent: str | None = None) -> None:
     if run.state == "completed":
         raise UserError(
             f"run {run.run_id} is completed: nothing to resume (fork it, or send new input)"
         )
     pause = run.pause
     if run.state == "paused" and pause is not None and isinstance(pause.details, Uncertain):
-        open_calls = [f"{c.id} ({c.name})" for c in pause.details.unresolved]
-        if not open_calls:
+        if not pause.details.unresolved:
             return  # all answered, the resume that follows was lost in a crash: go on
         raise UserError(
-            f"run {run.run_id} is paused on tool calls that may or may not have run: "
-            f"{', '.join(open_calls)}; say what happened with: statekernel runs resolve "
-            f"{run.run_id} CALL_ID --output JSON | --error TEXT | --rerun{flags}"
+            f"run {run.run_id} is paused on tool calls that may or may not have run",
+            hint=uncertain_hint(run, store, agent),
         )
+
+
+def uncertain_hint(run: Run, store: str | None, agent: str | None) -> str:
+    """What to run for a run paused on uncertain calls: for each call, the three ways to
+    say what happened to it (each a command that works as printed), then the resume."""
+    pause = run.pause
+    calls = pause.details.unresolved if pause and isinstance(pause.details, Uncertain) else ()
+    rid = shlex.quote(run.run_id)
+    lines = ["say what happened to each call, with one of:"]
+    for c in calls:
+        lines.append(f"  call {c.id} ({c.name}), attempt {c.attempt}:")
+        base = f"statekernel runs resolve {rid} {shlex.quote(c.id)}"
+        for option, meaning in _RESOLUTIONS:
+            lines.append(f"    {command_hint(base + option, store)}   # {meaning}")
+    resume = command_hint(f"statekernel runs resume {rid}", store, agent)
+    lines.append(f"then continue the run: {resume}")
+    return "\n".join(visible(line) for line in lines)
+
+
+_RESOLUTIONS = (
+    (""" --output '{"result": "..."}'""", "it ran and returned this JSON"),
+    (" --error 'what went wrong'", "it failed with this error"),
+    (" --rerun", "it did not run (or may run again): run it again"),
+)
 
 
 async def resume_run(
@@ -167,14 +206,15 @@ async def resume_run(
     max_turns: int | None = None,
     value: tuple[Any, ...] = (),
     agent: Mapping[str, Any] | None = None,
-    flags: str = "",
+    store_flag: str | None = None,
+    agent_flag: str | None = None,
 ) -> Run:
     """Resume a paused run (handing it ``value[0]`` when a value was given), retry a
-    failed one or continue an interrupted one, to rest. ``flags`` (``--store ...``)
-    complete the commands it suggests."""
+    failed one or continue an interrupted one, to rest. The commands it suggests carry
+    ``store_flag`` and ``agent_flag`` (``--store``, ``--agent`` as given)."""
     run = await store.load(run_id)
-    _check_resumable(run, flags)
-    async with _acting_on(kernel_for_run(run, store, agent), run_id) as kernel:
+    _check_resumable(run, store_flag, agent_flag)
+    async with _acting_on(await kernel_for_run(run, store, agent), run_id) as kernel:
         if run.state == "paused":
             answer = {"value": value[0]} if value else {}
             await kernel.resume(run_id, max_turns=max_turns, **answer)
@@ -198,7 +238,7 @@ async def send_run(
 ) -> Run:
     """Add a user message to a run at rest (completed, paused or failed) and drive it."""
     run = await store.load(run_id)
-    async with _acting_on(kernel_for_run(run, store, agent), run_id) as kernel:
+    async with _acting_on(await kernel_for_run(run, store, agent), run_id) as kernel:
         note = f"sending to run {run_id} ({run.state} at revision {run.revision})"
         out.note(visible(note), markup=False)
         return await drive(kernel, run_id, out, messages=[text])
@@ -219,20 +259,17 @@ async def _acting_on(kernel: Kernel, run_id: str) -> AsyncIterator[Kernel]:
         await kernel.aclose()
 
 
-def summary_line(run: Run, flags: str = "") -> str:
+def summary_line(run: Run, store: str | None = None, agent: str | None = None) -> str:
     """One line saying where a run came to rest (its stored text ``visible``, no rich
-    markup: print it with ``markup=False``); ``flags`` (``--store ...``) complete the
-    commands it suggests."""
+    markup: print it with ``markup=False``); the commands it suggests carry ``--store``
+    and ``--agent`` as given."""
     line = f"run {visible(run.run_id)}: {visible(run.state)} at revision {run.revision}"
     if run.pause is not None:
         line += f" ({visible(run.pause.reason)})"
         if run.pause.reason == UNCERTAIN:
-            line += (
-                f"\n  say what happened: statekernel runs resolve {visible(run.run_id)} CALL_ID "
-                f"--output JSON | --error TEXT | --rerun{flags}"
-            )
+            line += "\n  " + uncertain_hint(run, store, agent).replace("\n", "\n  ")
     if run.failure is not None:
-        line += f" ({visible(run.failure.error)}: {short(run.failure.message, 100)})"
+        line += f" ({visible(run.failure.error)}: {short(run.failure.message, 200)})"
     if run.state == "completed" and run.last_message is not None and run.last_message.text:
         line += f"\n  answer: {short(run.last_message.text, 300)}"
     return line

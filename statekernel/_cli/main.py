@@ -1,7 +1,10 @@
 """The ``statekernel`` command: demo, run inspection and resume, migrate, diagrams.
 
-User errors (unknown run, bad store URL, unreachable store, a run that cannot do what
-was asked) print one line on stderr and exit with status 2.
+Exit status: 0 when the command did what was asked; 1 when a run it drove failed, an
+internal error, a check that found something (``diagram --check``) or a confirmation
+answered no; 2 for a mistake (unknown run, bad option or store URL, unreachable store,
+a run that cannot do what was asked), printed as one line on stderr (one JSON object
+with ``--json``); 130 when interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from statekernel._cli.common import (
     one_line,
     open_cli_store,
     run_async,
+    show_error,
     store_url,
 )
 from statekernel._cli.demo import (
@@ -36,7 +40,7 @@ from statekernel._cli.demo import (
     demo_messages,
 )
 from statekernel._cli.doctor import doctor
-from statekernel._cli.drive import CrashPoint, drive, summary_line
+from statekernel._cli.drive import CrashPoint, checked_model, drive, summary_line
 from statekernel._cli.runs import runs
 from statekernel._cli.ui import ui
 from statekernel._cli.visible import visible
@@ -125,7 +129,7 @@ def demo(
 
     async def go() -> Run:
         async with open_cli_store(store, existing=False) as s, demo_kernel(s) as kernel:
-            kernel.registry.get(chosen)
+            checked_model(kernel, chosen)
             run = await kernel.start(
                 model=chosen,
                 messages=demo_messages(chosen),
@@ -139,7 +143,7 @@ def demo(
             return await drive(kernel, run.run_id, out, crash=crash, crash_hint=hint)
 
     run = run_async(go())
-    out.note(summary_line(run, command_hint("", store)), markup=False)
+    out.note(summary_line(run, store), markup=False)
     if crash is not None:
         out.note(
             f"[yellow]note:[/yellow] the run came to rest before {crash.event} happened "
@@ -276,8 +280,19 @@ def _stale(directory: Path, formats: Sequence[str]) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The console script: run the command line, exit with its status."""
+    args = list(argv) if argv is not None else sys.argv[1:]
+    as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
     try:
-        cli.main(args=list(argv) if argv is not None else None, prog_name="statekernel")
+        code = cli.main(args=args, prog_name="statekernel", standalone_mode=False)
+    except click.ClickException as exc:  # a mistake: one line (JSON with --json), exit 2
+        show_error(exc, as_json=as_json)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort as exc:  # Ctrl-C, or "no" to a confirmation
+        if isinstance(exc.__context__, KeyboardInterrupt):
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        click.echo("Aborted!", err=True)
+        sys.exit(1)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
@@ -290,3 +305,4 @@ def main(argv: Sequence[str] | None = None) -> None:
             err=True,
         )
         sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,5 +1,5 @@
 """``statekernel runs ...``: list, inspect, follow, resume, send, resolve, fork, delete,
-diagram."""
+prune, diagram."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from statekernel._cli.common import (
     run_async,
 )
 from statekernel._cli.drive import resume_run, send_run, summary_line
+from statekernel._cli.prune import prune
 from statekernel._cli.view import (
     EventPrinter,
     run_details,
@@ -236,8 +237,8 @@ def events(
     "--value",
     "value",
     metavar="JSON",
-    help="What a paused run waits for (an approval, an answer): its hooks read it as "
-    "run.resume_value. Text that is not JSON is taken as a string.",
+    help="What a paused run waits for (an approval, an answer), as JSON: its hooks read "
+    "it as run.resume_value. Text is a JSON string: --value '\"yes\"'.",
 )
 @click.option(
     "--agent",
@@ -263,17 +264,23 @@ def resume(
     out = Output(as_json)
     options = load_agent(agent)
 
-    given = () if value is None else (_parse_output(value),)
+    given = () if value is None else (_json_value(value),)
 
     async def go() -> Run:
         async with open_cli_store(store) as s:
             return await resume_run(
-                s, run_id, out, max_turns=max_turns, value=given, agent=options, flags=flags
+                s,
+                run_id,
+                out,
+                max_turns=max_turns,
+                value=given,
+                agent=options,
+                store_flag=store,
+                agent_flag=agent,
             )
 
-    flags = command_hint("", store, agent)
     run = run_async(go())
-    out.note(summary_line(run, flags), markup=False)
+    out.note(summary_line(run, store, agent), markup=False)
     _exit_for(run)
 
 
@@ -296,8 +303,19 @@ def send(run_id: str, text: str, agent: str | None, store: str | None, as_json: 
             return await send_run(s, run_id, text, out, agent=options)
 
     run = run_async(go())
-    out.note(summary_line(run, command_hint("", store, agent)), markup=False)
+    out.note(summary_line(run, store, agent), markup=False)
     _exit_for(run)
+
+
+def _json_value(text: str) -> Any:
+    """``--value`` as JSON; text that is not JSON is refused rather than guessed at."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        quoted = json.dumps(text, ensure_ascii=False)
+        raise UserError(
+            f"--value {text!r} is not JSON: give text as a JSON string, --value {quoted!r}"
+        ) from None
 
 
 def _parse_output(text: str) -> Any:
@@ -453,3 +471,6 @@ def diagram(run_id: str, output: str | None, store: str | None, as_json: bool) -
         out.json({"run_id": run_id, "path": target, "format": fmt})
     else:
         out.console.print(f"wrote {target}")
+
+
+runs.add_command(prune)

@@ -139,8 +139,15 @@ def runs_table(rows: Iterable[RunSummary]) -> Table:
     paused = any(s.pause is not None for s in rows)
     table = Table(show_edge=False, header_style="bold")
     names = ["run id", "state", "turns", "rev", "model", "updated"]
+    widest = max((len(visible(s.run_id)) for s in rows), default=0)
     for name in [*names, "waiting for"] if paused else names:
-        table.add_column(name, justify="right" if name in ("turns", "rev") else "left")
+        whole = name in ("run id", "updated")  # never cut or wrapped: ids are copied
+        table.add_column(
+            name,
+            justify="right" if name in ("turns", "rev") else "left",
+            no_wrap=whole,
+            min_width=widest if name == "run id" else (20 if name == "updated" else None),
+        )
     for s in rows:
         updated = stamp(s.updated_at)
         cells: list[str | Text] = [

@@ -32,6 +32,7 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -50,6 +51,7 @@ from statekernel._kernel.options import (
     check_start,
     messages_arg,
 )
+from statekernel._kernel.retention import DEFAULT_STATES, PruneResult, prune_runs
 from statekernel._kernel.tenure import Tenure
 from statekernel._kernel.tools import Tool, tools_by_name
 from statekernel._lifecycle.diagram import FORMATS, render
@@ -65,7 +67,7 @@ from statekernel._records.pauses import (
     ResolvedOutput,
     Uncertain,
 )
-from statekernel._records.run import PauseInfo, Run, utcnow
+from statekernel._records.run import PauseInfo, Run, StateId, utcnow
 from statekernel._records.values import check_messages, checked
 from statekernel._secrets import logger
 from statekernel._storage.closing import Closing
@@ -387,6 +389,37 @@ class Kernel(Closing):
         """
         run_id_arg(run_id)
         flag("children", children)
+        return await self._delete(run_id, children, self.busy_timeout)
+
+    async def prune(
+        self,
+        *,
+        older_than: timedelta | datetime,
+        states: Iterable[StateId] = DEFAULT_STATES,
+        dry_run: bool = False,
+        batch: int = 100,
+    ) -> PruneResult:
+        """Delete old runs with all their parts: each run in one of ``states`` (default
+        completed and failed) last updated before ``older_than`` (a ``timedelta`` back
+        from now, or an aware ``datetime``), with its child runs at any depth, as
+        ``delete(run_id, children=True)`` does. A child run goes with its parent, never
+        alone (unless its parent is gone). A run that someone holds, or one of whose child
+        runs someone holds, is skipped at once (``held``), never waited for or cut off.
+        The listing is read ``batch`` runs at a time, each page deleted before the next
+        is read. ``dry_run=True`` deletes nothing and says what would go (held runs
+        included: it takes no lease).
+        """
+        return await prune_runs(
+            self.store,
+            lambda rid: self._delete(rid, True, 0.0),
+            older_than=older_than,
+            states=states,
+            dry_run=dry_run,
+            batch=batch,
+        )
+
+    async def _delete(self, run_id: str, children: bool, wait: float) -> list[str]:
+        """``delete``, waiting ``wait`` seconds for a run someone holds."""
         held: dict[str, Tenure] = {}
         try:
             while True:  # every run of the tree under its lease, parents before children
@@ -399,7 +432,7 @@ class Kernel(Closing):
                     break
                 for rid in missing:
                     with contextlib.suppress(RunNotFound):  # deleted meanwhile
-                        tenure = await self._acquire(rid, share=False)
+                        tenure = await self._acquire(rid, share=False, wait=wait)
                         assert tenure is not None
                         held[rid] = tenure
                 if run_id not in held:
@@ -541,9 +574,13 @@ class Kernel(Closing):
         self._keep_renewing()
         return driver, True
 
-    async def _acquire(self, run_id: str, *, share: bool) -> Tenure | None:
+    async def _acquire(
+        self, run_id: str, *, share: bool, wait: float | None = None
+    ) -> Tenure | None:
         """The run's lease for this kernel (None: a driver of this kernel holds it and
-        ``share`` allows using that driver), after waiting for another owner if need be."""
+        ``share`` allows using that driver), after waiting for another owner if need be
+        (up to ``wait`` seconds, default ``busy_timeout``)."""
+        limit = self.busy_timeout if wait is None else wait
         loop = asyncio.get_running_loop()
         started = loop.time()
         delay = 0.01
@@ -556,7 +593,7 @@ class Kernel(Closing):
                 return await self._acquire_once(run_id)
             except RunBusy as busy:
                 waited = loop.time() - started
-                if waited + delay > self.busy_timeout:
+                if waited + delay > limit:
                     raise RunBusy(run_id, busy.owner, waited) from None
                 if not told:  # said once, so a wait is never silent
                     told = True
@@ -564,7 +601,7 @@ class Kernel(Closing):
                         "run %s is held by %s; waiting up to %.0f s for it",
                         run_id,
                         busy.owner,
-                        self.busy_timeout,
+                        limit,
                         extra={"run_id": run_id},
                     )
             await asyncio.sleep(delay)

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from statekernel._kernel.schema import schema_problem, schema_violation
-from statekernel._kernel.tools import Tool
+from statekernel._kernel.schema import schema_problem
+from statekernel._kernel.tools import SchemaTool, Tool
 from statekernel._records.messages import JSON
 from statekernel._secrets import (
     redact,
@@ -182,18 +182,8 @@ class MCPConnection(Closing):
 
 
 @attrs.frozen
-class MCPTool(Tool):
+class MCPTool(SchemaTool):
     """A tool of an MCP server: arguments are checked against the server's JSON Schema."""
-
-    def validate(self, arguments: JSON) -> dict[str, Any]:
-        """The arguments as given, if they satisfy the tool's schema; else ``ToolError``."""
-        if not isinstance(arguments, dict):
-            raise ToolError(f"arguments for {self.name} must be a JSON object")
-        violation = schema_violation(self.parameters, arguments)
-        if violation is not None:
-            where, why = violation
-            raise ToolError(f"invalid arguments for {self.name}{where}: {why}")
-        return dict(arguments)
 
 
 def _output(name: str, result: CallToolResult) -> JSON:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import enum
 import inspect
-import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -20,6 +19,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import attrs
 import cattrs
+import docstring_parser
 import jsonschema
 import referencing
 import referencing.exceptions
@@ -54,6 +54,10 @@ def schema_for(tp: Any) -> dict[str, Any]:
     if origin in (Union, types.UnionType):
         options = [schema_for(a) for a in args]
         return {"anyOf": options}
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        items = [schema_for(a) for a in args]
+        size = len(items)
+        return {"type": "array", "prefixItems": items, "minItems": size, "maxItems": size}
     if origin in (list, Sequence, tuple, set, frozenset) or tp in (list, tuple):
         item = args[0] if args else Any
         return {"type": "array", "items": schema_for(item)}
@@ -74,35 +78,33 @@ def schema_for(tp: Any) -> dict[str, Any]:
     raise TypeError(f"no JSON schema for type {tp!r}")
 
 
-_ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters):\s*$")
-_SECTION = re.compile(r"^\s*[A-Z][A-Za-z ]*:\s*$")
-_PARAM = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
+def parse_docstring(doc: str | None) -> tuple[str, dict[str, str], str]:
+    """The description and the parameter descriptions of a docstring in Google
+    (``Args:``), NumPy (``Parameters``) or Sphinx (``:param x:``) style, and the name of
+    the section that describes parameters in its style (for messages). Lines are joined
+    with single spaces."""
+    parsed = docstring_parser.parse(doc or "", docstring_parser.DocstringStyle.AUTO)
+    texts = (parsed.short_description, parsed.long_description)
+    description = _joined(" ".join(t for t in texts if t))
+    params = {
+        p.arg_name.lstrip("*"): _joined(p.description or "")
+        for p in parsed.params
+        if p.args and p.args[0] == "param"
+    }
+    section = _SECTIONS.get(parsed.style, "Args:") if parsed.style else "Args:"
+    return description, params, section
 
 
-def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
-    """The description (text before any section) and Google-style ``Args:`` descriptions."""
-    lines = inspect.cleandoc(doc or "").splitlines()
-    description: list[str] = []
-    params: dict[str, str] = {}
-    current: str | None = None
-    in_args = False
-    for line in lines:
-        if _ARGS_HEADER.match(line):
-            in_args = True
-            continue
-        if in_args and _SECTION.match(line) and not line.startswith(" "):
-            in_args = False
-        if not in_args:
-            if not params and not _SECTION.match(line):
-                description.append(line)
-            continue
-        match = _PARAM.match(line)
-        if match and (len(line) - len(line.lstrip())) <= 4:
-            current = match.group(1).lstrip("*")
-            params[current] = match.group(3).strip()
-        elif current and line.strip():
-            params[current] = f"{params[current]} {line.strip()}".strip()
-    return " ".join(line.strip() for line in description if line.strip()), params
+_SECTIONS = {
+    docstring_parser.DocstringStyle.GOOGLE: "Args:",
+    docstring_parser.DocstringStyle.NUMPYDOC: "Parameters",
+    docstring_parser.DocstringStyle.REST: ":param",
+    docstring_parser.DocstringStyle.EPYDOC: "@param",
+}
+
+
+def _joined(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _strict(kind: type | tuple[type, ...], label: str) -> Any:
@@ -133,6 +135,8 @@ def strict_converter() -> cattrs.Converter:
         args = get_args(tp)
         item = args[0] if args else Any
         origin = get_origin(tp)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return fixed_tuple_hook(args)
 
         def hook(value: Any, _: Any) -> Any:
             if not isinstance(value, list):
@@ -141,6 +145,16 @@ def strict_converter() -> cattrs.Converter:
             if origin is tuple:
                 return tuple(items)
             return set(items) if origin in (set, frozenset) else items
+
+        return hook
+
+    def fixed_tuple_hook(items: tuple[Any, ...]) -> Any:
+        def hook(value: Any, _: Any) -> Any:
+            if not isinstance(value, list):
+                raise TypeError(f"expected array, got {type(value).__name__}")
+            if len(value) != len(items):
+                raise ValueError(f"expected an array of {len(items)} items, got {len(value)}")
+            return tuple(conv.structure(v, t) for v, t in zip(value, items, strict=True))
 
         return hook
 

@@ -13,10 +13,12 @@ from typing import Any, overload
 import attrs
 import cattrs
 
+from statekernel._kernel import typed
 from statekernel._kernel.schema import (
     parse_docstring,
     schema_for,
     schema_problem,
+    schema_violation,
     strict_converter,
 )
 from statekernel._records.convert import converter as record_converter
@@ -25,7 +27,7 @@ from statekernel._records.values import as_stored
 from statekernel._storage.shielding import wait_ended
 from statekernel.errors import ConfigError, ToolError
 
-__all__ = ["Tool", "ToolContext", "ToolReturn", "tool"]
+__all__ = ["SchemaTool", "Tool", "ToolContext", "ToolReturn", "tool"]
 
 _ARGS = strict_converter()
 
@@ -88,6 +90,9 @@ class Tool:
     concurrency_safe: bool = True
     timeout: float | None = None
     inline: bool = attrs.field(default=False, kw_only=True)
+    typed_parameters: Mapping[str, Any] = attrs.field(factory=dict, kw_only=True, repr=False)
+    """Parameters that pydantic checks: their names and ``TypeAdapter``s (the
+    ``arguments_type`` holds them as ``Any``)."""
 
     def __attrs_post_init__(self) -> None:
         if self.inline and self.timeout is not None:
@@ -111,7 +116,15 @@ class Tool:
             raise ToolError(f"invalid arguments for {self.name}: {problems}") from exc
         except (TypeError, ValueError) as exc:
             raise ToolError(f"invalid arguments for {self.name}: {exc}") from exc
-        return {f.name: getattr(structured, f.name) for f in attrs.fields(self.arguments_type)}
+        values = {f.name: getattr(structured, f.name) for f in attrs.fields(self.arguments_type)}
+        refused: list[str] = []
+        for pname, adapter in self.typed_parameters.items():
+            if pname in arguments:
+                values[pname], found = typed.check(adapter, pname, arguments[pname])
+                refused.extend(found)
+        if refused:
+            raise ToolError(f"invalid arguments for {self.name}: {'; '.join(refused)}")
+        return values
 
     async def invoke(self, arguments: JSON, ctx: ToolContext) -> JSON:
         """Validate, call (with ``timeout``) and return JSON-able output (a
@@ -171,6 +184,22 @@ class Tool:
         )
 
 
+@attrs.frozen
+class SchemaTool(Tool):
+    """A tool described by a JSON Schema of its own (an MCP server's, another library's):
+    arguments are checked against ``parameters`` and handed to ``fn`` as given (JSON)."""
+
+    def validate(self, arguments: JSON) -> dict[str, Any]:
+        """The arguments as given, if they satisfy the tool's schema; else ``ToolError``."""
+        if not isinstance(arguments, dict):
+            raise ToolError(f"arguments for {self.name} must be a JSON object")
+        violation = schema_violation(self.parameters, arguments)
+        if violation is not None:
+            where, why = violation
+            raise ToolError(f"invalid arguments for {self.name}{where}: {why}")
+        return dict(arguments)
+
+
 def _is_async(fn: Callable[..., Any]) -> bool:
     call = getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
@@ -183,7 +212,10 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
 
 
 def _jsonable(name: str, value: Any) -> JSON:
-    stored, problem = as_stored(record_converter.unstructure(value), "output")
+    plain = record_converter.unstructure(value)
+    stored, problem = as_stored(plain, "output")
+    if problem is not None:  # a pydantic model, a datetime...: as pydantic writes them
+        stored, problem = as_stored(typed.jsonable(plain), "output")
     if problem is not None:
         raise ToolError(f"{name} returned a value that is not JSON: {problem}")
     return stored
@@ -210,45 +242,52 @@ def _build(
 ) -> Tool:
     if name is None and fn.__name__ == "<lambda>":
         raise ConfigError("a tool made from a lambda needs a name: tool(name=...)(lambda ...)")
-    hints = typing.get_type_hints(fn)
-    summary, docs = parse_docstring(fn.__doc__)
+    what = f"tool {name or fn.__name__!r}"
+    hints = typing.get_type_hints(fn, include_extras=True)
+    summary, docs, section = parse_docstring(fn.__doc__)
     params = inspect.signature(fn).parameters
     unknown = [p for p in docs if p not in params]
     if unknown:
         raise ConfigError(
             f"tool {name or fn.__name__}: its docstring describes {', '.join(map(repr, unknown))} "
-            f"under Args:, which is not a parameter (parameters: {', '.join(params) or 'none'})"
+            f"under {section}, which is not a parameter (parameters: {', '.join(params) or 'none'})"
         )
     properties: dict[str, Any] = {}
     required: list[str] = []
     fields: dict[str, Any] = {}
     optional: dict[str, Any] = {}
+    adapters: dict[str, Any] = {}
     context_param = None
-    for pname, param in inspect.signature(fn).parameters.items():
+    for pname, param in params.items():
         hint = hints.get(pname, Any)
-        if ToolContext in (hint, *typing.get_args(hint)):
+        bare = typed.without_extras(hint)
+        if ToolContext in (bare, *typing.get_args(bare)):
             context_param = pname
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ConfigError(f"tool {fn.__name__}: *args/**kwargs cannot be described to a model")
-        try:
-            schema = schema_for(hint)
-        except TypeError as exc:
-            raise ConfigError(f"tool {fn.__name__}, parameter {pname!r}: {exc}") from exc
-        if pname in docs:
-            schema = {**schema, "description": docs[pname]}
+        schema, field_type, adapter = _parameter(f"{what}, parameter {pname!r}", hint)
+        if adapter is not None:
+            adapters[pname] = adapter
         properties[pname] = schema
         if param.default is param.empty:
             required.append(pname)
-            fields[pname] = attrs.field(type=hint)
+            fields[pname] = attrs.field(type=field_type)
         else:
-            optional[pname] = attrs.field(type=hint, default=param.default)
+            optional[pname] = attrs.field(type=field_type, default=param.default)
+    typed_schemas, defs = typed.schemas(adapters)
+    properties.update((p, {**properties[p], **s}) for p, s in typed_schemas.items())
+    for pname, doc in docs.items():
+        if pname in properties and "description" not in properties[pname]:
+            properties[pname] = {**properties[pname], "description": doc}
     arguments_type = attrs.make_class(
         f"{fn.__name__}_arguments", {**fields, **optional}, frozen=True
     )
     parameters: dict[str, Any] = {"type": "object", "properties": properties}
     parameters["required"] = required
     parameters["additionalProperties"] = False
+    if defs:
+        parameters["$defs"] = defs
     problem = schema_problem(parameters)
     if problem is not None:
         why = f"the schema of its parameters is {problem}"
@@ -264,7 +303,29 @@ def _build(
         concurrency_safe=concurrency_safe,
         timeout=timeout,
         inline=_inline(fn, name, inline, timeout),
+        typed_parameters=adapters,
     )
+
+
+def _parameter(what: str, hint: Any) -> tuple[dict[str, Any], Any, Any]:
+    """The JSON schema of a parameter (empty when pydantic gives it), the type its
+    arguments field has, and the ``TypeAdapter`` that checks it when pydantic does. The
+    types this module describes itself (attrs records, enums, ``Literal``...) stay here;
+    the others go to pydantic when it is installed."""
+    try:
+        return schema_for(hint), hint, None
+    except TypeError as exc:
+        problem = str(exc)
+    adapter, why = typed.adapter_for(hint)
+    if adapter is not None:
+        return {}, Any, adapter
+    bare = typed.without_extras(hint)
+    if bare is not hint:  # Annotated[T, ...] without pydantic: T as it is
+        try:
+            return schema_for(bare), bare, None
+        except TypeError as exc:
+            problem = str(exc)
+    raise ConfigError(f"{what}: {problem}; {why}")
 
 
 def _inline(fn: Callable[..., Any], name: str | None, inline: object, timeout: object) -> bool:
@@ -311,7 +372,14 @@ def tool(
     """Turn a (sync or async) function into a ``Tool``.
 
     The JSON schema comes from the type hints, the description and parameter
-    descriptions from the docstring (Google style ``Args:``). ``idempotent`` tools
+    descriptions from the docstring (Google ``Args:``, NumPy ``Parameters`` or Sphinx
+    ``:param x:`` style; a ``Field(description=...)`` in ``Annotated`` comes first).
+    Parameters may be JSON types, enums, ``Literal``, tuples and attrs records, and with
+    pydantic installed (the ``pydantic`` extra) pydantic models, ``TypedDict``s,
+    dataclasses, ``datetime``, ``UUID`` and whatever pydantic's ``TypeAdapter`` accepts:
+    the model's JSON arguments are checked strictly and the function receives the
+    declared types (a model instance, a ``datetime``), while the run stores the JSON.
+    ``idempotent`` tools
     are re-run on resume; ``concurrency_safe=False`` tools run alone; ``timeout``
     (seconds) turns a slow call into an error result. A sync function runs in a
     thread, so it never holds up the event loop (and the lease renewals on it);

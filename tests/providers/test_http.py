@@ -294,3 +294,25 @@ def test_retry_policy_backoff_is_bounded() -> None:
 async def drain(stream: AsyncIterator[StreamPart], parts: list[StreamPart]) -> None:
     async for part in stream:
         parts.append(part)
+
+
+async def test_an_unreachable_server_is_named_with_the_variable_that_sets_it(
+    sleeps: Sleeps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("GROQ_API_KEY", "k")
+    monkeypatch.setenv("GROQ_BASE_URL", f"http://127.0.0.1:{port}/v1")
+    from statekernel.providers import ProviderRegistry
+
+    registry = ProviderRegistry()
+    provider = registry.get("groq/llama")
+    provider.retry = RetryPolicy(max_attempts=1)  # type: ignore[attr-defined]
+    try:
+        with pytest.raises(ProviderUnavailable) as info:
+            await complete(provider, REQUEST)
+        said = f"groq: cannot reach http://127.0.0.1:{port}/v1 (set by GROQ_BASE_URL or base_url=)"
+        assert str(info.value).startswith(said)
+    finally:
+        await registry.aclose()

@@ -44,8 +44,9 @@ def assert_user_error(done: subprocess.CompletedProcess[str], *needles: str) -> 
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert "Traceback" not in done.stderr + done.stdout
     err = done.stderr.strip()
-    assert len(err.splitlines()) == 1, err
-    assert err.startswith("error: ")
+    first, *hint = err.splitlines()
+    assert first.startswith("error: "), err
+    assert hint == [] or hint[-1].startswith("then continue the run: "), err  # a run's hint
     for needle in needles:
         assert needle in err
 
