@@ -6,8 +6,9 @@ a thread of its own, with the kernel and its store connections on it), made when
 process starts (``worker_process_init``: after the fork, so no child shares its
 parent's loop or connections) and closed when it ends. A task delivered twice
 (``acks_late`` redelivers the task of a worker that died) is safe: the run's lease
-lets one kernel drive it at a time (another answers ``RunBusy``), and a run already at
-rest has nothing left to do, so a side effect never runs twice because of the queue.
+lets one kernel drive it at a time (another answers ``RunBusy``, and the task is retried
+later), and a run already at rest has nothing left to do, so a side effect never runs
+twice because of the queue.
 
 Run a worker with ``celery -A celery_tasks worker`` from this folder (``REDIS_URL``
 for the broker and results, ``STATEKERNEL_STORE`` for the runs, ``TRANSFERS`` for the
@@ -54,10 +55,11 @@ def _close(**_: Any) -> None:
         _kernel = None
 
 
-@app.task(name="celery_tasks.drive_run")
-def drive_run(run_id: str) -> str:
-    """Drive ``run_id`` to rest; its state then, or ``busy`` if another worker drives it."""
+@app.task(name="celery_tasks.drive_run", bind=True, max_retries=None)
+def drive_run(self: Any, run_id: str) -> str:
+    """Drive ``run_id`` to rest; its state then. While another worker holds the run (or a
+    dead worker's lease has not expired yet) the task is retried later, not dropped."""
     try:
         return kernel().drive(run_id).state
-    except RunBusy:
-        return "busy"
+    except RunBusy as exc:
+        raise self.retry(exc=exc, countdown=1) from exc

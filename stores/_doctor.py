@@ -95,10 +95,13 @@ async def _guarded(
 
 
 def _touch(run: Run) -> None:
-    """Decode what a loaded run decodes only when read: its completed turns (the
-    transcript, and the requests of the turns, are decoded with the run)."""
-    for _ in run.turns:
+    """Decode what a loaded run decodes only when read: its transcript, its completed
+    turns and the messages of their requests."""
+    for _ in run.messages:
         pass
+    for turn in (*run.turns, *((run.current_turn,) if run.current_turn else ())):
+        for _ in turn.request.messages:
+            pass
 
 
 async def _records(probe: Probe, run_id: str) -> tuple[Run | None, Finding]:
@@ -138,7 +141,10 @@ async def _commit_log(probe: Probe, run_id: str, head: Run | None) -> Finding:
     found, problem = await _guarded(probe, "commit log", run_id, revisions)
     if problem is not None:
         return problem
-    problems = log_problems(found, head)
+    try:
+        problems = log_problems(found, head)  # compares revisions: decodes what they hold
+    except CorruptCheckpoint as exc:
+        return Finding("commit log", run_id, DAMAGED, str(exc))
     if problems:
         return Finding("commit log", run_id, DAMAGED, "; ".join(problems[:3]))
     last = found[-1][0]

@@ -21,6 +21,7 @@ FOR_THE_PROJECT = {"test", "dev", "docs", "bench"}
 USED_WITHOUT_AN_IMPORT = {
     "jsonschema-specifications": "imported as jsonschema_specifications (checked below)",
     "pygraphviz": "imported by name with importlib (statekernel/_lifecycle/diagram.py)",
+    "python-multipart": "Starlette's form parser (request.form() in statekernel/web/actions.py)",
 }
 
 

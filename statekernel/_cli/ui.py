@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import ipaddress
+from typing import Any
 
 import click
 
@@ -68,4 +69,10 @@ def ui(store: str | None, agent: str | None, host: str, port: int) -> None:
             + "; put it behind your own authentication"
         )
     click.echo(said, err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    served: Any = app
+    if _loopback(host):  # a page of another site resolving its name to 127.0.0.1 is refused
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+        names = ["localhost", "127.0.0.1", "[::1]", "::1", host]
+        served = TrustedHostMiddleware(app, allowed_hosts=names)
+    uvicorn.run(served, host=host, port=port, log_level="warning")

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import PlainTextResponse, Response
 
 from statekernel._lifecycle.diagram import can_render_svg
 from statekernel._records.run import STATE_IDS, Run, StateId
+from statekernel._secrets import redact
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StatekernelError
 from statekernel.web.context import WebContext
 from statekernel.web.forms import answer_fields
@@ -200,8 +201,8 @@ async def diagram_svg(request: Request) -> Response:
     try:
         data = await _web(request).reader.diagram(run_id, format="svg")
     except RunNotFound as exc:
-        return HTMLResponse(str(exc), status_code=404)
+        return PlainTextResponse(redact(str(exc)), status_code=404)  # the id is the caller's text
     except (ConfigError, CorruptCheckpoint) as exc:
-        return HTMLResponse(str(exc), status_code=503)
+        return PlainTextResponse(redact(str(exc)), status_code=503)
     headers = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'"}
     return Response(data, media_type="image/svg+xml", headers=headers)

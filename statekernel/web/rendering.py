@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,12 @@ def _shown(value: Any) -> Any:
     return redact(visible(value, layout=True))
 
 
+def _as_json(value: Any) -> str:
+    """``value`` as JSON text for a page, shown as run text is (secrets as ``***``,
+    control characters written out); the template escapes it."""
+    return _shown(json.dumps(value, ensure_ascii=False, default=str, indent=None))  # type: ignore[no-any-return]
+
+
 class Renderer:
     """Renders the view's pages (with the request's CSRF token)."""
 
@@ -40,6 +47,7 @@ class Renderer:
             finalize=_shown,
             undefined=jinja2.StrictUndefined,
         )
+        env.filters["as_json"] = _as_json
         self.templates = Jinja2Templates(env=env)
 
     def fragment(self, name: str, context: dict[str, Any]) -> str:

@@ -3,21 +3,26 @@
 A page gives the browser a cookie holding a random nonce signed with the app's secret
 (HMAC), and puts the same token in every form; a POST is taken only when the form's
 token equals the cookie's and the signature holds (another site can neither read the
-cookie nor forge a signed one). The secret is drawn anew for each app unless given.
+cookie nor forge a signed one). The secret is drawn anew for each app unless
+``STATEKERNEL_UI_SECRET`` gives it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import secrets
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-__all__ = ["COOKIE", "FIELD", "Csrf"]
+__all__ = ["COOKIE", "FIELD", "SECRET_VARIABLE", "Csrf"]
 
 COOKIE = "statekernel_csrf"
+SECRET_VARIABLE = "STATEKERNEL_UI_SECRET"
+"""The environment variable whose value signs the tokens when set: several processes
+(``uvicorn --workers``, replicas) serving one view must share it."""
 FIELD = "csrf_token"
 
 
@@ -25,6 +30,9 @@ class Csrf:
     """Issues and checks the view's CSRF tokens."""
 
     def __init__(self, secret: bytes | None = None) -> None:
+        if secret is None:  # processes serving one view share it through the environment
+            shared = os.environ.get(SECRET_VARIABLE, "")
+            secret = shared.encode() if shared else None
         self._secret = secret or secrets.token_bytes(32)
 
     def _sign(self, nonce: str) -> str:
@@ -32,7 +40,9 @@ class Csrf:
 
     def _valid(self, token: str) -> bool:
         nonce, _, signature = token.partition(".")
-        return bool(nonce) and hmac.compare_digest(signature, self._sign(nonce))
+        # bytes: a cookie holding non-ASCII text is refused, not an error
+        expected = self._sign(nonce).encode()
+        return bool(nonce) and hmac.compare_digest(signature.encode(), expected)
 
     def token(self, request: Request) -> str:
         """The request's token: its cookie's when valid, else a new one (``remember``

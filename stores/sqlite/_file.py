@@ -51,8 +51,9 @@ class StoreConnection(sqlite3.Connection):
 
     path = ""
     patience_ms = 0
-    waiting_ms = 0
-    """The connection's ``busy_timeout`` now."""
+    waiting_ms = -1
+    """The connection's ``busy_timeout`` now (-1: not set yet; ``sqlite3.connect``
+    makes it 5 s, whatever the store asked for)."""
     wal = False
     """True once the database is in WAL mode: only ``BEGIN`` then waits for a lock (a
     write transaction already holds the write lock; its ``COMMIT`` takes no other)."""

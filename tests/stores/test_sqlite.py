@@ -123,3 +123,16 @@ async def test_commits_set_no_pragma_and_a_commit_after_a_lease_is_durable_again
     await store.release(lease)
     assert await store.load("quiet") == nxt
     await store.aclose()
+
+
+@pytest.mark.parametrize("ms", [0, 1, 5000, 10000])
+def test_a_connection_waits_what_the_store_asks(tmp_path: Path, ms: int) -> None:
+    """``busy_timeout=0`` means no wait, not ``sqlite3.connect``'s own 5 s."""
+    import contextlib
+
+    from statekernel.stores.sqlite._file import connect
+
+    with contextlib.closing(
+        connect(str(tmp_path / "x.db"), read_only=False, timeout_ms=ms)
+    ) as conn:
+        assert conn.execute("PRAGMA busy_timeout").fetchone() == (ms,)

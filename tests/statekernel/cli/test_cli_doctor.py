@@ -344,3 +344,28 @@ def test_user_errors_create_nothing(tmp_path: Path) -> None:
 def test_memory_store_is_not_durable(tmp_path: Path) -> None:
     findings = doctor("memory://", tmp_path, 0)
     assert [(f["check"], f["status"]) for f in findings] == [("durability", "warning")]
+
+
+def test_sqlite_lost_blob_of_a_transcript_message(tmp_path: Path) -> None:
+    """A blob only the transcript references (a long user message) is found missing by
+    the records check, and the other runs are still reported."""
+    import sqlite3
+
+    import statekernel as sk
+
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    demo(store, "run-a", tmp_path)
+
+    async def long_message() -> None:
+        async with sk.Kernel(store) as kernel:
+            await kernel.start(model="openai/gpt-4o", messages=["x" * 400], run_id="long")
+
+    asyncio.run(long_message())
+    with sqlite3.connect(tmp_path / "runs.db") as conn:
+        (rid,) = conn.execute("SELECT id FROM runs WHERE run_id = 'long'").fetchone()
+        assert conn.execute("DELETE FROM blobs WHERE rid = ?", (rid,)).rowcount >= 1
+    findings = doctor(store, tmp_path, 1)
+    records = finding(findings, "records", "long")
+    assert records["status"] == "damaged"
+    assert "is missing" in records["detail"]
+    assert finding(findings, "records", "run-a")["status"] == "ok"

@@ -62,6 +62,9 @@ def test_ui_serves_the_store_read_only_without_an_agent(tmp_path: Path) -> None:
         assert "asking" in listed
         page = httpx.get(base + "/runs/asking").text
         assert "read-only: no agent was given" in page
+        rebound = httpx.get(base + "/", headers={"host": "attacker.example"})
+        assert rebound.status_code == 400, "a name another site resolves to loopback"
+        assert httpx.get(f"http://localhost:{base.rsplit(':', 1)[1]}/").status_code == 200
     finally:
         err = stop(proc)
     assert f"on {base}/ (read-only: no --agent)" in err

@@ -199,3 +199,45 @@ def test_no_secret_is_rendered(tmp_path: Path) -> None:
         assert "hunter2" not in page
         assert "postgresql://app:***@db.internal/app" in page
         assert "hunter2" not in client.get("/runs/secret?revision=0").text
+
+
+def test_a_secret_in_pause_details_is_not_rendered(tmp_path: Path) -> None:
+    import statekernel as sk
+    from statekernel.testing import ScriptedProvider, call
+
+    url = f"sqlite:///{tmp_path}/runs.db"
+    dsn = "postgresql://app:hunter2@db.internal/app"
+
+    @sk.tool
+    def connect(dsn: str) -> str:
+        """Connect."""
+        return "ok"
+
+    class Gate(sk.Hooks):
+        def on_tool_call_started(self, run: sk.Run, call: sk.ToolCallRecord) -> sk.Pause:
+            return sk.Pause("approval", {"input": call.input})
+
+    async def paused() -> None:
+        model = ScriptedProvider([call("connect", {"dsn": dsn}), "Done."])
+        providers = {"scripted": model}
+        async with sk.Kernel(url, tools=[connect], hooks=Gate(), providers=providers) as kernel:
+            run = await kernel.start(model="scripted/m", messages=["Go."], run_id="gated")
+            async for _ in kernel.run(run.run_id):
+                pass
+
+    asyncio.run(paused())
+    agent = {"tools": [connect], "hooks": Gate()}  # with actions: the pause's form shows it
+    with TestClient(create_app(url, agent=agent)) as client:
+        page = client.get("/runs/gated").text
+        assert "hunter2" not in page
+        assert "postgresql://app:***@db.internal/app" in page
+
+
+def test_error_text_is_never_html(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/runs.db"
+    asyncio.run(make_runs(url))
+    with TestClient(create_app(url)) as client:
+        bad = "<img src=x onerror=alert(1)>"
+        answer = client.get(f"/runs/{bad}/diagram.svg")
+        assert answer.status_code == 404
+        assert not answer.headers["content-type"].startswith("text/html")
