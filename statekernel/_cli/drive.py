@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import os
 import shlex
 import signal
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -74,23 +75,103 @@ async def drive(
     """
     printer = EventPrinter(out.console)
     waiting = ModelWait(out.errors, (await kernel.get(run_id)).model)
+    calls = InFlight()
     seen = 0
     try:
-        async for event in kernel.run(run_id, *messages):
-            waiting.saw(event)
-            if out.as_json:
-                out.json(event, lines=True)
-            else:
-                printer.show(event)
-            if crash is not None and event.persisted and event.type == crash.event:
-                seen += 1
-                if seen == crash.nth:
-                    waiting.stop()
-                    _crash(event.type, run_id, event.revision, crash_hint, out)
+        with interruptible(run_id, calls, out.errors):
+            async for event in kernel.run(run_id, *messages):
+                calls.saw(event)
+                waiting.saw(event)
+                if out.as_json:
+                    out.json(event, lines=True)
+                else:
+                    printer.show(event)
+                if crash is not None and event.persisted and event.type == crash.event:
+                    seen += 1
+                    if seen == crash.nth:
+                        waiting.stop()
+                        _crash(event.type, run_id, event.revision, crash_hint, out)
     finally:
         waiting.stop()
     printer.close()
     return await kernel.get(run_id)
+
+
+class InFlight:
+    """What a drive waits for, from its events: the model call, the tool calls running."""
+
+    def __init__(self) -> None:
+        self.model = False
+        self.tools: dict[str, str] = {}
+        """Call id -> tool name of the calls started and not ended."""
+
+    def saw(self, event: Event) -> None:
+        """Follow the run's events."""
+        data = event.data if isinstance(event.data, dict) else {}
+        call_id = str(data.get("call_id", ""))
+        if event.type in ("model_started", "model_restarted"):
+            self.model = True
+        elif event.type in ("model_completed", "model_failed", "turn_completed"):
+            self.model = False
+        elif event.type == "tool_call_started" and call_id:
+            self.tools[call_id] = str(data.get("name", "?"))
+        elif event.type.startswith("tool_call_") and event.type != "tool_call_started":
+            self.tools.pop(call_id, None)
+
+    def describe(self) -> str:
+        """What the drive waits for, in words."""
+        if self.tools:
+            named = ", ".join(f"{name} ({call_id})" for call_id, name in self.tools.items())
+            return f"the tool call{'s' if len(self.tools) > 1 else ''} {named} to end"
+        if self.model:
+            return "the model call to end"
+        return "the drive to stop"
+
+
+@contextlib.contextmanager
+def interruptible(run_id: str, calls: InFlight, errors: Console) -> Iterator[None]:
+    """Ctrl-C during the block stops the drive (the current task is cancelled) and says
+    what it waits for (a sync tool cannot be cut short); a second Ctrl-C exits at once
+    (130), as a crash would: the run resumes from its last commit."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    presses = 0
+
+    def on_interrupt() -> None:
+        nonlocal presses
+        presses += 1
+        if presses > 1:
+            _exit_now(errors)
+        errors.print(
+            f"interrupted: stopping run {run_id}, waiting for {calls.describe()} "
+            f"(Ctrl-C again to exit now; the run resumes with: statekernel runs resume {run_id})",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        if task is not None:
+            task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_interrupt)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
+        yield
+        return
+    try:
+        yield
+    except asyncio.CancelledError:
+        if presses:
+            raise KeyboardInterrupt from None  # the command line's exit 130
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        if presses:  # what is left (a sync tool's thread, joined at exit) ends at the next
+            signal.signal(signal.SIGINT, lambda *_: _exit_now(errors))
+
+
+def _exit_now(errors: Console) -> None:
+    errors.print("interrupted again: exiting now", markup=False, soft_wrap=True)
+    os._exit(130)
 
 
 class ModelWait:
