@@ -24,7 +24,9 @@ class Timing(TypedDict):
     grace: float
 
 
-FAST: Timing = {"lease_ttl": 0.6, "block": 0.05, "grace": 5.0}
+FAST: Timing = {"lease_ttl": 2.0, "block": 0.05, "grace": 5.0}
+"""Short enough that a test waits little for a lease to lapse, long enough that a loaded
+machine (a cluster queue is slower) does not let a live worker's lease lapse."""
 SUBMITTER = {"scripted": ScriptedProvider([])}
 """What a process that only starts runs for the workers needs: the provider's name."""
 
