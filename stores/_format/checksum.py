@@ -36,36 +36,34 @@ def unseal(data: bytes, what: str) -> bytes:
     return data[:-_SIZE]
 
 
-def unseal_each(records: Iterable[bytes], what: str, first: int = 0) -> list[bytes]:
-    """``unseal`` of numbered records (``what`` names their kind: "message 3 of ...").
+def _intact(data: object) -> bytes | None:
+    """The body of a sealed record whose checksum holds, else None (``unseal`` then
+    says what is wrong): the short path of a load, which checks thousands of them."""
+    if type(data) is bytes and len(data) >= _SIZE:
+        body = data[:-_SIZE]
+        if zlib.crc32(body).to_bytes(_SIZE, "big") == data[-_SIZE:]:
+            return body
+    return None
 
-    Intact records take the short path (a load checks thousands of them); the first
-    that is not goes through ``unseal``, which names it."""
-    crc = zlib.crc32
+
+def unseal_each(records: Iterable[bytes], what: str, first: int = 0) -> list[bytes]:
+    """``unseal`` of numbered records (``what`` names their kind: "message 3 of ...")."""
     out: list[bytes] = []
-    append = out.append
     for i, data in enumerate(records):
-        if type(data) is bytes and len(data) >= _SIZE:
-            body = data[:-_SIZE]
-            if crc(body).to_bytes(_SIZE, "big") == data[-_SIZE:]:
-                append(body)
-                continue
-        kind, _, owner = what.partition(" of ")
-        append(unseal(data, f"{kind} {first + i} of {owner}"))
+        body = _intact(data)
+        if body is None:
+            kind, _, owner = what.partition(" of ")
+            body = unseal(data, f"{kind} {first + i} of {owner}")
+        out.append(body)
     return out
 
 
 def unseal_blobs(blobs: Mapping[str, bytes], what: str) -> dict[str, bytes]:
     """``unseal`` of a run's blobs by key (``what`` names the run)."""
-    crc = zlib.crc32
     out: dict[str, bytes] = {}
     for key, data in blobs.items():
-        if type(data) is bytes and len(data) >= _SIZE:
-            body = data[:-_SIZE]
-            if crc(body).to_bytes(_SIZE, "big") == data[-_SIZE:]:
-                out[key] = body
-                continue
-        out[key] = unseal(data, f"blob {key} of {what}")
+        body = _intact(data)
+        out[key] = body if body is not None else unseal(data, f"blob {key} of {what}")
     return out
 
 

@@ -17,6 +17,7 @@ import pytest
 import redis as redis_sync
 
 from statekernel.testing import redis_server_path
+from statekernel.testing._servers import stop_server
 
 REDIS_PASSWORD = "pw-RECOGNISABLE-7f3a9c"
 """The password of the ``redis_password_url`` server (tests look for it in stored bytes)."""
@@ -61,12 +62,7 @@ def serve(folder: Path, args: list[str], url: str, **client: object) -> subproce
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
     """Stop a server started by ``serve``."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_server(proc)
 
 
 @pytest.fixture(scope="session")
