@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -198,6 +199,47 @@ def test_celery_worker_drives_a_run_once_when_the_task_comes_twice(
     with KernelThread(example.make_kernel) as blocking:
         done = blocking.call(lambda k: k.get(run_id.run_id))
     assert done.output == "Sent 50 to Bob."
+
+
+@pytest.mark.redis
+async def test_arq_worker_drives_a_run_once_when_the_job_comes_twice(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # arq pins redis<6, so it is not in the test extra: `tox -e arq` (run by .ci/run)
+    # installs it with redis-py 5 and runs this test, where it must not skip
+    if os.environ.get("STATEKERNEL_TEST_ARQ") != "required":
+        pytest.importorskip("arq", reason="arq is not installed: `tox -e arq` runs this test")
+    from arq import create_pool
+    from arq.connections import RedisSettings
+
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    ledger = tmp_path / "transfers.log"
+    broker = f"{redis_url}/5"
+    monkeypatch.setenv("STATEKERNEL_STORE", store)
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    example = _module("bank_agent")
+    kernel = example.make_kernel()
+    run = await kernel.start(model="scripted/bank", messages=["Pay Bob."])
+    await kernel.aclose()
+    pool = await create_pool(RedisSettings.from_dsn(broker))
+    try:
+        await pool.flushdb()
+        jobs = [await pool.enqueue_job("drive_run", run.run_id) for _ in range(2)]
+        env = {**os.environ, "TRANSFERS": str(ledger), "REDIS_URL": broker}
+        env["PYTHONPATH"] = str(ROOT / "examples")
+        argv = [sys.executable, "-m", "arq", "--burst", "arq_jobs.WorkerSettings"]
+        worker = await asyncio.create_subprocess_exec(*argv, cwd=tmp_path, env=env)
+        assert await asyncio.wait_for(worker.wait(), 300) == 0
+        results = sorted([await job.result(timeout=10) for job in jobs if job is not None])
+    finally:
+        await pool.aclose()
+    assert results == ["completed", "completed"]
+    assert ledger.read_text() == "Bob 50\n", "the transfer ran once"
+    kernel = example.make_kernel()
+    try:
+        assert (await kernel.get(run.run_id)).output == "Sent 50 to Bob."
+    finally:
+        await kernel.aclose()
 
 
 def test_otel_example_exports_the_spans_of_a_run(tmp_path: Path) -> None:
