@@ -6,7 +6,12 @@ import importlib
 import os
 from collections.abc import Mapping
 
-from statekernel._storage.plugins import PROVIDER_GROUP, load_registered, registered
+from statekernel._storage.plugins import (
+    PROVIDER_GROUP,
+    load_registered,
+    make_registered,
+    registered,
+)
 from statekernel._storage.provider import ModelProvider
 from statekernel.errors import ConfigError
 from statekernel.providers._keys import api_key as provider_key
@@ -65,7 +70,7 @@ def builtin_provider(name: str) -> ModelProvider:
         )
     if not callable(factory):
         raise ConfigError(f"the {PROVIDER_GROUP} entry point {name!r} is not callable")
-    provider: ModelProvider = factory()
+    provider: ModelProvider = make_registered(PROVIDER_GROUP, name, factory, (), ModelProvider)
     return provider
 
 

@@ -11,7 +11,12 @@ import importlib
 from typing import Any
 
 from statekernel._secrets import redact_url, remember_url
-from statekernel._storage.plugins import STORE_GROUP, load_registered, registered
+from statekernel._storage.plugins import (
+    STORE_GROUP,
+    load_registered,
+    make_registered,
+    registered,
+)
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import ConfigError
 
@@ -100,4 +105,11 @@ def _registered(url: str, scheme: str, part: str) -> Any:
         raise ConfigError(f"statekernel doctor has no checks for {scheme}:// stores")
     if not callable(found):
         raise ConfigError(f"the {STORE_GROUP} entry point {scheme!r} is not callable: {found!r}")
-    return found
+
+    def make(url: str) -> CheckpointStore:
+        store: CheckpointStore = make_registered(
+            STORE_GROUP, scheme, found, (url,), CheckpointStore
+        )
+        return store
+
+    return make

@@ -22,9 +22,9 @@ from __future__ import annotations
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Final
 
-from statekernel.errors import ConfigError
+from statekernel.errors import ConfigError, StatekernelError
 
-__all__ = ["PROVIDER_GROUP", "STORE_GROUP", "load_registered", "registered"]
+__all__ = ["PROVIDER_GROUP", "STORE_GROUP", "load_registered", "make_registered", "registered"]
 
 STORE_GROUP: Final = "statekernel.stores"
 """The entry point group of stores: name = URL scheme, object = ``factory(url)``."""
@@ -51,3 +51,23 @@ def load_registered(group: str, name: str) -> Any | None:
         raise ConfigError(
             f"{group} entry point {name!r} of {dist} ({ep.value}) failed to load: {exc}"
         ) from exc
+
+
+def make_registered(group: str, name: str, factory: Any, args: tuple[Any, ...], kind: type) -> Any:
+    """``factory(*args)``, checked: what a registered factory raises (other than
+    statekernel's own errors) or returns that is not a ``kind`` is a ``ConfigError``
+    naming the entry point, not a failure deep in a run."""
+    try:
+        made = factory(*args)
+    except StatekernelError:
+        raise
+    except Exception as exc:  # someone else's code, configured by the environment
+        raise ConfigError(
+            f"the {group} entry point {name!r} failed to make its {kind.__name__}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(made, kind):
+        raise ConfigError(
+            f"the {group} entry point {name!r} made a {type(made).__name__}, not a {kind.__name__}"
+        )
+    return made

@@ -20,6 +20,14 @@ from statekernel.providers import ScriptedProvider
 def corp() -> ScriptedProvider:
     """The provider of another distribution: made with no arguments."""
     return ScriptedProvider(["Hello from corp."])
+
+
+def failing() -> ScriptedProvider:
+    raise KeyError("CORP_API_KEY")
+
+
+def wrong() -> object:
+    return "not a provider"
 '''
 
 
@@ -29,7 +37,14 @@ def corp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         tmp_path / "site",
         monkeypatch,
         "statekernel-corp",
-        {"statekernel.providers": {"corp": "sk_corp:corp", "openai": "sk_corp:corp"}},
+        {
+            "statekernel.providers": {
+                "corp": "sk_corp:corp",
+                "openai": "sk_corp:corp",
+                "failing": "sk_corp:failing",
+                "wrong": "sk_corp:wrong",
+            }
+        },
         {"sk_corp": PROVIDER},
     )
 
@@ -56,10 +71,20 @@ def test_a_registered_provider_never_replaces_a_built_in_one(
 
 @pytest.mark.usefixtures("corp")
 def test_an_unknown_provider_names_the_installed_ones() -> None:
-    with pytest.raises(ConfigError, match=r"installed: corp, openai;.*statekernel.providers"):
+    with pytest.raises(
+        ConfigError, match=r"installed: corp, failing, openai, wrong;.*statekernel.providers"
+    ):
         ProviderRegistry().check("nope/model")
 
 
 def test_without_the_distribution_the_provider_is_unknown() -> None:
     with pytest.raises(ConfigError, match="unknown model provider 'corp'"):
         ProviderRegistry().check("corp/large")
+
+
+@pytest.mark.usefixtures("corp")
+def test_a_registered_factory_that_fails_or_makes_no_provider_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"'failing' failed to make its ModelProvider: KeyError"):
+        builtin_provider("failing")
+    with pytest.raises(ConfigError, match=r"'wrong' made a str, not a ModelProvider"):
+        builtin_provider("wrong")

@@ -27,6 +27,14 @@ class VaultStore(MemoryStore):
     def __init__(self, url: str) -> None:
         super().__init__(url.split("://", 1)[1])
         OPENED.append(url)
+
+
+def failing(url: str) -> VaultStore:
+    raise OSError(f"cannot reach {url}")
+
+
+def wrong(url: str) -> object:
+    return {"url": url}
 '''
 
 
@@ -36,7 +44,14 @@ def vault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         tmp_path / "site",
         monkeypatch,
         "statekernel-vault",
-        {"statekernel.stores": {"vault": "sk_vault:VaultStore", "broken": "sk_missing:Store"}},
+        {
+            "statekernel.stores": {
+                "vault": "sk_vault:VaultStore",
+                "broken": "sk_missing:Store",
+                "failing": "sk_vault:failing",
+                "wrong": "sk_vault:wrong",
+            }
+        },
         {"sk_vault": STORE},
     )
 
@@ -75,3 +90,11 @@ def test_an_unknown_scheme_names_the_registered_ones_and_the_group() -> None:
 def test_without_the_distribution_the_scheme_is_unknown() -> None:
     with pytest.raises(ConfigError, match="unknown store URL scheme 'vault'"):
         open_store("vault://runs")
+
+
+@pytest.mark.usefixtures("vault")
+def test_a_registered_factory_that_fails_or_makes_no_store_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"'failing' failed to make its CheckpointStore: OSError"):
+        open_store("failing://x")
+    with pytest.raises(ConfigError, match=r"'wrong' made a dict, not a CheckpointStore"):
+        open_store("wrong://x")
