@@ -46,6 +46,33 @@ def redis_url(statekernel_redis_url: str) -> str:
     return statekernel_redis_url
 
 
+SERVER_FIXTURES = frozenset({"statekernel_redis_url", "redis_url", "postgres_url"})
+"""The fixtures that start (or find) a server for the tests."""
+
+
+def uses_a_server(item: pytest.Item) -> bool:
+    """Whether ``item`` needs a redis-server, PostgreSQL or graphviz: marked ``redis`` or
+    ``postgres``, using a server fixture, or drawing a diagram."""
+    if item.get_closest_marker("redis") or item.get_closest_marker("postgres"):
+        return True
+    return bool(SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))) or (
+        "diagram" in item.nodeid
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With ``STATEKERNEL_TESTS=servers``, only the tests that need a server run: CI runs
+    them a second time with the system's servers hidden, so they take the ones the test
+    extra's wheels bring (the other tests do not change with what PATH holds)."""
+    if os.environ.get("STATEKERNEL_TESTS") != "servers":
+        return
+    kept = [item for item in items if uses_a_server(item)]
+    deselected = [item for item in items if not uses_a_server(item)]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+    items[:] = kept
+
+
 CLUSTER_NODES = 3
 """How many nodes the tests' Redis Cluster has (primaries, no replicas)."""
 
