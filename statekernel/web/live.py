@@ -22,10 +22,12 @@ LOOK_EVERY = 5.0
 """Seconds a streaming page waits for a notice before it reads the store all the same."""
 
 
-def sse(event: str, data: str) -> str:
-    """One Server-Sent Event (``data`` may hold newlines: each line is sent as one)."""
+def sse(event: str, data: str, *, event_id: str | None = None) -> str:
+    """One Server-Sent Event (``data`` may hold newlines: each line is sent as one).
+    ``event_id`` is what a reconnecting browser sends back as ``Last-Event-ID``."""
     lines = "".join(f"data: {line}\n" for line in data.split("\n"))
-    return f"event: {event}\n{lines}\n"
+    head = f"event: {event}\n" if event_id is None else f"event: {event}\nid: {event_id}\n"
+    return f"{head}{lines}\n"
 
 
 class Hub:

@@ -28,8 +28,10 @@ async def run_stream(request: Request) -> Response:
     web: WebContext = request.app.state.web
     if not await web.authorized(request, "view", run_id):
         return Response("not allowed", status_code=403)
-    text = request.query_params.get("after", "-1")
-    after = int(text) if text.lstrip("-").isdigit() else -1
+    after = _revision(request.query_params.get("after"))
+    # a browser that lost the stream reconnects with the query it began with and the id
+    # of the last events it took: it goes on after those, not from the start again
+    after = max(after, _revision(request.headers.get("last-event-id")))
     until_rest = request.query_params.get("until") == "rest"
     renderer = renderer_of(request)
 
@@ -47,8 +49,8 @@ async def run_stream(request: Request) -> Response:
                 if events:
                     rows = [event_row(e) for e in events]
                     html = renderer.fragment("event_rows.html", {"events": rows})
-                    yield sse("events", html)
                     after = max(e.revision for e in events)
+                    yield sse("events", html, event_id=str(after))
                     yield sse("run", json.dumps({"revision": run.revision, "state": run.state}))
                 if until_rest and run.is_terminal:
                     yield sse("rest", json.dumps({"revision": run.revision, "state": run.state}))
@@ -79,6 +81,13 @@ async def list_stream(request: Request) -> Response:
                 yield sse("changed", "" if notice is None else notice.run_id)
 
     return StreamingResponse(stream(), media_type="text/event-stream", headers=NO_CACHE)
+
+
+def _revision(text: str | None) -> int:
+    """A revision given in a query or header; -1 (before the first) for none or not one."""
+    if text is None or not text.lstrip("-").isdigit() or len(text) > 20:
+        return -1
+    return max(int(text), -1)
 
 
 NO_CACHE = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}

@@ -135,3 +135,33 @@ def test_streams_are_authorized(tmp_path: Path, path: str) -> None:
     url = f"sqlite:///{tmp_path}/runs.db"
     with TestClient(create_app(url, authorize=lambda request, action, run_id: False)) as c:
         assert c.get(path).status_code == 403
+
+
+def test_a_reconnecting_stream_goes_on_after_the_last_event_id(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    url = f"sqlite:///{tmp_path}/runs.db"
+
+    async def drive() -> list[int]:
+        async with sk.Kernel(url, **kernel_options()) as kernel:
+            await kernel.start(model="chat/m", messages=["hi"], run_id="r")
+            async for _ in kernel.run("r"):
+                pass
+            return [e.revision for e in await kernel.events("r")]
+
+    revisions = sorted(set(asyncio.run(drive())))
+    assert len(revisions) >= 2
+    middle = revisions[-2]
+    with TestClient(create_app(url)) as client:
+        whole = client.get("/runs/r/stream?after=-1&until=rest").text
+        assert f"id: {revisions[-1]}\n" in whole  # the id of the last events sent
+        again = client.get(
+            "/runs/r/stream?after=-1&until=rest", headers={"Last-Event-ID": str(middle)}
+        ).text
+        bad = client.get("/runs/r/stream?after=-1&until=rest", headers={"Last-Event-ID": "x"}).text
+    sent = [data for name, data in sse_events(iter(again.splitlines())) if name == "events"]
+    assert sent, "the events after the last one taken"
+    assert f'"num">r{middle}<' not in "".join(sent)
+    assert f'"num">r{revisions[-1]}<' in "".join(sent)
+    assert f'"num">r{middle}<' in whole
+    assert bad.count("event: events") == whole.count("event: events")
