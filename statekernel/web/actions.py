@@ -171,6 +171,15 @@ async def act(request: Request) -> Response:
         return denied
     if web.actor is None:
         return refused(403, web.read_only_reason or "read-only")
+    if name == "delete" and form.get("children") == "on":
+        # deleting with children deletes each of them: each must be allowed on its own
+        try:
+            subtree = await web.actor.tree(run_id)
+        except StatekernelError as exc:
+            return refused(*refusal(exc))
+        for _, child in subtree[1:]:
+            if (denied := await forbidden(request, name, child.run_id)) is not None:
+                return denied
     work, drive = ACTIONS[name]
     try:
         said, shown = await work(web.actor, run_id, form)

@@ -156,3 +156,45 @@ def test_the_authorize_hook_decides(tmp_path: Path) -> None:
     assert ("delete", "chat") in asked
     assert ("send", "chat") in asked
     assert ("view", "asking") in asked
+
+
+def test_deleting_with_children_needs_each_child_allowed(tmp_path: Path) -> None:
+    import statekernel as sk
+    from statekernel.testing import Reply, ScriptedProvider, call
+
+    url = f"sqlite:///{tmp_path}/runs.db"
+    helper = sk.delegate("helper", "Help.", model="kid/m")
+    asks = Reply(tool_calls=[call("helper", {"task": t}, id=t) for t in ("a", "b")])
+    providers = {
+        "lead": ScriptedProvider([asks, "done"]),
+        "kid": ScriptedProvider(["helped"], repeat_last=True),
+    }
+
+    async def family() -> None:
+        async with sk.Kernel(url, tools=[helper], providers=providers) as kernel:  # type: ignore[arg-type]
+            await kernel.start(model="lead/m", messages=["go"], run_id="parent")
+            async for _ in kernel.run("parent"):
+                pass
+            assert [r.run_id for _, r in await kernel.tree("parent")][1:] == [
+                sk.child_run_id("parent", "a"),
+                sk.child_run_id("parent", "b"),
+            ]
+
+    asyncio.run(family())
+    kid_b = sk.child_run_id("parent", "b")
+
+    async def authorize(request: Request, action: str, run_id: str | None) -> bool:
+        return not (action == "delete" and run_id == kid_b)
+
+    everyone = [sk.child_run_id("parent", "a"), kid_b, "parent"]
+    with TestClient(create_app(url, agent=kernel_options(), authorize=authorize)) as client:
+        refused = post(client, "parent", "delete", confirm="parent", children="on")
+        assert refused.status_code == 403
+        assert f"not allowed: delete on run {kid_b}" in refused.text
+        for run_id in everyone:  # nothing was deleted
+            assert client.get(f"/runs/{run_id}").status_code == 200
+    with TestClient(create_app(url, agent=kernel_options())) as client:
+        done = post(client, "parent", "delete", confirm="parent", children="on")
+        assert done.status_code == 303
+        for run_id in everyone:
+            assert client.get(f"/runs/{run_id}").status_code == 404
