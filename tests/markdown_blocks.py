@@ -31,8 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 HUNG = 300.0
 """Seconds after which a block that should have ended is taken for hung."""
 REDIS_PLACEHOLDER = "redis://redis.internal:6379/0"
-FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```[ \t]*$", re.S | re.M)
-MARKER = re.compile(r"^<!-- (fragment|not run): (\S.*?) -->$")
+FENCE = re.compile(r"^([ \t]*)(`{3,}|~{3,})([\w-]*)[^\n]*\n(.*?)^\1\2[ \t]*$", re.S | re.M)
+"""A fenced block: of backticks or tildes, indented as in a list item or an admonition
+(closed by the same fence at the same indent)."""
+MARKER = re.compile(r"^[ \t]*<!-- (fragment|not run): (\S.*?) -->$")
 
 
 @attrs.frozen
@@ -65,12 +67,16 @@ def blocks(path: Path) -> list[Block]:
     for match in FENCE.finditer(text):
         before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         marked = MARKER.match(before)
+        indent = match.group(1)
+        code = "".join(
+            line.removeprefix(indent) for line in match.group(4).splitlines(keepends=True)
+        )
         found.append(
             Block(
                 path=path,
                 line=text.count("\n", 0, match.start()) + 1,
-                lang=match.group(1),
-                code=match.group(2),
+                lang=match.group(3),
+                code=code,
                 marker=marked.group(1) if marked else None,
                 reason=marked.group(2) if marked else None,
             )

@@ -43,6 +43,23 @@ def test_every_block_runs_or_says_why_not() -> None:
     assert not fragments, f"'fragment' is for python blocks; use 'not run' for {fragments}"
 
 
+def test_blocks_in_lists_admonitions_and_tilde_fences_are_found(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "1. In a list:\n\n"
+        "    <!-- not run: an example -->\n"
+        "    ```bash\n    echo hi\n      indented\n    ```\n\n"
+        '!!! note\n    ```python\n    print("in a note")\n    ```\n\n'
+        "~~~python\nprint(1)\n~~~\n"
+    )
+    found = [(b.line, b.lang, b.code, b.marker) for b in blocks(page)]
+    assert found == [
+        (4, "bash", "echo hi\n  indented\n", "not run"),
+        (10, "python", 'print("in a note")\n', None),
+        (14, "python", "print(1)\n", None),
+    ]
+
+
 def test_every_page_is_in_the_navigation() -> None:
     nav = (ROOT / "mkdocs.yml").read_text()
     missing = [str(p.relative_to(DOCS)) for p in PAGES if str(p.relative_to(DOCS)) not in nav]
