@@ -13,6 +13,8 @@ connections), and ``close`` it at the process's end.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import os
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -43,6 +45,9 @@ class KernelThread:
         self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
         self._thread.start()
         self._closed = False
+        self._lock = threading.Lock()
+        """Orders a call's check of ``_closed`` and its hand-off to the loop with ``close``."""
+        self._pid = os.getpid()
 
         async def made() -> Kernel:
             kernel = make()
@@ -58,16 +63,46 @@ class KernelThread:
             raise
 
     def _submit(self, work: Awaitable[T], timeout: float | None = None) -> T:
+        """Run ``work`` on the loop and wait for it; refused once closed, or in a process
+        forked from the one that made this (the child has no copy of the loop's thread)."""
+
         async def wrapped() -> T:
             return await work
 
-        return asyncio.run_coroutine_threadsafe(wrapped(), self._loop).result(timeout)
+        with self._lock:
+            if self._pid != os.getpid():
+                _discard(work)
+                raise StatekernelError(
+                    f"this KernelThread was made in process {self._pid}, before a fork: "
+                    "make one in each process (after the fork)"
+                )
+            if self._closed:
+                _discard(work)
+                raise StatekernelError("this KernelThread is closed")
+            future = asyncio.run_coroutine_threadsafe(wrapped(), self._loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.CancelledError:
+            raise StatekernelError("this KernelThread was closed while the call ran") from None
 
     def call(self, fn: Callable[[Kernel], Awaitable[T]], *, timeout: float | None = None) -> T:
-        """``await fn(kernel)`` on the kernel's loop; its result. ``timeout`` (seconds):
-        ``TimeoutError`` when it has not finished by then (the work goes on)."""
-        if self._closed:
-            raise StatekernelError("this KernelThread is closed")
+        """``await fn(kernel)`` on the kernel's loop; its result.
+
+        Args:
+            fn: Takes the kernel and returns what to await on its loop.
+            timeout: Seconds to wait; the work goes on after it.
+
+        Returns:
+            What ``fn(kernel)`` gave.
+
+        Raises:
+            StatekernelError: the KernelThread is closed (or was closed while the call
+                ran), or was made in another process (before a fork).
+            TimeoutError: the call had not finished after ``timeout`` seconds.
+        """
+        with self._lock:
+            if self._closed:
+                raise StatekernelError("this KernelThread is closed")
         return self._submit(fn(self.kernel), timeout)
 
     def drive(self, run_id: str, *messages: Message | str) -> Run:
@@ -82,14 +117,28 @@ class KernelThread:
         return self.call(drive)
 
     def close(self) -> None:
-        """Close the kernel (releasing its leases) and stop the thread. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        """Close the kernel (releasing its leases) and stop the thread. Idempotent. A call
+        still running then ends with ``StatekernelError``; a call after it is refused."""
+        with self._lock:
+            if self._closed or self._pid != os.getpid():
+                self._closed = True
+                return
+            self._closed = True
         try:
-            self._submit(self.kernel.aclose())
+            asyncio.run_coroutine_threadsafe(self._shut(), self._loop).result()
         finally:
             self._stop()
+
+    async def _shut(self) -> None:
+        """Close the kernel, then cancel what calls still run (their callers wait on them)."""
+        try:
+            await self.kernel.aclose()
+        finally:
+            here = asyncio.current_task()
+            left = [task for task in asyncio.all_tasks() if task is not here]
+            for task in left:
+                task.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
 
     def _stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -101,3 +150,10 @@ class KernelThread:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _discard(work: Awaitable[object]) -> None:
+    """Close a coroutine that will not run (so Python does not warn it was never awaited)."""
+    close = getattr(work, "close", None)
+    if callable(close):
+        close()

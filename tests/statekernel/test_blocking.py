@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import threading
 from pathlib import Path
 
@@ -49,3 +51,53 @@ def test_make_is_checked() -> None:
     with pytest.raises(InvalidArgument, match="must return a Kernel"):
         KernelThread(lambda: "memory://")  # type: ignore[arg-type, return-value]
     assert threading.active_count() == before, "a failed start leaves no thread"
+
+
+def test_close_ends_a_call_still_running_instead_of_leaving_it_waiting() -> None:
+    blocking = KernelThread(lambda: _maker("memory://closing"))
+    entered = threading.Event()
+    outcome: list[BaseException | object] = []
+
+    async def forever(kernel: sk.Kernel) -> None:
+        entered.set()
+        await asyncio.Event().wait()  # never set: only close ends it
+
+    def caller() -> None:
+        try:
+            outcome.append(blocking.call(forever))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    assert entered.wait(60)
+    blocking.close()
+    thread.join(60)
+    assert not thread.is_alive(), "the call returned"
+    (got,) = outcome
+    assert isinstance(got, StatekernelError)
+    assert "closed while the call ran" in str(got)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_is_told_to_make_its_own() -> None:
+    with KernelThread(lambda: _maker("memory://forked")) as blocking:
+        reader, writer = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: no loop thread was copied; a call must not hang
+            try:
+                blocking.call(lambda k: k.get("missing"))
+                said = b"no error"
+            except StatekernelError as exc:
+                said = str(exc).encode()
+            except BaseException as exc:
+                said = repr(exc).encode()
+            os.write(writer, said)
+            os._exit(0)
+        os.close(writer)
+        with os.fdopen(reader, "rb") as pipe:
+            said = pipe.read().decode()
+        os.waitpid(pid, 0)
+        assert "before a fork" in said, said
+        with pytest.raises(RunNotFound):  # the parent's goes on working
+            blocking.call(lambda k: k.get("missing"))
