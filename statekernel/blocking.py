@@ -65,14 +65,37 @@ class KernelThread:
 
     def call(self, fn: Callable[[Kernel], Awaitable[T]], *, timeout: float | None = None) -> T:
         """``await fn(kernel)`` on the kernel's loop; its result. ``timeout`` (seconds):
-        ``TimeoutError`` when it has not finished by then (the work goes on)."""
+        ``TimeoutError`` when it has not finished by then (the work goes on).
+
+        Returns:
+            What ``fn(kernel)`` returned.
+
+        Raises:
+            StatekernelError: this ``KernelThread`` is closed.
+            TimeoutError: ``fn(kernel)`` did not finish within ``timeout`` seconds.
+
+        Any error of ``fn(kernel)`` is raised here, in the calling thread, as it is.
+        """
         if self._closed:
             raise StatekernelError("this KernelThread is closed")
         return self._submit(fn(self.kernel), timeout)
 
     def drive(self, run_id: str, *messages: Message | str) -> Run:
         """Drive ``run_id`` to rest (with ``messages`` as new user input, as
-        ``Kernel.run`` takes them); the run then."""
+        ``Kernel.run`` takes them); the run then.
+
+        Returns:
+            The run's head once it is at rest (completed, paused or failed).
+
+        Raises:
+            StatekernelError: this ``KernelThread`` is closed.
+            RunNotFound: no run has this id.
+            RunBusy: a live owner held the run for longer than the kernel's
+                ``busy_timeout``.
+            InvalidTransition: ``messages`` were given to a run that cannot take input.
+            LeaseLost: another owner took the run over.
+            StoreError: the store failed (after retries with backoff).
+        """
 
         async def drive(kernel: Kernel) -> Run:
             async for _ in kernel.run(run_id, *messages):
