@@ -137,11 +137,12 @@ class Worker:
             The worker's counts (``stats``) when it has stopped.
 
         Raises:
-            InvalidArgument: this worker has served already.
+            InvalidArgument: this worker has served already, or an ``agent`` option
+                has the wrong type or value (as ``Kernel`` refuses it).
             ConfigError: the store URL is unknown or malformed, the store has no run
-                queues, or the ``agent`` options name ``store``, ``lease_ttl`` or
-                ``busy_timeout`` (the worker sets them) or are not valid ``Kernel``
-                options.
+                queues, the ``agent`` options name ``store``, ``lease_ttl`` or
+                ``busy_timeout`` (the worker sets them), or its tools or hooks are
+                refused by ``Kernel`` (two tools of one name, a misspelt hook).
             StoreError: the store failed while the queue was prepared (failures while
                 serving are logged and retried).
         """
