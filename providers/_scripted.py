@@ -25,7 +25,12 @@ __all__ = ["Fail", "Reply", "ScriptedProvider", "call"]
 
 
 def call(name: str, arguments: object = None, *, id: str | None = None) -> ToolCall:
-    """A tool call for a script; ``arguments`` is JSON-encoded unless it is a string."""
+    """A tool call for a script; ``arguments`` is JSON-encoded unless it is a string.
+
+    Returns:
+        The call, with ``arguments`` as JSON text (``{}`` for None) and ``id`` empty
+            unless given (the provider then numbers it).
+    """
     text = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
     return ToolCall(id=id or "", name=name, arguments=text)
 
@@ -132,7 +137,18 @@ class ScriptedProvider:
         return turn, self.script[turn]
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamPart]:
-        """Stream the scripted answer for ``request`` as deltas."""
+        """Stream the scripted answer for ``request`` as deltas.
+
+        Yields:
+            The answer's reasoning, text and tool-call deltas, its usage, then a
+                ``StreamEnd``.
+
+        Raises:
+            ProviderError: the script has no answer for this turn (and
+                ``repeat_last`` is off or the script is empty).
+
+        A ``Fail`` item's ``error`` and a ``Reply``'s ``cut_off`` are raised as given.
+        """
         self.requests.append(request)
         turn, item = self._item(request)
         if isinstance(item, Fail):

@@ -188,7 +188,11 @@ def redact(text: str) -> str:
 
 def redact_url(url: str) -> str:
     """``url`` safe to print or log: its password (or token user name) and the values of
-    its secret query parameters replaced by ``***`` (also when it is malformed)."""
+    its secret query parameters replaced by ``***`` (also when it is malformed).
+
+    Returns:
+        The redacted URL (``url`` itself when it holds no secret).
+    """
     return redact(url)
 
 

@@ -99,6 +99,8 @@ class KernelThread:
             StatekernelError: the KernelThread is closed (or was closed while the call
                 ran), or was made in another process (before a fork).
             TimeoutError: the call had not finished after ``timeout`` seconds.
+
+        Any error of ``fn(kernel)`` is raised here, in the calling thread, as it is.
         """
         with self._lock:
             if self._closed:
@@ -107,7 +109,20 @@ class KernelThread:
 
     def drive(self, run_id: str, *messages: Message | str) -> Run:
         """Drive ``run_id`` to rest (with ``messages`` as new user input, as
-        ``Kernel.run`` takes them); the run then."""
+        ``Kernel.run`` takes them); the run then.
+
+        Returns:
+            The run's head once it is at rest (completed, paused or failed).
+
+        Raises:
+            StatekernelError: this ``KernelThread`` is closed.
+            RunNotFound: no run has this id.
+            RunBusy: a live owner held the run for longer than the kernel's
+                ``busy_timeout``.
+            InvalidTransition: ``messages`` were given to a run that cannot take input.
+            LeaseLost: another owner took the run over.
+            StoreError: the store failed (after retries with backoff).
+        """
 
         async def drive(kernel: Kernel) -> Run:
             async for _ in kernel.run(run_id, *messages):

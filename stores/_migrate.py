@@ -45,6 +45,15 @@ async def migrate(
     ``CorruptCheckpoint`` before anything of it is written, or, with ``skip_corrupt``,
     is skipped and named in the result. Stores given as URLs are opened and closed
     here. ``progress(done, total)`` is called after each run.
+
+    Returns:
+        The counts of runs copied and kept, and the damaged runs skipped.
+
+    Raises:
+        ConfigError: a store URL is unknown or malformed.
+        ConflictError: ``dst`` holds a run of ``src`` with another history.
+        CorruptCheckpoint: a run of ``src`` cannot be read (without ``skip_corrupt``).
+        StoreError: a store failed.
     """
     source = open_store(src) if isinstance(src, str) else src
     target = open_store(dst) if isinstance(dst, str) else dst

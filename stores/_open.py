@@ -76,6 +76,14 @@ def open_store(url: str) -> CheckpointStore:
     """The store for ``url``; an unknown scheme or malformed URL raises ``ConfigError``.
 
     Opening is lazy: connections and files are opened on first use.
+
+    Returns:
+        The store (not yet connected).
+
+    Raises:
+        ConfigError: the URL's scheme is unknown, the URL or one of its options is
+            malformed, the backend's driver is not installed (``postgresql://`` needs
+            the ``postgres`` extra), or a registered store factory fails.
     """
     make = backend(url, "store")
     remember_url(url)

@@ -33,6 +33,13 @@ def tool_from_langchain(
     the tool runs with them (``ainvoke``, which validates them again with its own
     ``args_schema``) and its result is the output. ``ConfigError`` if ``lc_tool`` is no
     LangChain tool or ``langchain-core`` is not installed.
+
+    Returns:
+        The statekernel tool, named as the LangChain tool is.
+
+    Raises:
+        ConfigError: ``langchain-core`` is not installed, ``lc_tool`` is not a LangChain
+            tool, or the schema of its parameters cannot check arguments.
     """
     try:
         from langchain_core.tools import BaseTool
@@ -70,6 +77,14 @@ def tool_from_pydantic_ai(
     one (pydantic types, docstring descriptions). A tool that takes a pydantic-ai
     ``RunContext`` is a ``ConfigError``: only a pydantic-ai agent run can give one (take
     a ``ctx: statekernel.ToolContext`` instead).
+
+    Returns:
+        The statekernel tool, named and described as the pydantic-ai tool is.
+
+    Raises:
+        ConfigError: pydantic-ai is not installed, ``pa_tool`` is not a pydantic-ai
+            ``Tool``, it takes a ``RunContext``, or its function cannot be made a tool
+            (as for ``statekernel.tool``).
     """
     try:
         from pydantic_ai import Tool as PydanticAITool
@@ -105,6 +120,13 @@ async def tools_from_mcp_server(
     server marks it ``readOnlyHint`` or ``idempotentHint``, or it is named in
     ``idempotent``. An error the server raises or reports is an error result;
     ``call_timeout`` (seconds) is each call's ``timeout``.
+
+    Returns:
+        The server's tools, in the order the server lists them.
+
+    Raises:
+        ConfigError: ``server`` has no ``list_tools``/``call_tool``, or a tool's input
+            schema cannot check arguments.
     """
     from statekernel._kernel.mcp import MCPTool, _output
 

@@ -106,7 +106,14 @@ def ask_user(
     value=...)`` (checked against ``answer_schema``) is the call's result. It is
     idempotent: after a crash before its pause was committed, it asks again. An
     ``answer_schema`` that cannot check answers (see ``schema_problem``) raises
-    ``ConfigError``."""
+    ``ConfigError``.
+
+    Returns:
+        The tool, taking one ``question`` argument.
+
+    Raises:
+        ConfigError: ``answer_schema`` is not a JSON schema that can check answers.
+    """
 
     def ask(question: str) -> JSON:
         raise NeedsInput(question, schema=answer_schema)

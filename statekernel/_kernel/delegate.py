@@ -125,7 +125,11 @@ class Parent(Protocol):
 
 def child_run_id(parent_run_id: str, call_id: str) -> str:
     """The run id of the child run of a call: ``<parent>.<call>`` when that is a valid
-    run id, else the parent's id (shortened) and a digest of both."""
+    run id, else the parent's id (shortened) and a digest of both.
+
+    Returns:
+        The child's run id; the same for the same two ids, every time.
+    """
     plain = f"{parent_run_id}.{call_id}"
     if _PLAIN_ID.match(plain):
         return plain
@@ -173,6 +177,15 @@ def delegate(
     ``queue``: run the child on the workers of that queue (the store must be Redis;
     the workers bring the child agent's tools, hooks and providers) and wait for it,
     reading its head at most every ``poll`` seconds.
+
+    Returns:
+        The tool, taking one ``task`` argument; it is idempotent (a call run again finds
+            the child run it started).
+
+    Raises:
+        InvalidArgument: ``model`` is not a non-empty str, or ``instructions``,
+            ``context``, ``max_turns``, ``queue`` or ``poll`` is of the wrong type or
+            value.
     """
     child_tools = list(tools)
     check_delegate_options(model, instructions, context, max_turns, queue, poll)

@@ -114,19 +114,38 @@ class Hooks:
     def on_turn_prepared(
         self, run: Run, request: ModelRequest
     ) -> MaybeAwaitable[ModelRequest | None]:
-        """Return the exact request to send (None keeps the default: the whole transcript)."""
+        """Return the exact request to send (None keeps the default: the whole transcript).
+
+        Returns:
+            The ``ModelRequest`` to send, or None for ``request`` as it is. A request a
+                run cannot store (``InvalidArgument``) fails the run, as a hook that raises
+                does.
+        """
         return None
 
     def on_model_completed(
         self, run: Run, result: ModelResult
     ) -> MaybeAwaitable[ModelResult | None]:
-        """Inspect or replace the model's result before it enters the run."""
+        """Inspect or replace the model's result before it enters the run.
+
+        Returns:
+            The ``ModelResult`` to record instead, or None to keep ``result``. A result
+                a run cannot store (``InvalidArgument``) fails the run, as a hook that
+                raises does.
+        """
         return None
 
     def on_tool_call_started(
         self, run: Run, call: ToolCallRecord
     ) -> MaybeAwaitable[Decision | None]:
-        """Decide about one tool call: Continue, Rewrite, Skip, Pause or Finish."""
+        """Decide about one tool call: Continue, Rewrite, Skip, Pause or Finish.
+
+        Returns:
+            None or ``Continue()`` to run the call as the model made it; ``Rewrite`` to
+                run it with other input; ``Skip`` to record a result or error without
+                running it; ``Pause`` to pause the run before it; ``Finish`` to complete the
+                run. Anything else fails the run (``InvalidArgument``).
+        """
         return None
 
     def on_tool_call_completed(self, run: Run, call: ToolCallRecord) -> MaybeAwaitable[None]:
@@ -144,7 +163,14 @@ class Hooks:
         return None
 
     def on_turn_completed(self, run: Run, turn: Turn) -> MaybeAwaitable[Decision | None]:
-        """After a turn: None (default), Continue, Pause or Finish."""
+        """After a turn: None (default), Continue, Pause or Finish.
+
+        Returns:
+            None for what the kernel does anyway (after an answer the run completes,
+                after tool calls it takes another turn); ``Continue()`` to take another
+                turn; ``Pause`` to pause before the next turn; ``Finish`` to complete the
+                run. Anything else fails the run (``InvalidArgument``).
+        """
         return None
 
 

@@ -462,8 +462,8 @@ class Kernel(Closing):
         commit (with the next turn's start), so a crash before it leaves no input.
 
         Yields:
-            Each event of the run: live ones as they happen, persisted ones after their
-            commit.
+            Each event of the run: live ones as they happen, persisted ones after
+                their commit.
 
         Raises:
             RunNotFound: no run has this id.

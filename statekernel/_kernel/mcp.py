@@ -66,7 +66,15 @@ class MCPConnection(Closing):
         return self
 
     async def start(self) -> None:
-        """Connect and initialize; a server that cannot be reached raises ``ConfigError``."""
+        """Connect and initialize; a server that cannot be reached raises ``ConfigError``.
+
+        Does nothing when the connection is started already.
+
+        Raises:
+            ConfigError: the server could not be started or reached, failed to
+                initialize, closed before it was ready, or did not answer within
+                ``connect_timeout`` seconds.
+        """
         if self._task is not None:
             return
         self._stop = asyncio.Event()
@@ -131,6 +139,13 @@ class MCPConnection(Closing):
         mark them so; ``call_timeout`` (seconds) applies to each call. A tool whose
         input schema cannot check arguments (see ``schema_problem``: invalid, or a
         ``$ref`` that resolves nowhere) raises ``ConfigError`` naming it.
+
+        Returns:
+            The server's tools, in the order it lists them (every page of the listing).
+
+        Raises:
+            ConfigError: a tool's input schema cannot check arguments.
+            ToolError: the connection is not open.
         """
         from mcp.types import PaginatedRequestParams
 
@@ -218,6 +233,13 @@ def mcp_stdio(
     ``errlog`` (default: this process's stderr). Values of ``env`` whose names look
     secret (``*_KEY``, ``*_TOKEN``, ``*PASSWORD*``, ...) are hidden wherever
     statekernel shows, logs or stores text (``redact``).
+
+    Returns:
+        The connection, not yet started: the process starts on ``start`` (or on
+            entering it as a context manager).
+
+    Raises:
+        ImportError: the MCP SDK (the ``mcp`` extra) is not installed.
     """
     remember_secret_values(dict(env or {}))
     from mcp import ClientSession, StdioServerParameters, stdio_client
@@ -241,6 +263,13 @@ def mcp_http(
     The connection is named after ``url`` with its credentials hidden (userinfo, secret
     query parameters); those and the values of credential headers are hidden wherever
     statekernel shows, logs or stores text, tool errors the model reads included.
+
+    Returns:
+        The connection, not yet started: it connects on ``start`` (or on entering it
+            as a context manager).
+
+    Raises:
+        ImportError: the MCP SDK or ``httpx2`` (the ``mcp`` extra) is not installed.
     """
     remember_url(url)
     remember_secret_values(dict(headers or {}))

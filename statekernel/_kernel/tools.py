@@ -106,7 +106,15 @@ class Tool:
         return ToolSpec(self.name, self.description, self.parameters)
 
     def validate(self, arguments: JSON) -> dict[str, Any]:
-        """Check and structure the model's arguments; raises ``ToolError`` explaining why not."""
+        """Check and structure the model's arguments; raises ``ToolError`` explaining why not.
+
+        Returns:
+            The arguments by parameter name, as the function receives them (attrs
+                records, enums, and pydantic's types for the parameters pydantic checks).
+
+        Raises:
+            ToolError: ``arguments`` is not a JSON object or does not fit the parameters.
+        """
         if not isinstance(arguments, dict):
             raise ToolError(f"arguments for {self.name} must be a JSON object")
         try:
@@ -135,6 +143,15 @@ class Tool:
         for the thread to return (a thread cannot be stopped), so a cancelled call has
         always ended. A timeout does not wait: the thread may go on and its result is
         dropped.
+
+        Returns:
+            The function's result as JSON, or a ``ToolReturn`` of JSON output and a JSON
+                object context patch when the function returned one.
+
+        Raises:
+            ToolError: the arguments are invalid (see ``validate``), the call timed out,
+                or it returned something that is not JSON (or a context patch that is
+                not a JSON object). An exception the function raises propagates as it is.
         """
         kwargs = self.validate(arguments)
         if self.context_param:
@@ -385,6 +402,17 @@ def tool(
     thread, so it never holds up the event loop (and the lease renewals on it);
     ``inline=True`` calls a sync function that is quick and never blocks (no I/O, no
     sleeping) on the loop instead, without the hand-off to a thread.
+
+    Returns:
+        The ``Tool`` when ``fn`` is given (``@tool``); without it (``@tool(...)``), a
+            decorator that turns a function into one.
+
+    Raises:
+        ConfigError: the function cannot be described to a model: a lambda without a
+            ``name``, ``*args``/``**kwargs``, a parameter type with no JSON schema, a
+            docstring describing a parameter the function lacks, or ``inline`` given
+            for an async function or together with a ``timeout``. With options only,
+            it is raised when the decorator is applied.
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:

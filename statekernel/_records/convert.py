@@ -259,7 +259,11 @@ def unstructure(obj: Any) -> Any:
 def to_plain(value: Any) -> Any:
     """A record (or a list, tuple or dict of them) as plain JSON-ready data with every
     field present, also those the stored form leaves out at their default: what
-    ``statekernel runs show --json`` prints."""
+    ``statekernel runs show --json`` prints.
+
+    Returns:
+        The plain data; a value that is no record, list, tuple or dict as it is.
+    """
     if attrs.has(type(value)):
         return _filled(unstructure(value), value)
     if isinstance(value, list | tuple):

@@ -73,7 +73,14 @@ class ToolCall:
     arguments: str
 
     def parsed_arguments(self) -> JSON:
-        """The arguments parsed as JSON; raises ``ValueError`` when they are not valid JSON."""
+        """The arguments parsed as JSON; raises ``ValueError`` when they are not valid JSON.
+
+        Returns:
+            The parsed arguments; ``{}`` when the model wrote none (blank text).
+
+        Raises:
+            ValueError: ``arguments`` is not valid JSON (``json.JSONDecodeError``).
+        """
         return json.loads(self.arguments) if self.arguments.strip() else {}
 
 
@@ -116,12 +123,20 @@ class Message:
 
     @classmethod
     def system(cls, text: str) -> Message:
-        """A system message."""
+        """A system message.
+
+        Returns:
+            A ``system`` message of one text part.
+        """
         return cls("system", (TextPart(text),))
 
     @classmethod
     def user(cls, text: str, *, images: Sequence[ImagePart] = ()) -> Message:
-        """A user message with text and optional images."""
+        """A user message with text and optional images.
+
+        Returns:
+            A ``user`` message: the text part, then the images.
+        """
         return cls("user", (TextPart(text), *images))
 
     @classmethod
@@ -132,13 +147,21 @@ class Message:
         tool_calls: Sequence[ToolCall] = (),
         reasoning: Sequence[ReasoningPart] = (),
     ) -> Message:
-        """An assistant message: optional reasoning, text, then tool calls."""
+        """An assistant message: optional reasoning, text, then tool calls.
+
+        Returns:
+            An ``assistant`` message (no text part when ``text`` is empty).
+        """
         text_parts: tuple[ContentPart, ...] = (TextPart(text),) if text else ()
         return cls("assistant", (*reasoning, *text_parts, *tool_calls))
 
     @classmethod
     def tool(cls, tool_call_id: str, name: str, content: str, *, is_error: bool = False) -> Message:
-        """A tool-result message answering one tool call."""
+        """A tool-result message answering one tool call.
+
+        Returns:
+            A ``tool`` message of one ``ToolResult``.
+        """
         return cls("tool", (ToolResult(tool_call_id, name, content, is_error),))
 
     @property

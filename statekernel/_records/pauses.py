@@ -114,7 +114,11 @@ class Uncertain:
     resolutions: dict[str, Resolution] = attrs.field(factory=dict)
 
     def call(self, call_id: str) -> UncertainCall | None:
-        """The uncertain call with this id, if any."""
+        """The uncertain call with this id, if any.
+
+        Returns:
+            The call, or None when no uncertain call has id ``call_id``.
+        """
         return next((c for c in self.calls if c.id == call_id), None)
 
     @property

@@ -98,7 +98,12 @@ class Turn:
     partial: Message | None = None
 
     def call(self, call_id: str) -> ToolCallRecord | None:
-        """The record of one tool call of this turn, wherever it is."""
+        """The record of one tool call of this turn, wherever it is.
+
+        Returns:
+            The call's record (pending, in flight or completed), or None when this turn
+                has no call ``call_id``.
+        """
         for rec in (*self.pending, *self.in_flight, *self.completed):
             if rec.id == call_id:
                 return rec

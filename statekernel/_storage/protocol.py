@@ -69,6 +69,10 @@ class Checkpoint:
 
         Lifecycle transitions never rewrite the transcript or completed turns, so
         the kernel uses this O(1) form; ``between`` checks instead of assuming.
+
+        Returns:
+            The checkpoint, counting the messages and turns ``run`` has beyond
+                ``previous`` as new.
         """
         return cls(
             run,
@@ -83,6 +87,10 @@ class Checkpoint:
 
         The transcript counts as appended when ``previous.messages`` is a prefix of
         ``run.messages`` by identity (revisions share their message objects).
+
+        Returns:
+            The checkpoint; with ``previous`` None (a new run), or a transcript that was
+                not only appended to, one with ``transcript_replaced`` set.
         """
         if previous is None:
             return cls(run, tuple(events), len(run.messages), len(run.turns), True)
@@ -131,7 +139,11 @@ class RunSummary:
 
     @classmethod
     def of(cls, run: Run) -> RunSummary:
-        """The listing line of ``run``."""
+        """The listing line of ``run``.
+
+        Returns:
+            The summary of ``run`` at its revision.
+        """
         return cls(
             run.run_id,
             run.state,
@@ -175,7 +187,18 @@ class CheckpointStore(Protocol):
     """
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
-        """The run at its latest revision, or at ``revision``; raises ``RunNotFound``."""
+        """The run at its latest revision, or at ``revision``; raises ``RunNotFound``.
+
+        Returns:
+            The run, whole (transcript and completed turns included).
+
+        Raises:
+            RunNotFound: no run has this id, or it has no revision ``revision``.
+            InvalidArgument: ``run_id`` or ``revision`` is of the wrong type or value.
+            CorruptCheckpoint: a stored record of the run cannot be read or fails its
+                checksum.
+            StoreError: the storage failed.
+        """
         ...
 
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
@@ -184,6 +207,14 @@ class CheckpointStore(Protocol):
         Raises ``ConflictError`` when the head moved (or, at revision 0, when the run
         exists). With ``lease``, the commit lands only while the lease is the run's
         current one (checked in the same atomic step), else ``LeaseLost``.
+
+        Raises:
+            ConflictError: the head is not at ``checkpoint.expected_revision`` (at
+                revision 0: the run exists already); nothing was written.
+            LeaseLost: ``lease`` is no longer the run's current lease; nothing was
+                written.
+            CorruptCheckpoint: the stored records of the run do not match its head.
+            StoreError: the storage failed.
         """
         ...
 
@@ -192,11 +223,24 @@ class CheckpointStore(Protocol):
 
         Raises ``RunBusy`` naming the holder while another live owner holds it (a lease
         that expired, or whose owner is proven dead, is taken over).
+
+        Returns:
+            The new lease, for the commits of ``owner`` to carry.
+
+        Raises:
+            RunBusy: another live owner holds the lease.
+            RunNotFound: no run has this id.
+            StoreError: the storage failed.
         """
         ...
 
     async def renew(self, lease: Lease, *, ttl: float) -> None:
-        """Extend the lease to ``ttl`` seconds from now; ``LeaseLost`` if it moved on."""
+        """Extend the lease to ``ttl`` seconds from now; ``LeaseLost`` if it moved on.
+
+        Raises:
+            LeaseLost: ``lease`` is no longer the run's current lease.
+            StoreError: the storage failed.
+        """
         ...
 
     async def release(self, lease: Lease) -> None:
@@ -206,7 +250,17 @@ class CheckpointStore(Protocol):
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
     ) -> list[Event]:
-        """Persisted events of revisions greater than ``after_revision``, in ``seq`` order."""
+        """Persisted events of revisions greater than ``after_revision``, in ``seq`` order.
+
+        Returns:
+            The events, at most ``limit`` of them (all with ``limit`` None).
+
+        Raises:
+            RunNotFound: no run has this id.
+            InvalidArgument: ``after_revision`` or ``limit`` is of the wrong type or value.
+            CorruptCheckpoint: a stored commit of the run cannot be read.
+            StoreError: the storage failed.
+        """
         ...
 
     async def list_runs(
@@ -217,11 +271,30 @@ class CheckpointStore(Protocol):
         limit: int = 100,
         cursor: str | None = None,
     ) -> RunPage:
-        """Runs, newest update first, optionally filtered by state and update time."""
+        """Runs, newest update first, optionally filtered by state and update time.
+
+        Returns:
+            One page of at most ``limit`` runs; its ``next_cursor`` (None on the last
+                page) gets the next. Runs whose head cannot be read are named in
+                ``damaged`` instead of failing the listing.
+
+        Raises:
+            InvalidArgument: ``state`` is not a state id, ``updated_after`` not a
+                datetime, ``limit`` not an int of at least 0, or ``cursor`` not a str.
+            StoreError: ``cursor`` is not one a listing gave, or the storage failed.
+        """
         ...
 
     async def delete(self, run_id: str) -> bool:
-        """Remove a run with all its revisions, parts and events; False if there was none."""
+        """Remove a run with all its revisions, parts and events; False if there was none.
+
+        Returns:
+            True if the run was there and is gone, False if there was none.
+
+        Raises:
+            InvalidArgument: ``run_id`` is not a run id.
+            StoreError: the storage failed.
+        """
         ...
 
     async def aclose(self) -> None:
@@ -248,7 +321,15 @@ class RevisionHistory(Protocol):
     ``events``."""
 
     def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
-        """Every revision of the run with its commit's events; ``RunNotFound`` if none."""
+        """Every revision of the run with its commit's events; ``RunNotFound`` if none.
+
+        Yields:
+            Each revision of the run, oldest first, with the events of its commit.
+
+        Raises:
+            RunNotFound: no run has this id.
+            CorruptCheckpoint: a stored record of the run cannot be read.
+        """
         ...
 
 

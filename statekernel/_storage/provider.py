@@ -109,7 +109,16 @@ class ModelProvider(Protocol):
     """
 
     def stream(self, request: ModelRequest) -> AsyncIterator[StreamPart]:
-        """Send ``request`` and yield its parts as they arrive."""
+        """Send ``request`` and yield its parts as they arrive.
+
+        Yields:
+            The stream parts of the answer, in order, the last a ``StreamEnd``.
+
+        Raises:
+            ProviderError: the request failed: ``RateLimited``,
+                ``AuthenticationFailed``, ``BadRequest``, ``ProviderUnavailable`` or
+                another ``ProviderError``.
+        """
         ...
 
     async def aclose(self) -> None:
@@ -136,7 +145,12 @@ class ResultBuilder:
 
     def add(self, part: StreamPart) -> None:
         """Fold one part into the result; a part with a field of the wrong type or value
-        (or anything that is not a stream part) is a ``ProviderError`` naming it."""
+        (or anything that is not a stream part) is a ``ProviderError`` naming it.
+
+        Raises:
+            ProviderError: ``part`` is not a stream part, or a field of it has the
+                wrong type or value.
+        """
         problem = part_problem(part)
         if problem is not None:
             raise ProviderError(f"the model's stream sent {problem}")
@@ -174,19 +188,31 @@ class ResultBuilder:
         """The calls whose arguments have finished streaming, in call order, while the
         answer still streams: a call is complete when a later call began, when it came
         whole, or when its arguments form a whole JSON object. Stops at the first call
-        not yet complete. An id the provider left out is given now (and kept)."""
+        not yet complete. An id the provider left out is given now (and kept).
+
+        Returns:
+            The complete calls so far, in call order.
+        """
         return [self.complete_call(n) for n in range(self.complete_count())]
 
     def complete_count(self) -> int:
         """How many calls ``complete_calls`` gives (in constant time, however long the
-        answer: asked at each part, it keeps the stream linear)."""
+        answer: asked at each part, it keeps the stream linear).
+
+        Returns:
+            The number of complete calls so far.
+        """
         order = self._order
         if order and not self._args[order[-1]].whole:
             return len(order) - 1
         return len(order) + len(self._done)
 
     def complete_call(self, position: int) -> ToolCall:
-        """``complete_calls()[position]``, built once (until its call streams on)."""
+        """``complete_calls()[position]``, built once (until its call streams on).
+
+        Returns:
+            The call at ``position`` (below ``complete_count()``).
+        """
         if position >= len(self._order):
             return self._done[position - len(self._order)]
         return self._call(self._order[position])
@@ -202,7 +228,12 @@ class ResultBuilder:
 
     def so_far(self, calls: list[ToolCall]) -> Message:
         """The answer streamed so far, ending with ``calls`` (the closed reasoning blocks
-        and the text, then the calls)."""
+        and the text, then the calls).
+
+        Returns:
+            An ``assistant`` message: the closed reasoning blocks, the text so far,
+                then ``calls``.
+        """
         text = "".join(self._text)
         said = (TextPart(text),) if text else ()
         return Message("assistant", (*self._reasoning, *said, *calls))
@@ -216,6 +247,13 @@ class ResultBuilder:
         """The assembled result; tool calls ordered by index, then whole calls.
 
         A stream that ended without a ``StreamEnd`` is incomplete: ``ProviderError``.
+
+        Returns:
+            The result; its finish reason is ``tool_calls`` when the answer has calls
+                and the stream said ``stop``.
+
+        Raises:
+            ProviderError: no ``StreamEnd`` part was added.
         """
         if self._finish is None:
             raise ProviderError(
@@ -276,7 +314,14 @@ def _merge_usage(old: Usage, new: Usage) -> Usage:
 
 
 def assemble(parts: Iterable[StreamPart]) -> ModelResult:
-    """A ``ModelResult`` from a complete sequence of stream parts."""
+    """A ``ModelResult`` from a complete sequence of stream parts.
+
+    Returns:
+        The result, as ``ResultBuilder.result`` assembles it.
+
+    Raises:
+        ProviderError: a part is not a valid stream part, or no ``StreamEnd`` came.
+    """
     builder = ResultBuilder()
     for part in parts:
         builder.add(part)

@@ -72,19 +72,32 @@ class RunQueue(Protocol):
         ...
 
     async def submit(self, run_id: str, submitted_ms: int | None = None) -> str:
-        """Append an entry for ``run_id``; the entry id."""
+        """Append an entry for ``run_id``; the entry id.
+
+        Returns:
+            The id of the new entry.
+        """
         ...
 
     async def read(self, consumer: str, count: int, block_ms: int) -> list[QueueEntry]:
         """Up to ``count`` new entries for ``consumer``, waiting up to ``block_ms`` for
-        the first one."""
+        the first one.
+
+        Returns:
+            The entries delivered to ``consumer`` (none when ``block_ms`` passed first).
+        """
         ...
 
     async def reclaim(
         self, consumer: str, count: int, min_idle_ms: int, cursor: str = "0-0"
     ) -> tuple[str, list[QueueEntry]]:
         """Take over up to ``count`` entries not refreshed for ``min_idle_ms``; the
-        cursor to pass next time and the entries with their delivery counts."""
+        cursor to pass next time and the entries with their delivery counts.
+
+        Returns:
+            The cursor to pass next time, and the entries now delivered to
+                ``consumer`` (their ``deliveries`` counted up).
+        """
         ...
 
     async def refresh(self, consumer: str, ids: Sequence[str]) -> None:
@@ -96,7 +109,11 @@ class RunQueue(Protocol):
         ...
 
     async def requeue(self, entry: QueueEntry) -> str:
-        """Replace an entry by a new one at the end of the queue, atomically; its id."""
+        """Replace an entry by a new one at the end of the queue, atomically; its id.
+
+        Returns:
+            The id of the new entry.
+        """
         ...
 
     async def dead(self, entry: QueueEntry, reason: str, detail: str, worker: str) -> None:
@@ -104,15 +121,27 @@ class RunQueue(Protocol):
         ...
 
     async def pending(self, consumer: str | None = None) -> int:
-        """Entries delivered and not yet settled (of ``consumer``, or of anyone)."""
+        """Entries delivered and not yet settled (of ``consumer``, or of anyone).
+
+        Returns:
+            How many there are.
+        """
         ...
 
     async def waiting(self) -> int:
-        """Entries not delivered yet."""
+        """Entries not delivered yet.
+
+        Returns:
+            How many there are.
+        """
         ...
 
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
-        """The newest dead letters, oldest first."""
+        """The newest dead letters, oldest first.
+
+        Returns:
+            At most ``limit`` dead letters, the newest ones, oldest first.
+        """
         ...
 
     async def leave(self, consumer: str) -> None:
@@ -132,9 +161,25 @@ class RunQueues(Protocol):
 
     async def submit(self, run_id: str, queue: str = "default") -> str:
         """Enqueue the existing run on ``queue``; the entry id. ``RunNotFound`` if the
-        run does not exist, ``InvalidArgument`` for a bad queue name."""
+        run does not exist, ``InvalidArgument`` for a bad queue name.
+
+        Returns:
+            The id of the queue entry.
+
+        Raises:
+            RunNotFound: no run has this id.
+            InvalidArgument: ``queue`` is not a valid queue name.
+            StoreError: the storage failed.
+        """
         ...
 
     def run_queue(self, name: str) -> RunQueue:
-        """The queue ``name`` (``InvalidArgument`` for a bad name)."""
+        """The queue ``name`` (``InvalidArgument`` for a bad name).
+
+        Returns:
+            The queue (its ``prepare`` creates what it needs in the store).
+
+        Raises:
+            InvalidArgument: ``name`` is not a valid queue name.
+        """
         ...

@@ -83,7 +83,11 @@ class Watches(Protocol):
 
     def watch(self, run_id: str | None = None) -> AbstractAsyncContextManager[Feed]:
         """Subscribe (on entering) to the notices of the commits of ``run_id``, or of
-        every run; iterate what it gives."""
+        every run; iterate what it gives.
+
+        Returns:
+            A context manager whose entering subscribes and gives the feed of notices.
+        """
         ...
 
 
@@ -97,6 +101,15 @@ def watch(
         async with watch(store, run_id) as notices:
             async for notice in notices:
                 ...
+
+    Returns:
+        A context manager: entering it starts watching and gives the feed, an async
+            iterator of ``CommitNotice``; leaving it stops. While polling, a store that
+            fails for a while is logged and looked at again at the next poll.
+
+    Raises:
+        StoreError: on entering, the store failed (the first look of a polling watch,
+            or the subscription of a store's own feed).
     """
     if isinstance(store, Watches):
         return store.watch(run_id)

@@ -131,7 +131,21 @@ class Worker:
     # -- serving -------------------------------------------------------------------
 
     async def serve(self) -> WorkerStats:
-        """Take and drive runs until ``stop()``; returns what was done. Serves once."""
+        """Take and drive runs until ``stop()``; returns what was done. Serves once.
+
+        Returns:
+            The worker's counts (``stats``) when it has stopped.
+
+        Raises:
+            InvalidArgument: this worker has served already, or an ``agent`` option
+                has the wrong type or value (as ``Kernel`` refuses it).
+            ConfigError: the store URL is unknown or malformed, the store has no run
+                queues, the ``agent`` options name ``store``, ``lease_ttl`` or
+                ``busy_timeout`` (the worker sets them), or its tools or hooks are
+                refused by ``Kernel`` (two tools of one name, a misspelt hook).
+            StoreError: the store failed while the queue was prepared (failures while
+                serving are logged and retried).
+        """
         if self._served:
             raise InvalidArgument("a Worker serves once: make a new one")
         self._served = True

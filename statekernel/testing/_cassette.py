@@ -60,7 +60,11 @@ configure_tagged_union(
 
 
 def request_key(request: ModelRequest) -> str:
-    """A stable hash of everything in ``request`` (hex SHA-256)."""
+    """A stable hash of everything in ``request`` (hex SHA-256).
+
+    Returns:
+        64 hex digits, equal for equal requests.
+    """
     data = json.dumps(unstructure(request), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(data.encode()).hexdigest()
 
@@ -106,7 +110,17 @@ class Cassette:
         return f"Cassette({str(self.path)!r}, mode={self.mode!r})"
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamPart]:
-        """Replay the recording for ``request``, or record one through the provider."""
+        """Replay the recording for ``request``, or record one through the provider.
+
+        Yields:
+            The recorded parts (or the provider's, as they are recorded).
+
+        Raises:
+            BadRequest: there is no recording for ``request`` and the cassette cannot
+                record one (``mode="replay"``, or no provider).
+            ProviderError: the error that was recorded for ``request``, replayed, or
+                the provider's while recording (recorded too).
+        """
         key = request_key(request)
         seen = self._used.get(key, 0)
         self._used[key] = seen + 1

@@ -32,11 +32,22 @@ class ManualClock:
         self._now = now
 
     def __call__(self) -> float:
-        """The current fake time, in seconds since the epoch."""
+        """The current fake time, in seconds since the epoch.
+
+        Returns:
+            The time.
+        """
         return self._now
 
     def advance(self, seconds: float) -> float:
-        """Move the clock ``seconds`` forward (never back) and return the new time."""
+        """Move the clock ``seconds`` forward (never back) and return the new time.
+
+        Returns:
+            The new time, in seconds since the epoch.
+
+        Raises:
+            InvalidArgument: ``seconds`` is negative or not finite.
+        """
         step = float(seconds)
         if not (step >= 0 and math.isfinite(step)):
             raise InvalidArgument(f"a clock moves forward by finite seconds, not {seconds!r}")

@@ -64,7 +64,11 @@ class FaultPlan:
         self.fired: list[CrashAt] = []
 
     def reach(self, point: CrashPoint) -> None:
-        """Note an arrival at ``point``; raise ``Crash`` if one is scheduled here."""
+        """Note an arrival at ``point``; raise ``Crash`` if one is scheduled here.
+
+        Raises:
+            Crash: a crash is scheduled for this arrival (a ``BaseException``).
+        """
         self.counts[point] += 1
         key = (point, self.counts[point])
         if key in self.pending:
@@ -73,7 +77,11 @@ class FaultPlan:
             raise Crash(point, key[1])
 
     def middleware(self) -> Middleware:
-        """Middleware that crashes after a tool's side effect, before its result commits."""
+        """Middleware that crashes after a tool's side effect, before its result commits.
+
+        Returns:
+            The middleware (it reaches ``tool_after_effect`` after each tool call).
+        """
 
         async def crash_after_effect(call: Any, nxt: Any) -> Any:
             result = await nxt(call)
@@ -92,7 +100,11 @@ class FaultyStore(StoreWrapper):
         self.plan = plan
 
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
-        """Maybe crash before, maybe after the inner commit lands."""
+        """Maybe crash before, maybe after the inner commit lands.
+
+        Raises:
+            Crash: the plan crashes at ``before_commit`` or ``after_commit`` here.
+        """
         self.plan.reach("before_commit")
         await self.inner.commit(checkpoint, lease=lease)
         self.plan.reach("after_commit")
@@ -109,7 +121,14 @@ class FaultyProvider:
         self.plan = plan
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamPart]:
-        """Stream the inner provider's parts, crashing where the plan says."""
+        """Stream the inner provider's parts, crashing where the plan says.
+
+        Yields:
+            The inner provider's parts.
+
+        Raises:
+            Crash: the plan crashes at ``model_call`` or ``mid_stream`` here.
+        """
         self.plan.reach("model_call")
         first = True
         async for part in self.inner.stream(request):

@@ -69,7 +69,11 @@ class Ledger:
     outcomes: dict[str, tuple[bool, Any]] = attrs.Factory(dict)
 
     def middleware(self) -> Any:
-        """Innermost middleware naming the call that the wrapped tool records under."""
+        """Innermost middleware naming the call that the wrapped tool records under.
+
+        Returns:
+            The middleware, to put last in the kernel's ``middleware``.
+        """
 
         async def record(call: Any, nxt: Any) -> Any:
             if not isinstance(call, ToolInvocation):
@@ -88,6 +92,9 @@ class Ledger:
         An async call of a tool that is not idempotent runs to its end even when its drive
         is cancelled (as a sync tool's thread does), so its outcome is known when the
         harness answers for it as an operator would, from what really happened.
+
+        Returns:
+            A copy of ``tool`` whose function records into this ledger.
         """
         fn = tool.fn
         if inspect.iscoroutinefunction(fn):
@@ -316,6 +323,15 @@ async def check_crash_resume(
     ``start["run_id"]``. ``start`` holds ``kernel.start`` arguments. Paused runs are
     resumed with ``approve(run)``; uncertain tool calls are resolved with what the tool
     really did.
+
+    Returns:
+        The report: the crashes that fired, the processes used, the resolutions made,
+            and the final run with the uninterrupted one it was compared with.
+
+    Raises:
+        AssertionError: an invariant does not hold (named in the message), or the run
+            did not complete within ``max_processes`` processes.
+        InvalidArgument: the run is in ``store`` already.
     """
     if not isinstance(store, str):
         return await _check(agent, start, schedule, store, baseline_store, approve, max_processes)
@@ -382,6 +398,10 @@ def fuzz_agent(
     ``ask`` (``ask_user``) pauses the run for an answer (``approve(run)`` gives it), and
     ``helper`` (``delegate``) runs a child run that calls ``lookup`` and answers.
     Their outputs depend only on their input, as the invariants require.
+
+    Returns:
+        A function returning fresh ``Kernel`` keyword arguments (tools, providers,
+            dispatch, ``max_turns=None``) on each call, for ``check_crash_resume``.
     """
     from statekernel._kernel.asking import ask_user
     from statekernel._kernel.delegate import delegate

@@ -51,7 +51,12 @@ class RawRecords(Protocol):
     """Reads and replaces the stored records of a run, below the store's own checks."""
 
     async def read(self, store: CheckpointStore, run_id: str) -> dict[RecordKey, bytes]:
-        """Every stored record of the run, by name, as stored."""
+        """Every stored record of the run, by name, as stored.
+
+        Returns:
+            Every record of the run, by name (kind and revision, position or key), as
+                stored.
+        """
         ...
 
     async def write(
@@ -70,11 +75,23 @@ class RawDocuments(RawRecords, Protocol):
     """``RawRecords`` that also turn a record's bytes into its document and back."""
 
     def decode(self, key: RecordKey, data: bytes) -> Any:
-        """The document a head, entry, message or turn record holds."""
+        """The document a head, entry, message or turn record holds.
+
+        Returns:
+            The record's JSON document.
+
+        Raises:
+            CorruptCheckpoint: ``data`` is not a record of that kind (its checksum fails
+                or it does not parse).
+        """
         ...
 
     def encode(self, key: RecordKey, doc: Any, like: bytes) -> bytes:
-        """``doc`` as the record ``key`` stores it (``like``: the record's bytes now)."""
+        """``doc`` as the record ``key`` stores it (``like``: the record's bytes now).
+
+        Returns:
+            The record's bytes, as the store writes them (checksum included).
+        """
         ...
 
 
@@ -106,14 +123,26 @@ class _Binary:
     """Records stored as checksummed JSON (commit log entries deflated)."""
 
     def decode(self, key: RecordKey, data: bytes) -> Any:
-        """The record's document."""
+        """The record's document.
+
+        Returns:
+            The record's JSON document.
+
+        Raises:
+            CorruptCheckpoint: ``data`` is not a record of that kind (its checksum fails
+                or it does not parse).
+        """
         what = key[0]
         if what == "entry":
             return load_entry(unseal(data, what), what)
         return load_json(unseal(data, what), what)
 
     def encode(self, key: RecordKey, doc: Any, like: bytes) -> bytes:
-        """``doc`` as the record's bytes."""
+        """``doc`` as the record's bytes.
+
+        Returns:
+            The record's bytes, as the store writes them (checksum included).
+        """
         return seal(dump_entry(doc) if key[0] == "entry" else dump_bytes(doc))
 
 
@@ -121,7 +150,12 @@ class MemoryRecords(_Binary):
     """``RawRecords`` of ``memory://`` stores."""
 
     async def read(self, store: CheckpointStore, run_id: str) -> dict[RecordKey, bytes]:
-        """The run's records."""
+        """The run's records.
+
+        Returns:
+            Every record of the run, by name (kind and revision, position or key), as
+                stored.
+        """
         found = _memory(store, run_id)
         records: dict[RecordKey, bytes] = {("head", 0): found.head}
         records.update({("entry", i): e for i, e in enumerate(found.entries)})
@@ -173,7 +207,12 @@ class SQLiteRecords(_Binary):
     }
 
     async def read(self, store: CheckpointStore, run_id: str) -> dict[RecordKey, bytes]:
-        """The run's records."""
+        """The run's records.
+
+        Returns:
+            Every record of the run, by name (kind and revision, position or key), as
+                stored.
+        """
         return await asyncio.to_thread(self._read, _sqlite_path(store), run_id)
 
     def _read(self, path: str, run_id: str) -> dict[RecordKey, bytes]:
@@ -259,7 +298,12 @@ class FileRecords:
     }
 
     async def read(self, store: CheckpointStore, run_id: str) -> dict[RecordKey, bytes]:
-        """The run's records."""
+        """The run's records.
+
+        Returns:
+            Every record of the run, by name (kind and revision, position or key), as
+                stored.
+        """
         records: dict[RecordKey, bytes] = {}
         for key, line in self._lines(_folder(store, run_id)):
             if key[0] != "head" or key[1] == 0:
@@ -268,7 +312,15 @@ class FileRecords:
 
     def decode(self, key: RecordKey, data: bytes) -> Any:
         """The record's document (a log line holds it third, a head record fourth; an
-        entry and a head compressed, in base64)."""
+        entry and a head compressed, in base64).
+
+        Returns:
+            The record's JSON document.
+
+        Raises:
+            CorruptCheckpoint: ``data`` is not a record of that kind (its checksum fails
+                or it does not parse).
+        """
         kind = key[0]
         line = load_json(unseal_line(data, kind), kind)
         if kind == "head":
@@ -278,7 +330,11 @@ class FileRecords:
         return line[2]
 
     def encode(self, key: RecordKey, doc: Any, like: bytes) -> bytes:
-        """``doc`` in the record's line in place of what it holds."""
+        """``doc`` in the record's line in place of what it holds.
+
+        Returns:
+            The record's bytes, as the store writes them (checksum included).
+        """
         kind = key[0]
         outer = load_json(unseal_line(like, kind), kind)
         if kind == "head":
@@ -362,7 +418,12 @@ class RedisRecords(_Binary):
     _LISTS: ClassVar[dict[str, str]] = {"entry": "c", "message": "m", "turn": "t"}
 
     async def read(self, store: CheckpointStore, run_id: str) -> dict[RecordKey, bytes]:
-        """The run's records."""
+        """The run's records.
+
+        Returns:
+            Every record of the run, by name (kind and revision, position or key), as
+                stored.
+        """
         assert isinstance(store, RedisStore), f"{store!r} is not a Redis store"
         client: Any = store.client
         records: dict[RecordKey, bytes] = {

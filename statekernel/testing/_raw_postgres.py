@@ -45,7 +45,12 @@ class PostgresRecords(_Binary):
     }
 
     async def read(self, store: CheckpointStore, run_id: str) -> dict[RecordKey, bytes]:
-        """The run's records."""
+        """The run's records.
+
+        Returns:
+            Every record of the run, by name (kind and revision, position or key), as
+                stored.
+        """
         s = f'"{_store(store).schema}"'
         rows = await _conn_do(
             store, f"SELECT id, head FROM {s}.runs WHERE run_id = $1", _key(run_id)

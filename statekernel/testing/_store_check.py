@@ -49,6 +49,14 @@ async def check_store(
     ``raw`` reaches the stores' own storage, for the checks on damaged records.
     ``clock``: the clock the factory's stores expire leases on; the lease check moves
     it instead of waiting for a lease to expire in real time.
+
+    Returns:
+        The names of the checks run, in order (those of the optional features the
+            store declares, and of ``raw``'s checks, included).
+
+    Raises:
+        AssertionError: a check failed (named in the message), or ``factory`` returned
+            something that is not a store.
     """
     from statekernel.testing._store_props import check_generated_runs
 

@@ -44,6 +44,16 @@ def create_app(
 
     The app's lifespan closes what it opened; mounted in another app (whose lifespan
     does not reach it) call ``await app.state.web.aclose()`` when that app stops.
+
+    Returns:
+        The Starlette application.
+
+    Raises:
+        ConfigError: ``store_or_kernel`` is no store, store URL or ``Kernel``, its URL
+            is unknown or malformed, both a kernel and ``agent`` were given, or
+            ``agent`` cannot be loaded or is not ``Kernel`` keyword arguments.
+        InvalidArgument: an option in ``agent`` has the wrong type or value (as
+            ``Kernel`` refuses it).
     """
     web = open_context(store_or_kernel, agent=agent, authorize=authorize)
 

@@ -239,7 +239,18 @@ class SQLiteStore(HostLeased, Closing):
         return self._error(exc)  # sqlite3 errors, undecodable text in an error message
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
-        """The run at its head, or at ``revision``."""
+        """The run at its head, or at ``revision``.
+
+        Returns:
+            The run, whole (transcript and completed turns included).
+
+        Raises:
+            RunNotFound: no run has this id, or it has no revision ``revision``.
+            InvalidArgument: ``run_id`` or ``revision`` is of the wrong type or value.
+            CorruptCheckpoint: a stored record of the run cannot be read or fails its
+                checksum.
+            StoreError: the storage failed.
+        """
         checked_revision(run_id, revision)
         return await shielded(self._load(run_id, revision))
 
@@ -263,7 +274,16 @@ class SQLiteStore(HostLeased, Closing):
         return _decode(parts, what)
 
     async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
-        """Every revision with the events of its commit, oldest first (for copying runs)."""
+        """Every revision with the events of its commit, oldest first (for copying runs).
+
+        Yields:
+            Each revision of the run, oldest first, with the events of its commit.
+
+        Raises:
+            RunNotFound: no run has this id.
+            CorruptCheckpoint: a stored record of the run cannot be read.
+            StoreError: the storage failed.
+        """
         what = f"history of {run_id!r} in {self.url}"
 
         def head_of(stored: Stored, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
@@ -283,7 +303,15 @@ class SQLiteStore(HostLeased, Closing):
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         """Land the checkpoint in a ``BEGIN IMMEDIATE`` transaction (compare-and-set, and
         the lease check when ``lease`` is given), shared with the commits of other runs
-        that are ready at the same moment."""
+        that are ready at the same moment.
+
+        Raises:
+            ConflictError: the head is not at ``checkpoint.expected_revision`` (at
+                revision 0: the run exists already); nothing was written.
+            LeaseLost: ``lease`` is no longer the run's current lease; nothing was
+                written.
+            StoreError: the store is opened read-only, or the storage failed.
+        """
         await self._commit(checkpoint, lease)
 
     def _refuse_leases(self) -> None:
@@ -339,7 +367,18 @@ class SQLiteStore(HostLeased, Closing):
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
     ) -> list[Event]:
-        """Persisted events of the revisions after ``after_revision``."""
+        """Persisted events of the revisions after ``after_revision``.
+
+        Returns:
+            The events in ``seq`` order, at most ``limit`` of them (all with ``limit``
+                None).
+
+        Raises:
+            RunNotFound: no run has this id.
+            InvalidArgument: ``after_revision`` or ``limit`` is of the wrong type or value.
+            CorruptCheckpoint: a stored commit of the run cannot be read.
+            StoreError: the storage failed.
+        """
         after_revision, limit = checked_events(run_id, after_revision, limit)
         what = f"events of run {run_id!r} in {self.url}"
         found: list[Event] = []
@@ -369,7 +408,17 @@ class SQLiteStore(HostLeased, Closing):
         limit: int = 100,
         cursor: str | None = None,
     ) -> RunPage:
-        """Runs, newest update first."""
+        """Runs, newest update first.
+
+        Returns:
+            One page of at most ``limit`` runs, newest update first; runs whose head
+                cannot be read are named in its ``damaged``.
+
+        Raises:
+            InvalidArgument: ``state``, ``updated_after``, ``limit`` or ``cursor`` is of
+                the wrong type or value.
+            StoreError: ``cursor`` is not one a listing gave, or the storage failed.
+        """
         limit = checked_listing(state, updated_after, limit, cursor)
         where, params = _filters(state, updated_after, cursor)
         sql = f"SELECT {_LISTED} FROM runs{where} ORDER BY updated_us DESC, run_id DESC LIMIT ?"
@@ -407,7 +456,15 @@ class SQLiteStore(HostLeased, Closing):
         found.append(summary)
 
     async def delete(self, run_id: str) -> bool:
-        """Remove the run with every revision, part, blob and event."""
+        """Remove the run with every revision, part, blob and event.
+
+        Returns:
+            True if the run was there and is gone, False if there was none.
+
+        Raises:
+            InvalidArgument: ``run_id`` is not a run id.
+            StoreError: the store is opened read-only, or the storage failed.
+        """
         checked_run_id(run_id)
         self._heads.drop(run_id)
         return await shielded(self._call(delete_run, run_id))
