@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shlex
 import sys
@@ -16,7 +15,7 @@ import attrs
 import click
 from rich.console import Console
 
-from statekernel._cli.visible import visible
+from statekernel._cli.visible import json_text, visible
 from statekernel._kernel.kernel import Kernel
 from statekernel._records.convert import to_plain
 from statekernel._secrets import redact
@@ -74,7 +73,7 @@ def show_error(exc: click.ClickException, *, as_json: bool) -> None:
     hint = getattr(exc, "hint", "")
     if hint:
         shown["hint"] = hint
-    sys.stderr.write(json.dumps(shown, ensure_ascii=False) + "\n")
+    sys.stderr.write(json_text(shown) + "\n")
     sys.stderr.flush()
 
 
@@ -199,7 +198,7 @@ class Output:
     def json(self, value: Any, *, lines: bool = False) -> None:
         """Print ``value`` (records are unstructured) as JSON; one line when ``lines``."""
         data = to_plain(value)
-        text = json.dumps(data, ensure_ascii=False, indent=None if lines else 2, default=str)
+        text = json_text(data, indent=None if lines else 2, default=str)
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
 

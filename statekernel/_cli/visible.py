@@ -10,9 +10,12 @@ rich renderables, whose markup is then never interpreted).
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from rich.text import Text
 
-__all__ = ["plain", "visible"]
+__all__ = ["json_text", "plain", "visible"]
 
 _BIDI = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
 """Arabic letter mark, LRM/RLM, the embeddings and overrides, the isolates."""
@@ -40,3 +43,15 @@ def visible(text: str, *, layout: bool = False) -> str:
 def plain(text: str, style: str = "", *, layout: bool = False) -> Text:
     """``visible(text)`` as a rich ``Text``: printed as it is, its markup never read."""
     return Text(visible(text, layout=layout), style=style)
+
+
+_JSON = {code: f"\\u{code:04x}" for code in _CONTROLS if code >= 0x7F}
+"""What JSON itself leaves raw (DEL, C1 controls, bidi, separators) as ``\\uXXXX``."""
+
+
+def json_text(data: Any, **options: Any) -> str:
+    """``json.dumps(data, ensure_ascii=False, **options)`` with the characters JSON
+    leaves raw that a terminal acts on (C1 controls such as the one-character CSI, bidi
+    overrides, line separators) written as ``\\uXXXX`` escapes: the same JSON value,
+    safe to print (only strings can hold them, and there an escape means the same)."""
+    return json.dumps(data, ensure_ascii=False, **options).translate(_JSON)

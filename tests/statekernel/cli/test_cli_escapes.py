@@ -163,3 +163,12 @@ def test_model_output_is_shown_escaped_by_every_command(tmp_path: Path) -> None:
     lines = ok(sk("runs", "events", "evil", "--store", store, "--json", cwd=tmp_path))
     assert any(json.loads(line)["data"].get("name") == "no" + EVIL for line in lines.splitlines())
     assert "\\u001b" in lines  # JSON's own escape
+    # and what JSON leaves raw that a terminal acts on (a C1 CSI, a bidi override) is
+    # escaped too: the same JSON value, safe to print
+    shown_json = ok(sk("runs", "show", "evil", "--store", store, "--json", cwd=tmp_path))
+    for printed in (lines, shown_json):
+        assert "\x9b" not in printed, "a raw C1 CSI in --json"
+        assert "\u202e" not in printed, "a raw right-to-left override in --json"
+        assert "\\u009b" in printed
+        assert "\\u202e" in printed
+    assert json.loads(shown_json)["messages"][0]["content"][0]["text"] == EVIL
