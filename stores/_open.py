@@ -20,7 +20,7 @@ from statekernel._storage.plugins import (
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import ConfigError
 
-__all__ = ["backend", "open_store"]
+__all__ = ["backend", "open_store", "open_store_to_read"]
 
 _BACKENDS: dict[str, str] = {
     "memory": "memory",
@@ -88,6 +88,20 @@ def open_store(url: str) -> CheckpointStore:
     make = backend(url, "store")
     remember_url(url)
     store: CheckpointStore = make(url)
+    return store
+
+
+def open_store_to_read(url: str) -> CheckpointStore:
+    """The store for ``url`` for a reader (a view without an agent): a PostgreSQL store
+    opens read-only, so it creates and upgrades no schema that writers of another
+    release use, and refuses writes; other backends open as ``open_store`` does (a
+    reader that must not create one checks that it exists first)."""
+    make = backend(url, "store")
+    remember_url(url)
+    if _BACKENDS.get(url.split("://", 1)[0].lower()) == "postgres":
+        store: CheckpointStore = make(url, read_only=True)
+    else:
+        store = make(url)
     return store
 
 

@@ -128,6 +128,7 @@ def open_context(
     """The context of ``create_app``: a kernel acts when given, or when ``agent`` (its
     keyword arguments, or ``package.module:function`` returning them) is."""
     from statekernel.stores import open_store, redact_url
+    from statekernel.stores._open import open_store_to_read
 
     owns_store = False
     label = ""
@@ -137,7 +138,10 @@ def open_context(
         store = store_or_kernel.store
         actor: Kernel | None = store_or_kernel
     elif isinstance(store_or_kernel, str):
-        store, owns_store, label = open_store(store_or_kernel), True, redact_url(store_or_kernel)
+        # without an agent the view only reads: it upgrades no schema other releases use
+        opened = open_store(store_or_kernel) if agent is not None else None
+        store = opened or open_store_to_read(store_or_kernel)
+        owns_store, label = True, redact_url(store_or_kernel)
         actor = None
     elif isinstance(store_or_kernel, CheckpointStore):
         store, actor = store_or_kernel, None

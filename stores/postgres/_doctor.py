@@ -70,8 +70,11 @@ class PostgresProbe:
             )
         found = [Finding("store layout", self.subject, OK, f"layout version {version}")]
         if version != STORE_VERSION:
-            detail = f"layout version {version}: this release reads only {STORE_VERSION}"
-            found = [Finding("store layout", self.subject, DAMAGED, detail)]
+            detail = (
+                f"layout version {version}: read as it is; the first writer of this release"
+                f" upgrades it to {STORE_VERSION}, which older releases then refuse"
+            )
+            found = [Finding("store layout", self.subject, WARNING, detail)]
         sync = str((await self._query("SHOW synchronous_commit"))[0][0])
         if sync == "off":
             detail = (

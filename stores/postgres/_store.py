@@ -125,8 +125,9 @@ class PostgresStore(Closing):
         """Either ``url`` (the store opens its own pool on first use) or ``pool`` (an
         ``asyncpg.Pool`` the caller owns: never closed here). ``schema`` and
         ``pgbouncer`` override what the URL says (defaults: ``statekernel``, off).
-        ``read_only``: the store creates and upgrades nothing (a schema without this
-        release's layout is a ``StoreError``), and refuses commits, leases and deletes."""
+        ``read_only``: the store creates and upgrades nothing (a schema without a
+        layout this release reads, its own or an older one, is a ``StoreError``), and
+        refuses commits, leases and deletes."""
         if (url is None) == (pool is None):
             raise ConfigError("PostgresStore takes a URL or a pool, one of the two")
         if url is not None:
@@ -221,11 +222,14 @@ class PostgresStore(Closing):
             return self._pool
 
     async def _check_layout(self, conn: Any) -> None:
+        """A read-only store reads its layout or an older one (versions 2 and 3 added
+        the run queues and the commit notices: runs, revisions and events are stored as
+        in version 1), and upgrades nothing."""
         version = await layout_version(conn, self.schema)
-        if version != STORE_VERSION:
+        if version is None or not 1 <= version <= STORE_VERSION:
             found = "no store" if version is None else f"layout version {version}"
             raise StoreError(
-                f"Postgres store {self._shown()}: {found} (this release reads"
+                f"Postgres store {self._shown()}: {found} (this release reads 1 to"
                 f" {STORE_VERSION}); opened read-only, nothing is created or upgraded"
             )
 

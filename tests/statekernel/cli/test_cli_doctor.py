@@ -21,7 +21,7 @@ from statekernel.testing import (
     SQLiteRecords,
 )
 
-from ...conftest import CLUSTER_NODES
+from ...conftest import CLUSTER_NODES, pg_admin
 from .test_cli_runs import EXE, sk
 
 pytestmark = pytest.mark.skipif(
@@ -292,6 +292,18 @@ def test_postgres_store(tmp_path: Path, postgres_store_url: str) -> None:
     assert finding(findings, "commit log", "run-p")["status"] == "ok"
     assert "free" in finding(findings, "lease", "run-p")["detail"]
     assert not [f for f in findings if f["status"] == "damaged"]
+
+    # a layout an older release left is read as it is, and said to be upgraded by a writer
+    from statekernel.stores.postgres._url import parse_postgres_url
+
+    target = parse_postgres_url(postgres_store_url)
+    layout = f'UPDATE "{target.schema}".statekernel_schema SET version = '
+    pg_admin(target.dsn, layout + "2")
+    older = doctor(postgres_store_url, tmp_path, 0)
+    assert older[0]["status"] == "warning"
+    assert "layout version 2: read as it is" in older[0]["detail"]
+    assert finding(older, "records", "run-p")["status"] == "ok"
+    pg_admin(target.dsn, layout + str(STORE_VERSION))
 
     damage_copy(postgres_store_url, PostgresRecords(), "run-p", "lease", b"damaged")
     lease = finding(doctor(postgres_store_url, tmp_path, 1), "lease", "run-p")
