@@ -32,6 +32,7 @@ from typing import Any, NoReturn, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import attrs
+import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError
@@ -198,6 +199,8 @@ class RedisStore(Closing):
             self._client = client or (_cluster_for(target) if cluster else _client_for(target))
         except (ValueError, TypeError, RedisError) as exc:
             raise ConfigError(f"bad Redis URL {redact_url(url)!r}: {self._clean(exc)}") from exc
+        if isinstance(self._client, RedisCluster):
+            check_cluster_support(redis.__version__)
         self._script = self._client.register_script(COMMIT_SCRIPT)
         self._acquire = self._client.register_script(ACQUIRE_SCRIPT)
         self._renew = self._client.register_script(RENEW)
@@ -729,9 +732,25 @@ class RedisStore(Closing):
             await self._client.aclose()
 
 
+CLUSTER_NEEDS = (6, 2)
+"""The redis-py release from which a cluster pipeline runs a transaction (the commit's
+``MULTI``/``EXEC`` on one hash slot); before it, redis-py refuses one."""
+
+
+def check_cluster_support(version: str) -> None:
+    """``ConfigError`` unless redis-py ``version`` runs transactions on a Redis Cluster."""
+    found = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if found < CLUSTER_NEEDS:
+        raise ConfigError(
+            f"a Redis Cluster store needs redis-py {'.'.join(map(str, CLUSTER_NEEDS))} or"
+            f" newer (installed: {version}): older releases run no transaction on a cluster"
+        )
+
+
 def _cluster_for(url: str) -> RedisCluster:
     """A Redis Cluster client that starts from the node of ``url`` (it finds the others);
     a cluster has one database, so a path other than ``/`` or ``/0`` is refused."""
+    check_cluster_support(redis.__version__)
     path = urlsplit(url).path.strip("/")
     if path not in ("", "0"):
         raise ValueError(f"a Redis Cluster has database 0 only, not {path!r}")

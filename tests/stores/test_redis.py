@@ -284,3 +284,13 @@ def test_a_cluster_has_database_0_only() -> None:
     with pytest.raises(ConfigError, match="database 0 only, not '2'"):
         RedisStore("redis://127.0.0.1:1/2?cluster=yes")
     assert RedisStore("redis://127.0.0.1:1/0?cluster=true").prefix == "statekernel"
+
+
+def test_a_cluster_store_needs_a_redis_py_that_runs_cluster_transactions() -> None:
+    from statekernel.stores.redis._store import check_cluster_support
+
+    for version in ("6.2.0", "7.0.1", "8.1.0", "10.0.0b1"):
+        check_cluster_support(version)
+    for version in ("5.3.1", "6.1.0", "4.6.0"):
+        with pytest.raises(ConfigError, match=rf"redis-py 6\.2 or newer \(installed: {version}\)"):
+            check_cluster_support(version)
