@@ -96,8 +96,8 @@ def test_a_forked_child_is_told_to_make_its_own() -> None:
             os._exit(0)
         os.close(writer)
         with os.fdopen(reader, "rb") as pipe:
-            said = pipe.read().decode()
+            heard = pipe.read().decode()
         os.waitpid(pid, 0)
-        assert "before a fork" in said, said
+        assert "before a fork" in heard, heard
         with pytest.raises(RunNotFound):  # the parent's goes on working
             blocking.call(lambda k: k.get("missing"))

@@ -171,7 +171,7 @@ def test_deleting_with_children_needs_each_child_allowed(tmp_path: Path) -> None
     }
 
     async def family() -> None:
-        async with sk.Kernel(url, tools=[helper], providers=providers) as kernel:  # type: ignore[arg-type]
+        async with sk.Kernel(url, tools=[helper], providers=providers) as kernel:
             await kernel.start(model="lead/m", messages=["go"], run_id="parent")
             async for _ in kernel.run("parent"):
                 pass

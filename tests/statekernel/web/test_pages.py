@@ -268,7 +268,7 @@ def test_a_view_without_an_agent_upgrades_no_postgres_schema(postgres_store_url:
     asyncio.run(make_runs(postgres_store_url))
     asyncio.run(sql(f"UPDATE {table} SET version = 2"))  # as an older release left it
     with TestClient(create_app(postgres_store_url)) as client:
-        page = client.get("/").text
-        assert "asking" in page
+        listed = client.get("/").text
+        assert "asking" in listed
         assert client.get("/runs/asking").status_code == 200
     assert asyncio.run(sql(f"SELECT max(version) FROM {table}")) == 2, "not upgraded"
