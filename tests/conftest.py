@@ -90,7 +90,9 @@ def _start_cluster(binary: str, folder: Path) -> tuple[list[subprocess.Popen[byt
         args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
         args += ["--appendonly", "no", "--dir", str(node_dir), "--loglevel", "warning"]
         args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
-        args += ["--cluster-node-timeout", "5000"]
+        # a node that a loaded machine keeps from answering for a while must not be
+        # declared failed (with no replicas the whole cluster would refuse commands)
+        args += ["--cluster-node-timeout", "60000"]
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
         procs.append(subprocess.Popen(args, **quiet))  # type: ignore[call-overload]
         ports.append(port)

@@ -258,6 +258,11 @@ class Dies(StoreWrapper):
         """The store stays open for the others."""
 
 
+DYING_TTL = 2.0
+"""The lease of a worker that dies: long enough that its first commits come before it
+lapses on a loaded machine; the worker that reclaims the run waits this long."""
+
+
 async def crashed_holder(kernel: sk.Kernel, ttl: float) -> tuple[list[str], RunQueue]:
     """A worker that took a run, committed the model intent under its lease, and died."""
     ids = await submit_new(kernel, 1)
@@ -278,7 +283,7 @@ async def crashed_holder(kernel: sk.Kernel, ttl: float) -> tuple[list[str], RunQ
 async def test_a_crashed_workers_run_is_reclaimed_after_its_lease_expires(
     kernel: sk.Kernel,
 ) -> None:
-    ids, q = await crashed_holder(kernel, ttl=0.6)
+    ids, q = await crashed_holder(kernel, ttl=DYING_TTL)
     assert await q.pending("dead-worker") == 1
     worker = sk.Worker(kernel.store, agent=agent(note_then_done()), **FAST)
     task = await serve(worker)
@@ -296,7 +301,7 @@ async def test_a_crashed_workers_run_is_reclaimed_after_its_lease_expires(
 async def test_an_entry_delivered_too_often_goes_to_the_dead_letters(
     kernel: sk.Kernel,
 ) -> None:
-    ids, q = await crashed_holder(kernel, ttl=0.3)
+    ids, q = await crashed_holder(kernel, ttl=DYING_TTL)
     worker = sk.Worker(kernel.store, agent=agent(["done"]), max_deliveries=1, **FAST)
     task = await serve(worker)
     await until(lambda: queue_empty(q))
