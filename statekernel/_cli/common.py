@@ -134,17 +134,20 @@ def command_hint(command: str, store: str | None, agent: str | None = None) -> s
 
 @contextlib.asynccontextmanager
 async def open_cli_store(
-    url: str | None, *, existing: bool = True
+    url: str | None, *, existing: bool = True, reading: bool = False
 ) -> AsyncIterator[CheckpointStore]:
     """Open the store named by ``--store`` (or the configured one), closed on exit.
     With ``existing`` (commands that act on stored runs) a store that does not exist
-    yet is a ``UserError`` naming it, and nothing is created."""
+    yet is a ``UserError`` naming it, and nothing is created. With ``reading``
+    (commands that only read) a PostgreSQL store opens read-only: nothing is created or
+    upgraded there either."""
     from statekernel.stores import open_store
+    from statekernel.stores._open import open_store_to_read
 
     chosen = store_url(url)
     if existing:
         check_existing_store(chosen)
-    store = open_store(chosen)
+    store = open_store_to_read(chosen) if reading else open_store(chosen)
     try:
         yield store
     finally:
@@ -153,11 +156,14 @@ async def open_cli_store(
 
 @contextlib.asynccontextmanager
 async def open_cli_kernel(
-    url: str | None, *, existing: bool = True, **options: Any
+    url: str | None, *, existing: bool = True, reading: bool = False, **options: Any
 ) -> AsyncIterator[Kernel]:
     """A kernel (with ``options``) on the store ``open_cli_store`` opens; both are closed
     on exit."""
-    async with open_cli_store(url, existing=existing) as store, Kernel(store, **options) as kernel:
+    async with (
+        open_cli_store(url, existing=existing, reading=reading) as store,
+        Kernel(store, **options) as kernel,
+    ):
         yield kernel
 
 

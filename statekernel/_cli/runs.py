@@ -73,7 +73,7 @@ def list_runs(
     damaged: dict[str, str] = {}
 
     async def go() -> list[RunSummary]:
-        async with open_cli_kernel(store) as kernel:
+        async with open_cli_kernel(store, reading=True) as kernel:
             s = kernel.store
             if root is not None:
                 tree = [RunSummary.of(run) for _, run in await kernel.tree(root)]
@@ -109,7 +109,7 @@ def tree(run_id: str, store: str | None, as_json: bool) -> None:
     """Show a run and its child runs (delegations), as a tree."""
 
     async def go() -> list[tuple[int, Run]]:
-        async with open_cli_kernel(store) as kernel:
+        async with open_cli_kernel(store, reading=True) as kernel:
             return await kernel.tree(run_id)
 
     nodes = run_async(go())
@@ -129,7 +129,7 @@ def show(run_id: str, revision: int | None, full: bool, store: str | None, as_js
     """Show a run: state, context, transcript, tool calls in progress, usage."""
 
     async def go() -> Run:
-        async with open_cli_store(store) as s:
+        async with open_cli_store(store, reading=True) as s:
             try:
                 return await s.load(run_id, revision=revision)
             except RunNotFound:
@@ -183,7 +183,7 @@ def events(
     printer = EventPrinter(out.console, live=False)
 
     async def go() -> None:
-        async with open_cli_store(store) as s:
+        async with open_cli_store(store, reading=True) as s:
             if not follow or not isinstance(s, Watches):
                 await printing(s, None)
                 return
@@ -458,7 +458,7 @@ def diagram(run_id: str, output: str | None, store: str | None, as_json: bool) -
         raise UserError(f"cannot tell the format of {target!r}: use .svg, .dot or .mmd")
 
     async def go() -> bytes:
-        async with open_cli_kernel(store) as kernel:
+        async with open_cli_kernel(store, reading=True) as kernel:
             return await kernel.diagram(run_id, format=fmt)
 
     data = run_async(go())
