@@ -48,6 +48,8 @@ class KernelThread:
         self._lock = threading.Lock()
         """Orders a call's check of ``_closed`` and its hand-off to the loop with ``close``."""
         self._pid = os.getpid()
+        self._calls: set[asyncio.Task[object]] = set()
+        """The tasks of the calls running on the loop (touched on the loop's thread only)."""
 
         async def made() -> Kernel:
             kernel = make()
@@ -65,17 +67,19 @@ class KernelThread:
     def _submit(self, work: Awaitable[T], timeout: float | None = None) -> T:
         """Run ``work`` on the loop and wait for it; refused once closed, or in a process
         forked from the one that made this (the child has no copy of the loop's thread)."""
+        calls = self._calls
 
         async def wrapped() -> T:
-            return await work
+            task = asyncio.current_task()
+            assert task is not None
+            calls.add(task)
+            try:
+                return await work
+            finally:
+                calls.discard(task)
 
+        self._check_process(work)
         with self._lock:
-            if self._pid != os.getpid():
-                _discard(work)
-                raise StatekernelError(
-                    f"this KernelThread was made in process {self._pid}, before a fork: "
-                    "make one in each process (after the fork)"
-                )
             if self._closed:
                 _discard(work)
                 raise StatekernelError("this KernelThread is closed")
@@ -83,7 +87,20 @@ class KernelThread:
         try:
             return future.result(timeout)
         except concurrent.futures.CancelledError:
+            if not self._closed:
+                raise  # the call's own cancellation, as it is
             raise StatekernelError("this KernelThread was closed while the call ran") from None
+
+    def _check_process(self, work: Awaitable[object] | None = None) -> None:
+        """Refuse a call in a process forked after this was made (checked before any lock,
+        which a thread of the parent may have held at the fork)."""
+        if self._pid != os.getpid():
+            if work is not None:
+                _discard(work)
+            raise StatekernelError(
+                f"this KernelThread was made in process {self._pid}, before a fork: "
+                "make one in each process (after the fork)"
+            )
 
     def call(self, fn: Callable[[Kernel], Awaitable[T]], *, timeout: float | None = None) -> T:
         """``await fn(kernel)`` on the kernel's loop; its result.
@@ -102,6 +119,7 @@ class KernelThread:
 
         Any error of ``fn(kernel)`` is raised here, in the calling thread, as it is.
         """
+        self._check_process()
         with self._lock:
             if self._closed:
                 raise StatekernelError("this KernelThread is closed")
@@ -134,9 +152,11 @@ class KernelThread:
     def close(self) -> None:
         """Close the kernel (releasing its leases) and stop the thread. Idempotent. A call
         still running then ends with ``StatekernelError``; a call after it is refused."""
+        if self._pid != os.getpid():  # a forked child: the loop's thread is not here
+            self._closed = True
+            return
         with self._lock:
-            if self._closed or self._pid != os.getpid():
-                self._closed = True
+            if self._closed:
                 return
             self._closed = True
         try:
@@ -145,7 +165,13 @@ class KernelThread:
             self._stop()
 
     async def _shut(self) -> None:
-        """Close the kernel, then cancel what calls still run (their callers wait on them)."""
+        """End the calls still running (their callers wait on them), so none starts a
+        drive or reopens the store while the kernel closes; then close the kernel, then
+        cancel whatever it left on the loop."""
+        calls = list(self._calls)
+        for task in calls:
+            task.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
         try:
             await self.kernel.aclose()
         finally:

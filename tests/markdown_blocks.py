@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HUNG = 300.0
 """Seconds after which a block that should have ended is taken for hung."""
 REDIS_PLACEHOLDER = "redis://redis.internal:6379/0"
-FENCE = re.compile(r"^([ \t]*)(`{3,}|~{3,})([\w-]*)[^\n]*\n(.*?)^\1\2[ \t]*$", re.S | re.M)
+FENCE = re.compile(r"^([ \t]*)(`{3,}|~{3,})([\w-]*)[^`\n]*\n(.*?)^\1\2[ \t]*$", re.S | re.M)
 """A fenced block: of backticks or tildes, indented as in a list item or an admonition
 (closed by the same fence at the same indent)."""
 MARKER = re.compile(r"^[ \t]*<!-- (fragment|not run): (\S.*?) -->$")

@@ -229,7 +229,12 @@ async def test_arq_worker_drives_a_run_once_when_the_job_comes_twice(
         env["PYTHONPATH"] = str(ROOT / "examples")
         argv = [sys.executable, "-m", "arq", "--burst", "arq_jobs.WorkerSettings"]
         worker = await asyncio.create_subprocess_exec(*argv, cwd=tmp_path, env=env)
-        assert await asyncio.wait_for(worker.wait(), 300) == 0
+        try:
+            assert await asyncio.wait_for(worker.wait(), 300) == 0
+        finally:
+            if worker.returncode is None:
+                worker.kill()
+                await worker.wait()
         results = sorted([await job.result(timeout=10) for job in jobs if job is not None])
     finally:
         await pool.aclose()

@@ -139,8 +139,10 @@ def open_context(
         actor: Kernel | None = store_or_kernel
     elif isinstance(store_or_kernel, str):
         # without an agent the view only reads: it upgrades no schema other releases use
-        opened = open_store(store_or_kernel) if agent is not None else None
-        store = opened or open_store_to_read(store_or_kernel)
+        if agent is not None:
+            store = open_store(store_or_kernel)
+        else:
+            store = open_store_to_read(store_or_kernel)
         owns_store, label = True, redact_url(store_or_kernel)
         actor = None
     elif isinstance(store_or_kernel, CheckpointStore):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
@@ -85,9 +86,13 @@ async def list_stream(request: Request) -> Response:
 
 def _revision(text: str | None) -> int:
     """A revision given in a query or header; -1 (before the first) for none or not one."""
-    if text is None or not text.lstrip("-").isdigit() or len(text) > 20:
+    if text is None or _REVISION.fullmatch(text) is None:
         return -1
     return max(int(text), -1)
+
+
+_REVISION = re.compile(r"-?[0-9]{1,20}")
+"""A revision as a query or header gives it (ASCII digits: ``int`` takes others too)."""
 
 
 NO_CACHE = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}

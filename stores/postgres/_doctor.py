@@ -63,6 +63,11 @@ class PostgresProbe:
             raise self._error(exc) from exc
         if version is None:
             raise StoreError(f"no Postgres store in {self.subject!r}: the schema holds no store")
+        if version < 1:
+            raise StoreError(
+                f"Postgres store {self.subject!r} has layout version {version}, which no"
+                " release wrote"
+            )
         if version > STORE_VERSION:
             raise StoreError(
                 f"Postgres store {self.subject!r} has layout version {version}, newer than"

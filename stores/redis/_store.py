@@ -750,12 +750,13 @@ def check_cluster_support(version: str) -> None:
 def _cluster_for(url: str) -> RedisCluster:
     """A Redis Cluster client that starts from the node of ``url`` (it finds the others);
     a cluster has one database, so a path other than ``/`` or ``/0`` is refused."""
-    check_cluster_support(redis.__version__)
     path = urlsplit(url).path.strip("/")
     if path not in ("", "0"):
         raise ValueError(f"a Redis Cluster has database 0 only, not {path!r}")
     url = urlunsplit(urlsplit(url)._replace(path=""))
-    return RedisCluster.from_url(url, decode_responses=False)
+    client = RedisCluster.from_url(url, decode_responses=False)  # connects on first use
+    check_cluster_support(redis.__version__)
+    return client
 
 
 def _client_for(url: str) -> aioredis.Redis:

@@ -101,3 +101,17 @@ def test_a_forked_child_is_told_to_make_its_own() -> None:
         assert "before a fork" in heard, heard
         with pytest.raises(RunNotFound):  # the parent's goes on working
             blocking.call(lambda k: k.get("missing"))
+
+
+def test_a_calls_own_cancellation_is_not_taken_for_a_close() -> None:
+    import concurrent.futures
+
+    with KernelThread(lambda: _maker("memory://cancelled")) as blocking:
+
+        async def cancelled(kernel: sk.Kernel) -> None:
+            raise asyncio.CancelledError
+
+        with pytest.raises(concurrent.futures.CancelledError):
+            blocking.call(cancelled)
+        with pytest.raises(RunNotFound):  # and it goes on serving
+            blocking.call(lambda k: k.get("missing"))

@@ -303,6 +303,8 @@ def test_postgres_store(tmp_path: Path, postgres_store_url: str) -> None:
     assert older[0]["status"] == "warning"
     assert "layout version 2: read as it is" in older[0]["detail"]
     assert finding(older, "records", "run-p")["status"] == "ok"
+    pg_admin(target.dsn, layout + "0")
+    assert "which no release wrote" in doctor_error(postgres_store_url, tmp_path)
     pg_admin(target.dsn, layout + str(STORE_VERSION))
 
     damage_copy(postgres_store_url, PostgresRecords(), "run-p", "lease", b"damaged")
