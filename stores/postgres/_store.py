@@ -754,19 +754,31 @@ class _Listening:
                 delay = min(delay * 2, 5.0)
 
     async def stop(self) -> None:
-        for task in [self._again, *self._tasks]:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StatekernelError):
-                    await task
+        """Stop listening and give the connection back, within ``STOP_WITHIN`` seconds a
+        step: a connection that does not answer is closed instead (only ``LISTEN`` ends
+        with it). A stop that waited on a step for ever kept its caller, a watch's exit,
+        from ending, and an event loop shutting down cancelled it again and again."""
+        tasks = [task for task in (self._again, *self._tasks) if task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=STOP_WITHIN)
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        with contextlib.suppress(*_DRIVER_ERRORS):
-            conn.remove_termination_listener(self._ended)
-            if not conn.is_closed():
-                await conn.remove_listener(self.channel, self._notified)
-        await self.store._listener_done(conn)
+        try:
+            with contextlib.suppress(*_DRIVER_ERRORS):
+                conn.remove_termination_listener(self._ended)
+                if not conn.is_closed():
+                    unlisten = conn.remove_listener(self.channel, self._notified)
+                    await asyncio.wait_for(unlisten, STOP_WITHIN)
+            await asyncio.wait_for(self.store._listener_done(conn), STOP_WITHIN)
+        except TimeoutError:
+            conn.terminate()
+
+
+STOP_WITHIN = 5.0
+"""Seconds each step of stopping a watch's listening connection may take."""
 
 
 def _notice(payload: str) -> CommitNotice | None:

@@ -469,3 +469,34 @@ async def test_a_watch_cancelled_again_while_it_ends_gives_its_connection_back(
     finally:
         await store.aclose()
         pool.terminate()  # close() would wait for a connection never given back
+
+
+@pytest.mark.filterwarnings("ignore:.*active notification listener")
+async def test_a_watch_ends_even_when_its_connection_does_not_answer(
+    postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import statekernel.stores.postgres._store as pg
+
+    monkeypatch.setattr(pg, "STOP_WITHIN", 0.2, raising=False)
+    store = PostgresStore(postgres_store_url)
+    try:
+        await store.commit(Checkpoint.between(None, sample_run("w")))
+        async with store.watch():
+            listening = store._listening
+            assert listening is not None
+            conn = listening._conn
+
+            asked: list[str] = []
+
+            async def never(self: Any, *args: Any) -> None:
+                asked.append("unlisten")
+                await asyncio.Event().wait()  # a connection that never answers
+
+            monkeypatch.setattr(type(conn), "remove_listener", never)
+        # the exit ended, though the connection never answered
+        assert asked == ["unlisten"]
+        assert store._listening is None
+        monkeypatch.undo()
+        assert (await store.load("w")).run_id == "w"  # the store goes on
+    finally:
+        await store.aclose()
