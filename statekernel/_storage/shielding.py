@@ -25,13 +25,17 @@ async def wait_ended(futures: Collection[asyncio.Future[Any]]) -> None:
     A cancellation that arrives meanwhile does not cut the wait short: it is raised
     (as ``CancelledError``) after the last future is done. Outcomes are not collected.
     """
-    pending = set(futures)
+    pending = {future for future in futures if not future.done()}
     cancelled = False
     while pending:
         try:
             _, pending = await asyncio.wait(pending)
         except asyncio.CancelledError:
             cancelled = True
+            # looked at again before waiting again: a canceller that strikes at every
+            # turn of the loop (anyio's cancel scopes do, under Starlette and FastAPI)
+            # would otherwise cut every wait before it saw the futures done, for ever
+            pending = {future for future in pending if not future.done()}
     if cancelled:
         raise asyncio.CancelledError
 

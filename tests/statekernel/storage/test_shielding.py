@@ -92,3 +92,28 @@ async def test_a_group_commit_being_written_outlives_two_cancellations() -> None
     seen = await _cancelled_twice(lambda: group.submit(7), began, release)
     assert seen == ["work released", "cancellation propagated"]
     assert written == [[7]]
+
+
+async def test_a_cancellation_delivered_at_every_turn_does_not_keep_a_finished_wait_going() -> None:
+    """anyio's cancel scopes (Starlette, FastAPI) cancel a task again at every turn of the
+    loop until it exits: once the shielded work is done, the wait must end."""
+    import anyio
+
+    from statekernel._storage.shielding import wait_ended
+
+    work = asyncio.get_running_loop().create_future()
+    waiting = asyncio.Event()
+
+    async def waiter() -> None:
+        with anyio.CancelScope() as scope:
+            scope.cancel()  # delivered again at every turn while the task waits
+            waiting.set()
+            await wait_ended([work])
+
+    task = asyncio.create_task(waiter())
+    await waiting.wait()
+    for _ in range(5):  # a few turns under the repeated cancellation
+        await asyncio.sleep(0)
+    work.set_result(None)
+    done, _ = await asyncio.wait([task], timeout=30)  # ends the test if the wait never does
+    assert done, "the wait went on after the work was done"
