@@ -489,8 +489,10 @@ def drop_schema(url: str, schema: str) -> None:
     """Drop a measurement's schema (its tables and runs) from the database at ``url``."""
     import asyncpg
 
+    from statekernel.stores.postgres._url import parse_postgres_url
+
     async def drop() -> None:
-        conn = await asyncpg.connect(url.split("?")[0])
+        conn = await asyncpg.connect(parse_postgres_url(url).dsn)
         try:
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         finally:

@@ -45,6 +45,7 @@ from workers import QUEUE, agent
 
 import statekernel as sk
 from statekernel.stores import open_store
+from statekernel.stores.postgres._url import parse_postgres_url
 
 
 def schema_url(base: str, schema: str) -> str:
@@ -53,7 +54,7 @@ def schema_url(base: str, schema: str) -> str:
 
 
 async def drop_schema(base: str, schema: str) -> None:
-    conn = await asyncpg.connect(base.split("?")[0])
+    conn = await asyncpg.connect(parse_postgres_url(base).dsn)
     try:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     finally:
@@ -62,7 +63,7 @@ async def drop_schema(base: str, schema: str) -> None:
 
 async def server_counters(base: str) -> tuple[int, int]:
     """(transactions committed in this database, WAL flushes) so far."""
-    conn = await asyncpg.connect(base.split("?")[0])
+    conn = await asyncpg.connect(parse_postgres_url(base).dsn)
     try:
         await conn.execute("SELECT pg_stat_force_next_flush()")
         xacts = await conn.fetchval(
