@@ -2,7 +2,9 @@
 
 ``memory://``, ``file:///dir``, ``sqlite:///path.db``, ``redis://host:port/db``
 (also ``rediss://``) and ``postgresql://user@host/db`` (``postgres://``; the
-``postgres`` extra) all implement :class:`CheckpointStore`. What a store may offer
+``postgres`` extra) all implement :class:`CheckpointStore`, where what each method
+returns and raises is written once for every store (a SQLite or PostgreSQL store opened
+read-only also raises ``StoreError`` for a write). What a store may offer
 beyond it is declared by two small protocols, checked by ``check_store`` when a store
 declares them: :class:`RevisionHistory` and :class:`SettlesOnCancel`.
 """

@@ -109,17 +109,7 @@ class MemoryStore(HostLeased, Closing):
         return self._runs.get(run_id)
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
-        """The run at its head, or at ``revision``.
-
-        Returns:
-            The run, whole (transcript and completed turns included).
-
-        Raises:
-            RunNotFound: no run has this id, or it has no revision ``revision``.
-            InvalidArgument: ``run_id`` or ``revision`` is of the wrong type or value.
-            CorruptCheckpoint: a stored record of the run cannot be read or fails its
-                checksum.
-        """
+        """The run at its head, or at ``revision``."""
         checked_revision(run_id, revision)
         entry = self._entry(run_id)
         what = f"run {run_id!r} in {self.url}"
@@ -139,15 +129,7 @@ class MemoryStore(HostLeased, Closing):
 
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         """Append the new head, parts and events if the head is the expected revision
-        (and ``lease`` is the run's current lease).
-
-        Raises:
-            ConflictError: the head is not at ``checkpoint.expected_revision`` (at
-                revision 0: the run exists already); nothing was written.
-            LeaseLost: ``lease`` is no longer the run's current lease; nothing was
-                written.
-            CorruptCheckpoint: the stored records of the run do not match its head.
-        """
+        (and ``lease`` is the run's current lease)."""
         run = checkpoint.run
         entry = self._runs.get(run.run_id)
         if lease is not None:
@@ -188,17 +170,7 @@ class MemoryStore(HostLeased, Closing):
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
     ) -> list[Event]:
-        """Persisted events after ``after_revision``.
-
-        Returns:
-            The events in ``seq`` order, at most ``limit`` of them (all with ``limit``
-                None).
-
-        Raises:
-            RunNotFound: no run has this id.
-            InvalidArgument: ``after_revision`` or ``limit`` is of the wrong type or value.
-            CorruptCheckpoint: a stored commit of the run cannot be read.
-        """
+        """Persisted events after ``after_revision``."""
         after_revision, limit = checked_events(run_id, after_revision, limit)
         entry = self._entry(run_id)
         what = f"events of run {run_id!r} in {self.url}"
@@ -221,17 +193,7 @@ class MemoryStore(HostLeased, Closing):
         limit: int = 100,
         cursor: str | None = None,
     ) -> RunPage:
-        """Runs, newest update first.
-
-        Returns:
-            One page of at most ``limit`` runs, newest update first; runs whose head
-                cannot be read are named in its ``damaged``.
-
-        Raises:
-            InvalidArgument: ``state``, ``updated_after``, ``limit`` or ``cursor`` is of
-                the wrong type or value.
-            StoreError: ``cursor`` is not one a listing gave.
-        """
+        """Runs, newest update first."""
         limit = checked_listing(state, updated_after, limit, cursor)
         what = f"run head in {self.url}"
         summaries: list[RunSummary] = []
@@ -247,14 +209,7 @@ class MemoryStore(HostLeased, Closing):
         return attrs.evolve(page, damaged=tuple(damaged))
 
     async def delete(self, run_id: str) -> bool:
-        """Forget a run entirely.
-
-        Returns:
-            True if the run was there and is gone, False if there was none.
-
-        Raises:
-            InvalidArgument: ``run_id`` is not a run id.
-        """
+        """Forget a run entirely."""
         checked_run_id(run_id)
         return self._runs.pop(run_id, None) is not None
 

@@ -111,18 +111,7 @@ class FileStore(HostLeased, Closing):
         return RunFolder(self.root / folder_name(run_id), self.url, run_id)
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
-        """The run at its head, or at ``revision``.
-
-        Returns:
-            The run, whole (transcript and completed turns included).
-
-        Raises:
-            RunNotFound: no run has this id, or it has no revision ``revision``.
-            InvalidArgument: ``run_id`` or ``revision`` is of the wrong type or value.
-            CorruptCheckpoint: a stored record of the run cannot be read or fails its
-                checksum.
-            StoreError: the storage failed.
-        """
+        """The run at its head, or at ``revision``."""
         checked_revision(run_id, revision)
         return await asyncio.to_thread(self._load, run_id, revision)
 
@@ -141,16 +130,7 @@ class FileStore(HostLeased, Closing):
             return decode_run(head, messages, turns, blobs, what=folder.where)
 
     async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
-        """Every revision with the events of its commit, oldest first (for copying runs).
-
-        Yields:
-            Each revision of the run, oldest first, with the events of its commit.
-
-        Raises:
-            RunNotFound: no run has this id.
-            CorruptCheckpoint: a stored record of the run cannot be read.
-            StoreError: the storage failed.
-        """
+        """Every revision with the events of its commit, oldest first (for copying runs)."""
         items = await asyncio.to_thread(lambda: list(self._history(run_id)))
         for item in items:
             yield item
@@ -170,15 +150,7 @@ class FileStore(HostLeased, Closing):
 
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         """Append the parts and the head record and fsync, then replace the hint, under
-        the run's lock (which also guards its lease).
-
-        Raises:
-            ConflictError: the head is not at ``checkpoint.expected_revision`` (at
-                revision 0: the run exists already); nothing was written.
-            LeaseLost: ``lease`` is no longer the run's current lease; nothing was
-                written.
-            StoreError: the storage failed.
-        """
+        the run's lock (which also guards its lease)."""
         await asyncio.to_thread(self._commit, checkpoint, lease)
 
     async def _apply(self, run_id: str, change: LeaseChange) -> LeaseRecord | None:
@@ -217,18 +189,7 @@ class FileStore(HostLeased, Closing):
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
     ) -> list[Event]:
-        """Persisted events of the revisions after ``after_revision``.
-
-        Returns:
-            The events in ``seq`` order, at most ``limit`` of them (all with ``limit``
-                None).
-
-        Raises:
-            RunNotFound: no run has this id.
-            InvalidArgument: ``after_revision`` or ``limit`` is of the wrong type or value.
-            CorruptCheckpoint: a stored commit of the run cannot be read.
-            StoreError: the storage failed.
-        """
+        """Persisted events of the revisions after ``after_revision``."""
         after_revision, limit = checked_events(run_id, after_revision, limit)
         return await asyncio.to_thread(self._events, run_id, after_revision, limit)
 
@@ -252,17 +213,7 @@ class FileStore(HostLeased, Closing):
         limit: int = 100,
         cursor: str | None = None,
     ) -> RunPage:
-        """Runs, newest update first (reads every run's head).
-
-        Returns:
-            One page of at most ``limit`` runs, newest update first; runs whose head
-                cannot be read are named in its ``damaged``.
-
-        Raises:
-            InvalidArgument: ``state``, ``updated_after``, ``limit`` or ``cursor`` is of
-                the wrong type or value.
-            StoreError: ``cursor`` is not one a listing gave, or the storage failed.
-        """
+        """Runs, newest update first (reads every run's head)."""
         limit = checked_listing(state, updated_after, limit, cursor)
         damaged: list[DamagedRun] = []
         summaries = await asyncio.to_thread(lambda: list(self._summaries(damaged)))
@@ -290,15 +241,7 @@ class FileStore(HostLeased, Closing):
                 damaged.append(DamagedRun(name, str(exc)))  # a hashed id: its folder
 
     async def delete(self, run_id: str) -> bool:
-        """Remove the run's folder (renamed aside under its lock, then deleted).
-
-        Returns:
-            True if the run was there and is gone, False if there was none.
-
-        Raises:
-            InvalidArgument: ``run_id`` is not a run id.
-            StoreError: the storage failed.
-        """
+        """Remove the run's folder (renamed aside under its lock, then deleted)."""
         checked_run_id(run_id)
         return await asyncio.to_thread(self._delete, run_id)
 

@@ -291,18 +291,7 @@ class PostgresStore(Closing):
     # -- reads ---------------------------------------------------------------------
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
-        """The run at its head, or at ``revision``.
-
-        Returns:
-            The run, whole (transcript and completed turns included).
-
-        Raises:
-            RunNotFound: no run has this id, or it has no revision ``revision``.
-            InvalidArgument: ``run_id`` or ``revision`` is of the wrong type or value.
-            CorruptCheckpoint: a stored record of the run cannot be read or fails its
-                checksum.
-            StoreError: the storage failed.
-        """
+        """The run at its head, or at ``revision``."""
         checked_revision(run_id, revision)
         what = f"run {run_id!r} in {self._shown()}"
         heads: list[dict[str, Any]] = []
@@ -331,16 +320,7 @@ class PostgresStore(Closing):
         )
 
     async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
-        """Every revision with the events of its commit, oldest first (for copying runs).
-
-        Yields:
-            Each revision of the run, oldest first, with the events of its commit.
-
-        Raises:
-            RunNotFound: no run has this id.
-            CorruptCheckpoint: a stored record of the run cannot be read.
-            StoreError: the storage failed.
-        """
+        """Every revision with the events of its commit, oldest first (for copying runs)."""
         what = f"history of {run_id!r} in {self._shown()}"
 
         def head_of(stored: Stored, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
@@ -361,18 +341,7 @@ class PostgresStore(Closing):
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
     ) -> list[Event]:
-        """Persisted events of the revisions after ``after_revision``.
-
-        Returns:
-            The events in ``seq`` order, at most ``limit`` of them (all with ``limit``
-                None).
-
-        Raises:
-            RunNotFound: no run has this id.
-            InvalidArgument: ``after_revision`` or ``limit`` is of the wrong type or value.
-            CorruptCheckpoint: a stored commit of the run cannot be read.
-            StoreError: the storage failed.
-        """
+        """Persisted events of the revisions after ``after_revision``."""
         after_revision, limit = checked_events(run_id, after_revision, limit)
         what = f"events of run {run_id!r} in {self._shown()}"
         first = max(after_revision + 1, 0)
@@ -401,17 +370,7 @@ class PostgresStore(Closing):
         limit: int = 100,
         cursor: str | None = None,
     ) -> RunPage:
-        """Runs, newest update first.
-
-        Returns:
-            One page of at most ``limit`` runs, newest update first; runs whose head
-                cannot be read are named in its ``damaged``.
-
-        Raises:
-            InvalidArgument: ``state``, ``updated_after``, ``limit`` or ``cursor`` is of
-                the wrong type or value.
-            StoreError: ``cursor`` is not one a listing gave, or the storage failed.
-        """
+        """Runs, newest update first."""
         limit = checked_listing(state, updated_after, limit, cursor)
         where, params = _filters(state, updated_after, cursor)
         params.append(max(limit, 0) + 1)
@@ -455,15 +414,7 @@ class PostgresStore(Closing):
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         """Land the checkpoint in one transaction (compare-and-set, and the lease check
         when ``lease`` is given), shared with the commits of other runs ready at the
-        same moment.
-
-        Raises:
-            ConflictError: the head is not at ``checkpoint.expected_revision`` (at
-                revision 0: the run exists already); nothing was written.
-            LeaseLost: ``lease`` is no longer the run's current lease; nothing was
-                written.
-            StoreError: the store is opened read-only, or the storage failed.
-        """
+        same moment."""
         self._writable()
         cp = checkpoint
         run_id = cp.run.run_id
@@ -505,15 +456,7 @@ class PostgresStore(Closing):
         return Prior(stored, checked_head(stored, f"run {run_id!r} in {self._shown()}"))
 
     async def delete(self, run_id: str) -> bool:
-        """Remove the run with every revision, part, blob and event.
-
-        Returns:
-            True if the run was there and is gone, False if there was none.
-
-        Raises:
-            InvalidArgument: ``run_id`` is not a run id.
-            StoreError: the store is opened read-only, or the storage failed.
-        """
+        """Remove the run with every revision, part, blob and event."""
         checked_run_id(run_id)
         self._writable()
         self._heads.drop(run_id)
@@ -527,15 +470,7 @@ class PostgresStore(Closing):
         by a trigger on the runs table and received with ``LISTEN`` on a connection of
         the pool (listened again after the server ended its session: notices of the gap
         are missed); the watches of a store share that one connection. Behind
-        PgBouncer, where a session cannot listen, it polls the listing instead.
-
-        Yields:
-            The feed of notices, an async iterator of ``CommitNotice`` (on entering).
-
-        Raises:
-            InvalidArgument: ``run_id`` is not a run id.
-            StoreError: the subscription failed on entering.
-        """
+        PgBouncer, where a session cannot listen, it polls the listing instead."""
         if run_id is not None:
             checked_run_id(run_id)
         if self.pgbouncer:
@@ -563,14 +498,7 @@ class PostgresStore(Closing):
 
     def run_queue(self, name: str) -> PostgresRunQueue:
         """The run queue ``name``: a table next to the runs, read with ``SKIP LOCKED``
-        and woken by ``LISTEN/NOTIFY`` (polled behind PgBouncer).
-
-        Returns:
-            The queue (its ``prepare`` creates what it needs in the store).
-
-        Raises:
-            InvalidArgument: ``name`` is not a valid queue name.
-        """
+        and woken by ``LISTEN/NOTIFY`` (polled behind PgBouncer)."""
         queue = PostgresRunQueue(
             name,
             self._t,
@@ -584,16 +512,7 @@ class PostgresStore(Closing):
         return queue
 
     async def submit(self, run_id: str, queue: str = "default") -> str:
-        """Enqueue the existing run on the run queue ``queue`` for workers; the entry id.
-
-        Returns:
-            The id of the queue entry.
-
-        Raises:
-            RunNotFound: no run has this id.
-            InvalidArgument: ``queue`` is not a valid queue name.
-            StoreError: the store is opened read-only, or the storage failed.
-        """
+        """Enqueue the existing run on the run queue ``queue`` for workers; the entry id."""
         checked_run_id(run_id)
         self._writable()
         found = await self.run_queue(queue).submit_existing(run_id)
@@ -625,16 +544,7 @@ class PostgresStore(Closing):
 
     async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
         """Take the run's lease; a holder whose session ended (its advisory lock is free)
-        is taken over at once, a live one never; ``ttl`` counts on the server's clock.
-
-        Returns:
-            The new lease, for the commits of ``owner`` to carry.
-
-        Raises:
-            RunBusy: another live owner holds the lease.
-            RunNotFound: no run has this id.
-            StoreError: the store is opened read-only, or the storage failed.
-        """
+        is taken over at once, a live one never; ``ttl`` counts on the server's clock."""
         checked_run_id(run_id)
         self._writable()
         await self._owner_locks(self._owners.hold(owner))
@@ -649,12 +559,7 @@ class PostgresStore(Closing):
         return Lease(run_id, owner, str(record.token))
 
     async def renew(self, lease: Lease, *, ttl: float) -> None:
-        """Extend the lease (``LeaseLost`` if it moved on).
-
-        Raises:
-            LeaseLost: ``lease`` is no longer the run's current lease.
-            StoreError: the storage failed.
-        """
+        """Extend the lease (``LeaseLost`` if it moved on)."""
         await self._lease(lease.run_id, lambda old, now, _: renewed(old, lease, ttl, now))
 
     async def release(self, lease: Lease) -> None:

@@ -240,26 +240,14 @@ class RedisStore(Closing):
         return [base + "head", base + "c", base + "m", base + "t", base + "b"]
 
     def run_key(self, run_id: str, name: str) -> str:
-        """A key called ``name`` in the hash slot of the run's keys (for leases).
-
-        Returns:
-            The key: the run's key prefix (with its hash tag in braces), then ``name``.
-        """
+        """A key called ``name`` in the hash slot of the run's keys (for leases)."""
         return self._base(run_id) + name
 
     @contextlib.asynccontextmanager
     async def watch(self, run_id: str | None = None) -> AsyncIterator[Feed]:
         """Notices of the commits of ``run_id`` (or of every run) made once entered,
         published by the commit script on ``<prefix>:commits`` (subscribed again after a
-        lost connection: notices of the gap are missed).
-
-        Yields:
-            The feed of notices, an async iterator of ``CommitNotice`` (on entering).
-
-        Raises:
-            InvalidArgument: ``run_id`` is not a run id.
-            StoreError: the subscription failed on entering.
-        """
+        lost connection: notices of the gap are missed)."""
         if run_id is not None:
             checked_run_id(run_id)
         feed = Feed(run_id)
@@ -326,44 +314,17 @@ class RedisStore(Closing):
         return f"{self.prefix}:runs"
 
     async def submit(self, run_id: str, queue: str = "default") -> str:
-        """Enqueue the existing run on the run queue ``queue`` for workers; the entry id.
-
-        Returns:
-            The id of the queue entry.
-
-        Raises:
-            RunNotFound: no run has this id.
-            InvalidArgument: ``queue`` is not a valid queue name.
-            StoreError: the storage failed.
-        """
+        """Enqueue the existing run on the run queue ``queue`` for workers; the entry id."""
         run_queue = RedisRunQueue(self, queue)
         await self.load(run_id)  # RunNotFound for a run that does not exist
         return await run_queue.submit(run_id)
 
     def run_queue(self, name: str) -> RedisRunQueue:
-        """The run queue ``name`` (a Redis Stream next to the runs).
-
-        Returns:
-            The queue (its ``prepare`` creates what it needs in the store).
-
-        Raises:
-            InvalidArgument: ``name`` is not a valid queue name.
-        """
+        """The run queue ``name`` (a Redis Stream next to the runs)."""
         return RedisRunQueue(self, name)
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
-        """The run at its head, or at ``revision`` (one transaction).
-
-        Returns:
-            The run, whole (transcript and completed turns included).
-
-        Raises:
-            RunNotFound: no run has this id, or it has no revision ``revision``.
-            InvalidArgument: ``run_id`` or ``revision`` is of the wrong type or value.
-            CorruptCheckpoint: a stored record of the run cannot be read or fails its
-                checksum.
-            StoreError: the storage failed.
-        """
+        """The run at its head, or at ``revision`` (one transaction)."""
         checked_revision(run_id, revision)
         head_key, c_key, m_key, t_key, b_key = self._keys(run_id)
         what = f"run {run_id!r} in {redact_url(self.url)}"
@@ -390,16 +351,7 @@ class RedisStore(Closing):
         return decode_run(head, msg_docs, turn_docs, blob_map, what=what)
 
     async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
-        """Every revision with the events of its commit, oldest first (for copying runs).
-
-        Yields:
-            Each revision of the run, oldest first, with the events of its commit.
-
-        Raises:
-            RunNotFound: no run has this id.
-            CorruptCheckpoint: a stored record of the run cannot be read.
-            StoreError: the storage failed.
-        """
+        """Every revision with the events of its commit, oldest first (for copying runs)."""
         head_key, c_key, m_key, t_key, b_key = self._keys(run_id)
         what = f"history of {run_id!r} in {redact_url(self.url)}"
         pipe = await self._call(transaction(self._client))
@@ -434,16 +386,7 @@ class RedisStore(Closing):
 
     async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
         """Take the run's lease (a key that expires ``ttl`` seconds after its last renewal;
-        a dead owner's lease is taken over once it expired).
-
-        Returns:
-            The new lease, for the commits of ``owner`` to carry.
-
-        Raises:
-            RunBusy: another live owner holds the lease.
-            RunNotFound: no run has this id.
-            StoreError: the storage failed.
-        """
+        a dead owner's lease is taken over once it expired)."""
         keys = [self.run_key(run_id, "lease"), self.run_key(run_id, "fence"), self._keys(run_id)[0]]
         args: list[str | int] = [owner, _ms(ttl), FENCE_KEY_TTL_MS]
         status, token = await self._call(self._acquire(keys=keys, args=args))
@@ -455,12 +398,7 @@ class RedisStore(Closing):
         return Lease(run_id, owner, token)
 
     async def renew(self, lease: Lease, *, ttl: float) -> None:
-        """Extend the lease.
-
-        Raises:
-            LeaseLost: ``lease`` is no longer the run's current lease.
-            StoreError: the storage failed.
-        """
+        """Extend the lease."""
         key = self.run_key(lease.run_id, "lease")
         if not await self._call(self._renew(keys=[key], args=[lease.token, _ms(ttl)])):
             raise LeaseLost(lease.run_id, -1, lease.token)
@@ -477,13 +415,6 @@ class RedisStore(Closing):
         holds the lease's token (checked in the same script); otherwise it raises
         ``LeaseLost``. Each commit carries an id, kept in the head: a script sent again
         after a cut connection recognises its own commit if it had landed.
-
-        Raises:
-            ConflictError: the head is not at ``checkpoint.expected_revision`` (at
-                revision 0: the run exists already); nothing was written.
-            LeaseLost: ``lease`` is no longer the run's current lease; nothing was
-                written.
-            StoreError: the storage failed.
         """
         run = checkpoint.run
         keys = self._keys(run.run_id)
@@ -578,18 +509,7 @@ class RedisStore(Closing):
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
     ) -> list[Event]:
-        """Persisted events of the revisions after ``after_revision``.
-
-        Returns:
-            The events in ``seq`` order, at most ``limit`` of them (all with ``limit``
-                None).
-
-        Raises:
-            RunNotFound: no run has this id.
-            InvalidArgument: ``after_revision`` or ``limit`` is of the wrong type or value.
-            CorruptCheckpoint: a stored commit of the run cannot be read.
-            StoreError: the storage failed.
-        """
+        """Persisted events of the revisions after ``after_revision``."""
         after_revision, limit = checked_events(run_id, after_revision, limit)
         head_key, c_key, *_ = self._keys(run_id)
         doc, r = await self._call(self._client.hmget(head_key, ["doc", "r"]))
@@ -624,17 +544,7 @@ class RedisStore(Closing):
         limit: int = 100,
         cursor: str | None = None,
     ) -> RunPage:
-        """Runs, newest update first, from the run index (announced commits repaired first).
-
-        Returns:
-            One page of at most ``limit`` runs, newest update first; runs whose head
-                cannot be read are named in its ``damaged``.
-
-        Raises:
-            InvalidArgument: ``state``, ``updated_after``, ``limit`` or ``cursor`` is of
-                the wrong type or value.
-            StoreError: ``cursor`` is not one a listing gave, or the storage failed.
-        """
+        """Runs, newest update first, from the run index (announced commits repaired first)."""
         limit = checked_listing(state, updated_after, limit, cursor)
         await self._runs.repair(self._head_scores)
         top: tuple[int, str] | None = None
@@ -691,15 +601,7 @@ class RedisStore(Closing):
         return found
 
     async def delete(self, run_id: str) -> bool:
-        """Remove the run's keys (head, commit log with events, parts, blobs) and index entry.
-
-        Returns:
-            True if the run was there and is gone, False if there was none.
-
-        Raises:
-            InvalidArgument: ``run_id`` is not a run id.
-            StoreError: the storage failed.
-        """
+        """Remove the run's keys (head, commit log with events, parts, blobs) and index entry."""
         checked_run_id(run_id)
         self._runs.forget_landed(run_id)
         removed = await self._call(self._client.delete(*self._keys(run_id)))

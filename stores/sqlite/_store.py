@@ -239,18 +239,7 @@ class SQLiteStore(HostLeased, Closing):
         return self._error(exc)  # sqlite3 errors, undecodable text in an error message
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
-        """The run at its head, or at ``revision``.
-
-        Returns:
-            The run, whole (transcript and completed turns included).
-
-        Raises:
-            RunNotFound: no run has this id, or it has no revision ``revision``.
-            InvalidArgument: ``run_id`` or ``revision`` is of the wrong type or value.
-            CorruptCheckpoint: a stored record of the run cannot be read or fails its
-                checksum.
-            StoreError: the storage failed.
-        """
+        """The run at its head, or at ``revision``."""
         checked_revision(run_id, revision)
         return await shielded(self._load(run_id, revision))
 
@@ -274,16 +263,7 @@ class SQLiteStore(HostLeased, Closing):
         return _decode(parts, what)
 
     async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
-        """Every revision with the events of its commit, oldest first (for copying runs).
-
-        Yields:
-            Each revision of the run, oldest first, with the events of its commit.
-
-        Raises:
-            RunNotFound: no run has this id.
-            CorruptCheckpoint: a stored record of the run cannot be read.
-            StoreError: the storage failed.
-        """
+        """Every revision with the events of its commit, oldest first (for copying runs)."""
         what = f"history of {run_id!r} in {self.url}"
 
         def head_of(stored: Stored, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
@@ -303,15 +283,7 @@ class SQLiteStore(HostLeased, Closing):
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         """Land the checkpoint in a ``BEGIN IMMEDIATE`` transaction (compare-and-set, and
         the lease check when ``lease`` is given), shared with the commits of other runs
-        that are ready at the same moment.
-
-        Raises:
-            ConflictError: the head is not at ``checkpoint.expected_revision`` (at
-                revision 0: the run exists already); nothing was written.
-            LeaseLost: ``lease`` is no longer the run's current lease; nothing was
-                written.
-            StoreError: the store is opened read-only, or the storage failed.
-        """
+        that are ready at the same moment."""
         await self._commit(checkpoint, lease)
 
     def _refuse_leases(self) -> None:
@@ -367,18 +339,7 @@ class SQLiteStore(HostLeased, Closing):
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
     ) -> list[Event]:
-        """Persisted events of the revisions after ``after_revision``.
-
-        Returns:
-            The events in ``seq`` order, at most ``limit`` of them (all with ``limit``
-                None).
-
-        Raises:
-            RunNotFound: no run has this id.
-            InvalidArgument: ``after_revision`` or ``limit`` is of the wrong type or value.
-            CorruptCheckpoint: a stored commit of the run cannot be read.
-            StoreError: the storage failed.
-        """
+        """Persisted events of the revisions after ``after_revision``."""
         after_revision, limit = checked_events(run_id, after_revision, limit)
         what = f"events of run {run_id!r} in {self.url}"
         found: list[Event] = []
@@ -408,17 +369,7 @@ class SQLiteStore(HostLeased, Closing):
         limit: int = 100,
         cursor: str | None = None,
     ) -> RunPage:
-        """Runs, newest update first.
-
-        Returns:
-            One page of at most ``limit`` runs, newest update first; runs whose head
-                cannot be read are named in its ``damaged``.
-
-        Raises:
-            InvalidArgument: ``state``, ``updated_after``, ``limit`` or ``cursor`` is of
-                the wrong type or value.
-            StoreError: ``cursor`` is not one a listing gave, or the storage failed.
-        """
+        """Runs, newest update first."""
         limit = checked_listing(state, updated_after, limit, cursor)
         where, params = _filters(state, updated_after, cursor)
         sql = f"SELECT {_LISTED} FROM runs{where} ORDER BY updated_us DESC, run_id DESC LIMIT ?"
@@ -456,15 +407,7 @@ class SQLiteStore(HostLeased, Closing):
         found.append(summary)
 
     async def delete(self, run_id: str) -> bool:
-        """Remove the run with every revision, part, blob and event.
-
-        Returns:
-            True if the run was there and is gone, False if there was none.
-
-        Raises:
-            InvalidArgument: ``run_id`` is not a run id.
-            StoreError: the store is opened read-only, or the storage failed.
-        """
+        """Remove the run with every revision, part, blob and event."""
         checked_run_id(run_id)
         self._heads.drop(run_id)
         return await shielded(self._call(delete_run, run_id))
