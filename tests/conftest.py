@@ -303,6 +303,21 @@ def pg_admin(url: str, *statements: str) -> None:
         pool.submit(asyncio.run, run()).result()
 
 
+def pg_value(url: str, query: str) -> object:
+    """The first value of ``query`` on the server at ``url``."""
+    import asyncpg
+
+    async def run() -> object:
+        conn = await asyncpg.connect(url)
+        try:
+            return await conn.fetchval(query)
+        finally:
+            await conn.close()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a loop may run in this thread
+        return pool.submit(asyncio.run, run()).result()
+
+
 def _pg_ready(url: str, proc: subprocess.Popen[bytes] | None = None) -> None:
     deadline = time.monotonic() + 30
     while True:

@@ -104,26 +104,19 @@ def test_commands_that_write_still_create_a_store(tmp_path: Path) -> None:
 def test_reading_commands_create_and_upgrade_no_postgres_schema(postgres_store_url: str) -> None:
     import asyncio
 
-    import asyncpg
-
     import statekernel as sk
     from statekernel.stores.postgres._url import parse_postgres_url
     from statekernel.testing import ScriptedProvider
 
+    from ...conftest import pg_admin, pg_value
+
     target = parse_postgres_url(postgres_store_url)
     table = f'"{target.schema}".statekernel_schema'
-
-    async def sql(query: str) -> object:
-        conn = await asyncpg.connect(target.dsn)
-        try:
-            return await conn.fetchval(query)
-        finally:
-            await conn.close()
 
     empty = invoke("runs", "list", "--store", postgres_store_url)
     assert empty.exit_code != 0
     assert "no store" in empty.output + empty.stderr
-    assert asyncio.run(sql(f"SELECT to_regclass('{table}')")) is None, "nothing created"
+    assert pg_value(target.dsn, f"SELECT to_regclass('{table}')") is None, "nothing created"
 
     async def made() -> None:
         providers = {"scripted": ScriptedProvider(["hi"])}
@@ -133,8 +126,8 @@ def test_reading_commands_create_and_upgrade_no_postgres_schema(postgres_store_u
                 pass
 
     asyncio.run(made())
-    asyncio.run(sql(f"UPDATE {table} SET version = 2"))  # as an older release left it
+    pg_admin(target.dsn, f"UPDATE {table} SET version = 2")  # as an older release left it
     for args in READING:
         done = invoke(*args, "--store", postgres_store_url)
         assert done.exit_code == 0, (args, done.output, done.stderr)
-    assert asyncio.run(sql(f"SELECT max(version) FROM {table}")) == 2, "not upgraded"
+    assert pg_value(target.dsn, f"SELECT max(version) FROM {table}") == 2, "not upgraded"

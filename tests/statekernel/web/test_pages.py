@@ -245,30 +245,23 @@ def test_error_text_is_never_html(tmp_path: Path) -> None:
 
 @pytest.mark.postgres
 def test_a_view_without_an_agent_upgrades_no_postgres_schema(postgres_store_url: str) -> None:
-    import asyncpg
-
     from statekernel.stores.postgres._url import parse_postgres_url
 
-    target = parse_postgres_url(postgres_store_url)
+    from ...conftest import pg_admin, pg_value
 
-    async def sql(query: str) -> object:
-        conn = await asyncpg.connect(target.dsn)
-        try:
-            return await conn.fetchval(query)
-        finally:
-            await conn.close()
+    target = parse_postgres_url(postgres_store_url)
 
     with TestClient(create_app(postgres_store_url)) as client:
         page = client.get("/")
         assert "no store" in page.text  # said, not a traceback
         assert "Traceback" not in page.text
     table = f'"{target.schema}".statekernel_schema'
-    assert asyncio.run(sql(f"SELECT to_regclass('{table}')")) is None, "nothing created"
+    assert pg_value(target.dsn, f"SELECT to_regclass('{table}')") is None, "nothing created"
 
     asyncio.run(make_runs(postgres_store_url))
-    asyncio.run(sql(f"UPDATE {table} SET version = 2"))  # as an older release left it
+    pg_admin(target.dsn, f"UPDATE {table} SET version = 2")  # as an older release left it
     with TestClient(create_app(postgres_store_url)) as client:
         listed = client.get("/").text
         assert "asking" in listed
         assert client.get("/runs/asking").status_code == 200
-    assert asyncio.run(sql(f"SELECT max(version) FROM {table}")) == 2, "not upgraded"
+    assert pg_value(target.dsn, f"SELECT max(version) FROM {table}") == 2, "not upgraded"
