@@ -31,7 +31,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -418,8 +418,17 @@ class Kernel(Closing):
             batch=batch,
         )
 
-    async def _delete(self, run_id: str, children: bool, wait: float) -> list[str]:
-        """``delete``, waiting ``wait`` seconds for a run someone holds."""
+    async def _delete(
+        self,
+        run_id: str,
+        children: bool,
+        wait: float,
+        approve: Callable[[list[str]], Awaitable[None]] | None = None,
+    ) -> list[str]:
+        """``delete``, waiting ``wait`` seconds for a run someone holds. ``approve`` is
+        given the ids of the whole tree (the run first) once every run of it is held, so
+        the tree it sees is the one deleted (no child run can start meanwhile); it
+        raises to delete nothing."""
         held: dict[str, Tenure] = {}
         try:
             while True:  # every run of the tree under its lease, parents before children
@@ -437,6 +446,8 @@ class Kernel(Closing):
                         held[rid] = tenure
                 if run_id not in held:
                     raise RunNotFound(run_id)
+            if approve is not None:
+                await approve([run.run_id for _, run in tree])
             deleted: list[str] = []
             for _, run in reversed(tree):
                 await held[run.run_id].ensure(self.lease_margin)  # still ours (LeaseLost)

@@ -129,14 +129,25 @@ async def _fork(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str |
     return f"forked {run_id} at {at} into {run.run_id}", run.run_id
 
 
-async def _delete(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str | None]:
-    if form.get("confirm") != run_id:
-        raise InvalidArgument(f"type the run id ({run_id}) to confirm the deletion")
-    deleted = await kernel.delete(run_id, children=form.get("children") == "on")
-    if not deleted:
-        raise RunNotFound(run_id)
-    more = len(deleted) - 1
-    return f"deleted run {run_id}" + (f" and {more} child run(s)" if more else ""), None
+class _ChildRefused(Exception):
+    """The ``authorize`` hook refused deleting one of the run's child runs."""
+
+
+def _deleting(approve: Callable[[list[str]], Awaitable[None]] | None) -> Act:
+    """The delete action; with children, ``approve`` sees the whole tree once the kernel
+    holds every run of it, so no child run started after the check is deleted unasked."""
+
+    async def delete(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str | None]:
+        if form.get("confirm") != run_id:
+            raise InvalidArgument(f"type the run id ({run_id}) to confirm the deletion")
+        children = form.get("children") == "on"
+        deleted = await kernel._delete(run_id, children, kernel.busy_timeout, approve)
+        if not deleted:
+            raise RunNotFound(run_id)
+        more = len(deleted) - 1
+        return f"deleted run {run_id}" + (f" and {more} child run(s)" if more else ""), None
+
+    return delete
 
 
 ACTIONS: dict[str, tuple[Act, bool]] = {
@@ -146,7 +157,7 @@ ACTIONS: dict[str, tuple[Act, bool]] = {
     "send": (_send, True),
     "retry": (_retry, True),
     "fork": (_fork, False),
-    "delete": (_delete, False),
+    "delete": (_deleting(None), False),
 }
 """Each action, and whether the run is driven to rest after it."""
 
@@ -171,20 +182,25 @@ async def act(request: Request) -> Response:
         return denied
     if web.actor is None:
         return refused(403, web.read_only_reason or "read-only")
-    if name == "delete" and form.get("children") == "on":
-        # deleting with children deletes each of them: each must be allowed on its own
-        try:
-            subtree = await web.actor.tree(run_id)
-        except StatekernelError as exc:
-            return refused(*refusal(exc))
-        for _, child in subtree[1:]:
-            if (denied := await forbidden(request, name, child.run_id)) is not None:
-                return denied
     work, drive = ACTIONS[name]
+    if name == "delete":
+
+        async def each_child_allowed(tree: list[str]) -> None:
+            # deleting with children deletes each of them: each must be allowed on its own
+            for child in tree[1:]:
+                if not await web.authorized(request, name, child):
+                    raise _ChildRefused
+
+        work = _deleting(each_child_allowed)
     try:
         said, shown = await work(web.actor, run_id, form)
     except StatekernelError as exc:
         return refused(*refusal(exc))
+    except _ChildRefused:
+        said = f"not allowed: delete on a child run of run {run_id}; nothing was deleted"
+        return renderer.page(
+            request, "error.html", {"title": "Forbidden", "message": said}, status=403
+        )
     if drive and shown is not None:
         try:
             run = await web.store.load(shown)

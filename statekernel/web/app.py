@@ -40,7 +40,10 @@ def create_app(
     kernel nor an agent the view is read-only and says why. ``authorize(request,
     action, run_id)`` (sync or async) answers whether a request may ``view`` a page or
     do an action (``answer``, ``resume``, ``resolve``, ``send``, ``retry``, ``fork``,
-    ``delete``); False answers 403. Every action is a POST carrying a CSRF token.
+    ``delete``); False answers 403, and an answer that is not a bool is a
+    ``ConfigError`` (so a hook missing its ``return`` refuses nothing silently). Deleting
+    with children asks about each child run while the kernel holds the whole tree.
+    Every action is a POST carrying a CSRF token.
 
     The app's lifespan closes what it opened; mounted in another app (whose lifespan
     does not reach it) call ``await app.state.web.aclose()`` when that app stops.

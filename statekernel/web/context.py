@@ -71,13 +71,22 @@ class WebContext:
         return None if self.actor is not None else READ_ONLY_REASON
 
     async def authorized(self, request: Request, action: str, run_id: str | None) -> bool:
-        """The ``authorize`` hook's answer (True without a hook)."""
+        """The ``authorize`` hook's answer (True without a hook).
+
+        Raises:
+            ConfigError: the hook answered something other than a bool (``None`` from a
+                missing ``return``, a string): nothing is done on such an answer.
+        """
         if self.authorize_hook is None:
             return True
         answer = self.authorize_hook(request, action, run_id)
         if inspect.isawaitable(answer):
             answer = await answer
-        return bool(answer)
+        if not isinstance(answer, bool):
+            raise ConfigError(
+                f"authorize({action!r}, {run_id!r}) must return True or False, got {answer!r}"
+            )
+        return answer
 
     def driving(self, run_id: str) -> bool:
         """Whether a drive this view started still runs ``run_id``."""

@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from starlette.requests import Request
 from starlette.testclient import TestClient
 
+from statekernel.errors import ConfigError
 from statekernel.stores import open_store
 from statekernel.web import create_app
 
@@ -183,14 +185,30 @@ def test_deleting_with_children_needs_each_child_allowed(tmp_path: Path) -> None
     asyncio.run(family())
     kid_b = sk.child_run_id("parent", "b")
 
+    held_when_asked: list[bool] = []
+
     async def authorize(request: Request, action: str, run_id: str | None) -> bool:
+        if action == "delete" and run_id != "parent":
+            # asked about a child once the tree is held: no child can start meanwhile
+            store = open_store(url)
+            try:
+                lease = await store.acquire("parent", "someone-else", ttl=5)
+            except sk.RunBusy:
+                held_when_asked.append(True)
+            else:
+                await store.release(lease)
+                held_when_asked.append(False)
+            finally:
+                await store.aclose()
         return not (action == "delete" and run_id == kid_b)
 
     everyone = [sk.child_run_id("parent", "a"), kid_b, "parent"]
     with TestClient(create_app(url, agent=kernel_options(), authorize=authorize)) as client:
         refused = post(client, "parent", "delete", confirm="parent", children="on")
         assert refused.status_code == 403
-        assert f"not allowed: delete on run {kid_b}" in refused.text
+        assert "not allowed: delete on a child run of run parent" in refused.text
+        assert kid_b not in refused.text  # the refused child is not named
+        assert held_when_asked == [True, True]
         for run_id in everyone:  # nothing was deleted
             assert client.get(f"/runs/{run_id}").status_code == 200
     with TestClient(create_app(url, agent=kernel_options())) as client:
@@ -198,3 +216,19 @@ def test_deleting_with_children_needs_each_child_allowed(tmp_path: Path) -> None
         assert done.status_code == 303
         for run_id in everyone:
             assert client.get(f"/runs/{run_id}").status_code == 404
+
+
+@pytest.mark.parametrize("answer", [None, "no", 1])
+def test_an_authorize_hook_answering_other_than_a_bool_is_a_config_error(
+    tmp_path: Path, answer: object
+) -> None:
+    # None: a missing return; "no" and 1: truthy, which a bool() of the answer let through
+    url = f"sqlite:///{tmp_path}/runs.db"
+    asyncio.run(make_runs(url))
+
+    def authorize(request: Request, action: str, run_id: str | None) -> Any:
+        return answer
+
+    app = create_app(url, agent=kernel_options(), authorize=authorize)
+    with TestClient(app) as client, pytest.raises(ConfigError, match=f"got {answer!r}"):
+        client.get("/runs/asking")
