@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from statekernel._kernel.schema import schema_problem
-from statekernel._kernel.tools import SchemaTool, Tool, tool
+from statekernel._kernel.tools import SchemaTool, Tool, tool, tool_names
 from statekernel._records.messages import JSON
 from statekernel.errors import ConfigError, ToolError
 
@@ -125,15 +125,16 @@ async def tools_from_mcp_server(
         The server's tools, in the order the server lists them.
 
     Raises:
-        ConfigError: ``server`` has no ``list_tools``/``call_tool``, or a tool's input
-            schema cannot check arguments.
+        ConfigError: ``server`` has no ``list_tools``/``call_tool``, a tool's input
+            schema cannot check arguments, ``idempotent`` is not a list of tool names,
+            or ``call_timeout`` is not a number of seconds above 0.
     """
     from statekernel._kernel.mcp import MCPTool, _output
 
     list_tools = getattr(server, "list_tools", None)
     if not callable(list_tools) or not callable(getattr(server, "call_tool", None)):
         raise ConfigError(f"not an MCP server (no list_tools/call_tool): {server!r}")
-    trusted = set(idempotent)
+    trusted = tool_names("tools_from_mcp_server", idempotent)
     found: list[Tool] = []
     for spec in await list_tools():
         name: str = spec.name

@@ -80,6 +80,12 @@ class Skip:
     result: JSON = attrs.field(default=None, converter=_skip_result)
     error: str | None = attrs.field(default=None, validator=_optional_text)
 
+    def __attrs_post_init__(self) -> None:
+        if self.result is not None and self.error is not None:
+            raise InvalidArgument(
+                "Skip takes result= or error=, not both (the call's outcome is one of them)"
+            )
+
 
 @attrs.frozen
 class Pause:

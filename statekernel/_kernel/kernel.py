@@ -66,6 +66,7 @@ from statekernel._records.pauses import (
     ResolvedError,
     ResolvedOutput,
     Uncertain,
+    resolutions_in,
 )
 from statekernel._records.run import PauseInfo, Run, StateId, utcnow
 from statekernel._records.values import check_messages, checked
@@ -794,6 +795,9 @@ class Kernel(Closing):
 
         A run paused on uncertain calls that were all resolved (a crash came between the
         last ``resolve_tool_call`` and the resume it commits) goes on with those answers.
+        A ``value`` handing in resolutions for uncertain calls (``{"resolutions": {call
+        id: {"attempt", and "output", "error" or "rerun": true}}}``, as the pause's
+        metadata shows them) must answer those calls' attempts in that form.
 
         Returns:
             The run after the commit of the resume.
@@ -801,8 +805,9 @@ class Kernel(Closing):
         Raises:
             RunNotFound: no run has this id.
             InvalidTransition: the run is not paused, or waits on calls not yet resolved.
-            InvalidArgument: an answer that does not satisfy the question's schema, or
-                none where a question waits for one.
+            InvalidArgument: an answer that does not satisfy the question's schema, none
+                where a question waits for one, or resolutions that are not resolutions
+                of the uncertain calls' attempts in flight.
             RunBusy: a live owner held the run for longer than ``busy_timeout``.
         """
         run_id_arg(run_id)
@@ -815,6 +820,8 @@ class Kernel(Closing):
             if answered is not None and not given:
                 value = {"resolutions": answered}
             question = pause.details if pause is not None else None
+            if given and driver.run.state == "paused" and isinstance(question, Uncertain):
+                resolutions_in(value, question)  # what it hands in answers these calls
             if driver.run.state == "paused" and isinstance(question, Question):
                 if not given:
                     raise InvalidArgument(

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from statekernel._kernel.schema import schema_problem
-from statekernel._kernel.tools import SchemaTool, Tool
+from statekernel._kernel.tools import SchemaTool, Tool, tool_names
 from statekernel._records.messages import JSON
 from statekernel._secrets import (
     redact,
@@ -144,12 +144,14 @@ class MCPConnection(Closing):
             The server's tools, in the order it lists them (every page of the listing).
 
         Raises:
-            ConfigError: a tool's input schema cannot check arguments.
+            ConfigError: a tool's input schema cannot check arguments, ``idempotent``
+                is not a list of tool names, or ``call_timeout`` is not a number of
+                seconds above 0.
             ToolError: the connection is not open.
         """
         from mcp.types import PaginatedRequestParams
 
-        trusted = set(idempotent)
+        trusted = tool_names(f"MCP server {self.name!r}", idempotent)
         found: list[Tool] = []
         page = await self.session.list_tools()
         while True:

@@ -23,6 +23,7 @@ Calls in flight that no task of this driver runs are a crash's remnants (``_reco
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -60,7 +61,7 @@ from statekernel._records.run import (
 )
 from statekernel._records.values import as_stored, parse_json
 from statekernel._storage.shielding import wait_ended
-from statekernel.errors import InvalidTransition, LeaseLost, StoreError, ToolError
+from statekernel.errors import InvalidArgument, InvalidTransition, LeaseLost, StoreError, ToolError
 
 __all__ = ["Intent", "NOT_RUN_FINISHED", "ToolCalls"]
 
@@ -472,8 +473,11 @@ def _given_resolutions(value: JSON) -> dict[str, Resolution]:
     given = value.get("resolutions") if isinstance(value, dict) else None
     if not isinstance(given, dict):
         return {}
-    found = {call_id: resolution_of(doc) for call_id, doc in given.items()}
-    return {call_id: r for call_id, r in found.items() if r is not None}
+    found: dict[str, Resolution] = {}
+    for call_id, doc in given.items():  # resume checked them against the pause
+        with contextlib.suppress(InvalidArgument):  # not a resolution: the call stays uncertain
+            found[call_id] = resolution_of(doc)
+    return found
 
 
 def _stored_outcome(ids: tuple[str, ...], output: JSON) -> Outcome:

@@ -21,11 +21,12 @@ from statekernel._kernel.schema import (
     schema_violation,
     strict_converter,
 )
+from statekernel._records.arguments import flag, seconds
 from statekernel._records.convert import converter as record_converter
 from statekernel._records.messages import JSON, ToolSpec
 from statekernel._records.values import as_stored
 from statekernel._storage.shielding import wait_ended
-from statekernel.errors import ConfigError, ToolError
+from statekernel.errors import ConfigError, InvalidArgument, ToolError
 
 __all__ = ["SchemaTool", "Tool", "ToolContext", "ToolReturn", "tool"]
 
@@ -95,6 +96,14 @@ class Tool:
     ``arguments_type`` holds them as ``Any``)."""
 
     def __attrs_post_init__(self) -> None:
+        try:  # every way of making a tool (decorator, adapters, MCP) comes through here
+            flag("idempotent", self.idempotent)
+            flag("concurrency_safe", self.concurrency_safe)
+            flag("inline", self.inline)
+            if self.timeout is not None:
+                seconds("timeout", self.timeout)
+        except InvalidArgument as exc:
+            raise ConfigError(f"tool {self.name!r}: {exc}") from None
         if self.inline and self.timeout is not None:
             raise ConfigError(
                 f"tool {self.name!r}: an inline tool runs on the event loop and cannot time out"
@@ -410,9 +419,11 @@ def tool(
     Raises:
         ConfigError: the function cannot be described to a model: a lambda without a
             ``name``, ``*args``/``**kwargs``, a parameter type with no JSON schema, a
-            docstring describing a parameter the function lacks, or ``inline`` given
-            for an async function or together with a ``timeout``. With options only,
-            it is raised when the decorator is applied.
+            docstring describing a parameter the function lacks, ``inline`` given
+            for an async function or together with a ``timeout``, ``idempotent``,
+            ``concurrency_safe`` or ``inline`` not a bool, or ``timeout`` not None or a
+            number of seconds above 0. With options only, it is raised when the
+            decorator is applied.
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
@@ -435,3 +446,19 @@ def tools_by_name(tools: Mapping[str, Tool] | list[Tool] | tuple[Tool, ...]) -> 
             raise ConfigError(f"tool {t.name!r}: the schema of its parameters is {problem}")
         found[t.name] = t
     return found
+
+
+def tool_names(where: str, names: Any) -> set[str]:
+    """``names`` (``idempotent=`` of the MCP and adapter helpers) as a set of tool names.
+
+    Raises:
+        ConfigError: not an iterable of ``str``, or a ``str`` itself (which would be read
+            as its characters).
+    """
+    if isinstance(names, str | bytes) or not isinstance(names, typing.Iterable):
+        raise ConfigError(f"{where}: idempotent= takes tool names (a list of str), got {names!r}")
+    found = list(names)
+    for name in found:
+        if type(name) is not str:
+            raise ConfigError(f"{where}: idempotent= holds {name!r}, which is not a tool name")
+    return set(found)

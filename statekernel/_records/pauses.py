@@ -16,6 +16,7 @@ from typing import Any, TypeAlias
 import attrs
 
 from statekernel._records.messages import JSON
+from statekernel.errors import InvalidArgument
 
 __all__ = [
     "Ask",
@@ -32,6 +33,7 @@ __all__ = [
     "Uncertain",
     "UncertainCall",
     "resolution_of",
+    "resolutions_in",
 ]
 
 
@@ -92,18 +94,71 @@ Resolution: TypeAlias = ResolvedOutput | ResolvedError | Rerun
 """What an operator said happened to one attempt of an uncertain call."""
 
 
-def resolution_of(doc: object) -> Resolution | None:
-    """A resolution given as JSON (as ``Resolution.metadata`` gives it, e.g. in a
-    ``resume`` value), or None when ``doc`` is not one."""
-    if not isinstance(doc, Mapping) or type(doc.get("attempt")) is not int:
-        return None
-    attempt = doc["attempt"]
-    if doc.get("rerun"):
+def resolution_of(doc: object, where: str = "resolution") -> Resolution:
+    """A resolution given as JSON, as ``Resolution.metadata`` gives it (e.g. in a
+    ``resume`` value): ``attempt`` with exactly one of ``output``, ``error`` (a str) or
+    ``rerun`` (true).
+
+    Returns:
+        The resolution.
+
+    Raises:
+        InvalidArgument: ``doc`` is anything else, naming ``where`` and what is wrong
+            (a misspelt key, an error that is not a str, a rerun that is not true would
+            otherwise be read as something the operator did not say).
+    """
+    if not isinstance(doc, Mapping):
+        raise InvalidArgument(f"{where} must be a JSON object, got {doc!r}")
+    attempt = doc.get("attempt")
+    if type(attempt) is not int or attempt < 0:
+        raise InvalidArgument(f"{where}: attempt must be an int of at least 0, got {attempt!r}")
+    said = sorted(set(doc) - {"attempt"})
+    if said == ["rerun"] and doc["rerun"] is True:
         return Rerun(attempt)
-    error = doc.get("error")
-    if isinstance(error, str):
-        return ResolvedError(attempt, error)
-    return ResolvedOutput(attempt, doc.get("output"))
+    if said == ["error"] and type(doc["error"]) is str:
+        return ResolvedError(attempt, doc["error"])
+    if said == ["output"]:
+        return ResolvedOutput(attempt, doc["output"])
+    if said == ["rerun"]:
+        raise InvalidArgument(f"{where}: rerun must be true, got {doc['rerun']!r}")
+    if said == ["error"]:
+        raise InvalidArgument(f"{where}: error must be a str, got {doc['error']!r}")
+    raise InvalidArgument(
+        f"{where} must hold attempt and exactly one of output, error or rerun, got keys {said}"
+    )
+
+
+def resolutions_in(value: object, uncertain: Uncertain) -> dict[str, Resolution]:
+    """The resolutions a ``resume`` value hands in for ``uncertain``'s calls
+    (``{"resolutions": {call id: resolution}}``, as ``Uncertain.metadata`` gives them).
+
+    Returns:
+        The resolutions by call id; empty when ``value`` holds no ``resolutions``.
+
+    Raises:
+        InvalidArgument: ``resolutions`` is not an object, names a call that is not one
+            of the uncertain calls, answers another attempt than the one in flight, or
+            holds something that is not a resolution (each named).
+    """
+    if not isinstance(value, Mapping) or "resolutions" not in value:
+        return {}
+    given = value["resolutions"]
+    if not isinstance(given, Mapping):
+        raise InvalidArgument(f"resolutions must be a JSON object by call id, got {given!r}")
+    found: dict[str, Resolution] = {}
+    for call_id, doc in given.items():
+        call = uncertain.call(call_id)
+        if call is None:
+            known = ", ".join(c.id for c in uncertain.calls)
+            raise InvalidArgument(f"{call_id!r} is not an uncertain call (they are: {known})")
+        resolution = resolution_of(doc, f"resolutions[{call_id!r}]")
+        if resolution.attempt != call.attempt:
+            raise InvalidArgument(
+                f"resolutions[{call_id!r}] answers attempt {resolution.attempt}; the attempt"
+                f" in flight is {call.attempt}"
+            )
+        found[call_id] = resolution
+    return found
 
 
 @attrs.frozen
@@ -226,13 +281,13 @@ class MaxTurns:
 
 
 def _free(value: JSON) -> JSON:
-    return value or {}
+    return {} if value is None else value
 
 
 @attrs.frozen
 class HookPause:
-    """A hook's own pause (``Pause(reason, metadata)``): its metadata, free JSON (an
-    empty value is ``{}``)."""
+    """A hook's own pause (``Pause(reason, metadata)``): its metadata, free JSON as the
+    hook gave it (None is ``{}``)."""
 
     metadata: JSON = attrs.field(factory=dict, converter=_free)
 

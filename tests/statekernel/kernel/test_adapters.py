@@ -151,6 +151,16 @@ async def test_the_tools_of_an_mcp_server_object_run_in_process(make_kernel: Mak
     assert final.turns[0].completed[0].output == "3.0"
 
 
+async def test_the_options_of_an_mcp_server_object_are_checked() -> None:
+    # a str would be read as its characters: "price" made tools "p", "r"... idempotent
+    with pytest.raises(ConfigError, match=r"idempotent= takes tool names .* got 'price'"):
+        await sk.tools_from_mcp_server(server, idempotent="price")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"idempotent= holds 5, which is not a tool name"):
+        await sk.tools_from_mcp_server(server, idempotent=[5])  # type: ignore[list-item]
+    with pytest.raises(ConfigError, match=r"tool 'price': timeout must be a finite number"):
+        await sk.tools_from_mcp_server(server, call_timeout=-1)
+
+
 async def test_a_function_of_an_mcp_server_is_a_tool_as_it_is() -> None:
     tool = sk.tool(price)  # the decorator gives the function back
     props = tool.spec.parameters["properties"]

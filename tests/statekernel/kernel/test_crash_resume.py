@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
@@ -258,6 +259,59 @@ async def test_a_crash_between_the_last_resolution_and_its_resume_is_resumable()
     outputs = {r.id: (r.output, r.resolved) for r in final.turns[0].completed}
     assert all(outputs[c] == ("done by hand", True) for c in calls)
     await second.aclose()
+
+
+@pytest.mark.parametrize(
+    ("given", "match"),
+    [
+        ({"error": 402}, r"resolutions\['c'\]: error must be a str, got 402"),
+        ({"rerun": "no"}, r"resolutions\['c'\]: rerun must be true, got 'no'"),
+        ({"eror": "declined"}, r"exactly one of output, error or rerun, got keys \['eror'\]"),
+        ({"output": 1, "error": "x"}, r"got keys \['error', 'output'\]"),
+        ("ran", r"resolutions\['c'\] must be a JSON object, got 'ran'"),
+    ],
+)
+async def test_resolutions_handed_to_resume_are_checked_before_anything_commits(
+    given: Any, match: str
+) -> None:
+    """A misspelt key or an error that is not text was read as "it ran, output None"
+    (and ``rerun: "no"`` as a re-run): the operator's word, misread and committed."""
+    from statekernel.stores import MemoryStore
+    from statekernel.testing import Crash, FaultPlan
+
+    store = MemoryStore()
+    agent = fuzz_agent([[call("side_effect", {"key": "a"}, id="c")], "done"])
+    first = sk.Kernel(
+        store,
+        **{**agent(), "middleware": [FaultPlan([CrashAt("tool_after_effect", 1)]).middleware()]},
+    )
+    run = await first.start(model="scripted/fuzz", messages=["go"])
+    with pytest.raises(Crash):
+        await _drain(first, run.run_id)
+    await first.aclose()
+    kernel = sk.Kernel(store, **agent())
+    await _drain(kernel, run.run_id)
+    paused = await kernel.get(run.run_id)
+    assert paused.pause is not None
+    assert paused.pause.reason == "uncertain_tool_calls"
+    (attempt,) = [c["attempt"] for c in paused.pause.metadata["calls"]]
+    doc = {"attempt": attempt, **given} if isinstance(given, dict) else given
+    with pytest.raises(InvalidArgument, match=match):
+        await kernel.resume(run.run_id, value={"resolutions": {"c": doc}})
+    with pytest.raises(InvalidArgument, match=r"'d' is not an uncertain call \(they are: c\)"):
+        await kernel.resume(run.run_id, value={"resolutions": {"d": {"attempt": 1, "output": 1}}})
+    late = {"attempt": attempt + 1, "error": "declined"}
+    with pytest.raises(InvalidArgument, match=rf"answers attempt {attempt + 1}; the attempt"):
+        await kernel.resume(run.run_id, value={"resolutions": {"c": late}})
+    assert (await kernel.get(run.run_id)).revision == paused.revision  # nothing committed
+    said = {"attempt": attempt, "error": "card declined"}
+    await kernel.resume(run.run_id, value={"resolutions": {"c": said}})
+    await _drain(kernel, run.run_id)
+    final = await kernel.get(run.run_id)
+    assert final.state == "completed"
+    (done,) = final.turns[0].completed
+    assert (done.output, done.error, done.resolved) == (None, "card declined", True)
+    await kernel.aclose()
 
 
 # -- the harness's own contract ---------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import attrs
 import pytest
@@ -94,6 +95,20 @@ async def test_pause_decision_pauses_before_the_side_effect(make_kernel: MakeKer
     assert CALLS == []
     assert run.state == "paused"
     assert run.pause == sk.PauseInfo("approve?", "dispatching_tools", HookPause({"risk": "high"}))
+
+
+@pytest.mark.parametrize("metadata", [[], 0, "", False, None])
+async def test_a_pause_keeps_its_metadata_as_the_hook_gave_it(
+    make_kernel: MakeKernel, metadata: Any
+) -> None:
+    # falsy JSON is kept (it was replaced by {}); only None means "none" and is {}
+    hooks = Deciding(sk.Pause("approve?", metadata))
+    run = await run_with(make_kernel, hooks, [call("record", {"item": "a"}), "ok"])
+    assert run.pause is not None
+    assert isinstance(run.pause.details, HookPause)
+    kept = run.pause.details.metadata
+    expected = {} if metadata is None else metadata
+    assert (type(kept), kept) == (type(expected), expected)
 
 
 async def test_finish_completes_without_running_remaining_calls(make_kernel: MakeKernel) -> None:

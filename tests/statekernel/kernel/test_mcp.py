@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import statekernel as sk
+from statekernel.errors import ConfigError
 from statekernel.mcp import MCPConnection, mcp_http, mcp_stdio
 from statekernel.stores import MemoryStore
 from statekernel.testing import (
@@ -75,6 +76,8 @@ async def test_tools_and_schemas_come_from_the_server(server: MCPConnection) -> 
     assert not tools["append_line"].idempotent
     trusted = {t.name: t for t in await server.tools(idempotent=["append_line"])}
     assert trusted["append_line"].idempotent
+    with pytest.raises(ConfigError, match=r"idempotent= takes tool names .* 'append_line'"):
+        await server.tools(idempotent="append_line")  # type: ignore[arg-type]
 
 
 async def test_a_run_calls_mcp_tools_and_failures_are_error_results(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import threading
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 import pytest
@@ -412,3 +412,26 @@ def test_a_tool_built_inline_with_a_timeout_is_refused() -> None:
     built = sk.tool(quick)
     with pytest.raises(ConfigError, match="cannot time out"):
         attrs.evolve(built, inline=True, timeout=1.0)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"idempotent": "no"}, r"tool 'charge': idempotent must be True or False, got 'no'"),
+        ({"concurrency_safe": 0}, r"concurrency_safe must be True or False, got 0"),
+        ({"timeout": -1}, r"timeout must be a finite number of seconds > 0, got -1"),
+        ({"timeout": "5"}, r"timeout must be a number of seconds, got '5'"),
+        ({"timeout": float("nan")}, r"timeout must be a finite number of seconds > 0"),
+    ],
+)
+def test_a_tool_s_flags_are_checked_when_it_is_made(options: dict[str, Any], match: str) -> None:
+    # idempotent="no" was truthy: a side effect re-run on resume; a timeout of "5" failed
+    # each call with a TypeError after it had started
+    def charge(amount: int) -> str:
+        """Charge a card."""
+        return f"charged {amount}"
+
+    with pytest.raises(ConfigError, match=match):
+        sk.tool(**options)(charge)
+    with pytest.raises(ConfigError, match=match):  # every way of making one
+        attrs.evolve(sk.tool(charge), **options)

@@ -179,6 +179,11 @@ HOOK_CASES: dict[str, tuple[list[object], dict[str, Callable[..., Any]], str]] =
         {"on_tool_call_started": lambda c: sk.Skip(error=5)},  # type: ignore[arg-type]
         r"Skip\.error: 5 is not str",
     ),
+    "tool call started: Skip with result and error": (
+        TOOL_CALL,
+        {"on_tool_call_started": lambda c: sk.Skip(result="refunded", error="refused")},
+        r"Skip takes result= or error=, not both",
+    ),
     "tool call started: Rewrite of no JSON": (
         TOOL_CALL,
         {"on_tool_call_started": lambda c: sk.Rewrite({1: 2})},

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 
 from statekernel._records import convert
 from statekernel._records.run import (
@@ -171,6 +171,8 @@ _REASONS = {
 @settings(max_examples=200)
 @given(details=pause_details())
 def test_any_pause_migrates_back_from_its_version_1_metadata(details: PauseDetails) -> None:
+    # version 1 kept no empty metadata, and its writers made a hook's falsy metadata {}
+    assume(not isinstance(details, HookPause) or bool(details.metadata) or details.metadata == {})
     reason = _REASONS[type(details)]
     expected = PauseInfo(reason, "dispatching_tools", details)
     assert _migrated(_v1(reason, expected.metadata)) == expected
