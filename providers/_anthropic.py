@@ -37,7 +37,16 @@ from statekernel._storage.provider import (
     tool_call_arguments_json,
 )
 from statekernel.errors import ConfigError, ProviderUnavailable
-from statekernel.providers._errors import error_for_type
+from statekernel.providers._errors import error_in_answer
+from statekernel.providers._fields import (
+    malformed,
+    need_list,
+    need_object,
+    need_text,
+    optional_object,
+    shown,
+    token_count,
+)
 from statekernel.providers._http import HTTPProvider
 from statekernel.providers._keys import api_key as provider_key
 
@@ -57,13 +66,21 @@ _FINISH: dict[str, FinishReason] = {
 }
 
 
-def anthropic_usage(data: Mapping[str, Any]) -> Usage:
-    """An Anthropic ``usage`` object (input tokens already exclude cache reads and writes)."""
+def anthropic_usage(data: Mapping[str, Any], provider: str = "anthropic") -> Usage:
+    """An Anthropic ``usage`` object (input tokens already exclude cache reads and writes).
+
+    Raises:
+        ProviderUnavailable: a count is not a non-negative int (missing or null is 0).
+    """
+
+    def count(key: str) -> int:
+        return token_count(provider, data, key, "usage")
+
     return Usage(
-        input_tokens=int(data.get("input_tokens") or 0),
-        output_tokens=int(data.get("output_tokens") or 0),
-        cache_read_tokens=int(data.get("cache_read_input_tokens") or 0),
-        cache_write_tokens=int(data.get("cache_creation_input_tokens") or 0),
+        input_tokens=count("input_tokens"),
+        output_tokens=count("output_tokens"),
+        cache_read_tokens=count("cache_read_input_tokens"),
+        cache_write_tokens=count("cache_creation_input_tokens"),
     )
 
 
@@ -149,14 +166,8 @@ class AnthropicProvider(HTTPProvider):
                 continue
             kind = data.get("type") or sse.event
             if kind == "error":
-                error = data.get("error") or {}
-                raise error_for_type(
-                    self.name,
-                    error.get("type"),
-                    str(error.get("message", "")),
-                    secrets=self._secrets(),
-                )
-            for part in state.feed(kind, data):
+                raise error_in_answer(self.name, data.get("error"), secrets=self._secrets())
+            for part in state.feed(kind, data, self.name):
                 yield part
             if state.stopped:
                 break
@@ -169,31 +180,39 @@ class AnthropicProvider(HTTPProvider):
     def _parse_body(self, data: Any, request: ModelRequest) -> Iterable[StreamPart]:
         if not isinstance(data, dict):
             raise ProviderUnavailable(f"{self.name}: unexpected response body", provider=self.name)
-        if data.get("type") == "error":
-            error = data.get("error") or {}
-            raise error_for_type(self.name, error.get("type"), str(error.get("message", "")))
+        if data.get("type") == "error" or data.get("error"):
+            raise error_in_answer(self.name, data.get("error"), secrets=self._secrets())
         parts: list[StreamPart] = []
-        for block in data.get("content") or ():
-            parts.extend(_whole_block(block))
-        if data.get("usage"):
-            parts.append(UsageUpdate(anthropic_usage(data["usage"])))
+        for index, block in enumerate(need_list(self.name, data.get("content"), "content")):
+            parts.extend(_whole_block(self.name, block, f"content[{index}]"))
+        usage = optional_object(self.name, data.get("usage"), "usage")
+        if usage:
+            parts.append(UsageUpdate(anthropic_usage(usage, self.name)))
         parts.append(
             StreamEnd(_FINISH.get(data.get("stop_reason") or "", "other"), data.get("model"))
         )
         return parts
 
 
-def _whole_block(block: dict[str, Any]) -> Iterator[StreamPart]:
+def _whole_block(provider: str, item: Any, where: str) -> Iterator[StreamPart]:
+    """The parts of one content block of a JSON answer (unknown block types carry none)."""
+    block = need_object(provider, item, where)
     kind = block.get("type")
-    if kind == "text" and block.get("text"):
-        yield TextDelta(block["text"])
+    if kind == "text":
+        text = block.get("text")
+        if not isinstance(text, str):
+            raise malformed(provider, f"{where}.text", f"{shown(text)}, not a string")
+        if text:
+            yield TextDelta(text)
     elif kind == "thinking":
         yield ReasoningDelta(block.get("thinking") or "", block.get("signature") or "")
     elif kind == "redacted_thinking":
         yield ReasoningDelta("", block.get("data") or "", redacted=True)
     elif kind == "tool_use":
-        arguments = tool_call_arguments_json(block.get("input") or {})
-        yield ToolCallDone(ToolCall(block.get("id") or "", block.get("name") or "", arguments))
+        call_id = need_text(provider, block.get("id"), f"{where}.id")
+        name = need_text(provider, block.get("name"), f"{where}.name")
+        arguments = need_object(provider, block.get("input"), f"{where}.input")
+        yield ToolCallDone(ToolCall(call_id, name, tool_call_arguments_json(arguments)))
 
 
 class _StreamState:
@@ -205,22 +224,29 @@ class _StreamState:
         self.stopped = False
         self._tool_index: dict[int, int] = {}  # content block index -> tool call ordinal
 
-    def feed(self, kind: str, data: dict[str, Any]) -> Iterator[StreamPart]:
+    def feed(self, kind: str, data: dict[str, Any], provider: str) -> Iterator[StreamPart]:
+        """The parts of one event; malformed usage or tool use is ``ProviderUnavailable``."""
         if kind == "message_start":
-            message = data.get("message") or {}
+            message = optional_object(provider, data.get("message"), "message")
             self.model = message.get("model")
-            if message.get("usage"):
-                yield UsageUpdate(anthropic_usage(message["usage"]))
+            usage = optional_object(provider, message.get("usage"), "message.usage")
+            if usage:
+                yield UsageUpdate(anthropic_usage(usage, provider))
         elif kind == "content_block_start":
-            yield from self._block_start(int(data.get("index", 0)), data.get("content_block") or {})
+            block = optional_object(provider, data.get("content_block"), "content_block")
+            if block.get("type") == "tool_use":
+                need_text(provider, block.get("id"), "content_block.id")
+                need_text(provider, block.get("name"), "content_block.name")
+            yield from self._block_start(int(data.get("index", 0)), block)
         elif kind == "content_block_delta":
             yield from self._block_delta(int(data.get("index", 0)), data.get("delta") or {})
         elif kind == "message_delta":
             reason = (data.get("delta") or {}).get("stop_reason")
             if reason:
                 self.finish = _FINISH.get(reason, "other")
-            if data.get("usage"):
-                yield UsageUpdate(anthropic_usage(data["usage"]))
+            usage = optional_object(provider, data.get("usage"), "usage")
+            if usage:
+                yield UsageUpdate(anthropic_usage(usage, provider))
         elif kind == "message_stop":
             self.stopped = True
         # ping, content_block_stop and unknown events carry nothing to yield

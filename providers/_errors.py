@@ -23,6 +23,7 @@ __all__ = [
     "error_for_status",
     "error_for_type",
     "error_from_exception",
+    "error_in_answer",
     "redact",
     "retry_after_seconds",
     "vendor_message",
@@ -148,6 +149,17 @@ def error_for_type(
     if cls is RateLimited:
         return RateLimited(text, status=None, provider=provider)
     return cls(text, provider=provider)
+
+
+def error_in_answer(provider: str, error: object, *, secrets: Iterable[str] = ()) -> ProviderError:
+    """The typed error for an ``error`` object (or string) a server sent in place of an
+    answer, in a stream or in a 200 body: its ``type`` (or ``code``) picks the class as
+    ``error_for_type`` does, so the retries follow it."""
+    if isinstance(error, dict):
+        message = error.get("message") or error.get("detail") or json.dumps(error)[:_MAX_MESSAGE]
+        kind = error.get("type") or error.get("code")
+        return error_for_type(provider, str(kind) if kind else None, str(message), secrets=secrets)
+    return error_for_type(provider, None, str(error)[:_MAX_MESSAGE], secrets=secrets)
 
 
 def error_from_exception(provider: str, exc: httpx.HTTPError) -> ProviderError:

@@ -33,7 +33,17 @@ from statekernel._storage.provider import (
     tool_call_arguments_json,
 )
 from statekernel.errors import BadRequest, ProviderUnavailable
-from statekernel.providers._errors import error_for_type
+from statekernel.providers._errors import error_in_answer
+from statekernel.providers._fields import (
+    malformed,
+    need_object,
+    need_text,
+    optional_list,
+    optional_object,
+    optional_text,
+    token_count,
+    tool_call_id,
+)
 from statekernel.providers._http import HTTPProvider
 
 __all__ = ["OllamaProvider", "ollama_host", "ollama_messages"]
@@ -140,38 +150,55 @@ class OllamaProvider(HTTPProvider):
             raise ProviderUnavailable(f"{self.name}: stream ended before done", provider=self.name)
 
     def _parse_body(self, data: Any, request: ModelRequest) -> Iterable[StreamPart]:
+        """One JSON answer: its ``message`` and ``done: true`` are required."""
         if not isinstance(data, dict):
             raise ProviderUnavailable(f"{self.name}: unexpected response body", provider=self.name)
+        if not data.get("error"):
+            need_object(self.name, data.get("message"), "message")
+            if data.get("done") is not True:
+                raise malformed(self.name, "done", f"is {data.get('done')!r:.80}, not true")
         return list(self._parts(data))
 
     def _parts(self, data: dict[str, Any]) -> Iterator[StreamPart]:
+        """The parts of one line (or body); a malformed field is ``ProviderUnavailable``."""
+        name = self.name
         if data.get("error"):
-            raise error_for_type(self.name, None, str(data["error"]))
-        message = data.get("message") or {}
-        if message.get("thinking"):
-            yield ReasoningDelta(message["thinking"])
-        if message.get("content"):
-            yield TextDelta(message["content"])
-        for call in message.get("tool_calls") or ():
-            function = call.get("function") or {}
-            arguments = function.get("arguments")
-            text = (
-                arguments
-                if isinstance(arguments, str)
-                else tool_call_arguments_json(arguments if arguments is not None else {})
-            )
-            call_id = call.get("id") or f"call_{uuid.uuid4().hex[:24]}"
-            yield ToolCallDone(ToolCall(call_id, function.get("name") or "", text))
+            raise error_in_answer(name, data["error"])
+        message = optional_object(name, data.get("message"), "message")
+        thinking = optional_text(name, message.get("thinking"), "message.thinking")
+        if thinking:
+            yield ReasoningDelta(thinking)
+        content = optional_text(name, message.get("content"), "message.content")
+        if content:
+            yield TextDelta(content)
+        calls = optional_list(name, message.get("tool_calls"), "message.tool_calls")
+        for index, call in enumerate(calls):
+            yield ToolCallDone(_call(name, call, f"message.tool_calls[{index}]"))
         if data.get("done"):
             yield UsageUpdate(
                 Usage(
-                    input_tokens=int(data.get("prompt_eval_count") or 0),
-                    output_tokens=int(data.get("eval_count") or 0),
+                    input_tokens=token_count(name, data, "prompt_eval_count", ""),
+                    output_tokens=token_count(name, data, "eval_count", ""),
                 )
             )
             yield StreamEnd(
                 _FINISH.get(data.get("done_reason") or "stop", "other"), data.get("model")
             )
+
+
+def _call(provider: str, item: Any, where: str) -> ToolCall:
+    """A whole tool call; an id the server left out (older Ollama sends none) is made."""
+    call = need_object(provider, item, where)
+    function = need_object(provider, call.get("function"), f"{where}.function")
+    arguments = function.get("arguments")
+    text = (
+        arguments
+        if isinstance(arguments, str)
+        else tool_call_arguments_json(arguments if arguments is not None else {})
+    )
+    call_id = tool_call_id(provider, call.get("id"), f"{where}.id")
+    name = need_text(provider, function.get("name"), f"{where}.function.name")
+    return ToolCall(call_id or f"call_{uuid.uuid4().hex[:24]}", name, text)
 
 
 def ollama_messages(messages: Iterable[Message]) -> list[dict[str, Any]]:

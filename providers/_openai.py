@@ -40,7 +40,19 @@ from statekernel._storage.provider import (
     tool_call_arguments_json,
 )
 from statekernel.errors import ConfigError, ProviderUnavailable
-from statekernel.providers._errors import error_for_type
+from statekernel.providers._errors import error_in_answer
+from statekernel.providers._fields import (
+    content_text,
+    malformed,
+    need_list,
+    need_object,
+    need_text,
+    optional_list,
+    optional_object,
+    optional_text,
+    token_count,
+    tool_call_id,
+)
 from statekernel.providers._http import HTTPProvider
 from statekernel.providers._keys import api_key as provider_key
 from statekernel.providers._think import ThinkSplitter, split_think
@@ -72,18 +84,42 @@ def openai_finish_reason(value: str | None) -> FinishReason:
     return _FINISH.get(value or "", "other")
 
 
-def openai_usage(data: Mapping[str, Any]) -> Usage:
+def openai_usage(data: Mapping[str, Any], provider: str = "openai") -> Usage:
     """A chat-completions ``usage`` object; cached prompt tokens are counted apart
-    (``prompt_tokens_details.cached_tokens``, or DeepSeek's ``prompt_cache_hit_tokens``)."""
-    prompt = int(data.get("prompt_tokens") or 0)
-    prompt_details = data.get("prompt_tokens_details") or {}
-    output_details = data.get("completion_tokens_details") or {}
-    cached = int(prompt_details.get("cached_tokens") or data.get("prompt_cache_hit_tokens") or 0)
+    (``prompt_tokens_details.cached_tokens``, or DeepSeek's ``prompt_cache_hit_tokens``).
+
+    Each count must be a non-negative int (missing or null is 0). Cached tokens are a
+    part of ``prompt_tokens`` (as OpenAI and DeepSeek document them), so more cached
+    than prompt tokens is refused rather than clamped.
+
+    Raises:
+        ProviderUnavailable: a count is not a non-negative int, a details field is not
+            an object, or the cached tokens exceed the prompt tokens.
+    """
+    prompt = token_count(provider, data, "prompt_tokens", "usage")
+    details_field = "usage.prompt_tokens_details"
+    prompt_details = optional_object(provider, data.get("prompt_tokens_details"), details_field)
+    output_details = optional_object(
+        provider, data.get("completion_tokens_details"), "usage.completion_tokens_details"
+    )
+    cached = token_count(provider, prompt_details, "cached_tokens", details_field)
+    cached_field = f"{details_field}.cached_tokens"
+    if not cached:
+        cached = token_count(provider, data, "prompt_cache_hit_tokens", "usage")
+        cached_field = "usage.prompt_cache_hit_tokens"
+    if cached > prompt:
+        raise malformed(
+            provider,
+            cached_field,
+            f"({cached}) exceeds usage.prompt_tokens ({prompt}), which includes them",
+        )
     return Usage(
-        input_tokens=max(prompt - cached, 0),
-        output_tokens=int(data.get("completion_tokens") or 0),
+        input_tokens=prompt - cached,
+        output_tokens=token_count(provider, data, "completion_tokens", "usage"),
         cache_read_tokens=cached,
-        reasoning_tokens=int(output_details.get("reasoning_tokens") or 0),
+        reasoning_tokens=token_count(
+            provider, output_details, "reasoning_tokens", "usage.completion_tokens_details"
+        ),
     )
 
 
@@ -176,7 +212,7 @@ class OpenAIProvider(HTTPProvider):
     async def _parse_stream(
         self, response: httpx.Response, request: ModelRequest
     ) -> AsyncGenerator[StreamPart, None]:
-        state = _StreamState()
+        state = _StreamState(self.name)
         think = ThinkSplitter() if self.think_tags else None
         async for sse in EventSource(response).aiter_sse():
             if sse.data == "[DONE]":
@@ -202,54 +238,67 @@ class OpenAIProvider(HTTPProvider):
         data = self._json(raw)
         if not isinstance(data, dict):
             raise ProviderUnavailable(f"{self.name}: unexpected chunk {raw[:200]!r}")
-        error = data.get("error")
-        if error:
-            message = error.get("message", str(error)) if isinstance(error, dict) else str(error)
-            kind = (error.get("type") or error.get("code")) if isinstance(error, dict) else None
-            raise error_for_type(
-                self.name, str(kind) if kind else None, str(message), secrets=self._secrets()
-            )
+        if data.get("error"):
+            raise error_in_answer(self.name, data["error"], secrets=self._secrets())
         return data
 
     def _parse_body(self, data: Any, request: ModelRequest) -> Iterable[StreamPart]:
+        """The parts of one JSON answer; an ``error`` object in it is raised as the
+        stream's would be, and a missing or malformed field is ``ProviderUnavailable``."""
         if not isinstance(data, dict):
             raise ProviderUnavailable(f"{self.name}: unexpected response body", provider=self.name)
-        choices = data.get("choices") or [{}]
-        choice = choices[0]
-        message = choice.get("message") or {}
+        if data.get("error"):
+            raise error_in_answer(self.name, data["error"], secrets=self._secrets())
+        choices = need_list(self.name, data.get("choices"), "choices")
+        if not choices:
+            raise malformed(self.name, "choices", "is empty")
+        choice = need_object(self.name, choices[0], "choices[0]")
+        message = need_object(self.name, choice.get("message"), "choices[0].message")
         parts: list[StreamPart] = []
-        reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
-        content = str(message.get("content") or "")
+        reasoning = _reasoning(self.name, message, "choices[0].message")
+        content = content_text(self.name, message.get("content"), "choices[0].message.content")
         if self.think_tags:
             tagged, content = split_think(content)
             reasoning = f"{reasoning}{tagged}"
         if reasoning:
-            parts.append(ReasoningDelta(str(reasoning)))
+            parts.append(ReasoningDelta(reasoning))
         if content:
             parts.append(TextDelta(content))
-        for call in message.get("tool_calls") or []:
-            function = call.get("function") or {}
-            parts.append(
-                ToolCallDone(
-                    ToolCall(
-                        id=call.get("id") or _new_call_id(),
-                        name=function.get("name") or "",
-                        arguments=_arguments_text(function.get("arguments")),
-                    )
-                )
-            )
-        if data.get("usage"):
-            parts.append(UsageUpdate(openai_usage(data["usage"])))
+        where = "choices[0].message.tool_calls"
+        for index, item in enumerate(optional_list(self.name, message.get("tool_calls"), where)):
+            parts.append(ToolCallDone(_whole_call(self.name, item, f"{where}[{index}]")))
+        usage = optional_object(self.name, data.get("usage"), "usage")
+        if usage:
+            parts.append(UsageUpdate(openai_usage(usage, self.name)))
         parts.append(
             StreamEnd(openai_finish_reason(choice.get("finish_reason")), data.get("model"))
         )
         return parts
 
 
+def _reasoning(provider: str, message: dict[str, Any], where: str) -> str:
+    """The reasoning text of a message or delta (``reasoning_content`` or ``reasoning``)."""
+    key = "reasoning_content" if message.get("reasoning_content") else "reasoning"
+    return optional_text(provider, message.get(key), f"{where}.{key}")
+
+
+def _whole_call(provider: str, item: Any, where: str) -> ToolCall:
+    """A whole tool call of a JSON answer; an id the server left out is made."""
+    call = need_object(provider, item, where)
+    function = need_object(provider, call.get("function"), f"{where}.function")
+    return ToolCall(
+        id=tool_call_id(provider, call.get("id"), f"{where}.id") or _new_call_id(),
+        name=need_text(provider, function.get("name"), f"{where}.function.name"),
+        arguments=_arguments_text(function.get("arguments")),
+    )
+
+
 class _StreamState:
     """Folds chat-completion chunks into stream parts."""
 
-    def __init__(self) -> None:
+    def __init__(self, provider: str = "openai") -> None:
+        self.provider = provider
+        """The provider's name, for the errors about a malformed chunk."""
         self.finish: str | None = None
         self.model: str | None = None
         self.done = False
@@ -258,29 +307,41 @@ class _StreamState:
         """The highest index seen (kept, not searched for at each delta)."""
 
     def feed(self, data: dict[str, Any]) -> Iterator[StreamPart]:
+        """The parts of one chunk; a malformed field is ``ProviderUnavailable`` naming it."""
+        provider = self.provider
         if self.model is None and data.get("model"):
             self.model = data["model"]
-        for choice in data.get("choices") or ():
+        for number, item in enumerate(optional_list(provider, data.get("choices"), "choices")):
+            choice = need_object(provider, item, f"choices[{number}]")
             if choice.get("index", 0) != 0:
                 continue
-            delta = choice.get("delta") or {}
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            where = f"choices[{number}].delta"
+            delta = optional_object(provider, choice.get("delta"), where)
+            reasoning = _reasoning(provider, delta, where)
             if reasoning:
                 yield ReasoningDelta(reasoning)
-            content = delta.get("content")
+            content = content_text(provider, delta.get("content"), f"{where}.content")
             if content:
                 yield TextDelta(content)
-            for call in delta.get("tool_calls") or ():
-                yield self._call_delta(call)
+            calls = optional_list(provider, delta.get("tool_calls"), f"{where}.tool_calls")
+            for index, call in enumerate(calls):
+                yield self._call_delta(call, f"{where}.tool_calls[{index}]")
             if choice.get("finish_reason"):
                 self.finish = choice["finish_reason"]
-        usage = data.get("usage") or (data.get("x_groq") or {}).get("usage")  # Groq's place
+        groq = optional_object(provider, data.get("x_groq"), "x_groq")  # Groq's usage place
+        usage_field = "usage" if data.get("usage") else "x_groq.usage"
+        usage = optional_object(provider, data.get("usage") or groq.get("usage"), usage_field)
         if usage:
-            yield UsageUpdate(openai_usage(usage))
+            yield UsageUpdate(openai_usage(usage, provider))
 
-    def _call_delta(self, call: dict[str, Any]) -> ToolCallDelta:
-        function = call.get("function") or {}
-        call_id = call.get("id")
+    def _call_delta(self, item: Any, where: str) -> ToolCallDelta:
+        provider = self.provider
+        call = need_object(provider, item, where)
+        function = optional_object(provider, call.get("function"), f"{where}.function")
+        call_id = tool_call_id(provider, call.get("id"), f"{where}.id")
+        name = function.get("name")
+        if name is not None and name != "":  # a later fragment of a call may repeat ""
+            name = need_text(provider, name, f"{where}.function.name")
         index = self._index(call, call_id)
         if index not in self._ids:
             self._ids[index] = call_id = call_id or _new_call_id()
@@ -288,7 +349,7 @@ class _StreamState:
         return ToolCallDelta(
             index=index,
             id=call_id or None,
-            name=function.get("name") or None,
+            name=name or None,
             arguments=_arguments_text(function.get("arguments")),
         )
 

@@ -191,3 +191,31 @@ def sleeps() -> Sleeps:
 @pytest.fixture
 def fast_retry() -> RetryPolicy:
     return RetryPolicy(max_attempts=3, initial_delay=0.5, max_delay=4.0)
+
+
+def whole_answer(vendor: str) -> dict[str, Any]:
+    """A vendor's non-streamed answer "Hi." (11 prompt and 7 output tokens), as its API
+    documents it: ``openai``, ``anthropic`` or ``ollama``."""
+    if vendor == "openai":
+        message = {"role": "assistant", "content": "Hi."}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+        return {"object": "chat.completion", "model": "m", "choices": [choice], "usage": usage}
+    if vendor == "anthropic":
+        return {
+            "type": "message",
+            "role": "assistant",
+            "model": "m",
+            "content": [{"type": "text", "text": "Hi."}],
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": 11, "output_tokens": 7},
+        }
+    assert vendor == "ollama"
+    return {
+        "model": "m",
+        "message": {"role": "assistant", "content": "Hi."},
+        "done": True,
+        "done_reason": "stop",
+        "prompt_eval_count": 11,
+        "eval_count": 7,
+    }

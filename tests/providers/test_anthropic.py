@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -437,3 +438,37 @@ async def test_stop_reasons(
 async def drain(stream: AsyncIterator[StreamPart], parts: list[StreamPart]) -> None:
     async for part in stream:
         parts.append(part)
+
+
+@pytest.mark.parametrize(
+    ("block", "field"),
+    [
+        ({"type": "tool_use", "name": "get_weather", "input": {}}, "content_block.id "),
+        ({"type": "tool_use", "id": "toolu_1", "name": "", "input": {}}, "content_block.name "),
+    ],
+)
+async def test_a_streamed_tool_use_without_id_or_name_is_unavailable(
+    wire: WireServer, provider: AnthropicProvider, block: dict[str, Any], field: str
+) -> None:
+    for _ in range(3):
+        wire.sse([message_start(), block_start(0, block)])
+    with pytest.raises(ProviderUnavailable, match=f"malformed response: {re.escape(field)}"):
+        await complete(provider, request())
+
+
+@pytest.mark.parametrize(
+    ("block", "field"),
+    [
+        ({"type": "tool_use", "name": "get_weather", "input": {}}, "content[0].id "),
+        ({"type": "tool_use", "id": "toolu_1", "name": "get_weather"}, "content[0].input "),
+        ({"type": "text"}, "content[0].text "),
+    ],
+)
+async def test_a_whole_answer_with_a_malformed_block_is_unavailable(
+    wire: WireServer, provider: AnthropicProvider, block: dict[str, Any], field: str
+) -> None:
+    body = {"type": "message", "model": MODEL, "content": [block], "stop_reason": "tool_use"}
+    for _ in range(3):
+        wire.json(body)
+    with pytest.raises(ProviderUnavailable, match=f"malformed response: {re.escape(field)}"):
+        await complete(provider, request(options={"stream": False}))

@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 from statekernel._records.messages import Message, ModelRequest, ModelResult, ToolSpec, Usage
-from statekernel.errors import ProviderUnavailable
+from statekernel.errors import BadRequest, ProviderError, ProviderUnavailable
 from statekernel.providers import (
     AnthropicProvider,
     ModelProvider,
@@ -20,7 +20,7 @@ from statekernel.providers import (
     complete,
 )
 
-from .conftest import Sleeps, WireServer
+from .conftest import Sleeps, WireServer, whole_answer
 
 WEATHER = ToolSpec("get_weather", "Weather.", {"type": "object", "properties": {}})
 ARGS = {"city": "Paris", "days": 2}
@@ -263,3 +263,93 @@ async def test_truncated_before_any_content_is_retried(
 def test_providers_implement_the_protocol(vendor: VendorCase) -> None:
     _, provider, _ = vendor
     assert isinstance(provider, ModelProvider)
+
+
+def _without_content(vendor: str, body: dict[str, Any]) -> str:
+    key = {"openai": "choices", "anthropic": "content", "ollama": "message"}[vendor]
+    del body[key]
+    return key
+
+
+def _count(value: object) -> Callable[[str, dict[str, Any]], str]:
+    def put(vendor: str, body: dict[str, Any]) -> str:
+        if vendor == "ollama":
+            body["prompt_eval_count"] = value
+            return "prompt_eval_count"
+        key = "prompt_tokens" if vendor == "openai" else "input_tokens"
+        body["usage"][key] = value
+        return f"usage.{key}"
+
+    return put
+
+
+def _nameless_call(vendor: str, body: dict[str, Any]) -> str:
+    if vendor == "anthropic":
+        body["content"].append({"type": "tool_use", "id": "call_1", "input": {}})
+        return "content[1].name"
+    call: dict[str, Any] = {"id": "call_1", "function": {"arguments": "{}"}}
+    if vendor == "openai":
+        body["choices"][0]["message"]["tool_calls"] = [call]
+        return "choices[0].message.tool_calls[0].function.name"
+    body["message"]["tool_calls"] = [call]
+    return "message.tool_calls[0].function.name"
+
+
+MALFORMED: dict[str, Callable[[str, dict[str, Any]], str]] = {
+    "no content": _without_content,
+    "float count": _count(12.9),
+    "numeric string count": _count("7"),
+    "bool count": _count(True),
+    "negative count": _count(-1),
+    "non-numeric count": _count("many"),
+    "tool call without a name": _nameless_call,
+}
+"""A way to spoil a vendor's whole answer, returning the field it spoils."""
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+async def test_a_malformed_answer_is_unavailable_naming_the_field(
+    vendor: VendorCase, wire: WireServer, case: str
+) -> None:
+    name, provider, _ = vendor
+    body = whole_answer(name)
+    field = MALFORMED[case](name, body)
+    for _ in range(4):  # retried like any unreadable answer, up to the default 4 attempts
+        wire.json(body)
+    with pytest.raises(ProviderUnavailable) as info:
+        await complete(provider, neutral(name, options={"stream": False}))
+    assert f"malformed response: {field} " in str(info.value)
+    assert len(wire.requests) == 4
+
+
+ERROR_BODIES: dict[str, tuple[Any, type[ProviderError]]] = {
+    "openai": (
+        {"error": {"message": "no such model", "type": "invalid_request_error"}},
+        BadRequest,
+    ),
+    "anthropic": (
+        {"error": {"message": "no such model", "type": "invalid_request_error"}},
+        BadRequest,
+    ),
+    "ollama": ({"error": "no such model"}, ProviderUnavailable),  # Ollama's carry no type
+}
+
+
+async def test_an_error_object_in_a_200_body_is_raised_by_its_type(
+    vendor: VendorCase, wire: WireServer
+) -> None:
+    name, provider, _ = vendor
+    body, error = ERROR_BODIES[name]
+    for _ in range(4):
+        wire.json(body)
+    with pytest.raises(error, match="no such model") as info:
+        await complete(provider, neutral(name, options={"stream": False}))
+    assert type(info.value) is error
+    assert len(wire.requests) == (1 if error is BadRequest else 4)
+
+
+async def test_whole_answers_are_read(vendor: VendorCase, wire: WireServer) -> None:
+    name, provider, _ = vendor
+    wire.json(whole_answer(name))
+    result = await complete(provider, neutral(name, options={"stream": False}))
+    assert without_model(result) == ModelResult(Message.assistant("Hi."), Usage(11, 7), "stop")

@@ -1,14 +1,17 @@
 """The kernel over a real HTTP provider: bad tool arguments become an error result the
-model sees, and the run goes on."""
+model sees, and the run goes on; a malformed answer fails the run (never completes it with
+an answer the model did not give)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import statekernel as sk
-from statekernel.providers import OpenAIProvider
+import pytest
 
-from .conftest import WireServer
+import statekernel as sk
+from statekernel.providers import OpenAIProvider, RetryPolicy
+
+from .conftest import Sleeps, WireServer
 
 CALLS: list[str] = []
 
@@ -46,3 +49,37 @@ async def test_invalid_tool_arguments_become_an_error_result(wire: WireServer) -
     assert sent[2]["role"] == "tool"
     assert sent[2]["tool_call_id"] == "call_bad"
     assert sent[2]["content"]
+
+
+ANSWER_OK = {"model": "m", "choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]}
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"object": "chat.completion", "model": "m", "usage": {"prompt_tokens": 3}}, "choices"),
+        ({"error": {"message": "The server is overloaded", "type": "server_error"}}, "overloaded"),
+        ({**ANSWER_OK, "usage": {"prompt_tokens": 1.5}}, "usage.prompt_tokens"),
+    ],
+)
+async def test_a_malformed_answer_fails_the_run_instead_of_completing_it(
+    wire: WireServer, body: dict[str, Any], named: str
+) -> None:
+    for _ in range(2):
+        wire.json(body)
+    provider = OpenAIProvider(
+        base_url=wire.url, streaming=False, retry=RetryPolicy(max_attempts=2), sleep=Sleeps()
+    )
+    async with sk.Kernel("memory://", providers={"openai": provider}) as k:
+        run = await k.start(model="openai/m", messages=["Capital of France?"])
+        events = [event.type async for event in k.run(run.run_id)]
+        done = await k.get(run.run_id)
+    await provider.aclose()
+
+    assert done.state == "failed"
+    assert "run_completed" not in events
+    assert done.failure is not None
+    assert done.failure.error == "ProviderUnavailable"
+    assert named in done.failure.message
+    assert [m.role for m in done.messages] == ["user"]  # no (empty) answer committed
+    assert len(wire.requests) == 2

@@ -212,3 +212,22 @@ async def test_text_with_unicode_line_separators_stays_whole(
     wire.reply(200, chunks, headers={"content-type": "application/x-ndjson"}, split=7)
     parts = [p async for p in provider.stream(request())]
     assert assemble(parts).message.text == text
+
+
+async def test_a_whole_answer_not_done_is_unavailable(
+    wire: WireServer, provider: OllamaProvider
+) -> None:
+    body = {"model": "m", "message": {"role": "assistant", "content": "par"}, "done": False}
+    for _ in range(3):
+        wire.json(body)
+    with pytest.raises(ProviderUnavailable, match="malformed response: done is False"):
+        await complete(provider, request(options={"stream": False}))
+
+
+async def test_a_streamed_content_that_is_no_text_is_unavailable(
+    wire: WireServer, provider: OllamaProvider
+) -> None:
+    for _ in range(3):
+        wire.ndjson([{"model": "m", "message": {"content": 42}, "done": False}, final()])
+    with pytest.raises(ProviderUnavailable, match=r"malformed response: message\.content is 42"):
+        await complete(provider, request())

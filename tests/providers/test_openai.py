@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -452,3 +453,80 @@ async def test_servers_that_omit_the_tool_call_index(
         ("a", "Oslo"),
         ("b", "Rome"),
     ]
+
+
+def answer(content: Any, **extra: Any) -> dict[str, Any]:
+    """A whole (non-streamed) chat completion whose message has ``content``."""
+    message = {"role": "assistant", "content": content}
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    return {"object": "chat.completion", "model": MODEL, "choices": [choice], **extra}
+
+
+async def test_content_given_as_a_list_of_parts_is_their_text(
+    wire: WireServer, provider: OpenAIProvider
+) -> None:
+    parts = [{"type": "text", "text": "Par"}, {"type": "image_url"}, {"type": "text", "text": "is"}]
+    wire.json(answer(parts))
+    result = await complete(provider, request(options={"stream": False}))
+    assert result.text == "Paris"
+    wire.sse([chunk({"content": [{"type": "text", "text": "Rome"}]}), chunk({}, "stop")])
+    result = await complete(provider, request())
+    assert result.text == "Rome"
+
+
+@pytest.mark.parametrize(
+    ("content", "field"),
+    [
+        (42, "choices[0].message.content "),
+        ({"text": "Paris"}, "choices[0].message.content "),
+        ([{"type": "image_url", "image_url": {"url": "x"}}], "choices[0].message.content "),
+        ([{"type": "text", "text": None}], "choices[0].message.content[0].text "),
+        (["Paris"], "choices[0].message.content[0] "),
+    ],
+)
+async def test_content_that_is_no_text_is_unavailable_naming_it(
+    wire: WireServer, provider: OpenAIProvider, content: Any, field: str
+) -> None:
+    for _ in range(3):
+        wire.json(answer(content))
+    with pytest.raises(ProviderUnavailable, match=f"malformed response: {re.escape(field)}"):
+        await complete(provider, request(options={"stream": False}))
+
+
+async def test_a_body_without_a_first_choice_is_unavailable(
+    wire: WireServer, provider: OpenAIProvider
+) -> None:
+    for body, field in (
+        ({"model": MODEL, "choices": []}, "choices is empty"),
+        ({"model": MODEL, "choices": ["x"]}, "choices[0] is 'x'"),
+        ({"model": MODEL, "choices": [{"finish_reason": "stop"}]}, "choices[0].message missing"),
+    ):
+        wire.replies.clear()
+        wire.requests.clear()
+        for _ in range(3):
+            wire.json(body)
+        with pytest.raises(ProviderUnavailable, match=re.escape(field)):
+            await complete(provider, request(options={"stream": False}))
+        assert len(wire.requests) == 3
+
+
+async def test_an_error_body_answering_a_streaming_request_is_retried_as_its_type(
+    wire: WireServer, provider: OpenAIProvider, sleeps: Sleeps
+) -> None:
+    overloaded = {"error": {"message": "The server is overloaded", "type": "server_error"}}
+    wire.json(overloaded)
+    wire.json(answer("hello"))
+    result = await complete(provider, request())
+    assert result.text == "hello"
+    assert len(sleeps.delays) == 1
+
+
+async def test_more_cached_than_prompt_tokens_is_unavailable_naming_both(
+    wire: WireServer, provider: OpenAIProvider
+) -> None:
+    wire.sse([chunk({"content": "hi"}), chunk({}, "stop"), usage_chunk(10, 5, cached=50)])
+    with pytest.raises(ProviderUnavailable) as info:
+        await complete(provider, request())
+    message = str(info.value)
+    assert "usage.prompt_tokens_details.cached_tokens (50)" in message
+    assert "usage.prompt_tokens (10)" in message
