@@ -61,6 +61,15 @@ def _optional_text(instance: object, attribute: attrs.Attribute[Any], value: Any
         _text(instance, attribute, value)
 
 
+def _skip_error(instance: Skip, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """``Skip.error``: None or a ``str``, and not beside a ``result``."""
+    _optional_text(instance, attribute, value)
+    if value is not None and instance.result is not None:
+        raise InvalidArgument(
+            "Skip takes result= or error=, not both (the call's outcome is one of them)"
+        )
+
+
 @attrs.frozen
 class Continue:
     """Go on as the kernel would anyway (after a turn: take another turn)."""
@@ -78,13 +87,7 @@ class Skip:
     """Do not run the tool; record ``result`` (or ``error``) as its outcome."""
 
     result: JSON = attrs.field(default=None, converter=_skip_result)
-    error: str | None = attrs.field(default=None, validator=_optional_text)
-
-    def __attrs_post_init__(self) -> None:
-        if self.result is not None and self.error is not None:
-            raise InvalidArgument(
-                "Skip takes result= or error=, not both (the call's outcome is one of them)"
-            )
+    error: str | None = attrs.field(default=None, validator=_skip_error)
 
 
 @attrs.frozen

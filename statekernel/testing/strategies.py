@@ -808,8 +808,11 @@ def _decision_answers(allowed: Sequence[str]) -> st.SearchStrategy[Answer]:
             ),
         ),
         "Skip": (
-            st.builds(Skip, _storable(4), st.none() | texts(8)),
-            _not(_TEXT_OR_NONE).map(lambda v: forged(Skip(), error=v)),
+            st.builds(Skip, _storable(4)) | texts(8).map(lambda error: Skip(error=error)),
+            _not(_TEXT_OR_NONE).map(lambda v: forged(Skip(), error=v))
+            | _storable(4)
+            .filter(lambda v: v is not None)
+            .map(lambda v: forged(Skip(), result=v, error="and an error")),
         ),
         "Rewrite": (
             st.builds(Rewrite, st.dictionaries(texts(4), _storable(2), max_size=2)),
