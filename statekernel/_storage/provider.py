@@ -192,6 +192,9 @@ class ResultBuilder:
 
         Returns:
             The complete calls so far, in call order.
+
+        Raises:
+            ProviderError: a complete call never got a name.
         """
         return [self.complete_call(n) for n in range(self.complete_count())]
 
@@ -212,6 +215,9 @@ class ResultBuilder:
 
         Returns:
             The call at ``position`` (below ``complete_count()``).
+
+        Raises:
+            ProviderError: the call never got a name.
         """
         if position >= len(self._order):
             return self._done[position - len(self._order)]
@@ -221,6 +227,8 @@ class ResultBuilder:
         built = self._built.get(index)
         if built is None:
             slot = self._calls[index]
+            if not slot[1]:  # complete (a later call began, or its arguments are whole)
+                raise ProviderError(f"the model's stream sent tool call {index} without a name")
             call_id = slot[0] = slot[0] or f"call_{uuid.uuid4().hex[:24]}"
             arguments = self._args[index].text
             built = self._built[index] = ToolCall(call_id, slot[1] or "", arguments)
@@ -253,7 +261,7 @@ class ResultBuilder:
                 and the stream said ``stop``.
 
         Raises:
-            ProviderError: no ``StreamEnd`` part was added.
+            ProviderError: no ``StreamEnd`` part was added, or a call never got a name.
         """
         if self._finish is None:
             raise ProviderError(
@@ -300,6 +308,8 @@ def part_problem(part: object) -> str | None:
             problem = kind_problem(getattr(part.call, field), kinds, f"{name}.call.{field}")
             if problem is not None:
                 return problem
+        if not part.call.name:
+            return f"{name}.call.name: '' names no tool"
     if isinstance(part, UsageUpdate):
         return usage_problem(part.usage, f"{name}.usage")
     if isinstance(part, StreamEnd) and part.reason not in FINISH_REASONS:

@@ -297,6 +297,14 @@ PROVIDER_CASES: dict[str, tuple[list[object], str]] = {
         [ToolCallDone(sk.ToolCall("c", None, "{}")), END],  # type: ignore[arg-type]
         r"ToolCallDone\.call\.name: None is not str",
     ),
+    "ToolCallDone without a name": (
+        [ToolCallDone(sk.ToolCall("c", "", "{}")), END],
+        r"ToolCallDone\.call\.name: '' names no tool",
+    ),
+    "ToolCallDelta never named": (
+        [ToolCallDelta(0, id="c", arguments='{"item": "a"}'), END],
+        r"tool call 0 without a name",
+    ),
     "TextDelta(5)": ([TextDelta(5), END], r"TextDelta\.text: 5 is not str"),  # type: ignore[arg-type]
     "ReasoningDelta signature": (
         [ReasoningDelta("hm", signature=b"sig"), END],  # type: ignore[arg-type]
