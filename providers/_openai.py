@@ -84,6 +84,12 @@ def openai_finish_reason(value: str | None) -> FinishReason:
     return _FINISH.get(value or "", "other")
 
 
+def _finish(value: str | None, refused: bool) -> FinishReason:
+    """The finish reason; a refusal (which OpenAI ends with ``stop``) is ``content_filter``,
+    so a caller can tell it from an answer."""
+    return "content_filter" if refused else openai_finish_reason(value)
+
+
 def openai_usage(data: Mapping[str, Any], provider: str = "openai") -> Usage:
     """A chat-completions ``usage`` object; cached prompt tokens are counted apart
     (``prompt_tokens_details.cached_tokens``, or DeepSeek's ``prompt_cache_hit_tokens``).
@@ -232,7 +238,7 @@ class OpenAIProvider(HTTPProvider):
             )
         for held in think.end() if think is not None else ():
             yield held
-        yield StreamEnd(openai_finish_reason(state.finish), state.model)
+        yield StreamEnd(_finish(state.finish, state.refused), state.model)
 
     def _chunk(self, raw: str) -> dict[str, Any]:
         data = self._json(raw)
@@ -257,6 +263,8 @@ class OpenAIProvider(HTTPProvider):
         parts: list[StreamPart] = []
         reasoning = _reasoning(self.name, message, "choices[0].message")
         content = content_text(self.name, message.get("content"), "choices[0].message.content")
+        refusal = optional_text(self.name, message.get("refusal"), "choices[0].message.refusal")
+        content = f"{content}{refusal}"  # a refusal is what the model said instead
         if self.think_tags:
             tagged, content = split_think(content)
             reasoning = f"{reasoning}{tagged}"
@@ -271,7 +279,7 @@ class OpenAIProvider(HTTPProvider):
         if usage:
             parts.append(UsageUpdate(openai_usage(usage, self.name)))
         parts.append(
-            StreamEnd(openai_finish_reason(choice.get("finish_reason")), data.get("model"))
+            StreamEnd(_finish(choice.get("finish_reason"), bool(refusal)), data.get("model"))
         )
         return parts
 
@@ -302,6 +310,8 @@ class _StreamState:
         self.finish: str | None = None
         self.model: str | None = None
         self.done = False
+        self.refused = False
+        """Whether the model refused (``refusal`` instead of ``content``)."""
         self._ids: dict[int, str] = {}
         self._last = -1
         """The highest index seen (kept, not searched for at each delta)."""
@@ -323,6 +333,10 @@ class _StreamState:
             content = content_text(provider, delta.get("content"), f"{where}.content")
             if content:
                 yield TextDelta(content)
+            refusal = optional_text(provider, delta.get("refusal"), f"{where}.refusal")
+            if refusal:  # what the model said instead of an answer
+                self.refused = True
+                yield TextDelta(refusal)
             calls = optional_list(provider, delta.get("tool_calls"), f"{where}.tool_calls")
             for index, call in enumerate(calls):
                 yield self._call_delta(call, f"{where}.tool_calls[{index}]")

@@ -474,6 +474,26 @@ async def test_content_given_as_a_list_of_parts_is_their_text(
     assert result.text == "Rome"
 
 
+async def test_a_refusal_is_the_answer_s_text_and_ends_as_content_filter(
+    wire: WireServer, provider: OpenAIProvider
+) -> None:
+    # OpenAI puts a refusal beside a null content and finishes with "stop": it was an
+    # empty answer that looked like a normal end
+    said = "I can't help with that."
+    body = answer(None)
+    body["choices"][0]["message"]["refusal"] = said
+    wire.json(body)
+    result = await complete(provider, request(options={"stream": False}))
+    assert (result.text, result.finish_reason) == (said, "content_filter")
+    refusing = [chunk({"refusal": "I can't "}), chunk({"refusal": "help."}), chunk({}, "stop")]
+    wire.sse(refusing)
+    result = await complete(provider, request())
+    assert (result.text, result.finish_reason) == ("I can't help.", "content_filter")
+    wire.json(answer("Paris"))  # a null refusal beside an answer changes nothing
+    result = await complete(provider, request(options={"stream": False}))
+    assert (result.text, result.finish_reason) == ("Paris", "stop")
+
+
 @pytest.mark.parametrize(
     ("content", "field"),
     [
