@@ -591,7 +591,7 @@ class PostgresStore(Closing):
             if self._owns_pool:
                 self._pool = None
                 if pool is not None:
-                    await pool.close()
+                    await _close(pool)
 
 
 class _Listening:
@@ -683,7 +683,23 @@ class _Listening:
 
 
 STOP_WITHIN = 5.0
-"""Seconds each step of stopping a watch's listening connection may take."""
+"""Seconds each step of stopping a watch's listening connection may take, and closing
+the pool the store opened."""
+
+
+async def _close(pool: asyncpg.Pool) -> None:
+    """Close ``pool`` gracefully within ``STOP_WITHIN`` seconds, else terminate it: a
+    graceful close waits for every connection to be given back, and one that never is
+    (its task stuck on a server that died) held ``aclose`` forever (asyncpg advises
+    bounding it so)."""
+    try:
+        await asyncio.wait_for(pool.close(), STOP_WITHIN)
+    except TimeoutError:
+        log.warning(
+            "the PostgreSQL pool did not close within %.0f s: its connections are cut",
+            STOP_WITHIN,
+        )
+        pool.terminate()
 
 
 def _notice(payload: str) -> CommitNotice | None:

@@ -500,3 +500,23 @@ async def test_a_watch_ends_even_when_its_connection_does_not_answer(
         assert (await store.load("w")).run_id == "w"  # the store goes on
     finally:
         await store.aclose()
+
+
+async def test_closing_ends_though_a_connection_is_never_given_back(
+    postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graceful close of the pool waits for every connection to come back: one held
+    by a task stuck on a dead server held ``aclose`` forever. It is cut after
+    ``STOP_WITHIN``."""
+    import statekernel.stores.postgres._store as pg
+
+    monkeypatch.setattr(pg, "STOP_WITHIN", 0.2, raising=False)
+    store = PostgresStore(postgres_store_url)
+    await store.commit(Checkpoint.between(None, sample_run("c")))
+    pool = store._pool
+    assert pool is not None
+    held = await pool.acquire()  # never released
+    await asyncio.wait_for(store.aclose(), 120)  # a hang fails here instead of forever
+    assert pool.is_closing()
+    with pytest.raises(asyncpg.InterfaceError):  # the held connection was cut
+        await held.fetchval("SELECT 1")
