@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 import re
 import sys
 import tomllib
 from collections.abc import Mapping
-from importlib.metadata import packages_distributions
+from importlib.metadata import PackageNotFoundError, packages_distributions, version
 from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("statekernel", "stores", "providers")
@@ -96,3 +101,38 @@ def test_every_declared_dependency_is_imported() -> None:
         if extras - FOR_THE_PROJECT and dist not in USED_WITHOUT_AN_IMPORT
     }
     assert library - imported == set(), "declared for the library but never imported"
+
+
+def floors() -> dict[str, Version]:
+    """Distribution -> its declared floor (``>=``), for the requirements that apply here."""
+    found: dict[str, Version] = {}
+    sections = {"": PROJECT["dependencies"], **PROJECT["optional-dependencies"]}
+    for extra, requirements in sections.items():
+        for text in requirements:
+            requirement = Requirement(text)
+            if requirement.marker and not requirement.marker.evaluate({"extra": extra}):
+                continue
+            for spec in requirement.specifier:
+                if spec.operator == ">=":
+                    name = canonical(requirement.name)
+                    found[name] = max(found.get(name, Version("0")), Version(spec.version))
+    return found
+
+
+@pytest.mark.skipif(
+    os.environ.get("STATEKERNEL_TEST_LOWEST") != "required",
+    reason="the lowest-versions run only (tox -e lowest)",
+)
+def test_each_floor_is_the_version_the_lowest_run_installed() -> None:
+    """A floor that another dependency lifts (mcp needs pydantic 2.12, say) is a version
+    the suite never ran on: every declared floor of an installed package is the version
+    ``uv --resolution lowest-direct`` installed."""
+    lifted = {}
+    for name, floor in floors().items():
+        try:
+            found = Version(version(name))
+        except PackageNotFoundError:
+            continue  # an extra the run does not install (docs, dev, local)
+        if found != floor:
+            lifted[name] = f"declared >={floor}, installed {found}"
+    assert not lifted, f"floors the lowest-versions run did not run on: {lifted}"
