@@ -77,7 +77,7 @@ async def test_tools_and_schemas_come_from_the_server(server: MCPConnection) -> 
     trusted = {t.name: t for t in await server.tools(idempotent=["append_line"])}
     assert trusted["append_line"].idempotent
     with pytest.raises(ConfigError, match=r"idempotent= takes tool names .* 'append_line'"):
-        await server.tools(idempotent="append_line")  # type: ignore[arg-type]
+        await server.tools(idempotent="append_line")
 
 
 async def test_a_run_calls_mcp_tools_and_failures_are_error_results(
