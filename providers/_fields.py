@@ -71,28 +71,44 @@ def optional_text(provider: str, value: Any, field: str) -> str:
     return value
 
 
-def content_text(provider: str, value: Any, field: str) -> str:
-    """A message content: a string, null, or a list of content parts whose ``text``
-    parts are joined (parts of other types, such as images or thinking, are not the
-    answer's text and are left out; a list of only such parts is refused rather than
-    read as an empty answer)."""
+def content_text(provider: str, value: Any, field: str) -> tuple[str, str]:
+    """A message content and the reasoning it carries: a string, null, or a list of
+    content parts whose ``text`` parts are joined as the text and whose ``thinking``
+    parts (Mistral's reasoning models: ``{"type": "thinking", "thinking": [text
+    parts]}``) as the reasoning; parts of other types (images) are not the answer's text
+    and are left out.
+
+    Returns:
+        The text and the reasoning (each possibly empty).
+    """
     if not isinstance(value, list):
         if value is not None and not isinstance(value, str):
             raise malformed(provider, field, f"{shown(value)}, not text or a list of parts")
-        return value or ""
+        return value or "", ""
     texts: list[str] = []
-    kinds: list[str] = []
+    thoughts: list[str] = []
     for index, item in enumerate(value):
         part = need_object(provider, item, f"{field}[{index}]")
-        kinds.append(repr(part.get("type")))
+        where = f"{field}[{index}]"
         if part.get("type") == "text":
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise malformed(provider, f"{field}[{index}].text", f"{shown(text)}, not a string")
-            texts.append(text)
-    if kinds and not texts:
-        raise malformed(provider, field, f"has no text part (part types {', '.join(kinds)})")
-    return "".join(texts)
+            texts.append(_part_text(provider, part, where))
+        elif part.get("type") == "thinking":
+            inner = part.get("thinking")
+            if isinstance(inner, str):
+                thoughts.append(inner)
+                continue
+            for number, piece in enumerate(need_list(provider, inner, f"{where}.thinking")):
+                thought = need_object(provider, piece, f"{where}.thinking[{number}]")
+                if thought.get("type") == "text":
+                    thoughts.append(_part_text(provider, thought, f"{where}.thinking[{number}]"))
+    return "".join(texts), "".join(thoughts)
+
+
+def _part_text(provider: str, part: dict[str, Any], where: str) -> str:
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise malformed(provider, f"{where}.text", f"{shown(text)}, not a string")
+    return text
 
 
 def need_text(provider: str, value: Any, field: str) -> str:

@@ -95,12 +95,13 @@ def openai_usage(data: Mapping[str, Any], provider: str = "openai") -> Usage:
     (``prompt_tokens_details.cached_tokens``, or DeepSeek's ``prompt_cache_hit_tokens``).
 
     Each count must be a non-negative int (missing or null is 0). Cached tokens are a
-    part of ``prompt_tokens`` (as OpenAI and DeepSeek document them), so more cached
-    than prompt tokens is refused rather than clamped.
+    part of ``prompt_tokens`` (as OpenAI and DeepSeek document them); more cached than
+    prompt tokens can only mean a server (a proxy in front of Anthropic, say) that
+    counts them apart, and is read so: ``prompt_tokens`` are then all uncached.
 
     Raises:
-        ProviderUnavailable: a count is not a non-negative int, a details field is not
-            an object, or the cached tokens exceed the prompt tokens.
+        ProviderUnavailable: a count is not a non-negative int, or a details field is
+            not an object.
     """
     prompt = token_count(provider, data, "prompt_tokens", "usage")
     details_field = "usage.prompt_tokens_details"
@@ -109,18 +110,10 @@ def openai_usage(data: Mapping[str, Any], provider: str = "openai") -> Usage:
         provider, data.get("completion_tokens_details"), "usage.completion_tokens_details"
     )
     cached = token_count(provider, prompt_details, "cached_tokens", details_field)
-    cached_field = f"{details_field}.cached_tokens"
     if not cached:
         cached = token_count(provider, data, "prompt_cache_hit_tokens", "usage")
-        cached_field = "usage.prompt_cache_hit_tokens"
-    if cached > prompt:
-        raise malformed(
-            provider,
-            cached_field,
-            f"({cached}) exceeds usage.prompt_tokens ({prompt}), which includes them",
-        )
     return Usage(
-        input_tokens=prompt - cached,
+        input_tokens=prompt - cached if cached <= prompt else prompt,  # counted apart
         output_tokens=token_count(provider, data, "completion_tokens", "usage"),
         cache_read_tokens=cached,
         reasoning_tokens=token_count(
@@ -262,7 +255,9 @@ class OpenAIProvider(HTTPProvider):
         message = need_object(self.name, choice.get("message"), "choices[0].message")
         parts: list[StreamPart] = []
         reasoning = _reasoning(self.name, message, "choices[0].message")
-        content = content_text(self.name, message.get("content"), "choices[0].message.content")
+        where = "choices[0].message.content"
+        content, thought = content_text(self.name, message.get("content"), where)
+        reasoning = f"{reasoning}{thought}"
         refusal = optional_text(self.name, message.get("refusal"), "choices[0].message.refusal")
         content = f"{content}{refusal}"  # a refusal is what the model said instead
         if self.think_tags:
@@ -327,10 +322,10 @@ class _StreamState:
                 continue
             where = f"choices[{number}].delta"
             delta = optional_object(provider, choice.get("delta"), where)
-            reasoning = _reasoning(provider, delta, where)
+            content, thought = content_text(provider, delta.get("content"), f"{where}.content")
+            reasoning = f"{_reasoning(provider, delta, where)}{thought}"
             if reasoning:
                 yield ReasoningDelta(reasoning)
-            content = content_text(provider, delta.get("content"), f"{where}.content")
             if content:
                 yield TextDelta(content)
             refusal = optional_text(provider, delta.get("refusal"), f"{where}.refusal")

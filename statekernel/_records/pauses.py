@@ -108,10 +108,10 @@ def resolution_of(doc: object, where: str = "resolution") -> Resolution:
             otherwise be read as something the operator did not say).
     """
     if not isinstance(doc, Mapping):
-        raise InvalidArgument(f"{where} must be a JSON object, got {doc!r}")
+        raise InvalidArgument(f"{where} must be a JSON object, got {doc!r:.80}")
     attempt = doc.get("attempt")
     if type(attempt) is not int or attempt < 0:
-        raise InvalidArgument(f"{where}: attempt must be an int of at least 0, got {attempt!r}")
+        raise InvalidArgument(f"{where}: attempt must be an int of at least 0, got {attempt!r:.80}")
     said = sorted(set(doc) - {"attempt"})
     if said == ["rerun"] and doc["rerun"] is True:
         return Rerun(attempt)
@@ -120,11 +120,12 @@ def resolution_of(doc: object, where: str = "resolution") -> Resolution:
     if said == ["output"]:
         return ResolvedOutput(attempt, doc["output"])
     if said == ["rerun"]:
-        raise InvalidArgument(f"{where}: rerun must be true, got {doc['rerun']!r}")
+        raise InvalidArgument(f"{where}: rerun must be true, got {doc['rerun']!r:.80}")
     if said == ["error"]:
-        raise InvalidArgument(f"{where}: error must be a str, got {doc['error']!r}")
+        raise InvalidArgument(f"{where}: error must be a str, got {doc['error']!r:.80}")
     raise InvalidArgument(
-        f"{where} must hold attempt and exactly one of output, error or rerun, got keys {said}"
+        f"{where} must hold attempt and exactly one of output, error or rerun,"
+        f" got keys {said!r:.200}"
     )
 
 
@@ -144,13 +145,13 @@ def resolutions_in(value: object, uncertain: Uncertain) -> dict[str, Resolution]
         return {}
     given = value["resolutions"]
     if not isinstance(given, Mapping):
-        raise InvalidArgument(f"resolutions must be a JSON object by call id, got {given!r}")
+        raise InvalidArgument(f"resolutions must be a JSON object by call id, got {given!r:.80}")
     found: dict[str, Resolution] = {}
     for call_id, doc in given.items():
         call = uncertain.call(call_id)
         if call is None:
             known = ", ".join(c.id for c in uncertain.calls)
-            raise InvalidArgument(f"{call_id!r} is not an uncertain call (they are: {known})")
+            raise InvalidArgument(f"{call_id!r:.80} is not an uncertain call (they are: {known})")
         resolution = resolution_of(doc, f"resolutions[{call_id!r}]")
         if resolution.attempt != call.attempt:
             raise InvalidArgument(

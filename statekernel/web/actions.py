@@ -21,6 +21,7 @@ from starlette.responses import RedirectResponse, Response
 from statekernel._kernel.kernel import Kernel
 from statekernel._records.run import Run
 from statekernel.errors import (
+    ConfigError,
     ConflictError,
     CorruptCheckpoint,
     InvalidArgument,
@@ -194,6 +195,8 @@ async def act(request: Request) -> Response:
         work = _deleting(each_child_allowed)
     try:
         said, shown = await work(web.actor, run_id, form)
+    except ConfigError:  # the authorize hook's own fault (its answer about a child run)
+        raise
     except StatekernelError as exc:
         return refused(*refusal(exc))
     except _ChildRefused:

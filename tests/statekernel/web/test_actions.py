@@ -211,6 +211,15 @@ def test_deleting_with_children_needs_each_child_allowed(tmp_path: Path) -> None
         assert held_when_asked == [True, True]
         for run_id in everyone:  # nothing was deleted
             assert client.get(f"/runs/{run_id}").status_code == 200
+
+    async def unsure(request: Request, action: str, run_id: str | None) -> Any:
+        return None if action == "delete" and run_id == kid_b else True
+
+    with TestClient(create_app(url, agent=kernel_options(), authorize=unsure)) as client:
+        with pytest.raises(ConfigError, match="must return True or False, got None"):
+            post(client, "parent", "delete", confirm="parent", children="on")
+        for run_id in everyone:  # nothing was deleted, and the leases were given back
+            assert client.get(f"/runs/{run_id}").status_code == 200
     with TestClient(create_app(url, agent=kernel_options())) as client:
         done = post(client, "parent", "delete", confirm="parent", children="on")
         assert done.status_code == 303
