@@ -39,6 +39,7 @@ from statekernel._storage.provider import (
 from statekernel.errors import ConfigError, ProviderUnavailable
 from statekernel.providers._errors import error_in_answer
 from statekernel.providers._fields import (
+    index_of,
     malformed,
     need_list,
     need_object,
@@ -237,9 +238,10 @@ class _StreamState:
             if block.get("type") == "tool_use":
                 need_text(provider, block.get("id"), "content_block.id")
                 need_text(provider, block.get("name"), "content_block.name")
-            yield from self._block_start(int(data.get("index", 0)), block)
+            yield from self._block_start(index_of(provider, data, "index", ""), block)
         elif kind == "content_block_delta":
-            yield from self._block_delta(int(data.get("index", 0)), data.get("delta") or {})
+            delta = optional_object(provider, data.get("delta"), "delta")
+            yield from self._block_delta(index_of(provider, data, "index", ""), delta)
         elif kind == "message_delta":
             reason = (data.get("delta") or {}).get("stop_reason")
             if reason:

@@ -12,6 +12,7 @@ from statekernel.errors import ProviderUnavailable
 
 __all__ = [
     "content_text",
+    "index_of",
     "malformed",
     "need_list",
     "need_object",
@@ -131,10 +132,19 @@ def tool_call_id(provider: str, value: Any, field: str) -> str | None:
 def token_count(provider: str, usage: Mapping[str, Any], key: str, where: str) -> int:
     """``usage[key]``: a non-negative int (``bool`` refused); 0 when missing or null.
     ``where`` is the path of ``usage`` in the response ("" at the top level)."""
-    value = usage.get(key)
+    return _count(provider, usage, key, where, "a token count")
+
+
+def index_of(provider: str, data: Mapping[str, Any], key: str, where: str) -> int:
+    """``data[key]``, a block's or call's position: a non-negative int; 0 when missing."""
+    return _count(provider, data, key, where, "an index")
+
+
+def _count(provider: str, data: Mapping[str, Any], key: str, where: str, what: str) -> int:
+    value = data.get(key)
     if value is None:
         return 0
     field = f"{where}.{key}" if where else key
     if count_problem(value, field) is not None:
-        raise malformed(provider, field, f"{shown(value)}, not a token count")
+        raise malformed(provider, field, f"{shown(value)}, not {what}")
     return int(value)

@@ -43,6 +43,7 @@ from statekernel.errors import ConfigError, ProviderUnavailable
 from statekernel.providers._errors import error_in_answer
 from statekernel.providers._fields import (
     content_text,
+    index_of,
     malformed,
     need_list,
     need_object,
@@ -365,7 +366,7 @@ class _StreamState:
     def _index(self, call: dict[str, Any], call_id: str | None) -> int:
         """The wire's ``index``; servers that omit it start a new call with each new id."""
         if call.get("index") is not None:
-            return int(call["index"])
+            return index_of(self.provider, call, "index", "tool_calls[]")
         last = self._last
         if last < 0 or (call_id and call_id != self._ids[last]):
             return last + 1

@@ -456,6 +456,17 @@ async def test_a_streamed_tool_use_without_id_or_name_is_unavailable(
         await complete(provider, request())
 
 
+@pytest.mark.parametrize("index", ["one", -1, 1.5, True])
+async def test_a_block_index_that_is_no_index_is_unavailable_naming_it(
+    wire: WireServer, provider: AnthropicProvider, index: Any
+) -> None:
+    # int(...) of it was a bare ValueError ("one"), or a wrong block (1.5, True)
+    for _ in range(3):
+        wire.sse([message_start(), block_start(index, {"type": "text", "text": ""})])
+    with pytest.raises(ProviderUnavailable, match=r"malformed response: index is .*, not an index"):
+        await complete(provider, request())
+
+
 @pytest.mark.parametrize(
     ("block", "field"),
     [
