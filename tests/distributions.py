@@ -19,7 +19,9 @@ def install(
     """Install distribution ``name`` 1.0 into ``site`` with ``entry_points`` (group ->
     name -> ``module:object``) and ``modules`` (module name -> source), and put ``site``
     on ``sys.path`` for this test."""
-    info = site / f"{name}-1.0.dist-info"
+    # the folder's name escapes the project's as wheels do: "a-b" would read as
+    # project "a", which importlib.metadata then takes for another of that name
+    info = site / f"{name.replace('-', '_')}-1.0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
     sections = [

@@ -38,13 +38,26 @@ def registered(group: str) -> dict[str, EntryPoint]:
     return {ep.name.lower(): ep for ep in entry_points(group=group)}
 
 
+def _dist(ep: EntryPoint) -> str:
+    return ep.dist.name if ep.dist is not None else "an unknown distribution"
+
+
 def load_registered(group: str, name: str) -> Any | None:
     """The object the entry point ``name`` of ``group`` names, or None when none is
-    registered. One that cannot be loaded is a ``ConfigError`` naming its distribution."""
-    ep = registered(group).get(name.lower())
-    if ep is None:
+    registered. One that cannot be loaded is a ``ConfigError`` naming its distribution,
+    and so is a name that two distributions register for different objects (which one
+    would serve it depended on the order of ``sys.path``)."""
+    named = {ep.value: ep for ep in entry_points(group=group) if ep.name.lower() == name.lower()}
+    if not named:
         return None
-    dist = ep.dist.name if ep.dist is not None else "an unknown distribution"
+    if len(named) > 1:
+        each = ", ".join(f"{_dist(ep)} ({ep.value})" for ep in named.values())
+        raise ConfigError(
+            f"{group} entry point {name!r} is registered by more than one distribution:"
+            f" {each}; uninstall all but one"
+        )
+    (ep,) = named.values()
+    dist = _dist(ep)
     try:
         return ep.load()
     except Exception as exc:  # an entry point runs someone else's import

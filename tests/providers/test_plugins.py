@@ -88,3 +88,21 @@ def test_a_registered_factory_that_fails_or_makes_no_provider_is_a_config_error(
         builtin_provider("failing")
     with pytest.raises(ConfigError, match=r"'wrong' made a str, not a ModelProvider"):
         builtin_provider("wrong")
+
+
+@pytest.mark.usefixtures("corp")
+def test_a_name_two_distributions_register_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # which one served "corp/..." depended on the order of sys.path, silently
+    install(
+        tmp_path / "rival",
+        monkeypatch,
+        "statekernel-rival",
+        {"statekernel.providers": {"Corp": "sk_rival:corp"}},
+        {"sk_rival": PROVIDER},
+    )
+    with pytest.raises(ConfigError, match=r"'corp' is registered by more than one") as info:
+        builtin_provider("corp")
+    assert "statekernel-corp (sk_corp:corp)" in str(info.value)
+    assert "statekernel-rival (sk_rival:corp)" in str(info.value)
