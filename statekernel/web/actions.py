@@ -9,6 +9,7 @@ busy, owned by whom), never a stack trace.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -134,21 +135,22 @@ class _ChildRefused(Exception):
     """The ``authorize`` hook refused deleting one of the run's child runs."""
 
 
-def _deleting(approve: Callable[[list[str]], Awaitable[None]] | None) -> Act:
-    """The delete action; with children, ``approve`` sees the whole tree once the kernel
-    holds every run of it, so no child run started after the check is deleted unasked."""
-
-    async def delete(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str | None]:
-        if form.get("confirm") != run_id:
-            raise InvalidArgument(f"type the run id ({run_id}) to confirm the deletion")
-        children = form.get("children") == "on"
-        deleted = await kernel._delete(run_id, children, kernel.busy_timeout, approve)
-        if not deleted:
-            raise RunNotFound(run_id)
-        more = len(deleted) - 1
-        return f"deleted run {run_id}" + (f" and {more} child run(s)" if more else ""), None
-
-    return delete
+async def _delete(
+    kernel: Kernel,
+    run_id: str,
+    form: FormData,
+    approve: Callable[[list[str]], Awaitable[None]] | None = None,
+) -> tuple[str, str | None]:
+    """With children, ``approve`` sees the whole tree once the kernel holds every run of
+    it, so no child run started after the check is deleted unasked."""
+    if form.get("confirm") != run_id:
+        raise InvalidArgument(f"type the run id ({run_id}) to confirm the deletion")
+    children = form.get("children") == "on"
+    deleted = await kernel._delete(run_id, children, kernel.busy_timeout, approve)
+    if not deleted:
+        raise RunNotFound(run_id)
+    more = len(deleted) - 1
+    return f"deleted run {run_id}" + (f" and {more} child run(s)" if more else ""), None
 
 
 ACTIONS: dict[str, tuple[Act, bool]] = {
@@ -158,7 +160,7 @@ ACTIONS: dict[str, tuple[Act, bool]] = {
     "send": (_send, True),
     "retry": (_retry, True),
     "fork": (_fork, False),
-    "delete": (_deleting(None), False),
+    "delete": (_delete, False),
 }
 """Each action, and whether the run is driven to rest after it."""
 
@@ -192,7 +194,7 @@ async def act(request: Request) -> Response:
                 if not await web.authorized(request, name, child):
                     raise _ChildRefused
 
-        work = _deleting(each_child_allowed)
+        work = functools.partial(_delete, approve=each_child_allowed)
     try:
         said, shown = await work(web.actor, run_id, form)
     except ConfigError:  # the authorize hook's own fault (its answer about a child run)

@@ -12,7 +12,7 @@ import itertools
 import os
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -220,14 +220,16 @@ async def _drain(kernel: sk.Kernel, run_id: str) -> None:
         pass
 
 
-async def test_a_crash_between_the_last_resolution_and_its_resume_is_resumable() -> None:
-    """All uncertain calls answered, then the resume commit lost to a crash: the run
-    stays paused with every answer stored, and ``resume`` goes on with them."""
+async def _paused_on_uncertain_calls(
+    script: Sequence[object],
+) -> tuple[CheckpointStore, Callable[[], Mapping[str, Any]], sk.Kernel, sk.Run]:
+    """A run of ``script`` on a memory store, crashed after the first tool's effect and
+    driven again by a second kernel until it pauses on its uncertain calls: the store,
+    the agent, that kernel (open) and the paused run."""
     from statekernel.stores import MemoryStore
-    from statekernel.testing import Crash, FaultPlan, FaultyStore
+    from statekernel.testing import Crash, FaultPlan
 
     store = MemoryStore()
-    script = [[call("side_effect", {"key": "a"}), call("side_effect", {"key": "b"})], "done"]
     agent = fuzz_agent(script)
     first = sk.Kernel(
         store,
@@ -239,22 +241,31 @@ async def test_a_crash_between_the_last_resolution_and_its_resume_is_resumable()
     await first.aclose()
     second = sk.Kernel(store, **agent())
     await _drain(second, run.run_id)
-    paused = await second.get(run.run_id)
+    return store, agent, second, await second.get(run.run_id)
+
+
+async def test_a_crash_between_the_last_resolution_and_its_resume_is_resumable() -> None:
+    """All uncertain calls answered, then the resume commit lost to a crash: the run
+    stays paused with every answer stored, and ``resume`` goes on with them."""
+    from statekernel.testing import Crash, FaultPlan, FaultyStore
+
+    script = [[call("side_effect", {"key": "a"}), call("side_effect", {"key": "b"})], "done"]
+    store, agent, second, paused = await _paused_on_uncertain_calls(script)
     assert paused.pause is not None
     assert paused.pause.reason == "uncertain_tool_calls"
     calls = [c["id"] for c in paused.pause.metadata["calls"]]
     plan = FaultPlan([CrashAt("before_commit", len(calls) + 1)])  # the resume commit
     crashing = sk.Kernel(FaultyStore(store, plan), **agent())
     for call_id in calls[:-1]:
-        await crashing.resolve_tool_call(run.run_id, call_id, output="done by hand")
+        await crashing.resolve_tool_call(paused.run_id, call_id, output="done by hand")
     with pytest.raises(Crash):  # its answer lands, the resume that follows does not
-        await crashing.resolve_tool_call(run.run_id, calls[-1], output="done by hand")
-    stuck = await second.get(run.run_id)
+        await crashing.resolve_tool_call(paused.run_id, calls[-1], output="done by hand")
+    stuck = await second.get(paused.run_id)
     assert stuck.state == "paused"
     assert set(stuck.pause.metadata["resolutions"]) == set(calls)  # type: ignore[union-attr]
-    await second.resume(run.run_id)
-    await _drain(second, run.run_id)
-    final = await second.get(run.run_id)
+    await second.resume(paused.run_id)
+    await _drain(second, paused.run_id)
+    final = await second.get(paused.run_id)
     assert final.state == "completed"
     outputs = {r.id: (r.output, r.resolved) for r in final.turns[0].completed}
     assert all(outputs[c] == ("done by hand", True) for c in calls)
@@ -276,38 +287,26 @@ async def test_resolutions_handed_to_resume_are_checked_before_anything_commits(
 ) -> None:
     """A misspelt key or an error that is not text was read as "it ran, output None"
     (and ``rerun: "no"`` as a re-run): the operator's word, misread and committed."""
-    from statekernel.stores import MemoryStore
-    from statekernel.testing import Crash, FaultPlan
-
-    store = MemoryStore()
-    agent = fuzz_agent([[call("side_effect", {"key": "a"}, id="c")], "done"])
-    first = sk.Kernel(
-        store,
-        **{**agent(), "middleware": [FaultPlan([CrashAt("tool_after_effect", 1)]).middleware()]},
-    )
-    run = await first.start(model="scripted/fuzz", messages=["go"])
-    with pytest.raises(Crash):
-        await _drain(first, run.run_id)
-    await first.aclose()
-    kernel = sk.Kernel(store, **agent())
-    await _drain(kernel, run.run_id)
-    paused = await kernel.get(run.run_id)
+    script = [[call("side_effect", {"key": "a"}, id="c")], "done"]
+    _, _, kernel, paused = await _paused_on_uncertain_calls(script)
     assert paused.pause is not None
     assert paused.pause.reason == "uncertain_tool_calls"
     (attempt,) = [c["attempt"] for c in paused.pause.metadata["calls"]]
     doc = {"attempt": attempt, **given} if isinstance(given, dict) else given
     with pytest.raises(InvalidArgument, match=match):
-        await kernel.resume(run.run_id, value={"resolutions": {"c": doc}})
+        await kernel.resume(paused.run_id, value={"resolutions": {"c": doc}})
     with pytest.raises(InvalidArgument, match=r"'d' is not an uncertain call \(they are: c\)"):
-        await kernel.resume(run.run_id, value={"resolutions": {"d": {"attempt": 1, "output": 1}}})
+        await kernel.resume(
+            paused.run_id, value={"resolutions": {"d": {"attempt": 1, "output": 1}}}
+        )
     late = {"attempt": attempt + 1, "error": "declined"}
     with pytest.raises(InvalidArgument, match=rf"answers attempt {attempt + 1}; the attempt"):
-        await kernel.resume(run.run_id, value={"resolutions": {"c": late}})
-    assert (await kernel.get(run.run_id)).revision == paused.revision  # nothing committed
+        await kernel.resume(paused.run_id, value={"resolutions": {"c": late}})
+    assert (await kernel.get(paused.run_id)).revision == paused.revision  # nothing committed
     said = {"attempt": attempt, "error": "card declined"}
-    await kernel.resume(run.run_id, value={"resolutions": {"c": said}})
-    await _drain(kernel, run.run_id)
-    final = await kernel.get(run.run_id)
+    await kernel.resume(paused.run_id, value={"resolutions": {"c": said}})
+    await _drain(kernel, paused.run_id)
+    final = await kernel.get(paused.run_id)
     assert final.state == "completed"
     (done,) = final.turns[0].completed
     assert (done.output, done.error, done.resolved) == (None, "card declined", True)
