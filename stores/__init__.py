@@ -5,8 +5,10 @@
 ``postgres`` extra) all implement :class:`CheckpointStore`, where what each method
 returns and raises is written once for every store (a SQLite or PostgreSQL store opened
 read-only also raises ``StoreError`` for a write). What a store may offer
-beyond it is declared by two small protocols, checked by ``check_store`` when a store
-declares them: :class:`RevisionHistory` and :class:`SettlesOnCancel`.
+beyond it is declared by small protocols: :class:`RevisionHistory` and
+:class:`SettlesOnCancel` (checked by ``check_store`` when a store declares them),
+:class:`KeepsFences` (a run's largest fencing token, which ``migrate`` carries) and
+:class:`BoundsEffects` (how soon before an effect its owner must have renewed).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from typing import TYPE_CHECKING
 from statekernel import _exports
 from statekernel._secrets import redact_url
 from statekernel._storage.protocol import (
+    BoundsEffects,
     Checkpoint,
     CheckpointStore,
     DamagedRun,
+    KeepsFences,
     Lease,
     RevisionHistory,
     RunPage,
@@ -52,12 +56,14 @@ __getattr__, __dir__ = _exports.lazy_exports(
     },
 )
 __all__ = [
+    "BoundsEffects",
     "Checkpoint",
     "CheckpointStore",
     "CommitNotice",
     "DamagedRun",
     "DeadLetter",
     "FileStore",
+    "KeepsFences",
     "Lease",
     "MemoryStore",
     "Migration",

@@ -9,7 +9,13 @@ import attrs
 
 from statekernel._records.events import Event
 from statekernel._records.run import Run
-from statekernel._storage.protocol import Checkpoint, CheckpointStore, DamagedRun, RevisionHistory
+from statekernel._storage.protocol import (
+    Checkpoint,
+    CheckpointStore,
+    DamagedRun,
+    KeepsFences,
+    RevisionHistory,
+)
 from statekernel.errors import ConflictError, CorruptCheckpoint, RunNotFound
 from statekernel.stores._open import open_store
 
@@ -75,6 +81,7 @@ async def migrate(
                     copied += 1
                 else:
                     kept += 1
+                await _carry_fence(source, target, run_id)
             if progress is not None:
                 progress(done, len(run_ids))
         return Migration(copied, kept, tuple(skipped))
@@ -103,6 +110,15 @@ async def _copy(
         await target.commit(Checkpoint.between(previous, run, events))
         previous = run
     return start < len(history)
+
+
+async def _carry_fence(source: CheckpointStore, target: CheckpointStore, run_id: str) -> None:
+    """Every later fencing token of the run in ``target`` is larger than any ``source``
+    gave (where both keep fences: ``KeepsFences``)."""
+    if isinstance(source, KeepsFences) and isinstance(target, KeepsFences):
+        given = await source.fence(run_id)
+        if given:
+            await target.keep_fence(run_id, given)
 
 
 def _same(source: Run, held: Run) -> bool:

@@ -50,6 +50,7 @@ __all__ = [
     "LeaseRecord",
     "OwnerProofs",
     "check_fence",
+    "fenced",
     "local_owner",
     "released",
     "renewed",
@@ -245,7 +246,7 @@ class OwnerProofs:
             return False  # owners of this process only, and this one holds nothing
         path = self._path(owner)
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return False
         except OSError as exc:
@@ -272,7 +273,9 @@ class OwnerProofs:
             while True:
                 private_folder(path.parent)
                 try:
-                    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+                    fd = os.open(
+                        path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600
+                    )
                 except FileNotFoundError:
                     continue  # another process removed the empty folder meanwhile
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -357,9 +360,26 @@ class HostLeases:
             _ended(lease.owner, lease.run_id, lease.token)
             self.proofs.drop(lease.owner)
 
+    async def fence(self, run_id: str) -> int:
+        """The largest fencing token given for the run (0: none yet)."""
+        record = await self._apply(run_id, lambda old: old)
+        return 0 if record is None else record.token
+
+    async def keep_fence(self, run_id: str, at_least: int) -> None:
+        """Make every later token of the run larger than ``at_least``."""
+        await self._apply(run_id, lambda old: fenced(old, at_least))
+
     def close(self) -> None:
         """Release every owner lock of this process (the store closes)."""
         self.proofs.close()
+
+
+def fenced(record: LeaseRecord | None, at_least: int) -> LeaseRecord:
+    """``record`` with a token no smaller than ``at_least`` (a holder of a smaller one
+    has lost its lease: its commits are refused)."""
+    if record is None:
+        return LeaseRecord(at_least, None, 0.0)
+    return record if record.token >= at_least else attrs.evolve(record, token=at_least)
 
 
 class HostLeased:
@@ -385,3 +405,12 @@ class HostLeased:
     async def release(self, lease: Lease) -> None:
         """Give the lease up and, with the owner's last lease here, its owner lock."""
         await self._leases.release(lease)
+
+    async def fence(self, run_id: str) -> int:
+        """The largest fencing token given for the run (``KeepsFences``)."""
+        return await self._leases.fence(run_id)
+
+    async def keep_fence(self, run_id: str, at_least: int) -> None:
+        """Make every later token of the run larger than ``at_least`` (``KeepsFences``)."""
+        self._refuse_leases()
+        await self._leases.keep_fence(run_id, at_least)

@@ -9,6 +9,12 @@ at least ``margin`` seconds of it remain, renewing it first when fewer do (one r
 only after a stall: the renewal loop keeps two thirds of it ahead); if the lease moved
 on meanwhile, it raises ``LeaseLost`` and nothing starts.
 
+A store whose takers may take a run before its lease expires (the Postgres store, once
+the owner's advisory lock stayed free for a second: the owner may have lost only its
+session) declares an ``effect_window``: then ``ensure`` also renews when the last
+renewal that succeeded began longer ago than that, and the renewal is the proof the
+owner still holds the run.
+
 What no check can close: a stall that begins after ``ensure`` returned and lasts longer
 than the margin (the effect then starts under a lease that may have expired). Tools get
 the lease's fencing token (``ToolContext.fencing_token``) for the services that can
@@ -20,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from statekernel._storage.protocol import CheckpointStore, Lease
+from statekernel._storage.protocol import CheckpointStore, Lease, effect_window
 from statekernel.errors import StoreError
 
 __all__ = ["Tenure"]
@@ -46,6 +52,9 @@ class Tenure:
         self.clock = clock
         self.valid_until = taken_at + ttl
         """Until when (on ``clock``) the lease surely lasts."""
+        self.proven_at = taken_at
+        """When (on ``clock``) the last acquisition or renewal that succeeded began."""
+        self.window = effect_window(store)
 
     def remaining(self) -> float:
         """Seconds the lease surely lasts from now (negative once it may have expired)."""
@@ -56,14 +65,21 @@ class Tenure:
         began = self.clock()
         await self.store.renew(self.lease, ttl=self.ttl)
         self.valid_until = max(self.valid_until, began + self.ttl)
+        self.proven_at = max(self.proven_at, began)
+
+    def _stale(self, margin: float) -> bool:
+        if self.remaining() < margin:
+            return True
+        return self.window is not None and self.clock() - self.proven_at >= self.window
 
     async def ensure(self, margin: float) -> None:
         """Return once the lease surely lasts ``margin`` seconds more (renewing it if it
         might not); ``LeaseLost`` if it moved on, ``StoreError`` if the store cannot say."""
-        if self.remaining() < margin:
+        if self._stale(margin):
             await self.renew()
-            if self.remaining() < margin:  # the renewal itself took that long
+            if self._stale(margin):  # the renewal itself took that long
                 raise StoreError(
-                    f"renewing the lease of run {self.lease.run_id!r} left less than"
-                    f" {margin:.3g} s of it: the store is too slow to start anything now"
+                    f"renewing the lease of run {self.lease.run_id!r} took so long that it"
+                    " no longer proves this owner holds the run: the store is too slow to"
+                    " start anything now"
                 )

@@ -27,9 +27,11 @@ from statekernel._storage.closing import Closing
 from statekernel._storage.queues import RunQueues
 
 __all__ = [
+    "BoundsEffects",
     "Checkpoint",
     "CheckpointStore",
     "DamagedRun",
+    "KeepsFences",
     "Lease",
     "RevisionHistory",
     "RunPage",
@@ -37,6 +39,7 @@ __all__ = [
     "RunSummary",
     "SettlesOnCancel",
     "StoreWrapper",
+    "effect_window",
     "settles_on_cancel",
 ]
 
@@ -333,6 +336,47 @@ class RevisionHistory(Protocol):
         ...
 
 
+@runtime_checkable
+class KeepsFences(Protocol):
+    """What a store may offer beyond ``CheckpointStore``: a run's fence, the largest
+    fencing token given for it, kept whatever happens to its lease record, so that
+    ``migrate`` carries it and a run's tokens only grow from store to store."""
+
+    async def fence(self, run_id: str) -> int:
+        """The largest fencing token given for the run (0: none yet).
+
+        Raises:
+            RunNotFound: no run has this id.
+        """
+        ...
+
+    async def keep_fence(self, run_id: str, at_least: int) -> None:
+        """Make every later fencing token of the run larger than ``at_least``.
+
+        Raises:
+            RunNotFound: no run has this id.
+        """
+        ...
+
+
+@runtime_checkable
+class BoundsEffects(Protocol):
+    """What a store may declare beyond ``CheckpointStore``: ``effect_window``, seconds
+    after the start of the last acquisition or renewal of a lease that succeeded within
+    which its owner may start a model or tool call (None: only the lease's TTL bounds
+    it). A store whose takers may take a run before its lease expires (once they find
+    the owner's liveness proof gone for a while) sets it; the kernel renews before an
+    effect when its last renewal is older."""
+
+    effect_window: float | None
+
+
+def effect_window(store: CheckpointStore) -> float | None:
+    """The ``effect_window`` ``store`` declares (``BoundsEffects``), or None."""
+    window = store.effect_window if isinstance(store, BoundsEffects) else None
+    return window if isinstance(window, (int, float)) and window > 0 else None
+
+
 def settles_on_cancel(store: CheckpointStore) -> bool:
     """True when ``store`` declares that a cancelled commit has settled (``SettlesOnCancel``)."""
     return isinstance(store, SettlesOnCancel) and store.settles_on_cancel is True
@@ -347,6 +391,11 @@ class StoreWrapper(Closing):
 
     def __init__(self, inner: CheckpointStore) -> None:
         self.inner = inner
+
+    @property
+    def effect_window(self) -> float | None:
+        """The wrapped store's (``BoundsEffects``)."""
+        return effect_window(self.inner)
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """Forwarded."""

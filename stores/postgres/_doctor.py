@@ -16,7 +16,7 @@ from statekernel._secrets import redact, redact_url, remember_url
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import StoreError
 from statekernel.stores._doctor_probe import DAMAGED, OK, WARNING, Finding, LeaseView, RunRef
-from statekernel.stores.postgres._keys import lock_key, lock_parts
+from statekernel.stores.postgres._keys import lock_parts
 from statekernel.stores.postgres._ops import lease_record
 from statekernel.stores.postgres._schema import STORE_VERSION, layout_version
 from statekernel.stores.postgres._store import PostgresStore
@@ -117,10 +117,13 @@ class PostgresProbe:
         return refs
 
     async def lease(self, run_id: str) -> LeaseView | None:
-        """The run's row of the ``leases`` table, on the server's clock."""
+        """The run's row of the ``leases`` table, on the server's clock; whether its owner
+        is alive as the row's own proof says (its advisory lock held; a row proven by
+        renewals, or written before rows said how, tells nothing but its expiry)."""
         rows = await self._query(
-            f"SELECT token, owner, expires, extract(epoch FROM clock_timestamp())::float8"
-            f" FROM {self._t}.leases WHERE run_id = $1",
+            f"SELECT token, owner, expires, extract(epoch FROM clock_timestamp())::float8,"
+            f" to_jsonb(l) ->> 'proof', (to_jsonb(l) ->> 'lock_key')::bigint"
+            f" FROM {self._t}.leases l WHERE run_id = $1",
             run_id.encode("utf-8", "surrogatepass"),
         )
         if not rows:
@@ -129,8 +132,9 @@ class PostgresProbe:
         if record.owner is None:
             return LeaseView(str(record.token), None)
         alive: bool | None = None
-        if not self.target.pgbouncer:
-            classid, objid = lock_parts(lock_key("owner", self.target.schema, record.owner))
+        proof, key = rows[0][4], rows[0][5]
+        if proof == "lock" and key is not None:
+            classid, objid = lock_parts(key)
             held = await self._query(
                 "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
                 " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"

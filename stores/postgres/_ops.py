@@ -14,16 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 from statekernel._storage.protocol import Lease
-from statekernel.errors import RunNotFound
 from statekernel.stores._lease_records import damaged_lease, host_record, kept_record
 from statekernel.stores._owners import LeaseRecord, check_fence
-from statekernel.stores.postgres._keys import lock_parts
 from statekernel.stores.sqlite._ops import BadRow, CommitRows, Stored
 
 __all__ = [
     "Tables",
     "apply_commit",
-    "change_lease",
     "delete_run",
     "lease_record",
     "read_entries",
@@ -182,20 +179,23 @@ async def apply_commit(
             record = kept_record(None, run_id, t.where, expected=current)
         check_fence(record, fence, rows.revision - 1)
     revision, state, updated_us, head = rows.columns
+    token = 0 if fence is None else fence.generation  # the run's fence keeps the largest
     if expect is None:
         rid = await conn.fetchval(
-            f"INSERT INTO {t.runs} (run_id, revision, state, updated_us, head)"
-            " VALUES ($1, $2, $3, $4, $5) ON CONFLICT (run_id) DO NOTHING RETURNING id",
+            f"INSERT INTO {t.runs} (run_id, revision, state, updated_us, head, fence)"
+            " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (run_id) DO NOTHING RETURNING id",
             key,
             revision,
             state,
             updated_us,
             head,
+            token,
         )
     else:
         rid = await conn.fetchval(
-            f"UPDATE {t.runs} SET revision = $1, state = $2, updated_us = $3, head = $4"
-            " WHERE id = $5 AND revision = $6 AND run_id = $7 RETURNING id",
+            f"UPDATE {t.runs} SET revision = $1, state = $2, updated_us = $3, head = $4,"
+            " fence = GREATEST(fence, $8) WHERE id = $5 AND revision = $6 AND run_id = $7"
+            " RETURNING id",
             revision,
             state,
             updated_us,
@@ -203,6 +203,7 @@ async def apply_commit(
             expect[0],
             expect[1],
             key,
+            token,
         )
     if rid is None:
         return False, await _stored(conn, t, run_id)
@@ -238,66 +239,6 @@ async def _write_parts(conn: Any, t: Tables, rid: int, rows: CommitRows) -> None
             [k for k, _ in rows.blobs],
             [v for _, v in rows.blobs],
         )
-
-
-async def change_lease(
-    conn: Any,
-    t: Tables,
-    run_id: str,
-    change: Callable[[LeaseRecord | None, float, Callable[[str], bool]], LeaseRecord | None],
-    proven: Callable[[str], int | None],
-) -> LeaseRecord | None:
-    """Read the run's lease row (``FOR UPDATE``) and the server's clock, write
-    ``change(record, now, alive)`` back (one transaction); the new record.
-    ``RunNotFound`` when there is no such run.
-
-    ``alive(owner)``: whether the advisory lock ``proven(owner)`` (a key; None: the
-    owner cannot be proven alive by a lock) is held by some session of the server."""
-    key = run_key(run_id)
-    async with conn.transaction():
-        await conn.execute(
-            f"INSERT INTO {t.leases} (run_id, token, owner, expires)"
-            f" SELECT $1, 0, NULL, 0 WHERE EXISTS (SELECT 1 FROM {t.runs} WHERE run_id = $1)"
-            " ON CONFLICT DO NOTHING",
-            key,
-        )
-        old = await _lease(conn, t, run_id, "UPDATE")
-        if (
-            old is None
-            or await conn.fetchval(f"SELECT 1 FROM {t.runs} WHERE run_id = $1", key) is None
-        ):
-            raise RunNotFound(run_id)
-        now = float(await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())::float8"))
-        lock = None if old.owner is None else proven(old.owner)
-        if lock is None:  # no session lock proves owners (PgBouncer): the lease lasts until
-            held = old.expires > now  # it expires on the server's clock
-        else:
-            held = await _held(conn, lock)
-        new = change(old, now, lambda _: held)
-        if new is not None and new != old:
-            await conn.execute(
-                f"UPDATE {t.leases} SET token = $2, owner = $3, expires = $4 WHERE run_id = $1",
-                key,
-                new.token,
-                None if new.owner is None else run_key(new.owner),
-                new.expires,
-            )
-        return new
-
-
-async def _held(conn: Any, key: int | None) -> bool:
-    """Whether some session of the server holds the advisory lock ``key``."""
-    if key is None:
-        return False
-    classid, objid = lock_parts(key)
-    found = await conn.fetchval(
-        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
-        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        " AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 1)",
-        classid,
-        objid,
-    )
-    return bool(found)
 
 
 async def delete_run(conn: Any, t: Tables, run_id: str) -> bool:

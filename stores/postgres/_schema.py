@@ -28,9 +28,10 @@ __all__ = [
     "migrate_schema",
 ]
 
-STORE_VERSION = 3
+STORE_VERSION = 4
 """The layout version of the Postgres store written by this release (2: run queues and
-commit notices; 3: commit notices a client can turn off)."""
+commit notices; 3: commit notices a client can turn off; 4: lease rows that say how
+their owner proves it is alive, and a run's largest fencing token kept with its row)."""
 
 SCHEMA = """
 CREATE TABLE {s}.runs (
@@ -149,7 +150,38 @@ async def _version_3(conn: Any, schema: str) -> None:
     await conn.execute(NOTIFY_UNLESS_OFF.format(s=quoted, channel=commits_channel(schema)))
 
 
-_MIGRATIONS: dict[int, Callable[[Any, str], Awaitable[None]]] = {1: _version_2, 2: _version_3}
+LIVENESS = """
+ALTER TABLE {s}.leases ADD COLUMN proof text NOT NULL DEFAULT 'renewal';
+ALTER TABLE {s}.leases ADD COLUMN lock_key bigint;
+ALTER TABLE {s}.leases ADD COLUMN suspect double precision;
+ALTER TABLE {s}.runs ADD COLUMN fence bigint NOT NULL DEFAULT 0;
+UPDATE {s}.runs r SET fence = l.token FROM {s}.leases l WHERE l.run_id = r.run_id;
+DROP TRIGGER runs_notify ON {s}.runs;
+CREATE TRIGGER runs_notify AFTER INSERT OR UPDATE OF revision ON {s}.runs
+    FOR EACH ROW EXECUTE FUNCTION {s}.statekernel_notify()
+"""
+"""Liveness proofs and fences (layout version 4). A lease row says how its owner proves
+it is alive: ``proof`` is ``lock`` (the session-level advisory lock ``lock_key`` is
+held while the owner lives) or ``renewal`` (only by renewing the lease before it
+expires: behind PgBouncer); ``suspect`` is the server's time at which a client first
+found a ``lock`` owner's lock free (NULL: nobody did since the owner last renewed).
+``runs.fence`` is the largest fencing token any commit of the run carried, so a lost or
+deleted lease row never hands out a token again. Rows from before say ``renewal``:
+their owners are proven alive by renewals alone until they renew. Only a new revision
+notifies watchers (a fence moving with a commit does anyway)."""
+
+
+async def _version_4(conn: Any, schema: str) -> None:
+    """Lease rows that say how their owner proves it is alive; fences kept with runs."""
+    for statement in _statements(LIVENESS, schema):
+        await conn.execute(statement)
+
+
+_MIGRATIONS: dict[int, Callable[[Any, str], Awaitable[None]]] = {
+    1: _version_2,
+    2: _version_3,
+    3: _version_4,
+}
 """What upgrades the store from a version to the next one."""
 
 

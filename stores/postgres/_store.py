@@ -10,8 +10,9 @@ A commit is one transaction: the fencing check on the run's lease row and the
 compare-and-set on the run's (row id, revision) in its ``UPDATE`` (``ops``). Commits
 of different runs that are ready at the same moment share one transaction, each in a
 savepoint of its own with its own outcome (``_group``, ``writer``). A lease expires
-on the server's clock; an owner of another process is proven alive by its session's
-advisory lock (``owners``), so a crashed owner's runs are taken over at once.
+on the server's clock; its row says how its owner proves it is alive (``leases``): by
+its session's advisory lock (``owners``), so a crashed owner's runs are taken over
+about a second after its lock went free, or by renewals alone (PgBouncer).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from statekernel._storage.watching import CommitNotice, Feed, poll_watch
 from statekernel.errors import (
     ConfigError,
     CorruptCheckpoint,
+    LeaseLost,
     RunNotFound,
     StatekernelError,
     StoreError,
@@ -68,7 +70,6 @@ from statekernel.stores._format.dicts import dump_entry
 from statekernel.stores._format.documents import dump_bytes, load_json
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
-from statekernel.stores._owners import LeaseRecord, released, renewed, take
 from statekernel.stores._tables import (
     PendingWrite,
     checked_head,
@@ -76,7 +77,9 @@ from statekernel.stores._tables import (
     log_entries,
     parse_docs,
 )
+from statekernel.stores.postgres import _leases as leases
 from statekernel.stores.postgres import _ops as ops
+from statekernel.stores.postgres._leases import EFFECT_WINDOW, LOCK, RENEWAL, Claim
 from statekernel.stores.postgres._owners import OwnerLocks
 from statekernel.stores.postgres._queue import PostgresRunQueue
 from statekernel.stores.postgres._schema import (
@@ -159,7 +162,11 @@ class PostgresStore(Closing):
         self._t = ops.Tables(self.schema, where)
         self._heads: HeadCache[Stored] = HeadCache()
         self._owners = OwnerLocks(
-            self.schema, self._owner_conn, self._owner_done, enabled=not self.pgbouncer
+            self.schema,
+            self._owner_conn,
+            self._owner_done,
+            enabled=not self.pgbouncer,
+            errors=_DRIVER_ERRORS,
         )
         self._group: GroupCommit[PendingWrite, Outcome] = GroupCommit(self._write, self._failed)
         self._queues: weakref.WeakSet[PostgresRunQueue] = weakref.WeakSet()
@@ -537,37 +544,54 @@ class PostgresStore(Closing):
 
     # -- leases --------------------------------------------------------------------
 
-    async def _lease(
-        self, run_id: str, change: Callable[[LeaseRecord | None, float, Any], LeaseRecord | None]
-    ) -> LeaseRecord | None:
-        return await self._run(ops.change_lease, run_id, change, self._owners.key)
+    @property
+    def effect_window(self) -> float | None:
+        """Seconds after the start of the last renewal of a lease that succeeded within
+        which its owner may start a model or tool call without renewing first (None:
+        the TTL alone bounds it). An owner proven alive by its advisory lock renews at
+        least this often while it starts effects (``_leases``), so that a taker who
+        found its lock free cannot have taken the run meanwhile."""
+        return None if self.pgbouncer else EFFECT_WINDOW
+
+    def _claim(self, owner: str, ttl: float) -> Claim:
+        key = self._owners.key(owner)
+        return Claim(owner, ttl, RENEWAL if key is None else LOCK, key)
 
     async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
-        """Take the run's lease; a holder whose session ended (its advisory lock is free)
-        is taken over at once, a live one never; ``ttl`` counts on the server's clock."""
+        """Take the run's lease. An owner whose lease expired on the server's clock is
+        taken over; a live one never: one proven by its advisory lock once the lock has
+        stayed free for ``GRACE`` seconds (about a second after its process died), one
+        proven by renewals (PgBouncer) once its lease expired."""
         checked_run_id(run_id)
         self._writable()
         await self._owner_locks(self._owners.hold(owner))
         try:
-            record = await self._lease(
-                run_id, lambda old, now, alive: take(old, run_id, owner, ttl, now, alive)
-            )
+            token = await self._run(leases.take_over, run_id, self._claim(owner, ttl))
         except BaseException:
             await self._owner_locks(self._owners.drop(owner))
             raise
-        assert record is not None
-        return Lease(run_id, owner, str(record.token))
+        return Lease(run_id, owner, str(token))
 
     async def renew(self, lease: Lease, *, ttl: float) -> None:
-        """Extend the lease (``LeaseLost`` if it moved on)."""
-        await self._lease(lease.run_id, lambda old, now, _: renewed(old, lease, ttl, now))
+        """Extend the lease from the server's now (``LeaseLost`` if it moved on)."""
+        claim = self._claim(lease.owner, ttl)
+        await self._run(leases.renew, lease.run_id, lease.owner, _token(lease), claim)
 
     async def release(self, lease: Lease) -> None:
         """Give the lease up and, with the owner's last lease here, its advisory lock."""
         try:
-            await self._lease(lease.run_id, lambda old, _now, _alive: released(old, lease))
+            await self._run(leases.give_back, lease.run_id, lease.owner, _token(lease))
         finally:
             await self._owner_locks(self._owners.drop(lease.owner))
+
+    async def fence(self, run_id: str) -> int:
+        """The largest fencing token given for the run (``KeepsFences``)."""
+        return await self._run(leases.fence, run_id)
+
+    async def keep_fence(self, run_id: str, at_least: int) -> None:
+        """Make every later token of the run larger than ``at_least`` (``KeepsFences``)."""
+        self._writable()
+        await self._run(leases.keep_fence, run_id, at_least)
 
     async def _owner_locks(self, step: Awaitable[None]) -> None:
         """Take or give back an owner's advisory lock; the driver's errors are typed."""
@@ -592,6 +616,14 @@ class PostgresStore(Closing):
                 self._pool = None
                 if pool is not None:
                     await _close(pool)
+
+
+def _token(lease: Lease) -> int:
+    """The number a lease's token is stored as; ``LeaseLost`` for one no lease has."""
+    try:
+        return int(lease.token)
+    except ValueError:
+        raise LeaseLost(lease.run_id, -1, lease.token) from None
 
 
 class _Listening:

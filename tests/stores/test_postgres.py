@@ -83,7 +83,7 @@ from statekernel.stores import PostgresStore
 
 async def main():
     store = PostgresStore(sys.argv[1])
-    await store.acquire("held", "owner-elsewhere", ttl=0)
+    await store.acquire("held", "owner-elsewhere", ttl=float(sys.argv[2]))
     print(store._owners._conn.get_server_pid(), flush=True)
     await asyncio.Event().wait()
 
@@ -103,25 +103,40 @@ async def _gone(dsn: str, pid: int) -> None:
         await conn.close()
 
 
-async def test_a_live_owner_keeps_its_run_whatever_the_clock_and_a_dead_one_loses_it_at_once(
+async def _holder(url: str, ttl: float) -> tuple[asyncio.subprocess.Process, int]:
+    """A process holding run ``held`` for ``ttl`` seconds, and its lock session's pid."""
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _HOLDER, url, str(ttl), stdout=asyncio.subprocess.PIPE
+    )
+    assert holder.stdout is not None
+    return holder, int(await holder.stdout.readline())
+
+
+async def test_a_live_owner_keeps_its_run_and_a_dead_one_loses_it_after_the_grace(
     postgres_store_url: str,
 ) -> None:
+    """A held lock proves the owner alive; a free one only marks the row: the run is
+    taken once the lock stayed free for the grace, long before the lease expires."""
     store = PostgresStore(postgres_store_url)
     run = sample_run("held")
     await store.commit(Checkpoint.between(None, run))
-    holder = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _HOLDER, postgres_store_url, stdout=asyncio.subprocess.PIPE
-    )
+    holder, pid = await _holder(postgres_store_url, 600)
     try:
-        assert holder.stdout is not None
-        pid = int(await holder.stdout.readline())
-        # its lease expired at once on the server's clock (ttl=0): its session proves it alive
         with pytest.raises(RunBusy, match="owner-elsewhere"):
             await store.acquire("held", "owner-here", ttl=600)
         holder.send_signal(signal.SIGKILL)
         await holder.wait()
         await _gone(parse_postgres_url(postgres_store_url).dsn, pid)
-        lease = await store.acquire("held", "owner-here", ttl=600)  # no wait for an expiry
+        with pytest.raises(RunBusy):  # the lock is free: the owner is suspected, not dead
+            await store.acquire("held", "owner-here", ttl=600)
+        deadline = time.monotonic() + 60
+        while True:  # taken once the grace has passed on the server's clock
+            try:
+                lease = await store.acquire("held", "owner-here", ttl=600)
+                break
+            except RunBusy:
+                assert time.monotonic() < deadline, "a dead owner's run was never taken"
+                await asyncio.sleep(0.05)
         assert lease.generation == 2
         await store.commit(Checkpoint.between(run, next_revision(run)), lease=lease)
         await store.release(lease)
@@ -129,6 +144,24 @@ async def test_a_live_owner_keeps_its_run_whatever_the_clock_and_a_dead_one_lose
         if holder.returncode is None:
             holder.kill()
             await holder.wait()
+        await store.aclose()
+
+
+async def test_an_expired_lease_is_taken_though_its_owner_s_lock_is_held(
+    postgres_store_url: str,
+) -> None:
+    """The lease row on the server's clock is the truth: a lock still held (a vanished
+    machine's session lives until TCP keepalive ends it) never outlasts the lease."""
+    store = PostgresStore(postgres_store_url)
+    await store.commit(Checkpoint.between(None, sample_run("held")))
+    holder, _ = await _holder(postgres_store_url, 0)
+    try:
+        lease = await store.acquire("held", "owner-here", ttl=600)
+        assert lease.generation == 2
+        await store.release(lease)
+    finally:
+        holder.kill()
+        await holder.wait()
         await store.aclose()
 
 

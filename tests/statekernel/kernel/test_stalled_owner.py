@@ -31,8 +31,9 @@ STORES = [
 ]
 """``pgbouncer``: the Postgres store in PgBouncer mode, where no session lock proves an
 owner alive and a lease lasts until it expires on the server's clock, as on Redis."""
-BY_EXPIRY = ("redis", "pgbouncer")
-"""The stores that cannot tell a frozen owner from a dead one."""
+BY_EXPIRY = ("redis", "postgres", "pgbouncer")
+"""The stores whose leases expire on the server's clock: a frozen owner's lease ends
+there as a dead one's does."""
 TTL = 1.0
 
 
@@ -99,10 +100,9 @@ def test_a_frozen_owner_never_starts_a_call_after_losing_its_lease(
     url, run_id, ledger, a = held_at_intent(kind, tmp_path, request)
     a.send_signal(signal.SIGSTOP)  # a VM pause, a long GC: the lease is not renewed
     try:
-        # redis (and postgres behind pgbouncer) cannot tell a frozen owner from a dead
-        # one: once the lease ends on the server's clock, b takes over, and the operator
-        # answers "rerun"; sqlite and file prove a live owner by its OS lock, postgres by
-        # its session's advisory lock, frozen or not: b never takes the run
+        # on redis and postgres the lease ends on the server's clock, for a frozen owner
+        # as for a dead one: b takes over, and the operator answers "rerun"; sqlite and
+        # file prove a live owner by its OS lock, frozen or not: b never takes the run
         wait = 60.0 if kind in BY_EXPIRY else 2.0
         b = report(spawn("operator", url, ledger, run_id, wait))
     finally:
