@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import re
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -39,6 +38,7 @@ import attrs
 from statekernel._kernel.middleware import Middleware
 from statekernel._kernel.options import check_delegate_options
 from statekernel._kernel.tools import Tool, ToolContext, tool
+from statekernel._records.arguments import plain_id
 from statekernel._records.messages import JSON, Message
 from statekernel._storage.watching import watch
 from statekernel.errors import ConflictError, RunNotFound, ToolError
@@ -58,8 +58,6 @@ __all__ = [
     "delegate",
     "run_tree",
 ]
-
-_PLAIN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 
 class CreateRun(Protocol):
@@ -131,7 +129,7 @@ def child_run_id(parent_run_id: str, call_id: str) -> str:
         The child's run id; the same for the same two ids, every time.
     """
     plain = f"{parent_run_id}.{call_id}"
-    if _PLAIN_ID.match(plain):
+    if plain_id(plain):
         return plain
     digest = hashlib.sha256(f"{parent_run_id}\0{call_id}".encode()).hexdigest()[:32]
     return f"{parent_run_id[:80]}.{digest}"

@@ -27,7 +27,6 @@ import copy
 import functools
 import inspect
 import os
-import re
 import socket
 import time
 import uuid
@@ -56,7 +55,14 @@ from statekernel._kernel.tenure import Tenure
 from statekernel._kernel.tools import Tool, tools_by_name
 from statekernel._lifecycle.diagram import FORMATS, render
 from statekernel._lifecycle.trace import trace_events
-from statekernel._records.arguments import callable_arg, flag, run_id_arg, seconds, text
+from statekernel._records.arguments import (
+    callable_arg,
+    flag,
+    new_run_id_arg,
+    run_id_arg,
+    seconds,
+    text,
+)
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, Message
 from statekernel._records.pauses import (
@@ -101,7 +107,6 @@ __all__ = ["Kernel"]
 
 _log = logger(__name__)
 
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _MISSING: Any = object()
 
 
@@ -991,10 +996,7 @@ def _all_resolved(pause: PauseInfo | None) -> dict[str, JSON] | None:
 
 
 def _check_run_id(run_id: str) -> None:
-    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
-        raise InvalidArgument(
-            f"invalid run id {run_id!r}: 1-128 characters of letters, digits, '.', '_', ':', '-'"
-        )
+    new_run_id_arg(run_id)
 
 
 if TYPE_CHECKING:

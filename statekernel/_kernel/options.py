@@ -14,6 +14,7 @@ from typing import Any
 
 from statekernel._kernel.dispatch import DispatchPolicy
 from statekernel._records.arguments import (
+    new_run_id_arg,
     optional_count,
     optional_text,
     run_id_arg,
@@ -107,7 +108,7 @@ def check_start(
     check_model(model)
     messages_arg(messages)
     if run_id is not None:
-        run_id_arg(run_id)
+        new_run_id_arg(run_id)
     if max_turns is not missing:
         check_max_turns(max_turns)
     if parent_run_id is not None:

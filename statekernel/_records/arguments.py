@@ -10,6 +10,7 @@ number of seconds is finite.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -22,8 +23,10 @@ __all__ = [
     "check_worker_options",
     "count",
     "flag",
+    "new_run_id_arg",
     "optional_count",
     "optional_text",
+    "plain_id",
     "run_id_arg",
     "seconds",
     "text",
@@ -94,6 +97,28 @@ def optional_text(name: str, value: Any, *, empty: bool = False) -> str | None:
 def run_id_arg(value: Any, name: str = "run_id") -> str:
     """A run id as a store takes it: a non-empty ``str`` UTF-8 can hold."""
     return text(name, value)
+
+
+_PLAIN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+def plain_id(value: str) -> bool:
+    """Whether ``value`` is, as a whole, 1-128 letters, digits, '.', '_', ':' and '-'
+    beginning with a letter or a digit (``"r1\n"`` is not: no trailing newline slips
+    past the end of the pattern)."""
+    return _PLAIN_ID.fullmatch(value) is not None
+
+
+def new_run_id_arg(value: Any) -> str:
+    """The run id of a new run: a ``str`` that ``plain_id`` accepts, else
+    ``InvalidArgument`` naming the value."""
+    run_id = run_id_arg(value)
+    if not plain_id(run_id):
+        raise InvalidArgument(
+            f"invalid run id {_shown(run_id)}: 1-128 characters of letters, digits,"
+            " '.', '_', ':', '-'"
+        )
+    return run_id
 
 
 def callable_arg(name: str, value: Any) -> Callable[..., Any]:

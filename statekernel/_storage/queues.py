@@ -25,12 +25,12 @@ from statekernel.errors import InvalidArgument
 
 __all__ = ["DeadLetter", "QueueEntry", "RunQueue", "RunQueues", "checked_queue_name"]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 
 def checked_queue_name(name: object) -> str:
     """``name`` if it is a valid queue name, else ``InvalidArgument`` naming it."""
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidArgument(
             f"invalid queue name {name!r}: 1-128 letters, digits, '.', '_', ':', '-'"
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import fcntl
 import os
 from collections.abc import Iterator
@@ -19,7 +20,16 @@ from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._format.documents import dump_bytes, load_json
 from statekernel.stores._lease_records import damaged_lease, host_record
 from statekernel.stores._owners import LeaseRecord
-from statekernel.stores._private import FILE_MODE, private_folder, write_private
+from statekernel.stores._private import (
+    FOLDER_MODE,
+    new_private_file,
+    open_folder,
+    open_own_file,
+    private_folder,
+    refused_file,
+    remove_leftover,
+    write_private,
+)
 from statekernel.stores.file._log import (
     LAYOUT_VERSION,
     Committed,
@@ -47,6 +57,8 @@ HEAD = "head.json"
 LOG = "log.jsonl"
 LOCK = "lock"
 LEASE = "lease.json"
+HEAD_TMP = HEAD + ".tmp"
+LEASE_TMP = LEASE + ".tmp"
 
 
 @attrs.frozen
@@ -144,13 +156,26 @@ def _revision(line: bytes) -> int:
     return int(line[5:end])
 
 
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+"""How the store opens a file to read it: never through a symbolic link, never
+waiting on a FIFO in its place (``O_NONBLOCK`` changes nothing on a regular file)."""
+
+
 def _opener(dir_fd: int) -> Any:
-    return lambda name, flags: os.open(name, flags, dir_fd=dir_fd)
+    return lambda name, flags: os.open(name, flags | _READ, dir_fd=dir_fd)
 
 
 @attrs.frozen
 class RunFolder:
-    """The folder of one run (``run_id`` names it in errors, when known)."""
+    """The folder of one run (``run_id`` names it in errors, when known).
+
+    The store's folder and the run's are opened without following a symbolic link and
+    refused (``StoreError`` naming the folder and what is wrong) when they are another
+    user's or writable by their group or by every user; every file of the run is
+    opened in its open folder, never through a symbolic link, and a file the store
+    writes must be a regular file of its own user with no other hard link
+    (``stores._private``). A refusal comes before anything of the commit is written.
+    """
 
     path: Path
     url: str
@@ -166,25 +191,48 @@ class RunFolder:
     def _fail(self, what: str, exc: OSError) -> StoreError:
         return StoreError(f"file store {str(self.path)!r}: cannot {what}: {exc}")
 
-    def _hint(self, dir_fd: int) -> Hint | str | None:
+    def _error(self, name: str, what: str, exc: OSError) -> StoreError:
+        """``exc``, raised opening the file ``name`` of the run, as a ``StoreError``."""
+        if exc.errno == errno.ELOOP:
+            return refused_file(self.path / name, "is a symbolic link")
+        return self._fail(what, exc)
+
+    def _read(self, dir_fd: int, name: str, what: str) -> bytes | None:
+        """The bytes of the run's file ``name``, or None when there is none."""
         try:
-            with open(HEAD, "rb", opener=_opener(dir_fd)) as f:
-                data = f.read()
+            with open(name, "rb", opener=_opener(dir_fd)) as f:
+                return f.read()
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
-            raise self._fail("read the head file", exc) from exc
-        return parse_hint(data, str(self.path / HEAD))
+            raise self._error(name, what, exc) from exc
+
+    def read_file(self, name: str, what: str) -> bytes | None:
+        """The bytes of the run's file ``name`` (``what``: reading it, in errors), or None
+        when there is none or no run folder."""
+        with self._opened() as dir_fd:
+            return None if dir_fd is None else self._read(dir_fd, name, what)
+
+    def _own_file(self, dir_fd: int, name: str, flags: int, what: str) -> int:
+        """The run's file ``name`` opened with ``flags`` to write or lock (``open_own_file``)."""
+        try:
+            return open_own_file(dir_fd, name, flags, self.path / name)
+        except OSError as exc:
+            raise self._fail(what, exc) from exc
+
+    def _hint(self, dir_fd: int) -> Hint | str | None:
+        data = self._read(dir_fd, HEAD, "read the head file")
+        return None if data is None else parse_hint(data, str(self.path / HEAD))
 
     @contextlib.contextmanager
     def _log(self, dir_fd: int) -> Iterator[_Log]:
         try:
-            fd = os.open(LOG, os.O_RDONLY, dir_fd=dir_fd)
+            fd = os.open(LOG, _READ, dir_fd=dir_fd)
         except FileNotFoundError:
             yield _Log(None)
             return
         except OSError as exc:
-            raise self._fail("open the log", exc) from exc
+            raise self._error(LOG, "open the log", exc) from exc
         try:
             yield _Log(fd)
         finally:
@@ -201,7 +249,7 @@ class RunFolder:
             if found is None or found.settled:
                 return found
             if not locked:
-                with _shared_lock(dir_fd):
+                with self._shared_lock(dir_fd):
                     return self._committed(dir_fd, log, locked=True)
             if log.fd is not None:
                 os.fsync(log.fd)
@@ -210,18 +258,73 @@ class RunFolder:
             raise self._fail("read the log", exc) from exc
 
     @contextlib.contextmanager
-    def _opened(self) -> Iterator[int | None]:
+    def _shared_lock(self, dir_fd: int) -> Iterator[None]:
+        """The run's lock, shared: no committer is between its append and its hint."""
         try:
-            dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-        except (FileNotFoundError, NotADirectoryError):
-            yield None
+            fd = os.open(LOCK, _READ, dir_fd=dir_fd)
+        except FileNotFoundError:
+            yield
             return
         except OSError as exc:
-            raise self._fail("open the run folder", exc) from exc
+            raise self._error(LOCK, "open the lock", exc) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)
+
+    def _open_folder(self, *, create: bool) -> int | None:
+        """The run's folder, open, after the store's folder and it are found trustworthy;
+        None when either is not there (``create``: both are made, 0700)."""
+        root = self.path.parent
+        try:
+            if create:
+                private_folder(root)
+            root_fd = open_folder(root)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            if create:
+                raise self._fail("create the run folder", exc) from exc
+            return None
+        except OSError as exc:
+            raise self._fail("create the run folder" if create else "open the store", exc) from exc
+        try:
+            while True:
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(self.path.name, FOLDER_MODE, dir_fd=root_fd)
+                try:
+                    return open_folder(self.path, dir_fd=root_fd)
+                except FileNotFoundError:
+                    if not create:
+                        return None  # else: deleted meanwhile, made again
+                except NotADirectoryError as exc:
+                    if create:
+                        raise self._fail("create the run folder", exc) from exc
+                    return None
+        except OSError as exc:
+            what = "create the run folder" if create else "open the run folder"
+            raise self._fail(what, exc) from exc
+        finally:
+            os.close(root_fd)
+
+    @contextlib.contextmanager
+    def _opened(self, *, create: bool = False) -> Iterator[int | None]:
+        dir_fd = self._open_folder(create=create)
+        if dir_fd is None:
+            yield None
+            return
         try:
             yield dir_fd
         finally:
             os.close(dir_fd)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[int]:
+        """The run's folder, open, while its lock is held (so it is there)."""
+        with self._opened() as dir_fd:
+            if dir_fd is None:
+                raise StoreError(f"file store {str(self.path)!r}: the run folder is gone")
+            yield dir_fd
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[Snapshot | None]:
@@ -255,81 +358,75 @@ class RunFolder:
     def locked(self, *, create: bool) -> Iterator[Locked | None]:
         """Hold the run's lock; yields its committed head, or None when there is no run."""
         while True:
-            if create:
-                self._make_folder()
-            try:
-                fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-            except FileNotFoundError:
-                if create:
-                    continue
-                yield None
-                return
-            except OSError as exc:
-                raise self._fail("open the lock", exc) from exc
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                if not self._still_here(fd):
-                    if create:
-                        continue
+            with self._opened(create=create) as dir_fd:
+                if dir_fd is None:
                     yield None
                     return
-                with self._opened() as dir_fd:
-                    found = None
-                    if dir_fd is not None:
-                        with self._log(dir_fd) as log:
-                            found = self._committed(dir_fd, log, locked=True)
-                yield None if found is None else Locked(found.head, found.size)
-                return
-            finally:
-                os.close(fd)
+                fd = self._own_file(dir_fd, LOCK, os.O_RDWR | os.O_CREAT, "open the lock")
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    if not self._still_here(dir_fd):
+                        if create:
+                            continue
+                        yield None
+                        return
+                    with self._log(dir_fd) as log:
+                        found = self._committed(dir_fd, log, locked=True)
+                    yield None if found is None else Locked(found.head, found.size)
+                    return
+                finally:
+                    os.close(fd)
 
-    def _still_here(self, fd: int) -> bool:
+    def _still_here(self, dir_fd: int) -> bool:
+        """Whether the open folder is still the run's (not renamed aside by a delete)."""
         try:
-            return os.stat(self.path / LOCK).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
+            found = os.lstat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
             return False
-
-    def _make_folder(self) -> None:
-        try:
-            if not self.path.parent.is_dir():
-                private_folder(self.path.parent)
-            if not self.path.is_dir():
-                self.path.mkdir(mode=0o700, exist_ok=True)
         except OSError as exc:
-            raise self._fail("create the run folder", exc) from exc
+            raise self._fail("open the run folder", exc) from exc
+        here = os.fstat(dir_fd)
+        return (found.st_dev, found.st_ino) == (here.st_dev, here.st_ino)
 
     def append(self, committed: int, data: bytes, *, first: bool) -> int:
         """Cut the log to its committed length, append ``data`` (a commit ending with its
         head record), fsync: the commit point. The first commit of a run also fsyncs
         the run's folder and the store's (a folder left by a first commit that never
-        landed may not be on disk either). Returns the new length."""
-        try:
-            fd = os.open(self.path / LOG, os.O_WRONLY | os.O_CREAT, FILE_MODE)
-        except OSError as exc:
-            raise self._fail("open the log", exc) from exc
-        try:
-            size = os.fstat(fd).st_size
-            if size < committed:
-                raise CorruptCheckpoint(
-                    f"invalid log {str(self.path / LOG)!r}: {size} of {committed} committed bytes"
-                )
-            if size > committed:
-                os.ftruncate(fd, committed)
-            end = _write_all(fd, data, committed)
+        landed may not be on disk either). Returns the new length.
+
+        Before anything is written, a temp file of the hint left by a committer that
+        stopped is removed, and refused (``StoreError``) unless provably the store's
+        own; so is a log that is not (a symbolic link, another user's, hard linked)."""
+        with self.held() as dir_fd:
             try:
-                os.fsync(fd)
-            except OSError:
-                with contextlib.suppress(OSError):  # not on disk: not a commit
+                remove_leftover(dir_fd, HEAD_TMP, self.path / HEAD_TMP)
+            except OSError as exc:
+                raise self._fail("remove the head file's temp file", exc) from exc
+            fd = self._own_file(dir_fd, LOG, os.O_WRONLY | os.O_CREAT, "open the log")
+            try:
+                size = os.fstat(fd).st_size
+                if size < committed:
+                    raise CorruptCheckpoint(
+                        f"invalid log {str(self.path / LOG)!r}: {size} of {committed}"
+                        " committed bytes"
+                    )
+                if size > committed:
                     os.ftruncate(fd, committed)
-                raise
-            if first:  # the log's name in the run's folder, the folder's in the store's
-                _fsync_dir(self.path)
-                _fsync_dir(self.path.parent)
-            return end
-        except OSError as exc:
-            raise self._fail("append to the log", exc) from exc
-        finally:
-            os.close(fd)
+                end = _write_all(fd, data, committed)
+                try:
+                    os.fsync(fd)
+                except OSError:
+                    with contextlib.suppress(OSError):  # not on disk: not a commit
+                        os.ftruncate(fd, committed)
+                    raise
+                if first:  # the log's name in the run's folder, the folder's in the store's
+                    os.fsync(dir_fd)
+                    _fsync_dir(self.path.parent)
+                return end
+            except OSError as exc:
+                raise self._fail("append to the log", exc) from exc
+            finally:
+                os.close(fd)
 
 
 @attrs.frozen
@@ -354,32 +451,17 @@ class _Log:
         return b"".join(parts)
 
 
-@contextlib.contextmanager
-def _shared_lock(dir_fd: int) -> Iterator[None]:
-    """The run's lock, shared: no committer is between its append and its hint."""
-    try:
-        fd = os.open(LOCK, os.O_RDONLY, dir_fd=dir_fd)
-    except FileNotFoundError:
-        yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        yield
-    finally:
-        os.close(fd)
-
-
 def write_hint(folder: RunFolder, size: int, head_at: int) -> None:
-    """Replace ``head.json`` (temp file and rename, not fsynced: a hint, see ``_log``).
-    The commit is on disk already; a hint that cannot be written is left stale."""
-    tmp = folder.path / (HEAD + ".tmp")
-    with contextlib.suppress(OSError):
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    """Replace ``head.json`` (a new temp file and rename, not fsynced: a hint, see
+    ``_log``), under the run's lock. The commit is on disk already; a hint that cannot
+    be written is left stale."""
+    with contextlib.suppress(OSError, StoreError), folder.held() as dir_fd:
+        fd = new_private_file(dir_fd, HEAD_TMP, folder.path / HEAD_TMP)
         try:
             _write_all(fd, hint_bytes(size, head_at), 0)
         finally:
             os.close(fd)
-        os.replace(tmp, folder.path / HEAD)
+        os.replace(HEAD_TMP, HEAD, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> int:
@@ -391,7 +473,7 @@ def _write_all(fd: int, data: bytes, offset: int) -> int:
 
 
 def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
@@ -401,12 +483,9 @@ def _fsync_dir(path: Path) -> None:
 def read_lease(folder: RunFolder) -> LeaseRecord | None:
     """The run's lease (read under the run's lock), or None when it never had one."""
     path = folder.path / LEASE
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    data = folder.read_file(LEASE, "read the lease")
+    if data is None:
         return None
-    except OSError as exc:
-        raise StoreError(f"file store {str(path)!r}: cannot read the lease: {exc}") from exc
     run_id = folder.run_id or folder.path.name  # a folder not named by its run: its name
     where = f"file {str(path)!r}"
     try:
@@ -419,11 +498,12 @@ def read_lease(folder: RunFolder) -> LeaseRecord | None:
 
 
 def write_lease(folder: RunFolder, record: LeaseRecord) -> None:
-    """Replace the run's lease (under the run's lock). Not fsynced: a power loss ends
-    every owner on the host, and with them every lease."""
-    tmp = folder.path / (LEASE + ".tmp")
+    """Replace the run's lease (under the run's lock) with a new file renamed over it.
+    Not fsynced: a power loss ends every owner on the host, and with them every lease."""
+    data = dump_bytes([record.token, record.owner, record.expires])
     try:
-        write_private(tmp, dump_bytes([record.token, record.owner, record.expires]))
-        os.replace(tmp, folder.path / LEASE)
+        with folder.held() as dir_fd:
+            write_private(dir_fd, LEASE_TMP, data, folder.path / LEASE_TMP)
+            os.replace(LEASE_TMP, LEASE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except OSError as exc:
         raise StoreError(f"file store {str(folder.path)!r}: cannot write the lease: {exc}") from exc

@@ -11,6 +11,12 @@ listings and to tell a torn commit from committed data lost (``stores.file._log`
 A ``lock`` file taken with ``flock`` serializes committers across processes;
 readers take it shared only to read a commit past the hint. The first commit of a
 run also fsyncs the run's folder and the folder above it.
+
+The store refuses (``StoreError`` naming the path and what is wrong, before anything
+is written) a store folder or run folder that is a symbolic link, another user's, or
+writable by its group or by every user, and any file of a run that is a symbolic
+link; a file it writes must be a regular file of its own user with no other hard
+link, and the temp files it renames into place are created anew (``stores._private``).
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ from statekernel.stores._owners import (
     LeaseRecord,
     check_fence,
 )
+from statekernel.stores._private import folder_refusal, open_folder
 from statekernel.stores.file._io import (
     Locked,
     RunFolder,
@@ -224,15 +231,25 @@ class FileStore(HostLeased, Closing):
 
     def _summaries(self, damaged: list[DamagedRun]) -> Iterator[RunSummary]:
         try:
-            names = sorted(os.listdir(self.root))
+            root_fd = open_folder(self.root)
         except FileNotFoundError:
             return
         except OSError as exc:
             raise StoreError(f"file store {str(self.root)!r}: {exc}") from exc
+        try:
+            names = sorted(os.listdir(root_fd))
+        except OSError as exc:
+            raise StoreError(f"file store {str(self.root)!r}: {exc}") from exc
+        finally:
+            os.close(root_fd)
         for name in names:
             if name.startswith("."):
                 continue
             folder = RunFolder(self.root / name, self.url)
+            refusal = folder_refusal(folder.path)
+            if refusal is not None:  # a folder the store will not read: named, not followed
+                damaged.append(DamagedRun(name, str(refusal)))
+                continue
             try:
                 head = folder.head()
                 if head is not None:
@@ -257,6 +274,22 @@ class FileStore(HostLeased, Closing):
                 raise StoreError(f"cannot delete {str(folder.path)!r}: {exc}") from exc
         shutil.rmtree(grave, ignore_errors=True)
         return True
+
+    async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
+        """Take the run's lease (see ``HostLeased.acquire``), once the store's folder is
+        found trustworthy: nothing is written under a folder the store refuses."""
+        await asyncio.to_thread(self._check_root)
+        return await super().acquire(run_id, owner, ttl=ttl)
+
+    def _check_root(self) -> None:
+        """Raise ``StoreError`` when the store's folder is one it refuses (a symbolic
+        link, another user's, writable by its group or every user)."""
+        try:
+            os.close(open_folder(self.root))
+        except (FileNotFoundError, NotADirectoryError):
+            return  # no run here: the lease's own step says so
+        except OSError as exc:
+            raise StoreError(f"file store {str(self.root)!r}: {exc}") from exc
 
     async def aclose(self) -> None:
         """Release the owner locks of this process (nothing else stays open)."""

@@ -197,9 +197,14 @@ def test_file_store(tmp_path: Path) -> None:
     assert finding(findings, "commit log", "Mixed.Case")["status"] == "ok"
 
     (root / "plain").chmod(0o777)
-    loose = finding(doctor(store, tmp_path, 0), "permissions", str(root))
+    findings = doctor(store, tmp_path, 1)
+    loose = finding(findings, "permissions", str(root))
     assert loose["status"] == "warning"
     assert f"{root / 'plain'} is world-writable" in loose["detail"]
+    refused = finding(findings, "records", "plain")  # the store will not use the folder
+    assert refused["status"] == "damaged"
+    assert f"refused folder {str(root / 'plain')!r}" in refused["detail"]
+    (root / "plain").chmod(0o700)
 
     damage(store, FileRecords(), "Mixed.Case", "turn")
     broken = finding(doctor(store, tmp_path, 1), "records", "Mixed.Case")
