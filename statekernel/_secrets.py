@@ -5,18 +5,20 @@ in a span or hands to a model passes through where it may carry a secret.
 
 * the password of a URL's userinfo (``redis://user:***@host``), or the whole userinfo
   when it has no password (``https://***@host``: a token used as the user name);
-* the values of URL query parameters whose names hold a secret word (``password``,
-  ``token``, ``key``, ``secret``, ``auth``, ``sig``, ``credential``, ``cookie``,
-  ``private``, ``session``, ...: ``access_token``, ``X-Amz-Signature``; whole words, so
-  ``keyword`` or ``author`` are not);
-* the values (8 characters or more) of credential headers (``Authorization: Bearer ***``,
-  ``x-api-key: ***``, ``api-key``, ``x-auth-token``) and any ``Bearer``/``Basic`` token
-  (12 characters or more with a digit or a symbol, so ``Basic authentication`` stays);
+* the values of URL query parameters whose names are secret (``secret_name``, the one
+  rule of every place that judges a name: ``password``, ``sslpassword``,
+  ``access_token``, ``apitoken``, ``clientsecret``, ``X-Amz-Signature``, ``sig``, ...;
+  not ``author``, ``keyspace``, ``max_tokens``);
+* the values (8 characters or more, and not a plain word: ``authorization: denied``
+  stays) of headers and fields with a secret name (``Authorization: Bearer ***``,
+  ``'x-api-key': '***'``, ``"client_secret": "***"``, ``Cookie: ***``,
+  ``password=***``) and any ``Bearer``/``Basic`` token (12 characters or more with a
+  digit or a symbol, so ``Basic authentication`` stays);
 * every secret (8 characters or more) handed to statekernel's configuration
   (``remember``: provider API keys, passwords and secret parameters of store and MCP
-  URLs, MCP credential headers and environment values whose names hold a secret word),
-  in every form it takes in text: as given, stripped, JSON- or ``repr``-escaped,
-  URL-quoted, as the ``repr`` of its bytes.
+  URLs, MCP headers and environment values with a secret name), in every form it
+  takes in text: as given, stripped, JSON- or ``repr``-escaped, URL-quoted, as the
+  ``repr`` of its bytes.
 
 Every pattern bounds its repetitions, so redacting is linear in the text.
 
@@ -52,42 +54,45 @@ _MIN = 8
 """Shorter values are not remembered: masking them would garble ordinary text (a URL's
 password or a header's value is hidden by its place whatever its length)."""
 
-_SECRET_WORDS = frozenset(
-    {
-        "password",
-        "passwd",
-        "pwd",
-        "pass",
-        "passphrase",
-        "token",
-        "key",
-        "apikey",
-        "secret",
-        "auth",
-        "authorization",
-        "sig",
-        "signature",
-        "credential",
-        "credentials",
-        "cookie",
-        "private",
-        "privatekey",
-        "accesskey",
-    }
+_SECRET_ANYWHERE = re.compile(
+    r"passw(?:or)?d|passphrase|passcode|pwd|secret|credential|signature|cookie|jwt"
+    r"|token(?!s|i[sz]|count|limit)"  # not max_tokens, totalTokenCount, tokenizer
+    r"|(?<!require)auth(?!or(?!i[sz]))"  # authorization, oauth; not author, require_auth
+    r"|(?:api|access|private|signing)key"  # AWSAccessKeyId, private_key_id
+    r"|sess(?:ion)?id"  # session_id, JSESSIONID, PHPSESSID
+    r"|codeverifier"
 )
-"""Words that make a name secret, matched whole (``GITHUB_TOKEN``, ``x-api-key``,
-``access_token``), so that ``TOKENIZERS_PARALLELISM`` or ``KEYBOARD`` are not."""
-_SECRET_IN_QUERY = _SECRET_WORDS | {"session", "sessionid", "code"}
-_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z][a-z0-9]*|[a-z0-9]+")
+"""Secret words that count wherever they stand in a name."""
+_SECRET_AT_END = re.compile(r"(?:key|pass|sig|sas|session)\d{0,4}$")
+"""Secret words too short or too common to count inside a name: they count at its end
+(``x-api-key``, ``db_pass``, ``sig``, ``user_session``), so ``keyspace``, ``passfile``,
+``design`` and ``xdg_session_type`` are not secret."""
+_ORDINARY_END = re.compile(
+    r"(?:(?:mon|don|tur|hoc|joc|whis|hot|turn|idempotency|public|primary|foreign"
+    r"|partition|sort|cache|routing)key|(?:by|com|over|under|tres)pass)\d{0,4}$"
+)
+"""Names ending in a secret word that are no secret: ordinary words (``monkey``,
+``bypass``) and keys that name or order data (``primary_key``, ``idempotency_key``)."""
+_NOT_NAME = re.compile(r"[^a-z0-9]+")
 # Every repetition is bounded, so no pattern backtracks over a long run of text.
 _USERINFO = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]{0,30}://)(?P<info>[^/?#\s]{1,512})@")
 _QUERY = re.compile(r"(?P<head>[?&;](?P<name>[^=&?#;\s'\"<>]{1,64})=)(?P<value>[^&#;\s'\"<>)\]]+)")
-_HEADER = re.compile(
-    r"(?P<head>\b(?:proxy-)?(?:authorization|x-api-key|api-key|x-goog-api-key|"
-    r"x-auth-token)['\"]?\s{0,8}[:=]\s{0,8}['\"]?"
-    r"(?:(?:bearer|basic|token)\s{1,8})?)(?P<value>[^\s'\",;}]{8,})",
-    re.IGNORECASE,
+_FIELD = re.compile(
+    r"(?<![\w.-])(?P<name>[A-Za-z][\w.-]{0,63})['\"]?\s{0,8}[:=]\s{0,8}['\"]?"
+    r"(?P<scheme>(?i:bearer|basic|token)\s{1,8})?"
+    r"(?=(?P<value>(?:[\w.-]{1,64}=)?[^\s'\",;&:=()\[\]{}<>]{8,}+={0,3}+)(?![(\[]))"
 )
+"""A header or field in text (``Authorization: Bearer ...``, ``'x-api-key': '...'``,
+``"client_secret": "..."``, ``password=...``, ``Cookie: sid=...``); not code, as a
+traceback quotes it (``token = lease.token``, ``key: call_key(...)``). The match ends
+before the value, so a field inside the value of another is found too."""
+_WORD = r"(?>[A-Z]{3,24}|[A-Za-z][a-z]{0,23}(?:[A-Z][a-z]{1,23}){0,8}[A-Z]?)"
+_PLAIN = re.compile(rf"_{{0,2}}{_WORD}(?:[._]{{1,3}}{_WORD}){{0,15}}[.!?]?")
+"""A value of words without digits (``denied``, ``ClientSession``, ``self._session``,
+``REDIS_PASSWORD``): prose, or code as a traceback quotes it, not a credential (whose
+random letters mix cases within a word or come with digits); after ``Bearer``, every
+value is one."""
+_PLAIN_MAX = 160
 _SCHEME_TOKEN = re.compile(
     r"(?P<head>\b(?:Bearer|Basic)\s{1,8})(?P<value>(?=[A-Za-z0-9._~+/=-]{0,4096}[0-9._~+/=-])"
     r"[A-Za-z0-9._~+/=-]{12,})"
@@ -99,10 +104,41 @@ _forms: tuple[str, ...] = ()
 """Every form of every remembered secret, longest first."""
 
 
-def secret_name(name: str, *, words: frozenset[str] = _SECRET_WORDS) -> bool:
-    """True when a parameter, header or variable named ``name`` looks like a secret: one
-    of its words (split at ``_``, ``-``, ``.`` and case changes) is a secret word."""
-    return any(w.lower() in words for w in _WORD.findall(name))
+def secret_name(name: str, *, in_url: bool = False) -> bool:
+    """Whether a URL query parameter, header, field or environment variable named
+    ``name`` holds a secret: the one rule of every place that decides it by a name.
+
+    The name is compared in lower case with everything but letters and digits dropped
+    (``X-API-Key``, ``x_api_key`` and ``XApiKey`` are one name). It is secret when:
+
+    * it holds, anywhere, ``password``/``passwd``/``pwd``, ``passphrase``,
+      ``passcode``, ``secret``, ``credential``, ``signature``, ``cookie``, ``jwt``,
+      ``token``, ``auth``, ``apikey``/``accesskey``/``privatekey``/``signingkey``,
+      ``sessionid``/``sessid`` or ``codeverifier``: ``sslpassword``, ``clientsecret``,
+      ``X-Amz-Security-Token``, ``Proxy-Authorization``, ``Set-Cookie``,
+      ``AWSAccessKeyId``, ``JSESSIONID``;
+    * or it ends with ``key``, ``pass``, ``sig``, ``sas`` or ``session`` (digits
+      after them allowed): ``sslkey``, ``STRIPE_KEY``, ``db_pass``, ``sig`` (an Azure
+      SAS signature), ``session``;
+    * or, in a URL (``in_url``), it is ``code`` (an OAuth authorization code; in text,
+      ``"code": ...`` is an error's code).
+
+    What is not: ``tokens`` and ``token`` followed by ``count``, ``limit`` or ``iz``
+    (counts and tokenizers: ``max_tokens``, ``totalTokenCount``,
+    ``TOKENIZERS_PARALLELISM``); ``author`` and ``authority`` (but ``authorization``
+    is); ``require_auth`` (libpq's list of methods); ``key`` or ``pass`` inside a name
+    (``keyspace``, ``keyboard``, ``passfile``: a path) or ending an ordinary word
+    (``monkey``, ``bypass``) or a key that names data (``primary_key``, ``cache_key``,
+    ``idempotency_key``, ``public_key``); ``session`` inside a name
+    (``xdg_session_type``, ``target_session_attrs``). A name that only may be secret
+    counts as one: hiding a value costs less than showing a credential.
+    """
+    flat = _NOT_NAME.sub("", name.lower())
+    if _SECRET_ANYWHERE.search(flat):
+        return True
+    if _SECRET_AT_END.search(flat) and not _ORDINARY_END.search(flat):
+        return True
+    return in_url and flat == "code"
 
 
 def _forms_of(secret: str) -> set[str]:
@@ -146,7 +182,7 @@ def remember_url(url: str) -> None:
     remember(unquote(password) if password else None)  # a bare user name may be a word
     for pair in re.split(r"[&;]", parts.query):
         name, _, value = pair.partition("=")
-        if value and secret_name(name, words=_SECRET_IN_QUERY):
+        if value and secret_name(name, in_url=True):
             remember(unquote(value))
 
 
@@ -158,9 +194,26 @@ def remember_secret_values(values: Mapping[str, str]) -> None:
 
 
 def _query_value(match: re.Match[str]) -> str:
-    if secret_name(match["name"], words=_SECRET_IN_QUERY):
+    if secret_name(match["name"], in_url=True):
         return f"{match['head']}{MASK}"
     return match[0]
+
+
+def _fields(text: str) -> str:
+    parts: list[str] = []
+    done = 0
+    for match in _FIELD.finditer(text):
+        value = match["value"]
+        if match.start() < done or (match["scheme"] is None and _plain(value)):
+            continue
+        if secret_name(match["name"]):
+            parts += (text[done : match.end()], MASK)
+            done = match.end() + len(value)
+    return "".join(parts) + text[done:] if parts else text
+
+
+def _plain(value: str) -> bool:
+    return len(value) <= _PLAIN_MAX and _PLAIN.fullmatch(value) is not None
 
 
 def _userinfo(match: re.Match[str]) -> str:
@@ -170,8 +223,8 @@ def _userinfo(match: re.Match[str]) -> str:
 
 
 def redact(text: str) -> str:
-    """``text`` with URL passwords, secret query values, credential headers and every
-    remembered secret replaced by ``***``."""
+    """``text`` with URL passwords, the values of secret query parameters, headers and
+    fields, and every remembered secret replaced by ``***``."""
     if not isinstance(text, str) or not text:
         return text
     forms = _forms
@@ -182,7 +235,8 @@ def redact(text: str) -> str:
         text = _USERINFO.sub(_userinfo, text)
     if "=" in text:
         text = _QUERY.sub(_query_value, text)
-    text = _HEADER.sub(rf"\g<head>{MASK}", text)
+    if ":" in text or "=" in text:
+        text = _fields(text)
     return _SCHEME_TOKEN.sub(rf"\g<head>{MASK}", text)
 
 
