@@ -44,7 +44,7 @@ async def main(store: str) -> None:
     }
     async with sk.Kernel(store, tools=[researcher], providers=providers) as kernel:
         run = await kernel.start(model="scripted/lead", messages=["How tall is it?"], run_id="lead")
-        async for _ in kernel.run(run.run_id):
+        async for _ in kernel.run(run.run_id, raise_on_failure=True):  # RunFailed if it fails
             pass
         lead = await kernel.get(run.run_id)
         for child in await kernel.children(run.run_id):

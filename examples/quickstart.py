@@ -35,7 +35,9 @@ async def main(store: str) -> None:
             context={"user": "u1"},
         )
         streaming = False
-        async for event in kernel.run(run.run_id):
+        # raise_on_failure: a run that fails (a missing API key, a hook that raised) raises
+        # RunFailed once its failure is committed, instead of ending the loop in silence
+        async for event in kernel.run(run.run_id, raise_on_failure=True):
             if event.type == "text_delta":
                 print(event.data["text"], end="", flush=True)
                 streaming = True

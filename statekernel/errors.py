@@ -20,6 +20,7 @@ __all__ = [
     "ProviderUnavailable",
     "RateLimited",
     "RunBusy",
+    "RunFailed",
     "RunHasChildren",
     "RunNotFound",
     "StatekernelError",
@@ -112,13 +113,41 @@ class RunHasChildren(StatekernelError):
 
 
 class InvalidTransition(StatekernelError):
-    """An event was sent that the run's lifecycle does not allow in its current state."""
+    """An event was sent that the run's lifecycle does not allow in its current state.
+
+    On a failed run ``detail`` names the failure and says that ``retry`` resumes it; on a
+    completed run, that ``send`` gives it new input.
+    """
 
     def __init__(self, event: str, state: str, detail: str = "") -> None:
         self.event = event
         self.state = state
+        self.detail = detail
         msg = f"event {event!r} is not allowed in state {state!r}"
         super().__init__(msg + (f": {detail}" if detail else ""))
+
+
+class RunFailed(StatekernelError):
+    """A drive asked to raise on failure (``kernel.run(..., raise_on_failure=True)``,
+    ``kernel.step``) ended with the run ``failed``; the failure is committed.
+
+    ``error`` and ``message`` are the failure's (``Run.failure``), ``failed_in`` the state
+    ``kernel.retry`` returns the run to, ``revision`` the commit that holds it.
+    """
+
+    def __init__(
+        self, run_id: str, error: str, message: str, failed_in: str, revision: int
+    ) -> None:
+        self.run_id = run_id
+        self.error = error
+        self.message = message
+        self.failed_in = failed_in
+        self.revision = revision
+        said = message if len(message) <= 300 else message[:299] + "…"
+        super().__init__(
+            f"run {run_id!r} failed in {failed_in} (revision {revision}): {error}: {said};"
+            " kernel.retry(run_id) returns it to where it failed"
+        )
 
 
 class InvalidArgument(StatekernelError, ValueError):

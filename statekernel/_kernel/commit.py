@@ -28,6 +28,7 @@ from typing import NoReturn
 import attrs
 
 from statekernel._kernel import telemetry
+from statekernel._kernel.failures import shortened
 from statekernel._records.run import Run
 from statekernel._secrets import logger
 from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease, settles_on_cancel
@@ -251,7 +252,9 @@ def _log_commit(checkpoint: Checkpoint) -> None:
         ", ".join(types),
         extra={**fields, "events": types},
     )
-    if rested:
+    if "run_failed" in rested and run.failure is not None:
+        _log_failed(run, fields)
+    elif rested:
         reason = run.pause.reason if run.state == "paused" and run.pause else None
         why = f" ({reason})" if reason else ""
         log.info(
@@ -262,6 +265,21 @@ def _log_commit(checkpoint: Checkpoint) -> None:
             why,
             extra={**fields, "reason": reason},
         )
+
+
+def _log_failed(run: Run, fields: dict[str, object]) -> None:
+    """WARNING: the commit failed the run; names the error's type and its message."""
+    failure = run.failure
+    assert failure is not None
+    log.warning(
+        "run %s failed in %s at revision %d: %s: %s (kernel.retry resumes it)",
+        run.run_id,
+        failure.failed_in,
+        run.revision,
+        failure.error,
+        shortened(failure.message),
+        extra={**fields, "error": failure.error, "failed_in": failure.failed_in},
+    )
 
 
 def _log_retry(checkpoint: Checkpoint, attempt: int, pause: float, exc: BaseException) -> None:

@@ -41,6 +41,7 @@ from statekernel._kernel.commit import Committer
 from statekernel._kernel.delegate import DelegateTool, child_runs, run_tree
 from statekernel._kernel.dispatch import DispatchPolicy
 from statekernel._kernel.drive import RunDriver
+from statekernel._kernel.failures import explained, run_failed
 from statekernel._kernel.hooks import Hooks, check_hooks
 from statekernel._kernel.middleware import Middleware
 from statekernel._kernel.options import (
@@ -466,7 +467,9 @@ class Kernel(Closing):
 
     # -- driving -----------------------------------------------------------------
 
-    async def run(self, run_id: str, *messages: Message | str) -> AsyncIterator[Event]:
+    async def run(
+        self, run_id: str, *messages: Message | str, raise_on_failure: bool = False
+    ) -> AsyncIterator[Event]:
         """Drive the run until it is paused, failed or completed, yielding its events.
 
         Starts a new run or resumes one from its last commit. Live events
@@ -478,6 +481,11 @@ class Kernel(Closing):
         ``run`` do with one load of the run, and the input lands in the drive's first
         commit (with the next turn's start), so a crash before it leaves no input.
 
+        A run that fails ends the drive like any rest (its failure in ``run_failed`` and
+        ``Run.failure``, a WARNING on the ``statekernel`` logger); with
+        ``raise_on_failure=True`` the drive then raises ``RunFailed``, once the failure
+        is committed and its events yielded (also for a run found failed already).
+
         Yields:
             Each event of the run: live ones as they happen, persisted ones after
                 their commit.
@@ -488,20 +496,25 @@ class Kernel(Closing):
             InvalidTransition: ``messages`` were given to a run that cannot take input.
             LeaseLost: another owner took the run over (nothing more is committed).
             StoreError: the store failed (after retries with backoff).
+            RunFailed: ``raise_on_failure`` and the run is failed when the drive ends.
         """
         run_id_arg(run_id)
+        flag("raise_on_failure", raise_on_failure)
         new_input = _as_messages(messages) if messages else ()
         with telemetry.drive_span(run_id) as span:
             async with self._driver(run_id) as driver:
                 span.watch(driver)
                 keep = False
                 if new_input:
-                    _check_input(driver.run)
-                    driver.stage("input", messages=new_input)
+                    with explained(driver.run):
+                        _check_input(driver.run)
+                        driver.stage("input", messages=new_input)
                 try:
                     while not driver.run.is_terminal:
                         async for event in driver.advance():
                             yield event
+                    if raise_on_failure and driver.run.state == "failed":
+                        raise run_failed(driver.run)
                 except StoreError:
                     keep = True  # the store failed: calls go on, their results wait for a drive
                     raise
@@ -513,7 +526,7 @@ class Kernel(Closing):
                 finally:
                     await driver.drive_ended(stop_tasks=not keep)
 
-    async def step(self, run_id: str) -> list[Event]:
+    async def step(self, run_id: str, *, raise_on_failure: bool = False) -> list[Event]:
         """Perform the effects up to the next commit and commit; returns its events.
 
         One step is one commit: the transitions between two effect boundaries (see
@@ -521,6 +534,9 @@ class Kernel(Closing):
         answer also commits the intent of each call started while the answer streamed.
         Tool calls started by a step keep running in the background; a later step
         commits their results.
+
+        ``raise_on_failure=True``: raise ``RunFailed`` instead of returning when the run is
+        failed after the step (its failure committed by this step or before).
 
         Returns:
             The events of the commit it made (none when the run is at rest).
@@ -530,10 +546,15 @@ class Kernel(Closing):
             RunBusy: a live owner held the run for longer than ``busy_timeout``.
             LeaseLost: another owner took the run over.
             StoreError: the store failed (after retries with backoff).
+            RunFailed: ``raise_on_failure`` and the run is failed after the step.
         """
         run_id_arg(run_id)
+        flag("raise_on_failure", raise_on_failure)
         async with self._driver(run_id) as driver:
-            return [event async for event in driver.advance()]
+            events = [event async for event in driver.advance()]
+            if raise_on_failure and driver.run.state == "failed":
+                raise run_failed(driver.run)
+            return events
 
     async def submit(self, run_id: str, *, queue: str = "default") -> str:
         """Hand the run to workers (``statekernel worker``): enqueue it on ``queue``.
@@ -773,15 +794,17 @@ class Kernel(Closing):
 
         Raises:
             RunNotFound: no run has this id.
-            InvalidTransition: the run is not completed or paused, or waits on uncertain calls.
+            InvalidTransition: the run is not completed or paused, or waits on uncertain
+                calls (on a failed run it names the failure and says ``retry`` resumes it).
             RunBusy: a live owner held the run for longer than ``busy_timeout``.
         """
         run_id_arg(run_id)
         if not messages:
             raise InvalidArgument("send needs at least one message")
         async with self._fresh(run_id) as driver:
-            _check_input(driver.run)
-            driver.stage("input", messages=_as_messages(messages))
+            with explained(driver.run):
+                _check_input(driver.run)
+                driver.stage("input", messages=_as_messages(messages))
             await driver.commit()
             return driver.run
 
@@ -809,7 +832,9 @@ class Kernel(Closing):
 
         Raises:
             RunNotFound: no run has this id.
-            InvalidTransition: the run is not paused, or waits on calls not yet resolved.
+            InvalidTransition: the run is not paused, or waits on calls not yet resolved
+                (on a failed run it names the failure and says ``retry`` resumes it; on a
+                completed one, that ``send`` gives it new input).
             InvalidArgument: an answer that does not satisfy the question's schema, none
                 where a question waits for one, or resolutions that are not resolutions
                 of the uncertain calls' attempts in flight.
@@ -835,7 +860,8 @@ class Kernel(Closing):
                     )
                 await driver.answer(question, value, max_turns)
             else:
-                driver.stage("resume", value=value, max_turns=max_turns)
+                with explained(driver.run):
+                    driver.stage("resume", value=value, max_turns=max_turns)
                 await driver.commit()
             return driver.run
 
@@ -847,12 +873,14 @@ class Kernel(Closing):
 
         Raises:
             RunNotFound: no run has this id.
-            InvalidTransition: the run is not failed.
+            InvalidTransition: the run is not failed (on a completed run it says that
+                ``send`` gives it new input).
             RunBusy: a live owner held the run for longer than ``busy_timeout``.
         """
         run_id_arg(run_id)
         async with self._fresh(run_id) as driver:
-            driver.stage("retry")
+            with explained(driver.run):
+                driver.stage("retry")
             await driver.commit()
             return driver.run
 
@@ -874,7 +902,8 @@ class Kernel(Closing):
 
         Raises:
             RunNotFound: no run has this id.
-            InvalidTransition: the run is not paused on uncertain calls.
+            InvalidTransition: the run is not paused on uncertain calls (on a failed run
+                it names the failure and says ``retry`` resumes it).
             InvalidArgument: ``call_id`` is not one of its uncertain calls, or not exactly
                 one of ``output``, ``error`` and ``rerun`` was given.
             RunBusy: a live owner held the run for longer than ``busy_timeout``.
@@ -893,7 +922,10 @@ class Kernel(Closing):
             pause = run.pause
             uncertain = pause.details if pause is not None else None
             if run.state != "paused" or pause is None or not isinstance(uncertain, Uncertain):
-                raise InvalidTransition("resolve_tool_call", run.state, "no uncertain tool calls")
+                with explained(run):
+                    raise InvalidTransition(
+                        "resolve_tool_call", run.state, "no uncertain tool calls"
+                    )
             call = uncertain.call(call_id)
             if call is None:
                 raise InvalidArgument(f"{call_id!r} is not an uncertain call of run {run_id!r}")

@@ -11,7 +11,11 @@ consistent:
 * ``outcomes``: results in hand, not yet committed (and calls that wait, for an
   answer or a child run: they pause the run);
 * ``decided``: ``on_tool_call_started`` decisions taken while the answer streamed
-  (eager dispatch) about calls that did not start then.
+  (eager dispatch) about calls that did not start then;
+* ``unstored``: calls of tools that are not idempotent whose function ran and returned
+  a value the store cannot hold: they have no result, stay in flight, and pause the run
+  as uncertain (``_recover``), so ``resolve_tool_call`` says what they returned instead
+  of the model being told they failed (an idempotent tool's is an error result).
 
 A call's intent (``tool_call_started``) is staged first and the call starts only once
 that commit landed (``start``); a result is staged as ``tool_call_completed`` and leaves
@@ -36,7 +40,7 @@ from statekernel._kernel.dispatch import identical_group, next_startable
 from statekernel._kernel.driving import Driving, HookFailed, hook, turn_decision, turn_of
 from statekernel._kernel.middleware import ToolInvocation, chain
 from statekernel._kernel.pending import Outcome
-from statekernel._kernel.tools import ToolContext, ToolReturn
+from statekernel._kernel.tools import Tool, ToolContext, ToolReturn, UnstorableResult
 from statekernel._lifecycle.matching import call_key
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON
@@ -60,12 +64,15 @@ from statekernel._records.run import (
     Turn,
 )
 from statekernel._records.values import as_stored, parse_json
+from statekernel._secrets import logger
 from statekernel._storage.shielding import wait_ended
 from statekernel.errors import InvalidArgument, InvalidTransition, LeaseLost, StoreError, ToolError
 
 __all__ = ["Intent", "NOT_RUN_FINISHED", "ToolCalls"]
 
 NOT_RUN_FINISHED = "not run: the run finished ({reason})"
+
+_log = logger(__name__)
 
 Intent = tuple[list[str], JSON]
 """A call to start: the ids of its group (identical calls run once) and its input."""
@@ -87,6 +94,9 @@ class ToolCalls:
         asked for (``call_key``): dispatch uses one for a call asking the same."""
         self.escaped: BaseException | None = None
         """What escaped a tool task (a process-ending exception), raised in the drive."""
+        self.unstored: dict[str, tuple[int, str]] = {}
+        """Calls that ran and returned a value the store cannot hold, by call id: the
+        attempt and the type returned (what their uncertain pause says)."""
 
     # -- what the driver holds ---------------------------------------------------
 
@@ -340,8 +350,15 @@ class ToolCalls:
         # for the uncertain calls comes in a later step, after the hooks saw them.
         observed_first = driver.observing and bool(driver.pending.outcomes)
         if uncertain and not observed_first:
-            calls = tuple(UncertainCall(r.id, r.name, r.input, r.attempt) for r in uncertain)
+            calls = tuple(self._uncertain(r) for r in uncertain)
             driver.stage("pause", reason=UNCERTAIN, details=Uncertain(calls))
+
+    def _uncertain(self, record: ToolCallRecord) -> UncertainCall:
+        """``record`` as an uncertain call, saying what it returned when it ran and its
+        value could not be stored."""
+        ran = self.unstored.get(record.id)
+        returned = ran[1] if ran is not None and ran[0] == record.attempt else None
+        return UncertainCall(record.id, record.name, record.input, record.attempt, returned)
 
     def _stage_waiting(self, waiting: list[Outcome]) -> None:
         """Pause for calls that wait: questions first (asked one after another, in call
@@ -418,6 +435,8 @@ class ToolCalls:
             queue.put_nowait(None)
 
         invocation = ToolInvocation(run, record, call_input, tool.idempotent)
+        returned: str | None = None
+        """The type of a value the call returned that cannot be stored."""
         with telemetry.tool_span(driver.trace_parent, run.run_id, record, tool, ids) as span:
             try:
                 lease = driver.lease
@@ -430,6 +449,11 @@ class ToolCalls:
                     never_began()
                     return
                 outcome = _stored_outcome(ids, output)
+            except UnstorableResult as exc:  # it ran: what it returned cannot be stored
+                if refused:
+                    never_began()
+                    return
+                outcome, returned = Outcome(ids, None, str(exc)), exc.returned
             except asyncio.CancelledError:
                 self.tasks.pop(ids[0], None)
                 queue.put_nowait(None)  # a drive waiting for this call must not wait forever
@@ -448,8 +472,46 @@ class ToolCalls:
                 return
             span.settle(outcome)
         self.tasks.pop(ids[0], None)
-        self.outcomes.append(outcome)
+        if returned is None:
+            self.outcomes.append(outcome)
+        else:
+            self._ran_unstored(run, record, tool, ids, returned, outcome)
         queue.put_nowait(None)
+
+    def _ran_unstored(
+        self,
+        run: Run,
+        record: ToolCallRecord,
+        tool: Tool,
+        ids: tuple[str, ...],
+        returned: str,
+        outcome: Outcome,
+    ) -> None:
+        """The calls ``ids`` ran and returned a ``returned`` the store cannot hold. An
+        idempotent tool's is an error result the model reads (running it again is safe);
+        any other call keeps no result and stays in flight: once nothing else runs, the
+        run pauses on it as uncertain, never telling the model it did not run."""
+        then = (
+            "the model is told the call failed"
+            if tool.idempotent
+            else "the run pauses with uncertain_tool_calls until resolve_tool_call says"
+            " what it returned"
+        )
+        _log.warning(
+            "run %s: tool %r (call %s) ran and returned a %s, which cannot be stored: %s",
+            run.run_id,
+            record.name,
+            record.id,
+            returned,
+            then,
+            extra={"run_id": run.run_id, "tool": record.name, "returned": returned},
+        )
+        if tool.idempotent:
+            self.outcomes.append(outcome)
+            return
+        for call_id in ids:
+            self.unstored[call_id] = (record.attempt, returned)
+            self.names.pop(call_id, None)
 
 
 def _tool_failure(ids: tuple[str, ...], exc: Exception) -> Outcome:
@@ -481,19 +543,21 @@ def _given_resolutions(value: JSON) -> dict[str, Resolution]:
 
 
 def _stored_outcome(ids: tuple[str, ...], output: JSON) -> Outcome:
-    """A tool's return value as stored (with the context patch of a ``ToolReturn``), or
-    an error result saying why it cannot be."""
+    """A tool's return value as stored (with the context patch of a ``ToolReturn``);
+    ``UnstorableResult`` saying why it cannot be (the call ran all the same)."""
     patch = None
     if isinstance(output, ToolReturn):
         output, patch = output.output, output.context
         patched, problem = as_stored(patch, "context")
         if problem is not None or (patch is not None and type(patch) is not dict):
             why = problem or "not a JSON object"
-            return Outcome(ids, None, f"the tool returned a context patch that is {why}")
+            returned = f"context patch of {type(patch).__name__}"
+            raise UnstorableResult(f"the tool returned a context patch that is {why}", returned)
         patch = patched
     stored, problem = as_stored(output, "output")
     if problem is not None:
-        return Outcome(ids, None, f"the tool returned a value that is not JSON: {problem}")
+        returned = type(output).__name__
+        raise UnstorableResult(f"the tool returned a value that is not JSON: {problem}", returned)
     return Outcome(ids, stored, None, context=patch)
 
 

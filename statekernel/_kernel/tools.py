@@ -28,7 +28,7 @@ from statekernel._records.values import as_stored
 from statekernel._storage.shielding import wait_ended
 from statekernel.errors import ConfigError, InvalidArgument, ToolError
 
-__all__ = ["SchemaTool", "Tool", "ToolContext", "ToolReturn", "tool"]
+__all__ = ["SchemaTool", "Tool", "ToolContext", "ToolReturn", "UnstorableResult", "tool"]
 
 _ARGS = strict_converter()
 
@@ -237,23 +237,39 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
+class UnstorableResult(ToolError):
+    """The tool's function returned, but its value cannot be stored (not JSON, or a
+    context patch that is not a JSON object): the call ran, its output is unknown to
+    the store. ``returned`` names the type of the value that could not be stored."""
+
+    def __init__(self, message: str, returned: str) -> None:
+        self.returned = returned
+        super().__init__(message)
+
+
 def _jsonable(name: str, value: Any) -> JSON:
     plain = record_converter.unstructure(value)
     stored, problem = as_stored(plain, "output")
     if problem is not None:  # a pydantic model, a datetime...: as pydantic writes them
         stored, problem = as_stored(typed.jsonable(plain), "output")
     if problem is not None:
-        raise ToolError(f"{name} returned a value that is not JSON: {problem}")
+        returned = type(value).__name__
+        raise UnstorableResult(f"{name} returned a value that is not JSON: {problem}", returned)
     return stored
 
 
 def _patch(name: str, result: ToolReturn) -> JSON:
     patch = result.context
+    returned = f"context patch of {type(patch).__name__}"
     if patch is not None and type(patch) is not dict:
-        raise ToolError(f"{name} returned a context patch that is not a JSON object")
+        raise UnstorableResult(
+            f"{name} returned a context patch that is not a JSON object", returned
+        )
     stored, problem = as_stored(patch, "context")
     if problem is not None:
-        raise ToolError(f"{name} returned a context patch that is not JSON: {problem}")
+        raise UnstorableResult(
+            f"{name} returned a context patch that is not JSON: {problem}", returned
+        )
     return stored
 
 

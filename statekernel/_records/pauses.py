@@ -39,17 +39,32 @@ __all__ = [
 
 @attrs.frozen
 class UncertainCall:
-    """A call left in flight by a stopped driver: its id, tool, input and attempt."""
+    """A call left in flight by a stopped driver: its id, tool, input and attempt.
+
+    ``returned``: the call ran and returned a value of this type that the store cannot
+    hold (not JSON), so its output is unknown to the store; None when whether it ran at
+    all is unknown (a crash).
+    """
 
     id: str
     name: str
     input: JSON = None
     attempt: int = 0
+    returned: str | None = None
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """The call as JSON (``{"id", "name", "input", "attempt"}``)."""
-        return {"id": self.id, "name": self.name, "input": self.input, "attempt": self.attempt}
+        """The call as JSON (``{"id", "name", "input", "attempt"}``, with ``"returned"``
+        when the call ran and returned a value that could not be stored)."""
+        doc: dict[str, Any] = {
+            "id": self.id,
+            "name": self.name,
+            "input": self.input,
+            "attempt": self.attempt,
+        }
+        if self.returned is not None:
+            doc["returned"] = self.returned
+        return doc
 
 
 @attrs.frozen

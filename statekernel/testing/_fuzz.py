@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 import itertools
+import json
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -28,6 +29,7 @@ from statekernel._kernel.middleware import ToolInvocation
 from statekernel._kernel.tools import Tool
 from statekernel._lifecycle.trace import DATA_EVENTS, DECLARED, transitions_of
 from statekernel._records.events import Event
+from statekernel._records.messages import JSON
 from statekernel._records.pauses import Uncertain
 from statekernel._records.run import MAX_TURNS, STATE_IDS, Run, Turn
 from statekernel._storage.protocol import CheckpointStore
@@ -208,8 +210,48 @@ async def run_history_ok(store: CheckpointStore, run_id: str) -> None:
         assert ends == after.state, f"r{after.revision} is {after.state}, its events end in {ends}"
 
 
-async def _settle(kernel: Kernel, run: Run, ledger: Ledger, approve: Any) -> bool:
-    """Act like an operator on a run at rest; False when it is completed."""
+@attrs.define
+class _Approvals:
+    """The pauses ``approve(run)`` answered, each at the point the run had reached (its
+    transcript, turns and calls done): a pause seen again at the same point after its
+    answer landed means the answer never satisfies it, and the run would pause forever."""
+
+    answered: dict[tuple[Any, ...], JSON] = attrs.Factory(dict)
+
+    @staticmethod
+    def point(run: Run) -> tuple[Any, ...]:
+        """The pause of ``run`` and how far the run got: what an answer must change."""
+        assert run.pause is not None
+        turn = run.current_turn
+        done = len(turn.completed) if turn is not None else 0
+        details = json.dumps(run.pause.metadata, sort_keys=True, default=repr)
+        return run.pause.reason, details, len(run.messages), len(run.turns), done
+
+    def check(self, run: Run) -> None:
+        """Fail fast when ``run`` is paused where an earlier answer left it."""
+        point = self.point(run)
+        if point not in self.answered:
+            return
+        assert run.pause is not None
+        raise AssertionError(
+            f"run {run.run_id!r} paused again with no progress after approve(run) answered"
+            f" {self.answered[point]!r:.200}: pause {run.pause.reason!r} with details"
+            f" {run.pause.metadata!r:.300}. Pass check_crash_resume an approve= that returns"
+            " what this pause waits for (the value its hook reads as run.resume_value),"
+            ' e.g. approve=lambda run: {"approve": run.pause.metadata["call"]}'
+        )
+
+    def done(self, run: Run, value: JSON) -> None:
+        """``value`` answered ``run``'s pause (its resume landed)."""
+        self.answered[self.point(run)] = value
+
+
+async def _settle(
+    kernel: Kernel, run: Run, ledger: Ledger, approve: Any, approvals: _Approvals | None = None
+) -> bool:
+    """Act like an operator on a run at rest; False when it is completed. ``approvals``:
+    the pauses answered so far (a pause seen again where an answer left it fails)."""
+    approvals = approvals if approvals is not None else _Approvals()
     if run.state == "completed":
         return False
     if run.state == "failed":
@@ -230,8 +272,11 @@ async def _settle(kernel: Kernel, run: Run, ledger: Ledger, approve: Any) -> boo
     elif run.pause is not None and run.pause.reason == MAX_TURNS:
         await kernel.resume(run.run_id, max_turns=(run.max_turns or 0) + 10)
     else:
+        approvals.check(run)
         value = approve(run)
-        await kernel.resume(run.run_id, value=await value if inspect.isawaitable(value) else value)
+        value = await value if inspect.isawaitable(value) else value
+        await kernel.resume(run.run_id, value=value)
+        approvals.done(run, value)
     return True
 
 
@@ -270,6 +315,7 @@ async def _drive(
     max_processes: int,
 ) -> tuple[Run, int, int]:
     processes = resolutions = 0
+    approvals = _Approvals()
     run_id: str = start.get("run_id") or "fuzzed-run"
     acked = -1
     while processes < max_processes:
@@ -290,7 +336,7 @@ async def _drive(
                         acked = max(acked, event.revision)
                 run = await kernel.get(run_id)
                 acked = max(acked, run.revision)
-                if not await _settle(kernel, run, ledger, approve):
+                if not await _settle(kernel, run, ledger, approve, approvals):
                     return run, processes, resolutions
                 resolutions += 1
         except Crash:
@@ -321,16 +367,21 @@ async def check_crash_resume(
     returning the store a new process opens (the same data each call). The run must not
     be in it yet (``InvalidArgument``): give each check a fresh store, or another
     ``start["run_id"]``. ``start`` holds ``kernel.start`` arguments. Paused runs are
-    resumed with ``approve(run)``; uncertain tool calls are resolved with what the tool
-    really did.
+    resumed with ``approve(run)`` (default: ``True``), which must return what the pause
+    waits for: an approval hook that pauses until ``run.resume_value`` names the call
+    needs ``approve=lambda run: {"approve": run.pause.metadata["call"]}`` or the like, and
+    a run that pauses again at the same point after its answer fails the check at once.
+    Uncertain tool calls are resolved with what the tool really did.
 
     Returns:
         The report: the crashes that fired, the processes used, the resolutions made,
             and the final run with the uninterrupted one it was compared with.
 
     Raises:
-        AssertionError: an invariant does not hold (named in the message), or the run
-            did not complete within ``max_processes`` processes.
+        AssertionError: an invariant does not hold (named in the message), the run
+            paused again with no progress after ``approve(run)`` answered its pause (the
+            pause's reason and details named), or it did not complete within
+            ``max_processes`` processes.
         InvalidArgument: the run is in ``store`` already.
     """
     if not isinstance(store, str):

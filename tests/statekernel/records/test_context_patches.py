@@ -27,7 +27,7 @@ async def choose(value: str, delay: float) -> sk.ToolReturn:
     return sk.ToolReturn("ok", context={"choice": value, "seen": {value: True}})
 
 
-@sk.tool
+@sk.tool(idempotent=True)  # a tool that is not pauses instead (test_unstorable_results)
 def broken() -> sk.ToolReturn:
     """Return a patch that is not an object."""
     return sk.ToolReturn("ok", context=["not", "an", "object"])

@@ -161,7 +161,7 @@ async def test_tool_outputs_and_resume_values_round_trip(reopen: Reopen) -> None
 
 
 async def test_tool_output_that_is_not_json_becomes_an_error_result(reopen: Reopen) -> None:
-    @sk.tool
+    @sk.tool(idempotent=True)  # else the run pauses (test_unstorable_results)
     async def huge() -> Any:
         """Too big a number."""
         return {"n": [2**64]}
@@ -172,7 +172,7 @@ async def test_tool_output_that_is_not_json_becomes_an_error_result(reopen: Reop
             return {"when": datetime(2020, 1, 1, tzinfo=UTC)}
         return result
 
-    @sk.tool
+    @sk.tool(idempotent=True)  # else the run pauses (test_unstorable_results)
     async def raw() -> Any:
         """Replaced by the middleware."""
         return {}
