@@ -42,6 +42,7 @@ from statekernel.stores._format.codec import (
 )
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._format.documents import dump_bytes, load_json
+from statekernel.stores._holders import holder_of
 from statekernel.stores._listing import page_of
 from statekernel.stores._owners import (
     Clock,
@@ -166,6 +167,12 @@ class MemoryStore(HostLeased, Closing):
         entry = self._entry(run_id)
         entry.lease = change(entry.lease)
         return entry.lease
+
+    async def holder(self, run_id: str) -> str | None:
+        """The live owner holding the run's lease, or None (``ShowsHolders``)."""
+        checked_run_id(run_id)
+        record = self._entry(run_id).lease
+        return holder_of(record, self._leases.clock(), self._leases.proofs)
 
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None

@@ -202,7 +202,8 @@ class OwnerProofs:
         self._mutex = threading.Lock()
         _all_proofs.add(self)
 
-    def _path(self, owner: str) -> Path:
+    def lock_path(self, owner: str) -> Path:
+        """The file whose OS lock proves ``owner`` alive."""
         assert self.folder is not None
         digest = hashlib.blake2b(owner.encode("utf-8", "surrogatepass"), digest_size=16)
         return self.folder / f"{digest.hexdigest()}.lock"
@@ -212,7 +213,7 @@ class OwnerProofs:
         with self._mutex:
             fd, count = self._held.get(owner, (-1, 0))
             if count == 0 and self.folder is not None:
-                fd = self._lock(self._path(owner))
+                fd = self._lock(self.lock_path(owner))
             self._held[owner] = (fd, count + 1)
             _count(owner, 1)
 
@@ -232,7 +233,7 @@ class OwnerProofs:
 
     def _unlock(self, owner: str, fd: int) -> None:
         with contextlib.suppress(OSError):
-            os.unlink(self._path(owner))
+            os.unlink(self.lock_path(owner))
         os.close(fd)
         if not self._held and self.folder is not None:
             with contextlib.suppress(OSError):
@@ -244,7 +245,7 @@ class OwnerProofs:
             return True
         if self.folder is None:
             return False  # owners of this process only, and this one holds nothing
-        path = self._path(owner)
+        path = self.lock_path(owner)
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:

@@ -16,6 +16,7 @@ from statekernel._secrets import redact, redact_url, remember_url
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import StoreError
 from statekernel.stores._doctor_probe import DAMAGED, OK, WARNING, Finding, LeaseView, RunRef
+from statekernel.stores.postgres._connections import DRIVER_ERRORS, clean, discard
 from statekernel.stores.postgres._keys import lock_parts
 from statekernel.stores.postgres._ops import lease_record
 from statekernel.stores.postgres._schema import STORE_VERSION, layout_version
@@ -50,8 +51,16 @@ class PostgresProbe:
                     self.target.dsn, statement_cache_size=0 if self.target.pgbouncer else 100
                 )
             return list(await self._conn.fetch(sql, *args))
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, ValueError) as exc:
+        except (*DRIVER_ERRORS, ValueError) as exc:
+            self._in_doubt(exc)
             raise self._error(exc) from exc  # ValueError: a DSN asyncpg cannot read
+
+    def _in_doubt(self, exc: BaseException) -> None:
+        """Drop the connection after an error that leaves its state in doubt (the next
+        query opens a new one)."""
+        if self._conn is not None and not clean(exc):
+            conn, self._conn = self._conn, None
+            discard(conn)
 
     async def settings(self) -> list[Finding]:
         """The layout version, ``synchronous_commit`` and ``fsync``; a schema without a
@@ -59,7 +68,8 @@ class PostgresProbe:
         await self._query("SELECT 1")
         try:
             version = await layout_version(self._conn, self.target.schema)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        except DRIVER_ERRORS as exc:
+            self._in_doubt(exc)
             raise self._error(exc) from exc
         if version is None:
             raise StoreError(f"no Postgres store in {self.subject!r}: the schema holds no store")

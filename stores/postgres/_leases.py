@@ -55,6 +55,7 @@ __all__ = [
     "decide",
     "fence",
     "give_back",
+    "holder",
     "keep_fence",
     "renew",
     "take_over",
@@ -124,16 +125,25 @@ def decide(row: Held, claim: Claim) -> tuple[bool, float | None]:
     return row.now - row.suspect >= GRACE, row.suspect
 
 
-_READ = """
-SELECT l.token, l.owner, l.expires, l.proof, l.suspect, r.fence,
-  extract(epoch FROM clock_timestamp())::float8,
+_HELD = """
   l.lock_key IS NOT NULL AND EXISTS (
     SELECT 1 FROM pg_locks k WHERE k.locktype = 'advisory' AND k.granted
       AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())
       AND k.classid = ((l.lock_key >> 32) & 4294967295)::oid
       AND k.objid = (l.lock_key & 4294967295)::oid AND k.objsubid = 1)
-FROM {leases} l JOIN {runs} r ON r.run_id = l.run_id
+"""
+"""Whether some session holds the lock ``lock_key`` of lease row ``l``."""
+
+_READ = f"""
+SELECT l.token, l.owner, l.expires, l.proof, l.suspect, r.fence,
+  extract(epoch FROM clock_timestamp())::float8, {_HELD}
+FROM {{leases}} l JOIN {{runs}} r ON r.run_id = l.run_id
 WHERE l.run_id = $1 FOR UPDATE OF l
+"""
+
+_LOOK = f"""
+SELECT l.owner, l.expires, l.proof, extract(epoch FROM clock_timestamp())::float8, {_HELD}
+FROM {{runs}} r LEFT JOIN {{leases}} l ON l.run_id = r.run_id WHERE r.run_id = $1
 """
 
 
@@ -242,3 +252,21 @@ async def keep_fence(conn: Any, t: Tables, run_id: str, at_least: int) -> None:
     )
     if done is None:
         raise RunNotFound(run_id)
+
+
+async def holder(conn: Any, t: Tables, run_id: str) -> str | None:
+    """The owner holding the run while it lives, read without writing (no mark is set
+    or cleared): None when its lease is free or expired on the server's clock, or when
+    a ``lock`` owner's lock is free (it is gone, or taking its lock again)."""
+    row = await conn.fetchrow(_LOOK.format(leases=t.leases, runs=t.runs), run_key(run_id))
+    if row is None:
+        raise RunNotFound(run_id)
+    if row[0] is None or row[1] is None or row[1] <= row[3]:
+        return None
+    try:
+        owner = bytes(row[0]).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise damaged_lease(run_id, t.where, f"owner is not UTF-8: {exc}") from exc
+    if local_owner(owner) or row[2] != LOCK or row[4]:
+        return owner
+    return None

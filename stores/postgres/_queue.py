@@ -30,6 +30,7 @@ from typing import Any
 
 from statekernel._storage.queues import DeadLetter, QueueEntry, checked_queue_name
 from statekernel._storage.shielding import shielded
+from statekernel.stores.postgres._connections import discard, lost
 from statekernel.stores.postgres._ops import Tables, run_key
 
 __all__ = ["DEAD_MAX", "POLL_SECONDS", "PostgresRunQueue", "channel_of"]
@@ -200,7 +201,7 @@ class PostgresRunQueue:
             return False
         async with self._lock:
             conn = self._listener
-            if conn is not None and not conn.is_closed():
+            if conn is not None and not lost(conn):
                 return True
             if conn is not None:
                 self._listener = None
@@ -209,6 +210,7 @@ class PostgresRunQueue:
             try:
                 await conn.add_listener(self.channel, self._notified)
             except BaseException as exc:
+                discard(conn)  # its state is in doubt
                 await self._release(conn)
                 typed = self._typed(exc)
                 if typed is exc:
@@ -232,7 +234,7 @@ class PostgresRunQueue:
             if conn is None:
                 return
             with contextlib.suppress(Exception):
-                if not conn.is_closed():
+                if not lost(conn):
                     await conn.remove_listener(self.channel, self._notified)
             await self._release(conn)
 

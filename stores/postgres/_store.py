@@ -79,6 +79,13 @@ from statekernel.stores._tables import (
 )
 from statekernel.stores.postgres import _leases as leases
 from statekernel.stores.postgres import _ops as ops
+from statekernel.stores.postgres._connections import (
+    DRIVER_ERRORS,
+    borrowed,
+    discard,
+    give_back,
+    lost,
+)
 from statekernel.stores.postgres._leases import EFFECT_WINDOW, LOCK, RENEWAL, Claim
 from statekernel.stores.postgres._owners import OwnerLocks
 from statekernel.stores.postgres._queue import PostgresRunQueue
@@ -104,9 +111,10 @@ locks, one for everything else. Each connection that listens (a run queue being 
 the store's watches) needs one more: a listener that would leave none for the rest is
 refused (``ConfigError``), as commits would wait for a connection forever."""
 
-_DRIVER_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, OverflowError)
-"""What asyncpg raises for a server, connection or value it cannot send (a
-``StoreError`` here); ``BadRow`` is damage (``CorruptCheckpoint``)."""
+_DRIVER_ERRORS = DRIVER_ERRORS
+"""What asyncpg raises for a server, connection or value it cannot send, its protocol
+errors after a server fault included (a ``StoreError`` here, ``_connections``);
+``BadRow`` is damage (``CorruptCheckpoint``)."""
 
 
 class PostgresStore(Closing):
@@ -218,7 +226,7 @@ class PostgresStore(Closing):
                         statement_cache_size=0 if self.pgbouncer else 100,
                         server_settings=None if self._notify else {"statekernel.notify": "off"},
                     )
-                async with self._pool.acquire() as conn:
+                async with borrowed(self._pool) as conn:
                     if self.read_only:
                         await self._check_layout(conn)
                     else:
@@ -246,12 +254,13 @@ class PostgresStore(Closing):
 
     async def _run(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """``fn(connection, tables, *args)`` on a connection of the pool, to its end even
-        if the caller is cancelled (no half transactions, nothing left running)."""
+        if the caller is cancelled (no half transactions, nothing left running); a
+        connection whose state a fault put in doubt is discarded (``_connections``)."""
         pool = await self._open()
 
         async def work() -> T:
             try:
-                async with pool.acquire() as conn:
+                async with borrowed(pool) as conn:
                     return await fn(conn, self._t, *args)
             except (*_DRIVER_ERRORS, BadRow) as exc:
                 raise self._typed(exc) from exc
@@ -286,14 +295,20 @@ class PostgresStore(Closing):
             raise
 
     async def _owner_done(self, conn: Any) -> None:
+        """Give back a connection of ``_owner_conn`` with its session's advisory locks
+        released; one that fails to release them is discarded (its session ends, and
+        its locks with it). Never raises, but for a cancellation."""
         if self._pool is None:
             return
         try:
-            if not conn.is_closed():
+            if not lost(conn):
                 await conn.execute("SELECT pg_advisory_unlock_all()")
-            await self._pool.release(conn)
-        except _DRIVER_ERRORS:
-            conn.terminate()  # the session ends, and its locks with it
+        except Exception:
+            discard(conn)
+        except BaseException:
+            discard(conn)
+            raise
+        await give_back(self._pool, conn)
 
     # -- reads ---------------------------------------------------------------------
 
@@ -535,12 +550,8 @@ class PostgresStore(Closing):
         """Give a queue's listening connection back to the pool (its session's
         ``LISTEN`` ends there: the pool resets what a session set)."""
         self._listeners -= 1
-        if self._pool is None:
-            return
-        try:
-            await self._pool.release(conn)
-        except _DRIVER_ERRORS:
-            conn.terminate()
+        if self._pool is not None:
+            await give_back(self._pool, conn)  # discarded when it cannot be reused
 
     # -- leases --------------------------------------------------------------------
 
@@ -583,6 +594,12 @@ class PostgresStore(Closing):
             await self._run(leases.give_back, lease.run_id, lease.owner, _token(lease))
         finally:
             await self._owner_locks(self._owners.drop(lease.owner))
+
+    async def holder(self, run_id: str) -> str | None:
+        """The live owner holding the run, read without writing (``ShowsHolders``): a
+        store opened read-only, by a role that may only read, answers too."""
+        checked_run_id(run_id)
+        return await self._run(leases.holder, run_id)
 
     async def fence(self, run_id: str) -> int:
         """The largest fencing token given for the run (``KeepsFences``)."""
@@ -645,6 +662,7 @@ class _Listening:
             await conn.add_listener(self.channel, self._notified)
             conn.add_termination_listener(self._ended)
         except BaseException as exc:
+            discard(conn)  # its state is in doubt
             await self.store._listener_done(conn)
             typed = self.store._driver_error(exc)
             if typed is exc:
@@ -706,12 +724,12 @@ class _Listening:
         try:
             with contextlib.suppress(*_DRIVER_ERRORS):
                 conn.remove_termination_listener(self._ended)
-                if not conn.is_closed():
+                if not lost(conn):
                     unlisten = conn.remove_listener(self.channel, self._notified)
                     await asyncio.wait_for(unlisten, STOP_WITHIN)
             await asyncio.wait_for(self.store._listener_done(conn), STOP_WITHIN)
         except TimeoutError:
-            conn.terminate()
+            discard(conn)
 
 
 STOP_WITHIN = 5.0

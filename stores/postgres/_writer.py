@@ -4,9 +4,11 @@
 savepoint of its own (compare-and-set on the head and the lease check, exactly as a
 lone commit); a refused commit (stale head, ``LeaseLost``, a value the server refuses)
 rolls back to its savepoint, so only its own writes are undone, and its outcome is
-that exception. When the transaction itself fails (the connection is lost, ``COMMIT``
-fails), no commit of the batch landed and every caller gets a ``StoreError``. A batch
-of one needs no savepoint: its transaction is its savepoint.
+that exception. Any other failure (the connection is lost, the session ends, the
+driver's protocol fails: ``_connections.clean``) fails the transaction itself, whose
+end is then unknown: every caller of the batch gets a ``StoreError``, and the commit
+settles whether it landed. A batch of one needs no savepoint: its transaction is its
+savepoint.
 
 The commits of a batch take their rows' locks in the order of their run ids (a run's
 lease row, then its run row), as every other operation of the store takes them, so
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from statekernel.stores._tables import Outcome, Pending
+from statekernel.stores.postgres._connections import clean, lost
 from statekernel.stores.postgres._ops import Tables, apply_commit
 
 __all__ = ["Outcome", "Pending", "write_commits"]
@@ -34,7 +37,7 @@ async def write_commits(
             async with conn.transaction():
                 return [await apply_commit(conn, t, one.run_id, one.expect, one.rows, one.fence)]
         except Exception as exc:
-            if conn.is_closed():
+            if lost(conn) or not clean(exc):
                 raise  # the transaction's end is unknown: the batch failed
             return [exc]
     outcomes: dict[int, Outcome | BaseException] = {}
@@ -45,7 +48,7 @@ async def write_commits(
                 async with conn.transaction():  # a savepoint
                     outcomes[i] = await apply_commit(conn, t, p.run_id, p.expect, p.rows, p.fence)
             except Exception as exc:
-                if conn.is_closed():
+                if lost(conn) or not clean(exc):
                     raise
                 outcomes[i] = exc
     return [outcomes[i] for i in range(len(batch))]

@@ -35,6 +35,7 @@ __all__ = [
     "lease_op",
     "read_events",
     "read_head",
+    "read_lease",
     "read_parts",
     "transaction",
 ]
@@ -160,6 +161,15 @@ def _fenced_head(
         kept_record(record, run_id, _where(conn), expected=row[1] == expected), fence, expected
     )
     return row[0], row[1]
+
+
+def read_lease(conn: sqlite3.Connection, run_id: str) -> LeaseRecord | None:
+    """The run's lease record, read without writing; ``RunNotFound`` when there is no
+    such run."""
+    with transaction(conn):
+        if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+            raise RunNotFound(run_id)
+        return _lease(conn, run_id)
 
 
 def lease_op(

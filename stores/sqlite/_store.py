@@ -66,6 +66,7 @@ from statekernel.stores._format.codec import (
 from statekernel.stores._format.dicts import dump_entry
 from statekernel.stores._format.documents import dump_bytes, enc_time, load_json
 from statekernel.stores._group import GroupCommit
+from statekernel.stores._holders import holder_of
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._owners import Clock, HostLeased, HostLeases, LeaseChange, LeaseRecord
 from statekernel.stores._tables import (
@@ -94,6 +95,7 @@ from statekernel.stores.sqlite._ops import (
     lease_op,
     read_events,
     read_head,
+    read_lease,
     read_parts,
 )
 from statekernel.stores.sqlite._schema import check_layout, migrate_schema
@@ -293,6 +295,13 @@ class SQLiteStore(HostLeased, Closing):
 
     async def _apply(self, run_id: str, change: LeaseChange) -> LeaseRecord | None:
         return await shielded(self._call(lease_op, run_id, change))
+
+    async def holder(self, run_id: str) -> str | None:
+        """The live owner holding the run's lease, or None (``ShowsHolders``): read
+        without writing, so a store opened read-only tells too."""
+        checked_run_id(run_id)
+        record = await shielded(self._call(read_lease, run_id))
+        return holder_of(record, self._leases.clock(), self._leases.proofs)
 
     async def _commit(self, cp: Checkpoint, lease: Lease | None) -> None:
         run_id = cp.run.run_id

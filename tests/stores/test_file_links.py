@@ -359,7 +359,7 @@ def test_an_owner_lock_planted_as_a_link_is_refused(tmp_path: Path) -> None:
     proofs = OwnerProofs(folder)
     folder.mkdir(mode=0o700)
     target = tmp_path / "victim"
-    os.symlink(target, proofs._path("owner-1"))
+    os.symlink(target, proofs.lock_path("owner-1"))
     with pytest.raises(StoreError, match="owner lock"):
         proofs.hold("owner-1")
     with pytest.raises(StoreError, match="owner lock"):

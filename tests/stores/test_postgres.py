@@ -18,12 +18,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from statekernel.errors import ConfigError, RunBusy, StoreError
+from statekernel.errors import ConfigError, RunBusy, RunNotFound, StoreError
 from statekernel.stores import Checkpoint, Migration, PostgresStore, migrate, open_store, watch
 from statekernel.stores.postgres._schema import STORE_VERSION
 from statekernel.stores.postgres._url import parse_postgres_url
 from statekernel.testing._store_cases import events_for, next_revision, sample_run
 
+from ..conftest import pg_value
 from .conftest import HeldUnlisten
 
 pytestmark = pytest.mark.postgres
@@ -553,3 +554,32 @@ async def test_closing_ends_though_a_connection_is_never_given_back(
     assert pool.is_closing()
     with pytest.raises(asyncpg.InterfaceError):  # the held connection was cut
         await held.fetchval("SELECT 1")
+
+
+async def test_a_reader_sees_who_holds_a_run_without_writing(postgres_store_url: str) -> None:
+    """``holder`` reads the row's proof as a taker does, and writes nothing: a store
+    opened read-only answers, and a dead owner's row is left unmarked."""
+    store = PostgresStore(postgres_store_url)
+    await store.commit(Checkpoint.between(None, sample_run("held")))
+    reader = PostgresStore(postgres_store_url, read_only=True)
+    holder, pid = await _holder(postgres_store_url, 600)
+    try:
+        assert await reader.holder("held") == "owner-elsewhere"
+        holder.send_signal(signal.SIGKILL)
+        await holder.wait()
+        await _gone(parse_postgres_url(postgres_store_url).dsn, pid)
+        assert await reader.holder("held") is None
+        schema = _schema(postgres_store_url)
+        suspect = pg_value(
+            parse_postgres_url(postgres_store_url).dsn,
+            f'SELECT suspect FROM "{schema}".leases',
+        )
+        assert suspect is None
+        with pytest.raises(RunNotFound):
+            await reader.holder("missing")
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+            await holder.wait()
+        await reader.aclose()
+        await store.aclose()
