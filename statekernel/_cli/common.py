@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shlex
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -32,8 +33,10 @@ __all__ = [
     "open_cli_kernel",
     "open_cli_store",
     "run_async",
+    "run_hint",
     "show_error",
     "store_url",
+    "warnings_shown",
 ]
 
 EXIT_USER_ERROR = 2
@@ -118,9 +121,11 @@ def check_existing_store(url: str) -> None:
         raise UserError(f"no file store at {str(store.root)!r}: the folder does not exist")
 
 
-def command_hint(command: str, store: str | None, agent: str | None = None) -> str:
-    """``command`` with the ``--store`` and ``--agent`` it needs to work as printed (a
-    store URL holding a password shows as ``URL``)."""
+def command_hint(
+    command: str, store: str | None, agent: str | None = None, *, queue: str | None = None
+) -> str:
+    """``command`` with the ``--store``, ``--agent`` and ``--queue`` it needs to work as
+    printed, each shell-quoted (a store URL holding a password shows as ``URL``)."""
     from statekernel.stores import redact_url
 
     hint = command
@@ -129,7 +134,50 @@ def command_hint(command: str, store: str | None, agent: str | None = None) -> s
         hint += " --store " + (shlex.quote(shown) if shown == store else "URL")
     if agent:
         hint += " --agent " + shlex.quote(agent)
+    if queue:
+        hint += " --queue " + shlex.quote(queue)
     return hint
+
+
+def run_hint(
+    action: str, run_id: str, store: str | None, agent: str | None = None, *more: str
+) -> str:
+    """The command ``statekernel runs ACTION RUN_ID [MORE...]`` with the ``--store`` and
+    ``--agent`` it was given, every part shell-quoted so that it runs as printed."""
+    words = ["statekernel", "runs", action, run_id, *more]
+    return command_hint(" ".join(shlex.quote(w) for w in words), store, agent)
+
+
+class _ShownWarnings(logging.Handler):
+    """Prints the library's warnings (a wait for a run another owner holds, a commit
+    tried again, a lease lost) on stderr, one line each, escapes shown escaped."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(visible(one_line(record.getMessage())), file=sys.stderr)
+        except Exception:  # a logging handler never raises into the code that logs
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def warnings_shown() -> Iterator[None]:
+    """While a command drives or changes runs, the ``statekernel`` logger's warnings
+    reach stderr, whatever logging the application (``--agent``) set up: a wait for a
+    run another owner holds (who holds it, and for how long at most) is never silent.
+    They go to stderr only (not also to the application's handlers) meanwhile."""
+    log = logging.getLogger("statekernel")
+    handler = _ShownWarnings(logging.WARNING)
+    level, propagate = log.level, log.propagate
+    log.addHandler(handler)
+    if log.getEffectiveLevel() > logging.WARNING:
+        log.setLevel(logging.WARNING)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = propagate
 
 
 @contextlib.asynccontextmanager

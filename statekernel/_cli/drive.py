@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import importlib.util
 import os
-import shlex
 import signal
 import sys
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -17,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
 
-from statekernel._cli.common import Output, UserError, command_hint
+from statekernel._cli.common import Output, UserError, run_hint
 from statekernel._cli.demo import demo_kernel, is_demo_run
 from statekernel._cli.view import EventPrinter, short
 from statekernel._cli.visible import visible
@@ -39,10 +38,10 @@ class CrashPoint:
     nth: int = 1
 
 
-def _crash(event_type: str, run_id: str, revision: int, hint: str, out: Output) -> None:
+def _crash(event_type: str, run_id: str, revision: int, hint: str, shown: str, out: Output) -> None:
     out.console.print()
     then = (
-        f"The run had completed: nothing is left to resume (statekernel runs show {run_id})."
+        f"The run had completed: nothing is left to resume ({shown})."
         if event_type == "run_completed"
         else f"Finish the run with: {hint}"
     )
@@ -68,17 +67,23 @@ async def drive(
     crash: CrashPoint | None = None,
     crash_hint: str = "",
     messages: Sequence[str] = (),
+    store: str | None = None,
+    agent: str | None = None,
 ) -> Run:
     """Run ``run_id`` until it rests, showing its events; returns the run at rest.
 
-    ``messages`` are new user input, committed with the first commit of the drive.
+    ``messages`` are new user input, committed with the first commit of the drive. The
+    commands it suggests (after Ctrl-C, after a simulated crash) carry ``store`` and
+    ``agent`` (``--store``, ``--agent`` as given); ``crash_hint`` replaces the resume
+    command a crash suggests.
     """
+    resume = run_hint("resume", run_id, store, agent)
     printer = EventPrinter(out.console)
     waiting = ModelWait(out.errors, (await kernel.get(run_id)).model)
     calls = InFlight()
     seen = 0
     try:
-        with interruptible(run_id, calls, out.errors):
+        with interruptible(run_id, calls, out.errors, resume):
             async for event in kernel.run(run_id, *messages):
                 calls.saw(event)
                 waiting.saw(event)
@@ -90,7 +95,9 @@ async def drive(
                     seen += 1
                     if seen == crash.nth:
                         waiting.stop()
-                        _crash(event.type, run_id, event.revision, crash_hint, out)
+                        shown = run_hint("show", run_id, store)
+                        hint = crash_hint or resume
+                        _crash(event.type, run_id, event.revision, hint, shown, out)
     finally:
         waiting.stop()
     printer.close()
@@ -129,10 +136,12 @@ class InFlight:
 
 
 @contextlib.contextmanager
-def interruptible(run_id: str, calls: InFlight, errors: Console) -> Iterator[None]:
+def interruptible(run_id: str, calls: InFlight, errors: Console, hint: str = "") -> Iterator[None]:
     """Ctrl-C during the block stops the drive (the current task is cancelled) and says
-    what it waits for (a sync tool cannot be cut short); a second Ctrl-C exits at once
-    (130), as a crash would: the run resumes from its last commit."""
+    what it waits for (a sync tool cannot be cut short) and ``hint``, the command that
+    resumes the run (by default without options); a second Ctrl-C exits at once (130),
+    as a crash would: the run resumes from its last commit."""
+    resume = hint or run_hint("resume", run_id, None)
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     presses = 0
@@ -144,7 +153,7 @@ def interruptible(run_id: str, calls: InFlight, errors: Console) -> Iterator[Non
             _exit_now(errors)
         errors.print(
             f"interrupted: stopping run {run_id}, waiting for {calls.describe()} "
-            f"(Ctrl-C again to exit now; the run resumes with: statekernel runs resume {run_id})",
+            f"(Ctrl-C again to exit now; the run resumes with: {resume})",
             markup=False,
             highlight=False,
             soft_wrap=True,
@@ -260,22 +269,21 @@ def uncertain_hint(run: Run, store: str | None, agent: str | None) -> str:
     say what happened to it (each a command that works as printed), then the resume."""
     pause = run.pause
     calls = pause.details.unresolved if pause and isinstance(pause.details, Uncertain) else ()
-    rid = shlex.quote(run.run_id)
     lines = ["say what happened to each call, with one of:"]
     for c in calls:
         lines.append(f"  call {c.id} ({c.name}), attempt {c.attempt}:")
-        base = f"statekernel runs resolve {rid} {shlex.quote(c.id)}"
         for option, meaning in _RESOLUTIONS:
-            lines.append(f"    {command_hint(base + option, store)}   # {meaning}")
-    resume = command_hint(f"statekernel runs resume {rid}", store, agent)
+            said = run_hint("resolve", run.run_id, store, agent, c.id, *option)
+            lines.append(f"    {said}   # {meaning}")
+    resume = run_hint("resume", run.run_id, store, agent)
     lines.append(f"then continue the run: {resume}")
     return "\n".join(visible(line) for line in lines)
 
 
-_RESOLUTIONS = (
-    (""" --output '{"result": "..."}'""", "it ran and returned this JSON"),
-    (" --error 'what went wrong'", "it failed with this error"),
-    (" --rerun", "it did not run (or may run again): run it again"),
+_RESOLUTIONS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("--output", '{"result": "..."}'), "it ran and returned this JSON"),
+    (("--error", "what went wrong"), "it failed with this error"),
+    (("--rerun",), "it did not run (or may run again): run it again"),
 )
 
 
@@ -306,7 +314,7 @@ async def resume_run(
         what = "demo run" if is_demo_run(run) else "run"
         note = f"resuming {what} {run_id} from {run.state} (revision {run.revision})"
         out.note(visible(note), markup=False)
-        return await drive(kernel, run_id, out)
+        return await drive(kernel, run_id, out, store=store_flag, agent=agent_flag)
 
 
 async def send_run(
@@ -316,13 +324,16 @@ async def send_run(
     out: Output,
     *,
     agent: Mapping[str, Any] | None = None,
+    store_flag: str | None = None,
+    agent_flag: str | None = None,
 ) -> Run:
-    """Add a user message to a run at rest (completed, paused or failed) and drive it."""
+    """Add a user message to a run at rest (completed, paused or failed) and drive it;
+    the commands it suggests carry ``store_flag`` and ``agent_flag`` as given."""
     run = await store.load(run_id)
     async with _acting_on(await kernel_for_run(run, store, agent), run_id) as kernel:
         note = f"sending to run {run_id} ({run.state} at revision {run.revision})"
         out.note(visible(note), markup=False)
-        return await drive(kernel, run_id, out, messages=[text])
+        return await drive(kernel, run_id, out, messages=[text], store=store_flag, agent=agent_flag)
 
 
 @contextlib.asynccontextmanager

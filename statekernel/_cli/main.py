@@ -23,7 +23,6 @@ from statekernel._cli.common import (
     Output,
     UserError,
     check_existing_store,
-    command_hint,
     common_options,
     debug_enabled,
     one_line,
@@ -139,8 +138,7 @@ def demo(
             where = redact_url(store_url(store))
             shown = escape(visible(run.run_id))
             out.note(f"demo run [bold]{shown}[/bold] on {escape(chosen)} (store {where})")
-            hint = command_hint(f"statekernel runs resume {run.run_id}", store)
-            return await drive(kernel, run.run_id, out, crash=crash, crash_hint=hint)
+            return await drive(kernel, run.run_id, out, crash=crash, store=store)
 
     run = run_async(go())
     out.note(summary_line(run, store), markup=False)

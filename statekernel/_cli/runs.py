@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,6 +21,9 @@ from statekernel._cli.common import (
     open_cli_kernel,
     open_cli_store,
     run_async,
+    run_hint,
+    store_url,
+    warnings_shown,
 )
 from statekernel._cli.drive import resume_run, send_run, summary_line
 from statekernel._cli.prune import prune
@@ -34,11 +36,15 @@ from statekernel._cli.view import (
 )
 from statekernel._cli.visible import visible
 from statekernel._cli.worker import load_agent
+from statekernel._kernel.kernel import Kernel
 from statekernel._lifecycle.diagram import FORMATS
 from statekernel._records.run import STATE_IDS, Run, StateId
+from statekernel._storage.holders import driven
 from statekernel._storage.protocol import CheckpointStore, RunSummary
+from statekernel._storage.queues import RunQueues
 from statekernel._storage.watching import Watches, watch
-from statekernel.errors import RunBusy, RunNotFound
+from statekernel.errors import RunNotFound, StoreError
+from statekernel.stores import redact_url
 
 __all__ = ["runs"]
 
@@ -152,19 +158,34 @@ def show(run_id: str, revision: int | None, full: bool, store: str | None, as_js
 # -- events ------------------------------------------------------------------------
 
 IDLE_NOTE_AFTER = 3.0
-"""Seconds without a new event after which ``events --follow`` checks that someone
-drives the run."""
+"""Seconds without a new event after which ``events --follow`` looks whether someone
+drives the run (reading only: a reader never takes a lease, on a store opened
+read-only or any other)."""
 
 
-async def _driven(store: CheckpointStore, run_id: str) -> bool:
-    """Whether a live owner holds the run's lease: a probe takes it for a moment when
-    nobody does (and gives it back at once)."""
+async def _driven(store: CheckpointStore, run_id: str) -> bool | None:
+    """Whether a live owner holds the run's lease, read without writing (None: the
+    store cannot tell, or cannot now: its owners' lock files are not readable here)."""
     try:
-        lease = await store.acquire(run_id, f"events-follow-{os.getpid()}", ttl=5.0)
-    except RunBusy:
-        return True
-    await store.release(lease)
-    return False
+        return await driven(store, run_id)
+    except StoreError:
+        return None
+
+
+def _idle_note(run: Run, driven: bool | None, store: str | None) -> str | None:
+    """What ``events --follow`` says of a run that has been quiet for a while: nothing
+    while a live owner drives it; a hint to resume it when nobody does, or when the
+    store cannot tell (``driven`` None)."""
+    if driven:
+        return None
+    hint = command_hint(f"statekernel runs resume {run.run_id}", store)
+    where = f"run {run.run_id} is in {run.state} at revision {run.revision}"
+    if driven is None:
+        return (
+            f"{where} and has committed nothing for {IDLE_NOTE_AFTER:.0f} s; if no process"
+            f" drives it any more (its last owner stopped or died): {hint}"
+        )
+    return f"{where} and no process drives it (its last owner stopped or died): {hint}"
 
 
 @runs.command("events")
@@ -211,12 +232,8 @@ def events(
                 return
             if not told and loop.time() - quiet_since >= IDLE_NOTE_AFTER:
                 told = True
-                if not await _driven(s, run_id):
-                    hint = command_hint(f"statekernel runs resume {run_id}", store)
-                    note = (
-                        f"run {run_id} is in {run.state} at revision {run.revision} and no "
-                        f"process drives it (its last owner stopped or died): {hint}"
-                    )
+                note = _idle_note(run, await _driven(s, run_id), store)
+                if note is not None:
                     out.note(visible(note), markup=False)
             if notices is None:
                 await asyncio.sleep(interval)
@@ -279,7 +296,8 @@ def resume(
                 agent_flag=agent,
             )
 
-    run = run_async(go())
+    with warnings_shown():
+        run = run_async(go())
     out.note(summary_line(run, store, agent), markup=False)
     _exit_for(run)
 
@@ -300,9 +318,12 @@ def send(run_id: str, text: str, agent: str | None, store: str | None, as_json: 
 
     async def go() -> Run:
         async with open_cli_store(store) as s:
-            return await send_run(s, run_id, text, out, agent=options)
+            return await send_run(
+                s, run_id, text, out, agent=options, store_flag=store, agent_flag=agent
+            )
 
-    run = run_async(go())
+    with warnings_shown():
+        run = run_async(go())
     out.note(summary_line(run, store, agent), markup=False)
     _exit_for(run)
 
@@ -331,6 +352,12 @@ def _parse_output(text: str) -> Any:
 @click.option("--output", "output", metavar="JSON", help="The call ran and returned this.")
 @click.option("--error", "error", metavar="TEXT", help="The call failed with this error.")
 @click.option("--rerun", is_flag=True, help="Run the call again.")
+@click.option(
+    "--agent",
+    metavar="MODULE:FUNCTION",
+    help="Kernel arguments (tools, hooks, providers) of the run's application; the resume "
+    "command suggested carries it.",
+)
 @common_options
 def resolve(
     run_id: str,
@@ -338,6 +365,7 @@ def resolve(
     output: str | None,
     error: str | None,
     rerun: bool,
+    agent: str | None,
     store: str | None,
     as_json: bool,
 ) -> None:
@@ -349,14 +377,16 @@ def resolve(
     """
     if (output is not None) + (error is not None) + rerun != 1:
         raise UserError("give exactly one of --output, --error or --rerun")
+    options = load_agent(agent)
 
     async def go() -> Run:
-        async with open_cli_kernel(store) as kernel:
+        async with open_cli_kernel(store, **options) as kernel:
             if output is not None:
                 return await kernel.resolve_tool_call(run_id, call_id, output=_parse_output(output))
             return await kernel.resolve_tool_call(run_id, call_id, error=error, rerun=rerun)
 
-    run = run_async(go())
+    with warnings_shown():
+        run = run_async(go())
     out = Output(as_json)
     if as_json:
         out.json(run)
@@ -366,9 +396,53 @@ def resolve(
     else:
         said = (
             f"resolved {call_id}; run {run_id} is back in {run.state}: continue it with: "
-            + command_hint(f"statekernel runs resume {run_id}", store)
+            + run_hint("resume", run_id, store, agent)
         )
         out.console.print(visible(said), markup=False)
+
+
+# -- submit ------------------------------------------------------------------------
+
+
+@runs.command("submit")
+@click.argument("run_id")
+@click.option("--queue", default="default", show_default=True, help="Run queue to put it on.")
+@click.option(
+    "--agent",
+    metavar="MODULE:FUNCTION",
+    help="The run's application (tools, hooks, providers): the worker command suggested "
+    "carries it.",
+)
+@common_options
+def submit(run_id: str, queue: str, agent: str | None, store: str | None, as_json: bool) -> None:
+    """Hand a run to the workers of a run queue (``statekernel worker --queue``).
+
+    Needs a store with run queues (Redis or PostgreSQL). The run goes on in whichever
+    worker takes it: one driving it now waits for this process's owner to let it go.
+    """
+    load_agent(agent)  # checked now: the command suggested must work as printed
+
+    async def go() -> tuple[str, Run]:
+        async with open_cli_store(store) as s:
+            if not isinstance(s, RunQueues):
+                shown = redact_url(store_url(store))
+                raise UserError(
+                    f"the store {shown} has no run queues: runs submit needs a Redis "
+                    "(redis://, rediss://) or PostgreSQL (postgresql://) store"
+                )
+            run = await s.load(run_id)  # RunNotFound before anything is queued
+            async with Kernel(s) as kernel:
+                return await kernel.submit(run_id, queue=queue), run
+
+    entry, run = run_async(go())
+    out = Output(as_json)
+    if as_json:
+        out.json({"run_id": run_id, "queue": queue, "entry": entry, "state": run.state})
+        return
+    said = f"submitted run {run_id} ({run.state} at revision {run.revision}) to queue {queue!r}"
+    out.console.print(visible(said), markup=False)
+    hint = command_hint("statekernel worker", store, agent, queue=queue)
+    out.console.print(visible(f"a worker drives it: {hint}"), markup=False)
 
 
 # -- fork / delete -----------------------------------------------------------------
@@ -377,9 +451,16 @@ def resolve(
 @runs.command("fork")
 @click.argument("run_id")
 @click.option("--at", "at", type=click.IntRange(0), help="Revision to fork from (default: head).")
+@click.option(
+    "--agent",
+    metavar="MODULE:FUNCTION",
+    help="The run's application (tools, hooks, providers): the resume command suggested "
+    "carries it.",
+)
 @common_options
-def fork(run_id: str, at: int | None, store: str | None, as_json: bool) -> None:
+def fork(run_id: str, at: int | None, agent: str | None, store: str | None, as_json: bool) -> None:
     """Start a new, independent run from a run as it was at a revision."""
+    load_agent(agent)  # checked now: the command suggested must work as printed
 
     async def go() -> Run:
         async with open_cli_kernel(store) as kernel:
@@ -391,7 +472,7 @@ def fork(run_id: str, at: int | None, store: str | None, as_json: bool) -> None:
         out.json({"run_id": run.run_id, "from_run_id": run_id, "state": run.state})
     else:
         out.console.print(visible(f"forked {run_id} -> {run.run_id} ({run.state})"), markup=False)
-        hint = command_hint(f"statekernel runs resume {run.run_id}", store)
+        hint = run_hint("resume", run.run_id, store, agent)
         out.console.print(visible(f"continue it with: {hint}"), markup=False)
 
 
@@ -425,7 +506,8 @@ def delete(
         async with open_cli_kernel(store, busy_timeout=wait) as kernel:
             return await kernel.delete(run_id, children=with_children)
 
-    deleted = run_async(go())
+    with warnings_shown():
+        deleted = run_async(go())
     if not deleted:
         raise UserError(str(RunNotFound(run_id)))
     out = Output(as_json)
