@@ -8,7 +8,8 @@ read-only also raises ``StoreError`` for a write). What a store may offer
 beyond it is declared by small protocols: :class:`RevisionHistory` and
 :class:`SettlesOnCancel` (checked by ``check_store`` when a store declares them),
 :class:`KeepsFences` (a run's largest fencing token, which ``migrate`` carries) and
-:class:`BoundsEffects` (how soon before an effect its owner must have renewed).
+:class:`BoundsEffects` (how soon before an effect its owner must have renewed) and
+:class:`ShowsHolders` (who holds a run, read without writing).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from statekernel import _exports
 from statekernel._secrets import redact_url
+from statekernel._storage.holders import ShowsHolders
 from statekernel._storage.protocol import (
     BoundsEffects,
     Checkpoint,
@@ -77,6 +79,7 @@ __all__ = [
     "RunSummary",
     "SQLiteStore",
     "SettlesOnCancel",
+    "ShowsHolders",
     "StoreWrapper",
     "Watches",
     "migrate",
