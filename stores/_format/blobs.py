@@ -8,6 +8,9 @@ user object with a key starting with ``$`` is wrapped as ``{"$e": {...}}`` so it
 never read back as a marker. A blob's bytes are its UTF-8 text, zlib-compressed when
 that saves a tenth (``blob_bytes``). ``BlobWriter`` encodes a commit's strings and
 values and collects the blobs it must write; ``BlobReader`` reads them back.
+``missing_blob`` finds a blob a stored document references that a run does not hold,
+without decoding the document (a load raises for it at once, not when the record is
+first read).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import base64
 import contextlib
 import hashlib
 import json
+import re
 import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -32,6 +36,7 @@ __all__ = [
     "blob_refs",
     "blob_text",
     "escape",
+    "missing_blob",
 ]
 
 BLOB_MIN = 256
@@ -39,6 +44,10 @@ BLOB_MIN = 256
 
 ZIP_MIN = 512
 """Blobs of at least this many bytes are stored zlib-compressed when that saves a tenth."""
+
+_MARKER = re.compile(rb'"\$[bv]"\s*:\s*"([^"\\]*)"')
+"""A blob marker in stored JSON text (or an escaped user object that looks like one)."""
+_MARKER_TEXT = re.compile(_MARKER.pattern.decode())
 
 _ZIPPED = b"\x00z"
 _ESCAPED = b"\x00"
@@ -148,6 +157,11 @@ class BlobReader:
         """The key of the last blob asked for that the run does not hold (a damaged
         store): what fails to decode names it."""
 
+    @property
+    def stored(self) -> Mapping[str, bytes | str]:
+        """The run's blobs as stored, by key."""
+        return self._blobs
+
     def text(self, key: Any) -> str:
         """The text of the blob ``key``."""
         text = self._texts.get(key)
@@ -233,3 +247,27 @@ def _collect(doc: Any, add: Callable[[str], None]) -> None:
                 doc = doc[key]
         for v in doc.values():
             _collect(v, add)
+
+
+def missing_blob(doc: Any, blobs: Mapping[str, Any], what: str) -> str | None:
+    """The key of a blob that the stored document ``doc`` (its JSON text, or the
+    document) references and ``blobs`` does not hold; None when it holds them all.
+
+    JSON text is scanned for markers first, without parsing it; only a text naming a
+    key that ``blobs`` lacks is parsed, to tell a marker from a user object wrapped as
+    ``{"$e": ...}`` that merely looks like one (``what`` names ``doc`` if it cannot be
+    parsed).
+    """
+    if isinstance(doc, bytes | str):
+        if all(key in blobs for key in _named(doc)):
+            return None
+        doc = load_json(doc, what)
+    lacking = sorted(str(key) for key in blob_refs(doc) if key not in blobs)
+    return lacking[0] if lacking else None
+
+
+def _named(text: bytes | str) -> list[str]:
+    """The keys that the markers in a JSON text (and look-alikes) name."""
+    if isinstance(text, str):
+        return [m.group(1) for m in _MARKER_TEXT.finditer(text)]
+    return [m.group(1).decode("utf-8", "replace") for m in _MARKER.finditer(text)]

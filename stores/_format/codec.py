@@ -49,7 +49,7 @@ from statekernel._records.messages import Message
 from statekernel._records.run import STATE_IDS, PauseInfo, Run, StateId, Turn
 from statekernel._storage.protocol import Checkpoint, RunSummary
 from statekernel.errors import CorruptCheckpoint
-from statekernel.stores._format.blobs import blob_refs
+from statekernel.stores._format.blobs import blob_refs, missing_blob
 from statekernel.stores._format.converter import NO_BLOBS, Loading, Storing, reading, writing
 from statekernel.stores._format.documents import corrupt, dec_time, dump_bytes, load_json
 from statekernel.stores._format.events import decode_events, encode_events
@@ -260,8 +260,10 @@ def decode_run(
     Message and turn documents may be given as stored JSON (bytes), parsed one at a
     time as they are decoded (so a load never holds every parsed document at once);
     messages and completed turns are decoded, and parsed, only when read
-    (``LazyTuple``), and one that cannot be (a blob it references is missing) raises
-    ``CorruptCheckpoint`` then. Checksums are the stores' to check, on load.
+    (``LazyTuple``). A blob that one of them references and ``blobs`` lacks raises
+    ``CorruptCheckpoint`` naming the record and the blob here, not when the record is
+    first read (``missing_blob`` finds it without decoding). Checksums are the stores'
+    to check, on load.
     """
     return _Decoder(message_docs, turn_docs, blobs).run(head, what)
 
@@ -316,6 +318,10 @@ class _Decoder:
         is a view of this one list (``LazyTuple.view``), as it was when committed."""
         self.version = convert.SCHEMA_VERSION
         self.what = "run"
+        self._messages_checked = 0
+        """Messages ``[0, n)`` are known to reference only blobs the run holds."""
+        self._turns_checked: set[int] = set()
+        """Completed turns known to reference only blobs the run holds."""
 
     def message_at(self, pos: int) -> Message:
         if not 0 <= pos < self.message_count:
@@ -412,8 +418,30 @@ class _Decoder:
         check_parts((m0 + mn, t0 + tn), self.message_count, len(self.turn_docs), what)
         doc["schema_version"] = convert.SCHEMA_VERSION
         run = self._structure(doc, Run, what)
+        self._check_blobs(m0 + mn, range(t0, t0 + tn), what)
         turns = LazyTuple[Turn]([self.turn_at(i, what) for i in range(t0, t0 + tn)])
         return attrs.evolve(run, messages=self.message_range(m0, mn), turns=turns)
+
+    def _check_blobs(self, m_end: int, turns: range, what: str) -> None:
+        """Raise ``CorruptCheckpoint`` naming the record and the blob when a message of
+        the log up to ``m_end`` (a transcript or a completed turn's request may hold
+        any of them) or a completed turn in ``turns`` references a blob the run lacks;
+        each record is looked at once per decoder."""
+        blobs = self.ctx.blobs.stored
+        for pos in range(self._messages_checked, m_end):
+            record = f"message {pos} of {what}"
+            _no_missing_blob(self.message_docs[pos], blobs, record)
+            self._messages_checked = pos + 1
+        for pos in turns:
+            if pos not in self._turns_checked:
+                _no_missing_blob(self.turn_docs[pos], blobs, f"completed turn {pos} of {what}")
+                self._turns_checked.add(pos)
+
+
+def _no_missing_blob(doc: Any, blobs: Mapping[str, Any], record: str) -> None:
+    missing = missing_blob(doc, blobs, record)
+    if missing is not None:
+        raise CorruptCheckpoint(f"invalid {record}: blob {missing} is missing")
 
 
 def _state(value: Any) -> StateId:

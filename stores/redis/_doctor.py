@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from statekernel._secrets import redact, redact_url
 from statekernel._storage.protocol import CheckpointStore
@@ -24,6 +24,7 @@ from statekernel.stores._doctor_probe import (
 )
 from statekernel.stores._lease_records import redis_holder
 from statekernel.stores.redis._store import RedisStore, _load_head
+from statekernel.stores.redis._wire import FAILURES
 
 __all__ = ["RedisProbe"]
 
@@ -60,7 +61,7 @@ class RedisProbe:
         options = {} if node is None else {"target_nodes": node}
         try:
             return await self._client.execute_command(command, *args, **options)
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             if isinstance(exc, ResponseError):
                 raise
             detail = redact(f"{type(exc).__name__}: {exc}")
@@ -101,7 +102,7 @@ class RedisProbe:
         except ResponseError as exc:
             detail = f"persistence unknown: {why}, INFO refused ({exc}); {_ALWAYS}"
             return Finding("persistence", subject, WARNING, detail)
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             raise StoreError(f"Redis store {self.subject!r}: {exc}") from exc
         if str(info.get("aof_enabled", "0")) != "1":
             detail = f"AOF off (INFO persistence: aof_enabled:0; {why}): {_not_durable()}"

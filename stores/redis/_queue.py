@@ -18,7 +18,7 @@ from statekernel._secrets import redact
 from statekernel._storage.queues import DeadLetter, QueueEntry, checked_queue_name
 from statekernel.errors import StoreError
 from statekernel.stores.redis._fencing import RedisBacked
-from statekernel.stores.redis._wire import transaction
+from statekernel.stores.redis._wire import FAILURES, transaction
 
 __all__ = ["GROUP", "RedisRunQueue"]
 
@@ -53,11 +53,9 @@ class RedisRunQueue:
         self.dead_key = self.key + ":dead"
 
     async def _call(self, work: Awaitable[T]) -> T:
-        from redis.exceptions import RedisError
-
         try:
             return await work
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             raise StoreError(redact(f"queue {self.name!r}: {type(exc).__name__}: {exc}")) from exc
 
     async def submit(self, run_id: str, submitted_ms: int | None = None) -> str:
@@ -68,14 +66,14 @@ class RedisRunQueue:
 
     async def prepare(self) -> None:
         """Create the consumer group (and the stream) if needed; it sees every entry."""
-        from redis.exceptions import RedisError, ResponseError
+        from redis.exceptions import ResponseError
 
         try:
             await self.client.xgroup_create(self.key, GROUP, id="0", mkstream=True)
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise StoreError(f"queue {self.name!r}: {exc}") from exc
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             raise StoreError(redact(f"queue {self.name!r}: {type(exc).__name__}: {exc}")) from exc
 
     async def read(self, consumer: str, count: int, block_ms: int) -> list[QueueEntry]:

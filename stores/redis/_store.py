@@ -7,7 +7,8 @@ script checks the head and the log lengths, then writes the head and appends the
 parts and the commit log entry, all or nothing. The run index ``<prefix>:runs`` (a
 sorted set by update time) is kept right across clients killed mid-commit as
 ``_redis_index`` describes. Options in the query: ``prefix=...`` (default
-``statekernel``); AUTH and TLS as in ``redis-py``.
+``statekernel``); ``cluster=1`` for a Redis Cluster; ``replicas=N`` and
+``replica_timeout=ms`` (below); AUTH and TLS as in ``redis-py``.
 
 Commits that are ready at the same moment (of different runs) share one round trip:
 each is its own ``EVALSHA`` in one pipeline, its reply read on its own, so one
@@ -17,6 +18,18 @@ A commit under a lease (``commit(checkpoint, lease=...)``) is fenced: the script
 checks that the run's lease key ``<prefix>:{run}:lease`` holds the lease's token, and
 refuses the commit with ``LeaseLost`` otherwise. A lease expires on the server's clock
 (``PX``), which no client's clock step can move.
+
+Replicas (``_replicas``): a commit, and the taking or renewal of a lease, is
+acknowledged only once ``replicas=N`` replicas have it (``WAIT`` after its script, on
+the same connection; ``replica_timeout=ms``, default 1000, bounds the wait). By
+default N is 1 where the key's Redis Cluster shard has a replica, else 0; on one
+server 0. A failover then never rolls back an acknowledged commit, and a fencing token
+handed out is on a replica, so the tokens of a run only grow across it. A commit that
+fewer replicas confirm in time is a ``StoreError`` (its outcome is unknown: the kernel
+settles it by loading the run, and this store's load confirms the commit first), a
+lease taken so is given back and a ``StoreError``, a renewal so a ``StoreError``.
+``replicas=0`` acknowledges on the primary's word alone (a failover may lose the last
+commits).
 """
 
 from __future__ import annotations
@@ -35,7 +48,7 @@ import attrs
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError
 
 from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
@@ -85,7 +98,8 @@ from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores.redis._fencing import FENCE_KEY_TTL_MS, RELEASE, RENEW, AnyRedis
 from statekernel.stores.redis._index import RunIndex
 from statekernel.stores.redis._queue import RedisRunQueue
-from statekernel.stores.redis._wire import Command, Wire, initialized, transaction
+from statekernel.stores.redis._replicas import OPTION_NAMES, ReplicaOptions, Replication, options_of
+from statekernel.stores.redis._wire import FAILURES, Command, Wire, initialized, transaction
 
 __all__ = ["RedisStore"]
 
@@ -97,6 +111,7 @@ COMMIT_SCRIPT = """
 local stored = redis.call('HGET', KEYS[1], 'r')
 if stored and tonumber(stored) == tonumber(ARGV[2])
     and redis.call('HGET', KEYS[1], 'cid') == ARGV[11] then
+  redis.call('HSET', KEYS[1], 'cid', ARGV[11])  -- a write the WAIT after it counts
   return {0, 1}
 end
 if #KEYS > 5 and redis.call('GET', KEYS[6]) ~= ARGV[#ARGV] then return {3, 0} end
@@ -147,6 +162,7 @@ class _Script:
 
     run_id: str
     revision: int
+    cid: str
     keys: list[str]
     args: list[Any]
 
@@ -162,17 +178,23 @@ class _Known:
 _FLAGS = {"1": True, "yes": True, "true": True, "0": False, "no": False, "false": False}
 
 
-def _split_url(url: str) -> tuple[str, str, bool]:
-    """The URL for ``redis-py`` and the store's own options: the key prefix and
-    whether the server is a Redis Cluster (``cluster=1``)."""
+_OWN = ("prefix", "cluster", *OPTION_NAMES)
+"""The query options the store reads itself (the others go to ``redis-py``)."""
+
+
+def _split_url(url: str) -> tuple[str, str, bool, ReplicaOptions]:
+    """The URL for ``redis-py`` and the store's own options: the key prefix, whether
+    the server is a Redis Cluster (``cluster=1``) and what writes wait for
+    (``replicas``, ``replica_timeout``)."""
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
     prefix = next((v for k, v in query if k == "prefix"), "statekernel")
     flag = next((v for k, v in query if k == "cluster"), "0")
     if flag.lower() not in _FLAGS:
         raise ValueError(f"cluster={flag!r}: expected 1 or 0 (or yes/no, true/false)")
-    rest = urlencode([(k, v) for k, v in query if k not in ("prefix", "cluster")])
-    return urlunsplit(parts._replace(query=rest)), prefix, _FLAGS[flag.lower()]
+    replicas = options_of(query)
+    rest = urlencode([(k, v) for k, v in query if k not in _OWN])
+    return urlunsplit(parts._replace(query=rest)), prefix, _FLAGS[flag.lower()], replicas
 
 
 def _notice(message: Any) -> CommitNotice | None:
@@ -189,15 +211,16 @@ def _notice(message: Any) -> CommitNotice | None:
 
 
 class RedisStore(Closing):
-    """Runs in Redis (standalone; run keys are Cluster-ready)."""
+    """Runs in Redis: one server, or a Redis Cluster (``cluster=1``), whose writes wait
+    for the replicas asked for (``replicas=N``)."""
 
     def __init__(self, url: str, *, client: AnyRedis | None = None) -> None:
         self.url = url
         remember_url(url)
         try:
-            target, self.prefix, cluster = _split_url(url)
+            target, self.prefix, cluster, replicas = _split_url(url)
             self._client = client or (_cluster_for(target) if cluster else _client_for(target))
-        except (ValueError, TypeError, RedisError) as exc:
+        except (ValueError, TypeError, *FAILURES) as exc:
             raise ConfigError(f"bad Redis URL {redact_url(url)!r}: {self._clean(exc)}") from exc
         if isinstance(self._client, RedisCluster):
             check_cluster_support(redis.__version__)
@@ -208,6 +231,7 @@ class RedisStore(Closing):
         self._known: HeadCache[_Known] = HeadCache()
         self._commits_channel = f"{self.prefix}:commits"
         self._wire = Wire(self._client)
+        self._replication = Replication(self._client, self._wire, replicas, redact_url(url))
         self._runs = RunIndex(self._client, self.prefix, self._call, self._wire)
         self._group: GroupCommit[_Script, _Outcome] = GroupCommit(self._scripts, self._failed)
 
@@ -228,7 +252,7 @@ class RedisStore(Closing):
     async def _call(self, work: Awaitable[T]) -> T:
         try:
             return await work
-        except (RedisError, OSError) as exc:
+        except FAILURES as exc:
             self._fail(exc)
 
     def _base(self, run_id: str) -> str:
@@ -256,7 +280,7 @@ class RedisStore(Closing):
         try:
             await self._call(pubsub.subscribe(self._commits_channel))
         except BaseException:
-            with contextlib.suppress(RedisError, OSError):
+            with contextlib.suppress(*FAILURES):
                 await pubsub.aclose()
             raise
         async with fed_by(feed, self._receive(pubsub, feed)):
@@ -269,9 +293,9 @@ class RedisStore(Closing):
             while True:
                 try:
                     message = await pubsub.get_message(timeout=None)
-                except (RedisError, OSError) as exc:
+                except FAILURES as exc:
                     log.warning("watching %r: %s; subscribing again", self, self._clean(exc))
-                    with contextlib.suppress(RedisError, OSError):
+                    with contextlib.suppress(*FAILURES):
                         await pubsub.aclose()
                     pubsub = None
                     pubsub = await self._subscribe_again()
@@ -281,7 +305,7 @@ class RedisStore(Closing):
                     feed.put(notice)
         finally:
             if pubsub is not None:
-                with contextlib.suppress(RedisError, OSError):
+                with contextlib.suppress(*FAILURES):
                     await pubsub.aclose()
 
     async def _subscribe_again(self) -> Any:
@@ -296,10 +320,10 @@ class RedisStore(Closing):
                 pubsub = self._client.pubsub(ignore_subscribe_messages=True)
                 await pubsub.subscribe(self._commits_channel)
                 return pubsub
-            except (RedisError, OSError) as exc:
+            except FAILURES as exc:
                 log.warning("watching %r: %s; subscribing again", self, self._clean(exc))
                 if pubsub is not None:
-                    with contextlib.suppress(RedisError, OSError):
+                    with contextlib.suppress(*FAILURES):
                         await pubsub.aclose()
                 delay = min(delay * 2, 5.0)
 
@@ -324,9 +348,12 @@ class RedisStore(Closing):
         return RedisRunQueue(self, name)
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
-        """The run at its head, or at ``revision`` (one transaction)."""
+        """The run at its head, or at ``revision`` (one transaction); first, a commit of
+        the run this store doubts is confirmed on its replicas (``StoreError`` while it
+        cannot be)."""
         checked_revision(run_id, revision)
         head_key, c_key, m_key, t_key, b_key = self._keys(run_id)
+        await self._call(self._replication.confirm(run_id))
         what = f"run {run_id!r} in {redact_url(self.url)}"
         pipe = await self._call(transaction(self._client))
         pipe.hmget(head_key, ["doc", "r"])
@@ -388,20 +415,33 @@ class RedisStore(Closing):
         """Take the run's lease (a key that expires ``ttl`` seconds after its last renewal;
         a dead owner's lease is taken over once it expired)."""
         keys = [self.run_key(run_id, "lease"), self.run_key(run_id, "fence"), self._keys(run_id)[0]]
-        args: list[str | int] = [owner, _ms(ttl), FENCE_KEY_TTL_MS]
-        status, token = await self._call(self._acquire(keys=keys, args=args))
+        args: list[Any] = [owner, _ms(ttl), FENCE_KEY_TTL_MS]
+        (status, token), short = await self._call(
+            self._replication.script(self._acquire, keys, args)
+        )
         if status == 2:
             raise RunNotFound(run_id)
         token, holder = redis_holder(token, run_id, f"Redis store {redact_url(self.url)!r}")
         if status == 0:
             raise RunBusy(run_id, holder or token)
-        return Lease(run_id, owner, token)
+        lease = Lease(run_id, owner, token)
+        if short is not None:  # a token no replica may have: never handed out
+            with contextlib.suppress(StoreError):
+                await self.release(lease)
+            raise self._replication.error(f"the lease of run {run_id!r} (given back)", short)
+        return lease
 
     async def renew(self, lease: Lease, *, ttl: float) -> None:
         """Extend the lease."""
         key = self.run_key(lease.run_id, "lease")
-        if not await self._call(self._renew(keys=[key], args=[lease.token, _ms(ttl)])):
+        args: list[Any] = [lease.token, _ms(ttl)]
+        renewed, short = await self._call(self._replication.script(self._renew, [key], args))
+        if not renewed:
             raise LeaseLost(lease.run_id, -1, lease.token)
+        if short is not None:
+            raise self._replication.error(
+                f"the renewal of the lease of run {lease.run_id!r}", short
+            )
 
     async def release(self, lease: Lease) -> None:
         """Give the lease up."""
@@ -414,10 +454,13 @@ class RedisStore(Closing):
         With ``lease``, the commit lands only while the run's lease key
         holds the lease's token (checked in the same script); otherwise it raises
         ``LeaseLost``. Each commit carries an id, kept in the head: a script sent again
-        after a cut connection recognises its own commit if it had landed.
+        after a cut connection recognises its own commit if it had landed. A commit of
+        the run that this store doubts (its replicas were not confirmed) is confirmed
+        first: ``StoreError`` while it cannot be, as its outcome decides this one's.
         """
         run = checkpoint.run
         keys = self._keys(run.run_id)
+        await self._call(self._replication.confirm(run.run_id))
         known = self._known.get(run.run_id) if run.revision > 0 else None
         if known is None or known.key.revision != checkpoint.expected_revision:
             known = await self._prior(run.run_id, keys[0]) if run.revision > 0 else None
@@ -425,6 +468,7 @@ class RedisStore(Closing):
         enc = encode_commit(checkpoint, None if known is None else known.head)
         doc = seal(dump_bytes(enc.head))
         score = micros(run.updated_at)
+        cid = uuid.uuid4().hex  # this commit's id: a script sent again knows it landed
         args: list[Any] = [
             checkpoint.expected_revision if run.revision > 0 else -1,
             run.revision,
@@ -436,7 +480,7 @@ class RedisStore(Closing):
             enc.first_turn,
             len(enc.turns),
             len(enc.blobs),
-            uuid.uuid4().hex,  # this commit's id: a script sent again knows it landed
+            cid,
             self._commits_channel,
             f"{run.revision} {run.state} {run.run_id}",  # the commit notice
             *[seal(m) for m in enc.messages],
@@ -446,7 +490,7 @@ class RedisStore(Closing):
             args += [key, seal(value)]
         if lease is not None:
             keys, args = [*keys, self.run_key(run.run_id, "lease")], [*args, lease.token]
-        script = _Script(run.run_id, run.revision, keys, args)
+        script = _Script(run.run_id, run.revision, cid, keys, args)
         status, actual, announced = await self._group.submit(script)
         if status == 3 and lease is not None:
             self._known.drop(run.run_id)
@@ -469,32 +513,37 @@ class RedisStore(Closing):
 
     async def _scripts(self, batch: list[_Script]) -> list[_Outcome | Exception]:
         """Run the commit scripts of a batch in one round trip, each announced to the run
-        index just before it (the round trip also carries the index moves of the commits
-        before). Per script: (status, revision found, whether the announcement was
-        written), or its own error; scripts the server lost are loaded and sent again."""
+        index before it (the round trip also carries the index moves of the commits
+        before) and waited for on its replicas (``_replicas``). Per script: (status,
+        revision found, whether the announcement was written), or its own error (a
+        ``StoreError`` for one that landed on fewer replicas than asked); scripts the
+        server lost are loaded and sent again."""
         outcomes: list[_Outcome | Exception | None] = [None] * len(batch)
         todo = list(range(len(batch)))
         for _ in range(2):
             commands: list[Command] = []
             taken = self._runs.take_moves(commands)
             first = len(commands)
+            scripts: list[tuple[str, Command]] = []
             for i in todo:
                 script = batch[i]
+                self._replication.doubt(script.run_id, script.keys[0], script.cid, script.revision)
                 commands.append(self._runs.announcement(script.run_id, script.revision))
                 keys, args = script.keys, script.args
-                commands.append(("EVALSHA", self._script.sha, len(keys), *keys, *args))
-            results = await self._call(self._wire.round_trip(commands))
+                scripts.append((keys[0], ("EVALSHA", self._script.sha, len(keys), *keys, *args)))
+            trip = self._replication.round_trip(commands, scripts)
+            results, replies, shorts = await self._call(trip)
             await self._runs.settled(taken, results[:first], quiet=True)
             lost = []
             for n, i in enumerate(todo):
-                announced, outcome = results[first + 2 * n], results[first + 2 * n + 1]
+                announced, outcome = results[first + n], replies[n]
                 if isinstance(outcome, NoScriptError):
                     lost.append(i)
                 elif isinstance(outcome, Exception):
                     outcomes[i] = self._error(outcome)
                 else:
-                    status, actual = outcome
-                    outcomes[i] = (int(status), int(actual), not isinstance(announced, Exception))
+                    announced_ok = not isinstance(announced, Exception)
+                    outcomes[i] = self._replicated(batch[i], outcome, announced_ok, shorts[n])
             if not lost:
                 break
             await self._call(self._client.script_load(COMMIT_SCRIPT))
@@ -502,9 +551,28 @@ class RedisStore(Closing):
         unloaded = f"Redis store {redact_url(self.url)!r}: the commit script does not load"
         return [StoreError(unloaded) if o is None else o for o in outcomes]
 
+    def _replicated(
+        self, script: _Script, outcome: Any, announced: bool, short: str | None
+    ) -> _Outcome | Exception:
+        """The outcome of a commit script that ran. Every commit is doubted from the
+        moment it is sent until it is known: refused, or landed on the replicas asked
+        for. One that landed on fewer (``short`` says how) stays doubted, a
+        ``StoreError``; so does one whose reply never came."""
+        status, actual = int(outcome[0]), int(outcome[1])
+        if status == 0 and short is not None:
+            what = f"the commit of run {script.run_id!r} at revision {script.revision}"
+            return self._replication.error(what, short)
+        self._replication.forget(script.run_id)
+        return (status, actual, announced)
+
     def _failed(self, exc: BaseException) -> BaseException:
-        """What each commit of a round trip that failed as a whole raises."""
-        return StoreError(str(exc)) if isinstance(exc, StoreError) else self._error(exc)
+        """What each commit of a round trip that failed as a whole raises (a new error
+        each, from the same Redis error)."""
+        if not isinstance(exc, StoreError):
+            return self._error(exc)
+        error = StoreError(str(exc))
+        error.__cause__ = exc.__cause__
+        return error
 
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None
@@ -604,6 +672,7 @@ class RedisStore(Closing):
         """Remove the run's keys (head, commit log with events, parts, blobs) and index entry."""
         checked_run_id(run_id)
         self._runs.forget_landed(run_id)
+        self._replication.forget(run_id)
         removed = await self._call(self._client.delete(*self._keys(run_id)))
         await self._runs.forget(run_id)
         self._known.drop(run_id)
@@ -629,7 +698,7 @@ class RedisStore(Closing):
         """Send the last index moves, close the connection pool."""
         with contextlib.suppress(StoreError):
             await self._runs.flush()
-        with contextlib.suppress(RedisError, OSError):
+        with contextlib.suppress(*FAILURES):
             await self._wire.aclose()
             await self._client.aclose()
 

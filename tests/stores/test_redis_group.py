@@ -37,7 +37,7 @@ class CountedWire(Wire):
 async def test_commits_ready_together_share_one_round_trip(redis_store_url: str) -> None:
     store = RedisStore(f"{redis_store_url}?prefix=group-trip")
     wire = CountedWire(store.client)
-    store._wire = store._runs.wire = wire
+    store._wire = store._runs.wire = store._replication.wire = wire
     runs = [sample_run(f"g{i}") for i in range(12)]
     await asyncio.gather(*(store.commit(Checkpoint.between(None, r)) for r in runs))
     assert wire.trips[0] == 24, wire.trips  # 12 announcements and scripts in one trip
