@@ -20,13 +20,10 @@ if TYPE_CHECKING:
     import redis.asyncio as aioredis
     from redis.asyncio.cluster import RedisCluster
 
-__all__ = ["FENCE_KEY_TTL_MS", "RELEASE", "RENEW", "AnyRedis", "RedisBacked", "redis_backed"]
+__all__ = ["RELEASE", "RENEW", "AnyRedis", "RedisBacked", "redis_backed"]
 
 AnyRedis: TypeAlias = "aioredis.Redis | RedisCluster"
 """The client of a Redis store: one server's, or a Redis Cluster's."""
-
-FENCE_KEY_TTL_MS = 30 * 24 * 3600 * 1000
-"""Fence counters outlive leases (a new lease must get a larger token), but not forever."""
 
 RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end

@@ -93,9 +93,9 @@ from statekernel.stores._format.codec import (
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._format.documents import dump_bytes, load_json
 from statekernel.stores._group import GroupCommit
-from statekernel.stores._lease_records import redis_holder
+from statekernel.stores._lease_records import damaged_lease, redis_holder
 from statekernel.stores._listing import decode_cursor, encode_cursor
-from statekernel.stores.redis._fencing import FENCE_KEY_TTL_MS, RELEASE, RENEW, AnyRedis
+from statekernel.stores.redis._fencing import RELEASE, RENEW, AnyRedis
 from statekernel.stores.redis._index import RunIndex
 from statekernel.stores.redis._queue import RedisRunQueue
 from statekernel.stores.redis._replicas import OPTION_NAMES, ReplicaOptions, Replication, options_of
@@ -146,10 +146,22 @@ if redis.call('EXISTS', KEYS[3]) == 0 then return {2, ''} end
 local held = redis.call('GET', KEYS[1])
 if held then return {0, held} end
 local token = redis.call('INCR', KEYS[2]) .. '/' .. ARGV[1]
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('PERSIST', KEYS[2])
 redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
 return {1, token}
 """
+"""Give the lease ``KEYS[1]`` of the run whose head is ``KEYS[3]`` to ``ARGV[1]`` for
+``ARGV[2]`` ms with the next token of its fence counter ``KEYS[2]``, which never expires
+(a counter a release of an older layout left expiring is made to last)."""
+
+KEEP_FENCE_SCRIPT = """
+if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
+local given = tonumber(redis.call('GET', KEYS[1]) or '0')
+if given < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1
+"""
+"""Raise the fence counter ``KEYS[1]`` of the run whose head is ``KEYS[2]`` to at least
+``ARGV[1]`` (-1: no such run)."""
 
 
 _Outcome = tuple[int, int, bool]
@@ -226,6 +238,7 @@ class RedisStore(Closing):
             check_cluster_support(redis.__version__)
         self._script = self._client.register_script(COMMIT_SCRIPT)
         self._acquire = self._client.register_script(ACQUIRE_SCRIPT)
+        self._keep_fence = self._client.register_script(KEEP_FENCE_SCRIPT)
         self._renew = self._client.register_script(RENEW)
         self._release = self._client.register_script(RELEASE)
         self._known: HeadCache[_Known] = HeadCache()
@@ -415,7 +428,7 @@ class RedisStore(Closing):
         """Take the run's lease (a key that expires ``ttl`` seconds after its last renewal;
         a dead owner's lease is taken over once it expired)."""
         keys = [self.run_key(run_id, "lease"), self.run_key(run_id, "fence"), self._keys(run_id)[0]]
-        args: list[Any] = [owner, _ms(ttl), FENCE_KEY_TTL_MS]
+        args: list[Any] = [owner, _ms(ttl)]
         (status, token), short = await self._call(
             self._replication.script(self._acquire, keys, args)
         )
@@ -447,6 +460,34 @@ class RedisStore(Closing):
         """Give the lease up."""
         key = self.run_key(lease.run_id, "lease")
         await self._call(self._release(keys=[key], args=[lease.token]))
+
+    async def fence(self, run_id: str) -> int:
+        """The largest fencing token given for the run (``KeepsFences``)."""
+        checked_run_id(run_id)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.exists(self._keys(run_id)[0])
+        pipe.get(self.run_key(run_id, "fence"))
+        exists, given = await self._call(pipe.execute())
+        if not exists:
+            raise RunNotFound(run_id)
+        try:
+            return int(given or 0)
+        except ValueError:
+            where = f"Redis store {redact_url(self.url)!r}"
+            raise damaged_lease(run_id, where, f"its fence holds {given!r}") from None
+
+    async def keep_fence(self, run_id: str, at_least: int) -> None:
+        """Make every later token of the run larger than ``at_least`` (``KeepsFences``),
+        once the replicas asked for have it."""
+        checked_run_id(run_id)
+        keys = [self.run_key(run_id, "fence"), self._keys(run_id)[0]]
+        done, short = await self._call(
+            self._replication.script(self._keep_fence, keys, [int(at_least)])
+        )
+        if done == -1:
+            raise RunNotFound(run_id)
+        if short is not None:
+            raise self._replication.error(f"the fence of run {run_id!r}", short)
 
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         """Run the commit script, then move the run in the index.
@@ -674,6 +715,8 @@ class RedisStore(Closing):
         self._runs.forget_landed(run_id)
         self._replication.forget(run_id)
         removed = await self._call(self._client.delete(*self._keys(run_id)))
+        lease = [self.run_key(run_id, "lease"), self.run_key(run_id, "fence")]
+        await self._call(self._client.delete(*lease))  # a run made again starts afresh
         await self._runs.forget(run_id)
         self._known.drop(run_id)
         return bool(removed)
