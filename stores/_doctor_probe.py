@@ -153,7 +153,7 @@ def permissions(paths: Iterable[Path], check: str, subject: str) -> Finding:
 def owner_alive(folder: Path, owner: str) -> bool:
     """Whether the process of ``owner`` holds its owner lock in ``folder`` (tested with
     a shared lock released at once; unlike the stores' own test, nothing is removed)."""
-    path = OwnerProofs(folder)._path(owner)
+    path = OwnerProofs(folder).lock_path(owner)
     try:
         fd = os.open(path, os.O_RDONLY)
     except (FileNotFoundError, NotADirectoryError):
