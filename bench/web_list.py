@@ -65,7 +65,7 @@ def main() -> None:
         asyncio.run(fill(url, args.runs))
         print(f"web list: {args.runs:,} runs in a SQLite store (filled in "
               f"{time.perf_counter() - started:.1f} s), {args.repeats} requests each")  # fmt: skip
-        with TestClient(create_app(url)) as client:
+        with TestClient(create_app(url), base_url="http://localhost") as client:
             first = client.get("/").text
             found = re.search(r'rel="next" href="[^"]*\?([^"]+)"', first)
             pages = [("GET /", "/"), ("GET /?state=paused", "/?state=paused")]

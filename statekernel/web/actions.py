@@ -1,7 +1,8 @@
 """The actions: answer or approve a pause, resolve an uncertain call, send a message,
 retry, fork at a revision, delete. Each is a POST carrying the page's CSRF token,
-authorized by the ``authorize`` hook, done by the acting kernel; a run that goes on
-afterwards is driven in the background, and its page follows it live.
+authorized by the ``authorize`` hook (both before its body is read), done by the
+acting kernel; a run that goes on afterwards is driven in the background, and its page
+follows it live.
 
 A refused action answers a page saying why in one line (a run another process holds:
 busy, owned by whom), never a stack trace.
@@ -13,7 +14,6 @@ import functools
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlencode
 
 from starlette.datastructures import FormData
 from starlette.requests import Request
@@ -32,11 +32,15 @@ from statekernel.errors import (
     RunNotFound,
     StatekernelError,
 )
+from statekernel.web.bodies import read_form
 from statekernel.web.context import WebContext, log
 from statekernel.web.forms import read_answer
+from statekernel.web.links import path_for
+from statekernel.web.notes import note_query
+from statekernel.web.numbers import whole_number
 from statekernel.web.pages import forbidden
 from statekernel.web.rendering import renderer_of
-from statekernel.web.security import FIELD
+from statekernel.web.security import sent_token
 from statekernel.web.views import question_of
 
 __all__ = ["ACTIONS", "act", "refusal"]
@@ -123,11 +127,10 @@ async def _retry(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str 
 
 
 async def _fork(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str | None]:
-    text = str(form.get("revision", "")).strip()
-    if text and not text.isdigit():
-        raise InvalidArgument(f"revision must be a number, got {text!r}")
-    run = await kernel.fork(run_id, at_revision=int(text) if text else None)
-    at = f"revision {text}" if text else "its head"
+    text = str(form.get("revision", ""))
+    revision = whole_number(text, "revision") if text else None
+    run = await kernel.fork(run_id, at_revision=revision)
+    at = f"revision {revision}" if revision is not None else "its head"
     return f"forked {run_id} at {at} into {run.run_id}", run.run_id
 
 
@@ -166,12 +169,13 @@ ACTIONS: dict[str, tuple[Act, bool]] = {
 
 
 async def act(request: Request) -> Response:
-    """``POST /runs/{run_id}/{action}``."""
+    """``POST /runs/{run_id}/{action}``: the action's name, its CSRF token (in the
+    query string or a header) and the ``authorize`` hook are checked before its form
+    is read (bounded: ``read_form``)."""
     run_id = request.path_params["run_id"]
     name = request.path_params["action"]
     web: WebContext = request.app.state.web
     renderer = renderer_of(request)
-    form = await request.form()
 
     def refused(status: int, message: str) -> Response:
         context = {"title": "Not done", "message": message, "run_id": run_id}
@@ -179,12 +183,13 @@ async def act(request: Request) -> Response:
 
     if name not in ACTIONS:
         return refused(404, f"no action {name!r}")
-    if not web.csrf.check(request, form.get(FIELD)):
-        return refused(403, "the form's CSRF token is missing or wrong: reload the page")
+    if not web.csrf.check(request, sent_token(request)):
+        return refused(403, "the CSRF token is missing or wrong: reload the page")
     if (denied := await forbidden(request, name, run_id)) is not None:
         return denied
     if web.actor is None:
         return refused(403, web.read_only_reason or "read-only")
+    form = await read_form(request)
     work, drive = ACTIONS[name]
     if name == "delete":
 
@@ -214,6 +219,7 @@ async def act(request: Request) -> Response:
         else:
             if not run.is_terminal:
                 web.drive(shown)
-    query = urlencode({"note": said})
-    target = request.url_for("run", run_id=shown) if shown is not None else request.url_for("list")
-    return RedirectResponse(f"{target}?{query}", status_code=303)
+    target = (
+        path_for(request, "run", run_id=shown) if shown is not None else path_for(request, "list")
+    )
+    return RedirectResponse(f"{target}?{note_query(web.csrf, said)}", status_code=303)

@@ -17,6 +17,7 @@ import attrs
 import jsonschema
 
 from statekernel.errors import InvalidArgument
+from statekernel.web.numbers import decimal_number, signed_number
 
 __all__ = ["Field", "answer_fields", "read_answer"]
 
@@ -90,14 +91,11 @@ def _value(field: Field, form: Mapping[str, str]) -> tuple[bool, Any]:
     text = form[field.name]
     if text == "" and not (field.required and field.kind == "text"):
         return False, None  # an empty input of a number, a choice, JSON: not given
-    try:
-        if field.kind == "integer":
-            return True, int(text)
-        if field.kind == "number":
-            number = float(text)
-            return True, int(number) if number.is_integer() and "." not in text else number
-    except ValueError:
-        raise InvalidArgument(f"{field.label}: {text!r} is not a {field.kind}") from None
+    if field.kind == "integer":
+        return True, signed_number(text, field.label)
+    if field.kind == "number":
+        number = decimal_number(text, field.label)
+        return True, int(number) if number.is_integer() and "." not in text else number
     if field.kind == "choice":
         try:
             return True, json.loads(text)

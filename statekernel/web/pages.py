@@ -14,6 +14,8 @@ from statekernel._secrets import redact
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StatekernelError
 from statekernel.web.context import WebContext
 from statekernel.web.forms import answer_fields
+from statekernel.web.notes import issued_note
+from statekernel.web.numbers import query_number
 from statekernel.web.rendering import renderer_of
 from statekernel.web.views import (
     RESOLVE_WARNING,
@@ -27,7 +29,7 @@ from statekernel.web.views import (
     uncertain_ids,
 )
 
-__all__ = ["PAGE_SIZE", "SEARCH_LIMIT", "diagram_svg", "run_page", "runs_list"]
+__all__ = ["PAGE_SIZE", "SEARCH_LIMIT", "bad_request", "diagram_svg", "run_page", "runs_list"]
 
 PAGE_SIZE = 50
 SEARCH_LIMIT = 5000
@@ -47,6 +49,13 @@ async def forbidden(request: Request, action: str, run_id: str | None) -> Respon
     return renderer_of(request).page(
         request, "error.html", {"title": "Forbidden", "message": said}, status=403
     )
+
+
+async def bad_request(request: Request, exc: Exception) -> Response:
+    """The 400 page of a request the view cannot read (a ``BadNumber`` naming its
+    parameter)."""
+    context = {"title": "Bad request", "message": str(exc)}
+    return renderer_of(request).page(request, "error.html", context, status=400)
 
 
 async def _search(web: WebContext, query: str, state: StateId | None) -> list[ListRow]:
@@ -108,6 +117,7 @@ async def runs_list(request: Request) -> Response:
         "cursor": cursor or "",
         "next_cursor": next_cursor or "",
         "waiting": any(r.waiting_for for r in rows),
+        "note": issued_note(web.csrf, request),
     }
     name = "list_table.html" if params.get("fragment") else "list.html"
     return renderer_of(request).page(request, name, context)
@@ -115,13 +125,6 @@ async def runs_list(request: Request) -> Response:
 
 async def _load(web: WebContext, run_id: str, revision: int | None) -> Run:
     return await web.store.load(run_id, revision=revision)
-
-
-def _revision_arg(request: Request) -> int | None:
-    text = request.query_params.get("revision")
-    if not text:
-        return None
-    return int(text) if text.isdigit() else -1
 
 
 async def run_page(request: Request) -> Response:
@@ -132,11 +135,11 @@ async def run_page(request: Request) -> Response:
         return refused
     web = _web(request)
     renderer = renderer_of(request)
-    revision = _revision_arg(request)
+    revision = query_number(request, "revision")
     try:
         head = await web.store.load(run_id)
-        if revision is not None and not 0 <= revision <= head.revision:
-            message = f"run {run_id} has no revision {request.query_params['revision']}"
+        if revision is not None and revision > head.revision:
+            message = f"run {run_id} has no revision {revision}"
             message += f" (its head is at revision {head.revision})"
             return renderer.page(
                 request, "error.html", {"title": "No such revision", "message": message}, 404
@@ -173,7 +176,7 @@ async def run_page(request: Request) -> Response:
         "driving": web.driving(run_id),
         "diagram": can_render_svg(),
         "resolve_warning": RESOLVE_WARNING,
-        "note": request.query_params.get("note", ""),
+        "note": issued_note(web.csrf, request),
         "error": "",
     }
     name = "run_live.html" if request.query_params.get("fragment") else "run.html"
@@ -204,5 +207,6 @@ async def diagram_svg(request: Request) -> Response:
         return PlainTextResponse(redact(str(exc)), status_code=404)  # the id is the caller's text
     except (ConfigError, CorruptCheckpoint) as exc:
         return PlainTextResponse(redact(str(exc)), status_code=503)
-    headers = {"Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'"}
+    policy = "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'"
+    headers = {"Content-Security-Policy": policy}
     return Response(data, media_type="image/svg+xml", headers=headers)

@@ -14,6 +14,7 @@ from starlette.templating import Jinja2Templates
 
 from statekernel._cli.visible import visible
 from statekernel._secrets import redact
+from statekernel.web.links import path_for
 from statekernel.web.security import Csrf
 
 __all__ = ["Renderer", "renderer_of"]
@@ -36,6 +37,12 @@ def _as_json(value: Any) -> str:
     return _shown(json.dumps(value, ensure_ascii=False, default=str, indent=None))  # type: ignore[no-any-return]
 
 
+@jinja2.pass_context
+def _url_for(context: Any, name: str, /, **params: Any) -> str:
+    """The templates' ``url_for``: the path of a route (see ``path_for``)."""
+    return path_for(context["request"], name, **params)
+
+
 class Renderer:
     """Renders the view's pages (with the request's CSRF token)."""
 
@@ -48,6 +55,7 @@ class Renderer:
             undefined=jinja2.StrictUndefined,
         )
         env.filters["as_json"] = _as_json
+        env.globals["url_for"] = _url_for  # before Starlette's, which takes the Host
         self.templates = Jinja2Templates(env=env)
 
     def fragment(self, name: str, context: dict[str, Any]) -> str:

@@ -1,10 +1,11 @@
 """CSRF protection: every state-changing request carries a token the view signed.
 
 A page gives the browser a cookie holding a random nonce signed with the app's secret
-(HMAC), and puts the same token in every form; a POST is taken only when the form's
-token equals the cookie's and the signature holds (another site can neither read the
-cookie nor forge a signed one). The secret is drawn anew for each app unless
-``STATEKERNEL_UI_SECRET`` gives it.
+(HMAC), and puts the same token in the address every form posts to (its query string,
+so the token is checked before the body is read); a POST is taken only when the token
+it carries (that query parameter, or the ``X-CSRF-Token`` header) equals the cookie's
+and the signature holds (another site can neither read the cookie nor forge a signed
+one). The secret is drawn anew for each app unless ``STATEKERNEL_UI_SECRET`` gives it.
 """
 
 from __future__ import annotations
@@ -17,13 +18,22 @@ import secrets
 from starlette.requests import Request
 from starlette.responses import Response
 
-__all__ = ["COOKIE", "FIELD", "SECRET_VARIABLE", "Csrf"]
+__all__ = ["COOKIE", "FIELD", "HEADER", "SECRET_VARIABLE", "Csrf", "sent_token"]
 
 COOKIE = "statekernel_csrf"
 SECRET_VARIABLE = "STATEKERNEL_UI_SECRET"
 """The environment variable whose value signs the tokens when set: several processes
 (``uvicorn --workers``, replicas) serving one view must share it."""
 FIELD = "csrf_token"
+"""The query parameter carrying the token."""
+HEADER = "X-CSRF-Token"
+"""The header carrying the token (for a client posting other than from the pages)."""
+
+
+def sent_token(request: Request) -> str | None:
+    """The token ``request`` carries where it can be read before its body: the
+    ``X-CSRF-Token`` header, else the ``csrf_token`` query parameter."""
+    return request.headers.get(HEADER) or request.query_params.get(FIELD)
 
 
 class Csrf:
@@ -35,8 +45,15 @@ class Csrf:
             secret = shared.encode() if shared else None
         self._secret = secret or secrets.token_bytes(32)
 
+    def signature(self, purpose: str, text: str) -> str:
+        """The HMAC of ``text`` under the view's secret for ``purpose`` (``csrf`` for
+        the tokens, ``note`` for the notes of the actions: one cannot stand for the
+        other)."""
+        message = f"{purpose}\0{text}".encode(errors="surrogatepass")
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+
     def _sign(self, nonce: str) -> str:
-        return hmac.new(self._secret, nonce.encode(), hashlib.sha256).hexdigest()
+        return self.signature("csrf", nonce)
 
     def _valid(self, token: str) -> bool:
         nonce, _, signature = token.partition(".")
@@ -67,7 +84,8 @@ class Csrf:
             )
 
     def check(self, request: Request, sent: object) -> bool:
-        """Whether ``sent`` (the form's token) matches the request's signed cookie."""
+        """Whether ``sent`` (the token the request carries) matches the request's signed
+        cookie."""
         cookie = request.cookies.get(COOKIE, "")
         return (
             isinstance(sent, str)

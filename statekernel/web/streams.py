@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
@@ -14,6 +13,7 @@ from starlette.responses import Response, StreamingResponse
 from statekernel.errors import StatekernelError
 from statekernel.web.context import WebContext
 from statekernel.web.live import LOOK_EVERY, next_notice, sse
+from statekernel.web.numbers import BadNumber, query_number, whole_number
 from statekernel.web.rendering import renderer_of
 from statekernel.web.views import event_row
 
@@ -21,18 +21,19 @@ __all__ = ["list_stream", "run_stream"]
 
 
 async def run_stream(request: Request) -> Response:
-    """``/runs/{run_id}/stream?after=N``: the run's events after revision ``N`` as they
-    are committed (``event: events``, rendered rows), then ``event: run`` with its
-    revision and state after each change. With ``until=rest`` it ends (``event: rest``)
+    """``/runs/{run_id}/stream?after=N``: the run's events after revision ``N`` (from
+    the first without it; not a whole number: 400) as they are committed (``event:
+    events``, rendered rows), then ``event: run`` with its revision and state after
+    each change. With ``until=rest`` it ends (``event: rest``)
     once the run is paused, failed or completed and every event was sent."""
     run_id = request.path_params["run_id"]
     web: WebContext = request.app.state.web
     if not await web.authorized(request, "view", run_id):
         return Response("not allowed", status_code=403)
-    after = _revision(request.query_params.get("after"))
+    asked = query_number(request, "after")
     # a browser that lost the stream reconnects with the query it began with and the id
     # of the last events it took: it goes on after those, not from the start again
-    after = max(after, _revision(request.headers.get("last-event-id")))
+    after = max(-1 if asked is None else asked, _last_event_id(request))
     until_rest = request.query_params.get("until") == "rest"
     renderer = renderer_of(request)
 
@@ -84,15 +85,14 @@ async def list_stream(request: Request) -> Response:
     return StreamingResponse(stream(), media_type="text/event-stream", headers=NO_CACHE)
 
 
-def _revision(text: str | None) -> int:
-    """A revision given in a query or header; -1 (before the first) for none or not one."""
-    if text is None or _REVISION.fullmatch(text) is None:
+def _last_event_id(request: Request) -> int:
+    """The revision of the ``Last-Event-ID`` header a browser sends back as it was
+    given; -1 (before the first) for none, or one that is not a whole number (as
+    ``whole_number`` reads them)."""
+    try:
+        return whole_number(request.headers.get("last-event-id") or "-", "Last-Event-ID")
+    except BadNumber:
         return -1
-    return max(int(text), -1)
-
-
-_REVISION = re.compile(r"-?[0-9]{1,20}")
-"""A revision as a query or header gives it (ASCII digits: ``int`` takes others too)."""
 
 
 NO_CACHE = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}

@@ -12,6 +12,7 @@ from starlette.testclient import TestClient
 
 from statekernel.web import create_app
 
+from .clients import local_client
 from .runs_made import make_runs
 from .web_agent import kernel_options
 
@@ -36,12 +37,12 @@ def web_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture
 def client(web_store_url: str) -> Iterator[TestClient]:
     """A test client of the view (acting with the test agent) over ``web_store_url``."""
-    with TestClient(create_app(web_store_url, agent=kernel_options())) as test_client:
+    with local_client(create_app(web_store_url, agent=kernel_options())) as test_client:
         yield test_client
 
 
 @pytest.fixture
 def reader(web_store_url: str) -> Iterator[TestClient]:
     """A test client of the read-only view (no agent) over ``web_store_url``."""
-    with TestClient(create_app(web_store_url)) as test_client:
+    with local_client(create_app(web_store_url)) as test_client:
         yield test_client

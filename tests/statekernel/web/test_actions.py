@@ -17,16 +17,19 @@ from statekernel.errors import ConfigError
 from statekernel.stores import open_store
 from statekernel.web import create_app
 
+from .clients import local_client
 from .runs_made import make_runs
 from .web_agent import kernel_options
+
+TOKEN = re.compile(r'action="[^"?]*\?csrf_token=([^"&]+)"')
+"""The token in the address a form of a page posts to."""
 
 
 def token(client: TestClient, path: str = "/") -> str:
     """The CSRF token of the page at ``path`` (its cookie is then the client's)."""
-    page = client.get(path).text
-    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    found = TOKEN.search(client.get(path).text)
     if found is None:  # the list has no form: take a run page's
-        found = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/runs/asking").text)
+        found = TOKEN.search(client.get("/runs/asking").text)
     assert found is not None
     return found.group(1)
 
@@ -46,46 +49,49 @@ def wait_for_state(client: TestClient, run_id: str, state: str) -> None:
 
 
 def post(client: TestClient, run_id: str, action: str, **form: str) -> Any:
-    data = {"csrf_token": token(client, f"/runs/{run_id}"), **form}
-    return client.post(f"/runs/{run_id}/{action}", data=data, follow_redirects=False)
+    """Post ``form`` to the action as the run's page does (the token in the address)."""
+    sent = token(client, f"/runs/{run_id}")
+    url = f"/runs/{run_id}/{action}?csrf_token={sent}"
+    return client.post(url, data=form, follow_redirects=False)
 
 
 def test_a_question_is_answered_from_its_form_and_the_run_completes(client: TestClient) -> None:
-    wrong = client.post(
-        "/runs/asking/answer", data={"csrf_token": token(client, "/runs/asking"), "value": "0"}
-    )
+    wrong = post(client, "asking", "answer", value="0")
     assert wrong.status_code == 400
     assert "does not fit the question" in wrong.text
     assert "0 is less than the minimum of 1" in wrong.text
-    not_a_number = client.post(
-        "/runs/asking/answer", data={"csrf_token": token(client, "/runs/asking"), "value": "two"}
-    )
+    not_a_number = post(client, "asking", "answer", value="two")
     assert not_a_number.status_code == 400
-    assert "is not a integer" in not_a_number.text
+    assert "answer must be an integer of at most 18 digits" in not_a_number.text
     assert state_of(client, "asking") == "paused"
-    done = client.post(
-        "/runs/asking/answer",
-        data={"csrf_token": token(client, "/runs/asking"), "value": "2"},
-        follow_redirects=False,
-    )
+    done = post(client, "asking", "answer", value="2")
     assert done.status_code == 303
-    assert done.headers["location"].startswith("http://testserver/runs/asking?note=answered")
+    assert done.headers["location"].startswith("/runs/asking?note=answered")
     wait_for_state(client, "asking", "completed")
     page = client.get("/runs/asking").text
     assert "booked for you" in page
 
 
 def test_every_post_needs_the_csrf_token(client: TestClient) -> None:
-    client.get("/runs/asking")
+    mine = token(client, "/runs/asking")
     missing = client.post("/runs/asking/answer", data={"value": "2"})
     assert missing.status_code == 403
     assert "CSRF" in missing.text
-    forged = client.post("/runs/asking/answer", data={"value": "2", "csrf_token": "a.b"})
+    forged = client.post("/runs/asking/answer?csrf_token=a.b", data={"value": "2"})
     assert forged.status_code == 403
-    other = TestClient(client.app)  # another browser: its own cookie, not this token
-    stolen = other.post("/runs/asking/answer", data={"value": "2", "csrf_token": token(client)})
+    in_the_body = client.post("/runs/asking/answer", data={"value": "2", "csrf_token": mine})
+    assert in_the_body.status_code == 403, "read before the body: in the address or a header"
+    other = local_client(client.app)  # another browser: its own cookie, not this token
+    stolen = other.post(f"/runs/asking/answer?csrf_token={mine}", data={"value": "2"})
     assert stolen.status_code == 403
     assert state_of(client, "asking") == "paused"
+    by_header = client.post(
+        "/runs/asking/answer",
+        data={"value": "2"},
+        headers={"X-CSRF-Token": mine},
+        follow_redirects=False,
+    )
+    assert by_header.status_code == 303
 
 
 def test_an_uncertain_call_is_resolved_and_the_run_goes_on(client: TestClient) -> None:
@@ -130,7 +136,7 @@ def test_a_run_another_process_holds_is_busy(tmp_path: Path) -> None:
         await holder.acquire("asking", "someone-else/4242", ttl=60.0)
 
     asyncio.run(take())
-    with TestClient(create_app(url, agent=kernel_options())) as client:
+    with local_client(create_app(url, agent=kernel_options())) as client:
         busy = post(client, "asking", "answer", value="2")
         assert busy.status_code == 409
         text = busy.text
@@ -148,7 +154,7 @@ def test_the_authorize_hook_decides(tmp_path: Path) -> None:
         asked.append((action, run_id))
         return action in ("view", "send")
 
-    with TestClient(create_app(url, agent=kernel_options(), authorize=authorize)) as client:
+    with local_client(create_app(url, agent=kernel_options(), authorize=authorize)) as client:
         assert client.get("/runs/asking").status_code == 200
         refused = post(client, "chat", "delete", confirm="chat")
         assert refused.status_code == 403
@@ -203,7 +209,7 @@ def test_deleting_with_children_needs_each_child_allowed(tmp_path: Path) -> None
         return not (action == "delete" and run_id == kid_b)
 
     everyone = [sk.child_run_id("parent", "a"), kid_b, "parent"]
-    with TestClient(create_app(url, agent=kernel_options(), authorize=authorize)) as client:
+    with local_client(create_app(url, agent=kernel_options(), authorize=authorize)) as client:
         refused = post(client, "parent", "delete", confirm="parent", children="on")
         assert refused.status_code == 403
         assert "not allowed: delete on a child run of run parent" in refused.text
@@ -215,12 +221,12 @@ def test_deleting_with_children_needs_each_child_allowed(tmp_path: Path) -> None
     async def unsure(request: Request, action: str, run_id: str | None) -> Any:
         return None if action == "delete" and run_id == kid_b else True
 
-    with TestClient(create_app(url, agent=kernel_options(), authorize=unsure)) as client:
+    with local_client(create_app(url, agent=kernel_options(), authorize=unsure)) as client:
         with pytest.raises(ConfigError, match="must return True or False, got None"):
             post(client, "parent", "delete", confirm="parent", children="on")
         for run_id in everyone:  # nothing was deleted, and the leases were given back
             assert client.get(f"/runs/{run_id}").status_code == 200
-    with TestClient(create_app(url, agent=kernel_options())) as client:
+    with local_client(create_app(url, agent=kernel_options())) as client:
         done = post(client, "parent", "delete", confirm="parent", children="on")
         assert done.status_code == 303
         for run_id in everyone:
@@ -239,5 +245,5 @@ def test_an_authorize_hook_answering_other_than_a_bool_is_a_config_error(
         return answer
 
     app = create_app(url, agent=kernel_options(), authorize=authorize)
-    with TestClient(app) as client, pytest.raises(ConfigError, match=f"got {answer!r}"):
+    with local_client(app) as client, pytest.raises(ConfigError, match=f"got {answer!r}"):
         client.get("/runs/asking")

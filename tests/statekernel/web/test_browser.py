@@ -1,6 +1,7 @@
 """The web view in a real browser: headless Chromium (the system's ``chromium``, driven
 by Playwright) opens the list, answers a paused run's question in its form, watches
-the run complete live, and resolves an uncertain call. A screenshot of the run page
+the run complete live, and resolves an uncertain call, with nothing blocked by the
+Content-Security-Policy. A screenshot of the run page
 is written to the test's folder (and to ``$STATEKERNEL_WEB_SCREENSHOT`` when set)."""
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ def test_answer_a_question_watch_it_complete_and_resolve_a_call(tmp_path: Path) 
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 1000})
             page.set_default_timeout(30_000)
+            refused: list[str] = []  # what the Content-Security-Policy blocked
+            page.on(
+                "console",
+                lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None,
+            )
             expect.set_options(timeout=30_000)
             page.goto(base + "/")
             expect(page.locator("table.runs")).to_contain_text("asking")
@@ -86,5 +92,6 @@ def test_answer_a_question_watch_it_complete_and_resolve_a_call(tmp_path: Path) 
             page.click("form.resolve button[type=submit]")
             expect(page.locator("#state")).to_have_text("completed")
             expect(page.locator("section.transcript")).to_contain_text("booked 2")
+            assert refused == [], "the pages need nothing the policy forbids"
         finally:
             browser.close()

@@ -19,6 +19,7 @@ from statekernel.stores import MemoryStore
 from statekernel.web import create_app
 from statekernel.web.live import Hub
 
+from .clients import local_client
 from .serving import served
 from .web_agent import kernel_options
 
@@ -62,9 +63,7 @@ def test_a_run_driven_by_another_process_streams_live(web_store_url: str, tmp_pa
     try:
         with (
             served(create_app(web_store_url)) as base,
-            httpx.stream(
-                "GET", f"{base}/runs/gated/stream?after=-1&until=rest", timeout=60
-            ) as answer,
+            httpx.stream("GET", f"{base}/runs/gated/stream?until=rest", timeout=60) as answer,
         ):
             assert answer.headers["content-type"].startswith("text/event-stream")
             seen: list[str] = []
@@ -130,15 +129,13 @@ async def test_every_streaming_page_shares_one_watch() -> None:
 
 @pytest.mark.parametrize("path", ["/stream", "/runs/r/stream"])
 def test_streams_are_authorized(tmp_path: Path, path: str) -> None:
-    from starlette.testclient import TestClient
 
     url = f"sqlite:///{tmp_path}/runs.db"
-    with TestClient(create_app(url, authorize=lambda request, action, run_id: False)) as c:
+    with local_client(create_app(url, authorize=lambda request, action, run_id: False)) as c:
         assert c.get(path).status_code == 403
 
 
 def test_a_reconnecting_stream_goes_on_after_the_last_event_id(tmp_path: Path) -> None:
-    from starlette.testclient import TestClient
 
     url = f"sqlite:///{tmp_path}/runs.db"
 
@@ -152,14 +149,12 @@ def test_a_reconnecting_stream_goes_on_after_the_last_event_id(tmp_path: Path) -
     revisions = sorted(set(asyncio.run(drive())))
     assert len(revisions) >= 2
     middle = revisions[-2]
-    with TestClient(create_app(url)) as client:
-        whole = client.get("/runs/r/stream?after=-1&until=rest").text
+    with local_client(create_app(url)) as client:
+        whole = client.get("/runs/r/stream?until=rest").text
         assert f"id: {revisions[-1]}\n" in whole  # the id of the last events sent
-        again = client.get(
-            "/runs/r/stream?after=-1&until=rest", headers={"Last-Event-ID": str(middle)}
-        ).text
+        again = client.get("/runs/r/stream?until=rest", headers={"Last-Event-ID": str(middle)}).text
         bad = [
-            client.get("/runs/r/stream?after=-1&until=rest", headers={b"Last-Event-ID": text})
+            client.get("/runs/r/stream?until=rest", headers={b"Last-Event-ID": text})
             for text in (b"x", b"--5", b"\xb2", b"9" * 30)  # \xb2: a latin-1 superscript 2
         ]
     sent = [data for name, data in sse_events(iter(again.splitlines())) if name == "events"]

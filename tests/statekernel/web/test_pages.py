@@ -15,6 +15,7 @@ from statekernel.stores import open_store
 from statekernel.testing import SQLiteRecords
 from statekernel.web import create_app
 
+from .clients import local_client
 from .runs_made import make_runs
 from .web_agent import kernel_options
 
@@ -55,7 +56,7 @@ def test_the_list_pages_with_a_cursor(tmp_path: Path) -> None:
                 await kernel.start(model="chat/m", run_id=f"run-{n:02d}")
 
     asyncio.run(many())
-    with TestClient(create_app(url)) as client:
+    with local_client(create_app(url)) as client:
         first = client.get("/")
         listed = ids_listed(first.text)
         assert len(listed) == 50
@@ -134,7 +135,7 @@ def test_the_diagram_highlights_the_run_path(client: TestClient) -> None:
         assert "needs Graphviz" in page
         assert answer.status_code == 503
         return
-    assert 'src="http://testserver/runs/asking/diagram.svg' in page
+    assert 'src="/runs/asking/diagram.svg' in page
     assert answer.status_code == 200
     assert answer.headers["content-type"] == "image/svg+xml"
     assert b"run asking: paused at revision 3" in answer.content
@@ -163,7 +164,7 @@ def test_a_damaged_run_is_shown_as_damaged(tmp_path: Path) -> None:
             await store.aclose()
 
     asyncio.run(damage())
-    with TestClient(create_app(url)) as client:
+    with local_client(create_app(url)) as client:
         page = client.get("/runs/chat")
         assert page.status_code == 200
         assert "damaged" in page.text
@@ -176,7 +177,7 @@ def test_without_an_agent_the_view_is_read_only_and_says_why(reader: TestClient)
     page = reader.get("/runs/asking").text
     assert "read-only: no agent was given" in page
     assert "--agent package.module:function" in page
-    assert 'action="http://testserver/runs/asking/answer"' not in page
+    assert "/runs/asking/answer" not in page
     token = re.search(r'name="csrf_token" value="([^"]+)"', page)
     assert token is None  # no form at all
     refused = reader.post("/runs/asking/retry", data={"csrf_token": "x"})
@@ -194,7 +195,7 @@ def test_no_secret_is_rendered(tmp_path: Path) -> None:
             await kernel.start(model="chat/m", messages=[text], run_id="secret")
 
     asyncio.run(start())
-    with TestClient(create_app(url)) as client:
+    with local_client(create_app(url)) as client:
         page = client.get("/runs/secret").text
         assert "hunter2" not in page
         assert "postgresql://app:***@db.internal/app" in page
@@ -227,7 +228,7 @@ def test_a_secret_in_pause_details_is_not_rendered(tmp_path: Path) -> None:
 
     asyncio.run(paused())
     agent = {"tools": [connect], "hooks": Gate()}  # with actions: the pause's form shows it
-    with TestClient(create_app(url, agent=agent)) as client:
+    with local_client(create_app(url, agent=agent)) as client:
         page = client.get("/runs/gated").text
         assert "hunter2" not in page
         assert "postgresql://app:***@db.internal/app" in page
@@ -236,7 +237,7 @@ def test_a_secret_in_pause_details_is_not_rendered(tmp_path: Path) -> None:
 def test_error_text_is_never_html(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/runs.db"
     asyncio.run(make_runs(url))
-    with TestClient(create_app(url)) as client:
+    with local_client(create_app(url)) as client:
         bad = "<img src=x onerror=alert(1)>"
         answer = client.get(f"/runs/{bad}/diagram.svg")
         assert answer.status_code == 404
@@ -251,7 +252,7 @@ def test_a_view_without_an_agent_upgrades_no_postgres_schema(postgres_store_url:
 
     target = parse_postgres_url(postgres_store_url)
 
-    with TestClient(create_app(postgres_store_url)) as client:
+    with local_client(create_app(postgres_store_url)) as client:
         page = client.get("/")
         assert "no store" in page.text  # said, not a traceback
         assert "Traceback" not in page.text
@@ -260,7 +261,7 @@ def test_a_view_without_an_agent_upgrades_no_postgres_schema(postgres_store_url:
 
     asyncio.run(make_runs(postgres_store_url))
     pg_admin(target.dsn, f"UPDATE {table} SET version = 2")  # as an older release left it
-    with TestClient(create_app(postgres_store_url)) as client:
+    with local_client(create_app(postgres_store_url)) as client:
         listed = client.get("/").text
         assert "asking" in listed
         assert client.get("/runs/asking").status_code == 200

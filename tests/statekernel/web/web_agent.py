@@ -60,3 +60,8 @@ def kernel_options() -> dict[str, Any]:
             "chat": ScriptedProvider(["hello"], repeat_last=True),
         },
     }
+
+
+def only_viewing(request: Any, action: str, run_id: str | None) -> bool:
+    """An ``authorize`` hook (``--authorize web_agent:only_viewing``): pages, no action."""
+    return action == "view"
