@@ -57,6 +57,7 @@ password or a header's value is hidden by its place whatever its length)."""
 _SECRET_ANYWHERE = re.compile(
     r"passw(?:or)?d|passphrase|passcode|pwd|secret|credential|signature|cookie|jwt"
     r"|token(?!s|i[sz]|count|limit)"  # not max_tokens, totalTokenCount, tokenizer
+    r"|(?:access|refresh|id|api|auth|session|bearer|security|private|oauth)tokens"
     r"|(?<!require)auth(?!or(?!i[sz]))"  # authorization, oauth; not author, require_auth
     r"|(?:api|access|private|signing)key"  # AWSAccessKeyId, private_key_id
     r"|sess(?:ion)?id"  # session_id, JSESSIONID, PHPSESSID
@@ -123,7 +124,8 @@ def secret_name(name: str, *, in_url: bool = False) -> bool:
     * or, in a URL (``in_url``), it is ``code`` (an OAuth authorization code; in text,
       ``"code": ...`` is an error's code).
 
-    What is not: ``tokens`` and ``token`` followed by ``count``, ``limit`` or ``iz``
+    What is not: ``tokens`` (but ``access_tokens``, ``refresh_tokens``, ``api_tokens``
+    and their kin are) and ``token`` followed by ``count``, ``limit`` or ``iz``
     (counts and tokenizers: ``max_tokens``, ``totalTokenCount``,
     ``TOKENIZERS_PARALLELISM``); ``author`` and ``authority`` (but ``authorization``
     is); ``require_auth`` (libpq's list of methods); ``key`` or ``pass`` inside a name

@@ -142,7 +142,8 @@ WHERE l.run_id = $1 FOR UPDATE OF l
 """
 
 _LOOK = f"""
-SELECT l.owner, l.expires, l.proof, extract(epoch FROM clock_timestamp())::float8, {_HELD}
+SELECT l.owner, l.expires, l.proof, extract(epoch FROM clock_timestamp())::float8, {_HELD},
+  l.suspect
 FROM {{runs}} r LEFT JOIN {{leases}} l ON l.run_id = r.run_id WHERE r.run_id = $1
 """
 
@@ -257,7 +258,9 @@ async def keep_fence(conn: Any, t: Tables, run_id: str, at_least: int) -> None:
 async def holder(conn: Any, t: Tables, run_id: str) -> str | None:
     """The owner holding the run while it lives, read without writing (no mark is set
     or cleared): None when its lease is free or expired on the server's clock, or when
-    a ``lock`` owner's lock is free (it is gone, or taking its lock again)."""
+    a ``lock`` owner's lock has been found free for ``GRACE`` (a taker would take the
+    run); a lock free for less is an owner taking its lock again, or one a taker has
+    yet to find gone."""
     row = await conn.fetchrow(_LOOK.format(leases=t.leases, runs=t.runs), run_key(run_id))
     if row is None:
         raise RunNotFound(run_id)
@@ -269,4 +272,5 @@ async def holder(conn: Any, t: Tables, run_id: str) -> str | None:
         raise damaged_lease(run_id, t.where, f"owner is not UTF-8: {exc}") from exc
     if local_owner(owner) or row[2] != LOCK or row[4]:
         return owner
-    return None
+    suspect = row[5]
+    return owner if suspect is None or row[3] - suspect < GRACE else None

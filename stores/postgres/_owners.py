@@ -90,7 +90,7 @@ class OwnerLocks:
         if self._conn is not None and (self._dead or _closed(self._conn)):
             old, self._conn, self._locked = self._conn, None, set()
             with contextlib.suppress(*self._errors):
-                await self._disconnect(old)  # the pool gets its place back
+                await self._let_go(old)  # the pool gets its place back
         if self._conn is None:
             self._dead = False
             conn = await self._connect()
@@ -108,6 +108,8 @@ class OwnerLocks:
         conn = await self._session()
         for held in [o for o in self._held if o not in self._locked and o != owner]:
             await self._try(conn, held)  # taken again with the new connection
+        if owner in self._locked:
+            return  # held on this session already: a second lock would stack
         if not await self._try(conn, owner):
             raise StoreError(
                 f"owner {owner!r} is held by another live session of the server"
@@ -115,11 +117,15 @@ class OwnerLocks:
             )
 
     async def _try(self, conn: Any, owner: str) -> bool:
-        taken = bool(
-            await conn.fetchval(
-                "SELECT pg_try_advisory_lock($1)", lock_key("owner", self.schema, owner)
+        try:
+            taken = bool(
+                await conn.fetchval(
+                    "SELECT pg_try_advisory_lock($1)", lock_key("owner", self.schema, owner)
+                )
             )
-        )
+        except BaseException:
+            self._dead = True  # whether the server took the lock is unknown: a new session
+            raise
         if taken:
             self._locked.add(owner)
         return taken
@@ -130,8 +136,11 @@ class OwnerLocks:
             conn.remove_termination_listener(self._lost)
         await self._disconnect(conn)
 
-    def _lost(self, _conn: Any) -> None:
-        """The locks' connection ended: take the locks again at once."""
+    def _lost(self, conn: Any) -> None:
+        """The locks' connection ended: take the locks again at once (a listener called
+        late for a connection already replaced is ignored)."""
+        if conn is not self._conn:  # asyncpg gives the pool's proxy, as ``_connect`` did
+            return
         self._dead = True
         if self._held and self.enabled and (self._again is None or self._again.done()):
             self._again = asyncio.get_running_loop().create_task(self._lock_again())
@@ -170,10 +179,12 @@ class OwnerLocks:
             if conn is None or not self.enabled:
                 return
             if self._held:
-                if owner in self._locked and not self._dead and not _closed(conn):
-                    key = lock_key("owner", self.schema, owner)
-                    await conn.fetchval("SELECT pg_advisory_unlock($1)", key)
-                self._locked.discard(owner)
+                try:
+                    if owner in self._locked and not self._dead and not _closed(conn):
+                        key = lock_key("owner", self.schema, owner)
+                        await conn.fetchval("SELECT pg_advisory_unlock($1)", key)
+                finally:
+                    self._locked.discard(owner)
                 return
             self._conn, self._locked = None, set()
             await self._let_go(conn)

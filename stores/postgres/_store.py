@@ -585,12 +585,14 @@ class PostgresStore(Closing):
 
     async def renew(self, lease: Lease, *, ttl: float) -> None:
         """Extend the lease from the server's now (``LeaseLost`` if it moved on)."""
+        checked_run_id(lease.run_id)
         claim = self._claim(lease.owner, ttl)
         await self._run(leases.renew, lease.run_id, lease.owner, _token(lease), claim)
 
     async def release(self, lease: Lease) -> None:
         """Give the lease up and, with the owner's last lease here, its advisory lock."""
         try:
+            checked_run_id(lease.run_id)
             await self._run(leases.give_back, lease.run_id, lease.owner, _token(lease))
         finally:
             await self._owner_locks(self._owners.drop(lease.owner))
@@ -603,10 +605,12 @@ class PostgresStore(Closing):
 
     async def fence(self, run_id: str) -> int:
         """The largest fencing token given for the run (``KeepsFences``)."""
+        checked_run_id(run_id)
         return await self._run(leases.fence, run_id)
 
     async def keep_fence(self, run_id: str, at_least: int) -> None:
         """Make every later token of the run larger than ``at_least`` (``KeepsFences``)."""
+        checked_run_id(run_id)
         self._writable()
         await self._run(leases.keep_fence, run_id, at_least)
 

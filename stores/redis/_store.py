@@ -144,15 +144,21 @@ return {0, 0}
 ACQUIRE_SCRIPT = """
 if redis.call('EXISTS', KEYS[3]) == 0 then return {2, ''} end
 local held = redis.call('GET', KEYS[1])
-if held then return {0, held} end
+if held then
+  if redis.call('GET', KEYS[4]) == ARGV[3] then return {1, held} end
+  return {0, held}
+end
 local token = redis.call('INCR', KEYS[2]) .. '/' .. ARGV[1]
 redis.call('PERSIST', KEYS[2])
 redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
+redis.call('SET', KEYS[4], ARGV[3], 'PX', ARGV[2])
 return {1, token}
 """
 """Give the lease ``KEYS[1]`` of the run whose head is ``KEYS[3]`` to ``ARGV[1]`` for
 ``ARGV[2]`` ms with the next token of its fence counter ``KEYS[2]``, which never expires
-(a counter a release of an older layout left expiring is made to last)."""
+(a counter a release of an older layout left expiring is made to last). ``ARGV[3]`` is
+the call's nonce, kept in ``KEYS[4]``: the same call sent again after a cut connection
+(its first send may have taken the lease) is given the lease it took, not ``RunBusy``."""
 
 KEEP_FENCE_SCRIPT = """
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
@@ -428,7 +434,8 @@ class RedisStore(Closing):
         """Take the run's lease (a key that expires ``ttl`` seconds after its last renewal;
         a dead owner's lease is taken over once it expired)."""
         keys = [self.run_key(run_id, "lease"), self.run_key(run_id, "fence"), self._keys(run_id)[0]]
-        args: list[Any] = [owner, _ms(ttl)]
+        keys.append(self.run_key(run_id, "taker"))
+        args: list[Any] = [owner, _ms(ttl), uuid.uuid4().hex]
         (status, token), short = await self._call(
             self._replication.script(self._acquire, keys, args)
         )
@@ -715,7 +722,7 @@ class RedisStore(Closing):
         self._runs.forget_landed(run_id)
         self._replication.forget(run_id)
         removed = await self._call(self._client.delete(*self._keys(run_id)))
-        lease = [self.run_key(run_id, "lease"), self.run_key(run_id, "fence")]
+        lease = [self.run_key(run_id, n) for n in ("lease", "fence", "taker")]
         await self._call(self._client.delete(*lease))  # a run made again starts afresh
         await self._runs.forget(run_id)
         self._known.drop(run_id)

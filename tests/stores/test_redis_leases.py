@@ -14,6 +14,7 @@ from statekernel._storage.protocol import Checkpoint
 from statekernel.errors import ConflictError, LeaseLost, RunBusy
 from statekernel.stores import RedisStore
 from statekernel.testing import ScriptedProvider
+from statekernel.testing._store_cases import sample_run
 
 pytestmark = pytest.mark.redis
 
@@ -105,3 +106,25 @@ async def test_a_lease_of_another_run_does_not_fence_this_one(store: RedisStore)
     with pytest.raises(LeaseLost):
         await store.commit(touched(run, "x"), lease=lease)
     assert (await store.load("r1")).revision == run.revision
+
+
+async def test_an_acquire_sent_again_after_a_cut_gets_the_lease_it_took(
+    redis_store_url: str,
+) -> None:
+    """A script sent again after a cut connection may find the lease its first send took:
+    with the same nonce it is given that lease, never ``RunBusy`` for its own owner; a
+    call with another nonce is busy."""
+    store = RedisStore(redis_store_url)
+    try:
+        await store.commit(Checkpoint.between(None, sample_run("cut")))
+        keys = [store.run_key("cut", n) for n in ("lease", "fence")]
+        keys += [store._keys("cut")[0], store.run_key("cut", "taker")]
+        first = await store._acquire(keys=keys, args=["owner", 60_000, "nonce-1"])
+        again = await store._acquire(keys=keys, args=["owner", 60_000, "nonce-1"])
+        other = await store._acquire(keys=keys, args=["owner-2", 60_000, "nonce-2"])
+        assert [first[0], again[0], other[0]] == [1, 1, 0]
+        assert first[1] == again[1] == other[1]
+        await store.delete("cut")
+        assert await store.client.exists(keys[3]) == 0
+    finally:
+        await store.aclose()
