@@ -182,12 +182,27 @@ class Cluster:
         map naming the new primary."""
         self.client(replica).execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
 
-        def settled() -> bool:
-            promoted = self.client(replica).info("replication")["role"] == "master"
-            demoted = self.client(primary).info("replication")["role"] == "slave"
-            return promoted and demoted and self._everywhere(replica)
+        def promoted() -> bool:
+            return bool(self.client(replica).info("replication")["role"] == "master")
 
-        wait_until(settled, f"node {replica} took over from node {primary}")
+        def settled() -> bool:
+            demoted = self.client(primary).info("replication")["role"] == "slave"
+            return promoted() and demoted and self._everywhere(replica)
+
+        def state() -> object:
+            return {
+                port: (
+                    client.info("replication")["role"],
+                    client.execute_command("CLUSTER INFO").get("cluster_state"),
+                )
+                for port, client in zip(self.ports, self.clients, strict=True)
+            }
+
+        try:  # a takeover the replica dropped (a loaded machine) is asked for once more
+            wait_until(promoted, f"node {replica} to be promoted", timeout=20.0)
+        except AssertionError:
+            self.client(replica).execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
+        wait_until(settled, f"node {replica} took over from node {primary}", state=state)
         wait_until(lambda: acknowledges(self.client(replica)), "the old primary acknowledges")
 
     def _everywhere(self, primary: int) -> bool:
