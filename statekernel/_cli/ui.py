@@ -5,15 +5,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import ipaddress
-import os
-import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from statekernel._cli.common import UserError, check_existing_store, store_url
-from statekernel._cli.worker import load_agent
+from statekernel._cli.worker import load_agent, load_named
 from statekernel.stores import redact_url
 
 if TYPE_CHECKING:
@@ -59,18 +57,7 @@ def _allowed_hosts(host: str, given: Sequence[str]) -> list[str]:
 def _load_authorize(spec: str) -> Authorize:
     """The ``authorize`` hook named by ``package.module:function`` (the module looked
     for in the current directory too, as ``--agent``'s)."""
-    module_name, sep, attr = spec.partition(":")
-    if not (module_name and sep and attr):
-        raise UserError(f"--authorize must look like package.module:function, got {spec!r}")
-    here = os.getcwd()
-    if here not in sys.path and "" not in sys.path:
-        sys.path.insert(0, here)
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise UserError(f"cannot load --authorize {spec!r}: {exc}") from exc
+    target = load_named("--authorize", spec)
     if not callable(target):
         raise UserError(f"--authorize {spec!r} is a {type(target).__name__}, not a function")
     hook: Authorize = target

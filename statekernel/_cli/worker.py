@@ -19,10 +19,29 @@ from statekernel._cli.common import UserError, run_async, store_url
 from statekernel._workers.worker import Worker, WorkerStats
 from statekernel.stores import redact_url
 
-__all__ = ["load_agent", "worker"]
+__all__ = ["load_agent", "load_named", "worker"]
 
 QUEUE_SCHEMES = ("redis", "rediss", "postgresql", "postgres")
 """URL schemes of the stores that keep run queues."""
+
+
+def load_named(option: str, spec: str) -> Any:
+    """The object ``package.module:attribute`` that ``option`` names, the module looked
+    for in the current directory too (as ``python -m`` finds it); ``UserError`` naming
+    the option when it is malformed or cannot be loaded."""
+    module_name, sep, attr = spec.partition(":")
+    if not (module_name and sep and attr):
+        raise UserError(f"{option} must look like package.module:function, got {spec!r}")
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise UserError(f"cannot load {option} {spec!r}: {exc}") from exc
+    return target
 
 
 def load_agent(spec: str | None) -> Mapping[str, Any]:
@@ -34,18 +53,7 @@ def load_agent(spec: str | None) -> Mapping[str, Any]:
     """
     if not spec:
         return {}
-    module_name, sep, attr = spec.partition(":")
-    if not (module_name and sep and attr):
-        raise UserError(f"--agent must look like package.module:function, got {spec!r}")
-    here = os.getcwd()  # a module of the current directory, as `python -m` finds it
-    if here not in sys.path and "" not in sys.path:
-        sys.path.insert(0, here)
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise UserError(f"cannot load --agent {spec!r}: {exc}") from exc
+    target = load_named("--agent", spec)
     options = target() if callable(target) else target
     if not isinstance(options, Mapping):
         raise UserError(f"--agent {spec!r} gave {type(options).__name__}, not a mapping")
