@@ -98,13 +98,28 @@ def cut_off(primary: Client) -> None:
 
 
 def reconnect(primary: Client) -> None:
-    """Let the primary's replicas in again; return once they have all its writes."""
-    primary.execute_command("ACL", "SETUSER", "default", "+psync", "+sync")
-    wait_until(
-        lambda: acknowledges(primary),
-        "a replica acknowledges the primary's writes",
-        state=lambda: primary.info("replication"),
-    )
+    """Let the primary's replicas in again; return once they have all its writes.
+
+    Only ``PSYNC`` is allowed again: a replica refused ``PSYNC`` falls back to the old
+    ``SYNC``, and one whose ``SYNC`` came in just after the change would replicate without
+    ever acknowledging an offset (``WAIT`` would count it never). Refused ``SYNC``, it asks
+    with ``PSYNC`` again. A replica that has not caught up within 20 s is cut off once more
+    so that it syncs again."""
+    primary.execute_command("ACL", "SETUSER", "default", "+psync")
+
+    def caught_up() -> None:
+        wait_until(
+            lambda: acknowledges(primary),
+            "a replica acknowledges the primary's writes",
+            state=lambda: primary.info("replication"),
+            timeout=20.0,
+        )
+
+    try:
+        caught_up()
+    except AssertionError:
+        primary.execute_command("CLIENT", "KILL", "TYPE", "slave")
+        caught_up()
 
 
 def _start(binary: str, folder: Path, port: int, *args: str) -> subprocess.Popen[bytes]:
