@@ -125,9 +125,10 @@ class KernelThread:
                 raise StatekernelError("this KernelThread is closed")
         return self._submit(fn(self.kernel), timeout)
 
-    def drive(self, run_id: str, *messages: Message | str) -> Run:
+    def drive(self, run_id: str, *messages: Message | str, raise_on_failure: bool = False) -> Run:
         """Drive ``run_id`` to rest (with ``messages`` as new user input, as
-        ``Kernel.run`` takes them); the run then.
+        ``Kernel.run`` takes them); the run then. ``raise_on_failure=True``: raise
+        ``RunFailed`` when the run is failed at rest, as ``Kernel.run`` does.
 
         Returns:
             The run's head once it is at rest (completed, paused or failed).
@@ -140,10 +141,11 @@ class KernelThread:
             InvalidTransition: ``messages`` were given to a run that cannot take input.
             LeaseLost: another owner took the run over.
             StoreError: the store failed (after retries with backoff).
+            RunFailed: ``raise_on_failure`` and the run is failed at rest.
         """
 
         async def drive(kernel: Kernel) -> Run:
-            async for _ in kernel.run(run_id, *messages):
+            async for _ in kernel.run(run_id, *messages, raise_on_failure=raise_on_failure):
                 pass
             return await kernel.get(run_id)
 

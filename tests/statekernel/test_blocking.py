@@ -12,7 +12,7 @@ import pytest
 import statekernel as sk
 from statekernel.blocking import KernelThread
 from statekernel.errors import InvalidArgument, RunNotFound, StatekernelError
-from statekernel.testing import ScriptedProvider
+from statekernel.testing import Fail, ScriptedProvider
 
 
 def _maker(url: str) -> sk.Kernel:
@@ -116,3 +116,19 @@ def test_a_calls_own_cancellation_is_not_taken_for_a_close() -> None:
             blocking.call(cancelled)
         with pytest.raises(RunNotFound):  # and it goes on serving
             blocking.call(lambda k: k.get("missing"))
+
+
+def test_drive_raises_on_failure_when_asked(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    refusing = ScriptedProvider([Fail(ValueError("the model is down"), times=2)])
+
+    def make() -> sk.Kernel:
+        return sk.Kernel(url, providers={"refusing": refusing})
+
+    with KernelThread(make) as blocking:
+        run = blocking.call(lambda k: k.start(model="refusing/m", messages=["Hi"]))
+        assert blocking.drive(run.run_id).state == "failed"  # by default: the run, failed
+        blocking.call(lambda k: k.retry(run.run_id))
+        with pytest.raises(sk.RunFailed, match="the model is down") as failed:
+            blocking.drive(run.run_id, raise_on_failure=True)
+        assert failed.value.run_id == run.run_id
