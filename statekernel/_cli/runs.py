@@ -45,6 +45,7 @@ from statekernel._storage.queues import RunQueues
 from statekernel._storage.watching import Watches, watch
 from statekernel.errors import RunNotFound, StoreError
 from statekernel.stores import redact_url
+from statekernel.stores._alive import Owner, owner_of, owners_of
 
 __all__ = ["runs"]
 
@@ -77,24 +78,31 @@ def list_runs(
     """
 
     damaged: dict[str, str] = {}
+    owners: dict[str, Owner] = {}
 
     async def go() -> list[RunSummary]:
         async with open_cli_kernel(store, reading=True) as kernel:
-            s = kernel.store
-            if root is not None:
-                tree = [RunSummary.of(run) for _, run in await kernel.tree(root)]
-                tree = [row for row in tree if state is None or row.state == state]
-                return sorted(tree, key=lambda row: row.updated_at, reverse=True)[:limit]
-            rows: list[RunSummary] = []
-            cursor = None
-            while len(rows) < limit:
-                page = await s.list_runs(state=state, limit=limit - len(rows), cursor=cursor)
-                rows.extend(page.runs)
-                damaged.update((d.run_id, d.problem) for d in page.damaged)
-                cursor = page.next_cursor
-                if cursor is None:
-                    break
+            rows = await listed(kernel)
+            if not as_json:  # who drives the runs not at rest, asked of those alone
+                asked = ((r.run_id, r.state, r.revision) for r in rows)
+                owners.update(await owners_of(kernel.store, asked))
             return rows
+
+    async def listed(kernel: Kernel) -> list[RunSummary]:
+        if root is not None:
+            tree = [RunSummary.of(run) for _, run in await kernel.tree(root)]
+            tree = [row for row in tree if state is None or row.state == state]
+            return sorted(tree, key=lambda row: row.updated_at, reverse=True)[:limit]
+        rows: list[RunSummary] = []
+        cursor = None
+        while len(rows) < limit:
+            page = await kernel.store.list_runs(state=state, limit=limit - len(rows), cursor=cursor)
+            rows.extend(page.runs)
+            damaged.update((d.run_id, d.problem) for d in page.damaged)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        return rows
 
     rows = run_async(go())
     out = Output(as_json)
@@ -103,7 +111,7 @@ def list_runs(
     if as_json:  # damaged runs follow the listed ones, each with its problem
         out.json([*rows, *({"run_id": r, "damaged": p} for r, p in damaged.items())])
     elif rows:
-        out.console.print(runs_table(rows))
+        out.console.print(runs_table(rows, owners))
     else:
         out.console.print("no runs" + (f" in state {state}" if state else ""))
 
@@ -134,10 +142,16 @@ def tree(run_id: str, store: str | None, as_json: bool) -> None:
 def show(run_id: str, revision: int | None, full: bool, store: str | None, as_json: bool) -> None:
     """Show a run: state, context, transcript, tool calls in progress, usage."""
 
+    owner: Owner | None = None
+
     async def go() -> Run:
+        nonlocal owner
         async with open_cli_store(store, reading=True) as s:
             try:
-                return await s.load(run_id, revision=revision)
+                run = await s.load(run_id, revision=revision)
+                if revision is None and not as_json:  # who drives it now, read only
+                    owner = await owner_of(s, run_id, run.state, run.revision)
+                return run
             except RunNotFound:
                 if revision is None:
                     raise
@@ -152,7 +166,10 @@ def show(run_id: str, revision: int | None, full: bool, store: str | None, as_js
     if as_json:
         out.json(run)
     else:
-        out.console.print(run_details(run, limit=1_000_000 if full else 300))
+        out.console.print(run_details(run, limit=1_000_000 if full else 300, owner=owner))
+        if owner is not None and not owner.alive:  # nothing drives it: say how to go on
+            hint = command_hint(f"statekernel runs resume {run.run_id}", store)
+            out.note(visible(f"to take the run over and go on with it: {hint}"), markup=False)
 
 
 # -- events ------------------------------------------------------------------------

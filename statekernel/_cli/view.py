@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +26,7 @@ from statekernel._records.messages import (
 from statekernel._records.pauses import ChildWait, Question, Uncertain
 from statekernel._records.run import PauseInfo, Run, ToolCallRecord
 from statekernel._storage.protocol import RunSummary
+from statekernel.stores._alive import Owner
 
 __all__ = [
     "EventPrinter",
@@ -133,12 +134,16 @@ class EventPrinter:
         self._end_inline()
 
 
-def runs_table(rows: Iterable[RunSummary]) -> Table:
-    """The ``runs list`` table."""
+def runs_table(rows: Iterable[RunSummary], owners: Mapping[str, Owner] | None = None) -> Table:
+    """The ``runs list`` table; ``owners``: who drives the runs that are not at rest,
+    by run id (a column of its own when any is known)."""
     rows = list(rows)
+    owners = owners or {}
     paused = any(s.pause is not None for s in rows)
     table = Table(show_edge=False, header_style="bold")
     names = ["run id", "state", "turns", "rev", "model", "updated"]
+    if owners:
+        names.append("owner")
     widest = max((len(visible(s.run_id)) for s in rows), default=0)
     for name in [*names, "waiting for"] if paused else names:
         whole = name in ("run id", "updated")  # never cut or wrapped: ids are copied
@@ -158,6 +163,8 @@ def runs_table(rows: Iterable[RunSummary]) -> Table:
             plain(s.model),
             updated,
         ]
+        if owners:
+            cells.append(_owner_text(owners.get(s.run_id)))
         if paused:
             cells.append(plain(waiting_for(s.pause)) if s.pause is not None else "")
         table.add_row(*cells)
@@ -257,12 +264,23 @@ def _calls_table(title: str, records: Iterable[ToolCallRecord]) -> Table | None:
     return table
 
 
-def _header(run: Run) -> Table:
+def _owner_text(owner: Owner | None) -> str | Text:
+    """Who drives a run, red when its owner is gone ('' when not known)."""
+    if owner is None:
+        return ""
+    return plain(owner.text) if owner.alive else plain(owner.text, "red")
+
+
+def _header(run: Run, owner: Owner | None) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
     grid.add_row("run", plain(run.run_id))
     grid.add_row("state", state_text(run.state))
+    if owner is not None:
+        grid.add_row("owner", _owner_text(owner))
+        if not owner.alive:
+            grid.add_row("", plain(owner.lost, "red"))
     grid.add_row("revision", str(run.revision))
     grid.add_row("model", plain(run.model))
     grid.add_row("turns", f"{run.turn_count}" + (f" / {run.max_turns}" if run.max_turns else ""))
@@ -288,11 +306,12 @@ def _header(run: Run) -> Table:
     return grid
 
 
-def run_details(run: Run, *, limit: int = 300) -> Group:
-    """The ``runs show`` view: header, transcript and the current turn's tool calls."""
+def run_details(run: Run, *, limit: int = 300, owner: Owner | None = None) -> Group:
+    """The ``runs show`` view: header (with who drives the run, ``owner``, when known),
+    transcript and the current turn's tool calls."""
     transcript = [line for m in run.messages for line in _message_lines(m, limit)]
     parts: list[object] = [
-        _header(run),
+        _header(run, owner),
         Panel(Group(*transcript) if transcript else Text("(empty)"), title="transcript"),
     ]
     turn = run.current_turn

@@ -79,15 +79,26 @@ async def _answer(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str
 
 
 async def _resume(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str | None]:
+    """With ``value`` (JSON, else text) or, explicitly, ``no_value=on``: an empty form is
+    refused, since a hook reading the value (an approval) would pause the run again."""
     text = str(form.get("value", "")).strip()
-    if not text:
+    without = form.get("no_value") == "on"
+    if not text and not without:
+        raise InvalidArgument(
+            "no value given: type the value the run waits for (JSON or text), or tick "
+            "'resume without a value' (a hook that reads it, such as an approval, "
+            "pauses the run again)"
+        )
+    if text and without:
+        raise InvalidArgument("a value and 'resume without a value' both given: clear one of them")
+    if without:
         await kernel.resume(run_id)
-    else:
-        try:
-            value: Any = json.loads(text)
-        except ValueError:
-            value = text
-        await kernel.resume(run_id, value=value)
+        return "resumed without a value; the run goes on", run_id
+    try:
+        value: Any = json.loads(text)
+    except ValueError:
+        value = text
+    await kernel.resume(run_id, value=value)
     return "resumed; the run goes on", run_id
 
 
@@ -107,7 +118,11 @@ async def _resolve(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, st
     elif how == "rerun":
         run = await kernel.resolve_tool_call(run_id, call_id, rerun=True)
     else:
-        raise InvalidArgument("say how the call ended: output, error or re-run")
+        which = f"call {call_id}" if call_id else "the call"
+        raise InvalidArgument(
+            f"say what happened to {which}: it ran and returned an output, it failed "
+            "with an error, or it did not run (run it again)"
+        )
     if run.state == "paused":
         return f"resolved {call_id}; the run still waits for other calls", run_id
     return f"resolved {call_id}; the run goes on", run_id

@@ -12,20 +12,28 @@ from statekernel._lifecycle.diagram import can_render_svg
 from statekernel._records.run import STATE_IDS, Run, StateId
 from statekernel._secrets import redact
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StatekernelError
+from statekernel.web.alive import run_owner, with_owners
 from statekernel.web.context import WebContext
+from statekernel.web.diffs import revision_change
 from statekernel.web.forms import answer_fields
+from statekernel.web.links import path_for
 from statekernel.web.notes import issued_note
 from statekernel.web.numbers import query_number
+from statekernel.web.paging import (
+    TURNS_SHOWN,
+    events_window,
+    messages_window,
+    page_link,
+    transcript_page,
+)
 from statekernel.web.rendering import renderer_of
+from statekernel.web.tenants import shown_rows, visible, visible_ids
 from statekernel.web.views import (
     RESOLVE_WARNING,
     ListRow,
     event_row,
-    list_row,
     question_of,
-    revision_diff,
     timeline,
-    transcript,
     uncertain_ids,
 )
 
@@ -58,31 +66,54 @@ async def bad_request(request: Request, exc: Exception) -> Response:
     return renderer_of(request).page(request, "error.html", context, status=400)
 
 
-async def _search(web: WebContext, query: str, state: StateId | None) -> list[ListRow]:
+async def _search(
+    web: WebContext, request: Request, query: str, state: StateId | None
+) -> list[ListRow]:
     rows: list[ListRow] = []
-    try:
-        run = await web.store.load(query)
-    except RunNotFound:
-        pass
-    except CorruptCheckpoint as exc:
-        return [ListRow(query, "damaged", damaged=str(exc))]
-    else:
-        if state is None or run.state == state:
-            from statekernel._storage.protocol import RunSummary
+    if await visible_ids(web, request, [query]):
+        try:
+            run = await web.store.load(query)
+        except RunNotFound:
+            pass
+        except CorruptCheckpoint as exc:
+            return [ListRow(query, "damaged", damaged=str(exc))]
+        else:
+            if state is None or run.state == state:
+                from statekernel._storage.protocol import RunSummary
 
-            return [list_row(RunSummary.of(run))]
+                return await shown_rows(web, request, [RunSummary.of(run)])
     cursor: str | None = None
     looked = 0
     while looked < SEARCH_LIMIT:
         page = await web.store.list_runs(state=state, limit=500, cursor=cursor)
         looked += len(page.runs) + len(page.damaged)
-        rows += [list_row(s) for s in page.runs if query in s.run_id]
-        rows += [ListRow(d.run_id, "damaged", damaged=d.problem) for d in page.damaged
-                 if query in d.run_id]  # fmt: skip
+        rows += await shown_rows(web, request, [s for s in page.runs if query in s.run_id])
+        damaged = [ListRow(d.run_id, "damaged", damaged=d.problem) for d in page.damaged
+                   if query in d.run_id]  # fmt: skip
+        rows += await visible(web, request, damaged)
         cursor = page.next_cursor
         if cursor is None or len(rows) >= PAGE_SIZE:
             break
     return rows[:PAGE_SIZE]
+
+
+async def _page(
+    web: WebContext, request: Request, state: StateId | None, cursor: str | None
+) -> tuple[list[ListRow], str | None]:
+    """A page of the list: the rows of the store's pages from ``cursor`` on that the
+    request may view, at least ``PAGE_SIZE`` of them while there are more (a hook that
+    refuses most runs makes the view read further, up to ``SEARCH_LIMIT`` runs)."""
+    rows: list[ListRow] = []
+    looked = 0
+    while True:
+        page = await web.store.list_runs(state=state, limit=PAGE_SIZE, cursor=cursor)
+        looked += len(page.runs) + len(page.damaged)
+        rows += await shown_rows(web, request, page.runs)
+        damaged = [ListRow(d.run_id, "damaged", damaged=d.problem) for d in page.damaged]
+        rows += await visible(web, request, damaged)
+        cursor = page.next_cursor
+        if cursor is None or len(rows) >= PAGE_SIZE or looked >= SEARCH_LIMIT:
+            return rows, cursor
 
 
 async def runs_list(request: Request) -> Response:
@@ -98,17 +129,15 @@ async def runs_list(request: Request) -> Response:
     cursor = params.get("cursor") or None
     next_cursor: str | None = None
     if query:
-        rows = await _search(web, query, state)
+        rows = await _search(web, request, query, state)
     else:
         try:
-            page = await web.store.list_runs(state=state, limit=PAGE_SIZE, cursor=cursor)
+            rows, next_cursor = await _page(web, request, state, cursor)
         except StatekernelError as exc:  # a cursor from another store, a bad one
             return renderer_of(request).page(
                 request, "error.html", {"title": "Cannot list", "message": str(exc)}, status=400
             )
-        rows = [list_row(s) for s in page.runs]
-        rows += [ListRow(d.run_id, "damaged", damaged=d.problem) for d in page.damaged]
-        next_cursor = page.next_cursor
+    rows = await with_owners(web.store, rows)
     context: dict[str, Any] = {
         "rows": rows,
         "states": STATE_IDS,
@@ -129,13 +158,17 @@ async def _load(web: WebContext, run_id: str, revision: int | None) -> Run:
 
 async def run_page(request: Request) -> Response:
     """``/runs/{run_id}``: the run at its head, or at ``revision`` with what changed
-    from the revision before; ``fragment=1`` gives the live part alone."""
+    from the revision before; ``fragment=1`` gives the live part alone. The transcript
+    and the events show their latest page, or the one before ``transcript_before`` (a
+    message's position) and ``events_before`` (an event's number); see ``paging``."""
     run_id = request.path_params["run_id"]
     if (refused := await forbidden(request, "view", run_id)) is not None:
         return refused
     web = _web(request)
     renderer = renderer_of(request)
     revision = query_number(request, "revision")
+    transcript_before = query_number(request, "transcript_before")
+    events_before = query_number(request, "events_before")
     try:
         head = await web.store.load(run_id)
         if revision is not None and revision > head.revision:
@@ -148,6 +181,8 @@ async def run_page(request: Request) -> Response:
         before = await _load(web, run_id, revision - 1) if revision else None
         events = await web.store.events(run_id)
         nodes = await web.reader.tree(run_id)
+        # in a worker thread, long on a long run (nothing else reads the two runs meanwhile)
+        diff = await revision_change(before, run) if revision is not None else []
     except RunNotFound as exc:
         return renderer.page(
             request, "error.html", {"title": "Not found", "message": str(exc)}, 404
@@ -159,21 +194,33 @@ async def run_page(request: Request) -> Response:
     # the stream's to send: the page follows from the head it shows)
     shown_events = [e for e in events if e.revision <= run.revision]
     question = question_of(run) if revision is None else None
+    base = path_for(request, "run", run_id=run_id)
+    kept = {"transcript_before": transcript_before, "events_before": events_before}
+    query = {"revision": revision, **kept}
+    said_page = messages_window(len(run.messages), transcript_before, query, base)
+    events_page = events_window(shown_events, events_before, query, base)
     context: dict[str, Any] = {
         "run": run,
         "head": head,
         "at_revision": revision,
-        "said": transcript(run),
-        "events": [event_row(e) for e in shown_events],
+        "said": transcript_page(run, said_page),
+        "said_page": said_page,
+        "events": [event_row(e) for e in shown_events[events_page.start : events_page.stop]],
+        "events_page": events_page,
+        "live_fragment": page_link(base, {"fragment": 1, **kept}),
         "last_revision": run.revision,
-        "timeline": timeline(shown_events),
-        "diff": revision_diff(before, run) if revision is not None else [],
-        "children": nodes[1:],
+        "timeline": timeline(shown_events)[-TURNS_SHOWN:],
+        "diff": diff,
+        "children": await _visible_tree(web, request, nodes[1:]),
+        "parent_shown": bool(
+            run.parent_run_id and await visible_ids(web, request, [run.parent_run_id])
+        ),
         "question": question,
         "fields": answer_fields(question.asked.schema) if question is not None else [],
         "uncertain": sorted(uncertain_ids(run)) if revision is None else [],
         "pause_calls": _uncertain_calls(run) if revision is None else [],
         "driving": web.driving(run_id),
+        "owner": await run_owner(web.store, head),
         "diagram": can_render_svg(),
         "resolve_warning": RESOLVE_WARNING,
         "note": issued_note(web.csrf, request),
@@ -181,6 +228,25 @@ async def run_page(request: Request) -> Response:
     }
     name = "run_live.html" if request.query_params.get("fragment") else "run.html"
     return renderer.page(request, name, context)
+
+
+async def _visible_tree(
+    web: WebContext, request: Request, nodes: list[tuple[int, Run]]
+) -> list[tuple[int, Run]]:
+    """The child runs of a tree (depth first, with their depths) the request may view; a
+    refused run's descendants are left out with it (they would hint at it)."""
+    allowed = await visible_ids(web, request, (run.run_id for _, run in nodes))
+    shown: list[tuple[int, Run]] = []
+    hidden_below: int | None = None
+    for depth, run in nodes:
+        if hidden_below is not None and depth > hidden_below:
+            continue
+        hidden_below = None
+        if run.run_id in allowed:
+            shown.append((depth, run))
+        else:
+            hidden_below = depth
+    return shown
 
 
 def _uncertain_calls(run: Run) -> list[dict[str, Any]]:

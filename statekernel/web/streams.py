@@ -15,6 +15,7 @@ from statekernel.web.context import WebContext
 from statekernel.web.live import LOOK_EVERY, next_notice, sse
 from statekernel.web.numbers import BadNumber, query_number, whole_number
 from statekernel.web.rendering import renderer_of
+from statekernel.web.tenants import visible_ids
 from statekernel.web.views import event_row
 
 __all__ = ["list_stream", "run_stream"]
@@ -80,7 +81,10 @@ async def list_stream(request: Request) -> Response:
                 except TimeoutError:
                     yield ": still here\n\n"
                     continue
-                yield sse("changed", "" if notice is None else notice.run_id)
+                if notice is None:  # the feed lost track: every list looks again
+                    yield sse("changed", "")
+                elif await visible_ids(web, request, [notice.run_id]):
+                    yield sse("changed", notice.run_id)
 
     return StreamingResponse(stream(), media_type="text/event-stream", headers=NO_CACHE)
 

@@ -1,10 +1,10 @@
 """What the pages show, shaped from the records for the templates: list rows, a run's
-header, its transcript as a conversation, its events, a turn timeline and the change
-between two revisions. The text of a run is data: the templates escape all of it."""
+header, its transcript as a conversation, its events and a turn timeline (what changed
+between two revisions is ``diffs``'s). The text of a run is data: the templates escape
+all of it."""
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -12,7 +12,6 @@ from typing import Any
 import attrs
 
 from statekernel._cli.view import short, stamp, waiting_for
-from statekernel._records.convert import to_plain
 from statekernel._records.events import Event
 from statekernel._records.messages import ReasoningPart, TextPart, ToolCall, ToolResult
 from statekernel._records.pauses import Question, Uncertain
@@ -27,7 +26,6 @@ __all__ = [
     "TurnTime",
     "event_row",
     "list_row",
-    "revision_diff",
     "timeline",
     "transcript",
     "uncertain_ids",
@@ -45,7 +43,8 @@ RESOLVE_WARNING = (
 
 @attrs.frozen
 class ListRow:
-    """One line of the runs list (``damaged``: why its head cannot be read)."""
+    """One line of the runs list (``damaged``: why its head cannot be read; ``owner``:
+    who drives a run that is not at rest, ``owner_gone`` when nobody does any more)."""
 
     run_id: str
     state: str
@@ -55,6 +54,8 @@ class ListRow:
     updated: str = ""
     waiting_for: str = ""
     damaged: str = ""
+    owner: str = ""
+    owner_gone: bool = False
 
 
 def list_row(summary: RunSummary) -> ListRow:
@@ -193,27 +194,6 @@ def timeline(events: Iterable[Event]) -> list[TurnTime]:
             tools_to = event.at
     close()
     return turns
-
-
-def revision_diff(before: Run | None, after: Run) -> list[str]:
-    """What changed from ``before`` to ``after``: a unified diff of the two runs' JSON
-    (without the fields every commit changes by itself)."""
-
-    def lines(run: Run | None) -> list[str]:
-        if run is None:
-            return []
-        doc = to_plain(run)
-        for key in ("revision", "updated_at", "event_count"):
-            doc.pop(key, None)
-        text = json.dumps(doc, ensure_ascii=False, indent=1, sort_keys=True, default=str)
-        return text.splitlines()
-
-    old = f"revision {before.revision}" if before is not None else "nothing"
-    return list(
-        difflib.unified_diff(
-            lines(before), lines(after), old, f"revision {after.revision}", n=2, lineterm=""
-        )
-    )
 
 
 def question_of(run: Run) -> Question | None:

@@ -91,6 +91,10 @@ def test_answer_a_question_watch_it_complete_and_resolve_a_call(tmp_path: Path) 
             expect(page.locator(".said.uncertain").first).to_be_visible()
             expect(page.locator(".warning")).to_contain_text("may or may not have run")
             page.fill("form.resolve input[name=text]", '"booked 2"')
+            # no choice made for the operator: the form is not sent until one is checked
+            assert page.eval_on_selector("form.resolve", "f => f.checkValidity()") is False
+            page.check("form.resolve input[name=how][value=output]")  # it ran and returned
+            assert page.eval_on_selector("form.resolve", "f => f.checkValidity()") is True
             page.click("form.resolve button[type=submit]")
             expect(page.locator("#state")).to_have_text("completed")
             expect(page.locator("section.transcript")).to_contain_text("booked 2")
