@@ -5,8 +5,11 @@ from __future__ import annotations
 import email.utils
 import json
 import re
+import sys
 from collections.abc import Callable, Iterable
+from types import ModuleType
 
+import attrs
 import httpx
 
 from statekernel._secrets import redact as redact_text
@@ -20,6 +23,8 @@ from statekernel.errors import (
 )
 
 __all__ = [
+    "HTTP_ERRORS",
+    "HTTPErrors",
     "error_for_status",
     "error_for_type",
     "error_from_exception",
@@ -162,13 +167,99 @@ def error_in_answer(provider: str, error: object, *, secrets: Iterable[str] = ()
     return error_for_type(provider, None, str(error)[:_MAX_MESSAGE], secrets=secrets)
 
 
-def error_from_exception(provider: str, exc: httpx.HTTPError) -> ProviderError:
-    """An httpx failure (connect, timeout, dropped connection) as a typed error."""
-    if isinstance(exc, httpx.TimeoutException):
+Classes = tuple[type[Exception], ...]
+
+_FAMILY = (
+    "HTTPError",
+    "TimeoutException",
+    "ConnectError",
+    "ConnectTimeout",
+    "UnsupportedProtocol",
+    "LocalProtocolError",
+)
+"""The exception classes a library of the httpx family (httpx, httpx2) names alike."""
+
+
+@attrs.frozen
+class HTTPErrors:
+    """The exception classes of the HTTP libraries a provider's failures come from:
+    httpx's (``httpx-sse`` raises them whatever the client) and those of the library of
+    its client when that is another of the httpx family, such as ``httpx2``, whose
+    exceptions have the same names and tree but are classes of their own.
+
+    ``of(client)`` finds them; ``error_from_exception`` and the retries then treat the
+    failures of either library alike.
+    """
+
+    http: Classes
+    """``HTTPError``: every failure of a request."""
+    timeout: Classes
+    """``TimeoutException``."""
+    unreachable: Classes
+    """``ConnectError`` and ``ConnectTimeout``: the server could not be reached."""
+    refused: Classes
+    """``UnsupportedProtocol`` and ``LocalProtocolError``: the request itself is wrong."""
+
+    @classmethod
+    def of(cls, client: object) -> HTTPErrors:
+        """The exception classes of httpx and of the library ``client`` (an
+        ``httpx.AsyncClient``, an ``httpx2.AsyncClient`` or a subclass of either)
+        comes from.
+
+        Returns:
+            httpx's classes, with the client's library's added when that is another
+            library of the httpx family.
+        """
+        libraries = [httpx]
+        for klass in type(client).__mro__:
+            library = sys.modules.get(klass.__module__.partition(".")[0])
+            if library is not None and library not in libraries and _of_the_family(library):
+                libraries.append(library)
+        return cls.of_libraries(libraries)
+
+    @classmethod
+    def of_libraries(cls, libraries: Iterable[ModuleType]) -> HTTPErrors:
+        """The exception classes of ``libraries`` (modules of the httpx family).
+
+        Returns:
+            Each kind of failure as the tuple of the libraries' classes for it.
+        """
+
+        def named(*names: str) -> Classes:
+            return tuple(getattr(library, name) for library in found for name in names)
+
+        found = list(libraries)
+        return cls(
+            named("HTTPError"),
+            named("TimeoutException"),
+            named("ConnectError", "ConnectTimeout"),
+            named("UnsupportedProtocol", "LocalProtocolError"),
+        )
+
+
+def _of_the_family(library: ModuleType) -> bool:
+    """Whether ``library`` names every exception class of the httpx family."""
+    for name in _FAMILY:
+        found = getattr(library, name, None)
+        if not (isinstance(found, type) and issubclass(found, Exception)):
+            return False
+    return True
+
+
+HTTP_ERRORS = HTTPErrors.of_libraries([httpx])
+"""httpx's exception classes."""
+
+
+def error_from_exception(
+    provider: str, exc: Exception, errors: HTTPErrors = HTTP_ERRORS
+) -> ProviderError:
+    """A failure of a request (connect, timeout, dropped connection) as a typed error;
+    ``errors`` are the exception classes it may be of (httpx's by default)."""
+    if isinstance(exc, errors.timeout):
         return ProviderUnavailable(
             f"{provider}: timed out ({type(exc).__name__})", provider=provider
         )
-    if isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError):
+    if isinstance(exc, errors.refused):
         return BadRequest(redact(f"{provider}: {exc}"), provider=provider)
     message = redact(f"{provider}: {type(exc).__name__}: {exc}")
     return ProviderUnavailable(message, provider=provider)

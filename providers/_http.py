@@ -15,7 +15,7 @@ import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
 import httpx
@@ -24,7 +24,15 @@ from statekernel._records.messages import ModelRequest
 from statekernel._secrets import redact_url, remember_url
 from statekernel._storage.provider import StreamPart, UsageUpdate
 from statekernel.errors import ProviderError, ProviderUnavailable, RateLimited
-from statekernel.providers._errors import error_for_status, error_from_exception, redact
+from statekernel.providers._errors import (
+    HTTPErrors,
+    error_for_status,
+    error_from_exception,
+    redact,
+)
+
+if TYPE_CHECKING:
+    import httpx2
 
 __all__ = ["DEFAULT_TIMEOUT", "HTTPProvider", "RetryPolicy", "Sleep", "closing_stream"]
 
@@ -86,8 +94,10 @@ class HTTPProvider:
     """Base of the httpx providers: subclasses build payloads and parse responses.
 
     ``client`` is shared by every request of the provider; one passed in belongs to
-    the caller (its own timeouts apply and ``aclose`` leaves it open). ``sleep``,
-    ``clock`` and ``rng`` are injectable so tests never really wait.
+    the caller (its own timeouts apply and ``aclose`` leaves it open). It may be an
+    ``httpx2.AsyncClient`` too: its failures are mapped and retried as httpx's are
+    (``HTTPErrors``). ``sleep``, ``clock`` and ``rng`` are injectable so tests never
+    really wait.
     """
 
     name = "http"
@@ -99,7 +109,7 @@ class HTTPProvider:
         self,
         *,
         base_url: str,
-        client: httpx.AsyncClient | None = None,
+        client: httpx.AsyncClient | httpx2.AsyncClient | None = None,
         timeout: httpx.Timeout | float | None = None,
         retry: RetryPolicy | None = None,
         streaming: bool = True,
@@ -112,7 +122,13 @@ class HTTPProvider:
         self.retry = retry or RetryPolicy()
         self.streaming = streaming
         self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(timeout=timeout or DEFAULT_TIMEOUT)
+        # an httpx2 client's responses have the API of httpx's, which the parsers read
+        self._client = (
+            cast("httpx.AsyncClient", client)
+            if client is not None
+            else httpx.AsyncClient(timeout=timeout or DEFAULT_TIMEOUT)
+        )
+        self._errors = HTTPErrors.of(self._client)
         self._timeout = timeout
         self._sleep = sleep
         self._clock = clock
@@ -223,9 +239,9 @@ class HTTPProvider:
                 for early in held:
                     yield early
                 return
-            except httpx.HTTPError as exc:
-                error = error_from_exception(self.name, exc)
-                if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+            except self._errors.http as exc:
+                error = error_from_exception(self.name, exc, self._errors)
+                if isinstance(exc, self._errors.unreachable):
                     error = self._unreachable(exc, error)
                 error.__cause__ = exc
             except ProviderError as exc:
@@ -257,7 +273,7 @@ class HTTPProvider:
             self.name, response, body, clock=self._clock, secrets=self._secrets()
         )
 
-    def _unreachable(self, exc: httpx.HTTPError, error: ProviderError) -> ProviderError:
+    def _unreachable(self, exc: Exception, error: ProviderError) -> ProviderError:
         """``error`` naming the server that could not be reached and what sets its URL."""
         source = f"set by {self.url_variable} or base_url=" if self.url_variable else "base_url="
         message = redact(

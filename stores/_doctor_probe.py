@@ -11,8 +11,6 @@ repairs the run index), and owner locks are only tested, never taken over or rem
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import stat
 import time
@@ -26,6 +24,7 @@ from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import (
     StoreError,
 )
+from statekernel.stores import _oslock
 from statekernel.stores._owners import OwnerProofs
 
 __all__ = [
@@ -161,16 +160,11 @@ def owner_alive(folder: Path, owner: str) -> bool:
     except OSError as exc:
         raise StoreError(f"cannot test the owner lock {str(path)!r}: {exc}") from exc
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return _oslock.locked_elsewhere(fd)
     except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return True
         raise StoreError(f"cannot test the owner lock {str(path)!r}: {exc}") from exc
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
     finally:
-        os.close(fd)
+        _oslock.close(fd)
 
 
 def host_lease(

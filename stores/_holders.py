@@ -4,18 +4,20 @@ writing (``ShowsHolders``).
 ``take`` (``_owners``) decides whether a taker gets a run: an owner of this process
 holds it until its lease expires, an owner of another process for as long as its OS
 lock is held. ``holder_of`` gives the same answer to a reader and changes nothing: it
-opens the owner's lock file read-only, tries a shared lock that it drops at once, and
-leaves the file of a dead owner where it is (the next taker removes it), so a store
-opened read-only, in a folder its reader cannot write, answers too.
+opens the owner's lock file read-only, tests its lock without keeping one
+(``_oslock.locked_elsewhere``), and leaves the file of a dead owner where it is (the
+next taker removes it), so a store opened read-only, in a folder its reader cannot
+write, answers too.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 
 from statekernel.errors import StoreError
+from statekernel.stores import _oslock
 from statekernel.stores._owners import LeaseRecord, OwnerProofs, local_owner
+from statekernel.stores._private import NOFOLLOW
 
 __all__ = ["holder_of", "lock_held"]
 
@@ -38,21 +40,18 @@ def lock_held(proofs: OwnerProofs, owner: str) -> bool:
         return False  # owners of this process only: none of them is ``owner``
     path = proofs.lock_path(owner)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW)
     except FileNotFoundError:
         return False
     except OSError as exc:
         raise StoreError(f"cannot check the owner lock {str(path)!r}: {exc}") from exc
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if _oslock.locked_elsewhere(fd):
             return True
-        fcntl.flock(fd, fcntl.LOCK_UN)
         try:
             same = os.stat(path).st_ino == os.fstat(fd).st_ino
         except FileNotFoundError:
             return False
         return False if same else lock_held(proofs, owner)  # a new file: ask that one
     finally:
-        os.close(fd)
+        _oslock.close(fd)

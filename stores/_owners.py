@@ -6,7 +6,8 @@ the lease to a new owner with the next token unless a live owner holds it;
 ``check_fence`` is what a commit checks before it writes.
 
 An owner proves it is alive with an OS lock: while it holds leases in a store, it
-holds ``flock`` on a file of its own in the store's owners folder. The kernel holds
+holds a lock (``_oslock``: ``flock``, or a byte-range lock where Python has no
+``fcntl``) on a file of its own in the store's owners folder. The kernel holds
 that lock in its process, so the OS releases it the moment the process dies; another
 process that finds the file unlocked knows the owner is dead and takes its leases
 over at once. An owner of another process whose lock is held is alive, and its run is
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import fcntl
 import hashlib
 import os
 import threading
@@ -40,7 +40,8 @@ import attrs
 
 from statekernel._storage.protocol import Lease
 from statekernel.errors import LeaseLost, RunBusy, StoreError
-from statekernel.stores._private import private_folder
+from statekernel.stores import _oslock
+from statekernel.stores._private import NOFOLLOW, NONBLOCK, private_folder
 
 __all__ = [
     "Clock",
@@ -234,7 +235,7 @@ class OwnerProofs:
     def _unlock(self, owner: str, fd: int) -> None:
         with contextlib.suppress(OSError):
             os.unlink(self.lock_path(owner))
-        os.close(fd)
+        _oslock.close(fd)
         if not self._held and self.folder is not None:
             with contextlib.suppress(OSError):
                 self.folder.rmdir()  # only when empty: other owners' files keep it
@@ -247,15 +248,13 @@ class OwnerProofs:
             return False  # owners of this process only, and this one holds nothing
         path = self.lock_path(owner)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(path, os.O_RDWR | NOFOLLOW | NONBLOCK)
         except FileNotFoundError:
             return False
         except OSError as exc:
             raise StoreError(f"cannot check the owner lock {str(path)!r}: {exc}") from exc
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not _oslock.try_lock(fd):
                 return True
             try:
                 same = os.stat(path).st_ino == os.fstat(fd).st_ino
@@ -267,23 +266,21 @@ class OwnerProofs:
                 os.unlink(path)  # under the lock: never a newer file of a live owner
             return False
         finally:
-            os.close(fd)
+            _oslock.close(fd)
 
     def _lock(self, path: Path) -> int:
         try:
             while True:
                 private_folder(path.parent)
                 try:
-                    fd = os.open(
-                        path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600
-                    )
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT | NOFOLLOW | NONBLOCK, 0o600)
                 except FileNotFoundError:
                     continue  # another process removed the empty folder meanwhile
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                _oslock.lock(fd)
                 with contextlib.suppress(FileNotFoundError):
                     if os.stat(path).st_ino == os.fstat(fd).st_ino:
                         return fd
-                os.close(fd)  # a checker removed the file before we locked it: again
+                _oslock.close(fd)  # a checker removed the file before we locked it: again
         except OSError as exc:
             raise StoreError(f"cannot take the owner lock {str(path)!r}: {exc}") from exc
 

@@ -23,6 +23,8 @@ from statekernel.errors import StoreError
 __all__ = [
     "FILE_MODE",
     "FOLDER_MODE",
+    "NOFOLLOW",
+    "NONBLOCK",
     "folder_refusal",
     "new_private_file",
     "open_folder",
@@ -37,8 +39,13 @@ __all__ = [
 FOLDER_MODE = 0o700
 FILE_MODE = 0o600
 
-_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
+"""``os.O_NOFOLLOW``: where the OS has none (Windows), 0 (the module imports there)."""
+NONBLOCK: int = getattr(os, "O_NONBLOCK", 0)
+"""``os.O_NONBLOCK``: where the OS has none (Windows), 0."""
+
+_FOLDER_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_FILE_FLAGS = NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | NONBLOCK
 """Never through a symbolic link, and never waiting on a FIFO planted in a file's place
 (on a regular file ``O_NONBLOCK`` changes nothing)."""
 

@@ -224,7 +224,13 @@ register_migration(1, from_v1)
 
 def check_version(version: Any, *, what: str = "run") -> int:
     """A stored ``schema_version`` this release reads (the current one, or one that
-    registered migrations upgrade); else ``CorruptCheckpoint``."""
+    registered migrations upgrade); else ``CorruptCheckpoint``, which names both
+    versions when the stored one is newer (a newer release wrote it)."""
+    if type(version) is int and version > SCHEMA_VERSION:
+        raise CorruptCheckpoint(
+            f"invalid {what}: unknown schema_version {version}, newer than {SCHEMA_VERSION}"
+            " (the newest this release reads): a newer statekernel wrote it; upgrade to read it"
+        )
     known = type(version) is int and version <= SCHEMA_VERSION
     if not known or (version < 1 and version not in _MIGRATIONS):
         raise CorruptCheckpoint(f"invalid {what}: unknown schema_version {version!r}")

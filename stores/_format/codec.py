@@ -150,8 +150,13 @@ def _spans(cp: Checkpoint, prior: dict[str, Any] | None) -> tuple[int, int, int,
 
 
 def _outdated(head: Mapping[str, Any]) -> bool:
-    """Whether a stored head (and what it references) is at an older schema version."""
-    return head.get("schema_version") != convert.SCHEMA_VERSION
+    """Whether a stored head (and what it references) is at an older schema version; a
+    head a newer release wrote raises ``CorruptCheckpoint`` naming both versions, so no
+    commit of this release goes on top of it."""
+    version = head.get("schema_version")
+    if type(version) is int and version > convert.SCHEMA_VERSION:
+        convert.check_version(version, what=f"run {head.get('run_id')!r}")  # raises
+    return version != convert.SCHEMA_VERSION
 
 
 def encode_commit(
@@ -314,6 +319,7 @@ class _Decoder:
         self.turns: dict[int, Deferred[Turn]] = {}
         self.ctx = Loading(blobs, self.message_at, self.message_range)
         self._log: list[Message | Deferred[Message] | None] = [None] * self.message_count
+        self._filled = 0  # every position below it holds a message or a deferred one
         """The message log as decoded so far: every transcript and request of the run
         is a view of this one list (``LazyTuple.view``), as it was when committed."""
         self.version = convert.SCHEMA_VERSION
@@ -346,10 +352,16 @@ class _Decoder:
         if start < 0 or count < 0 or start + count > self.message_count:
             raise ValueError(f"bad message range {start}+{count}")
         log, version, what = self._log, self.version, self.what
-        for pos in range(start, start + count):
+        end = start + count
+        # transcripts are prefixes of the log: a range within what is filled costs nothing
+        # (a run of N turns would otherwise walk N ranges of up to N positions)
+        begin = max(start, self._filled) if start <= self._filled else start
+        for pos in range(begin, end):
             if log[pos] is None:
                 log[pos] = Deferred(partial(self._first_read, pos, version, what))
-        return LazyTuple.view(log, start, start + count)
+        if start <= self._filled < end:
+            self._filled = end
+        return LazyTuple.view(log, start, end)
 
     def _first_read(self, pos: int, version: int, what: str) -> Message:
         """A message read for the first time through a transcript (not from within the

@@ -77,6 +77,12 @@ def dump_entry(entry: dict[str, Any]) -> bytes:
 def load_entry(data: bytes, what: str) -> Any:
     """A stored commit log entry as a document."""
     if data[:2] != _MARK:
+        if data[:1] == _MARK[:1] and data[1:2] > _MARK[1:]:
+            raise corrupt(
+                what,
+                f"commit log entry format {data[1]}, newer than {_MARK[1]} (the only one this"
+                " release reads): a newer statekernel wrote it; upgrade to read it",
+            )
         raise corrupt(what, "not a stored commit log entry")
     try:
         unpacker = zlib.decompressobj(-15, ENTRY_DICT)

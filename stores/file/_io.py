@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
-import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import attrs
 
 from statekernel.errors import CorruptCheckpoint, StoreError
+from statekernel.stores import _oslock
 from statekernel.stores._format.blobs import blob_text
 from statekernel.stores._format.checksum import seal_line, unseal_line
 from statekernel.stores._format.dicts import dump_entry, load_entry
@@ -261,17 +261,17 @@ class RunFolder:
     def _shared_lock(self, dir_fd: int) -> Iterator[None]:
         """The run's lock, shared: no committer is between its append and its hint."""
         try:
-            fd = os.open(LOCK, _READ, dir_fd=dir_fd)
+            fd = os.open(LOCK, _READ | _oslock.SHARED_ACCESS, dir_fd=dir_fd)
         except FileNotFoundError:
             yield
             return
         except OSError as exc:
             raise self._error(LOCK, "open the lock", exc) from exc
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
+            _oslock.lock(fd, shared=True)
             yield
         finally:
-            os.close(fd)
+            _oslock.close(fd)
 
     def _open_folder(self, *, create: bool) -> int | None:
         """The run's folder, open, after the store's folder and it are found trustworthy;
@@ -364,7 +364,7 @@ class RunFolder:
                     return
                 fd = self._own_file(dir_fd, LOCK, os.O_RDWR | os.O_CREAT, "open the lock")
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    _oslock.lock(fd)
                     if not self._still_here(dir_fd):
                         if create:
                             continue
@@ -375,7 +375,7 @@ class RunFolder:
                     yield None if found is None else Locked(found.head, found.size)
                     return
                 finally:
-                    os.close(fd)
+                    _oslock.close(fd)
 
     def _still_here(self, dir_fd: int) -> bool:
         """Whether the open folder is still the run's (not renamed aside by a delete)."""

@@ -93,7 +93,7 @@ def hint_bytes(size: int, head_at: int) -> bytes:
 
 def parse_hint(data: bytes, path: str) -> Hint | str:
     """The hint in ``head.json``'s bytes, or ``TORN``; a layout this version does not
-    know raises ``StoreError``."""
+    know (a newer release's) raises ``StoreError`` naming it and the layouts read here."""
     try:
         doc = load_json(unseal_line(data, "head file"), "head file")
     except CorruptCheckpoint:
@@ -102,7 +102,10 @@ def parse_hint(data: bytes, path: str) -> Hint | str:
         return TORN
     version = doc.get("v")
     if version not in _READABLE:
-        raise StoreError(f"head file {path!r}: unknown file store layout {version!r}")
+        reads = f"this release reads layouts {_READABLE[0]} to {LAYOUT_VERSION}"
+        if type(version) is int and version > LAYOUT_VERSION:
+            reads += ": a newer statekernel wrote it; upgrade to read it"
+        raise StoreError(f"head file {path!r}: unknown file store layout {version!r} ({reads})")
     if type(doc.get("sz")) is not int:
         return TORN
     if version == 3:

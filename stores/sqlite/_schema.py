@@ -113,6 +113,11 @@ def check_layout(conn: sqlite3.Connection, path: str) -> None:
         row = None
     if row is None:
         raise StoreError(f"{path!r} is not a statekernel SQLite store (no store layout)")
+    if type(row[0]) is int and row[0] > STORE_VERSION:
+        raise StoreError(
+            f"SQLite store {path!r} has layout version {row[0]}, newer than this release"
+            f" ({STORE_VERSION}); upgrade statekernel"
+        )
     if row[0] != STORE_VERSION:
         raise StoreError(
             f"SQLite store {path!r} has layout version {row[0]!r}, this release reads"

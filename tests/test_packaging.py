@@ -1,0 +1,90 @@
+"""The wheel as published: built from the source tree with the declared build backend
+(offline, no build isolation), it carries the license file and the PEP 639 metadata."""
+
+from __future__ import annotations
+
+import email.parser
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "statekernel", "stores", "providers")
+"""What the wheel is built from (copied, so the build writes nothing into the work tree)."""
+
+
+def _backend_installed() -> None:
+    """Fail, saying how to fix it, unless this environment has the build backend at a
+    version ``[build-system]`` accepts (the build runs without isolation)."""
+    for text in PYPROJECT["build-system"]["requires"]:
+        requirement = Requirement(text)
+        found = Version(version(requirement.name))
+        assert requirement.specifier.contains(found, prereleases=True), (
+            f"{requirement.name} {found} is installed, the build needs {requirement}:"
+            " pip install -e '.[test]'"
+        )
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's wheel, built by pip with the installed backend and no index."""
+    _backend_installed()
+    tree = tmp_path_factory.mktemp("source")
+    for name in SOURCES:
+        source = ROOT / name
+        if source.is_dir():
+            ignored = shutil.ignore_patterns("__pycache__", "*.pyc")
+            shutil.copytree(source, tree / name, ignore=ignored)
+        else:
+            shutil.copy2(source, tree / name)
+    out = tmp_path_factory.mktemp("dist")
+    command = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps"]
+    command += ["--no-index", "--quiet", "--wheel-dir", str(out), str(tree)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, f"pip wheel failed:\n{done.stdout}\n{done.stderr}"
+    (found,) = out.glob("statekernel-*.whl")
+    return found
+
+
+def _dist_info(names: list[str]) -> str:
+    (info,) = {name.split("/")[0] for name in names if ".dist-info/" in name}
+    return info
+
+
+def test_the_wheel_ships_the_license_file(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        info = _dist_info(names)
+        license_text = archive.read(f"{info}/licenses/LICENSE").decode()
+    assert license_text == (ROOT / "LICENSE").read_text()
+    assert "Apache License" in license_text
+    assert "Version 2.0, January 2004" in license_text
+    # the vendored htmx keeps its own license beside it
+    assert "statekernel/web/static/LICENSE-htmx" in names
+
+
+def test_the_metadata_declares_the_license_expression_and_urls(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        info = _dist_info(archive.namelist())
+        metadata = email.parser.HeaderParser().parsestr(archive.read(f"{info}/METADATA").decode())
+    assert Version(metadata["Metadata-Version"]) >= Version("2.4")
+    assert metadata["License-Expression"] == PYPROJECT["project"]["license"] == "Apache-2.0"
+    assert metadata.get_all("License-File") == ["LICENSE"]
+    assert metadata["License"] is None, "the deprecated License field is not written"
+    classifiers = metadata.get_all("Classifier") or []
+    assert classifiers == PYPROJECT["project"]["classifiers"]
+    assert not [c for c in classifiers if c.startswith("License ::")], (
+        "PEP 639: the license expression replaces License classifiers"
+    )
+    urls = dict(line.split(", ", 1) for line in metadata.get_all("Project-URL") or [])
+    assert set(urls) == {"Homepage", "Documentation", "Changelog", "Issues"}
+    assert urls == PYPROJECT["project"]["urls"]
