@@ -108,7 +108,20 @@ __all__ = ["Kernel"]
 
 _log = logger(__name__)
 
-_MISSING: Any = object()
+
+class _NotGiven:
+    """The default of an argument for which None is a value: the argument was not
+    given. Signatures (and ``help``) show it as ``NOT_GIVEN``."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+
+NOT_GIVEN: Any = _NotGiven()
+"""Not given: the default of ``Kernel.start``'s ``max_turns``, ``Kernel.resume``'s
+``value`` and ``Kernel.resolve_tool_call``'s ``output`` (each says what it means)."""
 
 
 def _resolve_store(store: CheckpointStore | str | None) -> tuple[CheckpointStore, bool]:
@@ -236,11 +249,14 @@ class Kernel(Closing):
         messages: Iterable[Message | str] = (),
         context: JSON = None,
         run_id: str | None = None,
-        max_turns: int | None = _MISSING,
+        max_turns: int | None = NOT_GIVEN,
         parent_run_id: str | None = None,
         parent_call_id: str | None = None,
     ) -> Run:
         """Create a run at ``init`` (revision 0). Nothing runs until ``run`` is iterated.
+
+        ``max_turns`` is the run's turn budget (None: no limit); not given, it is the
+        kernel's ``max_turns``.
 
         ``parent_run_id`` and ``parent_call_id`` (both or neither) make it the child
         run of that call (``delegate`` tools start their child runs so). A model whose
@@ -256,7 +272,7 @@ class Kernel(Closing):
             StoreError: the store failed (after retries with backoff).
         """
         args = (model, messages, run_id, max_turns, parent_run_id, parent_call_id)
-        check_start(*args, missing=_MISSING)
+        check_start(*args, missing=NOT_GIVEN)
         self.registry.check(model)  # an unknown provider is refused before a run exists
         return await self._create(
             model=model,
@@ -284,13 +300,13 @@ class Kernel(Closing):
         if (parent_run_id is None) != (parent_call_id is None):
             raise InvalidArgument("give both parent_run_id and parent_call_id, or neither")
         args = (model, messages, run_id, max_turns, parent_run_id, parent_call_id)
-        check_start(*args, missing=_MISSING)
+        check_start(*args, missing=NOT_GIVEN)
         provider, sep, name = model.partition("/")
         if not (provider and sep and name):
             raise ConfigError(f"model must look like 'provider/name', got {model!r}")
         run_id = run_id if run_id is not None else uuid.uuid4().hex
         _check_run_id(run_id)
-        budget = self.max_turns if max_turns is _MISSING else max_turns
+        budget = self.max_turns if max_turns is NOT_GIVEN else max_turns
         now = utcnow()
         run = Run(
             run_id=run_id,
@@ -809,9 +825,9 @@ class Kernel(Closing):
             return driver.run
 
     async def resume(
-        self, run_id: str, *, value: JSON = _MISSING, max_turns: int | None = None
+        self, run_id: str, *, value: JSON = NOT_GIVEN, max_turns: int | None = None
     ) -> Run:
-        """Resume a paused run; ``value`` (default None) reaches hooks as
+        """Resume a paused run; ``value`` (None when not given) reaches hooks as
         ``run.resume_value``.
 
         A run paused with ``input_required`` (a tool asked, see ``NeedsInput``) takes
@@ -842,7 +858,7 @@ class Kernel(Closing):
         """
         run_id_arg(run_id)
         check_max_turns(max_turns)
-        given = value is not _MISSING
+        given = value is not NOT_GIVEN
         value = checked(value, "value") if given else None
         async with self._fresh(run_id) as driver:
             pause = driver.run.pause
@@ -889,13 +905,14 @@ class Kernel(Closing):
         run_id: str,
         call_id: str,
         *,
-        output: JSON = _MISSING,
+        output: JSON = NOT_GIVEN,
         error: str | None = None,
         rerun: bool = False,
     ) -> Run:
         """Say what happened to a call left in flight by a crash: exactly one of
-        ``output=``, ``error=`` or ``rerun=True``. When every uncertain call of the
-        pause is resolved, the run resumes.
+        ``output=``, ``error=`` or ``rerun=True`` (``output=None`` is given: the call's
+        output was None). When every uncertain call of the pause is resolved, the run
+        resumes.
 
         Returns:
             The run after the commit of the resolution (resumed when it was the last).
@@ -911,7 +928,7 @@ class Kernel(Closing):
         run_id_arg(run_id)
         text("call_id", call_id)
         flag("rerun", rerun)
-        given = (output is not _MISSING) + (error is not None) + bool(rerun)
+        given = (output is not NOT_GIVEN) + (error is not None) + bool(rerun)
         if given != 1:
             raise InvalidArgument("give exactly one of output=, error= or rerun=True")
         if error is not None and type(error) is not str:
