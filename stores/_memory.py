@@ -192,6 +192,10 @@ class MemoryStore(HostLeased, Closing):
             check_log([], first, entry.revision, what)
         return found if limit is None else found[:limit]
 
+    async def run_ids(self, prefix: str, *, limit: int) -> list[str]:
+        """The ids of at most ``limit`` runs starting with ``prefix`` (``FindsRunIds``)."""
+        return sorted(r for r in self._runs if r.startswith(prefix))[: max(limit, 0)]
+
     async def list_runs(
         self,
         *,

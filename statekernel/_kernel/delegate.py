@@ -40,6 +40,7 @@ from statekernel._kernel.options import check_delegate_options
 from statekernel._kernel.tools import Tool, ToolContext, tool
 from statekernel._records.arguments import plain_id
 from statekernel._records.messages import JSON, Message
+from statekernel._storage.protocol import FindsRunIds
 from statekernel._storage.watching import watch
 from statekernel.errors import ConflictError, RunNotFound, ToolError
 
@@ -285,6 +286,9 @@ async def child_runs(
 ) -> list[Run]:
     """The child runs of ``run``'s tool calls, in call order: of every call, or of the
     calls whose tool name ``delegates`` accepts (calls without a child are left out)."""
+    named = await _named_after(store, run.run_id)
+    if named is not None and not named:
+        return []  # no run is named after it: its turns need not even be read
     turns = [*run.turns, *([run.current_turn] if run.current_turn else [])]
     found = []
     for turn in turns:
@@ -292,9 +296,27 @@ async def child_runs(
         for model_call in answer.tool_calls if answer else ():
             if delegates is not None and not delegates(model_call.name):
                 continue
+            child = child_run_id(run.run_id, model_call.id)
+            if named is not None and child not in named:
+                continue
             with contextlib.suppress(RunNotFound):
-                found.append(await store.load(child_run_id(run.run_id, model_call.id)))
+                found.append(await store.load(child))
     return found
+
+
+CHILD_LOOKUP_LIMIT = 10_000
+"""Ids a store that finds runs by prefix returns for one run's children; with more, the
+children are looked up one call at a time."""
+
+
+async def _named_after(store: CheckpointStore, run_id: str) -> set[str] | None:
+    """The ids of the runs whose id starts as ``run_id``'s child runs' ids do (both forms
+    of ``child_run_id`` start with its first 80 characters), when the store finds runs
+    by prefix (``FindsRunIds``); else None."""
+    if not isinstance(store, FindsRunIds):
+        return None
+    ids = await store.run_ids(run_id[:80], limit=CHILD_LOOKUP_LIMIT + 1)
+    return None if len(ids) > CHILD_LOOKUP_LIMIT else set(ids) - {run_id}
 
 
 async def run_tree(store: CheckpointStore, run_id: str) -> list[tuple[int, Run]]:

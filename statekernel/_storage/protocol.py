@@ -31,6 +31,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointStore",
     "DamagedRun",
+    "FindsRunIds",
     "KeepsFences",
     "Lease",
     "RevisionHistory",
@@ -356,6 +357,17 @@ class KeepsFences(Protocol):
         Raises:
             RunNotFound: no run has this id.
         """
+        ...
+
+
+@runtime_checkable
+class FindsRunIds(Protocol):
+    """What a store may offer beyond ``CheckpointStore``: the ids of the runs whose id
+    starts with a prefix, in one query (a run's child runs are named after it: finding
+    them costs one query, not one load per tool call of the run)."""
+
+    async def run_ids(self, prefix: str, *, limit: int) -> list[str]:
+        """The ids of at most ``limit`` runs whose id starts with ``prefix``, sorted."""
         ...
 
 

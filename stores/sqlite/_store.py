@@ -370,6 +370,16 @@ class SQLiteStore(HostLeased, Closing):
             check_log([], nxt[0], stored.revision, what)
         return found if limit is None else found[:limit]
 
+    async def run_ids(self, prefix: str, *, limit: int) -> list[str]:
+        """The ids of at most ``limit`` runs starting with ``prefix`` (``FindsRunIds``):
+        one range of the runs' primary key."""
+        after = prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else "\U0010ffff"
+        sql = "SELECT run_id FROM runs WHERE run_id >= ? AND run_id < ?"
+        sql += " AND substr(run_id, 1, ?) = ? ORDER BY run_id LIMIT ?"
+        params = [prefix, after, len(prefix), prefix, max(limit, 0)]
+        rows = await shielded(self._call(fetch_all, sql, params))
+        return [str(row[0]) for row in rows]
+
     async def list_runs(
         self,
         *,
