@@ -21,6 +21,7 @@ from statekernel.stores.sqlite._ops import BadRow, CommitRows, Stored
 __all__ = [
     "Tables",
     "apply_commit",
+    "commit_at_once",
     "delete_run",
     "lease_record",
     "read_entries",
@@ -209,6 +210,55 @@ async def apply_commit(
         return False, await _stored(conn, t, run_id)
     await _write_parts(conn, t, rid, rows)
     return True, Stored(rid, run_id, rows.revision, state, head)
+
+
+async def commit_at_once(
+    conn: Any, t: Tables, run_id: str, expect: tuple[int, int], rows: CommitRows, fence: Lease
+) -> Stored | None:
+    """The commit of ``apply_commit`` in one statement (one round trip, its own
+    transaction) for the case that is not refused: the run at ``expect`` and ``fence``
+    its current lease, the lease row read ``FOR SHARE`` first as ``apply_commit`` reads
+    it. The new head when it landed; None when it did not (nothing was written): then
+    ``apply_commit`` tells why (another head, ``LeaseLost``, a damaged lease row)."""
+    token = fence.token
+    if not token.isdigit() or str(int(token)) != token:
+        return None  # no lease row holds such a token: apply_commit says so
+    revision, state, updated_us, head = rows.columns
+    key = run_key(run_id)
+    rid = await conn.fetchval(
+        f"WITH held AS (SELECT 1 FROM {t.leases} WHERE run_id = $7 AND token = $8"
+        "  AND owner = $9 FOR SHARE),"
+        f" landed AS (UPDATE {t.runs} SET revision = $1, state = $2, updated_us = $3,"
+        "  head = $4, fence = GREATEST(fence, $8) WHERE id = $5 AND revision = $6"
+        "  AND run_id = $7 AND EXISTS (SELECT 1 FROM held) RETURNING id),"
+        f" entry AS (INSERT INTO {t.commits} (rid, revision, entry)"
+        "  SELECT id, $1, $10 FROM landed),"
+        f" messages AS (INSERT INTO {t.messages} (rid, pos, doc)"
+        "  SELECT id, $11 + n - 1, d FROM landed, unnest($12::bytea[]) WITH ORDINALITY AS u(d, n)),"
+        f" turns AS (INSERT INTO {t.turns} (rid, pos, doc)"
+        "  SELECT id, $13 + n - 1, d FROM landed, unnest($14::bytea[]) WITH ORDINALITY AS u(d, n)),"
+        f" blobs AS (INSERT INTO {t.blobs} (rid, key, data)"
+        "  SELECT id, k, d FROM landed, unnest($15::text[], $16::bytea[]) AS u(k, d)"
+        "  ON CONFLICT DO NOTHING)"
+        " SELECT id FROM landed",
+        revision,
+        state,
+        updated_us,
+        head,
+        expect[0],
+        expect[1],
+        key,
+        int(token),
+        run_key(fence.owner),
+        rows.entry,
+        rows.first_message,
+        list(rows.messages),
+        rows.first_turn,
+        list(rows.turns),
+        [k for k, _ in rows.blobs],
+        [v for _, v in rows.blobs],
+    )
+    return None if rid is None else Stored(rid, run_id, rows.revision, state, head)
 
 
 async def _write_parts(conn: Any, t: Tables, rid: int, rows: CommitRows) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from statekernel.stores._tables import Outcome, Pending
 from statekernel.stores.postgres._connections import clean, lost
-from statekernel.stores.postgres._ops import Tables, apply_commit
+from statekernel.stores.postgres._ops import Tables, apply_commit, commit_at_once
 
 __all__ = ["Outcome", "Pending", "write_commits"]
 
@@ -34,6 +34,12 @@ async def write_commits(
     if len(batch) == 1:
         one = batch[0]
         try:
+            if one.expect is not None and one.fence is not None:
+                # most commits land: one statement, one round trip; one that does not
+                # wrote nothing, and the transaction below tells why
+                stored = await commit_at_once(conn, t, one.run_id, one.expect, one.rows, one.fence)
+                if stored is not None:
+                    return [(True, stored)]
             async with conn.transaction():
                 return [await apply_commit(conn, t, one.run_id, one.expect, one.rows, one.fence)]
         except Exception as exc:

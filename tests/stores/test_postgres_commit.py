@@ -1,0 +1,53 @@
+"""A PostgreSQL commit fenced by the run's current lease lands in one statement (one
+round trip); one that would be refused writes nothing there, and the transaction that
+follows refuses it as before (``LeaseLost``, another head)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from statekernel.errors import LeaseLost
+from statekernel.stores import Checkpoint, PostgresStore
+from statekernel.stores.postgres import _writer
+from statekernel.testing._store_cases import next_revision, sample_run
+
+pytestmark = pytest.mark.postgres
+
+
+async def test_a_fenced_commit_lands_in_one_statement(
+    postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    at_once: list[Any] = []
+    real = _writer.commit_at_once
+
+    async def counted(*args: Any) -> Any:
+        stored = await real(*args)
+        at_once.append(stored)
+        return stored
+
+    monkeypatch.setattr(_writer, "commit_at_once", counted)
+    store = PostgresStore(postgres_store_url)
+    try:
+        first = sample_run("r")
+        await store.commit(Checkpoint.between(None, first))
+        held = await store.acquire("r", "a", ttl=60)
+        second = next_revision(first)
+        await store.commit(Checkpoint.between(first, second), lease=held)
+        assert len(at_once) == 1
+        assert at_once[0] is not None, "the commit did not land in one statement"
+        assert await store.load("r") == second
+        await store.release(held)
+        taken = await store.acquire("r", "b", ttl=60)
+        third = next_revision(second)
+        with pytest.raises(LeaseLost):  # the old owner's commit: refused
+            await store.commit(Checkpoint.between(second, third), lease=held)
+        assert at_once[-1] is None
+        assert (await store.load("r")).revision == second.revision  # nothing written
+        await store.commit(Checkpoint.between(second, third), lease=taken)
+        assert at_once[-1] is not None
+        assert await store.load("r") == third
+        assert await store.load("r", revision=second.revision) == second
+    finally:
+        await store.aclose()
