@@ -384,6 +384,22 @@ class PostgresStore(Closing):
         check_log([], nxt, stored.revision, what)
         return events if limit is None else events[:limit]
 
+    async def run_ids(self, prefix: str, *, limit: int) -> list[str]:
+        """The ids of at most ``limit`` runs starting with ``prefix`` (``FindsRunIds``):
+        one range of the runs' unique key (run ids are stored as their UTF-8 bytes, which
+        sort bytewise)."""
+        low = ops.run_key(prefix)
+        sql = f"SELECT run_id FROM {self._t.runs} WHERE run_id >= $1"
+        params: list[Any] = [low]
+        if low.rstrip(b"\xff"):  # the first byte string after every one starting so
+            high = low.rstrip(b"\xff")
+            params.append(high[:-1] + bytes([high[-1] + 1]))
+            sql += " AND run_id < $2"
+        params.append(max(limit, 0))
+        sql += f" ORDER BY run_id LIMIT ${len(params)}"
+        rows = await self._run(_fetch, sql, params)
+        return [bytes(row[0]).decode("utf-8", "surrogatepass") for row in rows]
+
     async def list_runs(
         self,
         *,

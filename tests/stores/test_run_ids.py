@@ -1,5 +1,5 @@
-"""Stores that find runs by the start of their id (``FindsRunIds``: memory, SQLite): one
-query finds a run's child runs, whose ids start with the parent's."""
+"""Stores that find runs by the start of their id (``FindsRunIds``: memory, SQLite,
+PostgreSQL): one query finds a run's child runs, whose ids start with the parent's."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from statekernel.testing import ScriptedProvider
 from statekernel.testing._store_cases import sample_run
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_store_url"))
     return "memory://" if request.param == "memory" else f"sqlite:///{tmp_path}/runs.db"
 
 
