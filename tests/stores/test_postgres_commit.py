@@ -10,7 +10,7 @@ import pytest
 
 from statekernel.errors import LeaseLost
 from statekernel.stores import Checkpoint, PostgresStore
-from statekernel.stores.postgres import _writer
+from statekernel.stores.postgres import _ops, _writer
 from statekernel.testing._store_cases import next_revision, sample_run
 
 pytestmark = pytest.mark.postgres
@@ -20,7 +20,7 @@ async def test_a_fenced_commit_lands_in_one_statement(
     postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     at_once: list[Any] = []
-    real = _writer.commit_at_once
+    real = _ops.commit_at_once
 
     async def counted(*args: Any) -> Any:
         stored = await real(*args)
