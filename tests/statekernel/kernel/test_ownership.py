@@ -158,7 +158,9 @@ async def test_a_second_owner_waits_then_gets_run_busy(
     ledger = Ledger()
     async with opened(store_url) as store:
         owner = kernel_on(store, ledger, hold=True)
-        other = kernel_on(store, ledger, busy_timeout=0.2)
+        # a timeout well past one acquire's time on a loaded machine: the first refusal
+        # comes before it, so the kernel waits (and says so) before it gives up
+        other = kernel_on(store, ledger, busy_timeout=1.0)
         run = await owner.start(model="scripted/x", messages=["pay"])
         driving = asyncio.create_task(drain(owner, run.run_id))
         while not ledger.started:  # noqa: ASYNC110 - waits for the tool to be inside its effect
