@@ -60,9 +60,14 @@ async def released(kernel: sk.Kernel, ids: Sequence[str]) -> bool:
 
 
 def agent(
-    script: Sequence[object], *, ran: Counter[str] | None = None, tool_delay: float = 0.0
+    script: Sequence[object],
+    *,
+    ran: Counter[str] | None = None,
+    tool_delay: float = 0.0,
+    gate: asyncio.Event | None = None,
 ) -> Callable[[], Mapping[str, Any]]:
-    """Kernel options: a scripted model and a ``note`` tool counting its executions."""
+    """Kernel options: a scripted model and a ``note`` tool counting its executions (and,
+    with ``gate``, returning only once it is set)."""
     counts = ran if ran is not None else Counter()
 
     @sk.tool
@@ -70,6 +75,8 @@ def agent(
         """Not idempotent."""
         counts[ctx.idempotency_key] += 1
         await asyncio.sleep(tool_delay)
+        if gate is not None:
+            await gate.wait()
         return f"noted {text}"
 
     return lambda: {"tools": [note], "providers": {"scripted": ScriptedProvider(script)}}
@@ -336,12 +343,14 @@ async def test_a_live_holder_keeps_its_run_past_the_lease_ttl(kernel: sk.Kernel)
 
 async def test_stop_lets_in_flight_tools_commit_and_hands_runs_back(kernel: sk.Kernel) -> None:
     ran: Counter[str] = Counter()
-    script = [Reply(tool_calls=(call("note", {"text": "a"}),)), Reply("done", delay=0.3)]
+    script = [Reply(tool_calls=(call("note", {"text": "a"}),)), Reply("done")]
     ids = await submit_new(kernel, 4)
-    first = sk.Worker(kernel.store, agent=agent(script, ran=ran, tool_delay=0.3), **FAST)
+    gate = asyncio.Event()  # the tools end only once the worker was told to stop
+    first = sk.Worker(kernel.store, agent=agent(script, ran=ran, gate=gate), **FAST)
     task = await serve(first)
     await until(lambda: _started_tools(kernel, ids, 4))
     first.stop()
+    gate.set()
     stats = await task
     assert stats.requeued == 4
     assert stats.completed == 0
