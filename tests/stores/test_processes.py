@@ -141,7 +141,7 @@ async def race_round(url: str, base: int, tag: str, ready: Any) -> bool:
 
 
 FORK = multiprocessing.get_context("fork")
-KILLS = {"file": 50, "sqlite": 50, "redis": 20}
+KILLS = {"file": 50, "sqlite": 50, "redis": 20, "postgres": 20}
 
 
 def url_for(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
@@ -149,10 +149,17 @@ def url_for(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
         return f"file://{tmp_path}/runs"
     if kind == "sqlite":
         return f"sqlite:///{tmp_path}/runs.db"
+    if kind == "postgres":
+        return str(request.getfixturevalue("postgres_store_url"))
     return str(request.getfixturevalue("redis_store_url"))
 
 
-STORES = ["file", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+STORES = [
+    "file",
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
 
 
 async def _create(url: str) -> None:

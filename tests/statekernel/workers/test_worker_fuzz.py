@@ -27,8 +27,10 @@ from statekernel.testing import strategies as sts
 from statekernel.testing._faults import FaultPlan, FaultyProvider
 from statekernel.testing._fuzz import Ledger, _settle, run_history_ok, run_outcome
 
-pytestmark = pytest.mark.redis
-
+STORES = [
+    pytest.param("redis_store_url", marks=pytest.mark.redis),
+    pytest.param("postgres_store_url", marks=pytest.mark.postgres),
+]
 DELEGATES: list[object] = [[call("helper", {"task": "first"})]]
 REST = ("paused", "completed", "failed")
 
@@ -115,6 +117,7 @@ async def case(url: str, script: list[object], schedule: list[CrashAt]) -> None:
             await run_history_ok(kernel.store, child.run_id)
 
 
+@pytest.mark.parametrize("store_fixture", STORES)
 @settings(
     deadline=None,
     max_examples=12,
@@ -122,6 +125,10 @@ async def case(url: str, script: list[object], schedule: list[CrashAt]) -> None:
 )
 @given(script=sts.agent_scripts(max_turns=2), schedule=sts.process_crash_schedules())
 def test_a_worker_driven_parent_that_delegates_survives_crashes(
-    redis_store_url: str, script: list[object], schedule: list[CrashAt]
+    store_fixture: str,
+    request: pytest.FixtureRequest,
+    script: list[object],
+    schedule: list[CrashAt],
 ) -> None:
-    asyncio.run(case(redis_store_url, script, schedule))
+    """On each store with run queues: Redis Streams and PostgreSQL's ``SKIP LOCKED``."""
+    asyncio.run(case(str(request.getfixturevalue(store_fixture)), script, schedule))
