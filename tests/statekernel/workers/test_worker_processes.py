@@ -70,20 +70,24 @@ async def submit_all(url: str) -> None:
             await kernel.submit(run.run_id, queue="q")
 
 
-async def queue_state(url: str) -> tuple[int, int]:
-    """Entries of the queue delivered and not settled, and entries not delivered yet."""
-    store = open_store(url)
-    assert isinstance(store, RunQueues)
-    q = store.run_queue("q")
-    try:
-        return await q.pending(), await q.waiting()
-    finally:
-        await q.aclose()
-        await store.aclose()
+def wait_drained(url: str, what: str, within: float = 60.0) -> None:
+    """Return once the queue has no entry left, delivered or not (asked over one
+    connection: a store opened for each look is a Redis Cluster's discovery each time)."""
 
+    async def poll() -> None:
+        store = open_store(url)
+        assert isinstance(store, RunQueues)
+        q = store.run_queue("q")
+        deadline = time.monotonic() + within
+        try:
+            while (await q.pending(), await q.waiting()) != (0, 0):
+                assert time.monotonic() < deadline, f"timed out waiting for {what}"
+                await asyncio.sleep(0.05)
+        finally:
+            await q.aclose()
+            await store.aclose()
 
-def drained(url: str) -> bool:
-    return asyncio.run(queue_state(url)) == (0, 0)
+    asyncio.run(poll())
 
 
 async def resolve_uncertain(url: str, log: Path) -> int:
@@ -201,9 +205,9 @@ def test_three_workers_one_killed_one_stopped(
         workers[1].send_signal(signal.SIGTERM)
         assert workers[1].wait(timeout=30) == 0, (tmp_path / "w1.err").read_text()
         assert workers[0].wait(timeout=5) == -signal.SIGKILL
-        wait_for(lambda: drained(url), "the queue to drain")
+        wait_drained(url, "the queue to drain")
         resolved = asyncio.run(resolve_uncertain(url, log))
-        wait_for(lambda: drained(url), "resolved runs to finish")
+        wait_drained(url, "resolved runs to finish")
         workers[2].send_signal(signal.SIGTERM)
         assert workers[2].wait(timeout=30) == 0, (tmp_path / "w2.err").read_text()
     finally:
