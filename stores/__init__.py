@@ -8,8 +8,9 @@ read-only also raises ``StoreError`` for a write). What a store may offer
 beyond it is declared by small protocols: :class:`RevisionHistory` and
 :class:`SettlesOnCancel` (checked by ``check_store`` when a store declares them),
 :class:`KeepsFences` (a run's largest fencing token, which ``migrate`` carries) and
-:class:`BoundsEffects` (how soon before an effect its owner must have renewed) and
-:class:`ShowsHolders` (who holds a run, read without writing).
+:class:`BoundsEffects` (how soon before an effect its owner must have renewed),
+:class:`ShowsHolders` (who holds a run, read without writing) and
+:class:`ReleasesWithCommit` (a commit that gives its lease back in the same step).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from statekernel._storage.protocol import (
     DamagedRun,
     KeepsFences,
     Lease,
+    ReleasesWithCommit,
     RevisionHistory,
     RunPage,
     RunQueues,
@@ -72,6 +74,7 @@ __all__ = [
     "PostgresStore",
     "QueueEntry",
     "RedisStore",
+    "ReleasesWithCommit",
     "RevisionHistory",
     "RunPage",
     "RunQueue",

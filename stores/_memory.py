@@ -157,6 +157,12 @@ class MemoryStore(HostLeased, Closing):
         for key, data in enc.blobs.items():
             entry.blobs.setdefault(key, seal(data))
 
+    async def commit_and_release(self, checkpoint: Checkpoint, *, lease: Lease) -> None:
+        """``commit``, then ``release``, with nothing in between (``ReleasesWithCommit``):
+        neither awaits anything."""
+        await self.commit(checkpoint, lease=lease)
+        await self._leases.release(lease)
+
     def _entry(self, run_id: str) -> StoredRun:
         entry = self._runs.get(run_id)
         if entry is None:

@@ -36,12 +36,14 @@ Outcome = tuple[bool, Stored | None]
 @attrs.frozen
 class Pending:
     """One commit of a batch: the head it expects (row id, revision; None for a new
-    run), its rows, and the lease it is fenced by (if any)."""
+    run), its rows, the lease it is fenced by (if any), and whether that lease is given
+    up with it (``ReleasesWithCommit``)."""
 
     run_id: str
     expect: tuple[int, int] | None
     rows: CommitRows
     fence: Lease | None = None
+    release: bool = False
 
 
 @attrs.frozen

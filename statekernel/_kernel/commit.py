@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from typing import NoReturn
 
 import attrs
@@ -31,7 +32,13 @@ from statekernel._kernel import telemetry
 from statekernel._kernel.failures import shortened
 from statekernel._records.run import Run
 from statekernel._secrets import logger
-from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease, settles_on_cancel
+from statekernel._storage.protocol import (
+    Checkpoint,
+    CheckpointStore,
+    Lease,
+    ReleasesWithCommit,
+    settles_on_cancel,
+)
 from statekernel._storage.shielding import shielded
 from statekernel.errors import (
     ConflictError,
@@ -62,9 +69,12 @@ _AT_REST = {"run_paused", "run_failed", "run_completed"}
 @attrs.frozen
 class Landed:
     """The commit is in the store. ``cancelled``: the cancellation that came while the
-    store worked (the commit stays; the caller raises it once it has recorded it)."""
+    store worked (the commit stays; the caller raises it once it has recorded it).
+    ``released``: the lease was given up with it (``ReleasesWithCommit``); not when the
+    head had to say whether it landed (the lease may be held still: released as usual)."""
 
     cancelled: asyncio.CancelledError | None = None
+    released: bool = False
     landed = True
 
     def unwrap(self) -> None:
@@ -122,11 +132,21 @@ class Committer:
         self.lost = False
         """True once the lease was found to have moved on: nothing more is committed."""
 
+    @property
+    def releases(self) -> bool:
+        """Whether a commit can give the lease up with it (``commit(release=True)``)."""
+        return self.lease is not None and isinstance(self.store, ReleasesWithCommit)
+
     async def commit(
-        self, checkpoint: Checkpoint, trace_parent: telemetry.TraceContext | None = None
+        self,
+        checkpoint: Checkpoint,
+        trace_parent: telemetry.TraceContext | None = None,
+        *,
+        release: bool = False,
     ) -> Landing:
         """Commit ``checkpoint``, trying again after store failures; what became of it
         (never raised: the caller decides from the value, ``unwrap`` raises).
+        ``release`` (where ``releases``): give the lease up with it (``Landed.released``).
 
         Each attempt is run to its end by the store even if the caller is cancelled: a
         store that declares ``SettlesOnCancel`` has ended its commit when the
@@ -136,7 +156,7 @@ class Committer:
         reported = self.reported
         with telemetry.commit_span(trace_parent, checkpoint, traced=reported) as span:
             try:
-                landing = await self._attempts(checkpoint, span)
+                landing = await self._attempts(checkpoint, span, release and self.releases)
             except BaseException as exc:  # while the head was read to settle a store error
                 landing = NotLanded(exc)
             if not isinstance(landing, Landed):
@@ -145,7 +165,9 @@ class Committer:
             _log_commit(checkpoint)
         return landing
 
-    async def _attempts(self, checkpoint: Checkpoint, span: telemetry.CommitSpan) -> Landing:
+    async def _attempts(
+        self, checkpoint: Checkpoint, span: telemetry.CommitSpan, release: bool
+    ) -> Landing:
         ambiguous = False  # an earlier attempt may have landed (its head was not settled)
         for attempt, pause in enumerate((*COMMIT_RETRIES, None), 1):
             span.attempts = attempt
@@ -153,13 +175,15 @@ class Committer:
             try:
                 if self.lost:
                     raise LeaseLost(checkpoint.run.run_id, checkpoint.expected_revision)
-                write = self.store.commit(checkpoint, lease=self.lease)
+                write = self._write(checkpoint, release)
                 task = None if self.settles else asyncio.ensure_future(write)
                 await (write if task is None else shielded(task))
-                return Landed()
+                return Landed(released=release)
             except asyncio.CancelledError as cancelled:
                 wrote = task is not None and not task.cancelled() and not task.exception()
-                return await self._after_cancel(checkpoint, cancelled, wrote)
+                if wrote:  # the write returned in its own task: it landed
+                    return Landed(cancelled, released=release)
+                return await self._after_cancel(checkpoint, cancelled)
             except StoreError as exc:
                 settled = await self._settled(checkpoint)
                 if settled is not None:
@@ -184,13 +208,18 @@ class Committer:
                 return NotLanded(cancelled)
         raise AssertionError("unreachable: the last attempt returns")
 
+    def _write(self, checkpoint: Checkpoint, release: bool) -> Awaitable[None]:
+        """One attempt in the store: ``commit``, or ``commit_and_release``."""
+        store, lease = self.store, self.lease
+        if release and lease is not None and isinstance(store, ReleasesWithCommit):
+            return store.commit_and_release(checkpoint, lease=lease)
+        return store.commit(checkpoint, lease=lease)
+
     async def _after_cancel(
-        self, checkpoint: Checkpoint, cancelled: asyncio.CancelledError, wrote: bool
+        self, checkpoint: Checkpoint, cancelled: asyncio.CancelledError
     ) -> Landing:
-        """The outcome of an attempt the caller's cancellation came through: the write has
-        ended (``wrote``: it returned in its own task); otherwise the head says."""
-        if wrote:
-            return Landed(cancelled)
+        """The outcome of an attempt the caller's cancellation came through, whose write
+        did not return: the head says."""
         try:
             settled = await self._settled(checkpoint)
         except asyncio.CancelledError:

@@ -57,7 +57,10 @@ A driver holds the run's lease (one owner per run): every commit carries it, and
 store refuses it once the lease moved on. Right before a model or tool call starts, it
 checks on its monotonic clock that the lease lasts at least the kernel's
 ``lease_margin`` more (``statekernel._kernel.tenure``); if the lease moved on, nothing
-starts and the drive stops with ``LeaseLost``. A command of the same kernel (``send``,
+starts and the drive stops with ``LeaseLost``. The commit that brings the run to rest
+gives the lease back with it (``ReleasesWithCommit``) when the drive ends there, with no
+call running or held and no other drive waiting; otherwise the kernel gives it back
+once the drive ends. A command of the same kernel (``send``,
 ``update_context``...) commits under the same lease, between two commits of the drive
 (``RunDriver.command``, holding ``commit_lock``); the drive then goes on from the
 command's commit, staging again what it had staged (``adopt``), so a command never
@@ -150,6 +153,12 @@ class RunDriver:
         self.overtaken = False
         """A command of this kernel committed something the staged transitions no longer
         apply to: the commit being gathered is refused (``ConflictError``)."""
+        self.lets_go_at_rest = False
+        """Set by the kernel for the driver of its drives: the commit that brings the run
+        to rest gives the lease up with it when nothing of the drive is left to finish
+        (``_lets_go``), where the store can (``ReleasesWithCommit``)."""
+        self.released = False
+        """The lease was given up with a commit: nothing more is committed under it."""
 
     # -- effect: up to the next commit ----------------------------------------------
 
@@ -320,7 +329,8 @@ class RunDriver:
                 raise ConflictError(base.run_id, base.revision - 1, base.revision)
             checkpoint = pending.checkpoint(self.lc.run)
             self.pending = PendingCommit()
-            landing = await self.committer.commit(checkpoint, self.trace_parent)
+            release = self._lets_go(pending)
+            landing = await self.committer.commit(checkpoint, self.trace_parent, release=release)
             if not isinstance(landing, Landed):
                 # Nothing landed: the driver's copy goes back to the last commit, and the
                 # calls whose intents were staged are forgotten. None of them started (a
@@ -330,6 +340,9 @@ class RunDriver:
                 self.calls.dropped(pending.intents)
                 landing.unwrap()
             self.calls.landed(pending.outcomes)
+            if landing.released:  # the lease went with the commit: nothing more under it
+                self.released = True
+                self.lose()
             if landing.cancelled is not None:  # landed, then the drive stops
                 self.calls.hold(pending.intents)
                 landing.unwrap()
@@ -341,6 +354,27 @@ class RunDriver:
         except HookFailed as failed:
             return _Committed(tuple(pending.events), failed)
         return _Committed(tuple(pending.events))
+
+    def _lets_go(self, pending: PendingCommit) -> bool:
+        """Whether the commit of ``pending`` gives the lease up with it: it brings the run
+        to rest and the drive ends with it, nothing of it left to finish (no call running,
+        starting or held, no hook to observe its results, no other drive waiting for
+        this driver; a command waiting to commit under its lease takes a lease of its
+        own once it finds the driver let go)."""
+        if not (self.lets_go_at_rest and self.committer.releases and self.lc.run.is_terminal):
+            return False
+        calls = self.calls
+        held = [o for o in calls.outcomes if all(o is not p for p in pending.outcomes)]
+        return not (
+            pending.intents
+            or pending.model_intent
+            or calls.tasks
+            or calls.unstarted
+            or held
+            or (self.observing and pending.outcomes)
+            or self.users > 1
+            or self.commander is not None
+        )
 
     async def _observe(self, outcomes: list[Outcome]) -> None:
         """``on_tool_call_completed`` after the commit, once for each call it completed: at
@@ -368,8 +402,11 @@ class RunDriver:
 
     @property
     def lease(self) -> Lease | None:
-        """The run's lease this driver commits under (None: unfenced, for new runs)."""
-        return self.tenure.lease if self.tenure is not None else None
+        """The run's lease this driver commits under (None: unfenced, for new runs, and
+        once it was given up with a commit)."""
+        if self.tenure is None or self.released:
+            return None
+        return self.tenure.lease
 
     @property
     def lost(self) -> bool:
@@ -479,6 +516,14 @@ class RunDriver:
             self.lose()
             log_lease_lost(run.run_id, run.revision, "it moved on before an effect started")
             raise
+
+    async def rearm(self, tenure: Tenure, head: Run) -> None:
+        """Commit under ``tenure`` from now on, after the lease was given up with a
+        commit (``released``), at ``head`` (the run as loaded under ``tenure``)."""
+        self.tenure = tenure
+        self.committer = Committer(self.kernel.store, tenure.lease)
+        self.released = False
+        await self.reset(head)
 
     async def reset(self, run: Run) -> None:
         """Point at a newer head loaded from the store (a command of this kernel, sharing

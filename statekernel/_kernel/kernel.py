@@ -624,6 +624,7 @@ class Kernel(Closing):
             await self._release_lease(tenure.lease)
             raise
         driver = RunDriver(self, loaded, tenure)
+        driver.lets_go_at_rest = True  # the driver of this kernel's drives (run, step)
         self._drivers[run_id] = driver
         self._keep_renewing()
         return driver, True
@@ -633,7 +634,13 @@ class Kernel(Closing):
     ) -> Tenure | None:
         """The run's lease for this kernel (None: a driver of this kernel holds it and
         ``share`` allows using that driver), after waiting for another owner if need be
-        (up to ``wait`` seconds, default ``busy_timeout``)."""
+        (up to ``wait`` seconds, default ``busy_timeout``).
+
+        A drive that gave the lease up with the commit that brought the run to rest may
+        still be suspended at a ``yield`` of that commit's events, its caller acting on
+        the run (``resume`` at ``run_paused``): the lease taken is then handed to that
+        drive's driver, which goes on from whatever the command commits, as it would
+        have had it kept the lease."""
         limit = self.busy_timeout if wait is None else wait
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -644,7 +651,7 @@ class Kernel(Closing):
             if share and driver is not None and not driver.lost:
                 return None
             try:
-                return await self._acquire_once(run_id)
+                tenure = await self._acquire_once(run_id)
             except RunBusy as busy:
                 waited = loop.time() - started
                 if waited + delay > limit:
@@ -658,8 +665,25 @@ class Kernel(Closing):
                         limit,
                         extra={"run_id": run_id},
                     )
+            else:
+                live = self._drivers.get(run_id)
+                if share and live is not None and live.released and live.driving:
+                    await self._rearm(live, tenure)
+                    return None
+                return tenure
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.25)
+
+    async def _rearm(self, driver: RunDriver, tenure: Tenure) -> None:
+        """Hand ``tenure`` to ``driver``, which gave its lease up with a commit while its
+        drive goes on, at the run's head (another owner may have committed meanwhile)."""
+        try:
+            head = await self.store.load(driver.run.run_id)
+            await driver.rearm(tenure, head)
+        except BaseException:
+            await self._release_lease(tenure.lease)
+            raise
+        self._keep_renewing()
 
     async def _acquire_once(self, run_id: str) -> Tenure:
         """One attempt at the run's lease; a lease given to a cancelled caller goes back."""

@@ -34,6 +34,7 @@ __all__ = [
     "FindsRunIds",
     "KeepsFences",
     "Lease",
+    "ReleasesWithCommit",
     "RevisionHistory",
     "RunPage",
     "RunQueues",
@@ -368,6 +369,25 @@ class FindsRunIds(Protocol):
 
     async def run_ids(self, prefix: str, *, limit: int) -> list[str]:
         """The ids of at most ``limit`` runs whose id starts with ``prefix``, sorted."""
+        ...
+
+
+@runtime_checkable
+class ReleasesWithCommit(Protocol):
+    """What a store may offer beyond ``CheckpointStore``: a commit fenced by a lease that
+    gives the lease up in the same atomic step. The kernel commits a run's coming to rest
+    so when nothing of the drive is left running: the lease goes back without a round
+    trip of its own."""
+
+    async def commit_and_release(self, checkpoint: Checkpoint, *, lease: Lease) -> None:
+        """``commit(checkpoint, lease=lease)``, and ``release(lease)`` with it when it lands.
+
+        Raises:
+            ConflictError: as ``commit`` (nothing written, the lease still held).
+            LeaseLost: as ``commit``.
+            StoreError: the storage failed; the commit, and the release with it, may
+                have landed or not (the head says).
+        """
         ...
 
 

@@ -9,7 +9,8 @@ your own), the checks on damaged storage run too (with ``RawCopies``, those of t
 copies of head fields and lease records a store keeps outside its checksums), and with
 ``RawDocuments`` (the built-in ones are)
 the check that migrations of a run stored at an older version persist. What a store
-declares beyond the protocol (``RevisionHistory``, ``SettlesOnCancel``) is checked too.
+declares beyond the protocol (``RevisionHistory``, ``SettlesOnCancel``,
+``ReleasesWithCommit``) is checked too.
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 
-from statekernel._storage.protocol import CheckpointStore, RevisionHistory, settles_on_cancel
+from statekernel._storage.protocol import (
+    CheckpointStore,
+    ReleasesWithCommit,
+    RevisionHistory,
+    settles_on_cancel,
+)
 from statekernel.testing import _store_cases as c
 from statekernel.testing._clock import ManualClock
 from statekernel.testing._raw import RawCopies, RawDocuments, RawRecords
@@ -27,7 +33,11 @@ from statekernel.testing._store_damage import (
     check_log_gaps,
     check_missing_records,
 )
-from statekernel.testing._store_features import check_history, check_settles_on_cancel
+from statekernel.testing._store_features import (
+    check_history,
+    check_releases_with_commit,
+    check_settles_on_cancel,
+)
 from statekernel.testing._store_migration import check_persisting_migrations
 
 __all__ = ["StoreFactory", "check_store"]
@@ -83,6 +93,9 @@ async def check_store(
         checks.append(("history of every revision (RevisionHistory)", check_history))
     if settles_on_cancel(probe):
         checks.append(("a cancelled commit has settled (SettlesOnCancel)", check_settles_on_cancel))
+    if isinstance(probe, ReleasesWithCommit):
+        name = "a commit gives its lease up with it (ReleasesWithCommit)"
+        checks.append((name, check_releases_with_commit))
     await probe.aclose()
     if raw is not None:
         checks.append(("damaged records", lambda s: check_damaged_records(s, raw)))

@@ -1,5 +1,6 @@
 """Conformance checks of what a store may declare beyond ``CheckpointStore``:
-``RevisionHistory`` (every revision in one pass) and ``SettlesOnCancel``."""
+``RevisionHistory`` (every revision in one pass), ``SettlesOnCancel`` and
+``ReleasesWithCommit``."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ from statekernel._records.run import Run
 from statekernel._storage.protocol import (
     Checkpoint,
     CheckpointStore,
+    ReleasesWithCommit,
     RevisionHistory,
     settles_on_cancel,
 )
-from statekernel.errors import RunNotFound
+from statekernel.errors import ConflictError, LeaseLost, RunBusy, RunNotFound
 from statekernel.testing._store_cases import events_for, next_revision, sample_run
 
-__all__ = ["check_history", "check_settles_on_cancel"]
+__all__ = ["check_history", "check_releases_with_commit", "check_settles_on_cancel"]
 
 
 async def check_history(store: CheckpointStore) -> None:
@@ -72,3 +74,42 @@ async def check_settles_on_cancel(store: CheckpointStore) -> None:
         assert await store.load("settle") == at_cancel, "a cancelled commit landed later"
         assert at_cancel in (run, big), "a cancelled commit landed in part"
         run = at_cancel
+
+
+async def check_releases_with_commit(store: CheckpointStore) -> None:
+    """A store declaring ``ReleasesWithCommit``: a commit that lands gives its lease up
+    with it (another owner takes the run at once; the old lease commits nothing more);
+    one that is refused (a stale head, a lease that moved on) writes nothing and gives
+    nothing up."""
+    if not isinstance(store, ReleasesWithCommit):
+        return
+    run = sample_run("letgo")
+    await store.commit(Checkpoint.between(None, run))
+    lease = await store.acquire("letgo", "first", ttl=60)
+    stale = next_revision(next_revision(run))
+    try:
+        await store.commit_and_release(Checkpoint.between(run, stale), lease=lease)
+    except ConflictError:
+        pass
+    else:
+        raise AssertionError("a commit on a stale head landed")
+    try:
+        await store.acquire("letgo", "second", ttl=60)
+    except RunBusy:
+        pass
+    else:
+        raise AssertionError("a refused commit gave its lease up")
+    nxt = next_revision(run)
+    await store.commit_and_release(Checkpoint.between(run, nxt), lease=lease)
+    assert await store.load("letgo") == nxt, "the commit did not land whole"
+    taken = await store.acquire("letgo", "second", ttl=60)  # at once: RunBusy if still held
+    after = next_revision(nxt)
+    try:
+        await store.commit_and_release(Checkpoint.between(nxt, after), lease=lease)
+    except LeaseLost:
+        pass
+    else:
+        raise AssertionError("a lease given up with a commit committed again")
+    assert await store.load("letgo") == nxt, "a refused commit wrote something"
+    await store.commit(Checkpoint.between(nxt, after), lease=taken)
+    await store.release(taken)

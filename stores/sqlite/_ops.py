@@ -202,10 +202,12 @@ def apply_commit(
     expect: tuple[int, int] | None,
     rows: CommitRows,
     fence: Lease | None = None,
+    release: bool = False,
 ) -> tuple[bool, Stored | None]:
     """Write ``rows`` if the run's (row id, revision) is ``expect`` (None: no run yet)
     and ``fence`` (if any) is the run's current lease (else ``LeaseLost``), inside the
-    caller's ``BEGIN IMMEDIATE`` transaction.
+    caller's ``BEGIN IMMEDIATE`` transaction; with ``release``, give ``fence`` up with it
+    (as ``released`` does: the record keeps its token, without owner or expiry).
 
     Returns (True, the new head) when the commit landed, else (False, the stored
     head it found instead), having written nothing.
@@ -231,6 +233,8 @@ def apply_commit(
             (*rows.columns, rid),
         )
     _write_parts(conn, rid, rows)
+    if release and fence is not None:  # checked current above, in this transaction
+        conn.execute("UPDATE leases SET owner = NULL, expires = 0 WHERE run_id = ?", (run_id,))
     return True, Stored(rid, run_id, rows.revision, rows.columns[1], rows.columns[-1])
 
 

@@ -303,7 +303,12 @@ class SQLiteStore(HostLeased, Closing):
         record = await shielded(self._call(read_lease, run_id))
         return holder_of(record, self._leases.clock(), self._leases.proofs)
 
-    async def _commit(self, cp: Checkpoint, lease: Lease | None) -> None:
+    async def commit_and_release(self, checkpoint: Checkpoint, *, lease: Lease) -> None:
+        """``commit`` that also gives ``lease`` up in its transaction (``ReleasesWithCommit``)."""
+        await self._commit(checkpoint, lease, release=True)
+        self._leases.let_go(lease)
+
+    async def _commit(self, cp: Checkpoint, lease: Lease | None, *, release: bool = False) -> None:
         run_id = cp.run.run_id
         known = self._heads.get(run_id) if cp.run.revision > 0 else None
         if cp.run.revision > 0 and (known is None or known.key.revision != cp.expected_revision):
@@ -315,7 +320,7 @@ class SQLiteStore(HostLeased, Closing):
             else:
                 enc = encode_commit(cp, known.head, known.refs)
                 expect = (known.key.rid, known.key.revision)
-            pending = Pending(run_id, expect, _rows(cp, enc), lease)
+            pending = Pending(run_id, expect, _rows(cp, enc), lease, release and lease is not None)
             landed, stored = await self._group.submit(PendingWrite(pending, enc))
             if landed:
                 return

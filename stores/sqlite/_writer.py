@@ -50,7 +50,8 @@ def _apply(conn: sqlite3.Connection, pending: Pending, grouped: bool) -> Outcome
     if grouped:
         conn.execute("SAVEPOINT one_commit")
     try:
-        outcome = apply_commit(conn, pending.run_id, pending.expect, pending.rows, pending.fence)
+        p = pending
+        outcome = apply_commit(conn, p.run_id, p.expect, p.rows, p.fence, p.release)
     except Exception as exc:
         if not conn.in_transaction:
             raise  # the error ended the transaction: nothing of the batch landed

@@ -69,11 +69,15 @@ async def test_store_conformance(kind: str, tmp_path: Path, request: pytest.Fixt
     )  # the server's own clock
     names = await check_store(factory, examples=30, raw=raw[kind], clock=clocked)
     declared = {
-        "memory": ["a cancelled commit has settled (SettlesOnCancel)"],
+        "memory": [
+            "a cancelled commit has settled (SettlesOnCancel)",
+            "a commit gives its lease up with it (ReleasesWithCommit)",
+        ],
         "file": ["history of every revision (RevisionHistory)"],
         "sqlite": [
             "history of every revision (RevisionHistory)",
             "a cancelled commit has settled (SettlesOnCancel)",
+            "a commit gives its lease up with it (ReleasesWithCommit)",
         ],
         "redis": ["history of every revision (RevisionHistory)"],
         "redis-cluster": ["history of every revision (RevisionHistory)"],
