@@ -169,6 +169,9 @@ async def take_over(conn: Any, t: Tables, run_id: str, claim: Claim) -> int:
     ``RunBusy`` while its owner may be alive (a mark set meanwhile is committed),
     ``RunNotFound`` when there is no such run."""
     key = run_key(run_id)
+    token = await _take_free(conn, t, key, claim)
+    if token is not None:
+        return token
     async with conn.transaction():
         await conn.execute(
             f"INSERT INTO {t.leases} (run_id, token, owner, expires)"
@@ -201,6 +204,28 @@ async def take_over(conn: Any, t: Tables, run_id: str, claim: Claim) -> int:
             )
     assert row.owner is not None
     raise RunBusy(run_id, row.owner)
+
+
+async def _take_free(conn: Any, t: Tables, key: bytes, claim: Claim) -> int | None:
+    """Take a lease nobody holds (given back, or never taken), as ``decide`` takes it, in
+    one statement; its token, or None when the row is missing, owned (expired or not:
+    ``take_over`` reads it and decides, a damaged owner included) or damaged. A taker
+    that waited for another's update of the row reads the row that update left (``READ
+    COMMITTED``), so of two takers of a free lease one gets it."""
+    token = await conn.fetchval(
+        f"UPDATE {t.leases} l SET token = GREATEST(l.token, r.fence) + 1, owner = $2,"
+        " expires = extract(epoch FROM clock_timestamp())::float8 + $3::float8,"
+        " proof = $4, lock_key = $5, suspect = NULL"
+        f" FROM {t.runs} r WHERE l.run_id = $1 AND r.run_id = l.run_id AND l.owner IS NULL"
+        "  AND l.token >= 0 AND r.fence >= 0 AND l.proof IN ('lock', 'renewal')"
+        " RETURNING l.token",
+        key,
+        run_key(claim.owner),
+        claim.ttl,
+        claim.proof,
+        claim.lock_key,
+    )
+    return None if token is None else int(token)
 
 
 async def renew(conn: Any, t: Tables, run_id: str, owner: str, token: int, claim: Claim) -> None:

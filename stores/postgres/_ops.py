@@ -13,19 +13,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from statekernel._storage.protocol import Lease
 from statekernel.stores._lease_records import damaged_lease, host_record, kept_record
 from statekernel.stores._owners import LeaseRecord, check_fence
+from statekernel.stores._tables import Pending
 from statekernel.stores.sqlite._ops import BadRow, CommitRows, Stored
 
 __all__ = [
     "Tables",
     "apply_commit",
+    "below",
     "commit_at_once",
     "delete_run",
     "lease_record",
     "read_entries",
     "read_head",
+    "read_head_parts",
     "read_parts",
     "run_key",
 ]
@@ -111,6 +113,44 @@ async def read_parts(
         return stored, head, entries, messages, turns, {r[0]: r[1] for r in blobs}
 
 
+async def read_head_parts(
+    conn: Any, t: Tables, run_id: str
+) -> tuple[Stored, list[tuple[int, bytes]], list[tuple[int, bytes]], dict[str, bytes]] | None:
+    """A run's stored head with every message and turn document (with its position) and
+    every blob, in one statement (one round trip, one snapshot), for a load of its head
+    (``read_parts`` does a revision's: its commit log first). None: no such run."""
+    rows = await conn.fetch(
+        f"WITH r AS (SELECT id FROM {t.runs} WHERE run_id = $1)"
+        f" SELECT 0, s.revision, s.state, s.head, s.run_id, s.id FROM {t.runs} s"
+        "  WHERE s.run_id = $1"
+        f" UNION ALL SELECT 1, m.pos, NULL, m.doc, NULL, NULL FROM {t.messages} m, r"
+        "  WHERE m.rid = r.id"
+        f" UNION ALL SELECT 2, d.pos, NULL, d.doc, NULL, NULL FROM {t.turns} d, r"
+        "  WHERE d.rid = r.id"
+        f" UNION ALL SELECT 3, NULL, b.key, b.data, NULL, NULL FROM {t.blobs} b, r"
+        "  WHERE b.rid = r.id"
+        " ORDER BY 1, 2",
+        run_key(run_id),
+    )
+    if not rows or rows[0][0] != 0:
+        return None
+    top = rows[0]
+    stored = Stored(top[5], _text(top[4], f"run {run_id!r}: run_id"), top[1], top[2], top[3])
+    parts: tuple[list[tuple[int, bytes]], list[tuple[int, bytes]]] = ([], [])
+    blobs: dict[str, bytes] = {}
+    for kind, pos, key, data, _, _ in rows[1:]:
+        if kind == 3:
+            blobs[key] = data
+        else:
+            parts[kind - 1].append((pos, data))
+    return stored, parts[0], parts[1], blobs
+
+
+def below(docs: list[tuple[int, bytes]], end: int) -> list[bytes]:
+    """The documents at positions below ``end`` (as ``read_parts`` reads them)."""
+    return [doc for pos, doc in docs if pos < end]
+
+
 async def _docs(conn: Any, table: str, rid: int, end: int) -> list[bytes]:
     if end == 0:
         return []
@@ -159,21 +199,16 @@ async def _lease(conn: Any, t: Tables, run_id: str, lock: str) -> LeaseRecord | 
     return None if row is None else lease_record(row, run_id, t.where)
 
 
-async def apply_commit(
-    conn: Any,
-    t: Tables,
-    run_id: str,
-    expect: tuple[int, int] | None,
-    rows: CommitRows,
-    fence: Lease | None = None,
-) -> tuple[bool, Stored | None]:
-    """Write ``rows`` if the run's (row id, revision) is ``expect`` (None: no run yet)
-    and ``fence`` (if any) is the run's current lease (else ``LeaseLost``), inside the
-    caller's transaction. (True, the new head) when it landed, else (False, the head
-    found instead), having written nothing."""
+async def apply_commit(conn: Any, t: Tables, pending: Pending) -> tuple[bool, Stored | None]:
+    """Write the ``pending`` commit's rows if the run's (row id, revision) is its
+    ``expect`` (None: no run yet) and its ``fence`` (if any) is the run's current lease
+    (else ``LeaseLost``), inside the caller's transaction; with ``release``, give the
+    fence up with it. (True, the new head) when it landed, else (False, the head found
+    instead), having written nothing."""
+    run_id, expect, rows, fence = pending.run_id, pending.expect, pending.rows, pending.fence
     key = run_key(run_id)
     if fence is not None:
-        record = await _lease(conn, t, run_id, "SHARE")
+        record = await _lease(conn, t, run_id, "UPDATE" if pending.release else "SHARE")
         if record is None:
             found = await conn.fetchval(f"SELECT revision FROM {t.runs} WHERE run_id = $1", key)
             current = found is not None and found == rows.revision - 1
@@ -209,38 +244,62 @@ async def apply_commit(
     if rid is None:
         return False, await _stored(conn, t, run_id)
     await _write_parts(conn, t, rid, rows)
+    if pending.release and fence is not None:  # checked current above, in this transaction
+        await conn.execute(f"UPDATE {t.leases} SET {_FREED} WHERE run_id = $1", key)
     return True, Stored(rid, run_id, rows.revision, state, head)
 
 
-async def commit_at_once(
-    conn: Any, t: Tables, run_id: str, expect: tuple[int, int], rows: CommitRows, fence: Lease
-) -> Stored | None:
+_FREED = "owner = NULL, expires = 0, suspect = NULL"
+"""A lease row given up (``give_back``): its token stays."""
+
+
+async def commit_at_once(conn: Any, t: Tables, pending: Pending) -> Stored | None:
     """The commit of ``apply_commit`` in one statement (one round trip, its own
-    transaction) for the case that is not refused: the run at ``expect`` and ``fence``
-    its current lease, the lease row read ``FOR SHARE`` first as ``apply_commit`` reads
-    it. The new head when it landed; None when it did not (nothing was written): then
-    ``apply_commit`` tells why (another head, ``LeaseLost``, a damaged lease row)."""
+    transaction) for the cases that are not refused: a new run whose id is free, or a
+    fenced commit with the run at ``expect`` and ``fence`` its current lease, the lease
+    row read ``FOR SHARE`` first as ``apply_commit`` reads it (``FOR UPDATE`` when the
+    commit gives it up: ``release``). The new head when it landed; None when it did not
+    (nothing was written) or is of another kind: then ``apply_commit`` tells why (another
+    head, ``LeaseLost``, a damaged lease row)."""
+    run_id, expect, rows, fence = pending.run_id, pending.expect, pending.rows, pending.fence
+    revision, state, updated_us, head = rows.columns
+    key = run_key(run_id)
+    if expect is None and fence is None:
+        rid = await conn.fetchval(
+            f"WITH landed AS (INSERT INTO {t.runs} (run_id, revision, state, updated_us, head,"
+            "  fence) VALUES ($5, $1, $2, $3, $4, 0) ON CONFLICT (run_id) DO NOTHING"
+            "  RETURNING id),"
+            # its lease row, free: the first acquire takes it in one statement
+            f" lease AS (INSERT INTO {t.leases} (run_id, token, owner, expires)"
+            "  SELECT $5, 0, NULL, 0 FROM landed ON CONFLICT DO NOTHING),"
+            f"{_parts(t, 6)}",
+            revision,
+            state,
+            updated_us,
+            head,
+            key,
+            *_part_values(rows),
+        )
+        return None if rid is None else Stored(rid, run_id, rows.revision, state, head)
+    if expect is None or fence is None:
+        return None
     token = fence.token
     if not token.isdigit() or str(int(token)) != token:
         return None  # no lease row holds such a token: apply_commit says so
-    revision, state, updated_us, head = rows.columns
-    key = run_key(run_id)
+    lock, freed = "SHARE", ""
+    if pending.release:
+        lock = "UPDATE"
+        freed = (
+            f" freed AS (UPDATE {t.leases} SET {_FREED} WHERE run_id = $7"
+            "  AND EXISTS (SELECT 1 FROM landed)),"
+        )
     rid = await conn.fetchval(
         f"WITH held AS (SELECT 1 FROM {t.leases} WHERE run_id = $7 AND token = $8"
-        "  AND owner = $9 FOR SHARE),"
+        f"  AND owner = $9 FOR {lock}),"
         f" landed AS (UPDATE {t.runs} SET revision = $1, state = $2, updated_us = $3,"
         "  head = $4, fence = GREATEST(fence, $8) WHERE id = $5 AND revision = $6"
-        "  AND run_id = $7 AND EXISTS (SELECT 1 FROM held) RETURNING id),"
-        f" entry AS (INSERT INTO {t.commits} (rid, revision, entry)"
-        "  SELECT id, $1, $10 FROM landed),"
-        f" messages AS (INSERT INTO {t.messages} (rid, pos, doc)"
-        "  SELECT id, $11 + n - 1, d FROM landed, unnest($12::bytea[]) WITH ORDINALITY AS u(d, n)),"
-        f" turns AS (INSERT INTO {t.turns} (rid, pos, doc)"
-        "  SELECT id, $13 + n - 1, d FROM landed, unnest($14::bytea[]) WITH ORDINALITY AS u(d, n)),"
-        f" blobs AS (INSERT INTO {t.blobs} (rid, key, data)"
-        "  SELECT id, k, d FROM landed, unnest($15::text[], $16::bytea[]) AS u(k, d)"
-        "  ON CONFLICT DO NOTHING)"
-        " SELECT id FROM landed",
+        f"  AND run_id = $7 AND EXISTS (SELECT 1 FROM held) RETURNING id),{freed}"
+        f"{_parts(t, 10)}",
         revision,
         state,
         updated_us,
@@ -250,6 +309,35 @@ async def commit_at_once(
         key,
         int(token),
         run_key(fence.owner),
+        *_part_values(rows),
+    )
+    return None if rid is None else Stored(rid, run_id, rows.revision, state, head)
+
+
+def _parts(t: Tables, n: int) -> str:
+    """The rest of a one-statement commit after its ``landed`` (the run row's id when it
+    landed): the commit entry, messages, turns and blobs, from the ``_part_values`` given
+    as parameters ``$n`` onwards (``$1`` is the revision)."""
+    p = [f"${n + i}" for i in range(7)]
+    return (
+        f" entry AS (INSERT INTO {t.commits} (rid, revision, entry)"
+        f"  SELECT id, $1, {p[0]} FROM landed),"
+        f" messages AS (INSERT INTO {t.messages} (rid, pos, doc)"
+        f"  SELECT id, {p[1]} + n - 1, d FROM landed,"
+        f"  unnest({p[2]}::bytea[]) WITH ORDINALITY AS u(d, n)),"
+        f" turns AS (INSERT INTO {t.turns} (rid, pos, doc)"
+        f"  SELECT id, {p[3]} + n - 1, d FROM landed,"
+        f"  unnest({p[4]}::bytea[]) WITH ORDINALITY AS u(d, n)),"
+        f" blobs AS (INSERT INTO {t.blobs} (rid, key, data)"
+        f"  SELECT id, k, d FROM landed, unnest({p[5]}::text[], {p[6]}::bytea[]) AS u(k, d)"
+        "  ON CONFLICT DO NOTHING)"
+        " SELECT id FROM landed"
+    )
+
+
+def _part_values(rows: CommitRows) -> tuple[Any, ...]:
+    """The parameters of ``_parts``, in order."""
+    return (
         rows.entry,
         rows.first_message,
         list(rows.messages),
@@ -258,7 +346,6 @@ async def commit_at_once(
         [k for k, _ in rows.blobs],
         [v for _, v in rows.blobs],
     )
-    return None if rid is None else Stored(rid, run_id, rows.revision, state, head)
 
 
 async def _write_parts(conn: Any, t: Tables, rid: int, rows: CommitRows) -> None:

@@ -326,10 +326,21 @@ class PostgresStore(Closing):
         def head_of(stored: Stored, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
             return head_at(stored, entries, revision, what) if entries else heads[0]
 
-        parts = await self._run(ops.read_parts, run_id, first_entry, head_of, log_ends)
-        if parts is None:
-            raise RunNotFound(run_id)
-        stored, head, entries, messages, turns, blobs = parts
+        if revision is None:  # the head: one statement
+            found = await self._run(ops.read_head_parts, run_id)
+            if found is None:
+                raise RunNotFound(run_id)
+            stored, message_docs, turn_docs, blobs = found
+            first_entry(stored)
+            head = heads[0]
+            m_end, t_end = log_ends(head)
+            entries: list[tuple[int, bytes]] = []
+            messages, turns = ops.below(message_docs, m_end), ops.below(turn_docs, t_end)
+        else:
+            parts = await self._run(ops.read_parts, run_id, first_entry, head_of, log_ends)
+            if parts is None:
+                raise RunNotFound(run_id)
+            stored, head, entries, messages, turns, blobs = parts
         if not entries:
             self._heads.put(run_id, Prior(stored, head))
         check_parts(log_ends(head), len(messages), len(turns), what)
@@ -453,6 +464,17 @@ class PostgresStore(Closing):
         """Land the checkpoint in one transaction (compare-and-set, and the lease check
         when ``lease`` is given), shared with the commits of other runs ready at the
         same moment."""
+        await self._commit(checkpoint, lease)
+
+    async def commit_and_release(self, checkpoint: Checkpoint, *, lease: Lease) -> None:
+        """``commit`` that also gives ``lease`` up in its transaction (``ReleasesWithCommit``),
+        and then, with the owner's last lease here, its advisory lock."""
+        await self._commit(checkpoint, lease, release=True)
+        await self._owner_locks(self._owners.drop(lease.owner))
+
+    async def _commit(
+        self, checkpoint: Checkpoint, lease: Lease | None, *, release: bool = False
+    ) -> None:
         self._writable()
         cp = checkpoint
         run_id = cp.run.run_id
@@ -466,7 +488,7 @@ class PostgresStore(Closing):
             else:
                 enc = encode_commit(cp, known.head, known.refs)
                 expect = (known.key.rid, known.key.revision)
-            pending = Pending(run_id, expect, _rows(cp, enc), lease)
+            pending = Pending(run_id, expect, _rows(cp, enc), lease, release and lease is not None)
             landed, stored = await self._group.submit(PendingWrite(pending, enc))
             if landed:
                 return

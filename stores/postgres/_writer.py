@@ -34,14 +34,13 @@ async def write_commits(
     if len(batch) == 1:
         one = batch[0]
         try:
-            if one.expect is not None and one.fence is not None:
-                # most commits land: one statement, one round trip; one that does not
-                # wrote nothing, and the transaction below tells why
-                stored = await commit_at_once(conn, t, one.run_id, one.expect, one.rows, one.fence)
-                if stored is not None:
-                    return [(True, stored)]
+            # most commits land: one statement, one round trip; one that does not wrote
+            # nothing, and the transaction below tells why
+            stored = await commit_at_once(conn, t, one)
+            if stored is not None:
+                return [(True, stored)]
             async with conn.transaction():
-                return [await apply_commit(conn, t, one.run_id, one.expect, one.rows, one.fence)]
+                return [await apply_commit(conn, t, one)]
         except Exception as exc:
             if lost(conn) or not clean(exc):
                 raise  # the transaction's end is unknown: the batch failed
@@ -52,7 +51,7 @@ async def write_commits(
             p = batch[i]
             try:
                 async with conn.transaction():  # a savepoint
-                    outcomes[i] = await apply_commit(conn, t, p.run_id, p.expect, p.rows, p.fence)
+                    outcomes[i] = await apply_commit(conn, t, p)
             except Exception as exc:
                 if lost(conn) or not clean(exc):
                     raise

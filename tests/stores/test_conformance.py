@@ -84,6 +84,7 @@ async def test_store_conformance(kind: str, tmp_path: Path, request: pytest.Fixt
         "postgres": [
             "history of every revision (RevisionHistory)",
             "a cancelled commit has settled (SettlesOnCancel)",
+            "a commit gives its lease up with it (ReleasesWithCommit)",
         ],
     }
     damage = ["damaged records", "missing records", "commit log gaps"]

@@ -1,6 +1,7 @@
-"""A PostgreSQL commit fenced by the run's current lease lands in one statement (one
-round trip); one that would be refused writes nothing there, and the transaction that
-follows refuses it as before (``LeaseLost``, another head)."""
+"""A PostgreSQL commit that creates a run, or is fenced by the run's current lease (and
+gives it up with it, ``ReleasesWithCommit``), lands in one statement (one round trip);
+one that would be refused writes nothing there, and the transaction that follows
+refuses it as before (``ConflictError``, ``LeaseLost``, another head)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from statekernel.errors import LeaseLost
+from statekernel.errors import ConflictError, LeaseLost
 from statekernel.stores import Checkpoint, PostgresStore
 from statekernel.stores.postgres import _ops, _writer
 from statekernel.testing._store_cases import next_revision, sample_run
@@ -31,12 +32,18 @@ async def test_a_fenced_commit_lands_in_one_statement(
     store = PostgresStore(postgres_store_url)
     try:
         first = sample_run("r")
-        await store.commit(Checkpoint.between(None, first))
+        await store.commit(Checkpoint.between(None, first))  # a new run: one statement too
+        assert len(at_once) == 1
+        assert at_once[0] is not None, "the run was not created in one statement"
+        with pytest.raises(ConflictError):  # its id is taken: nothing written, then refused
+            await store.commit(Checkpoint.between(None, first))
+        assert len(at_once) == 2
+        assert at_once[1] is None
         held = await store.acquire("r", "a", ttl=60)
         second = next_revision(first)
         await store.commit(Checkpoint.between(first, second), lease=held)
-        assert len(at_once) == 1
-        assert at_once[0] is not None, "the commit did not land in one statement"
+        assert len(at_once) == 3
+        assert at_once[2] is not None, "the commit did not land in one statement"
         assert await store.load("r") == second
         await store.release(held)
         taken = await store.acquire("r", "b", ttl=60)
@@ -49,5 +56,40 @@ async def test_a_fenced_commit_lands_in_one_statement(
         assert at_once[-1] is not None
         assert await store.load("r") == third
         assert await store.load("r", revision=second.revision) == second
+    finally:
+        await store.aclose()
+
+
+async def test_a_commit_that_gives_its_lease_up_lands_in_one_statement(
+    postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    at_once: list[Any] = []
+    real = _ops.commit_at_once
+
+    async def counted(*args: Any) -> Any:
+        stored = await real(*args)
+        at_once.append(stored)
+        return stored
+
+    monkeypatch.setattr(_writer, "commit_at_once", counted)
+    store = PostgresStore(postgres_store_url)
+    try:
+        first = sample_run("r")
+        await store.commit(Checkpoint.between(None, first))
+        held = await store.acquire("r", "a", ttl=60)
+        second = next_revision(first)
+        await store.commit_and_release(Checkpoint.between(first, second), lease=held)
+        assert len(at_once) == 2
+        assert at_once[1] is not None, "not one statement"
+        assert await store.load("r") == second
+        assert await store.holder("r") is None
+        taken = await store.acquire("r", "b", ttl=60)  # at once: the lease went with the commit
+        third = next_revision(second)
+        with pytest.raises(LeaseLost):  # the given-up lease commits nothing more
+            await store.commit_and_release(Checkpoint.between(second, third), lease=held)
+        assert at_once[-1] is None
+        assert await store.holder("r") == "b"  # the refused commit gave nothing up
+        await store.commit_and_release(Checkpoint.between(second, third), lease=taken)
+        assert await store.load("r") == third
     finally:
         await store.aclose()
