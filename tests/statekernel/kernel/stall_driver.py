@@ -65,8 +65,18 @@ def kernel(role: str, url: str, ledger: str, lease_ttl: float, busy_timeout: flo
     )
 
 
+async def warm() -> None:
+    """A drive's one-time work in a process (the stored format's generated code), done
+    before the lease is taken: on a loaded machine it could outlast a short lease."""
+    async with sk.Kernel("memory://", providers={"scripted": ScriptedProvider(["ok"])}) as k:
+        run = await k.start(model="scripted/x", messages=["hi"])
+        async for _ in k.run(run.run_id):
+            pass
+
+
 async def main(role: str, url: str, ledger: str, run_id: str, ttl: float, wait: float) -> None:
     outcome = "done"
+    await warm()
     async with kernel(role, url, ledger, ttl, wait) as k:
         try:
             async for _ in k.run(run_id):
