@@ -468,9 +468,15 @@ class PostgresStore(Closing):
 
     async def commit_and_release(self, checkpoint: Checkpoint, *, lease: Lease) -> None:
         """``commit`` that also gives ``lease`` up in its transaction (``ReleasesWithCommit``),
-        and then, with the owner's last lease here, its advisory lock."""
+        and then, with the owner's last lease here, its advisory lock. The commit has
+        landed once that step begins: a failure to unlock is logged, not raised (raised,
+        it would read as a commit whose outcome is unknown, and the lease be counted
+        off twice)."""
         await self._commit(checkpoint, lease, release=True)
-        await self._owner_locks(self._owners.drop(lease.owner))
+        try:
+            await self._owner_locks(self._owners.drop(lease.owner))
+        except StoreError as exc:  # the lock ends with its session
+            log.warning("%s: giving back the owner lock of %s: %s", self._shown(), lease.owner, exc)
 
     async def _commit(
         self, checkpoint: Checkpoint, lease: Lease | None, *, release: bool = False
