@@ -58,6 +58,7 @@ __all__ = [
     "holder",
     "keep_fence",
     "renew",
+    "take_free",
     "take_over",
 ]
 
@@ -169,7 +170,7 @@ async def take_over(conn: Any, t: Tables, run_id: str, claim: Claim) -> int:
     ``RunBusy`` while its owner may be alive (a mark set meanwhile is committed),
     ``RunNotFound`` when there is no such run."""
     key = run_key(run_id)
-    token = await _take_free(conn, t, key, claim)
+    token = await take_free(conn, t, key, claim)
     if token is not None:
         return token
     async with conn.transaction():
@@ -206,7 +207,7 @@ async def take_over(conn: Any, t: Tables, run_id: str, claim: Claim) -> int:
     raise RunBusy(run_id, row.owner)
 
 
-async def _take_free(conn: Any, t: Tables, key: bytes, claim: Claim) -> int | None:
+async def take_free(conn: Any, t: Tables, key: bytes, claim: Claim) -> int | None:
     """Take a lease nobody holds (given back, or never taken), as ``decide`` takes it, in
     one statement; its token, or None when the row is missing, owned (expired or not:
     ``take_over`` reads it and decides, a damaged owner included) or damaged. A taker

@@ -96,6 +96,7 @@ from statekernel.stores.postgres._schema import (
     migrate_schema,
 )
 from statekernel.stores.postgres._url import check_schema, parse_postgres_url
+from statekernel.stores.postgres._warm import prepare_statements
 from statekernel.stores.postgres._writer import Outcome, Pending, write_commits
 from statekernel.stores.sqlite._columns import column_problem
 from statekernel.stores.sqlite._ops import BadRow, CommitRows, Stored
@@ -225,16 +226,30 @@ class PostgresStore(Closing):
                         max_size=10,
                         statement_cache_size=0 if self.pgbouncer else 100,
                         server_settings=None if self._notify else {"statekernel.notify": "off"},
+                        init=_warmer(self),
                     )
                 async with borrowed(self._pool) as conn:
                     if self.read_only:
                         await self._check_layout(conn)
                     else:
                         await migrate_schema(conn, self.schema)
+                    self._ready = True  # the tables exist: new connections warm up
+                    await self._warm(conn)
             except (*_DRIVER_ERRORS, ValueError) as exc:
                 raise self._typed(exc) from exc
             self._ready = True
             return self._pool
+
+    async def _warm(self, conn: Any) -> None:
+        """Prepare a drive's statements on a new connection of the store's own pool
+        (``_warm``), once its tables exist; not behind PgBouncer (no statement is kept
+        there). Best effort: a failure shows again where the statement is used."""
+        if not self._ready or self.pgbouncer:
+            return
+        try:
+            await prepare_statements(conn, self._t, writable=not self.read_only)
+        except (*_DRIVER_ERRORS, BadRow) as exc:
+            log.debug("%s: preparing statements: %s", self._shown(), exc)
 
     async def _check_layout(self, conn: Any) -> None:
         """A read-only store reads its layout or an older one (versions 2 and 3 added
@@ -853,3 +868,16 @@ def _filters(
         us, key = param(micros(at)), param(ops.run_key(run_id))
         clauses.append(f"(updated_us < {us} OR (updated_us = {us} AND run_id < {key}))")
     return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+
+def _warmer(store: PostgresStore) -> Callable[[Any], Awaitable[None]]:
+    """The pool's ``init``: ``store._warm``, without the pool keeping the store alive (a
+    store collected unclosed must warn and end its sessions)."""
+    ref = weakref.ref(store)
+
+    async def warm(conn: Any) -> None:
+        live = ref()
+        if live is not None:
+            await live._warm(conn)
+
+    return warm

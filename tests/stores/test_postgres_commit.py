@@ -93,3 +93,38 @@ async def test_a_commit_that_gives_its_lease_up_lands_in_one_statement(
         assert await store.load("r") == third
     finally:
         await store.aclose()
+
+
+async def test_a_new_connection_prepares_the_statements_of_a_drive(
+    postgres_store_url: str,
+) -> None:
+    """A run's first steps prepare nothing: each connection of the store's pool has the
+    drive's statements prepared when it opens (and none behind PgBouncer)."""
+    store = PostgresStore(postgres_store_url)
+    bouncer = PostgresStore(f"{postgres_store_url}&pgbouncer=1")
+    try:
+        for each in (store, bouncer):
+            await each.list_runs()  # opens the pool
+        pool, plain = store._pool, bouncer._pool
+        assert pool is not None
+        assert plain is not None
+        async with pool.acquire() as conn:
+            prepared = [
+                r[0] for r in await conn.fetch("SELECT statement FROM pg_prepared_statements")
+            ]
+        kinds = {
+            "create": "WITH landed AS (INSERT INTO",
+            "commit": "FOR SHARE), landed AS (UPDATE",
+            "commit and release": "freed AS (UPDATE",
+            "take a free lease": "l SET token = GREATEST(l.token, r.fence) + 1",
+            "load a head": "UNION ALL SELECT 3, NULL, b.key",
+        }
+        for kind, text in kinds.items():
+            assert any(text in p for p in prepared), f"{kind}: not prepared"
+        async with plain.acquire() as conn:
+            assert await conn.fetch("SELECT statement FROM pg_prepared_statements") == []
+        # and the statements it prepared write nothing
+        assert (await store.list_runs()).runs == ()
+    finally:
+        await store.aclose()
+        await bouncer.aclose()
