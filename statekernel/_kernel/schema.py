@@ -232,6 +232,18 @@ def schema_violation(schema: Mapping[str, Any], value: Any) -> tuple[str, str] |
         error = jsonschema.exceptions.best_match(_validator(schema).iter_errors(value))
     except Exception as exc:  # a $ref that resolves nowhere, a cycle, a bad pattern
         return "", f"the schema cannot be applied ({type(exc).__name__}: {exc})"[:300]
+    except BaseException as exc:
+        if not _panicked(exc):
+            raise
+        # a cycle whose recursion limit is reached inside the Rust maps referencing keeps
+        # its resources in (rpds): it comes out of their __eq__ as a pyo3 panic
+        return "", f"the schema cannot be applied ({type(exc).__name__}: a cycle)"
     if error is None:
         return None
     return "".join(f"[{p!r}]" for p in error.absolute_path), error.message
+
+
+def _panicked(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Rust panic a pyo3 extension raised (``PanicException``, which
+    derives from ``BaseException`` and cannot be imported by name)."""
+    return type(exc).__name__ == "PanicException"

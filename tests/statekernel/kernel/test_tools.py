@@ -435,3 +435,21 @@ def test_a_tool_s_flags_are_checked_when_it_is_made(options: dict[str, Any], mat
         sk.tool(**options)(charge)
     with pytest.raises(ConfigError, match=match):  # every way of making one
         attrs.evolve(sk.tool(charge), **options)
+
+
+def test_a_schema_cycle_met_at_any_stack_depth_is_a_violation_not_a_crash() -> None:
+    """A ``$ref`` cycle reached through an argument exhausts the recursion limit; where
+    the limit is met decides what comes out (a ``RecursionError``, or, inside the Rust
+    maps referencing keeps resources in, a pyo3 panic: a ``BaseException``). Swept over
+    stack depths, every call says the schema cannot be applied."""
+    from statekernel._kernel.schema import schema_violation
+
+    looping = {"type": "object", "properties": {"q": {"allOf": [{"$ref": "#/properties/q"}]}}}
+
+    def at_depth(n: int) -> tuple[str, str] | None:
+        return at_depth(n - 1) if n else schema_violation(looping, {"q": 1})
+
+    for depth in range(0, 120, 3):
+        found = at_depth(depth)
+        assert found is not None
+        assert found[1].startswith("the schema cannot be applied"), (depth, found)
