@@ -237,12 +237,11 @@ class PostgresStore(Closing):
                     await self._warm(conn)
             except (*_DRIVER_ERRORS, ValueError) as exc:
                 raise self._typed(exc) from exc
-            self._ready = True
             return self._pool
 
     async def _warm(self, conn: Any) -> None:
         """Prepare a drive's statements on a new connection of the store's own pool
-        (``_warm``), once its tables exist; not behind PgBouncer (no statement is kept
+        (its ``init``), once its tables exist; not behind PgBouncer (no statement is kept
         there). Best effort: a failure shows again where the statement is used."""
         if not self._ready or self.pgbouncer:
             return

@@ -17,9 +17,9 @@ from statekernel.testing._store_cases import next_revision, sample_run
 pytestmark = pytest.mark.postgres
 
 
-async def test_a_fenced_commit_lands_in_one_statement(
-    postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def one_statement_commits(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """What each one-statement commit the writer tries returns (the new head, or None when
+    it wrote nothing), in order, wrapped through the writer's module."""
     at_once: list[Any] = []
     real = _ops.commit_at_once
 
@@ -29,6 +29,13 @@ async def test_a_fenced_commit_lands_in_one_statement(
         return stored
 
     monkeypatch.setattr(_writer, "commit_at_once", counted)
+    return at_once
+
+
+async def test_a_fenced_commit_lands_in_one_statement(
+    postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    at_once = one_statement_commits(monkeypatch)
     store = PostgresStore(postgres_store_url)
     try:
         first = sample_run("r")
@@ -63,15 +70,7 @@ async def test_a_fenced_commit_lands_in_one_statement(
 async def test_a_commit_that_gives_its_lease_up_lands_in_one_statement(
     postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    at_once: list[Any] = []
-    real = _ops.commit_at_once
-
-    async def counted(*args: Any) -> Any:
-        stored = await real(*args)
-        at_once.append(stored)
-        return stored
-
-    monkeypatch.setattr(_writer, "commit_at_once", counted)
+    at_once = one_statement_commits(monkeypatch)
     store = PostgresStore(postgres_store_url)
     try:
         first = sample_run("r")
