@@ -119,23 +119,29 @@ def script(turns: int) -> list[object]:
 
 def count_commits(store: CheckpointStore) -> list[int]:
     """Count the commits: calls to ``store.commit``, and to ``commit_and_release`` where
-    the store has it (``ReleasesWithCommit``). The instance's methods are wrapped, so
-    the store keeps its class, and with it whatever the kernel decides from the class."""
+    the store has it (``ReleasesWithCommit``; the memory store's calls ``commit`` in
+    turn, counted once). The instance's methods are wrapped, so the store keeps its
+    class, and with it whatever the kernel decides from the class."""
     counter = [0]
     inner = store.commit
+    releasing = store.commit_and_release if isinstance(store, ReleasesWithCommit) else None
+    depth = [0]
 
     async def commit(checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
-        counter[0] += 1
+        counter[0] += depth[0] == 0
         await inner(checkpoint, lease=lease)
 
-    store.commit = commit  # type: ignore[method-assign]
-    if isinstance(store, ReleasesWithCommit):
-        releasing = store.commit_and_release
-
-        async def commit_and_release(checkpoint: Checkpoint, *, lease: Lease) -> None:
-            counter[0] += 1
+    async def commit_and_release(checkpoint: Checkpoint, *, lease: Lease) -> None:
+        assert releasing is not None
+        counter[0] += 1
+        depth[0] += 1
+        try:
             await releasing(checkpoint, lease=lease)
+        finally:
+            depth[0] -= 1
 
+    store.commit = commit  # type: ignore[method-assign]
+    if releasing is not None:
         store.commit_and_release = commit_and_release  # type: ignore[method-assign]
     return counter
 

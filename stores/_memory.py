@@ -131,9 +131,6 @@ class MemoryStore(HostLeased, Closing):
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         """Append the new head, parts and events if the head is the expected revision
         (and ``lease`` is the run's current lease)."""
-        self._commit(checkpoint, lease)
-
-    def _commit(self, checkpoint: Checkpoint, lease: Lease | None) -> None:
         run = checkpoint.run
         entry = self._runs.get(run.run_id)
         if lease is not None:
@@ -162,8 +159,9 @@ class MemoryStore(HostLeased, Closing):
 
     async def commit_and_release(self, checkpoint: Checkpoint, *, lease: Lease) -> None:
         """``commit``, then ``release``, with nothing in between (``ReleasesWithCommit``):
-        the commit awaits nothing, and the release only the memory store's own step."""
-        self._commit(checkpoint, lease)
+        neither awaits anything. Through ``commit``, so a subclass that overrides it (to
+        record or damage commits) sees this one too."""
+        await self.commit(checkpoint, lease=lease)
         await self._leases.release(lease)
 
     def _entry(self, run_id: str) -> StoredRun:
