@@ -1,4 +1,4 @@
-"""Where the committed part of a run's log ends (file store layout 4).
+"""Where the committed part of a run's log ends (file store layouts 4 and 5).
 
 Each commit appended to ``log.jsonl`` ends with its head record,
 ``["h", at, "crc", head]`` sealed like every line: ``at`` is the offset where the
@@ -8,7 +8,7 @@ which its own seal covers) and ``head`` the head, compressed as commit log entri
 there when its head record is, with its checksum matching the lines before it.
 
 ``head.json`` is a hint written after that fsync and not fsynced: the length of the
-log it covers and the offset of the last head record (``{"v": 4, "sz", "h"}``). A
+log it covers and the offset of the last head record (``{"v": 5, "sz", "h"}``). A
 hint that is intact says that much of the log was committed, so a log that no
 longer holds a whole commit there has lost committed data (``CorruptCheckpoint``).
 Past the hint, whole commits (a hint not yet or never replaced) are committed too;
@@ -45,9 +45,11 @@ __all__ = [
     "record_name",
 ]
 
-LAYOUT_VERSION = 4
-"""The file store layout: each commit ends with its head record in the log."""
-_READABLE = (3, LAYOUT_VERSION)
+LAYOUT_VERSION = 5
+"""The file store layout: each commit ends with its head record in the log, and the head
+of a commit made under a lease keeps the run's largest fencing token (``"$f"``; layout
+4 is layout 5 without it)."""
+_READABLE = (3, 4, LAYOUT_VERSION)
 _HEAD = b'["h",'
 _KINDS = {b"m": "message", b"t": "completed turn", b"c": "commit log entry of revision"}
 
@@ -59,7 +61,7 @@ class Hint:
     version: int
     size: int
     head_at: int
-    """The offset of the last head record (layout 4)."""
+    """The offset of the last head record (layouts 4 and 5)."""
     head: dict[str, Any] | None = None
     """The head itself (layout 3)."""
 
@@ -113,7 +115,7 @@ def parse_hint(data: bytes, path: str) -> Hint | str:
         return Hint(3, doc["sz"], doc["sz"], head) if isinstance(head, dict) else TORN
     if type(doc.get("h")) is not int or not 0 <= doc["h"] < doc["sz"]:
         return TORN
-    return Hint(LAYOUT_VERSION, doc["sz"], doc["h"])
+    return Hint(version, doc["sz"], doc["h"])
 
 
 Read = Callable[[int, int], bytes]

@@ -8,6 +8,8 @@ are a torn commit that never happened: ignored, and cut off by the next commit.
 ``head.json`` is a hint replaced after the fsync (temp file and rename, not
 fsynced): the length of the log it covers and where its last head record is, for
 listings and to tell a torn commit from committed data lost (``stores.file._log``).
+The head of a commit made under a lease keeps the run's largest fencing token a commit
+carried (``"$f"``), so a lost or deleted ``lease.json`` never restarts the run's tokens.
 A ``lock`` file taken with ``flock`` serializes committers across processes;
 readers take it shared only to read a commit past the hint. The first commit of a
 run also fsyncs the run's folder and the folder above it.
@@ -59,7 +61,7 @@ from statekernel.stores._format.codec import (
     replay,
     snapshot_of,
 )
-from statekernel.stores._lease_records import kept_record
+from statekernel.stores._lease_records import damaged_lease, kept_record
 from statekernel.stores._listing import page_of
 from statekernel.stores._owners import (
     Clock,
@@ -68,6 +70,7 @@ from statekernel.stores._owners import (
     LeaseChange,
     LeaseRecord,
     check_fence,
+    fenced,
 )
 from statekernel.stores._private import folder_refusal, open_folder
 from statekernel.stores.file._io import (
@@ -169,8 +172,10 @@ class FileStore(HostLeased, Closing):
             if state is None:
                 raise RunNotFound(run_id)
             old = read_lease(folder)
-            new = change(old)
-            if new is not None and new != old:
+            fence = _fence_of(state.head, run_id, folder)
+            floor = old if old is not None and old.token >= fence else fenced(old, fence)
+            new = change(floor)
+            if new is not None and new != floor:
                 write_lease(folder, new)
             return new
 
@@ -183,13 +188,17 @@ class FileStore(HostLeased, Closing):
             prior = None if state is None else _own_head(state.head, run.run_id, folder)
             check_head(cp, None if prior is None else prior["revision"])
             enc = encode_commit(cp, prior)
+            fence = 0 if state is None else _fence_of(state.head, run.run_id, folder)
+            if lease is not None:
+                fence = max(fence, int(lease.token))
+            head = enc.head if fence == 0 else {**enc.head, FENCE: fence}
             lines = [blob_line(k, v) for k, v in enc.blobs.items()]
             lines += _numbered("m", enc.first_message, enc.messages)
             lines += _numbered("t", enc.first_turn, enc.turns)
             lines.append(entry_line(run.revision, enc.entry))
             at = 0 if state is None else state.size
             body = log_lines(lines)
-            record = head_record(at, body, enc.head)
+            record = head_record(at, body, head)
             size = folder.append(at, body + record, first=state is None)
             write_hint(folder, size, size - len(record))
 
@@ -296,7 +305,14 @@ class FileStore(HostLeased, Closing):
         self._leases.close()
 
 
+FENCE = "$f"
+"""The key of a stored head that keeps the run's largest fencing token a commit carried
+(layout 5): read apart from the head, so a lease file lost or deleted by hand never
+restarts the run's tokens."""
+
+
 def _own_head(head: Any, run_id: str, folder: RunFolder) -> dict[str, Any]:
+    """The run's stored head, without the fence it keeps (``_fence_of``)."""
     if (
         not isinstance(head, dict)
         or head.get("run_id") != run_id
@@ -306,7 +322,17 @@ def _own_head(head: Any, run_id: str, folder: RunFolder) -> dict[str, Any]:
         raise CorruptCheckpoint(
             f"invalid head in {folder.path}: not a head of run {run_id!r} (it names {named!r})"
         )
+    if FENCE in head:
+        return {k: v for k, v in head.items() if k != FENCE}
     return head
+
+
+def _fence_of(head: Any, run_id: str, folder: RunFolder) -> int:
+    """The largest fencing token a commit of the run carried (0: none), from its head."""
+    fence = head.get(FENCE, 0) if isinstance(head, dict) else 0
+    if type(fence) is not int or fence < 0:
+        raise damaged_lease(run_id, folder.where, f"its head keeps the fence {fence!r}")
+    return fence
 
 
 def _fence_record(folder: RunFolder, state: Locked | None, cp: Checkpoint) -> LeaseRecord | None:

@@ -28,7 +28,7 @@ from statekernel.stores._doctor_probe import (
 )
 from statekernel.stores._lease_records import host_record
 from statekernel.stores.sqlite._file import connect
-from statekernel.stores.sqlite._schema import STORE_VERSION
+from statekernel.stores.sqlite._schema import READABLE, STORE_VERSION
 from statekernel.stores.sqlite._store import SQLiteStore, parse_sqlite_url
 
 __all__ = ["SQLiteProbe"]
@@ -127,12 +127,19 @@ class SQLiteProbe:
         if version == STORE_VERSION:
             self._readable = True
             return Finding("store layout", self.subject, OK, f"layout version {version}")
+        if version in READABLE and type(version) is int:
+            self._readable = True
+            detail = (
+                f"layout version {version}: read as it is; the first writer of this release"
+                f" upgrades it to {STORE_VERSION}, which older releases then refuse"
+            )
+            return Finding("store layout", self.subject, WARNING, detail)
         if isinstance(version, int) and version > STORE_VERSION:
             raise StoreError(
                 f"SQLite store {self.subject!r} has layout version {version}, newer than this"
                 f" release ({STORE_VERSION}): upgrade statekernel to check it"
             )
-        detail = f"layout version {version!r}: this release reads only {STORE_VERSION}"
+        detail = f"layout version {version!r}: this release reads {READABLE[0]} to {STORE_VERSION}"
         return Finding("store layout", self.subject, DAMAGED, detail)
 
     def _journal_mode(self) -> str:

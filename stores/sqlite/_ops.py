@@ -20,8 +20,8 @@ import attrs
 
 from statekernel._storage.protocol import Lease
 from statekernel.errors import RunNotFound
-from statekernel.stores._lease_records import host_record, kept_record
-from statekernel.stores._owners import LeaseRecord, check_fence
+from statekernel.stores._lease_records import damaged_lease, host_record, kept_record
+from statekernel.stores._owners import LeaseRecord, check_fence, fenced
 from statekernel.stores.sqlite._file import StoreConnection, begin_immediate, begin_read
 
 __all__ = [
@@ -180,19 +180,32 @@ def lease_op(
     """Read the run's lease, write ``change(lease)`` back (one transaction); the new lease.
     ``RunNotFound`` when there is no such run.
 
+    The run's row keeps the largest token ever given (``runs.fence``): a record lost
+    or deleted by hand is read as a released one at that token, and one whose token is
+    below it has its token raised to it (``fenced``), so a new token is always above
+    every token given before.
+
     Leases need not outlive a power loss (every owner on the host dies with it), so
-    the transaction skips the fsync of the commits.
+    the transaction skips the fsync of the commits; a later commit's fsync covers it
+    (the WAL is written in order), so a token any commit carried is never lost.
     """
     with transaction(conn, write=True, durable=False):
-        if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+        row = conn.execute("SELECT fence FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
             raise RunNotFound(run_id)
+        fence = row[0]
+        if type(fence) is not int or fence < 0:
+            raise damaged_lease(run_id, _where(conn), f"the run's fence is {fence!r}")
         old = _lease(conn, run_id)
-        new = change(old)
-        if new is not None and new != old:
+        floor = old if old is not None and old.token >= fence else fenced(old, fence)
+        new = change(floor)
+        if new is not None and new != floor:
             conn.execute(
                 "INSERT OR REPLACE INTO leases (run_id, token, owner, expires) VALUES (?, ?, ?, ?)",
                 (run_id, new.token, new.owner, new.expires),
             )
+            if new.token > fence:
+                conn.execute("UPDATE runs SET fence = ? WHERE run_id = ?", (new.token, run_id))
     return new
 
 

@@ -8,14 +8,28 @@ from pathlib import Path
 from statekernel.errors import StoreError
 from statekernel.stores.sqlite._file import begin_immediate, connect
 
-__all__ = ["SCHEMA", "STORE_VERSION", "check_layout", "check_store_file", "migrate_schema"]
+__all__ = [
+    "READABLE",
+    "SCHEMA",
+    "STORE_VERSION",
+    "check_layout",
+    "check_store_file",
+    "migrate_schema",
+]
 
-STORE_VERSION = 4
+STORE_VERSION = 5
 """The layout version of the SQLite store written by this release.
 
-Every stored value ends with its checksum (``statekernel.stores._format.checksum``). Earlier
-layouts were never released; a database in one is refused, not misread.
+Every stored value ends with its checksum (``statekernel.stores._format.checksum``).
+Layout 5 keeps each run's largest fencing token with the run (``runs.fence``), so a
+lease record lost or deleted by hand never restarts its tokens; a layout 4 store is
+upgraded when opened for writing and read as it is when opened read-only (readers never
+read the fence). Layouts before 4 were never released; a database in one is refused,
+not misread.
 """
+
+READABLE = (4, STORE_VERSION)
+"""Layouts a store opened read-only reads as they are."""
 
 LEASES = """
 CREATE TABLE IF NOT EXISTS leases (
@@ -35,7 +49,8 @@ CREATE TABLE runs (
     created_at NOT NULL,
     updated_at NOT NULL,
     updated_us INTEGER NOT NULL,
-    head BLOB NOT NULL
+    head BLOB NOT NULL,
+    fence INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX runs_by_update ON runs (updated_us, run_id);
 CREATE INDEX runs_by_state ON runs (state, updated_us, run_id);
@@ -59,8 +74,15 @@ CREATE TABLE blobs (
     + LEASES
 )
 
-_MIGRATIONS: dict[int, str] = {}
-"""SQL that upgrades the store from a version to the next one (none yet)."""
+_MIGRATIONS: dict[int, str] = {
+    4: """
+ALTER TABLE runs ADD COLUMN fence INTEGER NOT NULL DEFAULT 0;
+UPDATE runs SET fence = COALESCE(
+    (SELECT token FROM leases WHERE leases.run_id = runs.run_id AND typeof(token) = 'integer'), 0
+)
+""",
+}
+"""SQL that upgrades the store from a version to the next one."""
 
 
 def migrate_schema(conn: sqlite3.Connection) -> None:
@@ -118,10 +140,10 @@ def check_layout(conn: sqlite3.Connection, path: str) -> None:
             f"SQLite store {path!r} has layout version {row[0]}, newer than this release"
             f" ({STORE_VERSION}); upgrade statekernel"
         )
-    if row[0] != STORE_VERSION:
+    if row[0] not in READABLE or type(row[0]) is not int:
         raise StoreError(
             f"SQLite store {path!r} has layout version {row[0]!r}, this release reads"
-            f" {STORE_VERSION}; it is read-only here, so it cannot be upgraded"
+            f" {READABLE[0]} to {STORE_VERSION}; it is read-only here, so it cannot be upgraded"
         )
 
 

@@ -18,6 +18,7 @@ from statekernel.stores import Checkpoint, CheckpointStore, SQLiteStore, open_st
 from statekernel.stores._format.checksum import seal_line, unseal_line
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._format.documents import dump_bytes
+from statekernel.stores.file._log import LAYOUT_VERSION
 from statekernel.stores.sqlite._schema import STORE_VERSION
 from statekernel.testing._store_cases import next_revision, sample_run
 
@@ -71,9 +72,12 @@ async def test_a_file_store_run_of_a_newer_layout_is_refused_naming_both(
     await _written(url)
     hint = tmp_path / "runs" / "b" / "head.json"
     doc = json.loads(unseal_line(hint.read_bytes(), "hint"))
-    doc["v"] = 5
+    doc["v"] = LAYOUT_VERSION + 1
     hint.write_bytes(seal_line(dump_bytes(doc)))
-    both = r"unknown file store layout 5 \(this release reads layouts 3 to 4: .*upgrade"
+    both = (
+        rf"unknown file store layout {LAYOUT_VERSION + 1} \(this release reads layouts 3"
+        rf" to {LAYOUT_VERSION}: .*upgrade"
+    )
     store = open_store(url)
     assert (await store.load("a")).run_id == "a"
     with pytest.raises(StoreError, match=both):

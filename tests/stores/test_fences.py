@@ -1,17 +1,30 @@
 """A run's fencing tokens only grow, whatever happens to its lease record: ``migrate``
-carries them between every pair of stores, a PostgreSQL lease row lost or deleted never
-hands out a token a commit has carried, and a Redis fence counter never expires."""
+carries them between every pair of stores, a lease record lost or deleted (a PostgreSQL
+or SQLite row, a file store's lease file) never hands out a token given before, and a
+Redis fence counter never expires."""
 
 from __future__ import annotations
 
 import itertools
+import sqlite3
 import uuid
 from pathlib import Path
 
 import pytest
 
-from statekernel.stores import Checkpoint, KeepsFences, RedisStore, migrate, open_store
+from statekernel.errors import CorruptCheckpoint
+from statekernel.stores import (
+    Checkpoint,
+    CheckpointStore,
+    FileStore,
+    KeepsFences,
+    RedisStore,
+    SQLiteStore,
+    migrate,
+    open_store,
+)
 from statekernel.stores.postgres._url import parse_postgres_url
+from statekernel.stores.sqlite._schema import STORE_VERSION
 from statekernel.testing._store_cases import next_revision, sample_run
 
 from ..conftest import pg_admin
@@ -101,5 +114,120 @@ async def test_the_redis_fence_counter_never_expires(redis_store_url: str) -> No
         assert lease.generation == 2
         assert await client.pttl(key) == -1
         await store.release(lease)
+    finally:
+        await store.aclose()
+
+
+def _forget_lease(store: CheckpointStore, run_id: str) -> None:
+    """Delete the run's lease record by hand, as an operator or a lost file would."""
+    if isinstance(store, SQLiteStore):
+        with sqlite3.connect(store.path) as conn:
+            conn.execute("DELETE FROM leases WHERE run_id = ?", (run_id,))
+        conn.close()
+    else:
+        assert isinstance(store, FileStore)
+        (leases,) = store.root.glob("*/lease.json")
+        leases.unlink()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "file"])
+async def test_a_deleted_lease_record_never_restarts_the_tokens(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    store = open_store(_url(kind, tmp_path, request, "a"))
+    try:
+        run = sample_run("fenced")
+        await store.commit(Checkpoint.between(None, run))
+        for _ in range(3):  # tokens 1, 2, 3, each carried by a commit
+            lease = await store.acquire("fenced", "owner", ttl=60)
+            run_next = next_revision(run)
+            await store.commit(Checkpoint.between(run, run_next), lease=lease)
+            await store.release(lease)
+            run = run_next
+        _forget_lease(store, "fenced")
+        lease = await store.acquire("fenced", "owner", ttl=60)
+        assert lease.generation == 4
+        run_next = next_revision(run)  # the new owner's commits land
+        await store.commit(Checkpoint.between(run, run_next), lease=lease)
+        await store.release(lease)
+        assert await store.load("fenced") == run_next
+        _forget_lease(store, "fenced")
+        assert isinstance(store, KeepsFences)
+        assert await store.fence("fenced") == 4
+    finally:
+        await store.aclose()
+
+
+async def test_a_deleted_sqlite_lease_row_never_repeats_a_token_given_without_a_commit(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(f"sqlite:///{tmp_path}/runs.db")
+    try:
+        await store.commit(Checkpoint.between(None, sample_run("fenced")))
+        for _ in range(2):  # tokens 1 and 2, no commit under either
+            await store.release(await store.acquire("fenced", "owner", ttl=60))
+        _forget_lease(store, "fenced")
+        lease = await store.acquire("fenced", "owner", ttl=60)
+        assert lease.generation == 3
+        await store.release(lease)
+    finally:
+        await store.aclose()
+
+
+def _as_layout_4(path: Path) -> None:
+    """Turn a SQLite store back into layout 4, as the release before the fence column
+    left it."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE runs DROP COLUMN fence")
+        conn.execute("UPDATE statekernel_schema SET version = 4")
+    conn.close()
+
+
+async def test_a_sqlite_store_of_layout_4_is_read_as_it_is_and_upgraded_keeping_its_tokens(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "runs.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    run = sample_run("fenced")
+    await store.commit(Checkpoint.between(None, run))
+    for _ in range(3):
+        await store.release(await store.acquire("fenced", "owner", ttl=60))
+    await store.aclose()
+    _as_layout_4(path)
+    reader = SQLiteStore(f"sqlite:///{path}", read_only=True)
+    try:  # read as it is, nothing written
+        assert await reader.load("fenced") == run
+        assert [r.run_id for r in (await reader.list_runs()).runs] == ["fenced"]
+    finally:
+        await reader.aclose()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT version FROM statekernel_schema").fetchall() == [(4,)]
+    conn.close()
+    store = SQLiteStore(f"sqlite:///{path}")
+    try:  # the first writer upgrades it; the tokens the lease rows held become the fences
+        assert await store.load("fenced") == run
+        _forget_lease(store, "fenced")
+        lease = await store.acquire("fenced", "owner", ttl=60)
+        assert lease.generation == 4
+        await store.release(lease)
+    finally:
+        await store.aclose()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT version FROM statekernel_schema").fetchall() == [
+            (STORE_VERSION,)
+        ]
+    conn.close()
+
+
+async def test_a_damaged_sqlite_fence_is_a_typed_error_naming_the_run(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    try:
+        await store.commit(Checkpoint.between(None, sample_run("fenced")))
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE runs SET fence = 'x'")
+        conn.close()
+        with pytest.raises(CorruptCheckpoint, match=r"'fenced'.*fence is 'x'"):
+            await store.acquire("fenced", "owner", ttl=60)
     finally:
         await store.aclose()

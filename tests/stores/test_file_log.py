@@ -18,6 +18,7 @@ from statekernel.errors import CorruptCheckpoint
 from statekernel.stores import Checkpoint, open_store
 from statekernel.stores._format.checksum import seal_line, unseal_line
 from statekernel.stores._format.documents import dump_bytes
+from statekernel.stores.file._log import LAYOUT_VERSION
 from statekernel.testing._raw import FileRecords
 from statekernel.testing._store_cases import next_revision, sample_run
 
@@ -282,7 +283,7 @@ async def test_a_layout_3_run_loads_and_its_next_commit_upgrades_it(
     three = next_revision(chain[2], messages=(*chain[2].messages, chain[2].messages[0]))
     await store.commit(Checkpoint.between(chain[2], three))
     hint = json.loads(unseal_line((folder / "head.json").read_bytes(), "hint"))
-    assert hint["v"] == 4
+    assert hint["v"] == LAYOUT_VERSION
     assert await open_store(url).load("r") == three
     assert await store.load("r", revision=2) == chain[2]
     (folder / "head.json").unlink()  # a hint lost: the upgraded log still knows its head
@@ -317,3 +318,28 @@ async def test_an_upgrade_commit_whose_hint_never_landed(url: str, tmp_path: Pat
     await open_store(url).commit(Checkpoint.between(chain[1], two))
     (folder / "head.json").write_bytes(old)
     assert await open_store(url).load("r") == two
+
+
+async def test_a_layout_4_run_loads_and_its_next_fenced_commit_keeps_the_fence(
+    url: str, tmp_path: Path
+) -> None:
+    chain = await _chain(url, 1)
+    folder = tmp_path / "r"
+    hint = json.loads(unseal_line((folder / "head.json").read_bytes(), "hint"))
+    hint["v"] = 4  # layout 4: the same log, heads without a fence
+    (folder / "head.json").write_bytes(seal_line(dump_bytes(hint)))
+    store = open_store(url)
+    try:
+        assert await store.load("r") == chain[1]
+        lease = await store.acquire("r", "owner", ttl=60)
+        two = next_revision(chain[1])
+        await store.commit(Checkpoint.between(chain[1], two), lease=lease)
+        await store.release(lease)
+        assert await store.load("r") == two
+        assert await store.load("r", revision=1) == chain[1]
+        upgraded = json.loads(unseal_line((folder / "head.json").read_bytes(), "hint"))
+        assert upgraded["v"] == LAYOUT_VERSION
+        lines = (folder / "log.jsonl").read_bytes().split(b"\n")[:-1]
+        assert FileRecords().decode(("head", 0), lines[-1])["$f"] == int(lease.token)
+    finally:
+        await store.aclose()

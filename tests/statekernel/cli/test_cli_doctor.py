@@ -144,6 +144,23 @@ def test_healthy_sqlite_store(tmp_path: Path, sqlite_store: str) -> None:
     assert "not durable" in sync["detail"]
 
 
+def test_sqlite_store_of_an_older_layout(tmp_path: Path, sqlite_store: str) -> None:
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "runs.db") as conn:  # layout 4: no fence column
+        conn.execute("ALTER TABLE runs DROP COLUMN fence")
+        conn.execute("UPDATE statekernel_schema SET version = 4")
+    conn.close()
+    before = (tmp_path / "runs.db").read_bytes()
+    findings = doctor(sqlite_store, tmp_path, 0)
+    assert (tmp_path / "runs.db").read_bytes() == before  # read as it is, not upgraded
+    layout = finding(findings, "store layout", str(tmp_path / "runs.db"))
+    assert layout["status"] == "warning"
+    assert "layout version 4: read as it is" in layout["detail"]
+    for run_id in ("run-a", "run-b", "run-c"):
+        assert finding(findings, "records", run_id)["status"] == "ok"
+
+
 def test_damaged_sqlite_store(tmp_path: Path, sqlite_store: str) -> None:
     damage(sqlite_store, SQLiteRecords(), "run-b", "message")
     damage(sqlite_store, SQLiteRecords(), "run-a", "entry", at=2)
