@@ -8,7 +8,6 @@ resumes where it stopped without repeating a side effect that must not repeat.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -122,8 +121,9 @@ __all__ = [
     "tools_from_mcp_server",
 ]
 
-__version__: str = importlib.metadata.version("statekernel")
-"""The installed version of statekernel (from the package's metadata)."""
+if TYPE_CHECKING:
+    __version__: str
+    """The installed version of statekernel (from the package's metadata)."""
 
 _MOVED = {
     "MCPConnection": ("statekernel.mcp", "MCPConnection"),
@@ -140,6 +140,12 @@ _MOVED = {
 if not TYPE_CHECKING:  # type checkers report the old names as missing
 
     def __getattr__(name: str) -> Any:
+        if name == "__version__":  # read when asked: importlib.metadata is slow to import
+            from importlib.metadata import version as installed
+
+            version = installed("statekernel")
+            globals()["__version__"] = version
+            return version
         moved = _MOVED.get(name)
         if moved is None:
             raise AttributeError(f"module 'statekernel' has no attribute {name!r}")

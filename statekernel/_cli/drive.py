@@ -17,7 +17,6 @@ from rich.markup import escape
 from rich.status import Status
 
 from statekernel._cli.common import Output, UserError, run_hint
-from statekernel._cli.demo import demo_kernel, is_demo_run
 from statekernel._cli.view import EventPrinter, short
 from statekernel._cli.visible import visible
 from statekernel._kernel.kernel import Kernel
@@ -218,6 +217,8 @@ async def kernel_for_run(
     the ``agent``'s keyword arguments (tools, hooks, providers) or the built-in
     providers and no tools; a run whose tools the kernel lacks is refused (and the
     kernel made for it closed)."""
+    from statekernel._cli.demo import demo_kernel, is_demo_run  # defines tools: when needed
+
     if is_demo_run(run) and not agent:
         kernel = demo_kernel(store)
     else:
@@ -311,6 +312,8 @@ async def resume_run(
             await kernel.retry(run_id)
         elif max_turns is not None or value:
             raise UserError("--max-turns and --value apply to paused runs only")
+        from statekernel._cli.demo import is_demo_run  # imported by kernel_for_run
+
         what = "demo run" if is_demo_run(run) else "run"
         note = f"resuming {what} {run_id} from {run.state} (revision {run.revision})"
         out.note(visible(note), markup=False)

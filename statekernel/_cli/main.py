@@ -31,13 +31,6 @@ from statekernel._cli.common import (
     show_error,
     store_url,
 )
-from statekernel._cli.demo import (
-    SCRIPTED_MODEL,
-    default_demo_model,
-    demo_context,
-    demo_kernel,
-    demo_messages,
-)
 from statekernel._cli.doctor import doctor
 from statekernel._cli.drive import CrashPoint, checked_model, drive, summary_line
 from statekernel._cli.runs import runs
@@ -123,6 +116,15 @@ def demo(
     `statekernel[local]` is installed, else on a scripted model. With
     --crash-after the process dies mid-run; `statekernel runs resume ID` finishes it.
     """
+    # the demo defines its tools when imported (their schemas checked): only for this command
+    from statekernel._cli.demo import (
+        SCRIPTED_MODEL,
+        default_demo_model,
+        demo_context,
+        demo_kernel,
+        demo_messages,
+    )
+
     out = Output(as_json)
     chosen = model or default_demo_model()
 

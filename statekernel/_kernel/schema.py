@@ -11,22 +11,25 @@ reason of the schema's own.
 from __future__ import annotations
 
 import enum
+import functools
 import inspect
+import json
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
 import attrs
 import cattrs
 import docstring_parser
-import jsonschema
-import referencing
-import referencing.exceptions
-import referencing.jsonschema
-from jsonschema_specifications import REGISTRY as _METASCHEMAS
 
 from statekernel._records.values import as_stored
+
+if TYPE_CHECKING:
+    import referencing
+
+# jsonschema and referencing are imported where a schema is first checked: they take a
+# quarter of the import of statekernel, which a command that only reads a store never needs.
 
 __all__ = [
     "parse_docstring",
@@ -171,6 +174,33 @@ def schema_problem(schema: Any) -> str | None:
     stored, problem = as_stored(schema, "schema")
     if problem is not None:
         return f"not JSON: {problem}"
+    try:
+        text = json.dumps(stored, ensure_ascii=False, allow_nan=False)
+    except (ValueError, RecursionError):  # checked as it is: the check names the problem
+        return _problem(stored)
+    if len(text) > _CACHED_UP_TO:
+        return _problem(stored)
+    return _cached_problem(text)
+
+
+_CACHED_UP_TO = 64 * 1024
+"""The longest schema (as JSON text) whose check is remembered."""
+
+
+@functools.lru_cache(maxsize=512)
+def _cached_problem(text: str) -> str | None:
+    """``_problem`` of the schema ``text`` holds, checked once per process: a kernel
+    built again and again (one per request, one per test case) checks its tools'
+    schemas once. Measured: half the CPU of the crash/resume fuzzing went to checking
+    the same few schemas against their metaschema."""
+    return _problem(json.loads(text))
+
+
+def _problem(stored: dict[str, Any]) -> str | None:
+    import jsonschema
+    import referencing.jsonschema
+    from jsonschema_specifications import REGISTRY as metaschemas
+
     cls = jsonschema.validators.validator_for(stored)
     try:
         cls.check_schema(stored)
@@ -183,7 +213,7 @@ def schema_problem(schema: Any) -> str | None:
     )
     root = spec.create_resource(stored)
     try:
-        problem = _unresolved(root, _METASCHEMAS.resolver_with_root(root))
+        problem = _unresolved(root, metaschemas.resolver_with_root(root))
     except RecursionError:
         problem = "nested too deeply"
     if problem is not None:
@@ -197,6 +227,8 @@ def schema_problem(schema: Any) -> str | None:
 
 def _unresolved(resource: referencing.Resource[Any], resolver: Any) -> str | None:
     """The first ``$ref`` in ``resource`` or its subschemas that resolves nowhere."""
+    import referencing.exceptions
+
     resolver = resolver.in_subresource(resource)
     contents = resource.contents
     ref = contents.get("$ref") if isinstance(contents, Mapping) else None
@@ -221,6 +253,9 @@ def _unresolved(resource: referencing.Resource[Any], resolver: Any) -> str | Non
 def _validator(schema: Mapping[str, Any]) -> Any:
     """A validator of ``schema`` that resolves ``$ref`` within it and to the dialects'
     metaschemas only (a remote document is never fetched)."""
+    import jsonschema
+    import referencing
+
     return jsonschema.validators.validator_for(schema)(schema, registry=referencing.Registry())
 
 
@@ -228,6 +263,8 @@ def schema_violation(schema: Mapping[str, Any], value: Any) -> tuple[str, str] |
     """Where and how ``value`` breaks the JSON Schema ``schema`` (the most relevant error,
     its path as ``['key'][0]``), or None if it satisfies it. A schema that cannot be
     applied (see ``schema_problem``) is a violation saying so, never an exception."""
+    import jsonschema.exceptions
+
     try:
         error = jsonschema.exceptions.best_match(_validator(schema).iter_errors(value))
     except Exception as exc:  # a $ref that resolves nowhere, a cycle, a bad pattern
