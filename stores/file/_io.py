@@ -243,9 +243,9 @@ class RunFolder:
         left by a committer that stopped before its hint) is served only when no
         committer holds the lock, after an fsync: never a commit not yet on disk."""
         try:
-            found = find_committed(
-                log.read, log.size(), self._hint(dir_fd), self.where, str(self.path / LOG)
-            )
+            hint = self._hint(dir_fd)  # before the log's size: a commit landing between the
+            size = log.size()  # two then only adds bytes past the hint, never hints past them
+            found = find_committed(log.read, size, hint, self.where, str(self.path / LOG))
             if found is None or found.settled:
                 return found
             if not locked:

@@ -15,9 +15,10 @@ import pytest
 
 from statekernel._records.run import Run
 from statekernel.errors import CorruptCheckpoint
-from statekernel.stores import Checkpoint, open_store
+from statekernel.stores import Checkpoint, FileStore, open_store
 from statekernel.stores._format.checksum import seal_line, unseal_line
 from statekernel.stores._format.documents import dump_bytes
+from statekernel.stores.file._io import RunFolder
 from statekernel.stores.file._log import LAYOUT_VERSION
 from statekernel.testing._raw import FileRecords
 from statekernel.testing._store_cases import next_revision, sample_run
@@ -343,3 +344,29 @@ async def test_a_layout_4_run_loads_and_its_next_fenced_commit_keeps_the_fence(
         assert FileRecords().decode(("head", 0), lines[-1])["$f"] == int(lease.token)
     finally:
         await store.aclose()
+
+
+async def test_a_commit_landing_while_a_reader_looks_is_not_taken_for_lost_data(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chain = await _chain(url, 1)
+    writer, reader = FileStore(url), FileStore(url)
+    two = next_revision(chain[1])
+    real = RunFolder._hint
+    landed: list[bool] = []
+
+    def hint_after_a_commit(folder: RunFolder, dir_fd: int) -> Any:
+        if not landed:  # another process's whole commit, hint included, lands here
+            landed.append(True)
+            writer._commit(Checkpoint.between(chain[1], two), None)
+        return real(folder, dir_fd)
+
+    monkeypatch.setattr(RunFolder, "_hint", hint_after_a_commit)
+    try:
+        assert (await reader.load("r")).revision in (1, 2)
+        assert landed == [True]
+        monkeypatch.setattr(RunFolder, "_hint", real)
+        assert await reader.load("r") == two
+    finally:
+        await writer.aclose()
+        await reader.aclose()
