@@ -11,6 +11,7 @@ resolve a model string) inside the functions that need them.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -191,3 +192,48 @@ def test_no_import_cycle() -> None:
 )
 def test_the_cycle_finder_finds_cycles(edges: dict[str, set[str]], cyclic: bool) -> None:
     assert (_cycle(edges) is not None) == cyclic
+
+
+def _defined_names() -> set[str]:
+    """Every name a project module defines (functions, classes, assignments, at any
+    depth): what an essay may name besides a module."""
+    names: set[str] = set()
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+    return names
+
+
+def _stale_references(module: str, defined: set[str], essay: str | None = None) -> Iterator[str]:
+    """What ``module``'s essay (its docstring, or ``essay``) names that does not exist: a
+    ``*.py`` file, or a private module or name in double backticks (``_writer``)."""
+    path = MODULES[module]
+    if essay is None:
+        essay = ast.get_docstring(ast.parse(path.read_text())) or ""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    homes = {package, package.rpartition(".")[0], *FOLDERS.values()}
+    for ref in set(re.findall(r"[\w/]+\.py\b", essay)):
+        places = (ROOT / ref, ROOT / "statekernel" / ref, path.parent / ref)
+        if not any(p.exists() for p in places):
+            yield ref
+    for ref in set(re.findall(r"``(_\w+)(?:\.\w+)*``", essay)):
+        if not any(f"{home}.{ref}" in MODULES for home in homes) and ref not in defined:
+            yield ref
+
+
+def test_module_essays_name_only_what_exists() -> None:
+    defined = _defined_names()
+    stale = {m: sorted(_stale_references(m, defined)) for m in MODULES}
+    assert {m: refs for m, refs in stale.items() if refs} == {}
+
+
+def test_the_essay_check_finds_a_stale_name() -> None:
+    module = "statekernel.stores.sqlite._store"
+    essay = "Writes go through ``_writer`` and ``_gone``, as ``_gone.py`` and ``_writer.py`` say."
+    assert sorted(_stale_references(module, set(), essay)) == ["_gone", "_gone.py"]
+    assert list(_stale_references(module, {"_gone"}, "``_gone``")) == []

@@ -6,7 +6,7 @@ Keys of a run share the hash tag ``{run}`` (Cluster-ready): ``<prefix>:{run}:hea
 script checks the head and the log lengths, then writes the head and appends the
 parts and the commit log entry, all or nothing. The run index ``<prefix>:runs`` (a
 sorted set by update time) is kept right across clients killed mid-commit as
-``_redis_index`` describes. Options in the query: ``prefix=...`` (default
+``_index`` describes. Options in the query: ``prefix=...`` (default
 ``statekernel``); ``cluster=1`` for a Redis Cluster; ``replicas=N`` and
 ``replica_timeout=ms`` (below); AUTH and TLS as in ``redis-py``.
 

@@ -3,7 +3,7 @@
 Every store operation is one of these functions, so it costs one hop to the
 database thread: ``BEGIN``, the statements, ``COMMIT`` (or ``ROLLBACK`` on any
 error). Commits are the exception: ``apply_commit`` writes one inside the
-transaction of a batch (``_sqlite_writer``). A run's row id (``runs.id``,
+transaction of a batch (``_writer``). A run's row id (``runs.id``,
 AUTOINCREMENT, never reused) and revision name one exact head: a commit checks both
 under ``BEGIN IMMEDIATE`` before it writes, so a head remembered from an earlier
 call is as good as a fresh read.
@@ -62,7 +62,7 @@ def _checked(row: Sequence[Any], types: tuple[type, ...], what: str) -> tuple[An
 @attrs.frozen
 class Stored:
     """A run's row id, the run id, revision and state columns beside its head (checked
-    against the head when it is read: ``_sqlite_columns``) and the head document bytes
+    against the head when it is read: ``_columns``) and the head document bytes
     as stored."""
 
     rid: int

@@ -7,10 +7,10 @@ transaction that checks the head revision, writes the head, its commit log entry
 new messages, turns and blobs.
 
 Every operation is one function run whole on the connection's thread
-(``_sqlite_ops``, on the daemon thread of ``_sqlite_thread``), so it costs one hop
+(``_ops``, on the daemon thread of ``_thread``), so it costs one hop
 from the event loop. Commits of different runs that are ready at the same moment
 share that hop, one transaction and one fsync (group commit: ``_group``,
-``_sqlite_writer``), each with its own compare-and-set and outcome. A store remembers the
+``_writer``), each with its own compare-and-set and outcome. A store remembers the
 head it last wrote or loaded per run; the commit's transaction checks that the
 stored (row id, revision) is still that head before it writes, and when not, the
 commit is encoded again on the head found (or refused with ``ConflictError``).
