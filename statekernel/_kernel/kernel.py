@@ -393,7 +393,13 @@ class Kernel(Closing):
             self.store, run, delegates=lambda name: isinstance(self.tools.get(name), DelegateTool)
         )
 
-    async def delete(self, run_id: str, *, children: bool = False) -> list[str]:
+    async def delete(
+        self,
+        run_id: str,
+        *,
+        children: bool = False,
+        approve: Callable[[list[str]], Awaitable[None]] | None = None,
+    ) -> list[str]:
         """Delete a run with all its revisions and events; returns the ids deleted.
 
         A run with child runs raises ``RunHasChildren`` unless ``children=True``, which
@@ -402,6 +408,11 @@ class Kernel(Closing):
         ``RunBusy`` naming the owner, and nothing more is deleted. The run's lease is held
         until it is gone, so no drive of it (and no child run it would start) comes after.
 
+        ``approve``, when given, is awaited with the ids of the whole tree (the run first)
+        once every run of it is held, so the tree it approves is the one deleted (no child
+        run can start meanwhile); whatever it raises propagates and nothing is deleted.
+        An application checks there, for instance, that its user may delete each child.
+
         Returns:
             The ids of the runs deleted, the deepest first.
 
@@ -409,10 +420,16 @@ class Kernel(Closing):
             RunNotFound: no run has this id.
             RunHasChildren: the run has child runs and ``children`` is False.
             RunBusy: a live owner held the run for longer than ``busy_timeout``.
+            InvalidArgument: ``approve`` is neither None nor callable.
+            ConfigError: ``approve`` returned something that cannot be awaited.
         """
         run_id_arg(run_id)
         flag("children", children)
-        return await self._delete(run_id, children, self.busy_timeout)
+        if approve is not None and not callable(approve):
+            raise InvalidArgument(
+                f"approve must be an async function taking the list of run ids, got {approve!r}"
+            )
+        return await self._delete(run_id, children, self.busy_timeout, approve)
 
     async def prune(
         self,
@@ -470,7 +487,13 @@ class Kernel(Closing):
                 if run_id not in held:
                     raise RunNotFound(run_id)
             if approve is not None:
-                await approve([run.run_id for _, run in tree])
+                answer = approve([run.run_id for _, run in tree])
+                if not inspect.isawaitable(answer):
+                    raise ConfigError(
+                        f"approve returned {answer!r}, which cannot be awaited: it must be an"
+                        " async function; nothing was deleted"
+                    )
+                await answer
             deleted: list[str] = []
             for _, run in reversed(tree):
                 await held[run.run_id].ensure(self.lease_margin)  # still ours (LeaseLost)

@@ -164,7 +164,7 @@ async def _delete(
     if form.get("confirm") != run_id:
         raise InvalidArgument(f"type the run id ({run_id}) to confirm the deletion")
     children = form.get("children") == "on"
-    deleted = await kernel._delete(run_id, children, kernel.busy_timeout, approve)
+    deleted = await kernel.delete(run_id, children=children, approve=approve)
     if not deleted:
         raise RunNotFound(run_id)
     more = len(deleted) - 1

@@ -11,7 +11,7 @@ import pytest
 
 import statekernel as sk
 from statekernel._cli.view import waiting_for
-from statekernel.errors import InvalidArgument, RunHasChildren, RunNotFound
+from statekernel.errors import ConfigError, InvalidArgument, RunHasChildren, RunNotFound
 from statekernel.stores import MemoryStore, open_store
 from statekernel.testing import Crash, CrashAt, FaultPlan, Reply, ScriptedProvider, call
 
@@ -188,6 +188,44 @@ async def test_deleting_a_run_with_children_is_refused_unless_asked() -> None:
     for run_id in ("lead-1", "lead-1.d1", "lead-1.d1.g1"):
         with pytest.raises(RunNotFound):
             await store.load(run_id)
+
+
+class _Refused(Exception):
+    """What an application's approval raises to keep a tree."""
+
+
+async def test_a_deletion_is_approved_on_the_whole_tree_it_deletes() -> None:
+    store = MemoryStore()
+    kernel = await _nested(store)
+    seen: list[list[str]] = []
+
+    async def refuse(tree: list[str]) -> None:
+        seen.append(tree)
+        raise _Refused
+
+    with pytest.raises(_Refused):
+        await kernel.delete("lead-1", children=True, approve=refuse)
+    assert seen == [["lead-1", "lead-1.d1", "lead-1.d1.g1"]]
+    for run_id in ("lead-1", "lead-1.d1", "lead-1.d1.g1"):  # nothing was deleted
+        assert (await store.load(run_id)).state == "completed"
+
+    async def allow(tree: list[str]) -> None:
+        seen.append(tree)
+
+    deleted = await kernel.delete("lead-1", children=True, approve=allow)
+    assert deleted == ["lead-1.d1.g1", "lead-1.d1", "lead-1"]
+    assert seen[-1] == ["lead-1", "lead-1.d1", "lead-1.d1.g1"]
+
+
+async def test_an_approval_that_is_not_an_async_function_deletes_nothing() -> None:
+    store = MemoryStore()
+    kernel = await _nested(store)
+    with pytest.raises(InvalidArgument, match="approve must be an async function"):
+        await kernel.delete("lead-1", children=True, approve="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"approve returned None, which cannot be awaited"):
+        await kernel.delete("lead-1", children=True, approve=lambda tree: None)  # type: ignore[arg-type, return-value]
+    assert (await store.load("lead-1.d1.g1")).state == "completed"
+    assert await kernel.delete("lead-1", children=True) == ["lead-1.d1.g1", "lead-1.d1", "lead-1"]
 
 
 @pytest.mark.skipif(EXE is None, reason="the statekernel console script is not installed")
