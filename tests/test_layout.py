@@ -32,7 +32,9 @@ LAYERS = [
     ("statekernel.stores", "statekernel.providers"),
     ("statekernel._kernel",),
     ("statekernel._workers", "statekernel.testing"),
-    ("statekernel._cli", "statekernel.web"),
+    ("statekernel._front",),
+    ("statekernel.web",),
+    ("statekernel._cli",),
     (
         "statekernel",
         "statekernel.__main__",
@@ -41,7 +43,10 @@ LAYERS = [
         "statekernel.telemetry",
     ),
 ]
-"""Bottom to top: a module imports only from its own layer or the ones below."""
+"""Bottom to top: a module imports only from its own layer or the ones below. The
+front-ends have floors of their own above the kernel: what they share (``_front``),
+then the web view, then the command line (whose ``ui`` command starts the web view);
+the web view never imports the command line."""
 
 REGISTRY = {
     ("statekernel._kernel.kernel", "statekernel.stores"),

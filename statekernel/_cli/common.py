@@ -16,7 +16,7 @@ import attrs
 import click
 from rich.console import Console
 
-from statekernel._cli.visible import json_text, visible
+from statekernel._front.visible import json_text, visible
 from statekernel._kernel.kernel import Kernel
 from statekernel._records.convert import to_plain
 from statekernel._secrets import redact

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from statekernel._cli.common import Output, common_options, run_async, store_url
-from statekernel._cli.visible import plain
+from statekernel._front.visible import plain
 from statekernel.stores import redact_url
 
 __all__ = ["doctor"]

@@ -17,8 +17,9 @@ from rich.markup import escape
 from rich.status import Status
 
 from statekernel._cli.common import Output, UserError, run_hint
-from statekernel._cli.view import EventPrinter, short
-from statekernel._cli.visible import visible
+from statekernel._cli.view import EventPrinter
+from statekernel._front.text import short
+from statekernel._front.visible import visible
 from statekernel._kernel.kernel import Kernel
 from statekernel._records.events import Event
 from statekernel._records.pauses import Uncertain

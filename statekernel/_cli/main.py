@@ -35,8 +35,8 @@ from statekernel._cli.doctor import doctor
 from statekernel._cli.drive import CrashPoint, checked_model, drive, summary_line
 from statekernel._cli.runs import runs
 from statekernel._cli.ui import ui
-from statekernel._cli.visible import visible
 from statekernel._cli.worker import worker
+from statekernel._front.visible import visible
 from statekernel._lifecycle.diagram import DIAGRAM_NAME, FORMATS, can_render_svg, write_diagrams
 from statekernel._records.events import PERSISTED_EVENTS
 from statekernel._records.run import Run

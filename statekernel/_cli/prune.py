@@ -9,7 +9,7 @@ from datetime import timedelta
 import click
 
 from statekernel._cli.common import Output, UserError, common_options, open_cli_kernel, run_async
-from statekernel._cli.visible import visible
+from statekernel._front.visible import visible
 from statekernel._kernel.retention import DEFAULT_STATES, PruneResult, states_of
 from statekernel._records.run import STATE_IDS, StateId
 from statekernel.errors import InvalidArgument

@@ -34,8 +34,8 @@ from statekernel._cli.view import (
     runs_table,
     tree_node,
 )
-from statekernel._cli.visible import visible
-from statekernel._cli.worker import load_agent
+from statekernel._front.agents import load_agent
+from statekernel._front.visible import visible
 from statekernel._kernel.kernel import Kernel
 from statekernel._lifecycle.diagram import FORMATS
 from statekernel._records.run import STATE_IDS, Run, StateId

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from statekernel._cli.common import UserError, check_existing_store, store_url
-from statekernel._cli.worker import load_agent, load_named
+from statekernel._front.agents import load_agent, load_named
 from statekernel.stores import redact_url
 
 if TYPE_CHECKING:

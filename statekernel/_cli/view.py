@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console, Group
@@ -13,18 +11,17 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from statekernel._cli.visible import plain, visible
+from statekernel._front.text import short, stamp, waiting_for
+from statekernel._front.visible import plain, visible
 from statekernel._records.events import Event
 from statekernel._records.messages import (
-    JSON,
     Message,
     ReasoningPart,
     TextPart,
     ToolCall,
     ToolResult,
 )
-from statekernel._records.pauses import ChildWait, Question, Uncertain
-from statekernel._records.run import PauseInfo, Run, ToolCallRecord
+from statekernel._records.run import Run, ToolCallRecord
 from statekernel._storage.protocol import RunSummary
 from statekernel.stores._alive import Owner
 
@@ -33,11 +30,8 @@ __all__ = [
     "run_details",
     "run_tree_view",
     "runs_table",
-    "short",
-    "stamp",
     "state_text",
     "tree_node",
-    "waiting_for",
 ]
 
 STATE_STYLES = {
@@ -64,22 +58,9 @@ _EVENT_STYLES = {
 }
 
 
-def short(value: JSON, limit: int = 120) -> str:
-    """Compact one-line JSON (or the string itself), cut to ``limit`` characters, with
-    its control characters escaped (``visible``)."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = visible(" ".join(text.split()))
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
-
-
 def state_text(state: str) -> Text:
     """A state id, coloured."""
     return plain(state, STATE_STYLES.get(state, ""))
-
-
-def stamp(at: datetime) -> str:
-    """A moment as every command shows it: ISO 8601 in UTC, to the second."""
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _event_data(event: Event) -> str:
@@ -204,30 +185,6 @@ def run_tree_view(nodes: Sequence[tuple[int, Run]]) -> Tree:
         del branches[depth:]
         branches.append(branches[-1].add(label(run)))
     return root
-
-
-def waiting_for(pause: PauseInfo) -> str:
-    """A pause's reason and what it waits for, in one short line."""
-    details = pause.details
-    meta = pause.metadata
-    if isinstance(details, Uncertain):
-        detail = "calls " + ", ".join(f"{c.id} ({c.name})" for c in details.calls)
-    elif isinstance(details, ChildWait):
-        why = details.child_pause
-        detail = f"child run {details.child}" + (f" ({why.reason})" if why else "")
-    elif isinstance(details, Question):
-        ask = details.asked
-        question = ask.question
-        text = question if isinstance(question, str) else json.dumps(question, ensure_ascii=False)
-        detail = f"{ask.name} asks {text!r} (call {ask.calls[0]})"
-    elif isinstance(meta, dict) and "call" in meta:  # a hook's pause about one call
-        name = meta.get("name")
-        detail = f"call {meta['call']}" + (f" ({name})" if isinstance(name, str) else "")
-    elif meta in ({}, None):
-        detail = ""
-    else:
-        detail = json.dumps(meta, separators=(",", ":"), ensure_ascii=False)
-    return short(f"{pause.reason}: {detail}" if detail else pause.reason, 80)
 
 
 def _message_lines(message: Message, limit: int) -> list[Text]:

@@ -3,61 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import logging
-import os
 import signal
 import sys
-from collections.abc import Mapping
-from typing import Any
 
 import attrs
 import click
 
 from statekernel._cli.common import UserError, run_async, store_url
+from statekernel._front.agents import load_agent
 from statekernel._workers.worker import Worker, WorkerStats
 from statekernel.stores import redact_url
 
-__all__ = ["load_agent", "load_named", "worker"]
+__all__ = ["worker"]
 
 QUEUE_SCHEMES = ("redis", "rediss", "postgresql", "postgres")
 """URL schemes of the stores that keep run queues."""
-
-
-def load_named(option: str, spec: str) -> Any:
-    """The object ``package.module:attribute`` that ``option`` names, the module looked
-    for in the current directory too (as ``python -m`` finds it); ``UserError`` naming
-    the option when it is malformed or cannot be loaded."""
-    module_name, sep, attr = spec.partition(":")
-    if not (module_name and sep and attr):
-        raise UserError(f"{option} must look like package.module:function, got {spec!r}")
-    here = os.getcwd()
-    if here not in sys.path and "" not in sys.path:
-        sys.path.insert(0, here)
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise UserError(f"cannot load {option} {spec!r}: {exc}") from exc
-    return target
-
-
-def load_agent(spec: str | None) -> Mapping[str, Any]:
-    """The ``Kernel`` keyword arguments named by ``package.module:attribute``.
-
-    The module is looked for in the current directory too (as ``python -m`` does). The
-    attribute is a function returning them (called once, with no arguments) or
-    the mapping itself.
-    """
-    if not spec:
-        return {}
-    target = load_named("--agent", spec)
-    options = target() if callable(target) else target
-    if not isinstance(options, Mapping):
-        raise UserError(f"--agent {spec!r} gave {type(options).__name__}, not a mapping")
-    return options
 
 
 async def _serve(worker: Worker) -> WorkerStats:

@@ -11,6 +11,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from statekernel._front.agents import load_agent
 from statekernel._kernel.kernel import Kernel
 from statekernel._secrets import logger
 from statekernel._storage.protocol import CheckpointStore
@@ -179,12 +180,7 @@ def open_context(
 
 def _agent_options(agent: Mapping[str, Any] | str) -> Mapping[str, Any]:
     if isinstance(agent, str):
-        from statekernel._cli.worker import load_agent
-
-        try:
-            return load_agent(agent)
-        except Exception as exc:  # a UserError of the command line: say it as ours
-            raise ConfigError(str(getattr(exc, "message", exc))) from exc
+        return load_agent(agent, "agent")
     if not isinstance(agent, Mapping):
         raise ConfigError(f"agent must be Kernel keyword arguments, got {type(agent).__name__}")
     return agent

@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from statekernel._cli.view import short, stamp, waiting_for
+from statekernel._front.text import short, stamp, waiting_for
 from statekernel._records.events import Event
 from statekernel._records.messages import ReasoningPart, TextPart, ToolCall, ToolResult
 from statekernel._records.pauses import Question, Uncertain

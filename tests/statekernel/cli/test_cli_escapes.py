@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from statekernel._cli.visible import visible
+from statekernel._front.visible import visible
 
 from .test_cli_runs import EXE, as_json, ok, sk
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import statekernel as sk
-from statekernel._cli.view import waiting_for
+from statekernel._front.text import waiting_for
 from statekernel.errors import ConfigError, InvalidArgument, RunHasChildren, RunNotFound
 from statekernel.stores import MemoryStore, open_store
 from statekernel.testing import Crash, CrashAt, FaultPlan, Reply, ScriptedProvider, call

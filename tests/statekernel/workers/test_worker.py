@@ -477,23 +477,3 @@ def test_worker_command_reports_mistakes_in_one_line(kernel: sk.Kernel) -> None:
     ]
     done = runner.invoke(cli, ["worker", "--help"])
     assert "--json" in done.output
-
-
-def test_load_agent_calls_a_factory_or_takes_a_mapping(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from click import ClickException
-
-    from statekernel._cli.worker import load_agent
-
-    (tmp_path / "my_agent_options.py").write_text(
-        "OPTIONS = {'max_turns': 3}\n"
-        "def make():\n    return {'max_turns': 4}\n"
-        "def bad():\n    return 5\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert load_agent(None) == {}
-    assert load_agent("my_agent_options:OPTIONS") == {"max_turns": 3}
-    assert load_agent("my_agent_options:make") == {"max_turns": 4}
-    with pytest.raises(ClickException, match="not a mapping"):
-        load_agent("my_agent_options:bad")
