@@ -283,6 +283,7 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
         cwd=ROOT,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},  # the installed package, not ./statekernel
         capture_output=True,
         text=True,
         check=False,

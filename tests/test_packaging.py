@@ -88,3 +88,17 @@ def test_the_metadata_declares_the_license_expression_and_urls(wheel: Path) -> N
     urls = dict(line.split(", ", 1) for line in metadata.get_all("Project-URL") or [])
     assert set(urls) == {"Homepage", "Documentation", "Changelog", "Issues"}
     assert urls == PYPROJECT["project"]["urls"]
+
+
+def test_the_wheel_ships_every_module_of_the_source_tree(wheel: Path) -> None:
+    """``[tool.setuptools] packages`` lists the packages by hand: a new one left out
+    would be missing from every regular install, though an editable one finds it."""
+    with zipfile.ZipFile(wheel) as opened:
+        shipped = {name for name in opened.namelist() if name.endswith(".py")}
+    folders = {"statekernel": "statekernel", "stores": "statekernel/stores"}
+    folders["providers"] = "statekernel/providers"
+    expected = set()
+    for folder, installed in folders.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            expected.add(f"{installed}/{path.relative_to(ROOT / folder).as_posix()}")
+    assert sorted(expected - shipped) == []

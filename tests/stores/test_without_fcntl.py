@@ -101,12 +101,18 @@ def _without_fcntl(tmp_path: Path) -> dict[str, str]:
     site.mkdir()
     (site / "sitecustomize.py").write_text("import sys\n\nsys.modules['fcntl'] = None\n")
     paths = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    return {**_SAFE_PATH, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+_SAFE_PATH = {**os.environ, "PYTHONSAFEPATH": "1"}
+"""The environment of a child process run in the checkout: it and its own children
+import the installed package, never the checkout's ``statekernel/`` folder (which lacks
+``statekernel.stores`` and ``.providers``, installed from the top-level folders)."""
 
 
 @pytest.mark.parametrize("fcntl", [True, False], ids=["flock", "no-fcntl"])
 def test_the_locks_keep_flocks_promises(tmp_path: Path, fcntl: bool) -> None:
-    env = dict(os.environ) if fcntl else _without_fcntl(tmp_path)
+    env = dict(_SAFE_PATH) if fcntl else _without_fcntl(tmp_path)
     done = subprocess.run(
         [sys.executable, "-c", SEMANTICS],
         cwd=ROOT,
