@@ -242,3 +242,28 @@ def test_the_essay_check_finds_a_stale_name() -> None:
     essay = "Writes go through ``_writer`` and ``_gone``, as ``_gone.py`` and ``_writer.py`` say."
     assert sorted(_stale_references(module, set(), essay)) == ["_gone", "_gone.py"]
     assert list(_stale_references(module, {"_gone"}, "``_gone``")) == []
+
+
+def _class_size(module: str, name: str) -> tuple[int, int]:
+    """(attributes set in ``__init__``, methods and properties) of class ``name``."""
+    tree = ast.parse(MODULES[module].read_text())
+    (found,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    methods = [n for n in found.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    (init,) = [m for m in methods if m.name == "__init__"]
+    attributes = {
+        target.attr
+        for node in ast.walk(init)
+        for target in getattr(node, "targets", [getattr(node, "target", None)])
+        if isinstance(target, ast.Attribute)
+        and isinstance(target.value, ast.Name)
+        and target.value.id == "self"
+    }
+    return len(attributes), len(methods)
+
+
+def test_the_driver_keeps_to_the_run() -> None:
+    """Who holds a driver lives in ``Seats``: the driver stays at most 14 attributes and
+    30 methods."""
+    attributes, methods = _class_size("statekernel._kernel.drive", "RunDriver")
+    assert attributes <= 14, attributes
+    assert methods <= 30, methods

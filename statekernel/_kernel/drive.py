@@ -92,6 +92,7 @@ from statekernel._kernel.commit import Committer, Landed, log_lease_lost
 from statekernel._kernel.driving import Agent, HookFailed, hook, turn_of
 from statekernel._kernel.model_call import ModelCall
 from statekernel._kernel.pending import Outcome, PendingCommit
+from statekernel._kernel.seats import Seats
 from statekernel._kernel.tool_calls import ToolCalls
 from statekernel._lifecycle.chart import DATA_CHANGES, Lifecycle
 from statekernel._records.events import Event
@@ -141,15 +142,9 @@ class RunDriver:
         self.trace_parent: TraceContext | None = None
         """The span of the drive in progress (see ``_kernel.telemetry``): parent of the spans of
         this driver's commits, model calls and tool calls."""
-        self.lock = asyncio.Lock()
-        """Held by the drive (``run``, ``step``) using this driver; others wait."""
-        self.users = 0
-        """Drives that hold this driver or wait for it."""
-        self.commit_lock = asyncio.Lock()
-        """Held while a commit of the run is computed and landed: by this driver's
-        ``commit`` and by a command of the same kernel that commits between two of them."""
-        self.commander: asyncio.Task[Any] | None = None
-        """The task of a command of this kernel committing between this driver's commits."""
+        self.seats = Seats()
+        """The drives (``run``, ``step``) holding or waiting for this driver, and a command
+        of this kernel committing between its commits."""
         self.overtaken = False
         """A command of this kernel committed something the staged transitions no longer
         apply to: the commit being gathered is refused (``ConflictError``)."""
@@ -318,7 +313,7 @@ class RunDriver:
         """``commit``, with the failure of a hook observing the landed results as a value."""
         if not self.pending.open:
             return _Committed(())
-        async with self.commit_lock:  # a command of this kernel may commit first: adopted
+        async with self.seats.commit_lock:  # a command of this kernel may commit first: adopted
             pending = self.pending
             base = pending.base
             if base is None:
@@ -372,8 +367,8 @@ class RunDriver:
             or calls.unstarted
             or held
             or (self.observing and pending.outcomes)
-            or self.users > 1
-            or self.commander is not None
+            or self.seats.awaited
+            or self.seats.commanded
         )
 
     async def _observe(self, outcomes: list[Outcome]) -> None:
@@ -423,35 +418,9 @@ class RunDriver:
         return self.calls.busy or self.model.claim is not None
 
     @property
-    def driving(self) -> bool:
-        """True while a drive (of any task) holds this driver."""
-        return self.lock.locked()
-
-    @property
-    def awaited(self) -> bool:
-        """True while another drive than the one holding the driver waits for it."""
-        return self.users > 1
-
-    @property
     def idle(self) -> bool:
         """True when no drive holds or waits for the driver and it holds no intents."""
-        return not self.users and not self.busy
-
-    @contextlib.asynccontextmanager
-    async def taken(self) -> AsyncIterator[bool]:
-        """Hold the driver for one drive (others wait); yields whether a drive of another
-        task held it when this one asked."""
-        waited = self.lock.locked()
-        self.users += 1
-        try:
-            async with self.lock:
-                yield waited
-        finally:
-            self.users -= 1
-
-    def commanding(self) -> bool:
-        """True in the task of a command committing between this driver's commits."""
-        return self.commander is asyncio.current_task()
+        return self.seats.empty and not self.busy
 
     @contextlib.asynccontextmanager
     async def command(self, current: Callable[[], bool]) -> AsyncIterator[RunDriver | None]:
@@ -459,16 +428,15 @@ class RunDriver:
         driver's lease between two of its commits (``commit_lock`` is held meanwhile);
         this driver goes on from whatever of it landed (``adopt``). None when the run
         was let go meanwhile (the lease lost, or the driver no longer ``current``)."""
-        async with self.commit_lock:
+        async with self.seats.commit_lock:
             if self.lost or not current():
                 yield None
                 return
-            self.commander = asyncio.current_task()
             driver = RunDriver(self.kernel, self.committed, self.tenure)
             try:
-                yield driver
+                with self.seats.command():
+                    yield driver
             finally:
-                self.commander = None
                 self.adopt(driver.run)
 
     def adopt(self, head: Run) -> None:

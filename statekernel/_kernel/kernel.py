@@ -225,7 +225,7 @@ class Kernel(Closing):
         self._closed = True
         drivers, self._drivers = list(self._drivers.values()), {}
         for driver in drivers:
-            if driver.driving:
+            if driver.seats.driving:
                 driver.lose()  # a drive of another task has it: it must stop committing
             await driver.stop_tasks()
             await self._commit_held(driver)
@@ -620,13 +620,13 @@ class Kernel(Closing):
     async def _driver(self, run_id: str) -> AsyncIterator[RunDriver]:
         driver, fresh = await self._claim(run_id)
         try:
-            async with driver.taken() as waited:
+            async with driver.seats.taken() as waited:
                 try:
                     if not fresh or waited:  # a driver just built from the head needs no reload
                         await driver.reset(await self.store.load(run_id))
                     yield driver
                 finally:
-                    last = not driver.awaited  # no other task waits for this driver
+                    last = not driver.seats.awaited  # no other task waits for this driver
                     if last and not driver.busy and self._drivers.get(run_id) is driver:
                         del self._drivers[run_id]
         finally:
@@ -690,7 +690,7 @@ class Kernel(Closing):
                     )
             else:
                 live = self._drivers.get(run_id)
-                if share and live is not None and live.released and live.driving:
+                if share and live is not None and live.released and live.seats.driving:
                     await self._rearm(live, tenure)
                     return None
                 return tenure
@@ -723,7 +723,7 @@ class Kernel(Closing):
     async def _commit_held(self, driver: RunDriver) -> None:
         """Commit the results a driver still holds before it lets the run go (else the
         next owner would find those calls uncertain); a store that fails leaves them so."""
-        if driver.driving:
+        if driver.seats.driving:
             return  # a drive of another task still has it: that drive commits them
         with contextlib.suppress(StatekernelError):
             await driver.commit_held()
@@ -789,7 +789,7 @@ class Kernel(Closing):
             if tenure is not None:
                 break
             live = self._drivers[run_id]
-            if live.commanding():  # a hook of this very command
+            if live.seats.commanding():  # a hook of this very command
                 raise RunBusy(run_id, self.owner)
             current = functools.partial(self._drives, run_id, live)
             async with live.command(current) as driver:
