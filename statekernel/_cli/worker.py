@@ -13,13 +13,21 @@ import click
 
 from statekernel._cli.common import UserError, run_async, store_url
 from statekernel._front.agents import load_agent
+from statekernel._storage.queues import RunQueues
 from statekernel._workers.worker import Worker, WorkerStats
-from statekernel.stores import redact_url
+from statekernel.stores import open_store, redact_url
 
 __all__ = ["worker"]
 
-QUEUE_SCHEMES = ("redis", "rediss", "postgresql", "postgres")
-"""URL schemes of the stores that keep run queues."""
+
+def _has_run_queues(url: str) -> bool:
+    """Whether the store ``url`` names declares run queues (``RunQueues``); opening is
+    lazy, so nothing is connected to find out."""
+    opened = open_store(url)
+    try:
+        return isinstance(opened, RunQueues)
+    finally:
+        run_async(opened.aclose())
 
 
 async def _serve(worker: Worker) -> WorkerStats:
@@ -97,7 +105,7 @@ def worker(
     the others after --lease-ttl seconds.
     """
     url = store_url(store)
-    if url.partition("://")[0].lower() not in QUEUE_SCHEMES:
+    if not _has_run_queues(url):
         shown = redact_url(url)
         raise UserError(
             "a worker needs a store with run queues (redis://, rediss:// or postgresql://),"
