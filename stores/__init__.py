@@ -40,9 +40,9 @@ from statekernel._storage.watching import CommitNotice, Watches, watch
 from statekernel.stores._open import open_store
 
 if TYPE_CHECKING:
-    from statekernel.stores._memory import MemoryStore
     from statekernel.stores._migrate import Migration, migrate
     from statekernel.stores.file._store import FileStore
+    from statekernel.stores.memory._store import MemoryStore
     from statekernel.stores.postgres import PostgresStore
     from statekernel.stores.redis._store import RedisStore
     from statekernel.stores.sqlite._store import SQLiteStore
@@ -51,7 +51,7 @@ __getattr__, __dir__ = _exports.lazy_exports(
     __name__,
     {
         "FileStore": ".file._store",
-        "MemoryStore": "._memory",
+        "MemoryStore": ".memory._store",
         "Migration": "._migrate",
         "PostgresStore": ".postgres",
         "RedisStore": ".redis._store",

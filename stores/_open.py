@@ -42,7 +42,7 @@ _PARTS: dict[str, dict[str, tuple[str, str]]] = {
         "postgres": ("statekernel.stores.postgres._store", "PostgresStore"),
     },
     "probe": {
-        "memory": ("statekernel.stores.file._doctor", "MemoryProbe"),
+        "memory": ("statekernel.stores.memory._doctor", "MemoryProbe"),
         "sqlite": ("statekernel.stores.sqlite._doctor", "SQLiteProbe"),
         "file": ("statekernel.stores.file._doctor", "FileProbe"),
         "redis": ("statekernel.stores.redis._doctor", "RedisProbe"),
@@ -107,7 +107,7 @@ def open_store_to_read(url: str) -> CheckpointStore:
 
 def _memory_store(url: str) -> CheckpointStore:
     """``memory://name``: a store in this process (its name is the rest of the URL)."""
-    from statekernel.stores._memory import MemoryStore
+    from statekernel.stores.memory._store import MemoryStore
 
     return MemoryStore(url.split("://", 1)[1])
 

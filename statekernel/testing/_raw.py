@@ -27,8 +27,8 @@ from statekernel.errors import CorruptCheckpoint
 from statekernel.stores._format.checksum import seal, seal_line, unseal, unseal_line
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._format.documents import dump_bytes, load_json
-from statekernel.stores._memory import MemoryStore, StoredRun
 from statekernel.stores.file._store import FileStore, folder_name
+from statekernel.stores.memory._store import MemoryStore, StoredRun
 from statekernel.stores.redis._store import RedisStore
 from statekernel.stores.sqlite._store import SQLiteStore
 

@@ -1,4 +1,4 @@
-"""The doctor's probes of the file store and the memory store."""
+"""The doctor's probe of the file store."""
 
 from __future__ import annotations
 
@@ -24,43 +24,7 @@ from statekernel.stores._doctor_probe import (
 from statekernel.stores.file._io import RunFolder, read_lease
 from statekernel.stores.file._store import FileStore, folder_name
 
-__all__ = ["FileProbe", "MemoryProbe"]
-
-# -- memory ------------------------------------------------------------------------
-
-
-class MemoryProbe:
-    """``memory://``: nothing outlives the process that holds the store."""
-
-    local_errors = False
-
-    def __init__(self, url: str) -> None:
-        self.subject = url
-        self.store: CheckpointStore | None = None
-
-    async def settings(self) -> list[Finding]:
-        """The one thing to say: a memory store is not durable."""
-        detail = (
-            "not durable: memory:// keeps runs only inside the process that holds the "
-            "store, so this process sees none and nothing survives a restart"
-        )
-        return [Finding("durability", self.subject, WARNING, detail)]
-
-    async def runs(self) -> list[RunRef]:
-        """None: another process's memory cannot be read."""
-        return []
-
-    async def lease(self, run_id: str) -> LeaseView | None:
-        """None."""
-        return None
-
-    async def cross_checks(self) -> list[Finding]:
-        """None."""
-        return []
-
-    async def aclose(self) -> None:
-        """Nothing to close."""
-
+__all__ = ["FileProbe"]
 
 # -- file --------------------------------------------------------------------------
 

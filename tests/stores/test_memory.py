@@ -7,7 +7,8 @@ import gc
 import pytest
 
 from statekernel.errors import RunNotFound
-from statekernel.stores import Checkpoint, _memory, open_store
+from statekernel.stores import Checkpoint, open_store
+from statekernel.stores.memory import _store as _memory
 from statekernel.testing._store_cases import sample_run
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.stores import Checkpoint, CommitNotice, Watches, open_store, watch
-from statekernel.stores._memory import MemoryStore
+from statekernel.stores.memory._store import MemoryStore
 from statekernel.testing._store_cases import next_revision, sample_run
 
 
