@@ -267,3 +267,24 @@ def test_the_driver_keeps_to_the_run() -> None:
     attributes, methods = _class_size("statekernel._kernel.drive", "RunDriver")
     assert attributes <= 14, attributes
     assert methods <= 30, methods
+
+
+BACKENDS = ("sqlite", "file", "redis", "postgres", "memory")
+"""The store backends, each a subpackage of ``statekernel.stores``."""
+
+
+def test_no_backend_imports_another() -> None:
+    """What two backends share lives in a module both import (``stores._sql``,
+    ``stores._format``...), never in one of them."""
+    edges = _edges()
+    crossing = sorted(
+        (module, imported)
+        for module, imported_all in edges.items()
+        for imported in imported_all
+        for mine in BACKENDS
+        for theirs in BACKENDS
+        if mine != theirs
+        and _within(module, (f"statekernel.stores.{mine}",))
+        and _within(imported, (f"statekernel.stores.{theirs}",))
+    )
+    assert crossing == []

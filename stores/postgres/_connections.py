@@ -28,7 +28,7 @@ from typing import Any
 import asyncpg
 
 from statekernel.errors import StatekernelError
-from statekernel.stores.sqlite._ops import BadRow
+from statekernel.stores._sql.rows import BadRow
 
 __all__ = ["DRIVER_ERRORS", "borrowed", "clean", "discard", "give_back", "lost"]
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from statekernel.stores._lease_records import damaged_lease, host_record, kept_record
 from statekernel.stores._owners import LeaseRecord, check_fence
-from statekernel.stores._tables import Pending
-from statekernel.stores.sqlite._ops import BadRow, CommitRows, Stored
+from statekernel.stores._sql.rows import BadRow, CommitRows, Stored
+from statekernel.stores._sql.tables import Pending
 
 __all__ = [
     "Tables",

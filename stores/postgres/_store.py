@@ -70,7 +70,9 @@ from statekernel.stores._format.dicts import dump_entry
 from statekernel.stores._format.documents import dump_bytes, load_json
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._listing import decode_cursor, encode_cursor
-from statekernel.stores._tables import (
+from statekernel.stores._sql.columns import column_problem
+from statekernel.stores._sql.rows import BadRow, CommitRows, Stored
+from statekernel.stores._sql.tables import (
     PendingWrite,
     checked_head,
     head_at,
@@ -98,8 +100,6 @@ from statekernel.stores.postgres._schema import (
 from statekernel.stores.postgres._url import check_schema, parse_postgres_url
 from statekernel.stores.postgres._warm import prepare_statements
 from statekernel.stores.postgres._writer import Outcome, Pending, write_commits
-from statekernel.stores.sqlite._columns import column_problem
-from statekernel.stores.sqlite._ops import BadRow, CommitRows, Stored
 
 __all__ = ["PostgresStore"]
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from statekernel._storage.protocol import Lease
-from statekernel.stores._tables import Pending
+from statekernel.stores._sql.rows import CommitRows
+from statekernel.stores._sql.tables import Pending
 from statekernel.stores.postgres import _leases as leases
 from statekernel.stores.postgres._ops import Tables, commit_at_once, read_head_parts
-from statekernel.stores.sqlite._ops import CommitRows
 
 __all__ = ["prepare_statements"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from statekernel.stores._tables import Outcome, Pending
+from statekernel.stores._sql.tables import Outcome, Pending
 from statekernel.stores.postgres._connections import clean, lost
 from statekernel.stores.postgres._ops import Tables, apply_commit, commit_at_once
 

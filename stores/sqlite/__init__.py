@@ -1,8 +1,8 @@
 """The SQLite store: ``_store`` (the store), ``_schema`` (tables and migrations),
 ``_ops`` (the SQL of reads and commits), ``_writer`` (group commit), ``_thread`` (the
-connection's own thread), ``_file`` (opening the database file), ``_columns`` (typed
-columns) and ``_doctor`` (its checks). ``SQLiteStore`` is imported when first used, so
-the PostgreSQL store can share the row shapes and column checks without it."""
+connection's own thread), ``_file`` (opening the database file) and ``_doctor`` (its
+checks); the rows and column checks it shares with the PostgreSQL store are in
+``statekernel.stores._sql``. ``SQLiteStore`` is imported when first used."""
 
 from __future__ import annotations
 

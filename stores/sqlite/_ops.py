@@ -22,12 +22,10 @@ from statekernel._storage.protocol import Lease
 from statekernel.errors import RunNotFound
 from statekernel.stores._lease_records import damaged_lease, host_record, kept_record
 from statekernel.stores._owners import LeaseRecord, check_fence, fenced
+from statekernel.stores._sql.rows import BadRow, CommitRows, Stored
 from statekernel.stores.sqlite._file import StoreConnection, begin_immediate, begin_read
 
 __all__ = [
-    "BadRow",
-    "CommitRows",
-    "Stored",
     "Parts",
     "apply_commit",
     "delete_run",
@@ -43,11 +41,6 @@ __all__ = [
 T = TypeVar("T")
 
 
-class BadRow(ValueError):
-    """A stored row holds values of the wrong types (a damaged database); the store
-    reports it as ``CorruptCheckpoint`` naming its path."""
-
-
 def _checked(row: Sequence[Any], types: tuple[type, ...], what: str) -> tuple[Any, ...]:
     """``row`` if each value has its type (an int that is not a bool, bytes...)."""
     if len(row) != len(types) or not all(
@@ -57,33 +50,6 @@ def _checked(row: Sequence[Any], types: tuple[type, ...], what: str) -> tuple[An
         want = ", ".join(t.__name__ for t in types)
         raise BadRow(f"{what}: a row holds ({found}), not ({want})")
     return tuple(row)
-
-
-@attrs.frozen
-class Stored:
-    """A run's row id, the run id, revision and state columns beside its head (checked
-    against the head when it is read: ``_columns``) and the head document bytes
-    as stored."""
-
-    rid: int
-    run_id: str
-    revision: int
-    state: str
-    head: bytes
-
-
-@attrs.frozen
-class CommitRows:
-    """What one commit writes: the ``runs`` columns and the new rows of each table."""
-
-    columns: tuple[Any, ...]
-    revision: int
-    entry: bytes
-    first_message: int
-    messages: Sequence[bytes]
-    first_turn: int
-    turns: Sequence[bytes]
-    blobs: Sequence[tuple[str, bytes]]
 
 
 @contextmanager

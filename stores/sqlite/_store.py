@@ -69,14 +69,15 @@ from statekernel.stores._group import GroupCommit
 from statekernel.stores._holders import holder_of
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores._owners import Clock, HostLeased, HostLeases, LeaseChange, LeaseRecord
-from statekernel.stores._tables import (
+from statekernel.stores._sql.columns import BAD_STATE, column_problem
+from statekernel.stores._sql.rows import BadRow, CommitRows, Stored
+from statekernel.stores._sql.tables import (
     PendingWrite,
     checked_head,
     head_at,
     log_entries,
     parse_docs,
 )
-from statekernel.stores.sqlite._columns import BAD_STATE, column_problem
 from statekernel.stores.sqlite._file import (
     StoreConnection,
     connect,
@@ -86,10 +87,7 @@ from statekernel.stores.sqlite._file import (
     prepare_file,
 )
 from statekernel.stores.sqlite._ops import (
-    BadRow,
-    CommitRows,
     Parts,
-    Stored,
     delete_run,
     fetch_all,
     lease_op,

@@ -23,7 +23,7 @@ import contextlib
 import sqlite3
 from collections.abc import Sequence
 
-from statekernel.stores._tables import Outcome, Pending
+from statekernel.stores._sql.tables import Outcome, Pending
 from statekernel.stores.sqlite._file import begin_immediate
 from statekernel.stores.sqlite._ops import apply_commit
 

@@ -12,8 +12,8 @@ import pytest
 
 from statekernel.errors import StoreError
 from statekernel.stores import Checkpoint, SQLiteStore
+from statekernel.stores._sql.rows import CommitRows
 from statekernel.stores.sqlite import _store as sqlite_module
-from statekernel.stores.sqlite._ops import CommitRows
 from statekernel.stores.sqlite._schema import migrate_schema
 from statekernel.stores.sqlite._writer import Pending, write_commits
 from statekernel.testing._store_cases import next_revision, sample_run

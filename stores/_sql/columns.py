@@ -1,4 +1,4 @@
-"""The SQLite store's columns beside a run's head, checked against the head.
+"""The columns beside a run's head in a SQL store, checked against the head.
 
 A ``runs`` row keeps copies of head fields in columns, to index and compare on:
 ``revision`` (the compare-and-set of a commit, which revision is the head),
@@ -19,7 +19,7 @@ from statekernel._records.run import STATE_IDS
 from statekernel._storage.protocol import RunSummary
 from statekernel.errors import CorruptCheckpoint
 from statekernel.stores._common import micros
-from statekernel.stores.sqlite._ops import Stored
+from statekernel.stores._sql.rows import Stored
 
 __all__ = ["BAD_STATE", "check_columns", "column_problem"]
 

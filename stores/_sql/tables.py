@@ -1,8 +1,7 @@
 """What the stores on SQL tables (SQLite, PostgreSQL) share above their SQL: a commit
 waiting for its batch, the stored head checked against the columns beside it, a past
-head replayed from the commit log, and documents parsed in one go. The row shapes
-(``Stored``, ``CommitRows``) and the column checks are the SQLite store's, which the
-PostgreSQL store reads and writes too."""
+head replayed from the commit log, and documents parsed in one go (the rows themselves:
+``rows``; the column checks: ``columns``)."""
 
 from __future__ import annotations
 
@@ -16,8 +15,8 @@ from statekernel.stores._format.checksum import unseal
 from statekernel.stores._format.codec import EncodedCommit, replay
 from statekernel.stores._format.dicts import load_entry
 from statekernel.stores._format.documents import load_json
-from statekernel.stores.sqlite._columns import check_columns
-from statekernel.stores.sqlite._ops import CommitRows, Stored
+from statekernel.stores._sql.columns import check_columns
+from statekernel.stores._sql.rows import CommitRows, Stored
 
 __all__ = [
     "Outcome",

@@ -1,0 +1,44 @@
+"""The rows the stores on SQL tables (SQLite, PostgreSQL) read and write: a run's stored
+head with the columns beside it, the rows of one commit, and the error for a row whose
+values have the wrong types."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+__all__ = ["BadRow", "CommitRows", "Stored"]
+
+
+class BadRow(ValueError):
+    """A stored row holds values of the wrong types (a damaged database); the store
+    reports it as ``CorruptCheckpoint`` naming its path."""
+
+
+@attrs.frozen
+class Stored:
+    """A run's row id, the run id, revision and state columns beside its head (checked
+    against the head when it is read: ``columns``) and the head document bytes
+    as stored."""
+
+    rid: int
+    run_id: str
+    revision: int
+    state: str
+    head: bytes
+
+
+@attrs.frozen
+class CommitRows:
+    """What one commit writes: the ``runs`` columns and the new rows of each table."""
+
+    columns: tuple[Any, ...]
+    revision: int
+    entry: bytes
+    first_message: int
+    messages: Sequence[bytes]
+    first_turn: int
+    turns: Sequence[bytes]
+    blobs: Sequence[tuple[str, bytes]]
