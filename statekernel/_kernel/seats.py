@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 __all__ = ["Seats"]
@@ -60,7 +60,7 @@ class Seats:
         return self._commander is asyncio.current_task()
 
     @contextlib.contextmanager
-    def command(self) -> Any:
+    def command(self) -> Iterator[None]:
         """Mark the current task as the command committing between the driver's commits
         (the caller holds ``commit_lock``)."""
         self._commander = asyncio.current_task()
