@@ -29,7 +29,7 @@ from statekernel._storage.holders import ShowsHolders
 from statekernel._storage.protocol import CheckpointStore
 from statekernel._storage.shielding import shielded
 from statekernel.errors import CorruptCheckpoint, RunNotFound, StoreError
-from statekernel.stores._owners import LeaseRecord
+from statekernel.stores._host.owners import LeaseRecord
 from statekernel.stores.memory._store import MemoryStore
 from statekernel.stores.sqlite._ops import read_lease
 from statekernel.stores.sqlite._store import SQLiteStore

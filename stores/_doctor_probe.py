@@ -24,8 +24,8 @@ from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import (
     StoreError,
 )
-from statekernel.stores import _oslock
-from statekernel.stores._owners import OwnerProofs
+from statekernel.stores._host import oslock as _oslock
+from statekernel.stores._host.owners import OwnerProofs
 
 __all__ = [
     "DAMAGED",

@@ -13,13 +13,13 @@ from typing import Any
 import attrs
 
 from statekernel.errors import CorruptCheckpoint, StoreError
-from statekernel.stores import _oslock
 from statekernel.stores._format.blobs import blob_text
 from statekernel.stores._format.checksum import seal_line, unseal_line
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._format.documents import dump_bytes, load_json
-from statekernel.stores._lease_records import damaged_lease, host_record
-from statekernel.stores._owners import LeaseRecord
+from statekernel.stores._host import oslock as _oslock
+from statekernel.stores._host.lease_records import damaged_lease, host_record
+from statekernel.stores._host.owners import LeaseRecord
 from statekernel.stores._private import (
     FOLDER_MODE,
     new_private_file,

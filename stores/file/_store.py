@@ -61,9 +61,8 @@ from statekernel.stores._format.codec import (
     replay,
     snapshot_of,
 )
-from statekernel.stores._lease_records import damaged_lease, kept_record
-from statekernel.stores._listing import page_of
-from statekernel.stores._owners import (
+from statekernel.stores._host.lease_records import damaged_lease, kept_record
+from statekernel.stores._host.owners import (
     Clock,
     HostLeased,
     HostLeases,
@@ -72,6 +71,7 @@ from statekernel.stores._owners import (
     check_fence,
     fenced,
 )
+from statekernel.stores._listing import page_of
 from statekernel.stores._private import folder_refusal, open_folder
 from statekernel.stores.file._io import (
     Locked,

@@ -42,9 +42,8 @@ from statekernel.stores._format.codec import (
 )
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._format.documents import dump_bytes, load_json
-from statekernel.stores._holders import holder_of
-from statekernel.stores._listing import page_of
-from statekernel.stores._owners import (
+from statekernel.stores._host.holders import holder_of
+from statekernel.stores._host.owners import (
     Clock,
     HostLeased,
     HostLeases,
@@ -52,6 +51,7 @@ from statekernel.stores._owners import (
     LeaseRecord,
     check_fence,
 )
+from statekernel.stores._listing import page_of
 
 __all__ = ["MemoryStore", "StoredRun"]
 

@@ -41,8 +41,8 @@ from typing import Any
 import attrs
 
 from statekernel.errors import LeaseLost, RunBusy, RunNotFound
-from statekernel.stores._lease_records import damaged_lease, host_record
-from statekernel.stores._owners import local_owner
+from statekernel.stores._host.lease_records import damaged_lease, host_record
+from statekernel.stores._host.owners import local_owner
 from statekernel.stores.postgres._ops import Tables, run_key
 
 __all__ = [

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from statekernel.stores._lease_records import damaged_lease, host_record, kept_record
-from statekernel.stores._owners import LeaseRecord, check_fence
+from statekernel.stores._host.lease_records import damaged_lease, host_record, kept_record
+from statekernel.stores._host.owners import LeaseRecord, check_fence
 from statekernel.stores._sql.rows import BadRow, CommitRows, Stored
 from statekernel.stores._sql.tables import Pending
 

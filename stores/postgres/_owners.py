@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from statekernel.errors import StatekernelError, StoreError
-from statekernel.stores._owners import OwnerProofs
+from statekernel.stores._host.owners import OwnerProofs
 from statekernel.stores.postgres._keys import lock_key
 
 __all__ = ["OwnerLocks"]

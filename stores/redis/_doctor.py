@@ -22,7 +22,7 @@ from statekernel.stores._doctor_probe import (
     LeaseView,
     RunRef,
 )
-from statekernel.stores._lease_records import redis_holder
+from statekernel.stores._host.lease_records import redis_holder
 from statekernel.stores.redis._store import RedisStore, _load_head
 from statekernel.stores.redis._wire import FAILURES
 

@@ -93,7 +93,7 @@ from statekernel.stores._format.codec import (
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._format.documents import dump_bytes, load_json
 from statekernel.stores._group import GroupCommit
-from statekernel.stores._lease_records import damaged_lease, redis_holder
+from statekernel.stores._host.lease_records import damaged_lease, redis_holder
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores.redis._fencing import RELEASE, RENEW, AnyRedis
 from statekernel.stores.redis._index import RunIndex

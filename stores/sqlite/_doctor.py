@@ -26,7 +26,7 @@ from statekernel.stores._doctor_probe import (
     host_lease,
     permissions,
 )
-from statekernel.stores._lease_records import host_record
+from statekernel.stores._host.lease_records import host_record
 from statekernel.stores.sqlite._file import connect
 from statekernel.stores.sqlite._schema import READABLE, STORE_VERSION
 from statekernel.stores.sqlite._store import SQLiteStore, parse_sqlite_url

@@ -20,8 +20,8 @@ import attrs
 
 from statekernel._storage.protocol import Lease
 from statekernel.errors import RunNotFound
-from statekernel.stores._lease_records import damaged_lease, host_record, kept_record
-from statekernel.stores._owners import LeaseRecord, check_fence, fenced
+from statekernel.stores._host.lease_records import damaged_lease, host_record, kept_record
+from statekernel.stores._host.owners import LeaseRecord, check_fence, fenced
 from statekernel.stores._sql.rows import BadRow, CommitRows, Stored
 from statekernel.stores.sqlite._file import StoreConnection, begin_immediate, begin_read
 

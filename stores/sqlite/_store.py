@@ -66,9 +66,9 @@ from statekernel.stores._format.codec import (
 from statekernel.stores._format.dicts import dump_entry
 from statekernel.stores._format.documents import dump_bytes, enc_time, load_json
 from statekernel.stores._group import GroupCommit
-from statekernel.stores._holders import holder_of
+from statekernel.stores._host.holders import holder_of
+from statekernel.stores._host.owners import Clock, HostLeased, HostLeases, LeaseChange, LeaseRecord
 from statekernel.stores._listing import decode_cursor, encode_cursor
-from statekernel.stores._owners import Clock, HostLeased, HostLeases, LeaseChange, LeaseRecord
 from statekernel.stores._sql.columns import BAD_STATE, column_problem
 from statekernel.stores._sql.rows import BadRow, CommitRows, Stored
 from statekernel.stores._sql.tables import (

@@ -20,7 +20,7 @@ import pytest
 from statekernel._records.run import Run
 from statekernel.errors import StoreError
 from statekernel.stores import Checkpoint, FileStore, SQLiteStore, open_store
-from statekernel.stores._owners import OwnerProofs
+from statekernel.stores._host.owners import OwnerProofs
 from statekernel.testing._store_cases import next_revision, sample_run
 
 PRECIOUS = b"a file of someone else's that the store must never touch\n"

@@ -1,5 +1,5 @@
 """The stores on one host where Python has no ``fcntl`` (Windows, a POSIX Python built
-without it): ``statekernel.stores._oslock`` takes byte-range locks there, and keeps the
+without it): ``statekernel.stores._host.oslock`` takes byte-range locks there, and keeps the
 promises of ``flock`` that the owner proofs and the file store's commit lock rest on.
 
 Each check runs in a child process whose ``sitecustomize`` makes ``fcntl`` unimportable
@@ -21,11 +21,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SEMANTICS = r"""
 import os, subprocess, sys, tempfile, threading
-from statekernel.stores import _oslock
+from statekernel.stores._host import oslock as _oslock
 
 PROBE = (
     "import os, sys\n"
-    "from statekernel.stores import _oslock\n"
+    "from statekernel.stores._host import oslock as _oslock\n"
     "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
     "print(_oslock.locked_elsewhere(fd))\n"
     "_oslock.close(fd)\n"

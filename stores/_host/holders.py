@@ -1,11 +1,11 @@
 """Who holds a run's lease in a store on one host (memory, SQLite), read without
 writing (``ShowsHolders``).
 
-``take`` (``_owners``) decides whether a taker gets a run: an owner of this process
+``take`` (``owners``) decides whether a taker gets a run: an owner of this process
 holds it until its lease expires, an owner of another process for as long as its OS
 lock is held. ``holder_of`` gives the same answer to a reader and changes nothing: it
 opens the owner's lock file read-only, tests its lock without keeping one
-(``_oslock.locked_elsewhere``), and leaves the file of a dead owner where it is (the
+(``oslock.locked_elsewhere``), and leaves the file of a dead owner where it is (the
 next taker removes it), so a store opened read-only, in a folder its reader cannot
 write, answers too.
 """
@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 
 from statekernel.errors import StoreError
-from statekernel.stores import _oslock
-from statekernel.stores._owners import LeaseRecord, OwnerProofs, local_owner
+from statekernel.stores._host import oslock as _oslock
+from statekernel.stores._host.owners import LeaseRecord, OwnerProofs, local_owner
 from statekernel.stores._private import NOFOLLOW
 
 __all__ = ["holder_of", "lock_held"]

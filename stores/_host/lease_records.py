@@ -3,7 +3,7 @@
 ``UnicodeDecodeError`` on every drive.
 
 Only the reading lives here. Who may take a lease, and when it ends, is decided by
-``_owners`` (memory, file and SQLite stores) and by the Redis store's scripts.
+``owners`` (memory, file and SQLite stores) and by the Redis store's scripts.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from statekernel.errors import CorruptCheckpoint
-from statekernel.stores._owners import LeaseRecord
+from statekernel.stores._host.owners import LeaseRecord
 
 __all__ = ["damaged_lease", "host_record", "kept_record", "redis_holder"]
 

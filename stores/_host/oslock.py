@@ -1,5 +1,5 @@
 """OS locks on open files, the same on every platform: what the stores on one host take
-to prove an owner alive (``_owners``, ``_holders``) and to order a run's commits (the
+to prove an owner alive (``owners``, ``holders``) and to order a run's commits (the
 file store).
 
 Where Python has ``fcntl`` (Linux, macOS, the BSDs) a lock is ``flock``, exactly as it

@@ -6,7 +6,7 @@ the lease to a new owner with the next token unless a live owner holds it;
 ``check_fence`` is what a commit checks before it writes.
 
 An owner proves it is alive with an OS lock: while it holds leases in a store, it
-holds a lock (``_oslock``: ``flock``, or a byte-range lock where Python has no
+holds a lock (``oslock``: ``flock``, or a byte-range lock where Python has no
 ``fcntl``) on a file of its own in the store's owners folder. The kernel holds
 that lock in its process, so the OS releases it the moment the process dies; another
 process that finds the file unlocked knows the owner is dead and takes its leases
@@ -40,7 +40,7 @@ import attrs
 
 from statekernel._storage.protocol import Lease
 from statekernel.errors import LeaseLost, RunBusy, StoreError
-from statekernel.stores import _oslock
+from statekernel.stores._host import oslock as _oslock
 from statekernel.stores._private import NOFOLLOW, NONBLOCK, private_folder
 
 __all__ = [
