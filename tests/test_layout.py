@@ -288,3 +288,10 @@ def test_no_backend_imports_another() -> None:
         and _within(imported, (f"statekernel.stores.{theirs}",))
     )
     assert crossing == []
+
+
+def test_the_stores_folder_shows_its_rooms() -> None:
+    """``stores/`` holds the backends and the rooms they share (``_format``, ``_host``,
+    ``_sql``) as folders, and at most 10 modules of its own."""
+    flat = sorted(p.name for p in (ROOT / "stores").glob("*.py"))
+    assert len(flat) <= 10, flat
