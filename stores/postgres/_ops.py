@@ -120,9 +120,8 @@ async def read_head_parts(
     every blob, in one statement (one round trip, one snapshot), for a load of its head
     (``read_parts`` does a revision's: its commit log first). None: no such run."""
     rows = await conn.fetch(
-        f"WITH r AS (SELECT id FROM {t.runs} WHERE run_id = $1)"
-        f" SELECT 0, s.revision, s.state, s.head, s.run_id, s.id FROM {t.runs} s"
-        "  WHERE s.run_id = $1"
+        f"WITH r AS (SELECT id, revision, state, head, run_id FROM {t.runs} WHERE run_id = $1)"
+        " SELECT 0, r.revision, r.state, r.head, r.run_id, r.id FROM r"
         f" UNION ALL SELECT 1, m.pos, NULL, m.doc, NULL, NULL FROM {t.messages} m, r"
         "  WHERE m.rid = r.id"
         f" UNION ALL SELECT 2, d.pos, NULL, d.doc, NULL, NULL FROM {t.turns} d, r"
