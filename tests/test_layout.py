@@ -269,6 +269,32 @@ def test_the_driver_keeps_to_the_run() -> None:
     assert methods <= 30, methods
 
 
+def _class_lines(module: str, name: str) -> int:
+    tree = ast.parse(MODULES[module].read_text())
+    (found,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    return (found.end_lineno or found.lineno) - found.lineno + 1
+
+
+def test_the_kernel_is_its_api() -> None:
+    """Who holds which run (drivers, leases, their renewal, deletion under leases) lives in
+    ``Tenancy``, the rules of resolving a pause in ``resolving``: ``Kernel`` keeps at most
+    30 methods in at most 650 lines."""
+    _, methods = _class_size("statekernel._kernel.kernel", "Kernel")
+    assert methods <= 30, methods
+    lines = _class_lines("statekernel._kernel.kernel", "Kernel")
+    assert lines <= 650, lines
+
+
+def test_no_library_module_is_over_900_lines() -> None:
+    """Generated strategies aside, a module that grows past 900 lines is split."""
+    long = {
+        name: len(path.read_text().splitlines())
+        for name, path in MODULES.items()
+        if name != "statekernel.testing.strategies"
+    }
+    assert {name: n for name, n in long.items() if n > 900} == {}
+
+
 BACKENDS = ("sqlite", "file", "redis", "postgres", "memory")
 """The store backends, each a subpackage of ``statekernel.stores``."""
 

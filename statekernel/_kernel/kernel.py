@@ -13,7 +13,9 @@ after its last renewal, on the server's clock on Redis; the kernel renews the le
 holds, one loop for all of them). A command of this kernel on a run one of its drives holds
 commits between two of the drive's commits, which goes on from it (``RunDriver.adopt``).
 Right before a model or tool call starts, the drive checks that its lease lasts at least
-``lease_margin`` more (``statekernel._kernel.tenure``).
+``lease_margin`` more (``statekernel._kernel.tenure``). The drivers and leases a kernel
+holds are kept by ``statekernel._kernel.tenancy``; the rules of resolving a pause by
+``statekernel._kernel.resolving``.
 
 Cancellation (task cancel, closing the ``run`` generator) stops between or inside
 effects; the transition in progress is not committed and no ``failed`` is written.
@@ -22,9 +24,7 @@ effects; the transition in progress is not committed and no ``failed`` is writte
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
-import functools
 import inspect
 import os
 import socket
@@ -40,7 +40,6 @@ from statekernel._kernel import telemetry
 from statekernel._kernel.commit import Committer
 from statekernel._kernel.delegate import DelegateTool, child_runs, run_tree
 from statekernel._kernel.dispatch import DispatchPolicy
-from statekernel._kernel.drive import RunDriver
 from statekernel._kernel.failures import explained, run_failed
 from statekernel._kernel.hooks import Hooks, check_hooks
 from statekernel._kernel.middleware import Middleware
@@ -51,8 +50,9 @@ from statekernel._kernel.options import (
     check_start,
     messages_arg,
 )
+from statekernel._kernel.resolving import resolve_call, resume_paused
 from statekernel._kernel.retention import DEFAULT_STATES, PruneResult, prune_runs
-from statekernel._kernel.tenure import Tenure
+from statekernel._kernel.tenancy import Tenancy
 from statekernel._kernel.tools import Tool, tools_by_name
 from statekernel._lifecycle.diagram import FORMATS, render
 from statekernel._lifecycle.trace import trace_events
@@ -67,36 +67,25 @@ from statekernel._records.arguments import (
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, Message
 from statekernel._records.pauses import (
-    Question,
-    Rerun,
-    Resolution,
-    ResolvedError,
-    ResolvedOutput,
     Uncertain,
-    resolutions_in,
 )
-from statekernel._records.run import PauseInfo, Run, StateId, utcnow
+from statekernel._records.run import Run, StateId, utcnow
 from statekernel._records.values import check_messages, checked
 from statekernel._secrets import logger
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import (
     Checkpoint,
     CheckpointStore,
-    Lease,
     RunQueues,
 )
 from statekernel._storage.provider import ModelProvider
-from statekernel._storage.shielding import shielded
 from statekernel._storage.unclosed import warn_unclosed
 from statekernel.errors import (
     ConfigError,
     ConflictError,
     InvalidArgument,
     InvalidTransition,
-    RunBusy,
-    RunHasChildren,
     RunNotFound,
-    StatekernelError,
     StoreError,
 )
 
@@ -196,7 +185,6 @@ class Kernel(Closing):
         self.clock = callable_arg("clock", clock)
         self.owner = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:12]}"
         """Who this kernel is to the stores: host, process and a kernel id."""
-        self._renewer: asyncio.Task[None] | None = None
         self.store, self._owns_store = _resolve_store(store)
         self.tools: dict[str, Tool] = tools_by_name(list(tools))
         self.tool_specs = tuple(t.spec for t in self.tools.values())
@@ -207,8 +195,8 @@ class Kernel(Closing):
         self.middleware: tuple[Middleware, ...] = tuple(middleware)
         self.dispatch = dispatch if dispatch is not None else DispatchPolicy()
         self.max_turns = max_turns
-        self._drivers: dict[str, RunDriver] = {}
-        self._unreleased: list[Lease] = []
+        self._tenancy = Tenancy(self, self.store, self.owner, lease_ttl, busy_timeout, self.clock)
+        """The runs this kernel drives, and their leases."""
         self._closed = False
 
     def __del__(self) -> None:
@@ -223,19 +211,7 @@ class Kernel(Closing):
         """Stop background tool calls (waiting until each has ended), release the runs'
         leases, close built-in providers and a store opened by URL."""
         self._closed = True
-        drivers, self._drivers = list(self._drivers.values()), {}
-        for driver in drivers:
-            if driver.seats.driving:
-                driver.lose()  # a drive of another task has it: it must stop committing
-            await driver.stop_tasks()
-            await self._commit_held(driver)
-        if self._renewer is not None:
-            self._renewer.cancel()
-            self._renewer = None
-        for driver in drivers:
-            await self._release(driver)
-        await self._release_again()  # a lease that cannot be given back now expires
-        self._unreleased = []
+        await self._tenancy.close()
         await self.registry.aclose()
         if self._owns_store:
             await self.store.aclose()
@@ -429,7 +405,7 @@ class Kernel(Closing):
             raise InvalidArgument(
                 f"approve must be an async function taking the list of run ids, got {approve!r}"
             )
-        return await self._delete(run_id, children, self.busy_timeout, approve)
+        return await self._tenancy.delete_tree(run_id, children, self.busy_timeout, approve)
 
     async def prune(
         self,
@@ -451,58 +427,12 @@ class Kernel(Closing):
         """
         return await prune_runs(
             self.store,
-            lambda rid: self._delete(rid, True, 0.0),
+            lambda rid: self._tenancy.delete_tree(rid, True, 0.0),
             older_than=older_than,
             states=states,
             dry_run=dry_run,
             batch=batch,
         )
-
-    async def _delete(
-        self,
-        run_id: str,
-        children: bool,
-        wait: float,
-        approve: Callable[[list[str]], Awaitable[None]] | None = None,
-    ) -> list[str]:
-        """``delete``, waiting ``wait`` seconds for a run someone holds. ``approve`` is
-        given the ids of the whole tree (the run first) once every run of it is held, so
-        the tree it sees is the one deleted (no child run can start meanwhile); it
-        raises to delete nothing."""
-        held: dict[str, Tenure] = {}
-        try:
-            while True:  # every run of the tree under its lease, parents before children
-                tree = await run_tree(self.store, run_id)
-                descendants = [run.run_id for _, run in tree[1:]]
-                if descendants and not children:
-                    raise RunHasChildren(run_id, descendants)
-                missing = [run.run_id for _, run in tree if run.run_id not in held]
-                if not missing:
-                    break
-                for rid in missing:
-                    with contextlib.suppress(RunNotFound):  # deleted meanwhile
-                        tenure = await self._acquire(rid, share=False, wait=wait)
-                        assert tenure is not None
-                        held[rid] = tenure
-                if run_id not in held:
-                    raise RunNotFound(run_id)
-            if approve is not None:
-                answer = approve([run.run_id for _, run in tree])
-                if not inspect.isawaitable(answer):
-                    raise ConfigError(
-                        f"approve returned {answer!r}, which cannot be awaited: it must be an"
-                        " async function; nothing was deleted"
-                    )
-                await answer
-            deleted: list[str] = []
-            for _, run in reversed(tree):
-                await held[run.run_id].ensure(self.lease_margin)  # still ours (LeaseLost)
-                if await self.store.delete(run.run_id):
-                    deleted.append(run.run_id)
-            return deleted
-        finally:
-            for tenure in held.values():
-                await self._release_lease(tenure.lease)
 
     # -- driving -----------------------------------------------------------------
 
@@ -541,7 +471,7 @@ class Kernel(Closing):
         flag("raise_on_failure", raise_on_failure)
         new_input = _as_messages(messages) if messages else ()
         with telemetry.drive_span(run_id) as span:
-            async with self._driver(run_id) as driver:
+            async with self._tenancy.driver(run_id) as driver:
                 span.watch(driver)
                 keep = False
                 if new_input:
@@ -589,7 +519,7 @@ class Kernel(Closing):
         """
         run_id_arg(run_id)
         flag("raise_on_failure", raise_on_failure)
-        async with self._driver(run_id) as driver:
+        async with self._tenancy.driver(run_id) as driver:
             events = [event async for event in driver.advance()]
             if raise_on_failure and driver.run.state == "failed":
                 raise run_failed(driver.run)
@@ -616,191 +546,9 @@ class Kernel(Closing):
             )
         return await self.store.submit(run_id, queue)
 
-    @contextlib.asynccontextmanager
-    async def _driver(self, run_id: str) -> AsyncIterator[RunDriver]:
-        driver, fresh = await self._claim(run_id)
-        try:
-            async with driver.seats.taken() as waited:
-                try:
-                    if not fresh or waited:  # a driver just built from the head needs no reload
-                        await driver.reset(await self.store.load(run_id))
-                    yield driver
-                finally:
-                    last = not driver.seats.awaited  # no other task waits for this driver
-                    if last and not driver.busy and self._drivers.get(run_id) is driver:
-                        del self._drivers[run_id]
-        finally:
-            if driver.idle and self._drivers.get(run_id) is not driver:
-                await self._release(driver)
-
-    async def _claim(self, run_id: str) -> tuple[RunDriver, bool]:
-        """This kernel's driver of the run, holding the run's lease; True if just built.
-
-        Waits up to ``busy_timeout`` while another owner holds the lease.
-        """
-        tenure = await self._acquire(run_id, share=True)
-        if tenure is None:
-            return self._drivers[run_id], False
-        try:
-            loaded = await self.store.load(run_id)
-        except BaseException:
-            await self._release_lease(tenure.lease)
-            raise
-        driver = RunDriver(self, loaded, tenure)
-        driver.lets_go_at_rest = True  # the driver of this kernel's drives (run, step)
-        self._drivers[run_id] = driver
-        self._keep_renewing()
-        return driver, True
-
-    async def _acquire(
-        self, run_id: str, *, share: bool, wait: float | None = None
-    ) -> Tenure | None:
-        """The run's lease for this kernel (None: a driver of this kernel holds it and
-        ``share`` allows using that driver), after waiting for another owner if need be
-        (up to ``wait`` seconds, default ``busy_timeout``).
-
-        A drive that gave the lease up with the commit that brought the run to rest may
-        still be suspended at a ``yield`` of that commit's events, its caller acting on
-        the run (``resume`` at ``run_paused``): the lease taken is then handed to that
-        drive's driver, which goes on from whatever the command commits, as it would
-        have had it kept the lease."""
-        limit = self.busy_timeout if wait is None else wait
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        delay = 0.01
-        told = False
-        while True:
-            driver = self._drivers.get(run_id)
-            if share and driver is not None and not driver.lost:
-                return None
-            try:
-                tenure = await self._acquire_once(run_id)
-            except RunBusy as busy:
-                waited = loop.time() - started
-                if waited + delay > limit:
-                    raise RunBusy(run_id, busy.owner, waited) from None
-                if not told:  # said once, so a wait is never silent
-                    told = True
-                    _log.warning(
-                        "run %s is held by %s; waiting up to %.0f s for it",
-                        run_id,
-                        busy.owner,
-                        limit,
-                        extra={"run_id": run_id},
-                    )
-            else:
-                live = self._drivers.get(run_id)
-                if share and live is not None and live.released and live.seats.driving:
-                    await self._rearm(live, tenure)
-                    return None
-                return tenure
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.25)
-
-    async def _rearm(self, driver: RunDriver, tenure: Tenure) -> None:
-        """Hand ``tenure`` to ``driver``, which gave its lease up with a commit while its
-        drive goes on, at the run's head (another owner may have committed meanwhile)."""
-        try:
-            head = await self.store.load(driver.run.run_id)
-            await driver.rearm(tenure, head)
-        except BaseException:
-            await self._release_lease(tenure.lease)
-            raise
-        self._keep_renewing()
-
-    async def _acquire_once(self, run_id: str) -> Tenure:
-        """One attempt at the run's lease; a lease given to a cancelled caller goes back."""
-        began = self.clock()
-        task = asyncio.ensure_future(self.store.acquire(run_id, self.owner, ttl=self.lease_ttl))
-        try:
-            lease = await shielded(task)
-            return Tenure(self.store, lease, self.lease_ttl, began, self.clock)
-        except asyncio.CancelledError:  # the acquire has ended (shielded): did it take the lease?
-            if not task.cancelled() and task.exception() is None:
-                await self._release_lease(task.result())
-            raise
-
-    async def _commit_held(self, driver: RunDriver) -> None:
-        """Commit the results a driver still holds before it lets the run go (else the
-        next owner would find those calls uncertain); a store that fails leaves them so."""
-        if driver.seats.driving:
-            return  # a drive of another task still has it: that drive commits them
-        with contextlib.suppress(StatekernelError):
-            await driver.commit_held()
-
-    async def _release(self, driver: RunDriver) -> None:
-        lease = driver.lease
-        driver.lose()  # a drive still using it (aclose meanwhile) commits nothing more
-        if lease is not None:
-            await self._release_lease(lease)
-
-    async def _release_lease(self, lease: Lease) -> None:
-        try:
-            await self.store.release(lease)
-        except RunNotFound:
-            return  # the run is gone, and its lease with it
-        except StatekernelError:  # tried again by the renewal loop and by aclose
-            self._unreleased.append(lease)
-            if not self._closed:
-                self._keep_renewing()
-
-    async def _release_again(self) -> None:
-        """Give back the leases whose release failed (a run another process waits for)."""
-        leases, self._unreleased = self._unreleased, []
-        for lease in leases:
-            await self._release_lease(lease)
-
-    def _drives(self, run_id: str, driver: RunDriver) -> bool:
-        """True while ``driver`` is this kernel's driver of the run."""
-        return self._drivers.get(run_id) is driver
-
     def holds(self, run_id: str) -> bool:
         """True while a drive of this kernel holds the run's lease (and has not lost it)."""
-        driver = self._drivers.get(run_id)
-        return driver is not None and not driver.lost
-
-    def _keep_renewing(self) -> None:
-        if self._renewer is None or self._renewer.done():
-            self._renewer = asyncio.ensure_future(self._renew_leases())
-
-    async def _renew_leases(self) -> None:
-        """Renew the leases of the runs this kernel drives, every third of their ttl."""
-        while self._drivers or self._unreleased:
-            await asyncio.sleep(self.lease_ttl / 3)
-            await self._release_again()
-            for driver in list(self._drivers.values()):
-                with contextlib.suppress(StatekernelError):  # unreachable now: next round
-                    await driver.renew_lease()
-
-    @contextlib.asynccontextmanager
-    async def _fresh(self, run_id: str) -> AsyncIterator[RunDriver]:
-        """A one-off driver at the run's last commit, for commands (send, resume, ...).
-
-        Where a driver of this kernel holds the run, the command commits under its lease
-        between two of its commits (it holds the driver's ``commit_lock``), and the
-        driver goes on from the command's commit (``adopt``): it never conflicts, and
-        its calls run on. A command never waits for a ``run`` generator, which may be
-        suspended at a ``yield`` in the caller's own loop, only for a commit in flight.
-        Otherwise the command takes a lease of its own, after waiting for another owner,
-        and gives it back at the end.
-        """
-        while True:
-            tenure = await self._acquire(run_id, share=True)
-            if tenure is not None:
-                break
-            live = self._drivers[run_id]
-            if live.seats.commanding():  # a hook of this very command
-                raise RunBusy(run_id, self.owner)
-            current = functools.partial(self._drives, run_id, live)
-            async with live.command(current) as driver:
-                if driver is None:
-                    continue  # the drive let the run go meanwhile: take it afresh
-                yield driver  # the drive goes on from whatever of the command landed
-                return
-        try:
-            yield RunDriver(self, await self.store.load(run_id), tenure)
-        finally:
-            await self._release_lease(tenure.lease)
+        return self._tenancy.holds(run_id)
 
     # -- acting on a run ---------------------------------------------------------
 
@@ -864,7 +612,7 @@ class Kernel(Closing):
         run_id_arg(run_id)
         if not messages:
             raise InvalidArgument("send needs at least one message")
-        async with self._fresh(run_id) as driver:
+        async with self._tenancy.fresh(run_id) as driver:
             with explained(driver.run):
                 _check_input(driver.run)
                 driver.stage("input", messages=_as_messages(messages))
@@ -907,25 +655,8 @@ class Kernel(Closing):
         check_max_turns(max_turns)
         given = value is not NOT_GIVEN
         value = checked(value, "value") if given else None
-        async with self._fresh(run_id) as driver:
-            pause = driver.run.pause
-            answered = _all_resolved(pause) if driver.run.state == "paused" else None
-            if answered is not None and not given:
-                value = {"resolutions": answered}
-            question = pause.details if pause is not None else None
-            if given and driver.run.state == "paused" and isinstance(question, Uncertain):
-                resolutions_in(value, question)  # what it hands in answers these calls
-            if driver.run.state == "paused" and isinstance(question, Question):
-                if not given:
-                    raise InvalidArgument(
-                        f"run {run_id!r} waits for an answer to {question.asked.question!r}"
-                        f" (a call of tool {question.asked.name!r}): give it as value="
-                    )
-                await driver.answer(question, value, max_turns)
-            else:
-                with explained(driver.run):
-                    driver.stage("resume", value=value, max_turns=max_turns)
-                await driver.commit()
+        async with self._tenancy.fresh(run_id) as driver:
+            await resume_paused(driver, value, given, max_turns)
             return driver.run
 
     async def retry(self, run_id: str) -> Run:
@@ -941,7 +672,7 @@ class Kernel(Closing):
             RunBusy: a live owner held the run for longer than ``busy_timeout``.
         """
         run_id_arg(run_id)
-        async with self._fresh(run_id) as driver:
+        async with self._tenancy.fresh(run_id) as driver:
             with explained(driver.run):
                 driver.stage("retry")
             await driver.commit()
@@ -981,38 +712,8 @@ class Kernel(Closing):
         if error is not None and type(error) is not str:
             raise InvalidArgument(f"error: {type(error).__name__} is not str")
         result = None if rerun or error is not None else checked(output, "output")
-        async with self._fresh(run_id) as driver:
-            run = driver.run
-            pause = run.pause
-            uncertain = pause.details if pause is not None else None
-            if run.state != "paused" or pause is None or not isinstance(uncertain, Uncertain):
-                with explained(run):
-                    raise InvalidTransition(
-                        "resolve_tool_call", run.state, "no uncertain tool calls"
-                    )
-            call = uncertain.call(call_id)
-            if call is None:
-                raise InvalidArgument(f"{call_id!r} is not an uncertain call of run {run_id!r}")
-            # a resolution answers for one attempt: a re-run that is itself interrupted
-            # leaves a new attempt in flight, which needs a new answer
-            resolution: Resolution = (
-                Rerun(call.attempt)
-                if rerun
-                else ResolvedError(call.attempt, error)
-                if error is not None
-                else ResolvedOutput(call.attempt, result)
-            )
-            resolutions = {**uncertain.resolutions, call_id: resolution}
-            details = attrs.evolve(uncertain, resolutions=resolutions)
-            data = {"call_id": call_id, "resolution": resolution.metadata}
-            driver.stage(
-                "tool_call_resolved", data=data, pause=attrs.evolve(pause, details=details)
-            )
-            await driver.commit()
-            answered = _all_resolved(driver.run.pause)
-            if answered is not None:  # every call answered: go on
-                driver.stage("resume", value={"resolutions": answered}, max_turns=None)
-                await driver.commit()
+        async with self._tenancy.fresh(run_id) as driver:
+            await resolve_call(driver, call_id, result, error, rerun)
             return driver.run
 
     async def update_context(
@@ -1038,7 +739,7 @@ class Kernel(Closing):
         run_id_arg(run_id)
         callable_arg("fn", fn)
         for attempt in range(attempts):
-            async with self._fresh(run_id) as driver:
+            async with self._tenancy.fresh(run_id) as driver:
                 run = driver.run
                 new = fn(copy.deepcopy(run.context))
                 if inspect.isawaitable(new):
@@ -1080,15 +781,6 @@ def _as_messages(messages: Iterable[Message | str]) -> tuple[Message, ...]:
             raise InvalidArgument(f"not a message: {m!r}")
     check_messages(out)
     return tuple(out)
-
-
-def _all_resolved(pause: PauseInfo | None) -> dict[str, JSON] | None:
-    """The resolutions of a pause on uncertain calls once every call has one (as JSON,
-    what ``resume`` hands the drive), else None."""
-    details = pause.details if pause is not None else None
-    if not isinstance(details, Uncertain) or details.unresolved:
-        return None
-    return {call_id: r.metadata for call_id, r in details.resolutions.items()}
 
 
 def _check_run_id(run_id: str) -> None:

@@ -504,7 +504,7 @@ async def test_a_hook_that_raises_on_results_landed_at_close_fails_the_run() -> 
     while (await kernel.get(run.run_id)).state != "dispatching_tools":
         await kernel.step(run.run_id)  # the answer and the call's intent: it runs on
     await ran.wait()
-    while not kernel._drivers[run.run_id].calls.outcomes:  # noqa: ASYNC110 - its result in hand
+    while not kernel._tenancy.drivers[run.run_id].calls.outcomes:  # noqa: ASYNC110 - its result in hand
         await asyncio.sleep(0)
     await kernel.aclose()
     after = await store.load(run.run_id)

@@ -434,7 +434,7 @@ async def test_a_drive_waiting_behind_a_step_keeps_the_lease(
     await stepping
     while not ledger.started:  # noqa: ASYNC110 - waits for the tool to be inside its effect
         await asyncio.sleep(0.005)
-    assert run.run_id in owner._drivers  # the waiting drive's lease is renewed
+    assert run.run_id in owner._tenancy.drivers  # the waiting drive's lease is renewed
     for _ in range(3):  # three times the lease's time to live, renewed on the way
         await store.advance_renewed(TTL * 0.9)
     other = kernel_on(store, ledger, busy_timeout=0.1)
@@ -520,7 +520,7 @@ async def test_a_cancelled_drive_forgets_a_result_that_landed(store_url: str) ->
         store = SlowAfter(inner, "tool_call_completed")
         kernel = kernel_on(store, ledger, busy_timeout=1.0)
         run = await cancelled_after_landing(kernel, store)
-        assert run.run_id not in kernel._drivers  # nothing held: the run is let go
+        assert run.run_id not in kernel._tenancy.drivers  # nothing held: the run is let go
         other = kernel_on(inner, ledger, busy_timeout=1.0)
         await drain(other, run.run_id)
         assert (await inner.load(run.run_id)).state == "completed"
