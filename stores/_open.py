@@ -20,7 +20,7 @@ from statekernel._storage.plugins import (
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import ConfigError
 
-__all__ = ["backend", "open_store", "open_store_to_read"]
+__all__ = ["backend", "open_store", "open_store_to_read", "queue_schemes"]
 
 _BACKENDS: dict[str, str] = {
     "memory": "memory",
@@ -32,6 +32,17 @@ _BACKENDS: dict[str, str] = {
     "postgres": "postgres",
 }
 """URL scheme -> backend."""
+
+_QUEUES = frozenset({"redis", "postgres"})
+"""The built-in backends whose stores have run queues (``RunQueues``)."""
+
+
+def queue_schemes() -> str:
+    """The URL schemes of the built-in stores with run queues, as a message names them
+    (``redis://, rediss:// or postgresql://``)."""
+    schemes = [f"{s}://" for s, b in _BACKENDS.items() if b in _QUEUES and s != "postgres"]
+    return ", ".join(schemes[:-1]) + " or " + schemes[-1]
+
 
 _PARTS: dict[str, dict[str, tuple[str, str]]] = {
     "store": {

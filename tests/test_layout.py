@@ -32,21 +32,17 @@ LAYERS = [
     ("statekernel.stores", "statekernel.providers"),
     ("statekernel._kernel",),
     ("statekernel._workers", "statekernel.testing"),
+    ("statekernel", "statekernel.mcp", "statekernel.middleware", "statekernel.telemetry"),
     ("statekernel._front",),
     ("statekernel.web",),
     ("statekernel._cli",),
-    (
-        "statekernel",
-        "statekernel.__main__",
-        "statekernel.mcp",
-        "statekernel.middleware",
-        "statekernel.telemetry",
-    ),
+    ("statekernel.__main__",),
 ]
 """Bottom to top: a module imports only from its own layer or the ones below. The
-front-ends have floors of their own above the kernel: what they share (``_front``),
-then the web view, then the command line (whose ``ui`` command starts the web view);
-the web view never imports the command line."""
+public API's modules (``statekernel``, ``statekernel.mcp``...) sit on the kernel and the
+workers. The front-ends have floors of their own above them: what they share
+(``_front``), then the web view, then the command line (whose ``ui`` command starts the
+web view); the web view never imports the command line."""
 
 REGISTRY = {
     ("statekernel._kernel.kernel", "statekernel.stores"),
@@ -321,3 +317,119 @@ def test_the_stores_folder_shows_its_rooms() -> None:
     ``_sql``) as folders, and at most 10 modules of its own."""
     flat = sorted(p.name for p in (ROOT / "stores").glob("*.py"))
     assert len(flat) <= 10, flat
+
+
+PUBLIC_MODULES = (
+    "statekernel",
+    "statekernel.errors",
+    "statekernel.stores",
+    "statekernel.pauses",
+    "statekernel.providers",
+    "statekernel.middleware",
+    "statekernel.mcp",
+    "statekernel.telemetry",
+    "statekernel.testing",
+    "statekernel.blocking",
+)
+"""The modules users import; a front-end imports from them only the names their
+``__all__`` lists."""
+
+FRONT_ENDS = ("statekernel.web", "statekernel._cli")
+
+
+def _exported(module: str) -> set[str]:
+    """The names ``module``'s ``__all__`` lists, read from its source."""
+    for node in ast.parse(MODULES[module].read_text()).body:
+        targets = getattr(node, "targets", [getattr(node, "target", None)])
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            value = getattr(node, "value", None)
+            if isinstance(value, ast.List | ast.Tuple):
+                return {
+                    e.value
+                    for e in value.elts
+                    if isinstance(e, ast.Constant) and isinstance(e.value, str)
+                }
+    return set()
+
+
+def _reaches(module: str, mine: tuple[str, ...]) -> Iterator[str]:
+    """What ``module`` imports from the package that is neither public, nor the front
+    room (``statekernel._front``), nor in ``mine``."""
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                name = alias.name
+                allowed = _within(name, (*mine, "statekernel._front")) or name in PUBLIC_MODULES
+                if name.startswith("statekernel.") and not allowed:
+                    yield name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            source = node.module
+            if not (source == "statekernel" or source.startswith("statekernel.")):
+                continue
+            if _within(source, (*mine, "statekernel._front")):
+                continue
+            public = _exported(source) if source in PUBLIC_MODULES else set()
+            yield from (f"{source}.{a.name}" for a in node.names if a.name not in public)
+
+
+def test_front_ends_use_the_public_api_and_their_room() -> None:
+    """The command line and the web view import public names from the public modules,
+    and anything else only from ``statekernel._front`` (``reach`` lists what they use
+    beyond the public API); the command line may start the web view."""
+    reached = sorted(
+        (module, name)
+        for module in MODULES
+        for front, mine in (
+            ("statekernel.web", ("statekernel.web",)),
+            ("statekernel._cli", ("statekernel._cli", "statekernel.web")),
+        )
+        if _within(module, (front,))
+        for name in _reaches(module, mine)
+    )
+    assert reached == []
+
+
+def test_the_reach_check_finds_an_internal_name() -> None:
+    found = set(_reaches("statekernel._front.reach", ()))
+    assert "statekernel._secrets.redact" in found
+    assert not any(name.startswith("statekernel.errors") for name in found)
+
+
+SCHEMES = re.compile(r"\b(memory|file|sqlite|redis|rediss|postgresql|postgres)://")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes of a module and its classes and functions."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            found.add(id(body[0].value))
+    return found
+
+
+def _scheme_lists(module: str) -> list[str]:
+    """The strings of ``module`` (its docstrings aside) that name two store URL schemes
+    or more: a list of which stores can do something."""
+    tree = ast.parse(MODULES[module].read_text())
+    skip = _docstrings(tree)
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in skip
+        and len(set(SCHEMES.findall(node.value))) >= 2
+    ]
+
+
+def test_only_the_stores_list_which_stores_can_what() -> None:
+    """Which stores have run queues (or watches, or a read-only mode) is declared in
+    ``statekernel.stores``; no module outside it lists URL schemes."""
+    listed = {
+        module: found
+        for module in MODULES
+        if not _within(module, ("statekernel.stores",))
+        if (found := _scheme_lists(module))
+    }
+    assert listed == {}

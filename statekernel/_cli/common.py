@@ -16,11 +16,10 @@ import attrs
 import click
 from rich.console import Console
 
+from statekernel import Kernel, to_plain
+from statekernel._front.reach import redact
 from statekernel._front.visible import json_text, visible
-from statekernel._kernel.kernel import Kernel
-from statekernel._records.convert import to_plain
-from statekernel._secrets import redact
-from statekernel._storage.protocol import CheckpointStore
+from statekernel.stores import CheckpointStore
 
 __all__ = [
     "EXIT_USER_ERROR",
@@ -97,7 +96,7 @@ def store_url(explicit: str | None) -> str:
         if not explicit.strip():
             raise UserError("--store is empty: give a store URL (or leave it out)")
         return explicit
-    from statekernel._storage.config import default_store_url
+    from statekernel._front.reach import default_store_url
 
     return default_store_url()
 
@@ -106,8 +105,8 @@ def check_existing_store(url: str) -> None:
     """Refuse a store URL that names no store yet (a missing or empty SQLite file, a
     SQLite file that is not a statekernel store, a missing file-store folder): commands
     that read never create one, nor write into another application's database."""
+    from statekernel._front.reach import check_store_file
     from statekernel.stores import FileStore, SQLiteStore, open_store
-    from statekernel.stores.sqlite._schema import check_store_file
 
     store = open_store(url)  # lazy: nothing is opened or created
     if isinstance(store, SQLiteStore) and store.path != ":memory:":
@@ -189,8 +188,8 @@ async def open_cli_store(
     yet is a ``UserError`` naming it, and nothing is created. With ``reading``
     (commands that only read) a PostgreSQL store opens read-only: nothing is created or
     upgraded there either."""
+    from statekernel._front.reach import open_store_to_read
     from statekernel.stores import open_store
-    from statekernel.stores._open import open_store_to_read
 
     chosen = store_url(url)
     if existing:

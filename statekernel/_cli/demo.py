@@ -16,13 +16,22 @@ from typing import Any, Literal
 
 import attrs
 
-from statekernel._kernel.hooks import Decision, Hooks, Skip
-from statekernel._kernel.kernel import Kernel
-from statekernel._kernel.tools import Tool, ToolContext, tool
-from statekernel._records.messages import JSON, Message, ModelRequest, ToolCall
-from statekernel._records.run import Run, ToolCallRecord
-from statekernel._storage.protocol import CheckpointStore
+from statekernel import (
+    Decision,
+    Hooks,
+    Kernel,
+    Message,
+    ModelRequest,
+    Run,
+    Skip,
+    Tool,
+    ToolCall,
+    ToolCallRecord,
+    ToolContext,
+    tool,
+)
 from statekernel.providers import Reply, ScriptedProvider
+from statekernel.stores import CheckpointStore
 
 __all__ = [
     "DEMO_VERSION",
@@ -56,7 +65,7 @@ _SYSTEM = (
 
 
 @tool(idempotent=True)
-async def get_forecast(city: str, ctx: ToolContext, day: str = "tomorrow") -> dict[str, JSON]:
+async def get_forecast(city: str, ctx: ToolContext, day: str = "tomorrow") -> dict[str, Any]:
     """Look up the weather forecast for a city (read-only, safe to repeat).
 
     Args:
@@ -77,7 +86,7 @@ PartySize = Literal[1, 2, 3, 4, 5, 6, 7, 8]
 @tool
 async def book_table(
     restaurant: str, time: Slot, ctx: ToolContext, people: PartySize = 2
-) -> dict[str, JSON]:
+) -> dict[str, Any]:
     """Book a table at a restaurant. Not idempotent: every call makes a new booking.
 
     Args:
@@ -183,7 +192,7 @@ def demo_messages(model: str = SCRIPTED_MODEL) -> list[Message]:
     ]
 
 
-def demo_context() -> dict[str, JSON]:
+def demo_context() -> dict[str, Any]:
     """The context that marks a run as a demo run."""
     return {"demo": DEMO_VERSION}
 

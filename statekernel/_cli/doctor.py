@@ -29,7 +29,7 @@ _STYLES = {"ok": "green", "warning": "yellow", "damaged": "bold red"}
 def doctor(store: str | None, as_json: bool) -> None:
     """Check a store: every run's records, checksums, commit log and lease, and the
     store's durability settings. Reads only; exit 1 when something is damaged."""
-    from statekernel.stores._doctor import DAMAGED, diagnose
+    from statekernel._front.reach import DAMAGED, diagnose
 
     out = Output(as_json)
     url = store_url(store)

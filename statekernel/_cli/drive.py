@@ -16,16 +16,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
 
+from statekernel import Event, Kernel, Run
 from statekernel._cli.common import Output, UserError, run_hint
 from statekernel._cli.view import EventPrinter
 from statekernel._front.text import short
 from statekernel._front.visible import visible
-from statekernel._kernel.kernel import Kernel
-from statekernel._records.events import Event
-from statekernel._records.pauses import Uncertain
-from statekernel._records.run import UNCERTAIN, Run
-from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import ConflictError
+from statekernel.pauses import Uncertain
+from statekernel.stores import CheckpointStore
 
 __all__ = ["CrashPoint", "ModelWait", "checked_model", "drive", "kernel_for_run", "resume_run"]
 
@@ -362,7 +360,7 @@ def summary_line(run: Run, store: str | None = None, agent: str | None = None) -
     line = f"run {visible(run.run_id)}: {visible(run.state)} at revision {run.revision}"
     if run.pause is not None:
         line += f" ({visible(run.pause.reason)})"
-        if run.pause.reason == UNCERTAIN:
+        if isinstance(run.pause.details, Uncertain):
             line += "\n  " + uncertain_hint(run, store, agent).replace("\n", "\n  ")
     if run.failure is not None:
         line += f" ({visible(run.failure.error)}: {short(run.failure.message, 200)})"

@@ -19,6 +19,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
+from statekernel import PERSISTED_EVENTS, Run
 from statekernel._cli.common import (
     Output,
     UserError,
@@ -36,10 +37,8 @@ from statekernel._cli.drive import CrashPoint, checked_model, drive, summary_lin
 from statekernel._cli.runs import runs
 from statekernel._cli.ui import ui
 from statekernel._cli.worker import worker
+from statekernel._front.reach import DIAGRAM_NAME, FORMATS, can_render_svg, write_diagrams
 from statekernel._front.visible import visible
-from statekernel._lifecycle.diagram import DIAGRAM_NAME, FORMATS, can_render_svg, write_diagrams
-from statekernel._records.events import PERSISTED_EVENTS
-from statekernel._records.run import Run
 from statekernel.errors import ConflictError, CorruptCheckpoint, StatekernelError
 from statekernel.stores import redact_url
 

@@ -8,10 +8,10 @@ from datetime import timedelta
 
 import click
 
+from statekernel import STATE_IDS, PruneResult, StateId
 from statekernel._cli.common import Output, UserError, common_options, open_cli_kernel, run_async
+from statekernel._front.reach import DEFAULT_STATES, states_of
 from statekernel._front.visible import visible
-from statekernel._kernel.retention import DEFAULT_STATES, PruneResult, states_of
-from statekernel._records.run import STATE_IDS, StateId
 from statekernel.errors import InvalidArgument
 
 __all__ = ["parse_age", "prune"]

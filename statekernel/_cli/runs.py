@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from statekernel import STATE_IDS, Kernel, Run, StateId
 from statekernel._cli.common import (
     Output,
     UserError,
@@ -35,17 +36,10 @@ from statekernel._cli.view import (
     tree_node,
 )
 from statekernel._front.agents import load_agent
+from statekernel._front.reach import FORMATS, Owner, driven, owner_of, owners_of, queue_schemes
 from statekernel._front.visible import visible
-from statekernel._kernel.kernel import Kernel
-from statekernel._lifecycle.diagram import FORMATS
-from statekernel._records.run import STATE_IDS, Run, StateId
-from statekernel._storage.holders import driven
-from statekernel._storage.protocol import CheckpointStore, RunSummary
-from statekernel._storage.queues import RunQueues
-from statekernel._storage.watching import Watches, watch
 from statekernel.errors import RunNotFound, StoreError
-from statekernel.stores import redact_url
-from statekernel.stores._alive import Owner, owner_of, owners_of
+from statekernel.stores import CheckpointStore, RunQueues, RunSummary, Watches, redact_url, watch
 
 __all__ = ["runs"]
 
@@ -444,8 +438,8 @@ def submit(run_id: str, queue: str, agent: str | None, store: str | None, as_jso
             if not isinstance(s, RunQueues):
                 shown = redact_url(store_url(store))
                 raise UserError(
-                    f"the store {shown} has no run queues: runs submit needs a Redis "
-                    "(redis://, rediss://) or PostgreSQL (postgresql://) store"
+                    f"the store {shown} has no run queues: runs submit needs a store with"
+                    f" run queues ({queue_schemes()})"
                 )
             run = await s.load(run_id)  # RunNotFound before anything is queued
             async with Kernel(s) as kernel:

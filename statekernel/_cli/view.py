@@ -11,19 +11,20 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from statekernel._front.text import short, stamp, waiting_for
-from statekernel._front.visible import plain, visible
-from statekernel._records.events import Event
-from statekernel._records.messages import (
+from statekernel import (
+    Event,
     Message,
     ReasoningPart,
+    Run,
     TextPart,
     ToolCall,
+    ToolCallRecord,
     ToolResult,
 )
-from statekernel._records.run import Run, ToolCallRecord
-from statekernel._storage.protocol import RunSummary
-from statekernel.stores._alive import Owner
+from statekernel._front.reach import Owner
+from statekernel._front.text import short, stamp, waiting_for
+from statekernel._front.visible import plain, visible
+from statekernel.stores import RunSummary
 
 __all__ = [
     "EventPrinter",

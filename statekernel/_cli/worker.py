@@ -11,11 +11,11 @@ import sys
 import attrs
 import click
 
+from statekernel import Worker, WorkerStats
 from statekernel._cli.common import UserError, run_async, store_url
 from statekernel._front.agents import load_agent
-from statekernel._storage.queues import RunQueues
-from statekernel._workers.worker import Worker, WorkerStats
-from statekernel.stores import open_store, redact_url
+from statekernel._front.reach import queue_schemes
+from statekernel.stores import RunQueues, open_store, redact_url
 
 __all__ = ["worker"]
 
@@ -52,10 +52,7 @@ async def _serve(worker: Worker) -> WorkerStats:
 @click.option(
     "--store",
     metavar="URL",
-    help=(
-        "Store URL with run queues: redis://, rediss:// or postgresql://"
-        " (default: the configured store)."
-    ),
+    help=f"Store URL with run queues: {queue_schemes()} (default: the configured store).",
 )
 @click.option("--queue", default="default", show_default=True, help="Queue to consume.")
 @click.option(
@@ -108,8 +105,7 @@ def worker(
     if not _has_run_queues(url):
         shown = redact_url(url)
         raise UserError(
-            "a worker needs a store with run queues (redis://, rediss:// or postgresql://),"
-            f" not {shown!r}"
+            f"a worker needs a store with run queues ({queue_schemes()}), not {shown!r}"
         )
     options = load_agent(agent)
     runner = Worker(

@@ -540,8 +540,10 @@ class Kernel(Closing):
         run_id_arg(run_id)
         text("queue", queue)
         if not isinstance(self.store, RunQueues):
+            from statekernel.stores._open import queue_schemes
+
             raise ConfigError(
-                "submit needs a store with run queues (redis://, rediss://, postgresql://),"
+                f"submit needs a store with run queues ({queue_schemes()}),"
                 f" not {type(self.store).__name__}"
             )
         return await self.store.submit(run_id, queue)

@@ -152,9 +152,11 @@ class Worker:
         store, owned = _open(self.store_spec)
         try:
             if not isinstance(store, RunQueues):
+                from statekernel.stores._open import queue_schemes
+
                 raise ConfigError(
-                    "a worker needs a store with run queues (redis://, rediss://,"
-                    f" postgresql://), not {type(store).__name__}"
+                    f"a worker needs a store with run queues ({queue_schemes()}),"
+                    f" not {type(store).__name__}"
                 )
             self.queue = store.run_queue(self.queue_name)
             try:

@@ -24,13 +24,12 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import CorruptCheckpoint
+from statekernel.stores import FileStore, MemoryStore, RedisStore, SQLiteStore
 from statekernel.stores._format.checksum import seal, seal_line, unseal, unseal_line
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._format.documents import dump_bytes, load_json
-from statekernel.stores.file._store import FileStore, folder_name
-from statekernel.stores.memory._store import MemoryStore, StoredRun
-from statekernel.stores.redis._store import RedisStore
-from statekernel.stores.sqlite._store import SQLiteStore
+from statekernel.stores.file._store import folder_name
+from statekernel.stores.memory._store import StoredRun
 
 __all__ = [
     "FileRecords",
@@ -232,7 +231,7 @@ class SQLiteRecords(_Binary):
         """Replace or remove one record."""
         await asyncio.to_thread(self._write, _sqlite_path(store), run_id, key, data)
         assert isinstance(store, SQLiteStore)
-        store._heads.drop(run_id)
+        store.forget(run_id)
 
     def _write(self, path: str, run_id: str, key: RecordKey, data: bytes | None) -> None:
         kind, name = key
@@ -260,7 +259,7 @@ class SQLiteRecords(_Binary):
         removed lease: the row deleted)."""
         await asyncio.to_thread(self._write_copy, _sqlite_path(store), run_id, name, value)
         assert isinstance(store, SQLiteStore)
-        store._heads.drop(run_id)
+        store.forget(run_id)
 
     def _write_copy(self, path: str, run_id: str, name: str, value: bytes | None) -> None:
         text = None if value is None else value.decode("latin-1")  # any bytes: some text
@@ -441,7 +440,7 @@ class RedisRecords(_Binary):
     ) -> None:
         """Replace or remove one record (a removed list item moves the later ones up)."""
         assert isinstance(store, RedisStore), f"{store!r} is not a Redis store"
-        store._known.drop(run_id)
+        store.forget(run_id)
         client: Any = store.client
         kind, name = key
         if kind == "head":
@@ -470,7 +469,7 @@ class RedisRecords(_Binary):
         """Set the head's revision field ``r``, or the run's lease key (its time to live
         kept; None: the key deleted)."""
         assert isinstance(store, RedisStore), f"{store!r} is not a Redis store"
-        store._known.drop(run_id)
+        store.forget(run_id)
         client: Any = store.client
         if name == "revision":
             await client.hset(store.run_key(run_id, "head"), "r", value)

@@ -71,7 +71,7 @@ class PostgresRecords(_Binary):
         pg = _store(store)
         s = f'"{pg.schema}"'
         kind, name = key
-        pg._heads.drop(run_id)
+        pg.forget(run_id)
         if kind == "head":
             await _conn_do(
                 store, f"UPDATE {s}.runs SET head = $1 WHERE run_id = $2", data, _key(run_id)
@@ -103,7 +103,7 @@ class PostgresRecords(_Binary):
         or damage its ``leases`` row (a removed lease: the row deleted)."""
         pg = _store(store)
         s = f'"{pg.schema}"'
-        pg._heads.drop(run_id)
+        pg.forget(run_id)
         key = _key(run_id)
         if name == "lease" and value is None:
             await _conn_do(store, f"DELETE FROM {s}.leases WHERE run_id = $1", key)

@@ -19,8 +19,7 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from statekernel._kernel.kernel import Kernel
-from statekernel._records.run import Run
+from statekernel import Kernel, Run
 from statekernel.errors import (
     ConfigError,
     ConflictError,

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import attrs
 
-from statekernel._records.run import Run
-from statekernel._storage.protocol import CheckpointStore
-from statekernel.stores._alive import Owner, owner_of, owners_of
+from statekernel import Run
+from statekernel._front.reach import Owner, owner_of, owners_of
+from statekernel.stores import CheckpointStore
 from statekernel.web.views import ListRow
 
 __all__ = ["run_owner", "with_owners"]

@@ -12,8 +12,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
-from statekernel._kernel.kernel import Kernel
-from statekernel._storage.protocol import CheckpointStore
+from statekernel import Kernel
+from statekernel.stores import CheckpointStore
 from statekernel.web.actions import act
 from statekernel.web.bodies import BodyLimit
 from statekernel.web.context import Authorize, open_context

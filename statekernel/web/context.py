@@ -11,11 +11,11 @@ from typing import Any
 
 from starlette.requests import Request
 
+from statekernel import Kernel
 from statekernel._front.agents import load_agent
-from statekernel._kernel.kernel import Kernel
-from statekernel._secrets import logger
-from statekernel._storage.protocol import CheckpointStore
+from statekernel._front.reach import logger
 from statekernel.errors import ConfigError, StatekernelError
+from statekernel.stores import CheckpointStore
 from statekernel.web.live import Hub
 from statekernel.web.security import Csrf
 
@@ -137,8 +137,8 @@ def open_context(
 ) -> WebContext:
     """The context of ``create_app``: a kernel acts when given, or when ``agent`` (its
     keyword arguments, or ``package.module:function`` returning them) is."""
+    from statekernel._front.reach import open_store_to_read
     from statekernel.stores import open_store, redact_url
-    from statekernel.stores._open import open_store_to_read
 
     owns_store = False
     label = ""

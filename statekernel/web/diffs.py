@@ -32,10 +32,8 @@ from typing import Any
 
 import attrs
 
-from statekernel._records.convert import to_plain
-from statekernel._records.lazy import LazyTuple
-from statekernel._records.messages import Message, ModelRequest
-from statekernel._records.run import Run, Turn
+from statekernel import Message, ModelRequest, Run, Turn, to_plain
+from statekernel._front.reach import LazyTuple
 
 __all__ = [
     "COUNT_LIMIT",

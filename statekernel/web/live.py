@@ -12,9 +12,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from statekernel._storage.protocol import CheckpointStore
-from statekernel._storage.watching import CommitNotice, watch
 from statekernel.errors import StatekernelError
+from statekernel.stores import CheckpointStore, CommitNotice, watch
 
 __all__ = ["LOOK_EVERY", "Hub", "next_notice", "sse"]
 

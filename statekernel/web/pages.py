@@ -8,9 +8,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from statekernel._lifecycle.diagram import can_render_svg
-from statekernel._records.run import STATE_IDS, Run, StateId
-from statekernel._secrets import redact
+from statekernel import STATE_IDS, Run, StateId
+from statekernel._front.reach import can_render_svg, redact
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StatekernelError
 from statekernel.web.alive import run_owner, with_owners
 from statekernel.web.context import WebContext
@@ -79,7 +78,7 @@ async def _search(
             return [ListRow(query, "damaged", damaged=str(exc))]
         else:
             if state is None or run.state == state:
-                from statekernel._storage.protocol import RunSummary
+                from statekernel.stores import RunSummary
 
                 return await shown_rows(web, request, [RunSummary.of(run)])
     cursor: str | None = None
@@ -250,7 +249,7 @@ async def _visible_tree(
 
 
 def _uncertain_calls(run: Run) -> list[dict[str, Any]]:
-    from statekernel._records.pauses import Uncertain
+    from statekernel.pauses import Uncertain
 
     details = run.pause.details if run.pause is not None else None
     if not isinstance(details, Uncertain):

@@ -16,8 +16,7 @@ from urllib.parse import urlencode
 
 import attrs
 
-from statekernel._records.events import Event
-from statekernel._records.run import Run
+from statekernel import Event, Run
 from statekernel.web.views import Said, transcript
 
 __all__ = [

@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 from starlette.templating import Jinja2Templates
 
+from statekernel._front.reach import redact
 from statekernel._front.visible import visible
-from statekernel._secrets import redact
 from statekernel.web.links import path_for
 from statekernel.web.security import Csrf
 

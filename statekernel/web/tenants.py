@@ -11,8 +11,8 @@ from typing import Protocol, TypeVar
 import attrs
 from starlette.requests import Request
 
-from statekernel._records.pauses import ChildWait
-from statekernel._storage.protocol import RunSummary
+from statekernel.pauses import ChildWait
+from statekernel.stores import RunSummary
 from statekernel.web.context import WebContext
 from statekernel.web.views import ListRow, list_row
 

@@ -11,12 +11,10 @@ from typing import Any
 
 import attrs
 
+from statekernel import Event, ReasoningPart, Run, TextPart, ToolCall, ToolResult
 from statekernel._front.text import short, stamp, waiting_for
-from statekernel._records.events import Event
-from statekernel._records.messages import ReasoningPart, TextPart, ToolCall, ToolResult
-from statekernel._records.pauses import Question, Uncertain
-from statekernel._records.run import Run
-from statekernel._storage.protocol import RunSummary
+from statekernel.pauses import Question, Uncertain
+from statekernel.stores import RunSummary
 
 __all__ = [
     "RESOLVE_WARNING",

@@ -535,6 +535,14 @@ class PostgresStore(Closing):
             return None
         return Prior(stored, checked_head(stored, f"run {run_id!r} in {self._shown()}"))
 
+    def forget(self, run_id: str) -> None:
+        """Forget the run's head this store remembers from its last commit or load (it
+        builds the next commit on it). For a writer that changed the run's records
+        without the store (a repair, a test that damages them): the next commit or load
+        reads the head from the database again."""
+        checked_run_id(run_id)
+        self._heads.drop(run_id)
+
     async def delete(self, run_id: str) -> bool:
         """Remove the run with every revision, part, blob and event."""
         checked_run_id(run_id)

@@ -428,6 +428,14 @@ class SQLiteStore(HostLeased, Closing):
             return
         found.append(summary)
 
+    def forget(self, run_id: str) -> None:
+        """Forget the run's head this store remembers from its last commit or load (it
+        builds the next commit on it). For a writer that changed the run's records
+        without the store (a repair, a test that damages them): the next commit or load
+        reads the head from the database again."""
+        checked_run_id(run_id)
+        self._heads.drop(run_id)
+
     async def delete(self, run_id: str) -> bool:
         """Remove the run with every revision, part, blob and event."""
         checked_run_id(run_id)
