@@ -280,6 +280,21 @@ def test_postgres_prints_group_commit_notices_and_workers(
     assert pg_schemas(postgres_url) == set(), "a measurement's schema was left behind"
 
 
+@pytest.mark.postgres
+def test_pg_notices_prints_commits_per_second_per_setting(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    args = ["--clients", "2", "--commits", "3", "--rounds", "1", "--postgres", postgres_url]
+    out = run_bench("pg_notices.py", *args, folder=tmp_path)
+    assert out.startswith("2 clients x 3 commits, 1 rounds")
+    for label in ("store clients (processes):", "bare updates:"):
+        part = out.split(label, 1)[1]
+        for setting in ("unwatched", "watched", "notify=0"):
+            assert figures(rf"^  {setting} +({NUMBER}) commits/s", part)[0] > 0
+        assert figures(rf"^  unwatched / watched: x({NUMBER})", part)[0] > 0
+    assert pg_schemas(postgres_url) == set(), "a measurement's schema was left behind"
+
+
 @pytest.mark.redis
 def test_workers_prints_throughput_per_worker_count(bench_redis: str, tmp_path: Path) -> None:
     args = ["--runs", "4", "--turns", "2", "--latency", "0", "--workers", "1"]

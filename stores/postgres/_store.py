@@ -33,7 +33,7 @@ from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel._storage.shielding import shielded
 from statekernel._storage.unclosed import warn_unclosed
-from statekernel._storage.watching import CommitNotice, Feed, poll_watch
+from statekernel._storage.watching import Feed, poll_watch
 from statekernel.errors import (
     ConfigError,
     CorruptCheckpoint,
@@ -80,6 +80,7 @@ from statekernel.stores._sql.tables import (
     parse_docs,
 )
 from statekernel.stores.postgres import _leases as leases
+from statekernel.stores.postgres import _listening
 from statekernel.stores.postgres import _ops as ops
 from statekernel.stores.postgres._connections import (
     DRIVER_ERRORS,
@@ -89,6 +90,7 @@ from statekernel.stores.postgres._connections import (
     lost,
 )
 from statekernel.stores.postgres._leases import EFFECT_WINDOW, LOCK, RENEWAL, Claim
+from statekernel.stores.postgres._listening import Listening
 from statekernel.stores.postgres._owners import OwnerLocks
 from statekernel.stores.postgres._queue import PostgresRunQueue
 from statekernel.stores.postgres._schema import (
@@ -181,7 +183,7 @@ class PostgresStore(Closing):
         self._queues: weakref.WeakSet[PostgresRunQueue] = weakref.WeakSet()
         self._watching = asyncio.Lock()
         self._listeners = 0  # connections of the pool that listen (queues, watches)
-        self._listening: _Listening | None = None
+        self._listening: Listening | None = None
 
     def _shown(self) -> str:
         target = redact_url(self.url) if self.url is not None else "(a pool)"
@@ -570,7 +572,7 @@ class PostgresStore(Closing):
         async with self._watching:
             listening = self._listening
             if listening is None:
-                listening = _Listening(self, commits_channel(self.schema))
+                listening = Listening(self, commits_channel(self.schema))
                 await listening.start()
                 self._listening = listening
             listening.feeds.add(feed)
@@ -713,128 +715,19 @@ def _token(lease: Lease) -> int:
         raise LeaseLost(lease.run_id, -1, lease.token) from None
 
 
-class _Listening:
-    """A connection of the store's pool that listens for commit notices and puts them
-    on the ``feeds`` of the store's watches; when the server ends its session, another
-    one takes over."""
-
-    def __init__(self, store: PostgresStore, channel: str) -> None:
-        self.store, self.channel = store, channel
-        self.feeds: set[Feed] = set()
-        self._conn: Any = None
-        self._again: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> None:
-        """Listen on a connection of the pool (a dead one is a ``StoreError``)."""
-        conn = await self.store._listener_conn()
-        try:
-            await conn.add_listener(self.channel, self._notified)
-            conn.add_termination_listener(self._ended)
-        except BaseException as exc:
-            discard(conn)  # its state is in doubt
-            await self.store._listener_done(conn)
-            typed = self.store._driver_error(exc)
-            if typed is exc:
-                raise
-            raise typed from exc
-        self._conn = conn
-
-    def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
-        notice = _notice(payload)
-        if notice is not None:
-            self._put(notice)
-        elif payload.count(" ") >= 2:  # a run id too long for a notice: found by its digest
-            task = asyncio.create_task(self._by_digest(payload))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _by_digest(self, payload: str) -> None:
-        revision, state, digest = payload.split(" ", 3)[:3]
-        with contextlib.suppress(StatekernelError):
-            found = await self.store._run(_fetch, _BY_DIGEST.format(t=self.store._t.runs), [digest])
-            if found:
-                run_id = bytes(found[0][0]).decode("utf-8", "surrogatepass")
-                self._put(CommitNotice(run_id, int(revision), state))
-
-    def _put(self, notice: CommitNotice) -> None:
-        for feed in list(self.feeds):
-            feed.put(notice)
-
-    def _ended(self, _conn: Any) -> None:
-        if self._again is None or self._again.done():
-            self._again = asyncio.create_task(self._listen_again())
-
-    async def _listen_again(self) -> None:
-        old, self._conn = self._conn, None
-        if old is not None:
-            await self.store._listener_done(old)
-        delay = 0.1
-        while self._conn is None:
-            try:
-                await self.start()
-            except StatekernelError as exc:
-                log.warning("watching %r: %s; listening again in %.1f s", self.store, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async def stop(self) -> None:
-        """Stop listening and give the connection back, within ``STOP_WITHIN`` seconds a
-        step: a connection that does not answer is closed instead (only ``LISTEN`` ends
-        with it). A stop that waited on a step for ever kept its caller, a watch's exit,
-        from ending, and an event loop shutting down cancelled it again and again."""
-        tasks = [task for task in (self._again, *self._tasks) if task is not None]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=STOP_WITHIN)
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        try:
-            with contextlib.suppress(*_DRIVER_ERRORS):
-                conn.remove_termination_listener(self._ended)
-                if not lost(conn):
-                    unlisten = conn.remove_listener(self.channel, self._notified)
-                    await asyncio.wait_for(unlisten, STOP_WITHIN)
-            await asyncio.wait_for(self.store._listener_done(conn), STOP_WITHIN)
-        except TimeoutError:
-            discard(conn)
-
-
-STOP_WITHIN = 5.0
-"""Seconds each step of stopping a watch's listening connection may take, and closing
-the pool the store opened."""
-
-
 async def _close(pool: asyncpg.Pool) -> None:
-    """Close ``pool`` gracefully within ``STOP_WITHIN`` seconds, else terminate it: a
+    """Close ``pool`` gracefully within ``_listening.STOP_WITHIN`` seconds, else terminate it: a
     graceful close waits for every connection to be given back, and one that never is
     (its task stuck on a server that died) held ``aclose`` forever (asyncpg advises
     bounding it so)."""
     try:
-        await asyncio.wait_for(pool.close(), STOP_WITHIN)
+        await asyncio.wait_for(pool.close(), _listening.STOP_WITHIN)
     except TimeoutError:
         log.warning(
             "the PostgreSQL pool did not close within %.0f s: its connections are cut",
-            STOP_WITHIN,
+            _listening.STOP_WITHIN,
         )
         pool.terminate()
-
-
-def _notice(payload: str) -> CommitNotice | None:
-    """The notice of a payload (``revision state md5 hex-id``); None without the id."""
-    revision, state, _digest, hex_id = [*payload.split(" ", 3), "", "", ""][:4]
-    if not revision.isdigit() or not hex_id:
-        return None
-    try:
-        run_id = bytes.fromhex(hex_id).decode("utf-8", "surrogatepass")
-    except ValueError:
-        return None
-    return CommitNotice(run_id, int(revision), state)
-
-
-_BY_DIGEST = "SELECT run_id FROM {t} WHERE md5(run_id) = $1"
 
 
 async def _fetch(conn: Any, t: ops.Tables, sql: str, params: list[Any]) -> list[Any]:

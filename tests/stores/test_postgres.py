@@ -509,7 +509,7 @@ async def test_a_watch_cancelled_again_while_it_ends_gives_its_connection_back(
 async def test_a_watch_ends_even_when_its_connection_does_not_answer(
     postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import statekernel.stores.postgres._store as pg
+    import statekernel.stores.postgres._listening as pg
 
     monkeypatch.setattr(pg, "STOP_WITHIN", 0.2, raising=False)
     store = PostgresStore(postgres_store_url)
@@ -542,7 +542,7 @@ async def test_closing_ends_though_a_connection_is_never_given_back(
     """A graceful close of the pool waits for every connection to come back: one held
     by a task stuck on a dead server held ``aclose`` forever. It is cut after
     ``STOP_WITHIN``."""
-    import statekernel.stores.postgres._store as pg
+    import statekernel.stores.postgres._listening as pg
 
     monkeypatch.setattr(pg, "STOP_WITHIN", 0.2, raising=False)
     store = PostgresStore(postgres_store_url)
