@@ -42,7 +42,7 @@ from statekernel.stores._open import open_store
 if TYPE_CHECKING:
     from statekernel.stores._migrate import Migration, migrate
     from statekernel.stores.file._store import FileStore
-    from statekernel.stores.memory._store import MemoryStore
+    from statekernel.stores.memory._store import MemoryStore, StoredRun
     from statekernel.stores.postgres import PostgresStore
     from statekernel.stores.redis._store import RedisStore
     from statekernel.stores.sqlite._store import SQLiteStore
@@ -56,6 +56,7 @@ __getattr__, __dir__ = _exports.lazy_exports(
         "PostgresStore": ".postgres",
         "RedisStore": ".redis._store",
         "SQLiteStore": ".sqlite._store",
+        "StoredRun": ".memory._store",
         "migrate": "._migrate",
     },
 )
@@ -84,6 +85,7 @@ __all__ = [
     "SettlesOnCancel",
     "ShowsHolders",
     "StoreWrapper",
+    "StoredRun",
     "Watches",
     "migrate",
     "open_store",

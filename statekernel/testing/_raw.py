@@ -24,12 +24,10 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import CorruptCheckpoint
-from statekernel.stores import FileStore, MemoryStore, RedisStore, SQLiteStore
+from statekernel.stores import FileStore, MemoryStore, RedisStore, SQLiteStore, StoredRun
 from statekernel.stores._format.checksum import seal, seal_line, unseal, unseal_line
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._format.documents import dump_bytes, load_json
-from statekernel.stores.file._store import folder_name
-from statekernel.stores.memory._store import StoredRun
 
 __all__ = [
     "FileRecords",
@@ -407,7 +405,7 @@ class FileRecords:
 
 def _folder(store: CheckpointStore, run_id: str) -> Path:
     assert isinstance(store, FileStore), f"{store!r} is not a file store"
-    return store.root / folder_name(run_id)
+    return store.folder(run_id)
 
 
 class RedisRecords(_Binary):

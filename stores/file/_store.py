@@ -117,8 +117,14 @@ class FileStore(HostLeased, Closing):
     def __repr__(self) -> str:
         return f"FileStore({self.url!r})"
 
+    def folder(self, run_id: str) -> Path:
+        """The folder that holds (or would hold) the run's records: ``root`` and the run
+        id as is when it is plain lowercase, else a ``~`` and a hash of it."""
+        checked_run_id(run_id)
+        return self.root / folder_name(run_id)
+
     def _folder(self, run_id: str) -> RunFolder:
-        return RunFolder(self.root / folder_name(run_id), self.url, run_id)
+        return RunFolder(self.folder(run_id), self.url, run_id)
 
     async def load(self, run_id: str, *, revision: int | None = None) -> Run:
         """The run at its head, or at ``revision``."""
