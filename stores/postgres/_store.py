@@ -84,10 +84,9 @@ from statekernel.stores.postgres import _listening
 from statekernel.stores.postgres import _ops as ops
 from statekernel.stores.postgres._connections import (
     DRIVER_ERRORS,
+    Reused,
     borrowed,
-    discard,
-    give_back,
-    lost,
+    give_back_reset,
 )
 from statekernel.stores.postgres._leases import EFFECT_WINDOW, LOCK, RENEWAL, Claim
 from statekernel.stores.postgres._listening import Listening
@@ -229,6 +228,7 @@ class PostgresStore(Closing):
                         statement_cache_size=0 if self.pgbouncer else 100,
                         server_settings=None if self._notify else {"statekernel.notify": "off"},
                         init=_warmer(self),
+                        connection_class=Reused,
                     )
                 async with borrowed(self._pool) as conn:
                     if self.read_only:
@@ -316,15 +316,7 @@ class PostgresStore(Closing):
         its locks with it). Never raises, but for a cancellation."""
         if self._pool is None:
             return
-        try:
-            if not lost(conn):
-                await conn.execute("SELECT pg_advisory_unlock_all()")
-        except Exception:
-            discard(conn)
-        except BaseException:
-            discard(conn)
-            raise
-        await give_back(self._pool, conn)
+        await give_back_reset(self._pool, conn)
 
     # -- reads ---------------------------------------------------------------------
 
@@ -615,11 +607,11 @@ class PostgresStore(Closing):
         return self._typed(exc) if isinstance(exc, _DRIVER_ERRORS) else exc
 
     async def _listener_done(self, conn: Any) -> None:
-        """Give a queue's listening connection back to the pool (its session's
-        ``LISTEN`` ends there: the pool resets what a session set)."""
+        """Give a listening connection (a queue's, the watches') back to the pool, its
+        session's ``LISTEN`` and locks ended first (discarded when they cannot be)."""
         self._listeners -= 1
         if self._pool is not None:
-            await give_back(self._pool, conn)  # discarded when it cannot be reused
+            await give_back_reset(self._pool, conn)
 
     # -- leases --------------------------------------------------------------------
 

@@ -127,3 +127,67 @@ async def test_a_new_connection_prepares_the_statements_of_a_drive(
     finally:
         await store.aclose()
         await bouncer.aclose()
+
+
+async def _idle_connections(store: PostgresStore) -> list[Any]:
+    """Every idle connection of the store's pool, taken (give each back after)."""
+    pool = store._pool
+    assert pool is not None
+    return [await pool.acquire() for _ in range(pool.get_idle_size())]
+
+
+async def test_a_commit_is_one_round_trip(postgres_store_url: str) -> None:
+    """A connection goes back to the store's pool without asyncpg's reset statements (a
+    second round trip after every commit): a drive's commit (fenced by its lease) sends
+    its one statement."""
+    store = PostgresStore(postgres_store_url)
+    try:
+        run = sample_run("r")
+        await store.commit(Checkpoint.between(None, run))
+        lease = await store.acquire("r", "owner-a", ttl=60)
+        sent: list[str] = []
+        pool = store._pool
+        assert pool is not None
+        for conn in await _idle_connections(store):
+            conn.add_query_logger(lambda record: sent.append(record.query))
+            await pool.release(conn)
+        sent.clear()  # what releasing them sent
+        for _ in range(5):
+            nxt = next_revision(run)
+            await store.commit(Checkpoint.between(run, nxt), lease=lease)
+            run = nxt
+        assert len(sent) == 5, sent
+        assert await store.load("r") == run
+    finally:
+        await store.aclose()
+
+
+async def test_a_connection_goes_back_with_nothing_of_its_session(
+    postgres_store_url: str,
+) -> None:
+    """What a session kept (an owner's advisory lock, a watch's ``LISTEN`` and its lock)
+    is cleared before its connection serves anything else."""
+    store = PostgresStore(postgres_store_url)
+    try:
+        await store.commit(Checkpoint.between(None, sample_run("r")))
+        lease = await store.acquire("r", "owner-a", ttl=60)  # an owner's advisory lock
+        async with store.watch("r"):
+            pass
+        await store.release(lease)  # the owner's last lease: its lock goes, and its session
+        pool = store._pool
+        assert pool is not None
+        taken = await _idle_connections(store)
+        try:
+            assert taken, "no idle connection to look at"
+            for conn in taken:
+                assert await conn.fetch("SELECT pg_listening_channels()") == []
+                locks = await conn.fetchval(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1",
+                    conn.get_server_pid(),
+                )
+                assert locks == 0
+        finally:
+            for conn in taken:
+                await pool.release(conn)
+    finally:
+        await store.aclose()
