@@ -82,6 +82,9 @@ class Tenancy:
 
     @contextlib.asynccontextmanager
     async def driver(self, run_id: str) -> AsyncIterator[RunDriver]:
+        """This kernel's driver of the run for one drive (``run``, ``step``), holding the
+        run's lease (taken, or shared with a drive of this kernel that holds it already);
+        the lease goes back once no drive of this kernel needs the driver."""
         driver, fresh = await self._claim(run_id)
         try:
             async with driver.seats.taken() as waited:
@@ -199,6 +202,8 @@ class Tenancy:
             await self.release_lease(lease)
 
     async def release_lease(self, lease: Lease) -> None:
+        """Give ``lease`` back; one the store cannot take back now is given back again
+        by the renewal loop and by ``close`` (until then it expires)."""
         try:
             await self.store.release(lease)
         except RunNotFound:
