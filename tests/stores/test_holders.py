@@ -68,7 +68,7 @@ async def test_a_read_only_sqlite_reader_sees_another_process_live_then_dead(
     await _stored(writer, "held")
     await writer.aclose()
     holder = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", HOLDER, url, stdin=PIPE, stdout=PIPE
+        sys.executable, "-P", "-c", HOLDER, url, stdin=PIPE, stdout=PIPE
     )
     reader = SQLiteStore(url, read_only=True)
     try:

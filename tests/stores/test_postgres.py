@@ -107,7 +107,7 @@ async def _gone(dsn: str, pid: int) -> None:
 async def _holder(url: str, ttl: float) -> tuple[asyncio.subprocess.Process, int]:
     """A process holding run ``held`` for ``ttl`` seconds, and its lock session's pid."""
     holder = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _HOLDER, url, str(ttl), stdout=asyncio.subprocess.PIPE
+        sys.executable, "-P", "-c", _HOLDER, url, str(ttl), stdout=asyncio.subprocess.PIPE
     )
     assert holder.stdout is not None
     return holder, int(await holder.stdout.readline())
@@ -190,7 +190,13 @@ async def test_behind_pgbouncer_another_process_lease_lasts_until_it_expires(
         await store.commit(Checkpoint.between(None, sample_run("bounced")))
         for ttl, taken in ((0.0, True), (600.0, False)):
             holder = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", _BOUNCED_HOLDER, url, str(ttl), stderr=asyncio.subprocess.PIPE
+                sys.executable,
+                "-P",
+                "-c",
+                _BOUNCED_HOLDER,
+                url,
+                str(ttl),
+                stderr=asyncio.subprocess.PIPE,
             )
             _, err = await holder.communicate()
             assert holder.returncode == 0, err.decode()
@@ -339,7 +345,7 @@ def test_the_migrate_command_copies_into_postgres(tmp_path: Path, postgres_store
     asyncio.run(fill())
     env = {**os.environ, "NO_COLOR": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "statekernel", "migrate", sqlite_url, postgres_store_url],
+        [sys.executable, "-P", "-m", "statekernel", "migrate", sqlite_url, postgres_store_url],
         capture_output=True,
         text=True,
         env=env,

@@ -213,7 +213,7 @@ def _cli(*args: str) -> str:
         capture_output=True,
         text=True,
         timeout=120,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200", "NO_COLOR": "1"},
+        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200", "NO_COLOR": "1", "PYTHONSAFEPATH": "1"},
         check=False,
     )
     assert done.returncode in (0, 1), done.stderr

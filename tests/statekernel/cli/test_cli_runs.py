@@ -336,7 +336,7 @@ def test_config_is_found_from_a_subfolder_and_an_unknown_key_is_an_error(tmp_pat
 
 def test_python_dash_m_runs_the_command(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "statekernel", "--help"],
+        [sys.executable, "-P", "-m", "statekernel", "--help"],
         capture_output=True, text=True, cwd=tmp_path, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -457,8 +457,8 @@ def test_a_read_only_store_sees_what_a_writer_adds_later(tmp_path: Path) -> None
     preexec = _no_write_override if os.geteuid() == 0 else None
     try:
         reader = subprocess.Popen(
-            [sys.executable, "-c", READER, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, preexec_fn=preexec,
+            [sys.executable, "-P", "-c", READER, url], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec,
         )  # fmt: skip
         assert reader.stdout is not None
         assert reader.stdout.readline().split() == ["True", "1"]

@@ -30,7 +30,8 @@ import json
 import os
 from typing import Any
 
-from race_driver import append  # the same fsynced ledger line (its folder is on sys.path)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # also under PYTHONSAFEPATH
+from race_driver import append  # the same fsynced ledger line
 
 import statekernel as sk
 from statekernel.errors import LeaseLost

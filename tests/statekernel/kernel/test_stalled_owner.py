@@ -210,7 +210,7 @@ def test_a_wall_clock_step_never_hands_a_run_to_another_kernel_of_the_process(
         "file": f"file://{tmp_path}/store",
     }
     done = subprocess.run(
-        [sys.executable, "-c", STEPPED, urls[kind]],
+        [sys.executable, "-P", "-c", STEPPED, urls[kind]],
         capture_output=True,
         text=True,
         timeout=120,

@@ -59,7 +59,7 @@ def test_a_run_driven_by_another_process_streams_live(web_store_url: str, tmp_pa
 
     asyncio.run(start())
     env = {**os.environ, "PYTHONPATH": str(HERE), "WEB_GATE_DIR": str(tmp_path)}
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, web_store_url], env=env)
+    driver = subprocess.Popen([sys.executable, "-P", "-c", DRIVER, web_store_url], env=env)
     try:
         with (
             served(create_app(web_store_url)) as base,
