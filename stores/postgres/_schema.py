@@ -104,9 +104,7 @@ CREATE INDEX dead_letters_by_queue ON {s}.dead_letters (queue, id)
 is new while ``consumer`` is NULL; ``claimed_at`` is the server's time at which its
 consumer last took or refreshed it."""
 
-NOTIFY = """
-CREATE FUNCTION {s}.statekernel_notify() RETURNS trigger LANGUAGE plpgsql AS $body$
-BEGIN
+_NOTICE = """\
   PERFORM pg_notify('{channel}', NEW.revision || ' ' || NEW.state || ' ' || md5(NEW.run_id)
     || ' ' || CASE WHEN octet_length(NEW.run_id) <= 3000 THEN encode(NEW.run_id, 'hex')
     ELSE '' END);
@@ -114,6 +112,21 @@ BEGIN
 END
 $body$
 """
+"""The end of the notice trigger's function in every layout: send the row's notice."""
+
+_UNLESS_OFF = """\
+  IF current_setting('statekernel.notify', true) = 'off' THEN
+    RETURN NULL;
+  END IF;
+"""
+"""Send nothing from a session whose setting ``statekernel.notify`` is ``off``."""
+
+_FUNCTION = """
+CREATE {replace}FUNCTION {{s}}.statekernel_notify() RETURNS trigger LANGUAGE plpgsql AS $body$
+BEGIN
+"""
+
+NOTIFY = _FUNCTION.format(replace="") + _NOTICE
 """Commit notices (layout version 2): each insert or update of a run's row notifies the
 schema's channel with the revision, the state, the MD5 of the run id and the run id in
 hex (left out when longer than 3,000 bytes: a notice holds at most 8,000)."""
@@ -139,19 +152,7 @@ async def _version_2(conn: Any, schema: str) -> None:
     await conn.execute(NOTIFY_TRIGGER.format(s=quoted))
 
 
-NOTIFY_UNLESS_OFF = """
-CREATE OR REPLACE FUNCTION {s}.statekernel_notify() RETURNS trigger LANGUAGE plpgsql AS $body$
-BEGIN
-  IF current_setting('statekernel.notify', true) = 'off' THEN
-    RETURN NULL;
-  END IF;
-  PERFORM pg_notify('{channel}', NEW.revision || ' ' || NEW.state || ' ' || md5(NEW.run_id)
-    || ' ' || CASE WHEN octet_length(NEW.run_id) <= 3000 THEN encode(NEW.run_id, 'hex')
-    ELSE '' END);
-  RETURN NULL;
-END
-$body$
-"""
+NOTIFY_UNLESS_OFF = _FUNCTION.format(replace="OR REPLACE ") + _UNLESS_OFF + _NOTICE
 """Commit notices (layout version 3): as in version 2, except from a session whose
 setting ``statekernel.notify`` is ``off`` (a store opened with ``notify=0``)."""
 
@@ -189,31 +190,26 @@ async def _version_4(conn: Any, schema: str) -> None:
         await conn.execute(statement)
 
 
-NOTIFY_WHEN_WATCHED = """
-CREATE OR REPLACE FUNCTION {s}.statekernel_notify() RETURNS trigger LANGUAGE plpgsql AS $body$
-BEGIN
-  IF current_setting('statekernel.notify', true) = 'off' THEN
-    RETURN NULL;
-  END IF;
+NOTIFY_WHEN_WATCHED = (
+    _FUNCTION.format(replace="OR REPLACE ")
+    + _UNLESS_OFF
+    + """\
   PERFORM pg_advisory_xact_lock_shared({committing});
   IF pg_try_advisory_lock({watching}) THEN
     PERFORM pg_advisory_unlock({watching});
     RETURN NULL;
   END IF;
-  PERFORM pg_notify('{channel}', NEW.revision || ' ' || NEW.state || ' ' || md5(NEW.run_id)
-    || ' ' || CASE WHEN octet_length(NEW.run_id) <= 3000 THEN encode(NEW.run_id, 'hex')
-    ELSE '' END);
-  RETURN NULL;
-END
-$body$
 """
+    + _NOTICE
+)
 """Commit notices (layout version 5): as in version 3, but only while a store watches
 the schema's commits. A notifying transaction takes, at its commit, a lock that every
 notifying transaction of the server waits for, fsync included: with notices on every
 commit, the commits of all sessions were written one after another (8 sessions made 2.6x
-fewer commits a second, ``bench/pg_notices.py``). A watching store holds the ``WATCHING`` advisory
-lock shared while it listens, so the trigger's exclusive attempt fails (one that
-succeeds is let go at once: commits do not wait for each other there) and it notifies.
+fewer commits a second, ``bench/pg_notices.py``). A watching store holds the
+``WATCHING`` advisory lock shared while it listens, so the trigger's exclusive attempt
+fails (one that succeeds is let go at once: commits do not wait for each other there)
+and it notifies.
 Each commit holds ``COMMITTING`` shared until it ends; a store that starts watching
 takes that lock exclusive once, after it holds ``WATCHING`` and listens, so every
 commit that found no watcher has ended before the watch begins."""
