@@ -9,8 +9,9 @@ beyond it is declared by small protocols: :class:`RevisionHistory` and
 :class:`SettlesOnCancel` (checked by ``check_store`` when a store declares them),
 :class:`KeepsFences` (a run's largest fencing token, which ``migrate`` carries) and
 :class:`BoundsEffects` (how soon before an effect its owner must have renewed),
-:class:`ShowsHolders` (who holds a run, read without writing) and
-:class:`ReleasesWithCommit` (a commit that gives its lease back in the same step).
+:class:`ShowsHolders` (who holds a run, read without writing),
+:class:`ReleasesWithCommit` (a commit that gives its lease back in the same step) and
+:class:`CreatesLeased` (the commit that creates a run takes its lease with it).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from statekernel._storage.protocol import (
     BoundsEffects,
     Checkpoint,
     CheckpointStore,
+    CreatesLeased,
     DamagedRun,
     KeepsFences,
     Lease,
@@ -65,6 +67,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointStore",
     "CommitNotice",
+    "CreatesLeased",
     "DamagedRun",
     "DeadLetter",
     "FileStore",

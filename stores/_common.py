@@ -23,6 +23,7 @@ __all__ = [
     "checked_listing",
     "checked_revision",
     "checked_run_id",
+    "created_run",
     "micros",
 ]
 
@@ -46,6 +47,16 @@ def check_head(checkpoint: Checkpoint, actual: int | None) -> None:
     wanted = None if checkpoint.run.revision == 0 else checkpoint.expected_revision
     if checkpoint.run.revision < 0 or actual != wanted:
         raise ConflictError(checkpoint.run.run_id, checkpoint.expected_revision, actual)
+
+
+def created_run(checkpoint: Checkpoint) -> None:
+    """Refuse a ``create_leased`` of anything but a new run's first commit (revision 0)
+    with ``InvalidArgument``, before any storage is touched."""
+    if checkpoint.run.revision != 0:
+        raise InvalidArgument(
+            f"create_leased creates a run: its checkpoint is at revision 0, not at"
+            f" {checkpoint.run.revision} (run {checkpoint.run.run_id!r})"
+        )
 
 
 def checked_run_id(run_id: object) -> str:

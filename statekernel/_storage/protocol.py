@@ -30,6 +30,7 @@ __all__ = [
     "BoundsEffects",
     "Checkpoint",
     "CheckpointStore",
+    "CreatesLeased",
     "DamagedRun",
     "FindsRunIds",
     "KeepsFences",
@@ -387,6 +388,26 @@ class ReleasesWithCommit(Protocol):
             LeaseLost: as ``commit``.
             StoreError: the storage failed; the commit, and the release with it, may
                 have landed or not (the head says).
+        """
+        ...
+
+
+@runtime_checkable
+class CreatesLeased(Protocol):
+    """What a store may offer beyond ``CheckpointStore``: the commit that creates a run
+    takes its lease in the same atomic step (``Kernel.start_and_run``), so the drive
+    holds the run from its first commit, without a round trip of its own for the lease."""
+
+    async def create_leased(self, checkpoint: Checkpoint, owner: str, *, ttl: float) -> Lease:
+        """``commit(checkpoint)`` of a new run (revision 0), and with it
+        ``acquire(run_id, owner, ttl=ttl)``.
+
+        Raises:
+            ConflictError: a run has the id already (nothing written, no lease taken).
+            RunBusy: a live owner holds the lease of the id (left by a deleted run):
+                nothing written.
+            StoreError: the storage failed; the run, with its lease, may have been
+                created or not (the head says; the holder tells whose lease it is).
         """
         ...
 

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from statekernel._storage.protocol import (
     CheckpointStore,
+    CreatesLeased,
     ReleasesWithCommit,
     RevisionHistory,
     settles_on_cancel,
@@ -34,6 +35,7 @@ from statekernel.testing._store_damage import (
     check_missing_records,
 )
 from statekernel.testing._store_features import (
+    check_creates_leased,
     check_history,
     check_releases_with_commit,
     check_settles_on_cancel,
@@ -96,6 +98,9 @@ async def check_store(
     if isinstance(probe, ReleasesWithCommit):
         name = "a commit gives its lease up with it (ReleasesWithCommit)"
         checks.append((name, check_releases_with_commit))
+    if isinstance(probe, CreatesLeased):
+        name = "a new run's commit takes its lease (CreatesLeased)"
+        checks.append((name, check_creates_leased))
     await probe.aclose()
     if raw is not None:
         checks.append(("damaged records", lambda s: check_damaged_records(s, raw)))

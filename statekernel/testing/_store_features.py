@@ -1,6 +1,6 @@
 """Conformance checks of what a store may declare beyond ``CheckpointStore``:
-``RevisionHistory`` (every revision in one pass), ``SettlesOnCancel`` and
-``ReleasesWithCommit``."""
+``RevisionHistory`` (every revision in one pass), ``SettlesOnCancel``,
+``ReleasesWithCommit`` and ``CreatesLeased``."""
 
 from __future__ import annotations
 
@@ -14,14 +14,20 @@ from statekernel._records.run import Run
 from statekernel._storage.protocol import (
     Checkpoint,
     CheckpointStore,
+    CreatesLeased,
     ReleasesWithCommit,
     RevisionHistory,
     settles_on_cancel,
 )
-from statekernel.errors import ConflictError, LeaseLost, RunBusy, RunNotFound
+from statekernel.errors import ConflictError, InvalidArgument, LeaseLost, RunBusy, RunNotFound
 from statekernel.testing._store_cases import events_for, next_revision, sample_run
 
-__all__ = ["check_history", "check_releases_with_commit", "check_settles_on_cancel"]
+__all__ = [
+    "check_creates_leased",
+    "check_history",
+    "check_releases_with_commit",
+    "check_settles_on_cancel",
+]
 
 
 async def check_history(store: CheckpointStore) -> None:
@@ -112,4 +118,50 @@ async def check_releases_with_commit(store: CheckpointStore) -> None:
         raise AssertionError("a lease given up with a commit committed again")
     assert await store.load("letgo") == nxt, "a refused commit wrote something"
     await store.commit(Checkpoint.between(nxt, after), lease=taken)
+    await store.release(taken)
+
+
+async def check_creates_leased(store: CheckpointStore) -> None:
+    """A store declaring ``CreatesLeased``: the commit that creates a run holds its lease
+    when it returns (another owner is refused, the lease's commits land); one refused
+    (the id is taken, a revision that is not 0) creates nothing and takes no lease; the
+    lease goes back as any other, and the next one's token is larger."""
+    if not isinstance(store, CreatesLeased):
+        return
+    run = sample_run("born-held")
+    lease = await store.create_leased(Checkpoint.between(None, run), "first", ttl=60)
+    assert lease.run_id == "born-held", "the lease is not the new run's"
+    assert await store.load("born-held") == run, "the run was not created whole"
+    try:
+        await store.acquire("born-held", "second", ttl=60)
+    except RunBusy:
+        pass
+    else:
+        raise AssertionError("a run created with its lease was free for another owner")
+    nxt = next_revision(run)
+    await store.commit(Checkpoint.between(run, nxt), lease=lease)
+    try:
+        await store.create_leased(Checkpoint.between(None, run), "second", ttl=60)
+    except ConflictError:
+        pass
+    else:
+        raise AssertionError("a run was created twice")
+    assert await store.load("born-held") == nxt, "a refused creation wrote something"
+    new = sample_run("not-new")
+    try:
+        await store.create_leased(Checkpoint.between(new, next_revision(new)), "first", ttl=60)
+    except InvalidArgument:
+        pass
+    else:
+        raise AssertionError("create_leased took a checkpoint past revision 0")
+    try:
+        await store.load("not-new")
+    except RunNotFound:
+        pass
+    else:
+        raise AssertionError("a refused create_leased created a run")
+    await store.release(lease)
+    taken = await store.acquire("born-held", "second", ttl=60)  # at once: RunBusy if held
+    assert int(taken.token) > int(lease.token), "a later lease's token did not grow"
+    await store.commit(Checkpoint.between(nxt, next_revision(nxt)), lease=taken)
     await store.release(taken)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import hashlib
 import os
 import threading
@@ -328,12 +329,24 @@ class HostLeases:
 
     async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
         """Take the run's lease; a holder whose process died is taken over at once."""
+        return await self.create(run_id, owner, ttl, functools.partial(self._apply, run_id))
+
+    async def create(
+        self,
+        run_id: str,
+        owner: str,
+        ttl: float,
+        write: Callable[[LeaseChange], Awaitable[LeaseRecord | None]],
+    ) -> Lease:
+        """Take the run's lease through ``write``, the store's atomic step that stores
+        the change of the run's lease record (``acquire``: alone; a store's
+        ``create_leased``: with the commit that creates the run)."""
         began = time.monotonic()
         self.proofs.hold(owner)
         held, alive = self._held(run_id), self.proofs.alive
         try:
-            record = await self._apply(
-                run_id, lambda old: take(old, run_id, owner, ttl, self.clock(), alive, held)
+            record = await write(
+                lambda old: take(old, run_id, owner, ttl, self.clock(), alive, held)
             )
         except BaseException:
             self.proofs.drop(owner)

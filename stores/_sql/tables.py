@@ -36,13 +36,20 @@ Outcome = tuple[bool, Stored | None]
 class Pending:
     """One commit of a batch: the head it expects (row id, revision; None for a new
     run), its rows, the lease it is fenced by (if any), and whether that lease is given
-    up with it (``ReleasesWithCommit``)."""
+    up with it (``ReleasesWithCommit``).
+
+    ``take``: for a new run, the lease to take with it (``CreatesLeased``), in the
+    store's own terms (SQLite: the change of the lease record; PostgreSQL: the owner's
+    claim); what was taken is put in ``taken`` once it landed.
+    """
 
     run_id: str
     expect: tuple[int, int] | None
     rows: CommitRows
     fence: Lease | None = None
     release: bool = False
+    take: Any = None
+    taken: list[Any] = attrs.field(factory=list, eq=False)
 
 
 @attrs.frozen

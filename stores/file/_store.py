@@ -49,6 +49,7 @@ from statekernel.stores._common import (
     checked_listing,
     checked_revision,
     checked_run_id,
+    created_run,
 )
 from statekernel.stores._format.codec import (
     check_log,
@@ -185,7 +186,22 @@ class FileStore(HostLeased, Closing):
                 write_lease(folder, new)
             return new
 
-    def _commit(self, cp: Checkpoint, lease: Lease | None) -> None:
+    async def create_leased(self, checkpoint: Checkpoint, owner: str, *, ttl: float) -> Lease:
+        """``commit`` of a new run that takes its lease under the same lock of the run
+        (``CreatesLeased``)."""
+        self._refuse_leases()
+        created_run(checkpoint)
+
+        async def write(change: LeaseChange) -> LeaseRecord | None:
+            return await asyncio.to_thread(self._commit, checkpoint, None, change)
+
+        return await self._leases.create(checkpoint.run.run_id, owner, ttl, write)
+
+    def _commit(
+        self, cp: Checkpoint, lease: Lease | None, take: LeaseChange | None = None
+    ) -> LeaseRecord | None:
+        """Land ``cp``; with ``take`` (a new run), its lease record becomes ``take`` of the
+        record found (none, or one a deleted run left) and is returned."""
         run = cp.run
         folder = self._folder(run.run_id)
         with folder.locked(create=run.revision == 0) as state:
@@ -193,10 +209,13 @@ class FileStore(HostLeased, Closing):
                 check_fence(_fence_record(folder, state, cp), lease, cp.expected_revision)
             prior = None if state is None else _own_head(state.head, run.run_id, folder)
             check_head(cp, None if prior is None else prior["revision"])
+            taken = None if take is None else take(read_lease(folder))
             enc = encode_commit(cp, prior)
             fence = 0 if state is None else _fence_of(state.head, run.run_id, folder)
             if lease is not None:
                 fence = max(fence, int(lease.token))
+            if taken is not None:
+                fence = max(fence, taken.token)
             head = enc.head if fence == 0 else {**enc.head, FENCE: fence}
             lines = [blob_line(k, v) for k, v in enc.blobs.items()]
             lines += _numbered("m", enc.first_message, enc.messages)
@@ -207,6 +226,9 @@ class FileStore(HostLeased, Closing):
             record = head_record(at, body, head)
             size = folder.append(at, body + record, first=state is None)
             write_hint(folder, size, size - len(record))
+            if taken is not None:
+                write_lease(folder, taken)
+            return taken
 
     async def events(
         self, run_id: str, *, after_revision: int = -1, limit: int | None = None

@@ -26,6 +26,7 @@ from statekernel.stores._common import (
     checked_listing,
     checked_revision,
     checked_run_id,
+    created_run,
 )
 from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
 from statekernel.stores._format.codec import (
@@ -156,6 +157,22 @@ class MemoryStore(HostLeased, Closing):
         entry.turns += [seal(t) for t in enc.turns]
         for key, data in enc.blobs.items():
             entry.blobs.setdefault(key, seal(data))
+
+    async def create_leased(self, checkpoint: Checkpoint, owner: str, *, ttl: float) -> Lease:
+        """``commit`` of a new run that takes its lease with it (``CreatesLeased``), with
+        nothing awaited in between. Through ``commit``, as ``commit_and_release``."""
+        created_run(checkpoint)
+        run_id = checkpoint.run.run_id
+
+        async def write(change: LeaseChange) -> LeaseRecord | None:
+            if run_id in self._runs:
+                raise ConflictError(run_id, -1, self._runs[run_id].revision)
+            record = change(None)  # a memory store keeps no record of a run it forgot
+            await self.commit(checkpoint)
+            self._entry(run_id).lease = record
+            return record
+
+        return await self._leases.create(run_id, owner, ttl, write)
 
     async def commit_and_release(self, checkpoint: Checkpoint, *, lease: Lease) -> None:
         """``commit``, then ``release``, with nothing in between (``ReleasesWithCommit``):

@@ -226,6 +226,7 @@ async def apply_commit(conn: Any, t: Tables, pending: Pending) -> tuple[bool, St
             head,
             token,
         )
+
     else:
         rid = await conn.fetchval(
             f"UPDATE {t.runs} SET revision = $1, state = $2, updated_us = $3, head = $4,"
@@ -263,6 +264,8 @@ async def commit_at_once(conn: Any, t: Tables, pending: Pending) -> Stored | Non
     run_id, expect, rows, fence = pending.run_id, pending.expect, pending.rows, pending.fence
     revision, state, updated_us, head = rows.columns
     key = run_key(run_id)
+    if expect is None and fence is None and pending.take is not None:
+        return await _create_leased_at_once(conn, t, pending)
     if expect is None and fence is None:
         rid = await conn.fetchval(
             f"WITH landed AS (INSERT INTO {t.runs} (run_id, revision, state, updated_us, head,"
@@ -311,6 +314,37 @@ async def commit_at_once(conn: Any, t: Tables, pending: Pending) -> Stored | Non
         *_part_values(rows),
     )
     return None if rid is None else Stored(rid, run_id, rows.revision, state, head)
+
+
+async def _create_leased_at_once(conn: Any, t: Tables, pending: Pending) -> Stored | None:
+    """A new run whose lease is taken with it (``Pending.take``, a ``Claim``) in one
+    statement: token 1, the run's fence. None (nothing written) when the id has a run
+    or a lease row already (``apply_commit`` says what then)."""
+    rows, claim = pending.rows, pending.take
+    revision, state, updated_us, head = rows.columns
+    rid = await conn.fetchval(
+        f"WITH landed AS (INSERT INTO {t.runs} (run_id, revision, state, updated_us, head,"
+        f"  fence) SELECT $5, $1, $2, $3, $4, 1 WHERE NOT EXISTS (SELECT 1 FROM {t.leases}"
+        "  WHERE run_id = $5) ON CONFLICT (run_id) DO NOTHING RETURNING id),"
+        f" lease AS (INSERT INTO {t.leases} (run_id, token, owner, expires, proof, lock_key)"
+        "  SELECT $5, 1, $13::bytea, extract(epoch FROM clock_timestamp())::float8"
+        "  + $14::float8, $15::text, $16::bigint FROM landed),"
+        f"{_parts(t, 6)}",
+        revision,
+        state,
+        updated_us,
+        head,
+        run_key(pending.run_id),
+        *_part_values(rows),
+        run_key(claim.owner),
+        claim.ttl,
+        claim.proof,
+        claim.lock_key,
+    )
+    if rid is None:
+        return None
+    pending.taken.append(1)
+    return Stored(rid, pending.run_id, rows.revision, state, head)
 
 
 def _parts(t: Tables, n: int) -> str:

@@ -51,6 +51,7 @@ from statekernel.stores._common import (
     checked_listing,
     checked_revision,
     checked_run_id,
+    created_run,
     micros,
 )
 from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
@@ -486,9 +487,29 @@ class PostgresStore(Closing):
         except StoreError as exc:  # the lock ends with its session
             log.warning("%s: giving back the owner lock of %s: %s", self._shown(), lease.owner, exc)
 
+    async def create_leased(self, checkpoint: Checkpoint, owner: str, *, ttl: float) -> Lease:
+        """``commit`` of a new run that takes its lease in the same statement (token 1;
+        ``CreatesLeased``), under the owner's advisory lock as ``acquire`` takes it."""
+        checked_run_id(checkpoint.run.run_id)
+        self._writable()
+        created_run(checkpoint)
+        await self._owner_locks(self._owners.hold(owner))
+        try:
+            token = await self._commit(checkpoint, None, take=self._claim(owner, ttl))
+        except BaseException:
+            await self._owner_locks(self._owners.drop(owner))
+            raise
+        return Lease(checkpoint.run.run_id, owner, str(token))
+
     async def _commit(
-        self, checkpoint: Checkpoint, lease: Lease | None, *, release: bool = False
-    ) -> None:
+        self,
+        checkpoint: Checkpoint,
+        lease: Lease | None,
+        *,
+        release: bool = False,
+        take: Claim | None = None,
+    ) -> int | None:
+        """Land ``checkpoint``; with ``take`` (a new run), the token of the lease taken."""
         self._writable()
         cp = checkpoint
         run_id = cp.run.run_id
@@ -502,10 +523,11 @@ class PostgresStore(Closing):
             else:
                 enc = encode_commit(cp, known.head, known.refs)
                 expect = (known.key.rid, known.key.revision)
-            pending = Pending(run_id, expect, _rows(cp, enc), lease, release and lease is not None)
+            release = release and lease is not None
+            pending = Pending(run_id, expect, _rows(cp, enc), lease, release, take)
             landed, stored = await self._group.submit(PendingWrite(pending, enc))
             if landed:
-                return
+                return int(pending.taken[0]) if take is not None else None
             known = self._prior(run_id, stored)
 
     async def _write(self, batch: list[PendingWrite]) -> list[Outcome | BaseException]:

@@ -21,7 +21,7 @@ import attrs
 from statekernel._storage.protocol import Lease
 from statekernel.errors import RunNotFound
 from statekernel.stores._host.lease_records import damaged_lease, host_record, kept_record
-from statekernel.stores._host.owners import LeaseRecord, check_fence, fenced
+from statekernel.stores._host.owners import LeaseChange, LeaseRecord, check_fence, fenced
 from statekernel.stores._sql.rows import BadRow, CommitRows, Stored
 from statekernel.stores.sqlite._file import StoreConnection, begin_immediate, begin_read
 
@@ -182,11 +182,15 @@ def apply_commit(
     rows: CommitRows,
     fence: Lease | None = None,
     release: bool = False,
+    take: LeaseChange | None = None,
+    taken: list[LeaseRecord] | None = None,
 ) -> tuple[bool, Stored | None]:
     """Write ``rows`` if the run's (row id, revision) is ``expect`` (None: no run yet)
     and ``fence`` (if any) is the run's current lease (else ``LeaseLost``), inside the
     caller's ``BEGIN IMMEDIATE`` transaction; with ``release``, give ``fence`` up with it
-    (as ``released`` does: the record keeps its token, without owner or expiry).
+    (as ``released`` does: the record keeps its token, without owner or expiry); with
+    ``take``, a new run's lease record becomes ``take(record)`` (the record a deleted run
+    left, if any), its token the run's fence, and is put in ``taken``.
 
     Returns (True, the new head) when the commit landed, else (False, the stored
     head it found instead), having written nothing.
@@ -204,6 +208,10 @@ def apply_commit(
             (*rows.columns, run_id),
         )
         rid = int(cursor.lastrowid or 0)
+        if take is not None:
+            record = _taken(conn, run_id, rid, take)
+            if taken is not None:
+                taken.append(record)
     else:
         rid = found[0]
         conn.execute(
@@ -215,6 +223,20 @@ def apply_commit(
     if release and fence is not None:  # checked current above, in this transaction
         conn.execute("UPDATE leases SET owner = NULL, expires = 0 WHERE run_id = ?", (run_id,))
     return True, Stored(rid, run_id, rows.revision, rows.columns[1], rows.columns[-1])
+
+
+def _taken(conn: sqlite3.Connection, run_id: str, rid: int, take: LeaseChange) -> LeaseRecord:
+    """The lease of a run created in this transaction, taken: ``take`` of the record a
+    deleted run of that id left (its token only grows), or of none."""
+    new = take(_lease(conn, run_id))
+    if new is None:
+        raise AssertionError("taking a lease gave no lease record")
+    conn.execute(
+        "INSERT OR REPLACE INTO leases (run_id, token, owner, expires) VALUES (?, ?, ?, ?)",
+        (run_id, new.token, new.owner, new.expires),
+    )
+    conn.execute("UPDATE runs SET fence = ? WHERE id = ?", (new.token, rid))
+    return new
 
 
 def _write_parts(conn: sqlite3.Connection, rid: int, rows: CommitRows) -> None:

@@ -48,6 +48,7 @@ from statekernel.stores._common import (
     checked_listing,
     checked_revision,
     checked_run_id,
+    created_run,
     micros,
 )
 from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
@@ -306,7 +307,26 @@ class SQLiteStore(HostLeased, Closing):
         await self._commit(checkpoint, lease, release=True)
         self._leases.let_go(lease)
 
-    async def _commit(self, cp: Checkpoint, lease: Lease | None, *, release: bool = False) -> None:
+    async def create_leased(self, checkpoint: Checkpoint, owner: str, *, ttl: float) -> Lease:
+        """``commit`` of a new run that takes its lease in its transaction (``CreatesLeased``)."""
+        self._refuse_leases()
+        created_run(checkpoint)
+        run_id = checkpoint.run.run_id
+
+        async def write(change: LeaseChange) -> LeaseRecord | None:
+            return await self._commit(checkpoint, None, take=change)
+
+        return await self._leases.create(run_id, owner, ttl, write)
+
+    async def _commit(
+        self,
+        cp: Checkpoint,
+        lease: Lease | None,
+        *,
+        release: bool = False,
+        take: LeaseChange | None = None,
+    ) -> LeaseRecord | None:
+        """Land ``cp``; with ``take``, the lease record taken with it."""
         run_id = cp.run.run_id
         known = self._heads.get(run_id) if cp.run.revision > 0 else None
         if cp.run.revision > 0 and (known is None or known.key.revision != cp.expected_revision):
@@ -318,10 +338,11 @@ class SQLiteStore(HostLeased, Closing):
             else:
                 enc = encode_commit(cp, known.head, known.refs)
                 expect = (known.key.rid, known.key.revision)
-            pending = Pending(run_id, expect, _rows(cp, enc), lease, release and lease is not None)
+            release = release and lease is not None
+            pending = Pending(run_id, expect, _rows(cp, enc), lease, release, take)
             landed, stored = await self._group.submit(PendingWrite(pending, enc))
             if landed:
-                return
+                return pending.taken[0] if take is not None else None
             known = self._prior(run_id, stored)
 
     async def _write(self, batch: list[PendingWrite]) -> list[Outcome | Exception]:

@@ -51,7 +51,9 @@ def _apply(conn: sqlite3.Connection, pending: Pending, grouped: bool) -> Outcome
         conn.execute("SAVEPOINT one_commit")
     try:
         p = pending
-        outcome = apply_commit(conn, p.run_id, p.expect, p.rows, p.fence, p.release)
+        outcome = apply_commit(
+            conn, p.run_id, p.expect, p.rows, p.fence, p.release, p.take, p.taken
+        )
     except Exception as exc:
         if not conn.in_transaction:
             raise  # the error ended the transaction: nothing of the batch landed

@@ -52,6 +52,9 @@ def factory_for(
     return make
 
 
+LEASED = "a new run's commit takes its lease (CreatesLeased)"
+
+
 @pytest.mark.parametrize("kind", KINDS)
 async def test_store_conformance(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     raw: dict[str, RawRecords] = {
@@ -72,12 +75,14 @@ async def test_store_conformance(kind: str, tmp_path: Path, request: pytest.Fixt
         "memory": [
             "a cancelled commit has settled (SettlesOnCancel)",
             "a commit gives its lease up with it (ReleasesWithCommit)",
+            LEASED,
         ],
-        "file": ["history of every revision (RevisionHistory)"],
+        "file": ["history of every revision (RevisionHistory)", LEASED],
         "sqlite": [
             "history of every revision (RevisionHistory)",
             "a cancelled commit has settled (SettlesOnCancel)",
             "a commit gives its lease up with it (ReleasesWithCommit)",
+            LEASED,
         ],
         "redis": ["history of every revision (RevisionHistory)"],
         "redis-cluster": ["history of every revision (RevisionHistory)"],
@@ -85,6 +90,7 @@ async def test_store_conformance(kind: str, tmp_path: Path, request: pytest.Fixt
             "history of every revision (RevisionHistory)",
             "a cancelled commit has settled (SettlesOnCancel)",
             "a commit gives its lease up with it (ReleasesWithCommit)",
+            LEASED,
         ],
     }
     damage = ["damaged records", "missing records", "commit log gaps"]

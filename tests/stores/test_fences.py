@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from statekernel.errors import CorruptCheckpoint
+from statekernel.errors import CorruptCheckpoint, RunBusy, RunNotFound
 from statekernel.stores import (
     Checkpoint,
     CheckpointStore,
@@ -170,6 +170,34 @@ async def test_a_deleted_sqlite_lease_row_never_repeats_a_token_given_without_a_
         lease = await store.acquire("fenced", "owner", ttl=60)
         assert lease.generation == 3
         await store.release(lease)
+    finally:
+        await store.aclose()
+
+
+async def test_a_run_created_with_its_lease_takes_a_token_above_a_kept_lease_row(
+    tmp_path: Path,
+) -> None:
+    """A lease row its id kept (the run deleted by hand): ``create_leased`` takes the next
+    token after it in the creation's transaction (its owner of another process is dead:
+    its owner lock is free); a live owner's row (one of this process, holding a lease)
+    refuses the creation whole."""
+    store = SQLiteStore(f"sqlite:///{tmp_path}/runs.db")
+    try:
+        await store.commit(Checkpoint.between(None, sample_run("first")))  # the tables exist
+        alive = await store.acquire("first", "live", ttl=60)  # "live" holds a lease here
+        with sqlite3.connect(store.path) as conn:
+            conn.execute("INSERT INTO leases VALUES ('kept', 7, 'h/1/gone', 4e9)")
+            conn.execute("INSERT INTO leases VALUES ('held', 3, 'live', 4e9)")
+        conn.close()
+        lease = await store.create_leased(Checkpoint.between(None, sample_run("kept")), "o", ttl=60)
+        assert lease.generation == 8
+        assert await store.fence("kept") == 8
+        await store.release(lease)
+        with pytest.raises(RunBusy):
+            await store.create_leased(Checkpoint.between(None, sample_run("held")), "o", ttl=60)
+        with pytest.raises(RunNotFound):
+            await store.load("held")
+        await store.release(alive)
     finally:
         await store.aclose()
 

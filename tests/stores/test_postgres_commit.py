@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
-from statekernel.errors import ConflictError, LeaseLost
+from statekernel.errors import ConflictError, LeaseLost, RunBusy, RunNotFound
 from statekernel.stores import Checkpoint, PostgresStore
 from statekernel.stores.postgres import _ops, _writer
 from statekernel.testing._store_cases import next_revision, sample_run
+
+from ..conftest import pg_admin
 
 pytestmark = pytest.mark.postgres
 
@@ -189,5 +191,46 @@ async def test_a_connection_goes_back_with_nothing_of_its_session(
         finally:
             for conn in taken:
                 await pool.release(conn)
+    finally:
+        await store.aclose()
+
+
+async def test_a_new_run_takes_its_lease_in_the_same_statement_or_after_a_kept_lease_row(
+    postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``create_leased`` lands in one statement with token 1. Where the id kept a lease row
+    (a run deleted by hand, its lease row left): a dead owner's lease is taken over in the
+    creation's transaction with a larger token; a live owner's refuses the creation whole
+    (``RunBusy``, nothing written)."""
+    at_once = one_statement_commits(monkeypatch)
+    store = PostgresStore(postgres_store_url)
+    schema = postgres_store_url.rsplit("schema=", 1)[1]
+    try:
+        lease = await store.create_leased(Checkpoint.between(None, sample_run("new")), "a", ttl=60)
+        assert (lease.token, at_once[-1] is not None) == ("1", True)
+        with pytest.raises(RunBusy):
+            await store.acquire("new", "b", ttl=60)
+        await store.release(lease)
+        for expires, owner in ((0, "dead"), (4e9, "live-elsewhere/1/x")):
+            run_id = f"kept-{owner[:4]}"
+            pg_admin(
+                postgres_store_url.split("?")[0],
+                f'INSERT INTO "{schema}".leases (run_id, token, owner, expires, proof)'
+                f" VALUES (convert_to('{run_id}', 'UTF8'), 7, convert_to('{owner}', 'UTF8'),"
+                f" {expires}, 'renewal')",
+            )
+        dead = await store.create_leased(
+            Checkpoint.between(None, sample_run("kept-dead")), "a", ttl=60
+        )
+        assert at_once[-1] is None  # not in one statement: the kept row was read first
+        assert int(dead.token) == 8
+        assert await store.load("kept-dead") == sample_run("kept-dead")
+        await store.release(dead)
+        with pytest.raises(RunBusy):
+            await store.create_leased(
+                Checkpoint.between(None, sample_run("kept-live")), "a", ttl=60
+            )
+        with pytest.raises(RunNotFound):
+            await store.load("kept-live")
     finally:
         await store.aclose()
