@@ -315,3 +315,15 @@ def test_web_list_prints_the_list_page_times(tmp_path: Path) -> None:
     paused = figures(r"^GET /\?state=paused +(\d+) rows +median " + NUMBER + " ms", out)
     assert paused[0] == 6
     assert figures(r"^second page +(\d+) rows +median " + NUMBER + " ms", out)[0] == 10
+
+
+def test_short_runs_prints_start_and_run_beside_start_and_run(tmp_path: Path) -> None:
+    out = run_bench("short_runs.py", "--repeats", "1", "--turns", "1,2", folder=tmp_path)
+    assert cells("ms per run (median)", out) == ["turns", "start+run", "together", "ratio"]
+    for label in ("sqlite://", "file://", "memory://"):
+        rows = [line.split() for line in out.splitlines() if line.startswith(label + " ")]
+        assert [row[1] for row in rows] == ["1", "2"], out
+        for row in rows:
+            assert all(number(cell) >= 0 for cell in row[2:]), row
+    assert "ratio = start_and_run / (start + run)" in out
+    assert not list(tmp_path.glob("short-runs-*")), "the bench left its stores behind"

@@ -56,6 +56,7 @@ __all__ = [
     "NotLanded",
     "Overtaken",
     "log_lease_lost",
+    "same_commit",
 ]
 
 log = logger("statekernel")
@@ -249,14 +250,16 @@ class Committer:
         except StatekernelError:
             return None
         mine = checkpoint.run
-        if head.revision == mine.revision and _same_commit(head, mine):
+        if head.revision == mine.revision and same_commit(head, mine):
             return True
         if head.revision == checkpoint.expected_revision:
             return False
         raise ConflictError(mine.run_id, checkpoint.expected_revision, head.revision)
 
 
-def _same_commit(head: Run, mine: Run) -> bool:
+def same_commit(head: Run, mine: Run) -> bool:
+    """Whether ``head``, read from the store at ``mine``'s revision, is that very commit
+    (the same instant of the transition, the same events, the same state)."""
     return (
         head.updated_at == mine.updated_at
         and head.event_count == mine.event_count

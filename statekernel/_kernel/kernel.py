@@ -24,6 +24,7 @@ effects; the transition in progress is not committed and no ``failed`` is writte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import inspect
 import os
@@ -36,10 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from statekernel._kernel import telemetry
 from statekernel._kernel.commit import Committer
 from statekernel._kernel.delegate import DelegateTool, child_runs, run_tree
 from statekernel._kernel.dispatch import DispatchPolicy
+from statekernel._kernel.drives import check_input, drive
 from statekernel._kernel.failures import explained, run_failed
 from statekernel._kernel.hooks import Hooks, check_hooks
 from statekernel._kernel.middleware import Middleware
@@ -66,9 +67,6 @@ from statekernel._records.arguments import (
 )
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, Message
-from statekernel._records.pauses import (
-    Uncertain,
-)
 from statekernel._records.run import Run, StateId, utcnow
 from statekernel._records.values import check_messages, checked
 from statekernel._secrets import logger
@@ -84,9 +82,7 @@ from statekernel.errors import (
     ConfigError,
     ConflictError,
     InvalidArgument,
-    InvalidTransition,
     RunNotFound,
-    StoreError,
 )
 
 if TYPE_CHECKING:
@@ -273,30 +269,49 @@ class Kernel(Closing):
     ) -> Run:
         """``start`` without asking whether this kernel can call the model (a run that
         other processes drive, with providers of their own)."""
-        if (parent_run_id is None) != (parent_call_id is None):
-            raise InvalidArgument("give both parent_run_id and parent_call_id, or neither")
-        args = (model, messages, run_id, max_turns, parent_run_id, parent_call_id)
-        check_start(*args, missing=NOT_GIVEN)
-        provider, sep, name = model.partition("/")
-        if not (provider and sep and name):
-            raise ConfigError(f"model must look like 'provider/name', got {model!r}")
-        run_id = run_id if run_id is not None else uuid.uuid4().hex
-        _check_run_id(run_id)
-        budget = self.max_turns if max_turns is NOT_GIVEN else max_turns
-        now = utcnow()
-        run = Run(
-            run_id=run_id,
-            model=model,
-            context=checked(context, "context") if context is not None else {},
-            messages=_as_messages(messages),
-            max_turns=budget,
-            created_at=now,
-            updated_at=now,
-            parent_run_id=parent_run_id,
-            parent_call_id=parent_call_id,
-        )
+        args = (model, messages, context, run_id, max_turns, parent_run_id, parent_call_id)
+        run = _new_run(self.max_turns, *args)
         await self._create_run(Checkpoint.between(None, run))
         return run
+
+    async def start_and_run(
+        self,
+        *,
+        model: str,
+        messages: Iterable[Message | str] = (),
+        context: JSON = None,
+        run_id: str | None = None,
+        max_turns: int | None = NOT_GIVEN,
+        raise_on_failure: bool = False,
+    ) -> AsyncIterator[Event]:
+        """``start`` then ``run`` in one: create the run and drive it until it is paused,
+        failed or completed, yielding its events (the first, ``run_started``, names the
+        new run's id). Nothing is created until the generator is iterated.
+
+        The commit that creates the run takes its lease with it where the store can
+        (``CreatesLeased``: memory, file, SQLite, PostgreSQL), and the drive starts from
+        the run as committed, without reading it back: a short run costs a lease's round
+        trip and a load less than ``start`` followed by ``run``. Arguments, events and
+        errors are those of ``start`` and ``run`` (``RunBusy`` too: a live owner holds
+        the lease a deleted run of that id left).
+        """
+        flag("raise_on_failure", raise_on_failure)
+        run = _new_run(self.max_turns, model, messages, context, run_id, max_turns, None, None)
+        self.registry.check(model)
+        created = Checkpoint.between(None, run)
+        tenure = await self._tenancy.create(created)  # the lease taken with the run
+        if tenure is None:  # a store that cannot: the run is created, its lease taken next
+            await self._create_run(created)
+        drive_run = drive(
+            self._tenancy,
+            run.run_id,
+            raise_on_failure=raise_on_failure,
+            created=run,
+            tenure=tenure,
+        )
+        async with contextlib.aclosing(drive_run):
+            async for event in drive_run:
+                yield event
 
     async def fork(
         self, run_id: str, *, at_revision: int | None = None, new_run_id: str | None = None
@@ -470,30 +485,10 @@ class Kernel(Closing):
         run_id_arg(run_id)
         flag("raise_on_failure", raise_on_failure)
         new_input = _as_messages(messages) if messages else ()
-        with telemetry.drive_span(run_id) as span:
-            async with self._tenancy.driver(run_id) as driver:
-                span.watch(driver)
-                keep = False
-                if new_input:
-                    with explained(driver.run):
-                        _check_input(driver.run)
-                        driver.stage("input", messages=new_input)
-                try:
-                    while not driver.run.is_terminal:
-                        async for event in driver.advance():
-                            yield event
-                    if raise_on_failure and driver.run.state == "failed":
-                        raise run_failed(driver.run)
-                except StoreError:
-                    keep = True  # the store failed: calls go on, their results wait for a drive
-                    raise
-                except (Exception, asyncio.CancelledError, GeneratorExit):
-                    raise  # stopped: results in hand stay with the driver for the next drive
-                except BaseException:
-                    driver.forget()  # the process is going down (an injected crash, an exit)
-                    raise
-                finally:
-                    await driver.drive_ended(stop_tasks=not keep)
+        drive_run = drive(self._tenancy, run_id, new_input, raise_on_failure=raise_on_failure)
+        async with contextlib.aclosing(drive_run):  # closing this generator closes the drive
+            async for event in drive_run:
+                yield event
 
     async def step(self, run_id: str, *, raise_on_failure: bool = False) -> list[Event]:
         """Perform the effects up to the next commit and commit; returns its events.
@@ -616,7 +611,7 @@ class Kernel(Closing):
             raise InvalidArgument("send needs at least one message")
         async with self._tenancy.fresh(run_id) as driver:
             with explained(driver.run):
-                _check_input(driver.run)
+                check_input(driver.run)
                 driver.stage("input", messages=_as_messages(messages))
             await driver.commit()
             return driver.run
@@ -759,17 +754,40 @@ class Kernel(Closing):
         raise AssertionError("unreachable")
 
 
-def _check_input(run: Run) -> None:
-    """Refuse input to a run whose uncertain tool calls must be resolved first."""
-    pause = run.pause
-    if run.state == "paused" and pause is not None and isinstance(pause.details, Uncertain):
-        calls = ", ".join(repr(c.id) for c in pause.details.calls)
-        raise InvalidTransition(
-            "input",
-            "paused",
-            f"tool calls {calls} of run {run.run_id!r} may or may not have run: say what"
-            " happened with resolve_tool_call first",
-        )
+def _new_run(
+    default_turns: int | None,
+    model: str,
+    messages: Iterable[Message | str],
+    context: JSON,
+    run_id: str | None,
+    max_turns: int | None,
+    parent_run_id: str | None,
+    parent_call_id: str | None,
+) -> Run:
+    """The run ``start`` creates (revision 0), its arguments checked; ``max_turns`` not
+    given is ``default_turns`` (the kernel's)."""
+    if (parent_run_id is None) != (parent_call_id is None):
+        raise InvalidArgument("give both parent_run_id and parent_call_id, or neither")
+    args = (model, messages, run_id, max_turns, parent_run_id, parent_call_id)
+    check_start(*args, missing=NOT_GIVEN)
+    provider, sep, name = model.partition("/")
+    if not (provider and sep and name):
+        raise ConfigError(f"model must look like 'provider/name', got {model!r}")
+    run_id = run_id if run_id is not None else uuid.uuid4().hex
+    _check_run_id(run_id)
+    budget = default_turns if max_turns is NOT_GIVEN else max_turns
+    now = utcnow()
+    return Run(
+        run_id=run_id,
+        model=model,
+        context=checked(context, "context") if context is not None else {},
+        messages=_as_messages(messages),
+        max_turns=budget,
+        created_at=now,
+        updated_at=now,
+        parent_run_id=parent_run_id,
+        parent_call_id=parent_call_id,
+    )
 
 
 def _as_messages(messages: Iterable[Message | str]) -> tuple[Message, ...]:

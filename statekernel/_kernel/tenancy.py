@@ -16,20 +16,32 @@ import contextlib
 import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import cast
 
+from statekernel._kernel.commit import same_commit
 from statekernel._kernel.delegate import run_tree
 from statekernel._kernel.drive import RunDriver
 from statekernel._kernel.driving import Agent
 from statekernel._kernel.tenure import Tenure
+from statekernel._records.run import Run
 from statekernel._secrets import logger
-from statekernel._storage.protocol import CheckpointStore, Lease
+from statekernel._storage.holders import ShowsHolders
+from statekernel._storage.protocol import (
+    Checkpoint,
+    CheckpointStore,
+    CreatesLeased,
+    KeepsFences,
+    Lease,
+)
 from statekernel._storage.shielding import shielded
 from statekernel.errors import (
     ConfigError,
+    ConflictError,
     RunBusy,
     RunHasChildren,
     RunNotFound,
     StatekernelError,
+    StoreError,
 )
 
 __all__ = ["Tenancy"]
@@ -80,12 +92,62 @@ class Tenancy:
         await self._release_again()  # a lease that cannot be given back now expires
         self._unreleased = []
 
+    async def create(self, checkpoint: Checkpoint) -> Tenure | None:
+        """Commit a new run (revision 0) with its lease taken in the same step, where the
+        store can (``CreatesLeased``); the lease held. None when the store cannot, or when
+        its attempt failed without creating the run: the caller creates it the usual way.
+
+        A store failure is settled from the head, as a commit's is: the run is there and
+        is this very one (its lease is this kernel's if the holder says so), another
+        run has the id (``ConflictError``), or nothing landed (None)."""
+        store, run = self.store, checkpoint.run
+        if not isinstance(store, CreatesLeased):
+            return None
+        began = self.clock()
+        task = asyncio.ensure_future(
+            store.create_leased(checkpoint, self.owner, ttl=self.lease_ttl)
+        )
+        try:
+            lease: Lease | None = await shielded(task)
+        except asyncio.CancelledError:  # created meanwhile: the run stays, its lease goes back
+            if not task.cancelled() and task.exception() is None:
+                await self.release_lease(task.result())
+            raise
+        except StoreError:
+            lease = await self._created_lease(run)
+        return None if lease is None else Tenure(store, lease, self.lease_ttl, began, self.clock)
+
+    async def _created_lease(self, run: Run) -> Lease | None:
+        """After a ``create_leased`` that failed in the store: this kernel's lease of the
+        run if it was created (taken now if it was created without it), None if not."""
+        try:
+            head = await self.store.load(run.run_id)
+        except RunNotFound:
+            return None
+        if not (head.revision == 0 and same_commit(head, run)):
+            raise ConflictError(run.run_id, -1, head.revision)
+        store = self.store
+        tells = isinstance(store, ShowsHolders) and isinstance(store, KeepsFences)
+        if tells and await cast(ShowsHolders, store).holder(run.run_id) == self.owner:
+            token = await cast(KeepsFences, store).fence(run.run_id)
+            return Lease(run.run_id, self.owner, str(token))
+        tenure = await self.acquire(run.run_id, share=False)
+        assert tenure is not None
+        return tenure.lease
+
     @contextlib.asynccontextmanager
-    async def driver(self, run_id: str) -> AsyncIterator[RunDriver]:
+    async def driver(
+        self, run_id: str, created: Run | None = None, tenure: Tenure | None = None
+    ) -> AsyncIterator[RunDriver]:
         """This kernel's driver of the run for one drive (``run``, ``step``), holding the
         run's lease (taken, or shared with a drive of this kernel that holds it already);
-        the lease goes back once no drive of this kernel needs the driver."""
-        driver, fresh = await self._claim(run_id)
+        the lease goes back once no drive of this kernel needs the driver.
+
+        ``created``: the run as this kernel just committed it (revision 0); the driver
+        starts from it instead of loading the head (the drive's first commit, made on
+        revision 0, is refused if anyone committed in between). ``tenure``: its lease,
+        taken with it (``create``)."""
+        driver, fresh = await self._claim(run_id, created, tenure)
         try:
             async with driver.seats.taken() as waited:
                 try:
@@ -100,16 +162,19 @@ class Tenancy:
             if driver.idle and self.drivers.get(run_id) is not driver:
                 await self._release(driver)
 
-    async def _claim(self, run_id: str) -> tuple[RunDriver, bool]:
-        """This kernel's driver of the run, holding the run's lease; True if just built.
+    async def _claim(
+        self, run_id: str, created: Run | None, taken: Tenure | None
+    ) -> tuple[RunDriver, bool]:
+        """This kernel's driver of the run, holding the run's lease (``taken``, or taken
+        now); True if just built (from ``created``, else from the head).
 
         Waits up to ``busy_timeout`` while another owner holds the lease.
         """
-        tenure = await self.acquire(run_id, share=True)
+        tenure = taken if taken is not None else await self.acquire(run_id, share=True)
         if tenure is None:
             return self.drivers[run_id], False
         try:
-            loaded = await self.store.load(run_id)
+            loaded = created if created is not None else await self.store.load(run_id)
         except BaseException:
             await self.release_lease(tenure.lease)
             raise
