@@ -2,9 +2,12 @@
 
 Usage: python kill_worker.py STORE_URL RUN_ID LOG_PATH TURNS
 
-Prints ``READY`` once the run is loaded, then ``ACK <revision>`` after every persisted
-event it saw committed. Every tool execution appends a line to LOG_PATH (fsynced)
-before the tool returns: that file is the side-effect ledger checked from outside.
+With ``SK_KILL_ENTRY=start_and_run`` a run that does not exist yet is created and driven
+by ``Kernel.start_and_run`` (``READY`` comes before it is created); otherwise by
+``start`` then ``run``. Prints ``READY`` once the run is loaded (or about to be
+created), then ``ACK <revision>`` after every persisted event it saw committed. Every
+tool execution appends a line to LOG_PATH (fsynced) before the tool returns: that file
+is the side-effect ledger checked from outside.
 """
 
 from __future__ import annotations
@@ -71,14 +74,23 @@ async def main(url: str, run_id: str, log_path: str, turns: int) -> None:
     store = open_store(url)
     # a short lease: on Redis a killed owner's run is taken over once its lease expired
     kernel = sk.Kernel(store, lease_ttl=1.0, **agent(log_path, turns))  # type: ignore[arg-type]
+    together = os.environ.get("SK_KILL_ENTRY") == "start_and_run"
     try:
         try:
             await kernel.get(run_id)
+            fresh = False
         except RunNotFound:
-            await kernel.start(model="scripted/kill", messages=["go"], run_id=run_id)
+            fresh = True
+            if not together:
+                await kernel.start(model="scripted/kill", messages=["go"], run_id=run_id)
         print("READY", flush=True)
         while True:
-            async for event in kernel.run(run_id):
+            if fresh and together:  # created and driven in one call (its first commit)
+                fresh = False
+                events = kernel.start_and_run(model="scripted/kill", messages=["go"], run_id=run_id)
+            else:
+                events = kernel.run(run_id)
+            async for event in events:
                 if event.persisted:
                     print(f"ACK {event.revision}", flush=True)
             run = await kernel.get(run_id)
