@@ -18,7 +18,7 @@ from statekernel._records.events import Event
 from statekernel._records.messages import Message
 from statekernel._records.pauses import Uncertain
 from statekernel._records.run import Run
-from statekernel.errors import ConflictError, InvalidTransition, StoreError
+from statekernel.errors import ConflictError, InvalidTransition, LeaseLost, StoreError
 
 __all__ = ["check_input", "drive"]
 
@@ -37,7 +37,8 @@ async def drive(
     ``created``: the run as the caller just committed it (revision 0), which the drive
     starts from without loading it. Should another process have committed to the run
     before its lease was taken, the drive's first commit is refused (it is made on
-    revision 0): nothing of it started, so the drive loads the head and goes on from there.
+    revision 0): no model or tool call started (a hook before it, ``on_turn_prepared``,
+    runs again, as after a crash), so the drive loads the head and goes on from there.
     ``tenure``: the run's lease, taken with its creation (else the drive takes it).
     """
     with telemetry.drive_span(run_id) as span:
@@ -55,6 +56,8 @@ async def drive(
                         async for event in driver.advance():
                             unread = False
                             yield event
+                    except LeaseLost:
+                        raise  # a ConflictError too, but no other commit took the revision
                     except ConflictError:
                         if not unread:
                             raise

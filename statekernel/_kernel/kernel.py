@@ -289,11 +289,10 @@ class Kernel(Closing):
         new run's id). Nothing is created until the generator is iterated.
 
         The commit that creates the run takes its lease with it where the store can
-        (``CreatesLeased``: memory, file, SQLite, PostgreSQL), and the drive starts from
-        the run as committed, without reading it back: a short run costs a lease's round
-        trip and a load less than ``start`` followed by ``run``. Arguments, events and
-        errors are those of ``start`` and ``run`` (``RunBusy`` too: a live owner holds
-        the lease a deleted run of that id left).
+        (``CreatesLeased``: every built-in store), and the drive starts from the run as
+        committed, without reading it back: a short run costs a lease's round trip and a
+        load less than ``start`` followed by ``run``. Arguments, events and errors are
+        those of ``start`` and ``run``.
         """
         flag("raise_on_failure", raise_on_failure)
         run = _new_run(self.max_turns, model, messages, context, run_id, max_turns, None, None)

@@ -16,7 +16,6 @@ import contextlib
 import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import cast
 
 from statekernel._kernel.commit import same_commit
 from statekernel._kernel.delegate import run_tree
@@ -25,14 +24,7 @@ from statekernel._kernel.driving import Agent
 from statekernel._kernel.tenure import Tenure
 from statekernel._records.run import Run
 from statekernel._secrets import logger
-from statekernel._storage.holders import ShowsHolders
-from statekernel._storage.protocol import (
-    Checkpoint,
-    CheckpointStore,
-    CreatesLeased,
-    KeepsFences,
-    Lease,
-)
+from statekernel._storage.protocol import Checkpoint, CheckpointStore, CreatesLeased, Lease
 from statekernel._storage.shielding import shielded
 from statekernel.errors import (
     ConfigError,
@@ -97,9 +89,12 @@ class Tenancy:
         store can (``CreatesLeased``); the lease held. None when the store cannot, or when
         its attempt failed without creating the run: the caller creates it the usual way.
 
-        A store failure is settled from the head, as a commit's is: the run is there and
-        is this very one (its lease is this kernel's if the holder says so), another
-        run has the id (``ConflictError``), or nothing landed (None)."""
+        Where the run was created without its lease (its id kept a lease record an owner
+        may hold) or a store failure leaves it unknown whether the lease came with it,
+        the lease is taken as a drive takes it (waiting for a holder up to
+        ``busy_timeout``). A store failure is settled from the head, as a commit's is: the
+        run is there and is this very one, another run has the id (``ConflictError``),
+        or nothing landed (None)."""
         store, run = self.store, checkpoint.run
         if not isinstance(store, CreatesLeased):
             return None
@@ -108,32 +103,31 @@ class Tenancy:
             store.create_leased(checkpoint, self.owner, ttl=self.lease_ttl)
         )
         try:
-            lease: Lease | None = await shielded(task)
+            lease = await shielded(task)
         except asyncio.CancelledError:  # created meanwhile: the run stays, its lease goes back
             if not task.cancelled() and task.exception() is None:
-                await self.release_lease(task.result())
+                taken = task.result()
+                if taken is not None:
+                    await self.release_lease(taken)
             raise
         except StoreError:
-            lease = await self._created_lease(run)
-        return None if lease is None else Tenure(store, lease, self.lease_ttl, began, self.clock)
+            if not await self._created(run):
+                return None
+            lease = None
+        if lease is None:
+            return await self.acquire(run.run_id, share=False)
+        return Tenure(store, lease, self.lease_ttl, began, self.clock)
 
-    async def _created_lease(self, run: Run) -> Lease | None:
-        """After a ``create_leased`` that failed in the store: this kernel's lease of the
-        run if it was created (taken now if it was created without it), None if not."""
+    async def _created(self, run: Run) -> bool:
+        """After a ``create_leased`` that failed in the store: whether it created ``run``
+        (``ConflictError`` when another run has the id)."""
         try:
             head = await self.store.load(run.run_id)
         except RunNotFound:
-            return None
+            return False
         if not (head.revision == 0 and same_commit(head, run)):
             raise ConflictError(run.run_id, -1, head.revision)
-        store = self.store
-        tells = isinstance(store, ShowsHolders) and isinstance(store, KeepsFences)
-        if tells and await cast(ShowsHolders, store).holder(run.run_id) == self.owner:
-            token = await cast(KeepsFences, store).fence(run.run_id)
-            return Lease(run.run_id, self.owner, str(token))
-        tenure = await self.acquire(run.run_id, share=False)
-        assert tenure is not None
-        return tenure.lease
+        return True
 
     @contextlib.asynccontextmanager
     async def driver(

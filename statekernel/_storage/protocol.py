@@ -398,16 +398,22 @@ class CreatesLeased(Protocol):
     takes its lease in the same atomic step (``Kernel.start_and_run``), so the drive
     holds the run from its first commit, without a round trip of its own for the lease."""
 
-    async def create_leased(self, checkpoint: Checkpoint, owner: str, *, ttl: float) -> Lease:
+    async def create_leased(
+        self, checkpoint: Checkpoint, owner: str, *, ttl: float
+    ) -> Lease | None:
         """``commit(checkpoint)`` of a new run (revision 0), and with it
         ``acquire(run_id, owner, ttl=ttl)``.
 
+        Returns:
+            The lease; None when the run was created without it, because its id kept a
+                lease record that an owner may still hold (a run deleted while held): the
+                caller takes it with ``acquire``, which waits for that owner as usual.
+
         Raises:
             ConflictError: a run has the id already (nothing written, no lease taken).
-            RunBusy: a live owner holds the lease of the id (left by a deleted run):
-                nothing written.
-            StoreError: the storage failed; the run, with its lease, may have been
-                created or not (the head says; the holder tells whose lease it is).
+            StoreError: the storage failed; the run may have been created or not (the
+                head says), and if it was, its lease may be held by ``owner`` until it
+                expires.
         """
         ...
 

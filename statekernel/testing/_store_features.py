@@ -130,6 +130,7 @@ async def check_creates_leased(store: CheckpointStore) -> None:
         return
     run = sample_run("born-held")
     lease = await store.create_leased(Checkpoint.between(None, run), "first", ttl=60)
+    assert lease is not None, "a new run was created without its lease"
     assert lease.run_id == "born-held", "the lease is not the new run's"
     assert await store.load("born-held") == run, "the run was not created whole"
     try:
@@ -162,6 +163,6 @@ async def check_creates_leased(store: CheckpointStore) -> None:
         raise AssertionError("a refused create_leased created a run")
     await store.release(lease)
     taken = await store.acquire("born-held", "second", ttl=60)  # at once: RunBusy if held
-    assert int(taken.token) > int(lease.token), "a later lease's token did not grow"
+    assert taken.generation > lease.generation, "a later lease's token did not grow"
     await store.commit(Checkpoint.between(nxt, next_revision(nxt)), lease=taken)
     await store.release(taken)

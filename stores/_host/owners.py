@@ -329,7 +329,10 @@ class HostLeases:
 
     async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
         """Take the run's lease; a holder whose process died is taken over at once."""
-        return await self.create(run_id, owner, ttl, functools.partial(self._apply, run_id))
+        lease = await self.create(run_id, owner, ttl, functools.partial(self._apply, run_id))
+        if lease is None:
+            raise AssertionError("acquiring a lease wrote no lease record")
+        return lease
 
     async def create(
         self,
@@ -337,10 +340,11 @@ class HostLeases:
         owner: str,
         ttl: float,
         write: Callable[[LeaseChange], Awaitable[LeaseRecord | None]],
-    ) -> Lease:
+    ) -> Lease | None:
         """Take the run's lease through ``write``, the store's atomic step that stores
         the change of the run's lease record (``acquire``: alone; a store's
-        ``create_leased``: with the commit that creates the run)."""
+        ``create_leased``: with the commit that creates the run). None when ``write``
+        stored no lease for this owner (a creation whose id kept a held lease record)."""
         began = time.monotonic()
         self.proofs.hold(owner)
         held, alive = self._held(run_id), self.proofs.alive
@@ -351,7 +355,9 @@ class HostLeases:
         except BaseException:
             self.proofs.drop(owner)
             raise
-        assert record is not None
+        if record is None:
+            self.proofs.drop(owner)
+            return None
         if self._steady:
             _lasts(owner, run_id, str(record.token), began + ttl)
         return Lease(run_id, owner, str(record.token))

@@ -41,7 +41,7 @@ from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
-from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StoreError
+from statekernel.errors import ConfigError, CorruptCheckpoint, RunBusy, RunNotFound, StoreError
 from statekernel.stores._common import (
     check_head,
     check_revision,
@@ -186,11 +186,15 @@ class FileStore(HostLeased, Closing):
                 write_lease(folder, new)
             return new
 
-    async def create_leased(self, checkpoint: Checkpoint, owner: str, *, ttl: float) -> Lease:
+    async def create_leased(
+        self, checkpoint: Checkpoint, owner: str, *, ttl: float
+    ) -> Lease | None:
         """``commit`` of a new run that takes its lease under the same lock of the run
-        (``CreatesLeased``)."""
+        (``CreatesLeased``); the lease file is written right after the run's log, so a
+        failure between them leaves the run without its lease."""
         self._refuse_leases()
         created_run(checkpoint)
+        await asyncio.to_thread(self._check_root)
 
         async def write(change: LeaseChange) -> LeaseRecord | None:
             return await asyncio.to_thread(self._commit, checkpoint, None, change)
@@ -209,7 +213,7 @@ class FileStore(HostLeased, Closing):
                 check_fence(_fence_record(folder, state, cp), lease, cp.expected_revision)
             prior = None if state is None else _own_head(state.head, run.run_id, folder)
             check_head(cp, None if prior is None else prior["revision"])
-            taken = None if take is None else take(read_lease(folder))
+            taken = None if take is None else _take_kept(folder, take)
             enc = encode_commit(cp, prior)
             fence = 0 if state is None else _fence_of(state.head, run.run_id, folder)
             if lease is not None:
@@ -377,3 +381,12 @@ def _fence_record(folder: RunFolder, state: Locked | None, cp: Checkpoint) -> Le
 def _numbered(kind: str, first: int, docs: tuple[bytes, ...]) -> list[bytes]:
     prefix = f'["{kind}",'.encode()
     return [b"%s%d,%s]" % (prefix, first + i, d) for i, d in enumerate(docs)]
+
+
+def _take_kept(folder: RunFolder, take: LeaseChange) -> LeaseRecord | None:
+    """``take`` of the lease file a deleted run of that id left (or of none); None when
+    its owner may still hold it (the run is created without its lease)."""
+    try:
+        return take(read_lease(folder))
+    except RunBusy:
+        return None

@@ -19,7 +19,7 @@ from statekernel._records.events import Event
 from statekernel._records.run import Run, StateId
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
-from statekernel.errors import ConflictError, CorruptCheckpoint, RunNotFound
+from statekernel.errors import ConflictError, CorruptCheckpoint, RunBusy, RunNotFound
 from statekernel.stores._common import (
     check_revision,
     checked_events,
@@ -158,19 +158,24 @@ class MemoryStore(HostLeased, Closing):
         for key, data in enc.blobs.items():
             entry.blobs.setdefault(key, seal(data))
 
-    async def create_leased(self, checkpoint: Checkpoint, owner: str, *, ttl: float) -> Lease:
-        """``commit`` of a new run that takes its lease with it (``CreatesLeased``), with
-        nothing awaited in between. Through ``commit``, as ``commit_and_release``."""
+    async def create_leased(
+        self, checkpoint: Checkpoint, owner: str, *, ttl: float
+    ) -> Lease | None:
+        """``commit`` of a new run that takes its lease right after it landed, with
+        nothing awaited in between (``CreatesLeased``). Through ``commit``, as
+        ``commit_and_release``; should an override of it let another owner take the
+        lease meanwhile, the run is created without it (None)."""
         created_run(checkpoint)
         run_id = checkpoint.run.run_id
 
         async def write(change: LeaseChange) -> LeaseRecord | None:
-            if run_id in self._runs:
-                raise ConflictError(run_id, -1, self._runs[run_id].revision)
-            record = change(None)  # a memory store keeps no record of a run it forgot
             await self.commit(checkpoint)
-            self._entry(run_id).lease = record
-            return record
+            entry = self._entry(run_id)
+            try:
+                entry.lease = change(entry.lease)
+            except RunBusy:
+                return None
+            return entry.lease
 
         return await self._leases.create(run_id, owner, ttl, write)
 

@@ -169,52 +169,42 @@ async def take_over(conn: Any, t: Tables, run_id: str, claim: Claim) -> int:
     """Give the run's lease to ``claim`` (one transaction) and return its token;
     ``RunBusy`` while its owner may be alive (a mark set meanwhile is committed),
     ``RunNotFound`` when there is no such run."""
-    token = await take_free(conn, t, run_key(run_id), claim)
+    key = run_key(run_id)
+    token = await take_free(conn, t, key, claim)
     if token is not None:
         return token
     async with conn.transaction():
-        token, holder = await take_within(conn, t, run_id, claim)
-    if token is None:
-        raise RunBusy(run_id, holder)
-    return token
-
-
-async def take_within(conn: Any, t: Tables, run_id: str, claim: Claim) -> tuple[int | None, str]:
-    """``take_over`` inside the caller's transaction (also for a new run whose lease is
-    taken with its creation, where its id still has a lease row): (its token, its new
-    owner), or (None, the live owner that keeps it) with the mark set meanwhile written."""
-    key = run_key(run_id)
-    await conn.execute(
-        f"INSERT INTO {t.leases} (run_id, token, owner, expires)"
-        f" SELECT $1, 0, NULL, 0 WHERE EXISTS (SELECT 1 FROM {t.runs} WHERE run_id = $1)"
-        " ON CONFLICT DO NOTHING",
-        key,
-    )
-    found = await conn.fetchrow(_READ.format(leases=t.leases, runs=t.runs), key)
-    if found is None:
-        raise RunNotFound(run_id)
-    row = _held(found, run_id, t.where)
-    taken, suspect = decide(row, claim)
-    if taken:
-        token = max(row.token, row.fence) + 1
         await conn.execute(
-            f"UPDATE {t.leases} SET token = $2, owner = $3, expires = $4::float8 + $5::float8,"
-            " proof = $6, lock_key = $7, suspect = NULL WHERE run_id = $1",
+            f"INSERT INTO {t.leases} (run_id, token, owner, expires)"
+            f" SELECT $1, 0, NULL, 0 WHERE EXISTS (SELECT 1 FROM {t.runs} WHERE run_id = $1)"
+            " ON CONFLICT DO NOTHING",
             key,
-            token,
-            run_key(claim.owner),
-            row.now,
-            claim.ttl,
-            claim.proof,
-            claim.lock_key,
         )
-        return token, claim.owner
-    if suspect != row.suspect:
-        await conn.execute(
-            f"UPDATE {t.leases} SET suspect = $2::float8 WHERE run_id = $1", key, suspect
-        )
+        found = await conn.fetchrow(_READ.format(leases=t.leases, runs=t.runs), key)
+        if found is None:
+            raise RunNotFound(run_id)
+        row = _held(found, run_id, t.where)
+        taken, suspect = decide(row, claim)
+        if taken:
+            token = max(row.token, row.fence) + 1
+            await conn.execute(
+                f"UPDATE {t.leases} SET token = $2, owner = $3, expires = $4::float8 + $5::float8,"
+                " proof = $6, lock_key = $7, suspect = NULL WHERE run_id = $1",
+                key,
+                token,
+                run_key(claim.owner),
+                row.now,
+                claim.ttl,
+                claim.proof,
+                claim.lock_key,
+            )
+            return token
+        if suspect != row.suspect:
+            await conn.execute(
+                f"UPDATE {t.leases} SET suspect = $2::float8 WHERE run_id = $1", key, suspect
+            )
     assert row.owner is not None
-    return None, row.owner
+    raise RunBusy(run_id, row.owner)
 
 
 async def take_free(conn: Any, t: Tables, key: bytes, claim: Claim) -> int | None:

@@ -319,7 +319,8 @@ async def commit_at_once(conn: Any, t: Tables, pending: Pending) -> Stored | Non
 async def _create_leased_at_once(conn: Any, t: Tables, pending: Pending) -> Stored | None:
     """A new run whose lease is taken with it (``Pending.take``, a ``Claim``) in one
     statement: token 1, the run's fence. None (nothing written) when the id has a run
-    or a lease row already (``apply_commit`` says what then)."""
+    or a lease row already: ``apply_commit`` then refuses it, or creates the run without
+    its lease (``Pending.taken`` stays empty)."""
     rows, claim = pending.rows, pending.take
     revision, state, updated_us, head = rows.columns
     rid = await conn.fetchval(

@@ -487,9 +487,13 @@ class PostgresStore(Closing):
         except StoreError as exc:  # the lock ends with its session
             log.warning("%s: giving back the owner lock of %s: %s", self._shown(), lease.owner, exc)
 
-    async def create_leased(self, checkpoint: Checkpoint, owner: str, *, ttl: float) -> Lease:
+    async def create_leased(
+        self, checkpoint: Checkpoint, owner: str, *, ttl: float
+    ) -> Lease | None:
         """``commit`` of a new run that takes its lease in the same statement (token 1;
-        ``CreatesLeased``), under the owner's advisory lock as ``acquire`` takes it."""
+        ``CreatesLeased``), under the owner's advisory lock as ``acquire`` takes it. An id
+        that kept a lease row (its run deleted by hand) gets its run created without the
+        lease (None): ``acquire`` decides about that row as usual."""
         checked_run_id(checkpoint.run.run_id)
         self._writable()
         created_run(checkpoint)
@@ -499,6 +503,9 @@ class PostgresStore(Closing):
         except BaseException:
             await self._owner_locks(self._owners.drop(owner))
             raise
+        if token is None:
+            await self._owner_locks(self._owners.drop(owner))
+            return None
         return Lease(checkpoint.run.run_id, owner, str(token))
 
     async def _commit(
@@ -527,7 +534,7 @@ class PostgresStore(Closing):
             pending = Pending(run_id, expect, _rows(cp, enc), lease, release, take)
             landed, stored = await self._group.submit(PendingWrite(pending, enc))
             if landed:
-                return int(pending.taken[0]) if take is not None else None
+                return int(pending.taken[0]) if pending.taken else None
             known = self._prior(run_id, stored)
 
     async def _write(self, batch: list[PendingWrite]) -> list[Outcome | BaseException]:

@@ -20,10 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from statekernel.errors import RunBusy
 from statekernel.stores._sql.tables import Outcome, Pending
 from statekernel.stores.postgres._connections import clean, lost
-from statekernel.stores.postgres._leases import take_within
 from statekernel.stores.postgres._ops import Tables, apply_commit, commit_at_once
 
 __all__ = ["Outcome", "Pending", "write_commits"]
@@ -42,7 +40,7 @@ async def write_commits(
             if stored is not None:
                 return [(True, stored)]
             async with conn.transaction():
-                return [await _applied(conn, t, one)]
+                return [await apply_commit(conn, t, one)]
         except Exception as exc:
             if lost(conn) or not clean(exc):
                 raise  # the transaction's end is unknown: the batch failed
@@ -53,22 +51,9 @@ async def write_commits(
             p = batch[i]
             try:
                 async with conn.transaction():  # a savepoint
-                    outcomes[i] = await _applied(conn, t, p)
+                    outcomes[i] = await apply_commit(conn, t, p)
             except Exception as exc:
                 if lost(conn) or not clean(exc):
                     raise
                 outcomes[i] = exc
     return [outcomes[i] for i in range(len(batch))]
-
-
-async def _applied(conn: Any, t: Tables, pending: Pending) -> Outcome:
-    """``apply_commit`` inside the caller's transaction or savepoint, and the lease of a new
-    run taken with it (``Pending.take``: its id kept a lease row, so the one-statement
-    creation did not land); ``RunBusy`` rolls both back."""
-    outcome = await apply_commit(conn, t, pending)
-    if outcome[0] and pending.take is not None and pending.expect is None:
-        token, holder = await take_within(conn, t, pending.run_id, pending.take)
-        if token is None:
-            raise RunBusy(pending.run_id, holder)
-        pending.taken.append(token)
-    return outcome

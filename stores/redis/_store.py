@@ -75,10 +75,12 @@ from statekernel.stores._common import (
     checked_listing,
     checked_revision,
     checked_run_id,
+    created_run,
     micros,
 )
 from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
 from statekernel.stores._format.codec import (
+    EncodedCommit,
     check_log,
     check_run_id,
     decode_events,
@@ -99,6 +101,12 @@ from statekernel.stores.redis._fencing import RELEASE, RENEW, AnyRedis
 from statekernel.stores.redis._index import RunIndex
 from statekernel.stores.redis._queue import RedisRunQueue
 from statekernel.stores.redis._replicas import OPTION_NAMES, ReplicaOptions, Replication, options_of
+from statekernel.stores.redis._scripts import (
+    ACQUIRE_SCRIPT,
+    COMMIT_SCRIPT,
+    CREATE_LEASED_SCRIPT,
+    KEEP_FENCE_SCRIPT,
+)
 from statekernel.stores.redis._wire import FAILURES, Command, Wire, initialized, transaction
 
 __all__ = ["RedisStore"]
@@ -107,82 +115,36 @@ T = TypeVar("T")
 log = logger("statekernel.stores")
 _PLAIN_TAG = re.compile(r"[^{}]{1,200}")
 
-COMMIT_SCRIPT = """
-local stored = redis.call('HGET', KEYS[1], 'r')
-if stored and tonumber(stored) == tonumber(ARGV[2])
-    and redis.call('HGET', KEYS[1], 'cid') == ARGV[11] then
-  redis.call('HSET', KEYS[1], 'cid', ARGV[11])  -- a write the WAIT after it counts
-  return {0, 1}
-end
-if #KEYS > 5 and redis.call('GET', KEYS[6]) ~= ARGV[#ARGV] then return {3, 0} end
-local expected = tonumber(ARGV[1])
-if expected < 0 then
-  if stored then return {1, tonumber(stored)} end
-else
-  if not stored then return {1, -1} end
-  if tonumber(stored) ~= expected then return {1, tonumber(stored)} end
-  if redis.sha1hex(redis.call('HGET', KEYS[1], 'doc')) ~= ARGV[3] then
-    return {1, tonumber(stored)}
-  end
-end
-local n_m, n_t, n_b = tonumber(ARGV[7]), tonumber(ARGV[9]), tonumber(ARGV[10])
-if redis.call('LLEN', KEYS[2]) ~= tonumber(ARGV[2])
-    or redis.call('LLEN', KEYS[3]) ~= tonumber(ARGV[6])
-    or redis.call('LLEN', KEYS[4]) ~= tonumber(ARGV[8]) then
-  return {2, 0}
-end
-redis.call('HSET', KEYS[1], 'r', ARGV[2], 'doc', ARGV[4], 'cid', ARGV[11])
-redis.call('RPUSH', KEYS[2], ARGV[5])
-local i = 14
-for _ = 1, n_m do redis.call('RPUSH', KEYS[3], ARGV[i]); i = i + 1 end
-for _ = 1, n_t do redis.call('RPUSH', KEYS[4], ARGV[i]); i = i + 1 end
-for _ = 1, n_b do redis.call('HSETNX', KEYS[5], ARGV[i], ARGV[i + 1]); i = i + 2 end
-redis.call('PUBLISH', ARGV[12], ARGV[13])
-return {0, 0}
-"""
-
-ACQUIRE_SCRIPT = """
-if redis.call('EXISTS', KEYS[3]) == 0 then return {2, ''} end
-local held = redis.call('GET', KEYS[1])
-if held then
-  if redis.call('GET', KEYS[4]) == ARGV[3] then return {1, held} end
-  return {0, held}
-end
-local token = redis.call('INCR', KEYS[2]) .. '/' .. ARGV[1]
-redis.call('PERSIST', KEYS[2])
-redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
-redis.call('SET', KEYS[4], ARGV[3], 'PX', ARGV[2])
-return {1, token}
-"""
-"""Give the lease ``KEYS[1]`` of the run whose head is ``KEYS[3]`` to ``ARGV[1]`` for
-``ARGV[2]`` ms with the next token of its fence counter ``KEYS[2]``, which never expires
-(a counter a release of an older layout left expiring is made to last). ``ARGV[3]`` is
-the call's nonce, kept in ``KEYS[4]``: the same call sent again after a cut connection
-(its first send may have taken the lease) is given the lease it took, not ``RunBusy``."""
-
-KEEP_FENCE_SCRIPT = """
-if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
-local given = tonumber(redis.call('GET', KEYS[1]) or '0')
-if given < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
-return 1
-"""
-"""Raise the fence counter ``KEYS[1]`` of the run whose head is ``KEYS[2]`` to at least
-``ARGV[1]`` (-1: no such run)."""
-
-
-_Outcome = tuple[int, int, bool]
-"""Of a commit script: its status, the revision it found, whether it was announced."""
+_Outcome = tuple[int, int, bool, str]
+"""Of a commit script: its status, the revision it found, whether it was announced, and
+the lease token a creating script replied ('' for a commit)."""
 
 
 @attrs.frozen
 class _Script:
-    """A commit script waiting for its round trip."""
+    """A commit script waiting for its round trip (``lua``: the registered script, the
+    commit's or a new run's creation with its lease)."""
 
     run_id: str
     revision: int
     cid: str
     keys: list[str]
     args: list[Any]
+    lua: Any
+
+
+class _Unconfirmed(StoreError):
+    """A new run's creation whose replicas were not confirmed, with the token of the lease
+    it took (given back by ``create_leased``)."""
+
+    def __init__(self, message: str, token: str) -> None:
+        super().__init__(message)
+        self.token = token
+
+
+def _text(value: Any) -> str:
+    """A script's reply as text (bytes from a client that does not decode replies)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @attrs.frozen
@@ -243,6 +205,7 @@ class RedisStore(Closing):
         if isinstance(self._client, RedisCluster):
             check_cluster_support(redis.__version__)
         self._script = self._client.register_script(COMMIT_SCRIPT)
+        self._create = self._client.register_script(CREATE_LEASED_SCRIPT)
         self._acquire = self._client.register_script(ACQUIRE_SCRIPT)
         self._keep_fence = self._client.register_script(KEEP_FENCE_SCRIPT)
         self._renew = self._client.register_script(RENEW)
@@ -507,21 +470,67 @@ class RedisStore(Closing):
         first: ``StoreError`` while it cannot be, as its outcome decides this one's.
         """
         run = checkpoint.run
-        keys = self._keys(run.run_id)
+        head_key = self._keys(run.run_id)[0]
         await self._call(self._replication.confirm(run.run_id))
         known = self._known.get(run.run_id) if run.revision > 0 else None
         if known is None or known.key.revision != checkpoint.expected_revision:
-            known = await self._prior(run.run_id, keys[0]) if run.revision > 0 else None
+            known = await self._prior(run.run_id, head_key) if run.revision > 0 else None
         check_head(checkpoint, None if known is None else known.key.revision)
+        script, enc = self._commit_script(checkpoint, known, self._script)
+        if lease is not None:
+            keys = [*script.keys, self.run_key(run.run_id, "lease")]
+            script = attrs.evolve(script, keys=keys, args=[*script.args, lease.token])
+        status, actual, announced, _ = await self._group.submit(script)
+        if status == 3 and lease is not None:
+            self._known.drop(run.run_id)
+            raise LeaseLost(run.run_id, checkpoint.expected_revision, lease.token)
+        await self._check_landed(checkpoint, status, actual)
+        await self._landed(checkpoint, script, enc, announced)
+
+    async def create_leased(
+        self, checkpoint: Checkpoint, owner: str, *, ttl: float
+    ) -> Lease | None:
+        """``commit`` of a new run that takes its lease in the same script
+        (``CreatesLeased``): the lease ``acquire`` would give, with the next token of the
+        run's fence counter; None when the id kept a lease key (the run is created
+        without it). A creation its replicas were not confirmed for gives its lease back
+        at once (a token no replica may have is never handed out) and raises
+        ``StoreError``; the run itself stays doubted, as a commit's does."""
+        created_run(checkpoint)
+        run = checkpoint.run
+        await self._call(self._replication.confirm(run.run_id))
+        script, enc = self._commit_script(checkpoint, None, self._create)
+        keys = ["lease", "fence", "taker"]
+        script = attrs.evolve(
+            script,
+            keys=[*script.keys, *[self.run_key(run.run_id, key) for key in keys]],
+            args=[*script.args, owner, _ms(ttl), uuid.uuid4().hex],
+        )
+        try:
+            status, actual, announced, token = await self._group.submit(script)
+        except _Unconfirmed as short:
+            with contextlib.suppress(StoreError):
+                await self.release(Lease(run.run_id, owner, short.token))
+            raise StoreError(str(short)) from None
+        await self._check_landed(checkpoint, status, actual)
+        await self._landed(checkpoint, script, enc, announced)
+        if not token:
+            return None
+        token, holder = redis_holder(token, run.run_id, f"Redis store {redact_url(self.url)!r}")
+        return Lease(run.run_id, owner, token) if holder == owner else None
+
+    def _commit_script(
+        self, checkpoint: Checkpoint, known: Prior[_Known] | None, lua: Any
+    ) -> tuple[_Script, EncodedCommit]:
+        """The script of a commit on top of ``known`` (None: a new run), and its encoding."""
+        run = checkpoint.run
         enc = encode_commit(checkpoint, None if known is None else known.head)
-        doc = seal(dump_bytes(enc.head))
-        score = micros(run.updated_at)
         cid = uuid.uuid4().hex  # this commit's id: a script sent again knows it landed
         args: list[Any] = [
             checkpoint.expected_revision if run.revision > 0 else -1,
             run.revision,
             hashlib.sha1(known.key.doc).hexdigest() if known is not None else "",
-            doc,
+            seal(dump_bytes(enc.head)),
             seal(dump_entry(enc.entry)),
             enc.first_message,
             len(enc.messages),
@@ -536,17 +545,15 @@ class RedisStore(Closing):
         ]
         for key, value in enc.blobs.items():
             args += [key, seal(value)]
-        if lease is not None:
-            keys, args = [*keys, self.run_key(run.run_id, "lease")], [*args, lease.token]
-        script = _Script(run.run_id, run.revision, cid, keys, args)
-        status, actual, announced = await self._group.submit(script)
-        if status == 3 and lease is not None:
-            self._known.drop(run.run_id)
-            raise LeaseLost(run.run_id, checkpoint.expected_revision, lease.token)
+        return _Script(run.run_id, run.revision, cid, self._keys(run.run_id), args, lua), enc
+
+    async def _check_landed(self, checkpoint: Checkpoint, status: int, actual: int) -> None:
+        """Raise what a commit script's status says went wrong (0: it landed)."""
+        run = checkpoint.run
         if status == 1:
             self._known.drop(run.run_id)
             if actual >= 0:  # a head whose revision field r is damaged is no conflict
-                await self._prior(run.run_id, keys[0])
+                await self._prior(run.run_id, self._keys(run.run_id)[0])
             raise ConflictError(
                 run.run_id, checkpoint.expected_revision, None if actual < 0 else actual
             )
@@ -554,8 +561,14 @@ class RedisStore(Closing):
             raise CorruptCheckpoint(
                 f"invalid run {run.run_id!r} in {redact_url(self.url)}: logs do not match its head"
             )
-        self._known.put(run.run_id, Prior(_Known(run.revision, doc), enc.head))
-        self._runs.landed(run.run_id, score, run.revision)
+
+    async def _landed(
+        self, checkpoint: Checkpoint, script: _Script, enc: EncodedCommit, announced: bool
+    ) -> None:
+        """Remember the head that landed and move the run in the index."""
+        run = checkpoint.run
+        self._known.put(run.run_id, Prior(_Known(run.revision, script.args[3]), enc.head))
+        self._runs.landed(run.run_id, micros(run.updated_at), run.revision)
         if not announced:  # nothing would repair the index: move it now
             await self._runs.flush()
 
@@ -578,7 +591,7 @@ class RedisStore(Closing):
                 self._replication.doubt(script.run_id, script.keys[0], script.cid, script.revision)
                 commands.append(self._runs.announcement(script.run_id, script.revision))
                 keys, args = script.keys, script.args
-                scripts.append((keys[0], ("EVALSHA", self._script.sha, len(keys), *keys, *args)))
+                scripts.append((keys[0], ("EVALSHA", script.lua.sha, len(keys), *keys, *args)))
             trip = self._replication.round_trip(commands, scripts)
             results, replies, shorts = await self._call(trip)
             await self._runs.settled(taken, results[:first], quiet=True)
@@ -594,7 +607,8 @@ class RedisStore(Closing):
                     outcomes[i] = self._replicated(batch[i], outcome, announced_ok, shorts[n])
             if not lost:
                 break
-            await self._call(self._client.script_load(COMMIT_SCRIPT))
+            for lua in {batch[i].lua.script for i in lost}:
+                await self._call(self._client.script_load(lua))
             todo = lost
         unloaded = f"Redis store {redact_url(self.url)!r}: the commit script does not load"
         return [StoreError(unloaded) if o is None else o for o in outcomes]
@@ -607,11 +621,15 @@ class RedisStore(Closing):
         for. One that landed on fewer (``short`` says how) stays doubted, a
         ``StoreError``; so does one whose reply never came."""
         status, actual = int(outcome[0]), int(outcome[1])
+        token = _text(outcome[2]) if len(outcome) > 2 else ""
         if status == 0 and short is not None:
             what = f"the commit of run {script.run_id!r} at revision {script.revision}"
-            return self._replication.error(what, short)
+            error = self._replication.error(what, short)
+            if token:  # a lease no replica may have: never handed out
+                error = _Unconfirmed(str(error), token)
+            return error
         self._replication.forget(script.run_id)
-        return (status, actual, announced)
+        return (status, actual, announced, token)
 
     def _failed(self, exc: BaseException) -> BaseException:
         """What each commit of a round trip that failed as a whole raises (a new error

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import attrs
 
 from statekernel._storage.protocol import Lease
-from statekernel.errors import RunNotFound
+from statekernel.errors import RunBusy, RunNotFound
 from statekernel.stores._host.lease_records import damaged_lease, host_record, kept_record
 from statekernel.stores._host.owners import LeaseChange, LeaseRecord, check_fence, fenced
 from statekernel.stores._sql.rows import BadRow, CommitRows, Stored
@@ -190,7 +190,8 @@ def apply_commit(
     caller's ``BEGIN IMMEDIATE`` transaction; with ``release``, give ``fence`` up with it
     (as ``released`` does: the record keeps its token, without owner or expiry); with
     ``take``, a new run's lease record becomes ``take(record)`` (the record a deleted run
-    left, if any), its token the run's fence, and is put in ``taken``.
+    left, if any), its token the run's fence, and is put in ``taken`` (nothing when that
+    record's owner may hold it still: the run is created without its lease).
 
     Returns (True, the new head) when the commit landed, else (False, the stored
     head it found instead), having written nothing.
@@ -210,7 +211,7 @@ def apply_commit(
         rid = int(cursor.lastrowid or 0)
         if take is not None:
             record = _taken(conn, run_id, rid, take)
-            if taken is not None:
+            if record is not None and taken is not None:
                 taken.append(record)
     else:
         rid = found[0]
@@ -225,10 +226,16 @@ def apply_commit(
     return True, Stored(rid, run_id, rows.revision, rows.columns[1], rows.columns[-1])
 
 
-def _taken(conn: sqlite3.Connection, run_id: str, rid: int, take: LeaseChange) -> LeaseRecord:
+def _taken(
+    conn: sqlite3.Connection, run_id: str, rid: int, take: LeaseChange
+) -> LeaseRecord | None:
     """The lease of a run created in this transaction, taken: ``take`` of the record a
-    deleted run of that id left (its token only grows), or of none."""
-    new = take(_lease(conn, run_id))
+    deleted run of that id left (its token only grows), or of none. None when that
+    record's owner may still hold it (``RunBusy``): the run is created without it."""
+    try:
+        new = take(_lease(conn, run_id))
+    except RunBusy:
+        return None
     if new is None:
         raise AssertionError("taking a lease gave no lease record")
     conn.execute(

@@ -307,7 +307,9 @@ class SQLiteStore(HostLeased, Closing):
         await self._commit(checkpoint, lease, release=True)
         self._leases.let_go(lease)
 
-    async def create_leased(self, checkpoint: Checkpoint, owner: str, *, ttl: float) -> Lease:
+    async def create_leased(
+        self, checkpoint: Checkpoint, owner: str, *, ttl: float
+    ) -> Lease | None:
         """``commit`` of a new run that takes its lease in its transaction (``CreatesLeased``)."""
         self._refuse_leases()
         created_run(checkpoint)
@@ -342,7 +344,7 @@ class SQLiteStore(HostLeased, Closing):
             pending = Pending(run_id, expect, _rows(cp, enc), lease, release, take)
             landed, stored = await self._group.submit(PendingWrite(pending, enc))
             if landed:
-                return pending.taken[0] if take is not None else None
+                return pending.taken[0] if pending.taken else None
             known = self._prior(run_id, stored)
 
     async def _write(self, batch: list[PendingWrite]) -> list[Outcome | Exception]:

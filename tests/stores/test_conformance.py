@@ -84,8 +84,8 @@ async def test_store_conformance(kind: str, tmp_path: Path, request: pytest.Fixt
             "a commit gives its lease up with it (ReleasesWithCommit)",
             LEASED,
         ],
-        "redis": ["history of every revision (RevisionHistory)"],
-        "redis-cluster": ["history of every revision (RevisionHistory)"],
+        "redis": ["history of every revision (RevisionHistory)", LEASED],
+        "redis-cluster": ["history of every revision (RevisionHistory)", LEASED],
         "postgres": [
             "history of every revision (RevisionHistory)",
             "a cancelled commit has settled (SettlesOnCancel)",

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from statekernel.errors import CorruptCheckpoint, RunBusy, RunNotFound
+from statekernel.errors import CorruptCheckpoint, RunBusy
 from statekernel.stores import (
     Checkpoint,
     CheckpointStore,
     FileStore,
     KeepsFences,
+    Lease,
     RedisStore,
     SQLiteStore,
     migrate,
@@ -180,7 +181,8 @@ async def test_a_run_created_with_its_lease_takes_a_token_above_a_kept_lease_row
     """A lease row its id kept (the run deleted by hand): ``create_leased`` takes the next
     token after it in the creation's transaction (its owner of another process is dead:
     its owner lock is free); a live owner's row (one of this process, holding a lease)
-    refuses the creation whole."""
+    is left to it: the run is created without its lease (None), which stays the live
+    owner's until it gives it back."""
     store = SQLiteStore(f"sqlite:///{tmp_path}/runs.db")
     try:
         await store.commit(Checkpoint.between(None, sample_run("first")))  # the tables exist
@@ -190,13 +192,19 @@ async def test_a_run_created_with_its_lease_takes_a_token_above_a_kept_lease_row
             conn.execute("INSERT INTO leases VALUES ('held', 3, 'live', 4e9)")
         conn.close()
         lease = await store.create_leased(Checkpoint.between(None, sample_run("kept")), "o", ttl=60)
+        assert lease is not None
         assert lease.generation == 8
         assert await store.fence("kept") == 8
         await store.release(lease)
+        held = sample_run("held")
+        assert await store.create_leased(Checkpoint.between(None, held), "o", ttl=60) is None
+        assert await store.load("held") == held
         with pytest.raises(RunBusy):
-            await store.create_leased(Checkpoint.between(None, sample_run("held")), "o", ttl=60)
-        with pytest.raises(RunNotFound):
-            await store.load("held")
+            await store.acquire("held", "o", ttl=60)
+        await store.release(Lease("held", "live", "3"))
+        taken = await store.acquire("held", "o", ttl=60)
+        assert taken.generation == 4
+        await store.release(taken)
         await store.release(alive)
     finally:
         await store.aclose()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from statekernel.errors import ConflictError, LeaseLost, RunBusy, RunNotFound
+from statekernel.errors import ConflictError, LeaseLost, RunBusy
 from statekernel.stores import Checkpoint, PostgresStore
 from statekernel.stores.postgres import _ops, _writer
 from statekernel.testing._store_cases import next_revision, sample_run
@@ -199,14 +199,15 @@ async def test_a_new_run_takes_its_lease_in_the_same_statement_or_after_a_kept_l
     postgres_store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``create_leased`` lands in one statement with token 1. Where the id kept a lease row
-    (a run deleted by hand, its lease row left): a dead owner's lease is taken over in the
-    creation's transaction with a larger token; a live owner's refuses the creation whole
-    (``RunBusy``, nothing written)."""
+    (a run deleted by hand, its lease row left), the run is created without its lease
+    (None), and ``acquire`` decides about that row as always: a dead owner's is taken
+    with a larger token, a live one's stays its own."""
     at_once = one_statement_commits(monkeypatch)
     store = PostgresStore(postgres_store_url)
     schema = postgres_store_url.rsplit("schema=", 1)[1]
     try:
         lease = await store.create_leased(Checkpoint.between(None, sample_run("new")), "a", ttl=60)
+        assert lease is not None
         assert (lease.token, at_once[-1] is not None) == ("1", True)
         with pytest.raises(RunBusy):
             await store.acquire("new", "b", ttl=60)
@@ -219,18 +220,15 @@ async def test_a_new_run_takes_its_lease_in_the_same_statement_or_after_a_kept_l
                 f" VALUES (convert_to('{run_id}', 'UTF8'), 7, convert_to('{owner}', 'UTF8'),"
                 f" {expires}, 'renewal')",
             )
-        dead = await store.create_leased(
-            Checkpoint.between(None, sample_run("kept-dead")), "a", ttl=60
-        )
-        assert at_once[-1] is None  # not in one statement: the kept row was read first
+        for run_id in ("kept-dead", "kept-live"):
+            run = sample_run(run_id)
+            assert await store.create_leased(Checkpoint.between(None, run), "a", ttl=60) is None
+            assert at_once[-1] is None  # not in one statement: the kept row is there
+            assert await store.load(run_id) == run
+        dead = await store.acquire("kept-dead", "a", ttl=60)
         assert int(dead.token) == 8
-        assert await store.load("kept-dead") == sample_run("kept-dead")
         await store.release(dead)
         with pytest.raises(RunBusy):
-            await store.create_leased(
-                Checkpoint.between(None, sample_run("kept-live")), "a", ttl=60
-            )
-        with pytest.raises(RunNotFound):
-            await store.load("kept-live")
+            await store.acquire("kept-live", "a", ttl=60)
     finally:
         await store.aclose()
