@@ -158,17 +158,24 @@ def test_sigkill_then_resume(kind: str, tmp_path: Path, request: pytest.FixtureR
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "kind",
-    ["file", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)],
+    [
+        "file",
+        "sqlite",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
 )
 def test_sigkill_of_start_and_run_then_resume(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """The same deaths for runs created and driven by ``start_and_run``, whose first commit
     takes the lease (``CreatesLeased``): a process killed before, during or after it
-    leaves no run, or one the next process takes over at once (its owner is dead)."""
+    leaves no run, or one the next process takes over (at once where the owner's death is
+    proven, on Redis once its lease expired)."""
     urls: dict[str, Callable[[], str]] = {
         "file": lambda: f"file://{tmp_path}/store",
         "sqlite": lambda: f"sqlite:///{tmp_path}/runs.db",
+        "redis": lambda: request.getfixturevalue("redis_url"),
         "postgres": lambda: request.getfixturevalue("postgres_store_url"),
     }
     kills = max(KILLS // 3, 1)
