@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 
 import statekernel as sk
-from statekernel.stores import open_store
+from statekernel.stores import CheckpointStore, open_store
 from statekernel.testing import ScriptedProvider, call
 
 ARGUMENTS = {"query": "q" * 120, "top_k": 5, "lang": "en", "note": "n" * 40}
@@ -42,14 +42,23 @@ def _script(turns: int) -> list[object]:
     return [*items, "done"]
 
 
+async def _missing(store: CheckpointStore) -> None:
+    """Load a run that is not there (each of two at once opens a connection of its own)."""
+    with contextlib.suppress(sk.RunNotFound):
+        await store.load("warm-up")
+
+
 async def _one(url: str, turns: int, together: bool) -> float:
     store = open_store(url)
     kernel = sk.Kernel(
         store, tools=[search], providers={"scripted": ScriptedProvider(_script(turns))}
     )
     try:
-        with contextlib.suppress(sk.RunNotFound):
-            await store.load("warm-up")  # the store's connection opens before the clock
+        # before the clock: the store's tables (a run created and deleted) and its
+        # connections (a drive holds two on PostgreSQL: two loads at once open them)
+        await kernel.start(model="scripted/b", messages=["go"], run_id="warm-up")
+        await store.delete("warm-up")
+        await asyncio.gather(_missing(store), _missing(store))
         gc.collect()
         began = time.perf_counter()
         if together:
