@@ -6,7 +6,23 @@ from __future__ import annotations
 
 __all__ = ["ACQUIRE_SCRIPT", "COMMIT_SCRIPT", "CREATE_LEASED_SCRIPT", "KEEP_FENCE_SCRIPT"]
 
-COMMIT_SCRIPT = """
+_COUNTS = """local n_m, n_t, n_b = tonumber(ARGV[7]), tonumber(ARGV[9]), tonumber(ARGV[10])
+"""
+"""How many messages, turns and blobs a commit's ``ARGV`` carries from ``ARGV[14]`` on."""
+
+_WRITE = """redis.call('HSET', KEYS[1], 'r', ARGV[2], 'doc', ARGV[4], 'cid', ARGV[11])
+redis.call('RPUSH', KEYS[2], ARGV[5])
+local i = 14
+for _ = 1, n_m do redis.call('RPUSH', KEYS[3], ARGV[i]); i = i + 1 end
+for _ = 1, n_t do redis.call('RPUSH', KEYS[4], ARGV[i]); i = i + 1 end
+for _ = 1, n_b do redis.call('HSETNX', KEYS[5], ARGV[i], ARGV[i + 1]); i = i + 2 end
+redis.call('PUBLISH', ARGV[12], ARGV[13])
+"""
+"""A commit's writes: the head, its commit log entry, messages, turns and blobs, and its
+notice."""
+
+COMMIT_SCRIPT = (
+    """
 local stored = redis.call('HGET', KEYS[1], 'r')
 if stored and tonumber(stored) == tonumber(ARGV[2])
     and redis.call('HGET', KEYS[1], 'cid') == ARGV[11] then
@@ -24,21 +40,18 @@ else
     return {1, tonumber(stored)}
   end
 end
-local n_m, n_t, n_b = tonumber(ARGV[7]), tonumber(ARGV[9]), tonumber(ARGV[10])
-if redis.call('LLEN', KEYS[2]) ~= tonumber(ARGV[2])
+"""
+    + _COUNTS
+    + """if redis.call('LLEN', KEYS[2]) ~= tonumber(ARGV[2])
     or redis.call('LLEN', KEYS[3]) ~= tonumber(ARGV[6])
     or redis.call('LLEN', KEYS[4]) ~= tonumber(ARGV[8]) then
   return {2, 0}
 end
-redis.call('HSET', KEYS[1], 'r', ARGV[2], 'doc', ARGV[4], 'cid', ARGV[11])
-redis.call('RPUSH', KEYS[2], ARGV[5])
-local i = 14
-for _ = 1, n_m do redis.call('RPUSH', KEYS[3], ARGV[i]); i = i + 1 end
-for _ = 1, n_t do redis.call('RPUSH', KEYS[4], ARGV[i]); i = i + 1 end
-for _ = 1, n_b do redis.call('HSETNX', KEYS[5], ARGV[i], ARGV[i + 1]); i = i + 2 end
-redis.call('PUBLISH', ARGV[12], ARGV[13])
-return {0, 0}
 """
+    + _WRITE
+    + """return {0, 0}
+"""
+)
 
 ACQUIRE_SCRIPT = """
 if redis.call('EXISTS', KEYS[3]) == 0 then return {2, ''} end
@@ -68,7 +81,8 @@ return 1
 """Raise the fence counter ``KEYS[1]`` of the run whose head is ``KEYS[2]`` to at least
 ``ARGV[1]`` (-1: no such run)."""
 
-CREATE_LEASED_SCRIPT = """
+CREATE_LEASED_SCRIPT = (
+    """
 local stored = redis.call('HGET', KEYS[1], 'r')
 if stored then
   if tonumber(stored) == 0 and redis.call('HGET', KEYS[1], 'cid') == ARGV[11] then
@@ -77,25 +91,22 @@ if stored then
   end
   return {1, tonumber(stored), ''}
 end
-local n_m, n_t, n_b = tonumber(ARGV[7]), tonumber(ARGV[9]), tonumber(ARGV[10])
-if redis.call('LLEN', KEYS[2]) ~= 0 or redis.call('LLEN', KEYS[3]) ~= tonumber(ARGV[6])
+"""
+    + _COUNTS
+    + """if redis.call('LLEN', KEYS[2]) ~= 0 or redis.call('LLEN', KEYS[3]) ~= tonumber(ARGV[6])
     or redis.call('LLEN', KEYS[4]) ~= tonumber(ARGV[8]) then
   return {2, 0, ''}
 end
-redis.call('HSET', KEYS[1], 'r', ARGV[2], 'doc', ARGV[4], 'cid', ARGV[11])
-redis.call('RPUSH', KEYS[2], ARGV[5])
-local i = 14
-for _ = 1, n_m do redis.call('RPUSH', KEYS[3], ARGV[i]); i = i + 1 end
-for _ = 1, n_t do redis.call('RPUSH', KEYS[4], ARGV[i]); i = i + 1 end
-for _ = 1, n_b do redis.call('HSETNX', KEYS[5], ARGV[i], ARGV[i + 1]); i = i + 2 end
-redis.call('PUBLISH', ARGV[12], ARGV[13])
-if redis.call('EXISTS', KEYS[6]) == 1 then return {0, 0, ''} end  -- a lease the id kept
+"""
+    + _WRITE
+    + """if redis.call('EXISTS', KEYS[6]) == 1 then return {0, 0, ''} end  -- a lease the id kept
 local token = redis.call('INCR', KEYS[7]) .. '/' .. ARGV[#ARGV - 2]
 redis.call('PERSIST', KEYS[7])
 redis.call('SET', KEYS[6], token, 'PX', ARGV[#ARGV - 1])
 redis.call('SET', KEYS[8], ARGV[#ARGV], 'PX', ARGV[#ARGV - 1])
 return {0, 0, token}
 """
+)
 """``COMMIT_SCRIPT`` for a new run (revision 0) that takes its lease with it
 (``CreatesLeased``): ``KEYS[6..8]`` and the last three ``ARGV`` are ``ACQUIRE_SCRIPT``'s
 lease key, fence counter and nonce key, and its owner, ms and nonce. Replies

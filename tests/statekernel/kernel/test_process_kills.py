@@ -134,6 +134,7 @@ def _check_ledger(run_id: str, log: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("entry", ["start", "start_and_run"])
 @pytest.mark.parametrize(
     "kind",
     [
@@ -143,41 +144,20 @@ def _check_ledger(run_id: str, log: Path) -> None:
         pytest.param("postgres", marks=pytest.mark.postgres),
     ],
 )
-def test_sigkill_then_resume(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    urls: dict[str, Callable[[], str]] = {
-        "file": lambda: f"file://{tmp_path}/store",
-        "sqlite": lambda: f"sqlite:///{tmp_path}/runs.db",
-        "redis": lambda: request.getfixturevalue("redis_url"),
-        "postgres": lambda: request.getfixturevalue("postgres_store_url"),
-    }
-    stats = kill_loop(urls[kind](), tmp_path, KILLS)
-    assert stats["kills"] >= KILLS
-    print(f"{kind}: {stats['kills']} kills over {stats['runs']} runs")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "kind",
-    [
-        "file",
-        "sqlite",
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ],
-)
-def test_sigkill_of_start_and_run_then_resume(
-    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+def test_sigkill_then_resume(
+    kind: str, entry: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """The same deaths for runs created and driven by ``start_and_run``, whose first commit
-    takes the lease (``CreatesLeased``): a process killed before, during or after it
-    leaves no run, or one the next process takes over (at once where the owner's death is
-    proven, on Redis once its lease expired)."""
+    """``entry``: runs made by ``start`` then ``run``, or by ``start_and_run``, whose
+    first commit takes the lease (``CreatesLeased``): a process killed before, during or
+    after it leaves no run, or one the next process takes over (at once where the owner's
+    death is proven, on Redis once its lease expired)."""
     urls: dict[str, Callable[[], str]] = {
         "file": lambda: f"file://{tmp_path}/store",
         "sqlite": lambda: f"sqlite:///{tmp_path}/runs.db",
         "redis": lambda: request.getfixturevalue("redis_url"),
         "postgres": lambda: request.getfixturevalue("postgres_store_url"),
     }
-    kills = max(KILLS // 3, 1)
-    stats = kill_loop(urls[kind](), tmp_path, kills, entry="start_and_run")
+    kills = KILLS if entry == "start" else max(KILLS // 3, 1)
+    stats = kill_loop(urls[kind](), tmp_path, kills, entry)
     assert stats["kills"] >= kills
+    print(f"{kind} ({entry}): {stats['kills']} kills over {stats['runs']} runs")
