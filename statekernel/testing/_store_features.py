@@ -161,6 +161,14 @@ async def check_creates_leased(store: CheckpointStore) -> None:
         pass
     else:
         raise AssertionError("a refused create_leased created a run")
+    batch = [sample_run(f"born-held-{i}") for i in range(6)]  # created together: a group
+    leases = await asyncio.gather(
+        *(store.create_leased(Checkpoint.between(None, r), "first", ttl=60) for r in batch)
+    )
+    assert all(lease is not None for lease in leases), "a run created in a group lost its lease"
+    for one in leases:
+        assert one is not None
+        await store.release(one)
     await store.release(lease)
     taken = await store.acquire("born-held", "second", ttl=60)  # at once: RunBusy if held
     assert taken.generation > lease.generation, "a later lease's token did not grow"

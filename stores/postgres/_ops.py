@@ -226,7 +226,8 @@ async def apply_commit(conn: Any, t: Tables, pending: Pending) -> tuple[bool, St
             head,
             token,
         )
-
+        if rid is not None and pending.take is not None:
+            await _take_new(conn, t, pending, rid)
     else:
         rid = await conn.fetchval(
             f"UPDATE {t.runs} SET revision = $1, state = $2, updated_us = $3, head = $4,"
@@ -316,11 +317,32 @@ async def commit_at_once(conn: Any, t: Tables, pending: Pending) -> Stored | Non
     return None if rid is None else Stored(rid, run_id, rows.revision, state, head)
 
 
+async def _take_new(conn: Any, t: Tables, pending: Pending, rid: int) -> None:
+    """The lease of a run just created in this transaction (``Pending.take``, a ``Claim``),
+    as ``_create_leased_at_once`` takes it (token 1, the run's fence), unless its id kept a
+    lease row (then nothing: the run stays without its lease)."""
+    claim = pending.take
+    token = await conn.fetchval(
+        f"INSERT INTO {t.leases} (run_id, token, owner, expires, proof, lock_key)"
+        " VALUES ($1, 1, $2, extract(epoch FROM clock_timestamp())::float8 + $3::float8,"
+        " $4, $5) ON CONFLICT DO NOTHING RETURNING token",
+        run_key(pending.run_id),
+        run_key(claim.owner),
+        claim.ttl,
+        claim.proof,
+        claim.lock_key,
+    )
+    if token is not None:
+        await conn.execute(f"UPDATE {t.runs} SET fence = 1 WHERE id = $1", rid)
+        pending.taken.append(1)
+
+
 async def _create_leased_at_once(conn: Any, t: Tables, pending: Pending) -> Stored | None:
     """A new run whose lease is taken with it (``Pending.take``, a ``Claim``) in one
     statement: token 1, the run's fence. None (nothing written) when the id has a run
     or a lease row already: ``apply_commit`` then refuses it, or creates the run without
-    its lease (``Pending.taken`` stays empty)."""
+    its lease (``Pending.taken`` stays empty). A batch of commits goes through
+    ``apply_commit``, which takes it as this does (``_take_new``)."""
     rows, claim = pending.rows, pending.take
     revision, state, updated_us, head = rows.columns
     rid = await conn.fetchval(

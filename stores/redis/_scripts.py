@@ -87,6 +87,7 @@ local stored = redis.call('HGET', KEYS[1], 'r')
 if stored then
   if tonumber(stored) == 0 and redis.call('HGET', KEYS[1], 'cid') == ARGV[11] then
     redis.call('HSET', KEYS[1], 'cid', ARGV[11])  -- a write the WAIT after it counts
+    if redis.call('GET', KEYS[8]) ~= ARGV[#ARGV] then return {0, 1, ''} end
     return {0, 1, redis.call('GET', KEYS[6]) or ''}
   end
   return {1, tonumber(stored), ''}
@@ -111,6 +112,7 @@ return {0, 0, token}
 (``CreatesLeased``): ``KEYS[6..8]`` and the last three ``ARGV`` are ``ACQUIRE_SCRIPT``'s
 lease key, fence counter and nonce key, and its owner, ms and nonce. Replies
 ``{status, revision found, token}``: 0 created (1 in the middle: this very creation sent
-again, its lease as it is now), 1 the id has a run, 2 its logs do not match. The token
+again, with the lease it took if that is still the lease: the nonce says), 1 the id has
+a run, 2 its logs do not match. The token
 is empty when the id kept a lease key (a run deleted while held): the run is created
 without its lease."""

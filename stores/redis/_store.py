@@ -396,9 +396,14 @@ class RedisStore(Closing):
     async def acquire(self, run_id: str, owner: str, *, ttl: float) -> Lease:
         """Take the run's lease (a key that expires ``ttl`` seconds after its last renewal;
         a dead owner's lease is taken over once it expired)."""
+        return await self._take(run_id, owner, ttl, uuid.uuid4().hex)
+
+    async def _take(self, run_id: str, owner: str, ttl: float, nonce: str) -> Lease:
+        """``acquire`` as the call ``nonce``: the same call sent again is given the lease
+        it took (``ACQUIRE_SCRIPT``)."""
         keys = [self.run_key(run_id, "lease"), self.run_key(run_id, "fence"), self._keys(run_id)[0]]
         keys.append(self.run_key(run_id, "taker"))
-        args: list[Any] = [owner, _ms(ttl), uuid.uuid4().hex]
+        args: list[Any] = [owner, _ms(ttl), nonce]
         (status, token), short = await self._call(
             self._replication.script(self._acquire, keys, args)
         )
@@ -495,16 +500,19 @@ class RedisStore(Closing):
         run's fence counter; None when the id kept a lease key (the run is created
         without it). A creation its replicas were not confirmed for gives its lease back
         at once (a token no replica may have is never handed out) and raises
-        ``StoreError``; the run itself stays doubted, as a commit's does."""
+        ``StoreError``; the run itself stays doubted, as a commit's does. One whose reply
+        was lost asks for the lease again as the same call (its nonce): a creation that
+        landed gets the lease it took."""
         created_run(checkpoint)
         run = checkpoint.run
         await self._call(self._replication.confirm(run.run_id))
         script, enc = self._commit_script(checkpoint, None, self._create)
         keys = ["lease", "fence", "taker"]
+        nonce = uuid.uuid4().hex  # the creation's, as an acquire's: its lease known again
         script = attrs.evolve(
             script,
             keys=[*script.keys, *[self.run_key(run.run_id, key) for key in keys]],
-            args=[*script.args, owner, _ms(ttl), uuid.uuid4().hex],
+            args=[*script.args, owner, _ms(ttl), nonce],
         )
         try:
             status, actual, announced, token = await self._group.submit(script)
@@ -512,12 +520,24 @@ class RedisStore(Closing):
             with contextlib.suppress(StoreError):
                 await self.release(Lease(run.run_id, owner, short.token))
             raise StoreError(str(short)) from None
+        except StoreError as failed:  # the reply was lost: the lease it took, if it landed
+            try:
+                return await self._take(run.run_id, owner, ttl, nonce)
+            except (RunNotFound, RunBusy, StoreError):
+                raise failed from None
         await self._check_landed(checkpoint, status, actual)
-        await self._landed(checkpoint, script, enc, announced)
-        if not token:
-            return None
-        token, holder = redis_holder(token, run.run_id, f"Redis store {redact_url(self.url)!r}")
-        return Lease(run.run_id, owner, token) if holder == owner else None
+        lease = None
+        if token:
+            taken, holder = redis_holder(token, run.run_id, f"Redis store {redact_url(self.url)!r}")
+            lease = Lease(run.run_id, owner, taken) if holder == owner else None
+        try:
+            await self._landed(checkpoint, script, enc, announced)
+        except BaseException:
+            if lease is not None:  # the run is there; its lease is not kept from the caller
+                with contextlib.suppress(StoreError):
+                    await self.release(lease)
+            raise
+        return lease
 
     def _commit_script(
         self, checkpoint: Checkpoint, known: Prior[_Known] | None, lua: Any

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import attrs
 import pytest
 
 import statekernel as sk
 from statekernel._storage.protocol import Checkpoint
-from statekernel.errors import ConflictError, LeaseLost, RunBusy
+from statekernel.errors import ConflictError, LeaseLost, RunBusy, StoreError
 from statekernel.stores import RedisStore
 from statekernel.testing import ScriptedProvider
 from statekernel.testing._store_cases import sample_run
@@ -126,5 +127,62 @@ async def test_an_acquire_sent_again_after_a_cut_gets_the_lease_it_took(
         assert first[1] == again[1] == other[1]
         await store.delete("cut")
         assert await store.client.exists(keys[3]) == 0
+    finally:
+        await store.aclose()
+
+
+class LostReply(RedisStore):
+    """A real Redis store whose first creating script runs, then its reply is lost (the
+    connection dropped before the answer)."""
+
+    lost = 0
+
+    async def _scripts(self, batch: list[Any]) -> list[Any]:
+        outcomes = await super()._scripts(batch)
+        if not self.lost and batch[0].lua is self._create:
+            self.lost += 1
+            return [StoreError("the connection dropped before the answer") for _ in outcomes]
+        return outcomes
+
+
+async def test_a_creation_whose_reply_was_lost_gets_the_lease_it_took(
+    redis_store_url: str,
+) -> None:
+    store = LostReply(redis_store_url)
+    try:
+        run = sample_run("lost")
+        lease = await store.create_leased(Checkpoint.between(None, run), "me", ttl=60)
+        assert store.lost == 1
+        assert lease is not None
+        assert lease.generation == 1  # the lease the lost script took, not a second one
+        assert await store.load("lost") == run
+        with pytest.raises(RunBusy):
+            await store.acquire("lost", "other", ttl=60)
+        await store.release(lease)
+    finally:
+        await store.aclose()
+
+
+async def test_a_creation_sent_again_never_hands_out_a_lease_it_did_not_take(
+    redis_store_url: str,
+) -> None:
+    """Its id kept a lease another owner holds: the run is created without a lease, and
+    the same script sent again (a resend after a cut) does not answer with that owner's
+    token."""
+    store = RedisStore(redis_store_url)
+    try:
+        client = store._client
+        await client.set(store.run_key("kept", "lease"), "7/other", px=60_000)
+        run = sample_run("kept")
+        script, _ = store._commit_script(Checkpoint.between(None, run), None, store._create)
+        keys = [store.run_key("kept", k) for k in ("lease", "fence", "taker")]
+        script = attrs.evolve(
+            script, keys=[*script.keys, *keys], args=[*script.args, "me", 60_000, "nonce"]
+        )
+        first = await store._group.submit(script)
+        again = await store._group.submit(script)
+        assert (first[0], first[3]) == (0, "")
+        assert (again[0], again[1], again[3]) == (0, 1, "")
+        assert await client.get(store.run_key("kept", "lease")) in (b"7/other", "7/other")
     finally:
         await store.aclose()
