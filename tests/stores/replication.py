@@ -50,6 +50,10 @@ def skip_without_cluster_support() -> None:
         pytest.skip(str(exc), allow_module_level=True)
 
 
+_ASK_AGAIN = 10.0
+"""Seconds after which a takeover the replica has not carried out is asked for again."""
+
+
 def wait_until(
     check: Callable[[], bool],
     what: str,
@@ -205,10 +209,19 @@ class Cluster:
                 for port, client in zip(self.ports, self.clients, strict=True)
             }
 
-        try:  # a takeover the replica dropped (a loaded machine) is asked for once more
-            wait_until(promoted, f"node {replica} to be promoted", timeout=20.0)
-        except AssertionError:
-            self.client(replica).execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
+        asked = [time.monotonic()]
+
+        def promoted_or_asked() -> bool:
+            """A takeover the replica dropped (a loaded machine) is asked for again, every
+            ``_ASK_AGAIN`` seconds until the replica is promoted."""
+            if promoted():
+                return True
+            if time.monotonic() - asked[0] >= _ASK_AGAIN:
+                asked[0] = time.monotonic()
+                self.client(replica).execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
+            return False
+
+        wait_until(promoted_or_asked, f"node {replica} to be promoted", timeout=120.0, state=state)
         wait_until(settled, f"node {replica} took over from node {primary}", state=state)
         wait_until(lambda: acknowledges(self.client(replica)), "the old primary acknowledges")
 
