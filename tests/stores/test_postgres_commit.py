@@ -12,6 +12,7 @@ import pytest
 from statekernel.errors import ConflictError, LeaseLost, RunBusy
 from statekernel.stores import Checkpoint, PostgresStore
 from statekernel.stores.postgres import _ops, _writer
+from statekernel.stores.postgres._url import parse_postgres_url
 from statekernel.testing._store_cases import next_revision, sample_run
 
 from ..conftest import pg_admin
@@ -204,7 +205,7 @@ async def test_a_new_run_takes_its_lease_in_the_same_statement_or_after_a_kept_l
     with a larger token, a live one's stays its own."""
     at_once = one_statement_commits(monkeypatch)
     store = PostgresStore(postgres_store_url)
-    schema = postgres_store_url.rsplit("schema=", 1)[1]
+    parsed = parse_postgres_url(postgres_store_url)
     try:
         lease = await store.create_leased(Checkpoint.between(None, sample_run("new")), "a", ttl=60)
         assert lease is not None
@@ -215,8 +216,8 @@ async def test_a_new_run_takes_its_lease_in_the_same_statement_or_after_a_kept_l
         for expires, owner in ((0, "dead"), (4e9, "live-elsewhere/1/x")):
             run_id = f"kept-{owner[:4]}"
             pg_admin(
-                postgres_store_url.split("?")[0],
-                f'INSERT INTO "{schema}".leases (run_id, token, owner, expires, proof)'
+                parsed.dsn,
+                f'INSERT INTO "{parsed.schema}".leases (run_id, token, owner, expires, proof)'
                 f" VALUES (convert_to('{run_id}', 'UTF8'), 7, convert_to('{owner}', 'UTF8'),"
                 f" {expires}, 'renewal')",
             )
