@@ -55,8 +55,8 @@ __all__ = [
     "Landing",
     "NotLanded",
     "Overtaken",
+    "landed",
     "log_lease_lost",
-    "same_commit",
 ]
 
 log = logger("statekernel")
@@ -239,27 +239,31 @@ class Committer:
         return None
 
     async def _settle(self, checkpoint: Checkpoint) -> bool | None:
-        """Whether ``checkpoint`` landed, read from the head; None when the store cannot
-        tell right now. Only the lease holder commits, but a command of the same kernel
-        may share the lease, so the head must be this very commit: same revision, same
-        instant of the transition, same events."""
-        try:
-            head = await self.store.load(checkpoint.run.run_id)
-        except RunNotFound:
-            return False
-        except StatekernelError:
-            return None
-        mine = checkpoint.run
-        if head.revision == mine.revision and same_commit(head, mine):
-            return True
-        if head.revision == checkpoint.expected_revision:
-            return False
-        raise ConflictError(mine.run_id, checkpoint.expected_revision, head.revision)
+        """``landed`` in this committer's store."""
+        return await landed(self.store, checkpoint)
 
 
-def same_commit(head: Run, mine: Run) -> bool:
-    """Whether ``head``, read from the store at ``mine``'s revision, is that very commit
-    (the same instant of the transition, the same events, the same state)."""
+async def landed(store: CheckpointStore, checkpoint: Checkpoint) -> bool | None:
+    """Whether ``checkpoint`` landed in ``store``, read from the head; None when the store
+    cannot tell right now; ``ConflictError`` when the head is another commit at or past its
+    revision. Only the lease holder commits, but a command of the same kernel may share the
+    lease, so the head must be this very commit: same revision, same instant of the
+    transition, same events."""
+    try:
+        head = await store.load(checkpoint.run.run_id)
+    except RunNotFound:
+        return False
+    except StatekernelError:
+        return None
+    mine = checkpoint.run
+    if head.revision == mine.revision and _same_commit(head, mine):
+        return True
+    if head.revision == checkpoint.expected_revision:
+        return False
+    raise ConflictError(mine.run_id, checkpoint.expected_revision, head.revision)
+
+
+def _same_commit(head: Run, mine: Run) -> bool:
     return (
         head.updated_at == mine.updated_at
         and head.event_count == mine.event_count

@@ -17,7 +17,7 @@ import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from statekernel._kernel.commit import same_commit
+from statekernel._kernel.commit import landed
 from statekernel._kernel.delegate import run_tree
 from statekernel._kernel.drive import RunDriver
 from statekernel._kernel.driving import Agent
@@ -28,7 +28,6 @@ from statekernel._storage.protocol import Checkpoint, CheckpointStore, CreatesLe
 from statekernel._storage.shielding import shielded
 from statekernel.errors import (
     ConfigError,
-    ConflictError,
     RunBusy,
     RunHasChildren,
     RunNotFound,
@@ -111,23 +110,15 @@ class Tenancy:
                     await self.release_lease(taken)
             raise
         except StoreError:
-            if not await self._created(run):
+            created = await landed(store, checkpoint)  # settled as a commit is
+            if created is None:
+                raise  # the store cannot tell now whether the run was created
+            if not created:
                 return None
             lease = None
         if lease is None:
             return await self.acquire(run.run_id, share=False)
         return Tenure(store, lease, self.lease_ttl, began, self.clock)
-
-    async def _created(self, run: Run) -> bool:
-        """After a ``create_leased`` that failed in the store: whether it created ``run``
-        (``ConflictError`` when another run has the id)."""
-        try:
-            head = await self.store.load(run.run_id)
-        except RunNotFound:
-            return False
-        if not (head.revision == 0 and same_commit(head, run)):
-            raise ConflictError(run.run_id, -1, head.revision)
-        return True
 
     @contextlib.asynccontextmanager
     async def driver(

@@ -319,21 +319,23 @@ async def commit_at_once(conn: Any, t: Tables, pending: Pending) -> Stored | Non
 
 async def _take_new(conn: Any, t: Tables, pending: Pending, rid: int) -> None:
     """The lease of a run just created in this transaction (``Pending.take``, a ``Claim``),
-    as ``_create_leased_at_once`` takes it (token 1, the run's fence), unless its id kept a
-    lease row (then nothing: the run stays without its lease)."""
+    as ``_create_leased_at_once`` takes it (token 1, the run's fence), in one statement,
+    unless its id kept a lease row (then nothing: the run stays without its lease)."""
     claim = pending.take
-    token = await conn.fetchval(
-        f"INSERT INTO {t.leases} (run_id, token, owner, expires, proof, lock_key)"
-        " VALUES ($1, 1, $2, extract(epoch FROM clock_timestamp())::float8 + $3::float8,"
-        " $4, $5) ON CONFLICT DO NOTHING RETURNING token",
+    taken = await conn.fetchval(
+        f"WITH lease AS (INSERT INTO {t.leases} (run_id, token, owner, expires, proof,"
+        "  lock_key) VALUES ($1, 1, $2, extract(epoch FROM clock_timestamp())::float8"
+        "  + $3::float8, $4, $5) ON CONFLICT DO NOTHING RETURNING token)"
+        f" UPDATE {t.runs} SET fence = 1 WHERE id = $6 AND EXISTS (SELECT 1 FROM lease)"
+        " RETURNING 1",
         run_key(pending.run_id),
         run_key(claim.owner),
         claim.ttl,
         claim.proof,
         claim.lock_key,
+        rid,
     )
-    if token is not None:
-        await conn.execute(f"UPDATE {t.runs} SET fence = 1 WHERE id = $1", rid)
+    if taken is not None:
         pending.taken.append(1)
 
 

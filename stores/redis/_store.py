@@ -481,10 +481,8 @@ class RedisStore(Closing):
         if known is None or known.key.revision != checkpoint.expected_revision:
             known = await self._prior(run.run_id, head_key) if run.revision > 0 else None
         check_head(checkpoint, None if known is None else known.key.revision)
-        script, enc = self._commit_script(checkpoint, known, self._script)
-        if lease is not None:
-            keys = [*script.keys, self.run_key(run.run_id, "lease")]
-            script = attrs.evolve(script, keys=keys, args=[*script.args, lease.token])
+        fenced = () if lease is None else ((self.run_key(run.run_id, "lease"), lease.token),)
+        script, enc = self._commit_script(checkpoint, known, self._script, fenced)
         status, actual, announced, _ = await self._group.submit(script)
         if status == 3 and lease is not None:
             self._known.drop(run.run_id)
@@ -506,13 +504,11 @@ class RedisStore(Closing):
         created_run(checkpoint)
         run = checkpoint.run
         await self._call(self._replication.confirm(run.run_id))
-        script, enc = self._commit_script(checkpoint, None, self._create)
-        keys = ["lease", "fence", "taker"]
         nonce = uuid.uuid4().hex  # the creation's, as an acquire's: its lease known again
-        script = attrs.evolve(
-            script,
-            keys=[*script.keys, *[self.run_key(run.run_id, key) for key in keys]],
-            args=[*script.args, owner, _ms(ttl), nonce],
+        keys = [self.run_key(run.run_id, key) for key in ("lease", "fence", "taker")]
+        lease_args: list[Any] = [owner, _ms(ttl), nonce]
+        script, enc = self._commit_script(
+            checkpoint, None, self._create, tuple(zip(keys, lease_args, strict=True))
         )
         try:
             status, actual, announced, token = await self._group.submit(script)
@@ -540,9 +536,15 @@ class RedisStore(Closing):
         return lease
 
     def _commit_script(
-        self, checkpoint: Checkpoint, known: Prior[_Known] | None, lua: Any
+        self,
+        checkpoint: Checkpoint,
+        known: Prior[_Known] | None,
+        lua: Any,
+        extra: tuple[tuple[str, Any], ...] = (),
     ) -> tuple[_Script, EncodedCommit]:
-        """The script of a commit on top of ``known`` (None: a new run), and its encoding."""
+        """The script of a commit on top of ``known`` (None: a new run), and its encoding;
+        ``extra``: (key, argument) pairs the script reads after the commit's own (the
+        lease that fences it; the lease a creation takes)."""
         run = checkpoint.run
         enc = encode_commit(checkpoint, None if known is None else known.head)
         cid = uuid.uuid4().hex  # this commit's id: a script sent again knows it landed
@@ -565,7 +567,11 @@ class RedisStore(Closing):
         ]
         for key, value in enc.blobs.items():
             args += [key, seal(value)]
-        return _Script(run.run_id, run.revision, cid, self._keys(run.run_id), args, lua), enc
+        keys = self._keys(run.run_id)
+        for key, arg in extra:
+            keys.append(key)
+            args.append(arg)
+        return _Script(run.run_id, run.revision, cid, keys, args, lua), enc
 
     async def _check_landed(self, checkpoint: Checkpoint, status: int, actual: int) -> None:
         """Raise what a commit script's status says went wrong (0: it landed)."""
