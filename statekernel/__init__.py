@@ -18,6 +18,7 @@ from statekernel._kernel.adapters import (
     tools_from_mcp_server,
 )
 from statekernel._kernel.asking import NeedsInput, ask_user
+from statekernel._kernel.cancelling import CancelResult
 from statekernel._kernel.delegate import child_run_id, delegate
 from statekernel._kernel.dispatch import DispatchPolicy
 from statekernel._kernel.hooks import Continue, Decision, Finish, Hooks, Pause, Rewrite, Skip
@@ -42,6 +43,7 @@ from statekernel._records.messages import (
 )
 from statekernel._records.run import (
     STATE_IDS,
+    Cancellation,
     FailureInfo,
     PauseInfo,
     Run,
@@ -56,6 +58,7 @@ from statekernel.errors import (
     InvalidTransition,
     ProviderError,
     RunBusy,
+    RunCancelled,
     RunFailed,
     RunNotFound,
     StatekernelError,
@@ -63,6 +66,8 @@ from statekernel.errors import (
 )
 
 __all__ = [
+    "CancelResult",
+    "Cancellation",
     "ConflictError",
     "ContentPart",
     "Continue",
@@ -90,6 +95,7 @@ __all__ = [
     "Rewrite",
     "Run",
     "RunBusy",
+    "RunCancelled",
     "RunFailed",
     "RunLifecycle",
     "RunNotFound",

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "AuthenticationFailed",
     "BadRequest",
+    "CancelRequested",
     "ConfigError",
     "ConflictError",
     "CorruptCheckpoint",
@@ -20,6 +21,7 @@ __all__ = [
     "ProviderUnavailable",
     "RateLimited",
     "RunBusy",
+    "RunCancelled",
     "RunFailed",
     "RunHasChildren",
     "RunNotFound",
@@ -87,6 +89,25 @@ class RunBusy(StatekernelError):
         )
 
 
+class CancelRequested(StatekernelError):
+    """A commit was refused because someone asked to cancel the run (``Kernel.cancel``):
+    the store keeps the request, and only the commit that carries it out (the run
+    failed with ``Cancelled``) may land. Nothing was written.
+
+    The kernel's drives handle it: they stop the run's calls and commit the cancellation.
+    A command (``send``, ``resume``...) that meets it fails with it: the run is being
+    cancelled.
+    """
+
+    def __init__(self, run_id: str, reason: str = "", by: str = "") -> None:
+        self.run_id = run_id
+        self.reason = reason
+        self.by = by
+        who = f" by {by}" if by else ""
+        why = f": {reason}" if reason else ""
+        super().__init__(f"run {run_id!r} is being cancelled{who}{why}")
+
+
 class CorruptCheckpoint(StatekernelError):
     """Stored data cannot be read back as a valid record (garbled, truncated, unknown version)."""
 
@@ -148,6 +169,17 @@ class RunFailed(StatekernelError):
             f"run {run_id!r} failed in {failed_in} (revision {revision}): {error}: {said};"
             " kernel.retry(run_id) returns it to where it failed"
         )
+
+
+class RunCancelled(RunFailed):
+    """``RunFailed`` for a run stopped by ``Kernel.cancel``: ``error`` is ``"Cancelled"``,
+    ``message`` the reason, ``by`` who asked for it."""
+
+    def __init__(
+        self, run_id: str, message: str, failed_in: str, revision: int, by: str = ""
+    ) -> None:
+        super().__init__(run_id, "Cancelled", message, failed_in, revision)
+        self.by = by
 
 
 class InvalidArgument(StatekernelError, ValueError):

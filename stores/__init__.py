@@ -11,7 +11,9 @@ beyond it is declared by small protocols: :class:`RevisionHistory` and
 :class:`BoundsEffects` (how soon before an effect its owner must have renewed),
 :class:`ShowsHolders` (who holds a run, read without writing),
 :class:`ReleasesWithCommit` (a commit that gives its lease back in the same step) and
-:class:`CreatesLeased` (the commit that creates a run takes its lease with it).
+:class:`CreatesLeased` (the commit that creates a run takes its lease with it) and
+:class:`CancelsRuns` (a cancel request kept beside the lease, which refuses every
+commit but the one that carries it out).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from statekernel._secrets import redact_url
 from statekernel._storage.holders import ShowsHolders
 from statekernel._storage.protocol import (
     BoundsEffects,
+    CancelsRuns,
     Checkpoint,
     CheckpointStore,
     CreatesLeased,
@@ -64,6 +67,7 @@ __getattr__, __dir__ = _exports.lazy_exports(
 )
 __all__ = [
     "BoundsEffects",
+    "CancelsRuns",
     "Checkpoint",
     "CheckpointStore",
     "CommitNotice",

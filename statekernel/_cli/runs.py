@@ -1,5 +1,5 @@
-"""``statekernel runs ...``: list, inspect, follow, resume, send, resolve, fork, delete,
-prune, diagram."""
+"""``statekernel runs ...``: list, inspect, follow, resume, send, resolve, submit, cancel,
+fork, delete, prune, diagram."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from statekernel import STATE_IDS, Kernel, Run, StateId
+from statekernel import STATE_IDS, CancelResult, Kernel, Run, StateId, to_plain
 from statekernel._cli.common import (
     Output,
     UserError,
@@ -454,6 +454,48 @@ def submit(run_id: str, queue: str, agent: str | None, store: str | None, as_jso
     out.console.print(visible(said), markup=False)
     hint = command_hint("statekernel worker", store, agent, queue=queue)
     out.console.print(visible(f"a worker drives it: {hint}"), markup=False)
+
+
+@runs.command("cancel")
+@click.argument("run_id")
+@click.option("--reason", default="", help="Why: kept as the failure's message.")
+@click.option("--by", default=None, help="Who asks (default: this process's kernel id).")
+@click.option(
+    "--without-children", is_flag=True, help="Leave its child runs running (default: cancel them)."
+)
+@common_options
+def cancel(
+    run_id: str,
+    reason: str,
+    by: str | None,
+    without_children: bool,
+    store: str | None,
+    as_json: bool,
+) -> None:
+    """Stop a run, from any machine: it ends failed with a Cancelled failure that
+    ``runs resume`` retries. A run that a process drives is stopped by that process at its
+    next safe point (no call starts after the cancel); a run at rest is cancelled at once.
+    Exit 0 when the run is cancelled or will be, also when it was already."""
+
+    async def go() -> CancelResult:
+        async with open_cli_kernel(store) as kernel:
+            return await kernel.cancel(run_id, reason, by=by, children=not without_children)
+
+    with warnings_shown():
+        result = run_async(go())
+    out = Output(as_json)
+    if as_json:
+        out.json(to_plain(result))
+        return
+    for line in _cancel_lines(result, 0):
+        out.console.print(visible(line), markup=False)
+
+
+def _cancel_lines(result: CancelResult, depth: int) -> list[str]:
+    lines = [f"{'  ' * depth}run {result.run_id}: {result.outcome} ({result.detail})"]
+    for child in result.children:
+        lines += _cancel_lines(child, depth + 1)
+    return lines
 
 
 # -- fork / delete -----------------------------------------------------------------

@@ -30,7 +30,7 @@ import attrs
 
 from statekernel._kernel import telemetry
 from statekernel._kernel.failures import shortened
-from statekernel._records.run import Run
+from statekernel._records.run import Cancellation, Run
 from statekernel._secrets import logger
 from statekernel._storage.protocol import (
     Checkpoint,
@@ -41,6 +41,7 @@ from statekernel._storage.protocol import (
 )
 from statekernel._storage.shielding import shielded
 from statekernel.errors import (
+    CancelRequested,
     ConflictError,
     LeaseLost,
     RunNotFound,
@@ -132,9 +133,18 @@ class Committer:
         self.lease = lease
         self.lost = False
         """True once the lease was found to have moved on: nothing more is committed."""
+        self.cancelling: Cancellation | None = None
+        """A cancel request it knows of (``Kernel.cancel``): it commits nothing but the
+        cancellation (``Checkpoint.cancels``), as a store keeping the request does."""
         self.releases = lease is not None and isinstance(store, ReleasesWithCommit)
         """Whether a commit can give the lease up with it (``commit(release=True)``):
         asked once (a protocol check costs about 7 us, and a drive asks at every commit)."""
+
+    def check_cancel(self, run_id: str) -> None:
+        """``CancelRequested`` once it knows of a cancel request (``cancelling``)."""
+        asked = self.cancelling
+        if asked is not None:
+            raise CancelRequested(run_id, asked.reason, asked.by)
 
     async def commit(
         self,
@@ -174,6 +184,8 @@ class Committer:
             try:
                 if self.lost:
                     raise LeaseLost(checkpoint.run.run_id, checkpoint.expected_revision)
+                if not checkpoint.cancels:
+                    self.check_cancel(checkpoint.run.run_id)
                 write = self._write(checkpoint, release)
                 task = None if self.settles else asyncio.ensure_future(write)
                 await (write if task is None else shielded(task))

@@ -98,15 +98,15 @@ from statekernel._lifecycle.chart import DATA_CHANGES, Lifecycle
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, ModelRequest
 from statekernel._records.pauses import MaxTurns, Question
-from statekernel._records.run import INPUT_REQUIRED, MAX_TURNS, Run
-from statekernel._storage.protocol import Lease
-from statekernel.errors import ConflictError, InvalidTransition, LeaseLost
+from statekernel._records.run import INPUT_REQUIRED, MAX_TURNS, Cancellation, Run
+from statekernel._storage.protocol import CancelsRuns, Lease
+from statekernel.errors import CancelRequested, ConflictError, InvalidTransition, LeaseLost
 
 if TYPE_CHECKING:
     from statekernel._kernel.telemetry import TraceContext
     from statekernel._kernel.tenure import Tenure
 
-__all__ = ["RunDriver"]
+__all__ = ["RunDriver", "cancel_soon", "carry_out_cancel"]
 
 
 @attrs.frozen
@@ -167,16 +167,19 @@ class RunDriver:
         answer that asked for them), before waiting for tools still running (the results in
         hand), before a hook observes a result, and when the run comes to rest.
         """
-        with self._dropped_unless_committed():
-            try:
-                async for live in self._gather():
-                    yield live
-                committed = await self._commit()
-            except HookFailed as failed:  # before anything landed
-                committed = _Committed((), failed)
-            landed = committed.events
-            if committed.hook_failed is not None:
-                landed += await self._fail_after(committed.hook_failed)
+        try:
+            with self.dropped_unless_committed():
+                try:
+                    async for live in self._gather():
+                        yield live
+                    committed = await self._commit()
+                except HookFailed as failed:  # before anything landed
+                    committed = _Committed((), failed)
+                landed = committed.events
+                if committed.hook_failed is not None:
+                    landed += await self._fail_after(committed.hook_failed)
+        except CancelRequested:  # nothing more starts: the cancellation lands instead
+            landed = await carry_out_cancel(self)
         for event in landed:
             yield event
 
@@ -228,7 +231,7 @@ class RunDriver:
         and the next waiting question pauses the run again in the same commit. A hook
         observing that result that raises fails the run, as in a drive."""
         ids, error, waiting = answered(question, value)
-        with self._dropped_unless_committed():
+        with self.dropped_unless_committed():
             self.stage("resume", value=value, max_turns=max_turns)
             self.calls.stage_result(Outcome(tuple(ids), None if error else value, error))
             if waiting is not None:
@@ -243,7 +246,7 @@ class RunDriver:
         now. A hook observing them that raises fails the run, as in a drive."""
         if not self.calls.outcomes or self.lost or self.run.state != "dispatching_tools":
             return
-        with self._dropped_unless_committed():
+        with self.dropped_unless_committed():
             for outcome in self.calls.ready():
                 self.calls.stage_result(outcome)
             committed = await self._commit()
@@ -277,7 +280,7 @@ class RunDriver:
             pending.outcomes.extend(self.calls.ready(asking=True))
 
     @contextlib.contextmanager
-    def _dropped_unless_committed(self) -> Iterator[None]:
+    def dropped_unless_committed(self) -> Iterator[None]:
         """Whatever stops the block (an error, a cancellation) drops what it staged and
         did not commit, so the driver's copy is the last commit again."""
         try:
@@ -474,6 +477,7 @@ class RunDriver:
         called right before a model or tool call starts. ``LeaseLost`` (the driver is
         lost) if the lease moved on; ``StoreError`` if the store cannot say now."""
         run = self.committed
+        self.committer.check_cancel(run.run_id)
         if self.lost:
             raise LeaseLost(run.run_id, run.revision)
         if self.tenure is None:
@@ -489,7 +493,9 @@ class RunDriver:
         """Commit under ``tenure`` from now on, after the lease was given up with a
         commit (``released``), at ``head`` (the run as loaded under ``tenure``)."""
         self.tenure = tenure
+        cancelling = self.committer.cancelling
         self.committer = Committer(self.kernel.store, tenure.lease)
+        self.committer.cancelling = cancelling
         self.released = False
         await self.reset(head)
 
@@ -529,3 +535,51 @@ class RunDriver:
         when the drive reports that it stopped (and the run may be driven elsewhere).
         """
         await self.calls.stop()
+
+
+# -- cancel (``Kernel.cancel``) ---------------------------------------------------------
+
+
+def cancel_soon(driver: RunDriver, request: Cancellation) -> None:
+    """Someone asked to cancel the run ``driver`` drives: from now on no model or tool call
+    starts and nothing but the cancellation is committed (``Committer.cancelling``); a
+    drive waiting for a call wakes up to carry it out (``carry_out_cancel``)."""
+    if driver.committer.cancelling is None:
+        driver.committer.cancelling = request
+        driver.queue.put_nowait(None)
+
+
+async def carry_out_cancel(driver: RunDriver) -> tuple[Event, ...]:
+    """Stop the run as its cancel request asks (the one ``driver`` knows of, else the one
+    its store keeps), in one commit that removes the request.
+
+    Running calls are cancelled and waited for (a tool sees the cancellation; one that
+    still returns has its result committed); results in hand are committed; a call
+    whose intent landed but that never began gets an error result saying so. A call cut
+    off while running stays in flight, as a crash leaves it: ``retry`` runs an
+    idempotent one again and pauses for any other. The run fails with the ``Cancelled``
+    failure (``run_cancelled``, ``run_failed``)."""
+    store, run_id = driver.kernel.store, driver.run.run_id
+    request = driver.committer.cancelling
+    if request is None and isinstance(store, CancelsRuns):
+        request = await store.cancel_request(run_id)
+    if request is None:  # carried out meanwhile: the store refuses nothing more
+        raise CancelRequested(run_id)
+    driver.committer.cancelling = request
+    calls = driver.calls
+    await calls.stop()
+    driver.model.claim = None
+    with driver.dropped_unless_committed():
+        if driver.run.state == "dispatching_tools":
+            for outcome in calls.ready():
+                calls.stage_result(outcome)
+            for ids, _ in list(calls.unstarted.values()):
+                why = f"cancelled before it began: {request.reason}"
+                calls.stage_result(Outcome(tuple(ids), None, why))
+        if driver.run.state not in ("failed", "completed"):  # paused is cancelled too
+            driver.stage("cancel", cancellation=request)
+        driver.pending.cancels = True
+        events = (await driver._commit()).events  # a hook failing after it changes nothing
+    calls.unstarted.clear()
+    driver.committer.cancelling = None
+    return events

@@ -19,6 +19,7 @@ from statekernel._records.run import PauseInfo, Run, Turn
 from statekernel.errors import InvalidTransition
 
 if TYPE_CHECKING:
+    from statekernel._kernel.commit import Committer
     from statekernel._kernel.dispatch import DispatchPolicy
     from statekernel._kernel.middleware import Middleware
     from statekernel._kernel.pending import PendingCommit
@@ -133,6 +134,11 @@ class Driving(Protocol):
 
     async def ensure_lease(self) -> None:
         """Return once the lease surely lasts long enough for an effect to start."""
+        ...
+
+    @property
+    def committer(self) -> Committer:
+        """Commits the driver's changes (``check_cancel``: a cancel request it knows of)."""
         ...
 
 

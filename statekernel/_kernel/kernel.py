@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from statekernel._kernel.cancelling import CancelResult, cancel_tree
 from statekernel._kernel.commit import Committer
 from statekernel._kernel.delegate import DelegateTool, child_runs, run_tree
 from statekernel._kernel.dispatch import DispatchPolicy
@@ -654,6 +655,27 @@ class Kernel(Closing):
         async with self._tenancy.fresh(run_id) as driver:
             await resume_paused(driver, value, given, max_turns)
             return driver.run
+
+    async def cancel(
+        self, run_id: str, reason: str = "", *, by: str | None = None, children: bool = True
+    ) -> CancelResult:
+        """Stop the run, from any process: it ends ``failed`` with a ``Cancelled`` failure
+        that ``retry`` resumes (see ``statekernel._kernel.cancelling``).
+
+        The request is committed first, then obeyed by whoever drives the run at its next
+        safe point: no model or tool call starts after it; running calls are cancelled
+        (one cut off stays in flight: ``retry`` re-runs it only if idempotent). A run
+        nobody drives is cancelled at once. A second cancel, or one of a completed or
+        failed run, changes nothing and says so. Child runs are cancelled too unless
+        ``children=False``. ``by`` names who asked (default: this kernel's ``owner``).
+        ``RunNotFound``; ``ConfigError`` when a live owner drives the run and the store
+        cannot keep a cancel request (``CancelsRuns``).
+        """
+        run_id_arg(run_id)
+        text("reason", reason, empty=True)
+        who = self.owner if by is None else text("by", by)
+        flag("children", children)
+        return await cancel_tree(self._tenancy, run_id, reason, who, children=children)
 
     async def retry(self, run_id: str) -> Run:
         """Return a failed run to the state it failed in.

@@ -19,7 +19,8 @@ wait for the answer's end.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -45,7 +46,7 @@ from statekernel._storage.provider import (
     ToolCallDone,
     UsageUpdate,
 )
-from statekernel.errors import ConflictError, LeaseLost, StoreError
+from statekernel.errors import CancelRequested, ConflictError, LeaseLost, StoreError
 
 __all__ = ["ModelCall", "pump"]
 
@@ -91,11 +92,13 @@ class ModelCall:
         holder: list[ModelResult] = []
         self.calls.decided = {}
         try:
-            async for live in pump(driver.queue, self._result(run, turn, holder)):
+            work = self._result(run, turn, holder)
+            check = functools.partial(driver.committer.check_cancel, run.run_id)
+            async for live in pump(driver.queue, work, check):
                 yield live
         except (asyncio.CancelledError, GeneratorExit):
             raise
-        except (HookFailed, StoreError, ConflictError, LeaseLost):
+        except (HookFailed, StoreError, ConflictError, LeaseLost, CancelRequested):
             raise
         except Exception as exc:
             if self.refused is not None:  # whatever a middleware made of it
@@ -227,8 +230,14 @@ class _Early:
         return self.waiting[1]
 
 
-async def pump(queue: asyncio.Queue[Event | None], work: Awaitable[None]) -> AsyncIterator[Event]:
-    """Run ``work`` while yielding the live events it puts on ``queue``."""
+async def pump(
+    queue: asyncio.Queue[Event | None],
+    work: Awaitable[None],
+    check: Callable[[], None] | None = None,
+) -> AsyncIterator[Event]:
+    """Run ``work`` while yielding the live events it puts on ``queue``; a wake-up
+    (None) while it runs calls ``check``, which may raise to stop it (``work`` is then
+    cancelled and waited for)."""
     task = asyncio.ensure_future(work)
     task.add_done_callback(lambda _: queue.put_nowait(None))
     ended = False
@@ -239,6 +248,8 @@ async def pump(queue: asyncio.Queue[Event | None], work: Awaitable[None]) -> Asy
                 if task.done():
                     ended = True
                     break
+                if check is not None:
+                    check()
                 continue
             yield item
     finally:

@@ -64,6 +64,8 @@ class PendingCommit:
     model_intent: bool = False
     """Whether it holds the driver's intent to call the model (``model_started``, or
     calls started while the answer streams)."""
+    cancels: bool = False
+    """Whether it carries out the run's cancel request (``Checkpoint.cancels``)."""
 
     @property
     def open(self) -> bool:
@@ -78,4 +80,5 @@ class PendingCommit:
     def checkpoint(self, head: Run) -> Checkpoint:
         """The checkpoint that takes the store from ``base`` to ``head``."""
         assert self.base is not None, "nothing was staged"
-        return Checkpoint.appended(self.base, head, tuple(self.events))
+        checkpoint = Checkpoint.appended(self.base, head, tuple(self.events))
+        return attrs.evolve(checkpoint, cancels=True) if self.cancels else checkpoint

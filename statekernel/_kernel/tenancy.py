@@ -19,12 +19,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from statekernel._kernel.commit import landed
 from statekernel._kernel.delegate import run_tree
-from statekernel._kernel.drive import RunDriver
+from statekernel._kernel.drive import RunDriver, cancel_soon
 from statekernel._kernel.driving import Agent
 from statekernel._kernel.tenure import Tenure
 from statekernel._records.run import Run
 from statekernel._secrets import logger
-from statekernel._storage.protocol import Checkpoint, CheckpointStore, CreatesLeased, Lease
+from statekernel._storage.protocol import (
+    CancelsRuns,
+    Checkpoint,
+    CheckpointStore,
+    CreatesLeased,
+    Lease,
+)
 from statekernel._storage.shielding import shielded
 from statekernel.errors import (
     ConfigError,
@@ -290,6 +296,20 @@ class Tenancy:
             for driver in list(self.drivers.values()):
                 with contextlib.suppress(StatekernelError):  # unreachable now: next round
                     await driver.renew_lease()
+                    await self._look_for_cancel(driver)
+
+    async def _look_for_cancel(self, driver: RunDriver) -> None:
+        """Tell ``driver`` of a cancel request the store keeps for its run (``CancelsRuns``):
+        a drive waiting for a long call stops within a third of the lease's ttl."""
+        store = self.store
+        if (
+            driver.committer.cancelling is None
+            and not driver.lost
+            and isinstance(store, CancelsRuns)
+        ):
+            request = await store.cancel_request(driver.run.run_id)
+            if request is not None:
+                cancel_soon(driver, request)
 
     @contextlib.asynccontextmanager
     async def fresh(self, run_id: str) -> AsyncIterator[RunDriver]:

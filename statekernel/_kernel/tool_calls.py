@@ -66,7 +66,14 @@ from statekernel._records.run import (
 from statekernel._records.values import as_stored, parse_json
 from statekernel._secrets import logger
 from statekernel._storage.shielding import wait_ended
-from statekernel.errors import InvalidArgument, InvalidTransition, LeaseLost, StoreError, ToolError
+from statekernel.errors import (
+    CancelRequested,
+    InvalidArgument,
+    InvalidTransition,
+    LeaseLost,
+    StoreError,
+    ToolError,
+)
 
 __all__ = ["Intent", "NOT_RUN_FINISHED", "ToolCalls"]
 
@@ -178,6 +185,8 @@ class ToolCalls:
             item = await queue.get()
             if item is not None:
                 yield item
+            else:
+                self.driver.committer.check_cancel(self.driver.run.run_id)
         self.raise_escaped()
 
     # -- staging -----------------------------------------------------------------
@@ -418,7 +427,7 @@ class ToolCalls:
         async def terminal(invocation: ToolInvocation) -> JSON:
             try:
                 await driver.ensure_lease()  # the call starts only under a live lease
-            except (LeaseLost, StoreError) as exc:
+            except (LeaseLost, StoreError, CancelRequested) as exc:
                 refused[:] = [exc]
                 raise
             refused.clear()
@@ -429,7 +438,7 @@ class ToolCalls:
             the drive stops, and an intent refused for a store error is started by the
             next drive (a lost lease leaves it to the new owner)."""
             self.tasks.pop(ids[0], None)
-            if isinstance(refused[0], StoreError):
+            if isinstance(refused[0], StoreError | CancelRequested):
                 self.unstarted[ids[0]] = (list(ids), call_input)
             self.escaped = refused[0]
             queue.put_nowait(None)

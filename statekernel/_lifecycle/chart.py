@@ -36,7 +36,7 @@ from statekernel._lifecycle import transitions as tr
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, Message, ModelRequest, ModelResult
 from statekernel._records.pauses import PauseDetails
-from statekernel._records.run import STATE_IDS, PauseInfo, Run, StateId, utcnow
+from statekernel._records.run import STATE_IDS, Cancellation, PauseInfo, Run, StateId, utcnow
 from statekernel.errors import CorruptCheckpoint, InvalidTransition
 
 __all__ = [
@@ -117,10 +117,19 @@ class RunLifecycle(StateChart[_Cell]):
         | paused.to(dispatching_tools, cond="pause_returns_to_dispatching_tools")
     )
     fail = preparing_turn.to(failed) | calling_model.to(failed) | dispatching_tools.to(failed)
+    cancel = (
+        init.to(failed)
+        | preparing_turn.to(failed)
+        | calling_model.to(failed)
+        | dispatching_tools.to(failed)
+        | paused.to(failed)
+    )
     retry = (
-        failed.to(preparing_turn, cond="failure_returns_to_preparing_turn")
+        failed.to(init, cond="failure_returns_to_init")
+        | failed.to(preparing_turn, cond="failure_returns_to_preparing_turn")
         | failed.to(calling_model, cond="failure_returns_to_calling_model")
         | failed.to(dispatching_tools, cond="failure_returns_to_dispatching_tools")
+        | failed.to(paused, cond="failure_returns_to_paused")
     )
     input = completed.to(preparing_turn) | paused.to(preparing_turn)
 
@@ -149,6 +158,12 @@ class RunLifecycle(StateChart[_Cell]):
 
     def pause_returns_to_dispatching_tools(self) -> bool:
         return self._pause_to("dispatching_tools")
+
+    def failure_returns_to_init(self) -> bool:
+        return self._failure_to("init")
+
+    def failure_returns_to_paused(self) -> bool:
+        return self._failure_to("paused")
 
     def failure_returns_to_preparing_turn(self) -> bool:
         return self._failure_to("preparing_turn")
@@ -213,6 +228,9 @@ class RunLifecycle(StateChart[_Cell]):
     def on_fail(self, error: str, message: str, at: Any) -> None:
         self._build(tr.fail(self.model.run, error, message, at))
 
+    def on_cancel(self, cancellation: Cancellation, at: Any) -> None:
+        self._build(tr.cancel(self.model.run, cancellation, at))
+
     def on_retry(self, at: Any) -> None:
         self._build(tr.retry(self.model.run, at))
 
@@ -235,6 +253,7 @@ EVENTS: dict[str, frozenset[str]] = {
     "pause": frozenset({"reason", "details"}),
     "resume": frozenset({"value", "max_turns"}),
     "fail": frozenset({"error", "message"}),
+    "cancel": frozenset({"cancellation"}),
     "retry": frozenset(),
     "input": frozenset({"messages"}),
 }

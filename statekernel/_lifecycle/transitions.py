@@ -18,7 +18,15 @@ import attrs
 from statekernel._lifecycle.matching import call_key
 from statekernel._records.messages import JSON, Message, ModelRequest, ModelResult, ToolCall
 from statekernel._records.pauses import PauseDetails, Question
-from statekernel._records.run import FailureInfo, PauseInfo, Run, ToolCallRecord, Turn
+from statekernel._records.run import (
+    CANCELLED,
+    Cancellation,
+    FailureInfo,
+    PauseInfo,
+    Run,
+    ToolCallRecord,
+    Turn,
+)
 from statekernel._records.values import merge_patch, parse_json
 from statekernel._secrets import redact
 
@@ -434,6 +442,18 @@ def fail(run: Run, error: str, message: str, at: datetime) -> Effects:
     info = FailureInfo(error=error, message=message, failed_in=run.state)
     data = {"error": error, "message": message, "failed_in": run.state}
     return attrs.evolve(run, failure=info), [("run_failed", data)]
+
+
+def cancel(run: Run, cancellation: Cancellation, at: datetime) -> Effects:
+    """Any state but failed and completed -> failed, as asked by ``Kernel.cancel``
+    (``run_cancelled``, then ``run_failed`` with the ``Cancelled`` failure); a retry
+    returns where it was stopped."""
+    reason = redact(cancellation.reason)
+    cancellation = attrs.evolve(cancellation, reason=reason)
+    info = FailureInfo(CANCELLED, reason, run.state, cancellation)
+    asked = {"reason": reason, "by": cancellation.by, "requested_at": cancellation.at.isoformat()}
+    failed = {"error": CANCELLED, "message": reason, "failed_in": run.state}
+    return attrs.evolve(run, failure=info), [("run_cancelled", asked), ("run_failed", failed)]
 
 
 def retry(run: Run, at: datetime) -> Effects:

@@ -27,6 +27,7 @@ PERSISTED_EVENTS: Final = frozenset(
         "run_paused",
         "run_resumed",
         "input_received",
+        "run_cancelled",
         "run_failed",
         "run_retried",
         "run_completed",

@@ -13,7 +13,9 @@ from statekernel._records.messages import JSON, Message, ModelRequest, ModelResu
 from statekernel._records.pauses import HookPause, PauseDetails
 
 __all__ = [
+    "CANCELLED",
     "CHILD_PAUSED",
+    "Cancellation",
     "FailureInfo",
     "INPUT_REQUIRED",
     "MAX_TURNS",
@@ -148,13 +150,32 @@ class PauseInfo:
         return self.details.metadata
 
 
+CANCELLED = "Cancelled"
+"""``FailureInfo.error`` of a run stopped by ``Kernel.cancel``."""
+
+
+@attrs.frozen
+class Cancellation:
+    """A request to stop a run (``Kernel.cancel``): why, who asked and when. Kept by the
+    store beside the run's lease until the run's owner carries it out, then in the
+    run's ``FailureInfo``."""
+
+    reason: str
+    by: str
+    at: datetime
+
+
 @attrs.frozen
 class FailureInfo:
-    """What failed (error type and message) and the state a ``retry`` returns to."""
+    """What failed (error type and message) and the state a ``retry`` returns to.
+
+    A run stopped by ``Kernel.cancel`` fails with ``error`` ``"Cancelled"``, the reason
+    as ``message`` and the request in ``cancellation``."""
 
     error: str
     message: str
     failed_in: StateId
+    cancellation: Cancellation | None = None
 
 
 @attrs.frozen

@@ -22,12 +22,13 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from statekernel._records.events import Event
-from statekernel._records.run import PauseInfo, Run, StateId
+from statekernel._records.run import Cancellation, PauseInfo, Run, StateId
 from statekernel._storage.closing import Closing
 from statekernel._storage.queues import RunQueues
 
 __all__ = [
     "BoundsEffects",
+    "CancelsRuns",
     "Checkpoint",
     "CheckpointStore",
     "CreatesLeased",
@@ -63,6 +64,9 @@ class Checkpoint:
     new_messages: int = 0
     new_turns: int = 0
     transcript_replaced: bool = False
+    cancels: bool = False
+    """The commit that carries out the run's cancel request (``CancelsRuns``): it lands
+    despite the request, and the request goes with it."""
 
     @property
     def expected_revision(self) -> int:
@@ -415,6 +419,36 @@ class CreatesLeased(Protocol):
                 head says), and if it was, its lease may be held by ``owner`` until it
                 expires.
         """
+        ...
+
+
+@runtime_checkable
+class CancelsRuns(Protocol):
+    """What a store may offer beyond ``CheckpointStore``: a cancel request kept beside a
+    run's lease (``Kernel.cancel``), written by anyone without the lease.
+
+    While a request is kept, every commit to the run is refused with
+    ``CancelRequested``, in the same atomic step that checks its revision and fencing
+    token, except the one that carries the request out (``Checkpoint.cancels``), which
+    removes it. So no intent, and no effect, can start after the request is kept,
+    whoever drives the run. Deleting the run removes its request."""
+
+    async def request_cancel(self, run_id: str, request: Cancellation) -> Cancellation | None:
+        """Keep ``request`` for the run unless a request is kept already.
+
+        Returns:
+            None when ``request`` is kept now; the request kept before it otherwise
+                (which stays, unchanged).
+
+        Raises:
+            RunNotFound: no run has the id.
+            InvalidTransition: the run is completed or failed (nothing kept).
+            StoreError: the storage failed; the request may have been kept or not.
+        """
+        ...
+
+    async def cancel_request(self, run_id: str) -> Cancellation | None:
+        """The run's kept cancel request, or None (also when no run has the id)."""
         ...
 
 

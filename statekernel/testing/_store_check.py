@@ -10,7 +10,7 @@ copies of head fields and lease records a store keeps outside its checksums), an
 ``RawDocuments`` (the built-in ones are)
 the check that migrations of a run stored at an older version persist. What a store
 declares beyond the protocol (``RevisionHistory``, ``SettlesOnCancel``,
-``ReleasesWithCommit``) is checked too.
+``ReleasesWithCommit``, ``CreatesLeased``, ``CancelsRuns``) is checked too.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 
 from statekernel._storage.protocol import (
+    CancelsRuns,
     CheckpointStore,
     CreatesLeased,
     ReleasesWithCommit,
@@ -28,6 +29,7 @@ from statekernel._storage.protocol import (
 from statekernel.testing import _store_cases as c
 from statekernel.testing._clock import ManualClock
 from statekernel.testing._raw import RawCopies, RawDocuments, RawRecords
+from statekernel.testing._store_cancels import check_cancels_runs
 from statekernel.testing._store_damage import (
     check_damaged_copies,
     check_damaged_records,
@@ -98,6 +100,8 @@ async def check_store(
     if isinstance(probe, ReleasesWithCommit):
         name = "a commit gives its lease up with it (ReleasesWithCommit)"
         checks.append((name, check_releases_with_commit))
+    if isinstance(probe, CancelsRuns):
+        checks.append(("cancel requests (CancelsRuns)", check_cancels_runs))
     if isinstance(probe, CreatesLeased):
         name = "a new run's commit takes its lease (CreatesLeased)"
         checks.append((name, check_creates_leased))

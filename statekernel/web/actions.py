@@ -1,5 +1,5 @@
 """The actions: answer or approve a pause, resolve an uncertain call, send a message,
-retry, fork at a revision, delete. Each is a POST carrying the page's CSRF token,
+retry, cancel, fork at a revision, delete. Each is a POST carrying the page's CSRF token,
 authorized by the ``authorize`` hook (both before its body is read), done by the
 acting kernel; a run that goes on afterwards is driven in the background, and its page
 follows it live.
@@ -148,6 +148,25 @@ async def _fork(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str |
     return f"forked {run_id} at {at} into {run.run_id}", run.run_id
 
 
+async def _cancel(
+    kernel: Kernel,
+    run_id: str,
+    form: FormData,
+    approve: Callable[[list[str]], Awaitable[None]] | None = None,
+) -> tuple[str, str | None]:
+    """Cancel the run (with its child runs unless ``children`` is off; ``approve`` sees
+    their ids first and raises to cancel nothing)."""
+    children = form.get("children", "on") == "on"
+    if children and approve is not None:
+        tree = await kernel.tree(run_id)
+        await approve([run.run_id for _, run in tree])
+    reason = str(form.get("reason", "")).strip()
+    result = await kernel.cancel(run_id, reason, children=children)
+    more = sum(1 for c in result.children if c.outcome != "unchanged")
+    also = f" and {more} child run(s)" if more else ""
+    return f"{result.outcome}: run {run_id}{also} ({result.detail})", run_id
+
+
 class _ChildRefused(Exception):
     """The ``authorize`` hook refused deleting one of the run's child runs."""
 
@@ -176,6 +195,7 @@ ACTIONS: dict[str, tuple[Act, bool]] = {
     "resolve": (_resolve, True),
     "send": (_send, True),
     "retry": (_retry, True),
+    "cancel": (_cancel, False),
     "fork": (_fork, False),
     "delete": (_delete, False),
 }
@@ -205,15 +225,17 @@ async def act(request: Request) -> Response:
         return refused(403, web.read_only_reason or "read-only")
     form = await read_form(request)
     work, drive = ACTIONS[name]
-    if name == "delete":
+    if name in ("delete", "cancel"):
 
         async def each_child_allowed(tree: list[str]) -> None:
-            # deleting with children deletes each of them: each must be allowed on its own
+            # acting with children acts on each of them: each must be allowed on its own
             for child in tree[1:]:
                 if not await web.authorized(request, name, child):
                     raise _ChildRefused
 
-        work = functools.partial(_delete, approve=each_child_allowed)
+        work = functools.partial(
+            _delete if name == "delete" else _cancel, approve=each_child_allowed
+        )
     try:
         said, shown = await work(web.actor, run_id, form)
     except ConfigError:  # the authorize hook's own fault (its answer about a child run)
@@ -221,7 +243,8 @@ async def act(request: Request) -> Response:
     except StatekernelError as exc:
         return refused(*refusal(exc))
     except _ChildRefused:
-        said = f"not allowed: delete on a child run of run {run_id}; nothing was deleted"
+        done = "deleted" if name == "delete" else "cancelled"
+        said = f"not allowed: {name} on a child run of run {run_id}; nothing was {done}"
         return renderer.page(
             request, "error.html", {"title": "Forbidden", "message": said}, status=403
         )

@@ -59,8 +59,8 @@ def create_app(
     ``"package.module:function"`` returning them) the view acts with; with neither a
     kernel nor an agent the view is read-only and says why. ``authorize(request,
     action, run_id)`` (sync or async) answers whether a request may ``view`` a page or
-    do an action (``answer``, ``resume``, ``resolve``, ``send``, ``retry``, ``fork``,
-    ``delete``); False answers 403, and an answer that is not a bool is a
+    do an action (``answer``, ``resume``, ``resolve``, ``send``, ``retry``, ``cancel``,
+    ``fork``, ``delete``); False answers 403, and an answer that is not a bool is a
     ``ConfigError`` (so a hook missing its ``return`` refuses nothing silently). Deleting
     with children asks about each child run while the kernel holds the whole tree.
     Every action is a POST carrying a CSRF token (in its query string or the

@@ -42,3 +42,5 @@ class CommitRows:
     first_turn: int
     turns: Sequence[bytes]
     blobs: Sequence[tuple[str, bytes]]
+    cancels: bool = False
+    """The commit carries out the run's cancel request (``Checkpoint.cancels``)."""

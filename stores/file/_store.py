@@ -38,7 +38,7 @@ from urllib.parse import unquote, urlsplit
 import attrs
 
 from statekernel._records.events import Event
-from statekernel._records.run import Run, StateId
+from statekernel._records.run import Cancellation, Run, StateId
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunBusy, RunNotFound, StoreError
@@ -50,6 +50,12 @@ from statekernel.stores._common import (
     checked_revision,
     checked_run_id,
     created_run,
+)
+from statekernel.stores._format.cancels import (
+    AT_REST,
+    check_cancellable,
+    decode_cancel,
+    encode_cancel,
 )
 from statekernel.stores._format.codec import (
     check_log,
@@ -74,6 +80,12 @@ from statekernel.stores._host.owners import (
 )
 from statekernel.stores._listing import page_of
 from statekernel.stores._private import folder_refusal, open_folder
+from statekernel.stores.file._cancels import (
+    check_cancel,
+    drop_cancel,
+    read_cancel,
+    write_cancel,
+)
 from statekernel.stores.file._io import (
     Locked,
     RunFolder,
@@ -213,6 +225,9 @@ class FileStore(HostLeased, Closing):
                 check_fence(_fence_record(folder, state, cp), lease, cp.expected_revision)
             prior = None if state is None else _own_head(state.head, run.run_id, folder)
             check_head(cp, None if prior is None else prior["revision"])
+            drop = prior is not None and check_cancel(
+                folder, run.run_id, prior["state"], cp.cancels
+            )
             taken = None if take is None else _take_kept(folder, take)
             enc = encode_commit(cp, prior)
             fence = 0 if state is None else _fence_of(state.head, run.run_id, folder)
@@ -230,6 +245,8 @@ class FileStore(HostLeased, Closing):
             record = head_record(at, body, head)
             size = folder.append(at, body + record, first=state is None)
             write_hint(folder, size, size - len(record))
+            if drop:
+                drop_cancel(folder)
             if taken is not None:
                 write_lease(folder, taken)
             return taken
@@ -297,6 +314,34 @@ class FileStore(HostLeased, Closing):
                     yield head_summary(head, what=f"head in {folder.path}")
             except CorruptCheckpoint as exc:
                 damaged.append(DamagedRun(name, str(exc)))  # a hashed id: its folder
+
+    async def request_cancel(self, run_id: str, request: Cancellation) -> Cancellation | None:
+        """Keep ``request`` unless a request is kept already (``CancelsRuns``), under the
+        run's lock."""
+        checked_run_id(run_id)
+        data = encode_cancel(request)
+        kept = await asyncio.to_thread(self._request_cancel, run_id, data)
+        return None if kept is None else decode_cancel(kept, run_id, self.url)
+
+    def _request_cancel(self, run_id: str, data: bytes) -> bytes | None:
+        folder = self._folder(run_id)
+        with folder.locked(create=False) as state:
+            if state is None:
+                raise RunNotFound(run_id)
+            head = _own_head(state.head, run_id, folder)
+            kept = read_cancel(folder)
+            if kept is not None and head.get("state") not in AT_REST:
+                return kept
+            check_cancellable(run_id, str(head.get("state")))
+            write_cancel(folder, data)
+            return None
+
+    async def cancel_request(self, run_id: str) -> Cancellation | None:
+        """The run's kept cancel request (``CancelsRuns``)."""
+        checked_run_id(run_id)
+        folder = self._folder(run_id)
+        kept = await asyncio.to_thread(read_cancel, folder)
+        return None if kept is None else decode_cancel(kept, run_id, folder.where)
 
     async def delete(self, run_id: str) -> bool:
         """Remove the run's folder (renamed aside under its lock, then deleted)."""

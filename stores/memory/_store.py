@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from statekernel._records.events import Event
-from statekernel._records.run import Run, StateId
+from statekernel._records.run import Cancellation, Run, StateId
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel.errors import ConflictError, CorruptCheckpoint, RunBusy, RunNotFound
@@ -27,6 +27,12 @@ from statekernel.stores._common import (
     checked_revision,
     checked_run_id,
     created_run,
+)
+from statekernel.stores._format.cancels import (
+    cancel_requested,
+    check_cancellable,
+    decode_cancel,
+    encode_cancel,
 )
 from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
 from statekernel.stores._format.codec import (
@@ -72,6 +78,8 @@ class StoredRun:
     turns: list[bytes]
     blobs: dict[str, bytes]
     lease: LeaseRecord | None = None
+    cancel: bytes | None = None
+    """The run's cancel request (``CancelsRuns``), as kept."""
     last: tuple[dict[str, Any], frozenset[str]] | None = None
     """The head document of ``revision`` and the blobs it references, as last written."""
 
@@ -140,6 +148,8 @@ class MemoryStore(HostLeased, Closing):
         expected = checkpoint.expected_revision if run.revision > 0 else None
         if actual != expected or (entry is None and run.revision != 0):
             raise ConflictError(run.run_id, checkpoint.expected_revision, actual)
+        if entry is not None and entry.cancel is not None and not checkpoint.cancels:
+            raise cancel_requested(run.run_id, entry.cancel, self.url)
         if entry is None:
             enc = encode_commit(checkpoint, None)
         else:
@@ -152,6 +162,8 @@ class MemoryStore(HostLeased, Closing):
         if entry is None:
             entry = self._runs[run.run_id] = StoredRun(run.revision, head, [], [], [], {})
         entry.revision, entry.head, entry.last = run.revision, head, (enc.head, enc.refs)
+        if checkpoint.cancels:
+            entry.cancel = None
         entry.entries.append(seal(dump_entry(enc.entry)))
         entry.messages += [seal(m) for m in enc.messages]
         entry.turns += [seal(t) for t in enc.turns]
@@ -185,6 +197,26 @@ class MemoryStore(HostLeased, Closing):
         record or damage commits) sees this one too."""
         await self.commit(checkpoint, lease=lease)
         await self._leases.release(lease)
+
+    async def request_cancel(self, run_id: str, request: Cancellation) -> Cancellation | None:
+        """Keep ``request`` unless a request is kept already (``CancelsRuns``)."""
+        checked_run_id(run_id)
+        entry = self._entry(run_id)
+        if entry.cancel is not None:
+            return decode_cancel(entry.cancel, run_id, self.url)
+        data = encode_cancel(request)
+        head = head_summary(_head(entry.head, f"run {run_id!r} in {self.url}"), what=self.url)
+        check_cancellable(run_id, head.state)
+        entry.cancel = data
+        return None
+
+    async def cancel_request(self, run_id: str) -> Cancellation | None:
+        """The run's kept cancel request (``CancelsRuns``)."""
+        checked_run_id(run_id)
+        entry = self._runs.get(run_id)
+        if entry is None or entry.cancel is None:
+            return None
+        return decode_cancel(entry.cancel, run_id, self.url)
 
     def _entry(self, run_id: str) -> StoredRun:
         entry = self._runs.get(run_id)

@@ -6,6 +6,11 @@ the run's (row id, revision) in the ``UPDATE`` itself, after the fencing check o
 run's lease row (read ``FOR SHARE``, so an ``acquire`` waits for the commit and the
 commit is ordered before it). Lease changes read the lease row ``FOR UPDATE``. Locks
 are taken in one order (lease row, then run row) so no two operations deadlock.
+
+A run's cancel request is a column of its row (``runs.cancel``, ``_cancels``): a
+commit's ``UPDATE`` lands only while none is kept, unless it carries the request out
+(``CommitRows.cancels``), and always clears it; one refused for it raises
+``CancelRequested``, after the lease and revision checks as they were.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from statekernel.stores._format.cancels import cancel_requested
 from statekernel.stores._host.lease_records import damaged_lease, host_record, kept_record
 from statekernel.stores._host.owners import LeaseRecord, check_fence
 from statekernel.stores._sql.rows import BadRow, CommitRows, Stored
@@ -65,8 +71,11 @@ async def _stored(conn: Any, t: Tables, run_id: str) -> Stored | None:
         f"SELECT id, run_id, revision, state, head FROM {t.runs} WHERE run_id = $1",
         run_key(run_id),
     )
-    if row is None:
-        return None
+    return None if row is None else _row_stored(row, run_id)
+
+
+def _row_stored(row: Any, run_id: str) -> Stored:
+    """A run row's (id, run_id, revision, state, head) as read."""
     return Stored(row[0], _text(row[1], f"run {run_id!r}: run_id"), row[2], row[3], row[4])
 
 
@@ -203,7 +212,8 @@ async def apply_commit(conn: Any, t: Tables, pending: Pending) -> tuple[bool, St
     ``expect`` (None: no run yet) and its ``fence`` (if any) is the run's current lease
     (else ``LeaseLost``), inside the caller's transaction; with ``release``, give the
     fence up with it. (True, the new head) when it landed, else (False, the head found
-    instead), having written nothing."""
+    instead), having written nothing; ``CancelRequested`` when the run keeps a cancel
+    request and the commit does not carry it out."""
     run_id, expect, rows, fence = pending.run_id, pending.expect, pending.rows, pending.fence
     key = run_key(run_id)
     if fence is not None:
@@ -231,8 +241,8 @@ async def apply_commit(conn: Any, t: Tables, pending: Pending) -> tuple[bool, St
     else:
         rid = await conn.fetchval(
             f"UPDATE {t.runs} SET revision = $1, state = $2, updated_us = $3, head = $4,"
-            " fence = GREATEST(fence, $8) WHERE id = $5 AND revision = $6 AND run_id = $7"
-            " RETURNING id",
+            f" fence = GREATEST(fence, $8), {_CANCEL_GONE} WHERE id = $5 AND revision = $6"
+            f" AND run_id = $7 AND {_UNLESS_CANCEL.format(p='$9')} RETURNING id",
             revision,
             state,
             updated_us,
@@ -241,9 +251,10 @@ async def apply_commit(conn: Any, t: Tables, pending: Pending) -> tuple[bool, St
             expect[1],
             key,
             token,
+            rows.cancels,
         )
     if rid is None:
-        return False, await _stored(conn, t, run_id)
+        return False, await _refused(conn, t, pending)
     await _write_parts(conn, t, rid, rows)
     if pending.release and fence is not None:  # checked current above, in this transaction
         await conn.execute(f"UPDATE {t.leases} SET {_FREED} WHERE run_id = $1", key)
@@ -253,6 +264,32 @@ async def apply_commit(conn: Any, t: Tables, pending: Pending) -> tuple[bool, St
 _FREED = "owner = NULL, expires = 0, suspect = NULL"
 """A lease row given up (``give_back``): its token stays."""
 
+_UNLESS_CANCEL = "(cancel IS NULL OR {p}::boolean)"
+"""The condition of a commit's ``UPDATE`` of the run row: no cancel request is kept, or
+the commit carries it out (the parameter ``p``, ``CommitRows.cancels``). Checked on the
+row the ``UPDATE`` locked (``READ COMMITTED`` reads it again after waiting for another
+writer of the row): a request kept meanwhile refuses the commit."""
+
+_CANCEL_GONE = "cancel = NULL"
+"""What a commit that lands sets: no request was kept, or it carried the request out."""
+
+
+async def _refused(conn: Any, t: Tables, pending: Pending) -> Stored | None:
+    """The head found instead of the one a refused ``UPDATE`` of ``apply_commit`` expected
+    (None: no run); ``CancelRequested`` when the head is the one expected and the run
+    keeps a cancel request (read again: the refusal was for it)."""
+    run_id = pending.run_id
+    row = await conn.fetchrow(
+        f"SELECT id, run_id, revision, state, head, cancel FROM {t.runs} WHERE run_id = $1",
+        run_key(run_id),
+    )
+    if row is None:
+        return None
+    stored = _row_stored(row, run_id)
+    if (row[0], row[2]) == pending.expect and row[5] is not None and not pending.rows.cancels:
+        raise cancel_requested(run_id, row[5], t.where)
+    return stored
+
 
 async def commit_at_once(conn: Any, t: Tables, pending: Pending) -> Stored | None:
     """The commit of ``apply_commit`` in one statement (one round trip, its own
@@ -261,7 +298,10 @@ async def commit_at_once(conn: Any, t: Tables, pending: Pending) -> Stored | Non
     row read ``FOR SHARE`` first as ``apply_commit`` reads it (``FOR UPDATE`` when the
     commit gives it up: ``release``). The new head when it landed; None when it did not
     (nothing was written) or is of another kind: then ``apply_commit`` tells why (another
-    head, ``LeaseLost``, a damaged lease row)."""
+    head, ``LeaseLost``, a damaged lease row). ``CancelRequested`` (nothing written) when
+    the lease and head checks passed and the run keeps a cancel request the commit does
+    not carry out; the statement reads it for the refusal (a request kept while it
+    waited for the run row's lock leaves it to ``apply_commit`` to say so)."""
     run_id, expect, rows, fence = pending.run_id, pending.expect, pending.rows, pending.fence
     revision, state, updated_us, head = rows.columns
     key = run_key(run_id)
@@ -296,13 +336,14 @@ async def commit_at_once(conn: Any, t: Tables, pending: Pending) -> Stored | Non
             f" freed AS (UPDATE {t.leases} SET {_FREED} WHERE run_id = $7"
             "  AND EXISTS (SELECT 1 FROM landed)),"
         )
-    rid = await conn.fetchval(
+    found = await conn.fetchrow(
         f"WITH held AS (SELECT 1 FROM {t.leases} WHERE run_id = $7 AND token = $8"
         f"  AND owner = $9 FOR {lock}),"
         f" landed AS (UPDATE {t.runs} SET revision = $1, state = $2, updated_us = $3,"
-        "  head = $4, fence = GREATEST(fence, $8) WHERE id = $5 AND revision = $6"
-        f"  AND run_id = $7 AND EXISTS (SELECT 1 FROM held) RETURNING id),{freed}"
-        f"{_parts(t, 10)}",
+        f"  head = $4, fence = GREATEST(fence, $8), {_CANCEL_GONE} WHERE id = $5"
+        "  AND revision = $6 AND run_id = $7 AND EXISTS (SELECT 1 FROM held)"
+        f"  AND {_UNLESS_CANCEL.format(p='$17')} RETURNING id),{freed}"
+        f"{_parts(t, 10, _LANDED_OR_CANCEL.format(runs=t.runs))}",
         revision,
         state,
         updated_us,
@@ -313,8 +354,25 @@ async def commit_at_once(conn: Any, t: Tables, pending: Pending) -> Stored | Non
         int(token),
         run_key(fence.owner),
         *_part_values(rows),
+        rows.cancels,
     )
-    return None if rid is None else Stored(rid, run_id, rows.revision, state, head)
+    if found is None:
+        return None
+    if found[0] is None:
+        raise cancel_requested(run_id, found[1], t.where)
+    return Stored(found[0], run_id, rows.revision, state, head)
+
+
+_LANDED_OR_CANCEL = (
+    " SELECT id, NULL::bytea FROM landed"
+    " UNION ALL SELECT NULL, r.cancel FROM {runs} r WHERE NOT EXISTS (SELECT 1 FROM landed)"
+    "  AND r.id = $5 AND r.revision = $6 AND r.run_id = $7 AND EXISTS (SELECT 1 FROM held)"
+    "  AND r.cancel IS NOT NULL AND NOT $17::boolean"
+)
+"""The result of a fenced one-statement commit: (its run row's id, NULL) when it landed;
+(NULL, the request) when the lease and head checks passed and a cancel request refused
+it; no row otherwise. The request is read from the statement's snapshot, and only when
+nothing landed (a one-time filter: a commit that landed reads nothing more)."""
 
 
 async def _take_new(conn: Any, t: Tables, pending: Pending, rid: int) -> None:
@@ -372,10 +430,11 @@ async def _create_leased_at_once(conn: Any, t: Tables, pending: Pending) -> Stor
     return Stored(rid, pending.run_id, rows.revision, state, head)
 
 
-def _parts(t: Tables, n: int) -> str:
+def _parts(t: Tables, n: int, result: str = " SELECT id FROM landed") -> str:
     """The rest of a one-statement commit after its ``landed`` (the run row's id when it
     landed): the commit entry, messages, turns and blobs, from the ``_part_values`` given
-    as parameters ``$n`` onwards (``$1`` is the revision)."""
+    as parameters ``$n`` onwards (``$1`` is the revision), and the statement's ``result``
+    (by default the run row's id, when it landed)."""
     p = [f"${n + i}" for i in range(7)]
     return (
         f" entry AS (INSERT INTO {t.commits} (rid, revision, entry)"
@@ -389,7 +448,7 @@ def _parts(t: Tables, n: int) -> str:
         f" blobs AS (INSERT INTO {t.blobs} (rid, key, data)"
         f"  SELECT id, k, d FROM landed, unnest({p[5]}::text[], {p[6]}::bytea[]) AS u(k, d)"
         "  ON CONFLICT DO NOTHING)"
-        " SELECT id FROM landed"
+        f"{result}"
     )
 
 

@@ -20,6 +20,7 @@ from statekernel.errors import StoreError
 from statekernel.stores.postgres._keys import lock_key
 
 __all__ = [
+    "CANCELS_VERSION",
     "COMMITTING",
     "QUEUES",
     "WATCHING",
@@ -39,11 +40,16 @@ COMMITTING = "committing"
 ends: a store that starts watching takes it once, exclusive, to wait for the commits
 that found no watcher."""
 
-STORE_VERSION = 5
+STORE_VERSION = 6
 """The layout version of the Postgres store written by this release (2: run queues and
 commit notices; 3: commit notices a client can turn off; 4: lease rows that say how
 their owner proves it is alive, and a run's largest fencing token kept with its row;
-5: commit notices only while a store watches)."""
+5: commit notices only while a store watches; 6: a run's cancel request kept with its
+row)."""
+
+CANCELS_VERSION = 6
+"""The first layout that keeps cancel requests (``runs.cancel``): a store opened
+read-only on an older one has none to read."""
 
 SCHEMA = """
 CREATE TABLE {s}.runs (
@@ -228,11 +234,27 @@ async def _version_5(conn: Any, schema: str) -> None:
     )
 
 
+CANCELS = "ALTER TABLE {s}.runs ADD COLUMN cancel bytea"
+"""Cancel requests (layout version 6, ``CancelsRuns``): the run's request as kept
+(``stores/_format/cancels``), NULL while none is. A column of the run's row, not a
+table: a commit updates that row anyway, so checking and removing the request costs it
+nothing more (no other row read or locked), a request and a commit of the run are
+ordered by the row's lock, and a deleted run's request goes with its row. Adding a
+nullable column without a default rewrites no row. Changing it alone notifies nobody
+(the notice trigger fires on a new ``revision``)."""
+
+
+async def _version_6(conn: Any, schema: str) -> None:
+    """Cancel requests kept with the runs' rows."""
+    await conn.execute(CANCELS.format(s=f'"{schema}"'))
+
+
 _MIGRATIONS: dict[int, Callable[[Any, str], Awaitable[None]]] = {
     1: _version_2,
     2: _version_3,
     3: _version_4,
     4: _version_5,
+    5: _version_6,
 }
 """What upgrades the store from a version to the next one."""
 

@@ -9,7 +9,8 @@ mode (``url``).
 A commit is one transaction: the fencing check on the run's lease row and the
 compare-and-set on the run's (row id, revision) in its ``UPDATE`` (``ops``). Commits
 of different runs that are ready at the same moment share one transaction, each in a
-savepoint of its own with its own outcome (``_group``, ``writer``). A lease expires
+savepoint of its own with its own outcome (``_group``, ``writer``). A run's cancel
+request is kept in its row and checked in that same ``UPDATE`` (``cancels``). A lease expires
 on the server's clock; its row says how its owner proves it is alive (``leases``): by
 its session's advisory lock (``owners``), so a crashed owner's runs are taken over
 about a second after its lock went free, or by renewals alone (PgBouncer).
@@ -27,7 +28,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from statekernel._records.events import Event
-from statekernel._records.run import STATE_IDS, Run, StateId
+from statekernel._records.run import STATE_IDS, Cancellation, Run, StateId
 from statekernel._secrets import logger, redact, redact_url, remember_url
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
@@ -54,6 +55,7 @@ from statekernel.stores._common import (
     created_run,
     micros,
 )
+from statekernel.stores._format.cancels import check_cancellable, decode_cancel, encode_cancel
 from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
 from statekernel.stores._format.codec import (
     EncodedCommit,
@@ -80,6 +82,7 @@ from statekernel.stores._sql.tables import (
     log_entries,
     parse_docs,
 )
+from statekernel.stores.postgres import _cancels as cancels
 from statekernel.stores.postgres import _leases as leases
 from statekernel.stores.postgres import _listening
 from statekernel.stores.postgres import _ops as ops
@@ -94,6 +97,7 @@ from statekernel.stores.postgres._listening import Listening
 from statekernel.stores.postgres._owners import OwnerLocks
 from statekernel.stores.postgres._queue import PostgresRunQueue
 from statekernel.stores.postgres._schema import (
+    CANCELS_VERSION,
     STORE_VERSION,
     commits_channel,
     layout_version,
@@ -168,6 +172,7 @@ class PostgresStore(Closing):
         self._pool: asyncpg.Pool | None = pool
         self._owns_pool = pool is None
         self._ready = False
+        self._layout = STORE_VERSION  # a read-only store's: read when it opens
         self._lock = asyncio.Lock()
         where = f"Postgres store {self._shown()}"
         self._t = ops.Tables(self.schema, where)
@@ -254,9 +259,10 @@ class PostgresStore(Closing):
             log.debug("%s: preparing statements: %s", self._shown(), exc)
 
     async def _check_layout(self, conn: Any) -> None:
-        """A read-only store reads its layout or an older one (versions 2 and 3 added
-        the run queues and the commit notices: runs, revisions and events are stored as
-        in version 1), and upgrades nothing."""
+        """A read-only store reads its layout or an older one (versions 2 to 5 added
+        the run queues, the commit notices and the lease rows' proofs, 6 the cancel
+        requests: runs, revisions and events are stored as in version 1), and upgrades
+        nothing."""
         version = await layout_version(conn, self.schema)
         if version is None or not 1 <= version <= STORE_VERSION:
             found = "no store" if version is None else f"layout version {version}"
@@ -264,6 +270,7 @@ class PostgresStore(Closing):
                 f"Postgres store {self._shown()}: {found} (this release reads 1 to"
                 f" {STORE_VERSION}); opened read-only, nothing is created or upgraded"
             )
+        self._layout = version
 
     def _writable(self) -> None:
         if self.read_only:
@@ -558,6 +565,34 @@ class PostgresStore(Closing):
             return None
         return Prior(stored, checked_head(stored, f"run {run_id!r} in {self._shown()}"))
 
+    async def request_cancel(self, run_id: str, request: Cancellation) -> Cancellation | None:
+        """Keep ``request`` in the run's row unless a request is kept already
+        (``CancelsRuns``), in one statement that locks the row: a commit of the run
+        waits for it, or it for the commit (``cancels``)."""
+        checked_run_id(run_id)
+        self._writable()
+        data = encode_cancel(request)
+        found = await self._run(cancels.keep_cancel, run_id, data)
+        if found is None:
+            raise RunNotFound(run_id)
+        state, kept, now = found
+        if kept is not None:
+            return decode_cancel(kept, run_id, self._t.where)
+        check_cancellable(run_id, state)
+        if not now:  # the locked row allowed it: the statement must have kept it
+            raise StoreError(f"Postgres store {self._shown()}: the cancel request was not kept")
+        return None
+
+    async def cancel_request(self, run_id: str) -> Cancellation | None:
+        """The run's kept cancel request (``CancelsRuns``): None also when no run has the
+        id, or when the store, opened read-only, has a layout older than cancel requests."""
+        checked_run_id(run_id)
+        await self._open()
+        if self._layout < CANCELS_VERSION:
+            return None
+        kept = await self._run(cancels.read_cancel, run_id)
+        return None if kept is None else decode_cancel(kept, run_id, self._t.where)
+
     def forget(self, run_id: str) -> None:
         """Forget the run's head this store remembers from its last commit or load (it
         builds the next commit on it). For a writer that changed the run's records
@@ -767,6 +802,7 @@ def _rows(cp: Checkpoint, enc: EncodedCommit) -> CommitRows:
         enc.first_turn,
         [seal(t) for t in enc.turns],
         [(k, seal(v)) for k, v in enc.blobs.items()],
+        cancels=cp.cancels,
     )
 
 

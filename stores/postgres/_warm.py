@@ -18,6 +18,7 @@ from statekernel._storage.protocol import Lease
 from statekernel.stores._sql.rows import CommitRows
 from statekernel.stores._sql.tables import Pending
 from statekernel.stores.postgres import _leases as leases
+from statekernel.stores.postgres._cancels import read_cancel
 from statekernel.stores.postgres._ops import Tables, commit_at_once, read_head_parts
 
 __all__ = ["prepare_statements"]
@@ -32,8 +33,9 @@ class _Undo(Exception):
 
 async def prepare_statements(conn: Any, t: Tables, *, writable: bool) -> None:
     """Prepare on ``conn`` the statements of a drive: loading a run's head and, on a
-    ``writable`` store, creating a run, taking a free lease, and the fenced commits
-    (keeping the lease, and giving it back with the commit)."""
+    ``writable`` store, creating a run, taking a free lease, the fenced commits
+    (keeping the lease, and giving it back with the commit), and reading the run's
+    cancel request (after each renewal of a drive's lease)."""
     await read_head_parts(conn, t, _NO_RUN)
     if not writable:
         return
@@ -41,6 +43,7 @@ async def prepare_statements(conn: Any, t: Tables, *, writable: bool) -> None:
     nobody = Lease(_NO_RUN, _NO_RUN, "1")
     for release in (False, True):
         await commit_at_once(conn, t, Pending(_NO_RUN, (0, 0), rows, nobody, release))
+    await read_cancel(conn, t, _NO_RUN)
     claim = leases.Claim(_NO_RUN, 1.0, leases.RENEWAL, None)
     await leases.take_free(conn, t, _NO_RUN.encode(), claim)
     try:

@@ -1,25 +1,50 @@
 """The Lua scripts of the Redis store: a commit, a new run's creation with its lease, the
-lease's acquisition and a fence kept. Each runs whole on the server (one atomic step);
-the store sends the commit scripts of a batch in one round trip (``_store``)."""
+lease's acquisition, a fence kept and a cancel request kept. Each runs whole on the
+server (one atomic step); the store sends the commit scripts of a batch in one round
+trip (``_store``), each a ``CommitScript`` whose reply ``read_reply`` reads.
+
+A commit script's ``KEYS`` are the run's head, commit log, message and turn logs and
+blobs, then its cancel request key (``_cancels``), then the keys it reads after those
+(the fencing lease; the lease a creation takes). Its ``ARGV``: the commit's fixed
+fields (``ARGV[14]``: '1' when it carries the run's cancel request out), its parts from
+``ARGV[15]`` on, then the arguments of those last keys."""
 
 from __future__ import annotations
 
-__all__ = ["ACQUIRE_SCRIPT", "COMMIT_SCRIPT", "CREATE_LEASED_SCRIPT", "KEEP_FENCE_SCRIPT"]
+from typing import Any
+
+import attrs
+
+from statekernel.errors import StoreError
+
+__all__ = [
+    "ACQUIRE_SCRIPT",
+    "COMMIT_SCRIPT",
+    "CREATE_LEASED_SCRIPT",
+    "KEEP_CANCEL_SCRIPT",
+    "KEEP_FENCE_SCRIPT",
+    "CommitScript",
+    "Outcome",
+    "Unconfirmed",
+    "read_reply",
+]
 
 _COUNTS = """local n_m, n_t, n_b = tonumber(ARGV[7]), tonumber(ARGV[9]), tonumber(ARGV[10])
 """
-"""How many messages, turns and blobs a commit's ``ARGV`` carries from ``ARGV[14]`` on."""
+"""How many messages, turns and blobs a commit's ``ARGV`` carries from ``ARGV[15]`` on."""
 
 _WRITE = """redis.call('HSET', KEYS[1], 'r', ARGV[2], 'doc', ARGV[4], 'cid', ARGV[11])
 redis.call('RPUSH', KEYS[2], ARGV[5])
-local i = 14
+local i = 15
 for _ = 1, n_m do redis.call('RPUSH', KEYS[3], ARGV[i]); i = i + 1 end
 for _ = 1, n_t do redis.call('RPUSH', KEYS[4], ARGV[i]); i = i + 1 end
 for _ = 1, n_b do redis.call('HSETNX', KEYS[5], ARGV[i], ARGV[i + 1]); i = i + 2 end
+if ARGV[14] == '1' or ARGV[2] == '0' then redis.call('DEL', KEYS[6]) end
 redis.call('PUBLISH', ARGV[12], ARGV[13])
 """
 """A commit's writes: the head, its commit log entry, messages, turns and blobs, and its
-notice."""
+notice; the run's cancel request goes with the commit that carries it out, and with a
+new run's creation (a key its id kept is no request of the new run's)."""
 
 COMMIT_SCRIPT = (
     """
@@ -29,7 +54,7 @@ if stored and tonumber(stored) == tonumber(ARGV[2])
   redis.call('HSET', KEYS[1], 'cid', ARGV[11])  -- a write the WAIT after it counts
   return {0, 1}
 end
-if #KEYS > 5 and redis.call('GET', KEYS[6]) ~= ARGV[#ARGV] then return {3, 0} end
+if #KEYS > 6 and redis.call('GET', KEYS[7]) ~= ARGV[#ARGV] then return {3, 0} end
 local expected = tonumber(ARGV[1])
 if expected < 0 then
   if stored then return {1, tonumber(stored)} end
@@ -39,6 +64,8 @@ else
   if redis.sha1hex(redis.call('HGET', KEYS[1], 'doc')) ~= ARGV[3] then
     return {1, tonumber(stored)}
   end
+  local asked = redis.call('GET', KEYS[6])
+  if asked and ARGV[14] ~= '1' then return {4, 0, asked} end
 end
 """
     + _COUNTS
@@ -52,6 +79,11 @@ end
     + """return {0, 0}
 """
 )
+"""Land a commit: ``{status, revision found}``, 0 landed (1 in the middle: this very
+commit sent again), 1 the head is not the one expected (-1: no head), 2 the logs do not
+match the head, 3 the fencing lease ``KEYS[7]`` (when given) does not hold the token
+``ARGV[#ARGV]``, 4 the run keeps a cancel request (its bytes third; checked after the
+lease and the head)."""
 
 ACQUIRE_SCRIPT = """
 if redis.call('EXISTS', KEYS[3]) == 0 then return {2, ''} end
@@ -87,8 +119,8 @@ local stored = redis.call('HGET', KEYS[1], 'r')
 if stored then
   if tonumber(stored) == 0 and redis.call('HGET', KEYS[1], 'cid') == ARGV[11] then
     redis.call('HSET', KEYS[1], 'cid', ARGV[11])  -- a write the WAIT after it counts
-    if redis.call('GET', KEYS[8]) ~= ARGV[#ARGV] then return {0, 1, ''} end
-    return {0, 1, redis.call('GET', KEYS[6]) or ''}
+    if redis.call('GET', KEYS[9]) ~= ARGV[#ARGV] then return {0, 1, ''} end
+    return {0, 1, redis.call('GET', KEYS[7]) or ''}
   end
   return {1, tonumber(stored), ''}
 end
@@ -100,19 +132,71 @@ end
 end
 """
     + _WRITE
-    + """if redis.call('EXISTS', KEYS[6]) == 1 then return {0, 0, ''} end  -- a lease the id kept
-local token = redis.call('INCR', KEYS[7]) .. '/' .. ARGV[#ARGV - 2]
-redis.call('PERSIST', KEYS[7])
-redis.call('SET', KEYS[6], token, 'PX', ARGV[#ARGV - 1])
-redis.call('SET', KEYS[8], ARGV[#ARGV], 'PX', ARGV[#ARGV - 1])
+    + """if redis.call('EXISTS', KEYS[7]) == 1 then return {0, 0, ''} end  -- a lease the id kept
+local token = redis.call('INCR', KEYS[8]) .. '/' .. ARGV[#ARGV - 2]
+redis.call('PERSIST', KEYS[8])
+redis.call('SET', KEYS[7], token, 'PX', ARGV[#ARGV - 1])
+redis.call('SET', KEYS[9], ARGV[#ARGV], 'PX', ARGV[#ARGV - 1])
 return {0, 0, token}
 """
 )
 """``COMMIT_SCRIPT`` for a new run (revision 0) that takes its lease with it
-(``CreatesLeased``): ``KEYS[6..8]`` and the last three ``ARGV`` are ``ACQUIRE_SCRIPT``'s
+(``CreatesLeased``): ``KEYS[7..9]`` and the last three ``ARGV`` are ``ACQUIRE_SCRIPT``'s
 lease key, fence counter and nonce key, and its owner, ms and nonce. Replies
 ``{status, revision found, token}``: 0 created (1 in the middle: this very creation sent
 again, with the lease it took if that is still the lease: the nonce says), 1 the id has
 a run, 2 its logs do not match. The token
 is empty when the id kept a lease key (a run deleted while held): the run is created
 without its lease."""
+
+KEEP_CANCEL_SCRIPT = """
+local doc = redis.call('HGET', KEYS[1], 'doc')
+if not doc then return {0, ''} end
+local kept = redis.call('GET', KEYS[2])
+if kept then return {1, kept} end
+if redis.sha1hex(doc) ~= ARGV[1] then return {2, doc} end
+if ARGV[2] == '1' then return {3, ''} end
+redis.call('SET', KEYS[2], ARGV[3])
+return {4, ''}
+"""
+"""Keep the cancel request ``ARGV[3]`` in ``KEYS[2]`` for the run whose head is ``KEYS[1]``
+while that head is the one whose SHA-1 is ``ARGV[1]`` (``ARGV[2]``: '1' when its state
+keeps no request). Replies ``{status, bytes}``: 0 no such run, 1 a request is kept (its
+bytes; it stays), 2 the head is another (its document: check its state, send again),
+3 the run is at rest (nothing kept), 4 kept."""
+
+Outcome = tuple[int, int, bool, str, bytes | None]
+"""Of a commit script: its status, the revision it found, whether it was announced, the
+lease token a creating script replied ('' for a commit), the cancel request refusing it."""
+
+
+@attrs.frozen
+class CommitScript:
+    """A commit script waiting for its round trip (``lua``: the registered script, the
+    commit's or a new run's creation with its lease)."""
+
+    run_id: str
+    revision: int
+    cid: str
+    keys: list[str]
+    args: list[Any]
+    lua: Any
+
+
+class Unconfirmed(StoreError):
+    """A new run's creation whose replicas were not confirmed, with the token of the lease
+    it took (given back by ``create_leased``)."""
+
+    def __init__(self, message: str, token: str) -> None:
+        super().__init__(message)
+        self.token = token
+
+
+def read_reply(reply: Any) -> tuple[int, int, str, bytes | None]:
+    """A commit script's reply: its status, the revision it found, the lease token a
+    creation replied ('' for a commit) and the cancel request refusing it (status 4)."""
+    status, actual = int(reply[0]), int(reply[1])
+    found = reply[2] if len(reply) > 2 else b""
+    if status == 4:
+        return status, actual, "", found.encode() if isinstance(found, str) else bytes(found)
+    return status, actual, found.decode() if isinstance(found, bytes) else str(found), None

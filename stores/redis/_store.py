@@ -2,13 +2,13 @@
 
 Keys of a run share the hash tag ``{run}`` (Cluster-ready): ``<prefix>:{run}:head``
 (hash: revision and head document), ``:c`` (list: commit log entry per revision),
-``:m`` and ``:t`` (lists: message and turn logs), ``:b`` (hash: blobs). The commit
-script checks the head and the log lengths, then writes the head and appends the
-parts and the commit log entry, all or nothing. The run index ``<prefix>:runs`` (a
-sorted set by update time) is kept right across clients killed mid-commit as
-``_index`` describes. Options in the query: ``prefix=...`` (default
-``statekernel``); ``cluster=1`` for a Redis Cluster; ``replicas=N`` and
-``replica_timeout=ms`` (below); AUTH and TLS as in ``redis-py``.
+``:m`` and ``:t`` (lists: message and turn logs), ``:b`` (hash: blobs), ``:cancel``
+(a kept cancel request, ``_cancels``). The commit script checks the head and the log
+lengths, then writes the head and appends the parts and the commit log entry, all or
+nothing. The run index ``<prefix>:runs`` (a sorted set by update time) is kept right
+across clients killed mid-commit as ``_index`` describes. Options in the query:
+``prefix=...`` (default ``statekernel``); ``cluster=1`` for a Redis Cluster;
+``replicas=N`` and ``replica_timeout=ms`` (below); AUTH and TLS as in ``redis-py``.
 
 Commits that are ready at the same moment (of different runs) share one round trip:
 each is its own ``EVALSHA`` in one pipeline, its reply read on its own, so one
@@ -51,7 +51,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from statekernel._records.events import Event
-from statekernel._records.run import Run, StateId
+from statekernel._records.run import Cancellation, Run, StateId
 from statekernel._secrets import logger, redact, redact_url, remember_url
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
@@ -78,6 +78,7 @@ from statekernel.stores._common import (
     created_run,
     micros,
 )
+from statekernel.stores._format.cancels import cancel_requested
 from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
 from statekernel.stores._format.codec import (
     EncodedCommit,
@@ -97,6 +98,7 @@ from statekernel.stores._format.documents import dump_bytes, load_json
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._host.lease_records import damaged_lease, redis_holder
 from statekernel.stores._listing import decode_cursor, encode_cursor
+from statekernel.stores.redis._cancels import CANCEL_KEY, CancelRequests
 from statekernel.stores.redis._fencing import RELEASE, RENEW, AnyRedis
 from statekernel.stores.redis._index import RunIndex
 from statekernel.stores.redis._queue import RedisRunQueue
@@ -106,6 +108,10 @@ from statekernel.stores.redis._scripts import (
     COMMIT_SCRIPT,
     CREATE_LEASED_SCRIPT,
     KEEP_FENCE_SCRIPT,
+    CommitScript,
+    Outcome,
+    Unconfirmed,
+    read_reply,
 )
 from statekernel.stores.redis._wire import FAILURES, Command, Wire, initialized, transaction
 
@@ -114,37 +120,6 @@ __all__ = ["RedisStore"]
 T = TypeVar("T")
 log = logger("statekernel.stores")
 _PLAIN_TAG = re.compile(r"[^{}]{1,200}")
-
-_Outcome = tuple[int, int, bool, str]
-"""Of a commit script: its status, the revision it found, whether it was announced, and
-the lease token a creating script replied ('' for a commit)."""
-
-
-@attrs.frozen
-class _Script:
-    """A commit script waiting for its round trip (``lua``: the registered script, the
-    commit's or a new run's creation with its lease)."""
-
-    run_id: str
-    revision: int
-    cid: str
-    keys: list[str]
-    args: list[Any]
-    lua: Any
-
-
-class _Unconfirmed(StoreError):
-    """A new run's creation whose replicas were not confirmed, with the token of the lease
-    it took (given back by ``create_leased``)."""
-
-    def __init__(self, message: str, token: str) -> None:
-        super().__init__(message)
-        self.token = token
-
-
-def _text(value: Any) -> str:
-    """A script's reply as text (bytes from a client that does not decode replies)."""
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @attrs.frozen
@@ -213,9 +188,11 @@ class RedisStore(Closing):
         self._known: HeadCache[_Known] = HeadCache()
         self._commits_channel = f"{self.prefix}:commits"
         self._wire = Wire(self._client)
-        self._replication = Replication(self._client, self._wire, replicas, redact_url(url))
+        where = redact_url(url)
+        self._replication = Replication(self._client, self._wire, replicas, where)
         self._runs = RunIndex(self._client, self.prefix, self._call, self._wire)
-        self._group: GroupCommit[_Script, _Outcome] = GroupCommit(self._scripts, self._failed)
+        self._cancels = CancelRequests(self._client, self._replication, self._call, where)
+        self._group: GroupCommit[CommitScript, Outcome] = GroupCommit(self._scripts, self._failed)
 
     def __repr__(self) -> str:
         return f"RedisStore({redact_url(self.url)!r})"
@@ -464,6 +441,20 @@ class RedisStore(Closing):
         if short is not None:
             raise self._replication.error(f"the fence of run {run_id!r}", short)
 
+    async def request_cancel(self, run_id: str, request: Cancellation) -> Cancellation | None:
+        """Keep ``request`` unless a request is kept already (``CancelsRuns``), in a script
+        that checks the head whose state allows it is still the run's (``_cancels``)."""
+        checked_run_id(run_id)
+        keys = [self._keys(run_id)[0], self.run_key(run_id, CANCEL_KEY)]
+        known = self._known.get(run_id)
+        seen = None if known is None else known.key.doc
+        return await self._cancels.keep(run_id, keys, request, seen)
+
+    async def cancel_request(self, run_id: str) -> Cancellation | None:
+        """The run's kept cancel request (``CancelsRuns``)."""
+        checked_run_id(run_id)
+        return await self._cancels.kept(run_id, self.run_key(run_id, CANCEL_KEY))
+
     async def commit(self, checkpoint: Checkpoint, *, lease: Lease | None = None) -> None:
         """Run the commit script, then move the run in the index.
 
@@ -483,11 +474,11 @@ class RedisStore(Closing):
         check_head(checkpoint, None if known is None else known.key.revision)
         fenced = () if lease is None else ((self.run_key(run.run_id, "lease"), lease.token),)
         script, enc = self._commit_script(checkpoint, known, self._script, fenced)
-        status, actual, announced, _ = await self._group.submit(script)
+        status, actual, announced, _, asked = await self._group.submit(script)
         if status == 3 and lease is not None:
             self._known.drop(run.run_id)
             raise LeaseLost(run.run_id, checkpoint.expected_revision, lease.token)
-        await self._check_landed(checkpoint, status, actual)
+        await self._check_landed(checkpoint, status, actual, asked)
         await self._landed(checkpoint, script, enc, announced)
 
     async def create_leased(
@@ -511,8 +502,8 @@ class RedisStore(Closing):
             checkpoint, None, self._create, tuple(zip(keys, lease_args, strict=True))
         )
         try:
-            status, actual, announced, token = await self._group.submit(script)
-        except _Unconfirmed as short:
+            status, actual, announced, token, _ = await self._group.submit(script)
+        except Unconfirmed as short:
             with contextlib.suppress(StoreError):
                 await self.release(Lease(run.run_id, owner, short.token))
             raise StoreError(str(short)) from None
@@ -541,7 +532,7 @@ class RedisStore(Closing):
         known: Prior[_Known] | None,
         lua: Any,
         extra: tuple[tuple[str, Any], ...] = (),
-    ) -> tuple[_Script, EncodedCommit]:
+    ) -> tuple[CommitScript, EncodedCommit]:
         """The script of a commit on top of ``known`` (None: a new run), and its encoding;
         ``extra``: (key, argument) pairs the script reads after the commit's own (the
         lease that fences it; the lease a creation takes)."""
@@ -562,20 +553,26 @@ class RedisStore(Closing):
             cid,
             self._commits_channel,
             f"{run.revision} {run.state} {run.run_id}",  # the commit notice
+            int(checkpoint.cancels),
             *[seal(m) for m in enc.messages],
             *[seal(t) for t in enc.turns],
         ]
         for key, value in enc.blobs.items():
             args += [key, seal(value)]
-        keys = self._keys(run.run_id)
+        keys = [*self._keys(run.run_id), self.run_key(run.run_id, CANCEL_KEY)]
         for key, arg in extra:
             keys.append(key)
             args.append(arg)
-        return _Script(run.run_id, run.revision, cid, keys, args, lua), enc
+        return CommitScript(run.run_id, run.revision, cid, keys, args, lua), enc
 
-    async def _check_landed(self, checkpoint: Checkpoint, status: int, actual: int) -> None:
-        """Raise what a commit script's status says went wrong (0: it landed)."""
+    async def _check_landed(
+        self, checkpoint: Checkpoint, status: int, actual: int, asked: bytes | None = None
+    ) -> None:
+        """Raise what a commit script's status says went wrong (0: it landed; 4: the
+        run keeps the cancel request ``asked``)."""
         run = checkpoint.run
+        if status == 4:
+            raise cancel_requested(run.run_id, asked, redact_url(self.url))
         if status == 1:
             self._known.drop(run.run_id)
             if actual >= 0:  # a head whose revision field r is damaged is no conflict
@@ -589,7 +586,7 @@ class RedisStore(Closing):
             )
 
     async def _landed(
-        self, checkpoint: Checkpoint, script: _Script, enc: EncodedCommit, announced: bool
+        self, checkpoint: Checkpoint, script: CommitScript, enc: EncodedCommit, announced: bool
     ) -> None:
         """Remember the head that landed and move the run in the index."""
         run = checkpoint.run
@@ -598,14 +595,14 @@ class RedisStore(Closing):
         if not announced:  # nothing would repair the index: move it now
             await self._runs.flush()
 
-    async def _scripts(self, batch: list[_Script]) -> list[_Outcome | Exception]:
+    async def _scripts(self, batch: list[CommitScript]) -> list[Outcome | Exception]:
         """Run the commit scripts of a batch in one round trip, each announced to the run
         index before it (the round trip also carries the index moves of the commits
         before) and waited for on its replicas (``_replicas``). Per script: (status,
         revision found, whether the announcement was written), or its own error (a
         ``StoreError`` for one that landed on fewer replicas than asked); scripts the
         server lost are loaded and sent again."""
-        outcomes: list[_Outcome | Exception | None] = [None] * len(batch)
+        outcomes: list[Outcome | Exception | None] = [None] * len(batch)
         todo = list(range(len(batch)))
         for _ in range(2):
             commands: list[Command] = []
@@ -640,22 +637,21 @@ class RedisStore(Closing):
         return [StoreError(unloaded) if o is None else o for o in outcomes]
 
     def _replicated(
-        self, script: _Script, outcome: Any, announced: bool, short: str | None
-    ) -> _Outcome | Exception:
+        self, script: CommitScript, outcome: Any, announced: bool, short: str | None
+    ) -> Outcome | Exception:
         """The outcome of a commit script that ran. Every commit is doubted from the
         moment it is sent until it is known: refused, or landed on the replicas asked
         for. One that landed on fewer (``short`` says how) stays doubted, a
         ``StoreError``; so does one whose reply never came."""
-        status, actual = int(outcome[0]), int(outcome[1])
-        token = _text(outcome[2]) if len(outcome) > 2 else ""
+        status, actual, token, asked = read_reply(outcome)
         if status == 0 and short is not None:
             what = f"the commit of run {script.run_id!r} at revision {script.revision}"
             error = self._replication.error(what, short)
             if token:  # a lease no replica may have: never handed out
-                error = _Unconfirmed(str(error), token)
+                error = Unconfirmed(str(error), token)
             return error
         self._replication.forget(script.run_id)
-        return (status, actual, announced, token)
+        return (status, actual, announced, token, asked)
 
     def _failed(self, exc: BaseException) -> BaseException:
         """What each commit of a round trip that failed as a whole raises (a new error
@@ -769,11 +765,13 @@ class RedisStore(Closing):
         self._known.drop(run_id)
 
     async def delete(self, run_id: str) -> bool:
-        """Remove the run's keys (head, commit log with events, parts, blobs) and index entry."""
+        """Remove the run's keys (head, commit log with events, parts, blobs, cancel
+        request) and index entry."""
         checked_run_id(run_id)
         self._runs.forget_landed(run_id)
         self._replication.forget(run_id)
-        removed = await self._call(self._client.delete(*self._keys(run_id)))
+        keys = [*self._keys(run_id), self.run_key(run_id, CANCEL_KEY)]  # all or none
+        removed = await self._call(self._client.delete(*keys))
         lease = [self.run_key(run_id, n) for n in ("lease", "fence", "taker")]
         await self._call(self._client.delete(*lease))  # a run made again starts afresh
         await self._runs.forget(run_id)

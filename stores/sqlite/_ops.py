@@ -20,6 +20,7 @@ import attrs
 
 from statekernel._storage.protocol import Lease
 from statekernel.errors import RunBusy, RunNotFound
+from statekernel.stores._format.cancels import cancel_requested, check_cancellable
 from statekernel.stores._host.lease_records import damaged_lease, host_record, kept_record
 from statekernel.stores._host.owners import LeaseChange, LeaseRecord, check_fence, fenced
 from statekernel.stores._sql.rows import BadRow, CommitRows, Stored
@@ -30,7 +31,9 @@ __all__ = [
     "apply_commit",
     "delete_run",
     "fetch_all",
+    "keep_cancel",
     "lease_op",
+    "read_cancel",
     "read_events",
     "read_head",
     "read_lease",
@@ -202,6 +205,8 @@ def apply_commit(
         found = _fenced_head(conn, run_id, fence, rows.revision - 1)
     if (None if found is None else tuple(found)) != expect:
         return False, _stored(conn, run_id)
+    if found is not None:
+        _check_cancel(conn, run_id, found[0], rows.cancels)
     if found is None:
         cursor = conn.execute(
             "INSERT INTO runs (revision, state, model, turns, created_at, updated_at,"
@@ -224,6 +229,48 @@ def apply_commit(
     if release and fence is not None:  # checked current above, in this transaction
         conn.execute("UPDATE leases SET owner = NULL, expires = 0 WHERE run_id = ?", (run_id,))
     return True, Stored(rid, run_id, rows.revision, rows.columns[1], rows.columns[-1])
+
+
+def _check_cancel(conn: sqlite3.Connection, run_id: str, rid: int, cancels: bool) -> None:
+    """Refuse a commit while the run keeps a cancel request (``CancelRequested``), unless
+    it ``cancels``: the commit that carries the request out removes it."""
+    row = conn.execute("SELECT doc FROM cancels WHERE rid = ?", (rid,)).fetchone()
+    if row is None:
+        return
+    if not cancels:
+        raise cancel_requested(run_id, row[0], _where(conn))
+    conn.execute("DELETE FROM cancels WHERE rid = ?", (rid,))
+
+
+def keep_cancel(conn: sqlite3.Connection, run_id: str, data: bytes) -> bytes | None:
+    """Keep the cancel request ``data`` for the run unless one is kept (that one's bytes
+    are returned); ``RunNotFound``; ``InvalidTransition`` for a completed or failed run."""
+    with transaction(conn, write=True):
+        stored = _stored(conn, run_id)
+        if stored is None:
+            raise RunNotFound(run_id)
+        row = conn.execute("SELECT doc FROM cancels WHERE rid = ?", (stored.rid,)).fetchone()
+        if row is not None:
+            return bytes(row[0]) if isinstance(row[0], bytes) else row[0]
+        check_cancellable(run_id, stored.state)
+        conn.execute("INSERT INTO cancels (rid, doc) VALUES (?, ?)", (stored.rid, data))
+        return None
+
+
+def read_cancel(conn: sqlite3.Connection, run_id: str) -> bytes | None:
+    """The run's kept cancel request, as stored (None: none, or no such run; a store of
+    an older layout, read-only here, keeps none)."""
+    with transaction(conn):
+        try:
+            row = conn.execute(
+                "SELECT c.doc FROM runs r JOIN cancels c ON c.rid = r.id WHERE r.run_id = ?",
+                (run_id,),
+            ).fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" not in str(exc):
+                raise
+            return None
+        return None if row is None else row[0]
 
 
 def _taken(
@@ -372,6 +419,7 @@ def delete_run(conn: sqlite3.Connection, run_id: str) -> bool:
         row = conn.execute("SELECT id FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         if row is None:
             return False
+        conn.execute("DELETE FROM cancels WHERE rid = ?", (row[0],))
         for table in ("commits", "messages", "turns", "blobs"):
             conn.execute(f"DELETE FROM {table} WHERE rid = ?", (row[0],))
         conn.execute("DELETE FROM runs WHERE id = ?", (row[0],))

@@ -17,24 +17,30 @@ __all__ = [
     "migrate_schema",
 ]
 
-STORE_VERSION = 5
+STORE_VERSION = 6
 """The layout version of the SQLite store written by this release.
 
 Every stored value ends with its checksum (``statekernel.stores._format.checksum``).
 Layout 5 keeps each run's largest fencing token with the run (``runs.fence``), so a
-lease record lost or deleted by hand never restarts its tokens; a layout 4 store is
+lease record lost or deleted by hand never restarts its tokens. Layout 6 keeps cancel
+requests (``cancels``, by run row id), which every commit checks: a release that does
+not know them refuses the store rather than commit past one. A layout 4 or 5 store is
 upgraded when opened for writing and read as it is when opened read-only (readers never
-read the fence). Layouts before 4 were never released; a database in one is refused,
-not misread.
+read the fence, and find no cancel request there). Layouts before 4 were never
+released; a database in one is refused, not misread.
 """
 
-READABLE = (4, STORE_VERSION)
+READABLE = (4, 5, STORE_VERSION)
 """Layouts a store opened read-only reads as they are."""
 
 LEASES = """
 CREATE TABLE IF NOT EXISTS leases (
     run_id TEXT PRIMARY KEY, token INTEGER NOT NULL, owner TEXT, expires REAL NOT NULL
 ) WITHOUT ROWID
+"""
+
+CANCELS = """
+CREATE TABLE IF NOT EXISTS cancels (rid INTEGER PRIMARY KEY, doc BLOB NOT NULL);
 """
 
 SCHEMA = (
@@ -71,6 +77,7 @@ CREATE TABLE blobs (
     PRIMARY KEY (rid, key)
 );
 """
+    + CANCELS
     + LEASES
 )
 
@@ -81,6 +88,7 @@ UPDATE runs SET fence = COALESCE(
     (SELECT token FROM leases WHERE leases.run_id = runs.run_id AND typeof(token) = 'integer'), 0
 )
 """,
+    5: CANCELS,
 }
 """SQL that upgrades the store from a version to the next one."""
 

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from statekernel._records.events import Event
-from statekernel._records.run import Run, StateId
+from statekernel._records.run import Cancellation, Run, StateId
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel._storage.shielding import shielded
@@ -51,6 +51,7 @@ from statekernel.stores._common import (
     created_run,
     micros,
 )
+from statekernel.stores._format.cancels import decode_cancel, encode_cancel
 from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
 from statekernel.stores._format.codec import (
     EncodedCommit,
@@ -91,7 +92,9 @@ from statekernel.stores.sqlite._ops import (
     Parts,
     delete_run,
     fetch_all,
+    keep_cancel,
     lease_op,
+    read_cancel,
     read_events,
     read_head,
     read_lease,
@@ -302,6 +305,20 @@ class SQLiteStore(HostLeased, Closing):
         record = await shielded(self._call(read_lease, run_id))
         return holder_of(record, self._leases.clock(), self._leases.proofs)
 
+    async def request_cancel(self, run_id: str, request: Cancellation) -> Cancellation | None:
+        """Keep ``request`` unless a request is kept already (``CancelsRuns``), in one
+        ``BEGIN IMMEDIATE`` transaction (so it is ordered with every commit)."""
+        checked_run_id(run_id)
+        data = encode_cancel(request)
+        kept = await shielded(self._call(keep_cancel, run_id, data))
+        return None if kept is None else decode_cancel(kept, run_id, self.url)
+
+    async def cancel_request(self, run_id: str) -> Cancellation | None:
+        """The run's kept cancel request (``CancelsRuns``)."""
+        checked_run_id(run_id)
+        kept = await shielded(self._call(read_cancel, run_id))
+        return None if kept is None else decode_cancel(kept, run_id, self.url)
+
     async def commit_and_release(self, checkpoint: Checkpoint, *, lease: Lease) -> None:
         """``commit`` that also gives ``lease`` up in its transaction (``ReleasesWithCommit``)."""
         await self._commit(checkpoint, lease, release=True)
@@ -497,6 +514,7 @@ def _rows(cp: Checkpoint, enc: EncodedCommit) -> CommitRows:
         enc.first_turn,
         [seal(t) for t in enc.turns],
         [(k, seal(v)) for k, v in enc.blobs.items()],
+        cp.cancels,
     )
 
 

@@ -53,6 +53,7 @@ def factory_for(
 
 
 LEASED = "a new run's commit takes its lease (CreatesLeased)"
+CANCELS = "cancel requests (CancelsRuns)"
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -75,21 +76,24 @@ async def test_store_conformance(kind: str, tmp_path: Path, request: pytest.Fixt
         "memory": [
             "a cancelled commit has settled (SettlesOnCancel)",
             "a commit gives its lease up with it (ReleasesWithCommit)",
+            CANCELS,
             LEASED,
         ],
-        "file": ["history of every revision (RevisionHistory)", LEASED],
+        "file": ["history of every revision (RevisionHistory)", CANCELS, LEASED],
         "sqlite": [
             "history of every revision (RevisionHistory)",
             "a cancelled commit has settled (SettlesOnCancel)",
             "a commit gives its lease up with it (ReleasesWithCommit)",
+            CANCELS,
             LEASED,
         ],
-        "redis": ["history of every revision (RevisionHistory)", LEASED],
-        "redis-cluster": ["history of every revision (RevisionHistory)", LEASED],
+        "redis": ["history of every revision (RevisionHistory)", CANCELS, LEASED],
+        "redis-cluster": ["history of every revision (RevisionHistory)", CANCELS, LEASED],
         "postgres": [
             "history of every revision (RevisionHistory)",
             "a cancelled commit has settled (SettlesOnCancel)",
             "a commit gives its lease up with it (ReleasesWithCommit)",
+            CANCELS,
             LEASED,
         ],
     }

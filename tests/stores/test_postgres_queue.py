@@ -192,7 +192,7 @@ async def test_a_version_1_layout_is_upgraded_to_hold_queues(postgres_store_url:
         version = await conn.fetchval(f'SELECT version FROM "{schema}".statekernel_schema')
     finally:
         await conn.close()
-    assert version == STORE_VERSION == 5
+    assert version == STORE_VERSION == 6
 
 
 async def test_a_dead_connection_to_listen_on_is_a_store_error(

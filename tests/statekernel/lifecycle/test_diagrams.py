@@ -54,7 +54,7 @@ def test_graph_has_every_state_and_transition() -> None:
     assert events == {
         "start", "turn_prepared", "model_started", "early_call_started", "model_completed",
         "answer_cut_off", "tool_call_started", "tool_call_completed", "tools_completed",
-        "pause", "resume", "fail", "retry", "input",
+        "pause", "resume", "fail", "cancel", "retry", "input",
     }  # fmt: skip
     internal = {t.event for t in graph.transitions if t.internal}
     assert internal == {

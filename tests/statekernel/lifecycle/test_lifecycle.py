@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 import attrs
@@ -28,7 +29,7 @@ from statekernel import (
 )
 from statekernel._lifecycle import transitions as _transitions
 from statekernel._lifecycle.chart import EVENTS, TABLE, LibraryLifecycle, Lifecycle, derive_table
-from statekernel._records.run import StateId
+from statekernel._records.run import Cancellation, FailureInfo, StateId
 from statekernel.errors import CorruptCheckpoint, InvalidTransition
 from statekernel.pauses import HookPause
 from statekernel.testing.strategies import LifecycleStep, lifecycle_payloads, lifecycle_steps
@@ -48,11 +49,12 @@ DECLARED: dict[tuple[str, str], set[str]] = {
     ("dispatching_tools", "tool_call_completed"): {"dispatching_tools"},
     ("dispatching_tools", "tools_completed"): {"preparing_turn", "completed"},
     ("paused", "resume"): set(RETURNABLE),
-    ("failed", "retry"): set(RETURNABLE),
+    ("failed", "retry"): {"init", *RETURNABLE, "paused"},
     ("completed", "input"): {"preparing_turn"},
     ("paused", "input"): {"preparing_turn"},
     **{(s, "pause"): {"paused"} for s in ACTIVE},
     **{(s, "fail"): {"failed"} for s in ACTIVE},
+    **{(s, "cancel"): {"failed"} for s in ("init", *ACTIVE, "paused")},
 }
 
 CALL = ToolCall("c1", "echo", '{"x": 1}')
@@ -108,6 +110,7 @@ def payload(event: str, run: Run) -> dict[str, Any]:
         "pause": {"reason": "wait", "details": HookPause()},
         "resume": {"value": None, "max_turns": None},
         "fail": {"error": "E", "message": "m"},
+        "cancel": {"cancellation": Cancellation("stop", "ops", datetime(2026, 1, 1, tzinfo=UTC))},
         "retry": {},
         "input": {"messages": [Message.user("more")]},
     }
@@ -177,6 +180,21 @@ def test_resume_and_retry_return_to_the_saved_state(target: str) -> None:
         assert nxt.state == target
         assert nxt.pause is None
         assert nxt.failure is None
+
+
+@pytest.mark.parametrize("state", ["init", *ACTIVE, "paused"])
+def test_a_cancelled_run_fails_and_retry_returns_it_where_it_was(state: str) -> None:
+    run = run_in(state)
+    asked = Cancellation("stop", "ops", datetime(2026, 1, 1, tzinfo=UTC))
+    failed, events = Lifecycle(run).apply("cancel", cancellation=asked)
+    assert failed.state == "failed"
+    assert failed.failure == FailureInfo("Cancelled", "stop", state, asked)  # type: ignore[arg-type]
+    assert [e.type for e in events] == ["run_cancelled", "run_failed"]
+    assert events[0].data == {"reason": "stop", "by": "ops", "requested_at": asked.at.isoformat()}
+    back, _ = Lifecycle(failed).apply("retry")
+    assert back.state == state
+    assert back.failure is None
+    assert back.pause == run.pause
 
 
 def test_model_completed_picks_its_target_by_guard() -> None:

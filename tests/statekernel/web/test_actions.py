@@ -126,6 +126,24 @@ def test_send_retry_fork_and_delete(client: TestClient) -> None:
     assert client.get(f"/runs/{new_id}").status_code == 404
 
 
+def test_a_paused_run_is_cancelled_from_its_page_and_retried(client: TestClient) -> None:
+    page = client.get("/runs/asking").text
+    assert 'action="/runs/asking/cancel?csrf_token=' in page
+    done = post(client, "asking", "cancel", reason="the user left")
+    assert done.status_code == 303
+    assert done.headers["location"].startswith("/runs/asking?note=cancelled")
+    assert state_of(client, "asking") == "failed"
+    page = client.get("/runs/asking").text
+    assert "the user left" in page
+    assert 'action="/runs/asking/cancel?' not in page  # nothing to cancel any more
+    again = post(client, "asking", "cancel")
+    assert again.status_code == 303
+    assert "unchanged" in again.headers["location"]
+    retried = post(client, "asking", "retry")
+    assert retried.status_code == 303
+    wait_for_state(client, "asking", "paused")  # back at its question
+
+
 def test_a_run_another_process_holds_is_busy(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/runs.db"
     asyncio.run(make_runs(url))
