@@ -14,6 +14,7 @@ __all__ = [
     "ConfigError",
     "ConflictError",
     "CorruptCheckpoint",
+    "DeadlineExceeded",
     "InvalidArgument",
     "InvalidTransition",
     "LeaseLost",
@@ -180,6 +181,14 @@ class RunCancelled(RunFailed):
     ) -> None:
         super().__init__(run_id, "Cancelled", message, failed_in, revision)
         self.by = by
+
+
+class DeadlineExceeded(RunFailed):
+    """``RunFailed`` for a run stopped because its deadline passed
+    (``start(deadline=|timeout=)``): ``error`` is ``"DeadlineExceeded"``."""
+
+    def __init__(self, run_id: str, message: str, failed_in: str, revision: int) -> None:
+        super().__init__(run_id, "DeadlineExceeded", message, failed_in, revision)
 
 
 class InvalidArgument(StatekernelError, ValueError):

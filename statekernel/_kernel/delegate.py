@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import hashlib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -38,8 +39,9 @@ import attrs
 from statekernel._kernel.middleware import Middleware
 from statekernel._kernel.options import check_delegate_options
 from statekernel._kernel.tools import Tool, ToolContext, tool
-from statekernel._records.arguments import plain_id
+from statekernel._records.arguments import plain_id, seconds
 from statekernel._records.messages import JSON, Message
+from statekernel._records.run import utcnow
 from statekernel._storage.protocol import FindsRunIds
 from statekernel._storage.watching import watch
 from statekernel.errors import ConflictError, RunNotFound, ToolError
@@ -74,6 +76,7 @@ class CreateRun(Protocol):
         max_turns: int | None,
         parent_run_id: str | None,
         parent_call_id: str | None,
+        deadline: datetime | None = None,
     ) -> Run:
         """The new run."""
         ...
@@ -164,6 +167,7 @@ def delegate(
     max_turns: int | None = 20,
     queue: str | None = None,
     poll: float = 1.0,
+    timeout: float | None = None,
 ) -> Tool:
     """A tool that hands a task to another agent, run as a child run of the caller.
 
@@ -177,6 +181,9 @@ def delegate(
     the workers bring the child agent's tools, hooks and providers) and wait for it,
     reading its head at most every ``poll`` seconds.
 
+    ``timeout``: seconds the child run has from its start (its ``deadline``); past them
+    it fails with ``DeadlineExceeded``, and the call's result is an error saying so.
+
     Returns:
         The tool, taking one ``task`` argument; it is idempotent (a call run again finds
             the child run it started).
@@ -188,6 +195,8 @@ def delegate(
     """
     child_tools = list(tools)
     check_delegate_options(model, instructions, context, max_turns, queue, poll)
+    if timeout is not None:
+        seconds("timeout", timeout)
 
     async def run_child(task: str, ctx: ToolContext) -> JSON:
         parent = ctx.kernel
@@ -197,9 +206,8 @@ def delegate(
         run_id = child_run_id(ctx.run_id, ctx.call_id)
         try:
             queued = queue is not None  # its workers bring the provider, not this process
-            await _start_once(
-                child, run_id, task, ctx, model, instructions, context, max_turns, queued
-            )
+            options = (model, instructions, context, max_turns, queued, timeout)
+            await _start_once(child, run_id, task, ctx, *options)
             if queue is None:
                 async for _ in child.run(run_id):
                     pass
@@ -229,6 +237,7 @@ async def _start_once(
     context: Mapping[str, Any] | None,
     max_turns: int | None,
     queued: bool,
+    lifetime: float | None,
 ) -> None:
     """Start the child unless it exists (a call run again finds the one it started); a
     child for a queue's workers is started without asking whether this process has its
@@ -250,6 +259,7 @@ async def _start_once(
             max_turns=max_turns,
             parent_run_id=ctx.run_id,
             parent_call_id=ctx.call_id,
+            deadline=None if lifetime is None else utcnow() + timedelta(seconds=lifetime),
         )
 
 

@@ -82,6 +82,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -98,7 +99,14 @@ from statekernel._lifecycle.chart import DATA_CHANGES, Lifecycle
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, ModelRequest
 from statekernel._records.pauses import MaxTurns, Question
-from statekernel._records.run import INPUT_REQUIRED, MAX_TURNS, Cancellation, Run
+from statekernel._records.run import (
+    DEADLINE_EXCEEDED,
+    INPUT_REQUIRED,
+    MAX_TURNS,
+    Cancellation,
+    Run,
+    utcnow,
+)
 from statekernel._storage.protocol import CancelsRuns, Lease
 from statekernel.errors import CancelRequested, ConflictError, InvalidTransition, LeaseLost
 
@@ -106,7 +114,14 @@ if TYPE_CHECKING:
     from statekernel._kernel.telemetry import TraceContext
     from statekernel._kernel.tenure import Tenure
 
-__all__ = ["RunDriver", "cancel_soon", "carry_out_cancel"]
+__all__ = [
+    "RunDriver",
+    "cancel_soon",
+    "carry_out_cancel",
+    "deadline_request",
+    "deadline_watch",
+    "expire",
+]
 
 
 @attrs.frozen
@@ -583,3 +598,43 @@ async def carry_out_cancel(driver: RunDriver) -> tuple[Event, ...]:
     calls.unstarted.clear()
     driver.committer.cancelling = None
     return events
+
+
+def deadline_request(run: Run, now: datetime | None = None) -> Cancellation | None:
+    """The stop the run's passed ``deadline`` asks for (``DeadlineExceeded``), or None
+    while it has none or it has not passed (at ``now``, default: the current time)."""
+    deadline = run.deadline
+    if deadline is None or (now or utcnow()) < deadline:
+        return None
+    reason = f"its deadline {deadline.isoformat(timespec='seconds')} passed"
+    return Cancellation(reason, "deadline", deadline, DEADLINE_EXCEEDED)
+
+
+async def expire(driver: RunDriver) -> tuple[Event, ...]:
+    """Fail the run with ``DeadlineExceeded`` when its deadline passed and it is not
+    failed or completed (a run touched after its deadline: a drive or a command); the
+    events of that commit, none otherwise."""
+    run = driver.run
+    request = deadline_request(run)
+    if request is None or run.state in ("failed", "completed"):
+        return ()
+    cancel_soon(driver, request)
+    return await carry_out_cancel(driver)
+
+
+@contextlib.contextmanager
+def deadline_watch(driver: RunDriver) -> Iterator[None]:
+    """While a drive runs: when the run's deadline passes, the drive stops at its next
+    safe point as a cancel stops it (a call it waits for is cancelled), failing the run
+    with ``DeadlineExceeded``."""
+    deadline = driver.run.deadline
+    request = None if deadline is None else deadline_request(driver.run, now=deadline)
+    if deadline is None or request is None:
+        yield
+        return
+    delay = max((deadline - utcnow()).total_seconds(), 0.0)
+    handle = asyncio.get_running_loop().call_later(delay, cancel_soon, driver, request)
+    try:
+        yield
+    finally:
+        handle.cancel()

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 
 from statekernel._kernel import telemetry
+from statekernel._kernel.drive import deadline_watch, expire
 from statekernel._kernel.failures import explained, run_failed
 from statekernel._kernel.tenancy import Tenancy
 from statekernel._kernel.tenure import Tenure
@@ -45,24 +46,27 @@ async def drive(
         async with tenancy.driver(run_id, created, tenure) as driver:
             span.watch(driver)
             keep = False
+            for event in await expire(driver):  # touched after its deadline: it fails
+                yield event
             if new_input:
                 with explained(driver.run):
                     check_input(driver.run)
                     driver.stage("input", messages=new_input)
             try:
                 unread = created is not None  # the head was not read: a conflict reloads it
-                while not driver.run.is_terminal:
-                    try:
-                        async for event in driver.advance():
+                with deadline_watch(driver):
+                    while not driver.run.is_terminal:
+                        try:
+                            async for event in driver.advance():
+                                unread = False
+                                yield event
+                        except LeaseLost:
+                            raise  # a ConflictError, but no other commit took the revision
+                        except ConflictError:
+                            if not unread:
+                                raise
                             unread = False
-                            yield event
-                    except LeaseLost:
-                        raise  # a ConflictError too, but no other commit took the revision
-                    except ConflictError:
-                        if not unread:
-                            raise
-                        unread = False
-                        await driver.reset(await tenancy.store.load(run_id))
+                            await driver.reset(await tenancy.store.load(run_id))
                 if raise_on_failure and driver.run.state == "failed":
                     raise run_failed(driver.run)
             except StoreError:

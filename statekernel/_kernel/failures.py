@@ -8,8 +8,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from statekernel._records.run import Run
-from statekernel.errors import InvalidTransition, RunCancelled, RunFailed
+from statekernel._records.run import DEADLINE_EXCEEDED, Run
+from statekernel.errors import DeadlineExceeded, InvalidTransition, RunCancelled, RunFailed
 
 __all__ = ["SHOWN", "explained", "run_failed", "shortened", "way_out"]
 
@@ -27,6 +27,8 @@ def run_failed(run: Run) -> RunFailed:
     failure = run.failure
     if failure is None:  # a failed run always holds its failure; never a bare error
         return RunFailed(run.run_id, "unknown", "no failure recorded", run.state, run.revision)
+    if failure.cancellation is not None and failure.error == DEADLINE_EXCEEDED:
+        return DeadlineExceeded(run.run_id, failure.message, failure.failed_in, run.revision)
     if failure.cancellation is not None:
         by = failure.cancellation.by
         return RunCancelled(run.run_id, failure.message, failure.failed_in, run.revision, by)

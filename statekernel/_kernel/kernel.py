@@ -41,6 +41,7 @@ from statekernel._kernel.cancelling import CancelResult, cancel_tree
 from statekernel._kernel.commit import Committer
 from statekernel._kernel.delegate import DelegateTool, child_runs, run_tree
 from statekernel._kernel.dispatch import DispatchPolicy
+from statekernel._kernel.drive import deadline_watch, expire
 from statekernel._kernel.drives import check_input, drive
 from statekernel._kernel.failures import explained, run_failed
 from statekernel._kernel.hooks import Hooks, check_hooks
@@ -51,6 +52,7 @@ from statekernel._kernel.options import (
     check_max_turns,
     check_start,
     messages_arg,
+    run_deadline,
 )
 from statekernel._kernel.resolving import resolve_call, resume_paused
 from statekernel._kernel.retention import DEFAULT_STATES, PruneResult, prune_runs
@@ -225,11 +227,14 @@ class Kernel(Closing):
         max_turns: int | None = NOT_GIVEN,
         parent_run_id: str | None = None,
         parent_call_id: str | None = None,
+        deadline: datetime | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the run's time, not this call's)
     ) -> Run:
         """Create a run at ``init`` (revision 0). Nothing runs until ``run`` is iterated.
 
         ``max_turns`` is the run's turn budget (None: no limit); not given, it is the
-        kernel's ``max_turns``.
+        kernel's ``max_turns``. ``deadline`` (an aware datetime) or ``timeout`` (seconds
+        from now): past it the run stops at its next safe point, ``DeadlineExceeded``.
 
         ``parent_run_id`` and ``parent_call_id`` (both or neither) make it the child
         run of that call (``delegate`` tools start their child runs so). A model whose
@@ -255,6 +260,7 @@ class Kernel(Closing):
             max_turns=max_turns,
             parent_run_id=parent_run_id,
             parent_call_id=parent_call_id,
+            deadline=run_deadline(deadline, timeout),
         )
 
     async def _create(
@@ -267,11 +273,12 @@ class Kernel(Closing):
         max_turns: int | None,
         parent_run_id: str | None,
         parent_call_id: str | None,
+        deadline: datetime | None = None,
     ) -> Run:
         """``start`` without asking whether this kernel can call the model (a run that
         other processes drive, with providers of their own)."""
         args = (model, messages, context, run_id, max_turns, parent_run_id, parent_call_id)
-        run = _new_run(self.max_turns, *args)
+        run = _new_run(self.max_turns, *args, deadline=deadline)
         await self._create_run(Checkpoint.between(None, run))
         return run
 
@@ -284,6 +291,8 @@ class Kernel(Closing):
         run_id: str | None = None,
         max_turns: int | None = NOT_GIVEN,
         raise_on_failure: bool = False,
+        deadline: datetime | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the run's time, not this call's)
     ) -> AsyncIterator[Event]:
         """``start`` then ``run`` in one: create the run and drive it until it is paused,
         failed or completed, yielding its events (the first, ``run_started``, names the
@@ -296,7 +305,8 @@ class Kernel(Closing):
         those of ``start`` and ``run``.
         """
         flag("raise_on_failure", raise_on_failure)
-        run = _new_run(self.max_turns, model, messages, context, run_id, max_turns, None, None)
+        args = (model, messages, context, run_id, max_turns, None, None)
+        run = _new_run(self.max_turns, *args, deadline=run_deadline(deadline, timeout))
         self.registry.check(model)
         created = Checkpoint.between(None, run)
         tenure = await self._tenancy.create(created)  # the lease taken with the run
@@ -371,13 +381,7 @@ class Kernel(Closing):
 
     async def children(self, run_id: str) -> list[Run]:
         """The child runs started by the run's calls of this kernel's ``delegate`` tools,
-        in call order (calls whose child was never started are left out).
-
-        Returns:
-            The child runs, in call order.
-
-        Raises:
-            RunNotFound: no run has this id.
+        in call order (calls whose child was never started are left out); ``RunNotFound``.
         """
         run = await self.store.load(run_id_arg(run_id))
         return await child_runs(
@@ -515,7 +519,9 @@ class Kernel(Closing):
         run_id_arg(run_id)
         flag("raise_on_failure", raise_on_failure)
         async with self._tenancy.driver(run_id) as driver:
-            events = [event async for event in driver.advance()]
+            events = list(await expire(driver))  # touched after its deadline: it fails
+            with deadline_watch(driver):
+                events += [event async for event in driver.advance()]
             if raise_on_failure and driver.run.state == "failed":
                 raise run_failed(driver.run)
             return events
@@ -659,17 +665,11 @@ class Kernel(Closing):
     async def cancel(
         self, run_id: str, reason: str = "", *, by: str | None = None, children: bool = True
     ) -> CancelResult:
-        """Stop the run, from any process: it ends ``failed`` with a ``Cancelled`` failure
-        that ``retry`` resumes (see ``statekernel._kernel.cancelling``).
+        """Stop the run from any process: it fails with ``Cancelled`` (``retry`` resumes it).
 
-        The request is committed first, then obeyed by whoever drives the run at its next
-        safe point: no model or tool call starts after it; running calls are cancelled
-        (one cut off stays in flight: ``retry`` re-runs it only if idempotent). A run
-        nobody drives is cancelled at once. A second cancel, or one of a completed or
-        failed run, changes nothing and says so. Child runs are cancelled too unless
-        ``children=False``. ``by`` names who asked (default: this kernel's ``owner``).
-        ``RunNotFound``; ``ConfigError`` when a live owner drives the run and the store
-        cannot keep a cancel request (``CancelsRuns``).
+        Committed first, obeyed by whoever drives the run at its next safe point (nothing
+        starts after it), at once for a run nobody drives; children too unless
+        ``children=False``; ``by``: who asks (default ``owner``). Guide: "Cancelling runs".
         """
         run_id_arg(run_id)
         text("reason", reason, empty=True)
@@ -784,6 +784,8 @@ def _new_run(
     max_turns: int | None,
     parent_run_id: str | None,
     parent_call_id: str | None,
+    *,
+    deadline: datetime | None = None,
 ) -> Run:
     """The run ``start`` creates (revision 0), its arguments checked; ``max_turns`` not
     given is ``default_turns`` (the kernel's)."""
@@ -808,6 +810,7 @@ def _new_run(
         updated_at=now,
         parent_run_id=parent_run_id,
         parent_call_id=parent_call_id,
+        deadline=deadline,
     )
 
 

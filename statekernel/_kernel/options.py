@@ -10,6 +10,7 @@ fails where it is given.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from statekernel._kernel.dispatch import DispatchPolicy
@@ -22,6 +23,7 @@ from statekernel._records.arguments import (
     text,
 )
 from statekernel._records.messages import Message
+from statekernel._records.run import utcnow
 from statekernel._records.values import checked
 from statekernel.errors import InvalidArgument
 
@@ -129,3 +131,20 @@ def check_delegate_options(
     check_max_turns(max_turns)
     optional_text("queue", queue)
     seconds("poll", poll)
+
+
+def run_deadline(deadline: Any, timeout: Any) -> datetime | None:
+    """A new run's deadline from ``start(deadline=|timeout=)``: an aware ``datetime``, or
+    ``timeout`` seconds from now (positive, finite); at most one of them; None: none."""
+    if deadline is not None and timeout is not None:
+        raise InvalidArgument("give a deadline or a timeout, not both")
+    if timeout is not None:
+        return utcnow() + timedelta(seconds=seconds("timeout", timeout))
+    if deadline is None:
+        return None
+    if not isinstance(deadline, datetime) or deadline.utcoffset() is None:
+        raise InvalidArgument(
+            f"deadline must be a timezone-aware datetime (datetime.now(UTC) + ...),"
+            f" not {deadline!r}"
+        )
+    return deadline.astimezone(UTC)

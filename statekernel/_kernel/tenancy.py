@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from statekernel._kernel.commit import landed
 from statekernel._kernel.delegate import run_tree
-from statekernel._kernel.drive import RunDriver, cancel_soon
+from statekernel._kernel.drive import RunDriver, cancel_soon, expire
 from statekernel._kernel.driving import Agent
 from statekernel._kernel.tenure import Tenure
 from statekernel._records.run import Run
@@ -337,7 +337,9 @@ class Tenancy:
                 yield driver  # the drive goes on from whatever of the command landed
                 return
         try:
-            yield RunDriver(self.kernel, await self.store.load(run_id), tenure)
+            driver = RunDriver(self.kernel, await self.store.load(run_id), tenure)
+            await expire(driver)  # touched after its deadline: it fails first
+            yield driver
         finally:
             await self.release_lease(tenure.lease)
 

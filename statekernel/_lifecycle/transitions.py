@@ -19,7 +19,7 @@ from statekernel._lifecycle.matching import call_key
 from statekernel._records.messages import JSON, Message, ModelRequest, ModelResult, ToolCall
 from statekernel._records.pauses import PauseDetails, Question
 from statekernel._records.run import (
-    CANCELLED,
+    DEADLINE_EXCEEDED,
     Cancellation,
     FailureInfo,
     PauseInfo,
@@ -446,21 +446,26 @@ def fail(run: Run, error: str, message: str, at: datetime) -> Effects:
 
 def cancel(run: Run, cancellation: Cancellation, at: datetime) -> Effects:
     """Any state but failed and completed -> failed, as asked by ``Kernel.cancel``
-    (``run_cancelled``, then ``run_failed`` with the ``Cancelled`` failure); a retry
-    returns where it was stopped."""
+    (``run_cancelled``) or by the run's passed deadline (``deadline_exceeded``), then
+    ``run_failed`` with the request's failure; a retry returns where it was stopped."""
     reason = redact(cancellation.reason)
     cancellation = attrs.evolve(cancellation, reason=reason)
-    info = FailureInfo(CANCELLED, reason, run.state, cancellation)
+    error = cancellation.error
+    info = FailureInfo(error, reason, run.state, cancellation)
     asked = {"reason": reason, "by": cancellation.by, "requested_at": cancellation.at.isoformat()}
-    failed = {"error": CANCELLED, "message": reason, "failed_in": run.state}
-    return attrs.evolve(run, failure=info), [("run_cancelled", asked), ("run_failed", failed)]
+    kind = "deadline_exceeded" if error == DEADLINE_EXCEEDED else "run_cancelled"
+    failed = {"error": error, "message": reason, "failed_in": run.state}
+    return attrs.evolve(run, failure=info), [(kind, asked), ("run_failed", failed)]
 
 
 def retry(run: Run, at: datetime) -> Effects:
     """failed -> the state it failed in."""
     if run.failure is None:
         raise Refused("failed run without failure info")
-    data = {"error": run.failure.error, "resume_to": run.failure.failed_in}
+    data: dict[str, Any] = {"error": run.failure.error, "resume_to": run.failure.failed_in}
+    if run.failure.error == DEADLINE_EXCEEDED:  # retried on purpose: it goes on without one
+        data["deadline_cleared"] = True
+        return attrs.evolve(run, failure=None, deadline=None), [("run_retried", data)]
     return attrs.evolve(run, failure=None), [("run_retried", data)]
 
 

@@ -28,6 +28,7 @@ PERSISTED_EVENTS: Final = frozenset(
         "run_resumed",
         "input_received",
         "run_cancelled",
+        "deadline_exceeded",
         "run_failed",
         "run_retried",
         "run_completed",

@@ -15,6 +15,7 @@ from statekernel._records.pauses import HookPause, PauseDetails
 __all__ = [
     "CANCELLED",
     "CHILD_PAUSED",
+    "DEADLINE_EXCEEDED",
     "Cancellation",
     "FailureInfo",
     "INPUT_REQUIRED",
@@ -153,6 +154,9 @@ class PauseInfo:
 CANCELLED = "Cancelled"
 """``FailureInfo.error`` of a run stopped by ``Kernel.cancel``."""
 
+DEADLINE_EXCEEDED = "DeadlineExceeded"
+"""``FailureInfo.error`` of a run stopped because its ``deadline`` passed."""
+
 
 @attrs.frozen
 class Cancellation:
@@ -163,6 +167,9 @@ class Cancellation:
     reason: str
     by: str
     at: datetime
+    error: str = CANCELLED
+    """The failure it ends the run with: ``Cancelled``, or ``DeadlineExceeded`` for the
+    stop a passed ``Run.deadline`` asks for."""
 
 
 @attrs.frozen
@@ -217,6 +224,9 @@ class Run:
     schema_version: int = SCHEMA_VERSION
     parent_run_id: str | None = None
     parent_call_id: str | None = None
+    deadline: datetime | None = None
+    """When the run must be done by (``start(deadline=|timeout=)``): past it, it stops at
+    the next safe point and fails with ``DeadlineExceeded``."""
 
     @property
     def turn_count(self) -> int:

@@ -466,3 +466,18 @@ def test_a_data_change_that_is_not_one_is_refused_and_changes_nothing(
     with pytest.raises(InvalidTransition, match=re.escape(why)):
         lc.change(kind, data={}, **fields)
     assert lc.run is run
+
+
+def test_a_passed_deadline_fails_the_run_and_retry_drops_the_deadline() -> None:
+    due = datetime(2026, 1, 1, tzinfo=UTC)
+    run = attrs.evolve(run_in("paused"), deadline=due)
+    passed = Cancellation("its deadline passed", "deadline", due, "DeadlineExceeded")
+    failed, events = Lifecycle(run).apply("cancel", cancellation=passed)
+    assert [e.type for e in events] == ["deadline_exceeded", "run_failed"]
+    assert failed.failure == FailureInfo(
+        "DeadlineExceeded", "its deadline passed", "paused", passed
+    )
+    back, retried = Lifecycle(failed).apply("retry")
+    assert back.state == "paused"
+    assert back.deadline is None
+    assert retried[0].data["deadline_cleared"] is True
