@@ -84,12 +84,18 @@ async def _cancel_one(tenancy: Tenancy, run: Run, request: Cancellation) -> Canc
         request = before or request
     said = "" if before is None else f"; a cancel was asked for already ({_asked(before)})"
     driver = tenancy.drivers.get(run_id)
-    if driver is not None and not driver.lost:  # this kernel drives it: it stops at once
+    if driver is not None and not driver.lost:  # this kernel holds it
         cancel_soon(driver, request)
-        detail = f"this kernel's drive stops it{said}"
-        return CancelResult(run_id, "requested", detail, run.revision)
-    # where no request can be kept, the lease is waited for as a command waits for it
-    wait = 0.0 if isinstance(store, CancelsRuns) else None
+        if driver.seats.driving and not driver.run.is_terminal:  # its drive stops at once
+            detail = f"this kernel's drive stops it{said}"
+            return CancelResult(run_id, "requested", detail, run.revision)
+        await carry_out_cancel(driver)  # no drive goes on to obey it: carried out here
+        detail = f"cancelled by {request.by}{said}"
+        return CancelResult(run_id, "cancelled", detail, driver.run.revision)
+    # A run at rest is held only briefly (a command, a drive letting it go): its lease is
+    # waited for, as it is where no request can be kept; a live drive obeys the request.
+    resting = run.is_terminal or run.state == "init"
+    wait = 0.0 if isinstance(store, CancelsRuns) and not resting else None
     try:
         tenure = await tenancy.acquire(run_id, share=False, wait=wait)
     except RunBusy as busy:

@@ -184,7 +184,7 @@ class Committer:
             try:
                 if self.lost:
                     raise LeaseLost(checkpoint.run.run_id, checkpoint.expected_revision)
-                if not checkpoint.cancels:
+                if not (checkpoint.cancels or ambiguous):  # an earlier attempt may have landed
                     self.check_cancel(checkpoint.run.run_id)
                 write = self._write(checkpoint, release)
                 task = None if self.settles else asyncio.ensure_future(write)

@@ -31,17 +31,16 @@ import asyncio
 import contextlib
 import hashlib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
 from statekernel._kernel.middleware import Middleware
-from statekernel._kernel.options import check_delegate_options
+from statekernel._kernel.options import check_delegate_options, deadline_in
 from statekernel._kernel.tools import Tool, ToolContext, tool
 from statekernel._records.arguments import plain_id, seconds
 from statekernel._records.messages import JSON, Message
-from statekernel._records.run import utcnow
 from statekernel._storage.protocol import FindsRunIds
 from statekernel._storage.watching import watch
 from statekernel.errors import ConflictError, RunNotFound, ToolError
@@ -196,7 +195,7 @@ def delegate(
     child_tools = list(tools)
     check_delegate_options(model, instructions, context, max_turns, queue, poll)
     if timeout is not None:
-        seconds("timeout", timeout)
+        deadline_in(seconds("timeout", timeout), "timeout")  # in range now, not at each call
 
     async def run_child(task: str, ctx: ToolContext) -> JSON:
         parent = ctx.kernel
@@ -259,7 +258,7 @@ async def _start_once(
             max_turns=max_turns,
             parent_run_id=ctx.run_id,
             parent_call_id=ctx.call_id,
-            deadline=None if lifetime is None else utcnow() + timedelta(seconds=lifetime),
+            deadline=None if lifetime is None else deadline_in(lifetime, "timeout"),
         )
 
 

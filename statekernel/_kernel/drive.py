@@ -595,7 +595,8 @@ async def carry_out_cancel(driver: RunDriver) -> tuple[Event, ...]:
             driver.stage("cancel", cancellation=request)
         driver.pending.cancels = True
         events = (await driver._commit()).events  # a hook failing after it changes nothing
-    calls.unstarted.clear()
+    calls.forget()  # what was not committed (calls that wait) stays in flight for retry
+    calls.escaped = None
     driver.committer.cancelling = None
     return events
 

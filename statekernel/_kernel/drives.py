@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 
 from statekernel._kernel import telemetry
-from statekernel._kernel.drive import deadline_watch, expire
+from statekernel._kernel.drive import carry_out_cancel, deadline_watch, expire
 from statekernel._kernel.failures import explained, run_failed
 from statekernel._kernel.tenancy import Tenancy
 from statekernel._kernel.tenure import Tenure
@@ -67,6 +67,9 @@ async def drive(
                                 raise
                             unread = False
                             await driver.reset(await tenancy.store.load(run_id))
+                if driver.committer.cancelling is not None and driver.lost is False:
+                    for event in await carry_out_cancel(driver):  # asked as it came to rest
+                        yield event
                 if raise_on_failure and driver.run.state == "failed":
                     raise run_failed(driver.run)
             except StoreError:

@@ -667,8 +667,8 @@ class Kernel(Closing):
     ) -> CancelResult:
         """Stop the run from any process: it fails with ``Cancelled`` (``retry`` resumes it).
 
-        Committed first, obeyed by whoever drives the run at its next safe point (nothing
-        starts after it), at once for a run nobody drives; children too unless
+        Committed first, obeyed by whoever drives the run at its next safe point (no call
+        is committed to start after it), at once for a run nobody drives; children too unless
         ``children=False``; ``by``: who asks (default ``owner``). Guide: "Cancelling runs".
         """
         run_id_arg(run_id)

@@ -139,7 +139,7 @@ def run_deadline(deadline: Any, timeout: Any) -> datetime | None:
     if deadline is not None and timeout is not None:
         raise InvalidArgument("give a deadline or a timeout, not both")
     if timeout is not None:
-        return utcnow() + timedelta(seconds=seconds("timeout", timeout))
+        return deadline_in(seconds("timeout", timeout), "timeout")
     if deadline is None:
         return None
     if not isinstance(deadline, datetime) or deadline.utcoffset() is None:
@@ -147,4 +147,16 @@ def run_deadline(deadline: Any, timeout: Any) -> datetime | None:
             f"deadline must be a timezone-aware datetime (datetime.now(UTC) + ...),"
             f" not {deadline!r}"
         )
-    return deadline.astimezone(UTC)
+    try:
+        return deadline.astimezone(UTC)
+    except (OverflowError, ValueError) as exc:
+        raise InvalidArgument(f"deadline {deadline!r} is out of range: {exc}") from exc
+
+
+def deadline_in(seconds_from_now: float, name: str) -> datetime:
+    """The moment ``seconds_from_now`` from now; ``InvalidArgument`` naming ``name`` when
+    it is beyond what a datetime holds."""
+    try:
+        return utcnow() + timedelta(seconds=seconds_from_now)
+    except (OverflowError, ValueError) as exc:
+        raise InvalidArgument(f"{name} {seconds_from_now!r} is too large: {exc}") from exc

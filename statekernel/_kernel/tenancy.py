@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from statekernel._kernel.commit import landed
 from statekernel._kernel.delegate import run_tree
-from statekernel._kernel.drive import RunDriver, cancel_soon, expire
+from statekernel._kernel.drive import RunDriver, cancel_soon, carry_out_cancel, expire
 from statekernel._kernel.driving import Agent
 from statekernel._kernel.tenure import Tenure
 from statekernel._records.run import Run
@@ -33,6 +33,7 @@ from statekernel._storage.protocol import (
 )
 from statekernel._storage.shielding import shielded
 from statekernel.errors import (
+    CancelRequested,
     ConfigError,
     RunBusy,
     RunHasChildren,
@@ -339,7 +340,12 @@ class Tenancy:
         try:
             driver = RunDriver(self.kernel, await self.store.load(run_id), tenure)
             await expire(driver)  # touched after its deadline: it fails first
-            yield driver
+            try:
+                yield driver
+            except CancelRequested:  # the command was refused: the request is carried out
+                with contextlib.suppress(StatekernelError):  # else by the next who holds it
+                    await carry_out_cancel(driver)
+                raise
         finally:
             await self.release_lease(tenure.lease)
 

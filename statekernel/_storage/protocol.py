@@ -430,8 +430,8 @@ class CancelsRuns(Protocol):
     While a request is kept, every commit to the run is refused with
     ``CancelRequested``, in the same atomic step that checks its revision and fencing
     token, except the one that carries the request out (``Checkpoint.cancels``), which
-    removes it. So no intent, and no effect, can start after the request is kept,
-    whoever drives the run. Deleting the run removes its request."""
+    removes it. So no intent lands after the request is kept, whoever drives the run,
+    and no call committed after it ever starts. Deleting the run removes its request."""
 
     async def request_cancel(self, run_id: str, request: Cancellation) -> Cancellation | None:
         """Keep ``request`` for the run unless a request is kept already.

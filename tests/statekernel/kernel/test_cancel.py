@@ -215,3 +215,69 @@ async def test_children_are_cancelled_with_their_parent_unless_asked_otherwise()
         assert child.state == child_state
         assert [c.run_id for c in result.children] == (["boss.p1"] if children else [])
     assert ledger.lines == []
+
+
+async def test_a_cancel_asked_as_the_drive_comes_to_rest_is_carried_out(
+    every_store_url: str,
+) -> None:
+    """The caller cancels at the drive's last event (the run paused): no drive goes on to
+    obey it, so it is carried out before the drive ends."""
+
+    class AskFirst(sk.Hooks):
+        def on_turn_completed(self, run: sk.Run, turn: sk.Turn) -> sk.Decision:
+            return sk.Pause("approval", {})
+
+    ledger = Ledger()
+    providers = {"scripted": ScriptedProvider([call("note", {"text": "a"}), "done"])}
+    tools = ledger.tools()
+    async with sk.Kernel(every_store_url, tools=tools, providers=providers, hooks=AskFirst()) as k:
+        await k.start(model="scripted/m", messages=["go"], run_id="resting")
+        outcomes: list[str] = []
+        async for event in k.run("resting"):
+            if event.type == "run_paused":
+                outcomes.append((await k.cancel("resting", "at the pause")).outcome)
+        run = await k.get("resting")
+        assert run.state == "failed"
+        assert run.failure is not None
+        assert run.failure.failed_in == "paused"
+        assert outcomes in (["requested"], ["cancelled"])
+        assert not k.holds("resting")
+
+
+async def test_a_request_nobody_carried_out_is_carried_out_by_the_next_command(
+    every_store_url: str,
+) -> None:
+    """A canceller that kept its request and died before carrying it out: the next
+    command on the run is refused with ``CancelRequested``, and the run is cancelled."""
+    from statekernel._records.run import Cancellation, utcnow
+    from statekernel.errors import CancelRequested
+    from statekernel.stores import CancelsRuns
+
+    class AskFirst(sk.Hooks):
+        def on_turn_completed(self, run: sk.Run, turn: sk.Turn) -> sk.Decision:
+            return sk.Pause("approval", {})
+
+    ledger = Ledger()
+    providers = {"scripted": ScriptedProvider([call("note", {"text": "a"}), "done"])}
+    tools = ledger.tools()
+    async with sk.Kernel(every_store_url, tools=tools, providers=providers, hooks=AskFirst()) as k:
+        await k.start(model="scripted/m", messages=["go"], run_id="left")
+        async for _ in k.run("left"):
+            pass
+        store = k.store
+        assert isinstance(store, CancelsRuns)
+        assert (
+            await store.request_cancel("left", Cancellation("gone", "a dead process", utcnow()))
+            is None
+        )
+        with pytest.raises(CancelRequested):
+            await k.resume("left", value="yes")
+        run = await k.get("left")
+        assert run.state == "failed"
+        assert run.failure is not None
+        assert run.failure.cancellation is not None
+        assert run.failure.cancellation.by == "a dead process"
+        assert await store.cancel_request("left") is None
+        await k.retry("left")
+        await k.resume("left", value="yes")
+        assert (await k.get("left")).state != "failed"

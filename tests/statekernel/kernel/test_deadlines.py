@@ -188,3 +188,11 @@ async def test_a_child_run_past_its_timeout_is_an_error_result_of_its_call() -> 
     assert parent.state == "completed"
     assert parent.turns[0].completed[0].error is not None
     assert "DeadlineExceeded" in parent.turns[0].completed[0].error
+
+
+async def test_a_timeout_too_large_for_a_datetime_is_an_invalid_argument() -> None:
+    async with sk.Kernel("memory://", providers={"scripted": ScriptedProvider(["x"])}) as kernel:
+        with pytest.raises(InvalidArgument, match="timeout"):
+            await kernel.start(model="scripted/m", timeout=1e12)
+    with pytest.raises(InvalidArgument, match="timeout"):
+        sk.delegate("helper", "Help.", model="helper/small", timeout=1e12)
