@@ -6,13 +6,15 @@ A cancel is committed first, then obeyed by whoever drives the run:
    run's lease (``CancelsRuns.request_cancel``), without the lease. From then on the
    store refuses every commit to the run but the one that carries the request out, in
    the same atomic step that checks revision and fencing token: no intent lands after
-   it, so no model or tool call starts after it, whoever drives the run.
-2. The run's owner carries it out at its next safe point (``RunDriver.carry_out_cancel``):
+   it, so no model or tool call committed after it starts, whoever drives the run.
+2. The run's owner carries it out at its next safe point (``drive.carry_out_cancel``):
    when a commit is refused, when its lease renewal finds the request (every third of
    the lease's ttl), or at once when the owner is this kernel. Running calls are
-   cancelled cooperatively and the run fails with the ``Cancelled`` failure.
+   cancelled cooperatively and the run fails with the ``Cancelled`` failure. A command
+   refused for it carries it out before it lets the run go.
 3. A run nobody holds (at rest, or its owner dead and its lease expired) is cancelled
-   by the caller itself: it takes the lease and commits the cancellation.
+   by the caller itself: it takes the lease (waiting for a resting run's, which only a
+   command or a drive letting go holds) and commits the cancellation.
 
 Child runs are cancelled with their parent (``children=False`` leaves them be).
 """

@@ -136,6 +136,8 @@ class Committer:
         self.cancelling: Cancellation | None = None
         """A cancel request it knows of (``Kernel.cancel``): it commits nothing but the
         cancellation (``Checkpoint.cancels``), as a store keeping the request does."""
+        self.carried_out: Cancellation | None = None
+        """The last request it carried out: one read from the store before is not news."""
         self.releases = lease is not None and isinstance(store, ReleasesWithCommit)
         """Whether a commit can give the lease up with it (``commit(release=True)``):
         asked once (a protocol check costs about 7 us, and a drive asks at every commit)."""

@@ -508,9 +508,10 @@ class RunDriver:
         """Commit under ``tenure`` from now on, after the lease was given up with a
         commit (``released``), at ``head`` (the run as loaded under ``tenure``)."""
         self.tenure = tenure
-        cancelling = self.committer.cancelling
+        before = self.committer
         self.committer = Committer(self.kernel.store, tenure.lease)
-        self.committer.cancelling = cancelling
+        self.committer.cancelling = before.cancelling
+        self.committer.carried_out = before.carried_out
         self.released = False
         await self.reset(head)
 
@@ -598,6 +599,7 @@ async def carry_out_cancel(driver: RunDriver) -> tuple[Event, ...]:
     calls.forget()  # what was not committed (calls that wait) stays in flight for retry
     calls.escaped = None
     driver.committer.cancelling = None
+    driver.committer.carried_out = request
     return events
 
 

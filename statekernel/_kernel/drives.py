@@ -67,7 +67,7 @@ async def drive(
                                 raise
                             unread = False
                             await driver.reset(await tenancy.store.load(run_id))
-                if driver.committer.cancelling is not None and driver.lost is False:
+                if driver.committer.cancelling is not None and not driver.lost:
                     for event in await carry_out_cancel(driver):  # asked as it came to rest
                         yield event
                 if raise_on_failure and driver.run.state == "failed":

@@ -309,7 +309,8 @@ class Tenancy:
             and isinstance(store, CancelsRuns)
         ):
             request = await store.cancel_request(driver.run.run_id)
-            if request is not None:
+            carried = driver.committer.carried_out  # meanwhile, maybe: not news then
+            if request is not None and request != carried and not driver.lost:
                 cancel_soon(driver, request)
 
     @contextlib.asynccontextmanager
