@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 import statekernel as sk
-from statekernel.errors import RunCancelled, RunNotFound
+from statekernel._records.run import Cancellation, utcnow
+from statekernel.errors import CancelRequested, RunCancelled, RunNotFound
 from statekernel.middleware import ToolInvocation
+from statekernel.stores import CancelsRuns
 from statekernel.testing import ScriptedProvider, call
 
 
@@ -217,20 +219,24 @@ async def test_children_are_cancelled_with_their_parent_unless_asked_otherwise()
     assert ledger.lines == []
 
 
+class PauseAtTurnEnd(sk.Hooks):
+    def on_turn_completed(self, run: sk.Run, turn: sk.Turn) -> sk.Decision:
+        return sk.Pause("approval", {})
+
+
+def _pausing_kernel(url: str) -> sk.Kernel:
+    """A kernel whose runs note something, then pause for an approval."""
+    providers = {"scripted": ScriptedProvider([call("note", {"text": "a"}), "done"])}
+    return sk.Kernel(url, tools=Ledger().tools(), providers=providers, hooks=PauseAtTurnEnd())
+
+
 async def test_a_cancel_asked_as_the_drive_comes_to_rest_is_carried_out(
     every_store_url: str,
 ) -> None:
     """The caller cancels at the drive's last event (the run paused): no drive goes on to
     obey it, so it is carried out before the drive ends."""
 
-    class AskFirst(sk.Hooks):
-        def on_turn_completed(self, run: sk.Run, turn: sk.Turn) -> sk.Decision:
-            return sk.Pause("approval", {})
-
-    ledger = Ledger()
-    providers = {"scripted": ScriptedProvider([call("note", {"text": "a"}), "done"])}
-    tools = ledger.tools()
-    async with sk.Kernel(every_store_url, tools=tools, providers=providers, hooks=AskFirst()) as k:
+    async with _pausing_kernel(every_store_url) as k:
         await k.start(model="scripted/m", messages=["go"], run_id="resting")
         outcomes: list[str] = []
         async for event in k.run("resting"):
@@ -249,18 +255,7 @@ async def test_a_request_nobody_carried_out_is_carried_out_by_the_next_command(
 ) -> None:
     """A canceller that kept its request and died before carrying it out: the next
     command on the run is refused with ``CancelRequested``, and the run is cancelled."""
-    from statekernel._records.run import Cancellation, utcnow
-    from statekernel.errors import CancelRequested
-    from statekernel.stores import CancelsRuns
-
-    class AskFirst(sk.Hooks):
-        def on_turn_completed(self, run: sk.Run, turn: sk.Turn) -> sk.Decision:
-            return sk.Pause("approval", {})
-
-    ledger = Ledger()
-    providers = {"scripted": ScriptedProvider([call("note", {"text": "a"}), "done"])}
-    tools = ledger.tools()
-    async with sk.Kernel(every_store_url, tools=tools, providers=providers, hooks=AskFirst()) as k:
+    async with _pausing_kernel(every_store_url) as k:
         await k.start(model="scripted/m", messages=["go"], run_id="left")
         async for _ in k.run("left"):
             pass
