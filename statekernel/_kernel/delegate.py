@@ -41,7 +41,7 @@ from statekernel._kernel.options import check_delegate_options, deadline_in
 from statekernel._kernel.tools import Tool, ToolContext, tool
 from statekernel._records.arguments import plain_id, seconds
 from statekernel._records.messages import JSON, Message
-from statekernel._storage.protocol import FindsRunIds
+from statekernel._storage.protocol import CancelsRuns, FindsRunIds
 from statekernel._storage.watching import watch
 from statekernel.errors import ConflictError, RunNotFound, ToolError
 
@@ -121,6 +121,12 @@ class Parent(Protocol):
     @property
     def _create(self) -> CreateRun:
         """Create a run without checking that this process has the model's provider."""
+        ...
+
+    async def cancel(
+        self, run_id: str, reason: str = "", *, by: str | None = None, children: bool = True
+    ) -> object:
+        """Stop the run (``Kernel.cancel``)."""
         ...
 
 
@@ -207,6 +213,7 @@ def delegate(
             queued = queue is not None  # its workers bring the provider, not this process
             options = (model, instructions, context, max_turns, queued, timeout)
             await _start_once(child, run_id, task, ctx, *options)
+            await _unless_parent_cancelled(child, ctx.run_id, run_id)
             if queue is None:
                 async for _ in child.run(run_id):
                     pass
@@ -259,6 +266,18 @@ async def _start_once(
             parent_run_id=ctx.run_id,
             parent_call_id=ctx.call_id,
             deadline=None if lifetime is None else deadline_in(lifetime, "timeout"),
+        )
+
+
+async def _unless_parent_cancelled(kernel: Parent, parent_id: str, run_id: str) -> None:
+    """A cancel of the parent kept before its child existed did not find the child: the
+    child is cancelled with it here, before it runs anything (``ToolError``)."""
+    store = kernel.store
+    asked = await store.cancel_request(parent_id) if isinstance(store, CancelsRuns) else None
+    if asked is not None:
+        await kernel.cancel(run_id, asked.reason, by=asked.by)
+        raise ToolError(
+            f"run {parent_id!r} is being cancelled: its child run {run_id!r} was cancelled with it"
         )
 
 

@@ -65,6 +65,7 @@ from statekernel._records.run import (
 )
 from statekernel._records.values import as_stored, parse_json
 from statekernel._secrets import logger
+from statekernel._storage.protocol import CancelsRuns
 from statekernel._storage.shielding import wait_ended
 from statekernel.errors import (
     CancelRequested,
@@ -229,6 +230,8 @@ class ToolCalls:
             for outcome in ready:
                 self.stage_result(outcome)
             return False
+        if self.unstarted:
+            await self._check_kept_cancel()
         for ids, call_input in list(self.unstarted.values()):
             del self.unstarted[ids[0]]
             self._spawn(ids, call_input)
@@ -248,6 +251,18 @@ class ToolCalls:
             return False
         await self._end_tools(turn_of(driver.run))
         return False
+
+    async def _check_kept_cancel(self) -> None:
+        """Before held intents start (their commit landed in an earlier drive, which could
+        not start them): ``CancelRequested`` when the store keeps a cancel request for the
+        run, which no commit of this drive has met yet."""
+        driver = self.driver
+        store = driver.kernel.store
+        if driver.committer.cancelling is None and isinstance(store, CancelsRuns):
+            request = await store.cancel_request(driver.run.run_id)
+            if request is not None and request != driver.committer.carried_out:
+                driver.committer.cancelling = request
+                driver.committer.check_cancel(driver.run.run_id)
 
     async def _end_tools(self, turn: Turn) -> None:
         if turn.pending or turn.in_flight:

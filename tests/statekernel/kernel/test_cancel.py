@@ -14,10 +14,11 @@ import pytest
 
 import statekernel as sk
 from statekernel._records.run import Cancellation, utcnow
-from statekernel.errors import CancelRequested, RunCancelled, RunNotFound
+from statekernel._storage.protocol import Lease, StoreWrapper
+from statekernel.errors import CancelRequested, RunCancelled, RunNotFound, StoreError
 from statekernel.middleware import ToolInvocation
-from statekernel.stores import CancelsRuns
-from statekernel.testing import ScriptedProvider, call
+from statekernel.stores import CancelsRuns, MemoryStore
+from statekernel.testing import ManualClock, ScriptedProvider, call
 
 
 class Ledger:
@@ -276,3 +277,106 @@ async def test_a_request_nobody_carried_out_is_carried_out_by_the_next_command(
         await k.retry("left")
         await k.resume("left", value="yes")
         assert (await k.get("left")).state != "failed"
+
+
+class RenewalFails(StoreWrapper):
+    """A memory store whose next lease renewal fails (``fail_next``), and which keeps
+    cancel requests (``CancelsRuns``) as the store under it does."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryStore())
+        self.fail_next = False
+
+    async def renew(self, lease: Lease, *, ttl: float) -> None:
+        if self.fail_next:
+            self.fail_next = False
+            raise StoreError("the store did not answer the renewal")
+        await self.inner.renew(lease, ttl=ttl)
+
+    async def request_cancel(self, run_id: str, request: Cancellation) -> Cancellation | None:
+        inner = self.inner
+        assert isinstance(inner, CancelsRuns)
+        return await inner.request_cancel(run_id, request)
+
+    async def cancel_request(self, run_id: str) -> Cancellation | None:
+        inner = self.inner
+        assert isinstance(inner, CancelsRuns)
+        return await inner.cancel_request(run_id)
+
+
+async def test_an_intent_held_from_an_earlier_drive_never_starts_after_a_kept_request() -> None:
+    """A drive whose call could not start (the lease check before it failed in the store)
+    holds its landed intent for the next drive; a cancel request kept meanwhile stops
+    that next drive before the call starts, and the call gets an error result saying so."""
+    ledger = Ledger()
+    store = RenewalFails()
+    providers = {"scripted": ScriptedProvider([call("note", {"text": "late"}), "done"])}
+    clock = ManualClock(start=0.0)  # the kernel's clock, which its lease checks follow
+    outcome: list[str] = []
+
+    async def stale_before_tools(invocation: object, proceed: Any) -> object:
+        if isinstance(invocation, ToolInvocation) and not outcome:
+            outcome.append("renewal refused")
+            clock.advance(20)  # 10 s left, under the 15 s margin: renewed before it starts
+            store.fail_next = True
+        return await proceed(invocation)
+
+    kernel = sk.Kernel(
+        store,
+        tools=ledger.tools(),
+        providers=providers,
+        middleware=[stale_before_tools],
+        lease_ttl=30,
+        lease_margin=15,
+        clock=clock,
+    )
+    async with kernel:
+        await kernel.start(model="scripted/m", messages=["go"], run_id="held")
+        with pytest.raises(StoreError):
+            await _drain(kernel, "held")
+        assert outcome == ["renewal refused"]
+        assert ledger.lines == []  # the call never began; its intent is committed
+        asked = Cancellation("stop", "ops", utcnow())
+        assert await store.request_cancel("held", asked) is None
+        await _drain(kernel, "held")
+        run = await kernel.get("held")
+    assert ledger.lines == []  # nor did it begin after the request
+    assert run.state == "failed"
+    assert run.current_turn is not None
+    (record,) = run.current_turn.completed
+    assert record.error == "cancelled before it began: stop"
+
+
+async def test_a_child_created_after_its_parent_was_cancelled_is_cancelled_with_it() -> None:
+    """Another process kept the parent's cancel request and listed its children before a
+    running delegate call created its child: the call finds the request and cancels the
+    child before the child's model is ever called."""
+    helper = ScriptedProvider(["helped"])
+    providers = {
+        "scripted": ScriptedProvider([call("helper", {"task": "help"}, id="h1"), "done"]),
+        "helper": helper,
+    }
+    store = MemoryStore()
+
+    async def cancelled_elsewhere(invocation: object, proceed: Any) -> object:
+        if isinstance(invocation, ToolInvocation):  # as if another process cancelled now
+            asked = Cancellation("stop everything", "ops", utcnow())
+            await store.request_cancel(invocation.run.run_id, asked)
+        return await proceed(invocation)
+
+    helper_tool = sk.delegate("helper", "Help.", model="helper/small")
+    kernel = sk.Kernel(
+        store, tools=[helper_tool], providers=providers, middleware=[cancelled_elsewhere]
+    )
+    async with kernel:
+        await kernel.start(model="scripted/lead", messages=["go"], run_id="boss")
+        await _drain(kernel, "boss")
+        parent, child = await kernel.get("boss"), await kernel.get("boss.h1")
+    assert helper.requests == []  # the child never called its model
+    assert child.state == "failed"
+    assert child.failure is not None
+    assert child.failure.cancellation is not None
+    assert child.failure.cancellation.by == "ops"
+    assert parent.state == "failed"
+    assert parent.failure is not None
+    assert parent.failure.error == "Cancelled"
