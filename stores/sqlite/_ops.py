@@ -251,7 +251,8 @@ def keep_cancel(conn: sqlite3.Connection, run_id: str, data: bytes) -> bytes | N
             raise RunNotFound(run_id)
         row = conn.execute("SELECT doc FROM cancels WHERE rid = ?", (stored.rid,)).fetchone()
         if row is not None:
-            return bytes(row[0]) if isinstance(row[0], bytes) else row[0]
+            kept: bytes = row[0]  # checked when decoded (a damaged one: CorruptCheckpoint)
+            return kept
         check_cancellable(run_id, stored.state)
         conn.execute("INSERT INTO cancels (rid, doc) VALUES (?, ?)", (stored.rid, data))
         return None
