@@ -33,6 +33,7 @@ from statekernel._kernel.failures import shortened
 from statekernel._records.run import Cancellation, Run
 from statekernel._secrets import logger
 from statekernel._storage.protocol import (
+    CancelsRuns,
     Checkpoint,
     CheckpointStore,
     Lease,
@@ -147,6 +148,18 @@ class Committer:
         asked = self.cancelling
         if asked is not None:
             raise CancelRequested(run_id, asked.reason, asked.by)
+
+    async def kept_cancel(self, run_id: str) -> Cancellation | None:
+        """The cancel request the store keeps for the run (``CancelsRuns``) that this
+        committer has not met yet (none known, not the one it carried out last), read
+        once; None otherwise."""
+        store = self.store
+        if self.cancelling is not None or self.lost or not isinstance(store, CancelsRuns):
+            return None
+        request = await store.cancel_request(run_id)
+        if request is None or request == self.carried_out or self.lost:
+            return None  # carried out meanwhile, maybe: not news then
+        return request
 
     async def commit(
         self,

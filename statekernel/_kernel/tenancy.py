@@ -25,7 +25,6 @@ from statekernel._kernel.tenure import Tenure
 from statekernel._records.run import Run
 from statekernel._secrets import logger
 from statekernel._storage.protocol import (
-    CancelsRuns,
     Checkpoint,
     CheckpointStore,
     CreatesLeased,
@@ -302,16 +301,9 @@ class Tenancy:
     async def _look_for_cancel(self, driver: RunDriver) -> None:
         """Tell ``driver`` of a cancel request the store keeps for its run (``CancelsRuns``):
         a drive waiting for a long call stops within a third of the lease's ttl."""
-        store = self.store
-        if (
-            driver.committer.cancelling is None
-            and not driver.lost
-            and isinstance(store, CancelsRuns)
-        ):
-            request = await store.cancel_request(driver.run.run_id)
-            carried = driver.committer.carried_out  # meanwhile, maybe: not news then
-            if request is not None and request != carried and not driver.lost:
-                cancel_soon(driver, request)
+        request = await driver.committer.kept_cancel(driver.run.run_id)
+        if request is not None:
+            cancel_soon(driver, request)
 
     @contextlib.asynccontextmanager
     async def fresh(self, run_id: str) -> AsyncIterator[RunDriver]:

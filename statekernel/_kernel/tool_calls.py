@@ -65,7 +65,6 @@ from statekernel._records.run import (
 )
 from statekernel._records.values import as_stored, parse_json
 from statekernel._secrets import logger
-from statekernel._storage.protocol import CancelsRuns
 from statekernel._storage.shielding import wait_ended
 from statekernel.errors import (
     CancelRequested,
@@ -256,13 +255,11 @@ class ToolCalls:
         """Before held intents start (their commit landed in an earlier drive, which could
         not start them): ``CancelRequested`` when the store keeps a cancel request for the
         run, which no commit of this drive has met yet."""
-        driver = self.driver
-        store = driver.kernel.store
-        if driver.committer.cancelling is None and isinstance(store, CancelsRuns):
-            request = await store.cancel_request(driver.run.run_id)
-            if request is not None and request != driver.committer.carried_out:
-                driver.committer.cancelling = request
-                driver.committer.check_cancel(driver.run.run_id)
+        committer, run_id = self.driver.committer, self.driver.run.run_id
+        request = await committer.kept_cancel(run_id)
+        if request is not None:
+            committer.cancelling = request
+            committer.check_cancel(run_id)
 
     async def _end_tools(self, turn: Turn) -> None:
         if turn.pending or turn.in_flight:
