@@ -147,6 +147,12 @@ class AnthropicProvider(HTTPProvider):
             ]
         if request.tool_choice:
             payload["tool_choice"] = _tool_choice(request.tool_choice)
+        output, spec = output_tool(request), request.output
+        if output is not None and spec is not None:  # structured output: a tool to end with
+            tool = {"name": output, "description": _OUTPUT_TOOL_TEXT, "input_schema": spec.schema}
+            payload["tools"] = [*payload.get("tools", []), tool]
+            choice = {"type": "any"} if request.tools else {"type": "tool", "name": output}
+            payload["tool_choice"] = choice
         if request.temperature is not None:
             payload["temperature"] = request.temperature
         if request.stop:
@@ -158,7 +164,7 @@ class AnthropicProvider(HTTPProvider):
     async def _parse_stream(
         self, response: httpx.Response, request: ModelRequest
     ) -> AsyncGenerator[StreamPart, None]:
-        state = _StreamState()
+        state = _StreamState(output_tool(request))
         async for sse in EventSource(response).aiter_sse():
             if not sse.data:
                 continue
@@ -184,18 +190,39 @@ class AnthropicProvider(HTTPProvider):
         if data.get("type") == "error" or data.get("error"):
             raise error_in_answer(self.name, data.get("error"), secrets=self._secrets())
         parts: list[StreamPart] = []
+        output = output_tool(request)
         for index, block in enumerate(need_list(self.name, data.get("content"), "content")):
-            parts.extend(_whole_block(self.name, block, f"content[{index}]"))
+            parts.extend(_whole_block(self.name, block, f"content[{index}]", output))
         usage = optional_object(self.name, data.get("usage"), "usage")
         if usage:
             parts.append(UsageUpdate(anthropic_usage(usage, self.name)))
-        parts.append(
-            StreamEnd(_FINISH.get(data.get("stop_reason") or "", "other"), data.get("model"))
-        )
+        finish = _FINISH.get(data.get("stop_reason") or "", "other")
+        if finish == "tool_calls" and not any(isinstance(p, ToolCallDone) for p in parts):
+            finish = "stop"  # it called the output tool alone: that is its final answer
+        parts.append(StreamEnd(finish, data.get("model")))
         return parts
 
 
-def _whole_block(provider: str, item: Any, where: str) -> Iterator[StreamPart]:
+_OUTPUT_TOOL = "final_result"
+_OUTPUT_TOOL_TEXT = "Give your final answer with this tool, once you have it."
+
+
+def output_tool(request: ModelRequest) -> str | None:
+    """The name of the tool that carries a structured final answer (None without
+    ``request.output``): ``final_result``, unless a tool of the request has that name."""
+    if request.output is None:
+        return None
+    names = {t.name for t in request.tools}
+    name, n = _OUTPUT_TOOL, 1
+    while name in names:
+        n += 1
+        name = f"{_OUTPUT_TOOL}_{n}"
+    return name
+
+
+def _whole_block(
+    provider: str, item: Any, where: str, output: str | None = None
+) -> Iterator[StreamPart]:
     """The parts of one content block of a JSON answer (unknown block types carry none)."""
     block = need_object(provider, item, where)
     kind = block.get("type")
@@ -213,17 +240,22 @@ def _whole_block(provider: str, item: Any, where: str) -> Iterator[StreamPart]:
         call_id = need_text(provider, block.get("id"), f"{where}.id")
         name = need_text(provider, block.get("name"), f"{where}.name")
         arguments = need_object(provider, block.get("input"), f"{where}.input")
-        yield ToolCallDone(ToolCall(call_id, name, tool_call_arguments_json(arguments)))
+        if name == output:  # the structured final answer: its input is the answer's text
+            yield TextDelta(tool_call_arguments_json(arguments))
+        else:
+            yield ToolCallDone(ToolCall(call_id, name, tool_call_arguments_json(arguments)))
 
 
 class _StreamState:
     """Folds Anthropic stream events into stream parts."""
 
-    def __init__(self) -> None:
+    def __init__(self, output: str | None = None) -> None:
         self.model: str | None = None
         self.finish: FinishReason = "other"
         self.stopped = False
         self._tool_index: dict[int, int] = {}  # content block index -> tool call ordinal
+        self._output = output  # the tool carrying a structured final answer, if any
+        self._answer: set[int] = set()  # content blocks of that tool: the answer's text
 
     def feed(self, kind: str, data: dict[str, Any], provider: str) -> Iterator[StreamPart]:
         """The parts of one event; malformed usage or tool use is ``ProviderUnavailable``."""
@@ -246,6 +278,8 @@ class _StreamState:
             reason = (data.get("delta") or {}).get("stop_reason")
             if reason:
                 self.finish = _FINISH.get(reason, "other")
+                if self.finish == "tool_calls" and not self._tool_index and self._answer:
+                    self.finish = "stop"  # the output tool alone: the final answer
             usage = optional_object(provider, data.get("usage"), "usage")
             if usage:
                 yield UsageUpdate(anthropic_usage(usage, provider))
@@ -255,7 +289,9 @@ class _StreamState:
 
     def _block_start(self, index: int, block: dict[str, Any]) -> Iterator[StreamPart]:
         kind = block.get("type")
-        if kind == "tool_use":
+        if kind == "tool_use" and self._output is not None and block.get("name") == self._output:
+            self._answer.add(index)  # its input streams as the answer's text
+        elif kind == "tool_use":
             ordinal = self._tool_index.setdefault(index, len(self._tool_index))
             yield ToolCallDelta(ordinal, id=block.get("id"), name=block.get("name"))
         elif kind == "redacted_thinking":
@@ -269,6 +305,8 @@ class _StreamState:
         kind = delta.get("type")
         if kind == "text_delta":
             yield TextDelta(delta.get("text") or "")
+        elif kind == "input_json_delta" and index in self._answer:
+            yield TextDelta(delta.get("partial_json") or "")
         elif kind == "input_json_delta":
             ordinal = self._tool_index.setdefault(index, len(self._tool_index))
             yield ToolCallDelta(ordinal, arguments=delta.get("partial_json") or "")

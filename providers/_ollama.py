@@ -119,6 +119,8 @@ class OllamaProvider(HTTPProvider):
                 }
                 for t in request.tools
             ]
+        if request.output is not None:  # structured output: the answer is such an object
+            payload["format"] = request.output.schema
         options = request.options if isinstance(request.options, Mapping) else {}
         for key, value in options.items():
             if key == "options" and isinstance(value, Mapping):

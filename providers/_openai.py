@@ -199,6 +199,12 @@ class OpenAIProvider(HTTPProvider):
             payload["tools"] = [_tool(spec) for spec in request.tools]
         if request.tool_choice:
             payload["tool_choice"] = _tool_choice(request.tool_choice)
+        if request.output is not None:  # structured output: the answer is such an object
+            spec = request.output
+            payload["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": spec.name, "schema": spec.schema},
+            }
         if request.max_tokens is not None:
             payload[self.max_tokens_field] = request.max_tokens
         if request.temperature is not None:

@@ -23,6 +23,7 @@ from statekernel._kernel.delegate import child_run_id, delegate
 from statekernel._kernel.dispatch import DispatchPolicy
 from statekernel._kernel.hooks import Continue, Decision, Finish, Hooks, Pause, Rewrite, Skip
 from statekernel._kernel.kernel import Kernel
+from statekernel._kernel.output import output_as
 from statekernel._kernel.retention import PruneResult
 from statekernel._kernel.tools import Tool, ToolContext, ToolReturn, tool
 from statekernel._lifecycle.chart import RunLifecycle
@@ -34,6 +35,7 @@ from statekernel._records.messages import (
     Message,
     ModelRequest,
     ModelResult,
+    OutputSpec,
     ReasoningPart,
     TextPart,
     ToolCall,
@@ -56,6 +58,7 @@ from statekernel.errors import (
     ConflictError,
     CorruptCheckpoint,
     InvalidTransition,
+    OutputInvalid,
     ProviderError,
     RunBusy,
     RunCancelled,
@@ -86,6 +89,8 @@ __all__ = [
     "ModelRequest",
     "ModelResult",
     "NeedsInput",
+    "OutputInvalid",
+    "OutputSpec",
     "PERSISTED_EVENTS",
     "Pause",
     "PauseInfo",
@@ -120,6 +125,7 @@ __all__ = [
     "child_run_id",
     "delegate",
     "errors",
+    "output_as",
     "to_plain",
     "tool",
     "tool_from_langchain",

@@ -18,6 +18,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidTransition",
     "LeaseLost",
+    "OutputInvalid",
     "ProviderError",
     "ProviderUnavailable",
     "RateLimited",
@@ -189,6 +190,15 @@ class DeadlineExceeded(RunFailed):
 
     def __init__(self, run_id: str, message: str, failed_in: str, revision: int) -> None:
         super().__init__(run_id, "DeadlineExceeded", message, failed_in, revision)
+
+
+class OutputInvalid(RunFailed):
+    """``RunFailed`` for a run whose final answer did not satisfy its output type
+    (``start(output_type=...)``) in the answers its ``output_retries`` allow: ``error``
+    is ``"OutputInvalid"``, ``message`` what was wrong with the last one."""
+
+    def __init__(self, run_id: str, message: str, failed_in: str, revision: int) -> None:
+        super().__init__(run_id, "OutputInvalid", message, failed_in, revision)
 
 
 class InvalidArgument(StatekernelError, ValueError):

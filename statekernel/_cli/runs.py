@@ -158,7 +158,10 @@ def show(run_id: str, revision: int | None, full: bool, store: str | None, as_js
     run = run_async(go())
     out = Output(as_json)
     if as_json:
-        out.json(run)
+        data = to_plain(run)
+        if run.output_spec is not None and run.state == "completed":
+            data["output"] = run.output  # the typed final answer, as JSON
+        out.json(data)
     else:
         out.console.print(run_details(run, limit=1_000_000 if full else 300, owner=owner))
         if owner is not None and not owner.alive:  # nothing drives it: say how to go on

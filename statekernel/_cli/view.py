@@ -253,6 +253,12 @@ def _header(run: Run, owner: Owner | None) -> Table:
         f = run.failure
         failure = f"{f.error}: {f.message} (in {f.failed_in})"
         grid.add_row("failed", plain(failure, "red", layout=True))
+    spec = run.output_spec
+    if spec is not None:
+        rejected = f", {spec.failures} answer(s) sent back" if spec.failures else ""
+        grid.add_row("output type", plain(f"{spec.name} (retries {spec.retries}{rejected})"))
+        if run.state == "completed":
+            grid.add_row("output", plain(short(run.output, 1000), "green", layout=True))
     u = run.usage
     usage = f"input {u.input_tokens}, output {u.output_tokens}"
     if u.cache_read_tokens or u.cache_write_tokens:

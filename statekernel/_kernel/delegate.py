@@ -38,9 +38,10 @@ import attrs
 
 from statekernel._kernel.middleware import Middleware
 from statekernel._kernel.options import check_delegate_options, deadline_in
+from statekernel._kernel.output import DEFAULT_RETRIES, output_spec_for
 from statekernel._kernel.tools import Tool, ToolContext, tool
 from statekernel._records.arguments import plain_id, seconds
-from statekernel._records.messages import JSON, Message
+from statekernel._records.messages import JSON, Message, OutputSpec
 from statekernel._storage.protocol import CancelsRuns, FindsRunIds
 from statekernel._storage.watching import watch
 from statekernel.errors import ConflictError, RunNotFound, ToolError
@@ -76,6 +77,7 @@ class CreateRun(Protocol):
         parent_run_id: str | None,
         parent_call_id: str | None,
         deadline: datetime | None = None,
+        output_type: object = None,
     ) -> Run:
         """The new run."""
         ...
@@ -173,6 +175,8 @@ def delegate(
     queue: str | None = None,
     poll: float = 1.0,
     timeout: float | None = None,
+    output_type: object = None,
+    output_retries: int = DEFAULT_RETRIES,
 ) -> Tool:
     """A tool that hands a task to another agent, run as a child run of the caller.
 
@@ -189,6 +193,9 @@ def delegate(
     ``timeout``: seconds the child run has from its start (its ``deadline``); past them
     it fails with ``DeadlineExceeded``, and the call's result is an error saying so.
 
+    ``output_type`` and ``output_retries``: the child's typed final answer, as for
+    ``Kernel.start``; the call's result is then that JSON object.
+
     Returns:
         The tool, taking one ``task`` argument; it is idempotent (a call run again finds
             the child run it started).
@@ -197,9 +204,11 @@ def delegate(
         InvalidArgument: ``model`` is not a non-empty str, or ``instructions``,
             ``context``, ``max_turns``, ``queue`` or ``poll`` is of the wrong type or
             value.
+        ConfigError: no JSON Schema of an object describes ``output_type``.
     """
     child_tools = list(tools)
     check_delegate_options(model, instructions, context, max_turns, queue, poll)
+    spec = None if output_type is None else output_spec_for(output_type, output_retries)
     if timeout is not None:
         deadline_in(seconds("timeout", timeout), "timeout")  # in range now, not at each call
 
@@ -211,7 +220,7 @@ def delegate(
         run_id = child_run_id(ctx.run_id, ctx.call_id)
         try:
             queued = queue is not None  # its workers bring the provider, not this process
-            options = (model, instructions, context, max_turns, queued, timeout)
+            options = (model, instructions, context, max_turns, queued, timeout, spec)
             await _start_once(child, run_id, task, ctx, *options)
             await _unless_parent_cancelled(child, ctx.run_id, run_id)
             if queue is None:
@@ -244,6 +253,7 @@ async def _start_once(
     max_turns: int | None,
     queued: bool,
     lifetime: float | None,
+    spec: OutputSpec | None,
 ) -> None:
     """Start the child unless it exists (a call run again finds the one it started); a
     child for a queue's workers is started without asking whether this process has its
@@ -266,6 +276,7 @@ async def _start_once(
             parent_run_id=ctx.run_id,
             parent_call_id=ctx.call_id,
             deadline=None if lifetime is None else deadline_in(lifetime, "timeout"),
+            output_type=spec,
         )
 
 

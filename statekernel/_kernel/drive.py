@@ -232,7 +232,12 @@ class RunDriver:
             budget = MaxTurns(run.max_turns, len(run.turns))
             self.stage("pause", reason=MAX_TURNS, details=budget)
             return
-        request = ModelRequest(model=run.model, messages=run.messages, tools=self.kernel.tool_specs)
+        request = ModelRequest(
+            model=run.model,
+            messages=run.messages,
+            tools=self.kernel.tool_specs,
+            output=run.output_spec,
+        )
         hooked = await hook(self.kernel, "on_turn_prepared", run, request)
         if hooked is not None:
             if not isinstance(hooked, ModelRequest):

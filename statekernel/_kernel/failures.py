@@ -8,8 +8,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from statekernel._records.run import DEADLINE_EXCEEDED, Run
-from statekernel.errors import DeadlineExceeded, InvalidTransition, RunCancelled, RunFailed
+from statekernel._records.run import DEADLINE_EXCEEDED, OUTPUT_INVALID, Run
+from statekernel.errors import (
+    DeadlineExceeded,
+    InvalidTransition,
+    OutputInvalid,
+    RunCancelled,
+    RunFailed,
+)
 
 __all__ = ["SHOWN", "explained", "run_failed", "shortened", "way_out"]
 
@@ -32,6 +38,8 @@ def run_failed(run: Run) -> RunFailed:
     if failure.cancellation is not None:
         by = failure.cancellation.by
         return RunCancelled(run.run_id, failure.message, failure.failed_in, run.revision, by)
+    if failure.error == OUTPUT_INVALID:
+        return OutputInvalid(run.run_id, failure.message, failure.failed_in, run.revision)
     return RunFailed(run.run_id, failure.error, failure.message, failure.failed_in, run.revision)
 
 

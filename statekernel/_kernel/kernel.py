@@ -54,6 +54,7 @@ from statekernel._kernel.options import (
     messages_arg,
     run_deadline,
 )
+from statekernel._kernel.output import DEFAULT_RETRIES, output_spec_for
 from statekernel._kernel.resolving import resolve_call, resume_paused
 from statekernel._kernel.retention import DEFAULT_STATES, PruneResult, prune_runs
 from statekernel._kernel.tenancy import Tenancy
@@ -69,7 +70,7 @@ from statekernel._records.arguments import (
     text,
 )
 from statekernel._records.events import Event
-from statekernel._records.messages import JSON, Message
+from statekernel._records.messages import JSON, Message, OutputSpec
 from statekernel._records.run import Run, StateId, utcnow
 from statekernel._records.values import check_messages, checked
 from statekernel._secrets import logger
@@ -229,12 +230,17 @@ class Kernel(Closing):
         parent_call_id: str | None = None,
         deadline: datetime | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 (the run's time, not this call's)
+        output_type: object = None,
+        output_retries: int = DEFAULT_RETRIES,
     ) -> Run:
         """Create a run at ``init`` (revision 0). Nothing runs until ``run`` is iterated.
 
         ``max_turns`` is the run's turn budget (None: no limit); not given, it is the
         kernel's ``max_turns``. ``deadline`` (an aware datetime) or ``timeout`` (seconds
         from now): past it the run stops at its next safe point, ``DeadlineExceeded``.
+
+        ``output_type``: the final answer's type (a pydantic model, dataclass, attrs class,
+        ``TypedDict`` or JSON Schema), sent back ``output_retries`` times (``output_as``).
 
         ``parent_run_id`` and ``parent_call_id`` (both or neither) make it the child
         run of that call (``delegate`` tools start their child runs so). A model whose
@@ -245,23 +251,16 @@ class Kernel(Closing):
 
         Raises:
             InvalidArgument: an argument of the wrong type or value (named).
-            ConfigError: the model's provider is unknown to this kernel.
+            ConfigError: the model's provider is unknown here, or ``output_type`` no type.
             ConflictError: a run with ``run_id`` exists already.
             StoreError: the store failed (after retries with backoff).
         """
-        args = (model, messages, run_id, max_turns, parent_run_id, parent_call_id)
-        check_start(*args, missing=NOT_GIVEN)
+        when, spec = run_deadline(deadline, timeout), _output_spec(output_type, output_retries)
+        args = (model, messages, context, run_id, max_turns, parent_run_id, parent_call_id)
+        run = _new_run(self.max_turns, *args, deadline=when, output_spec=spec)
         self.registry.check(model)  # an unknown provider is refused before a run exists
-        return await self._create(
-            model=model,
-            messages=messages,
-            context=context,
-            run_id=run_id,
-            max_turns=max_turns,
-            parent_run_id=parent_run_id,
-            parent_call_id=parent_call_id,
-            deadline=run_deadline(deadline, timeout),
-        )
+        await self._create_run(Checkpoint.between(None, run))
+        return run
 
     async def _create(
         self,
@@ -274,11 +273,13 @@ class Kernel(Closing):
         parent_run_id: str | None,
         parent_call_id: str | None,
         deadline: datetime | None = None,
+        output_type: object = None,
     ) -> Run:
         """``start`` without asking whether this kernel can call the model (a run that
         other processes drive, with providers of their own)."""
         args = (model, messages, context, run_id, max_turns, parent_run_id, parent_call_id)
-        run = _new_run(self.max_turns, *args, deadline=deadline)
+        spec = _output_spec(output_type, DEFAULT_RETRIES)  # a delegate's, made already
+        run = _new_run(self.max_turns, *args, deadline=deadline, output_spec=spec)
         await self._create_run(Checkpoint.between(None, run))
         return run
 
@@ -293,6 +294,8 @@ class Kernel(Closing):
         raise_on_failure: bool = False,
         deadline: datetime | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 (the run's time, not this call's)
+        output_type: object = None,
+        output_retries: int = DEFAULT_RETRIES,
     ) -> AsyncIterator[Event]:
         """``start`` then ``run`` in one: create the run and drive it until it is paused,
         failed or completed, yielding its events (the first, ``run_started``, names the
@@ -306,7 +309,8 @@ class Kernel(Closing):
         """
         flag("raise_on_failure", raise_on_failure)
         args = (model, messages, context, run_id, max_turns, None, None)
-        run = _new_run(self.max_turns, *args, deadline=run_deadline(deadline, timeout))
+        when, spec = run_deadline(deadline, timeout), _output_spec(output_type, output_retries)
+        run = _new_run(self.max_turns, *args, deadline=when, output_spec=spec)
         self.registry.check(model)
         created = Checkpoint.between(None, run)
         tenure = await self._tenancy.create(created)  # the lease taken with the run
@@ -786,6 +790,7 @@ def _new_run(
     parent_call_id: str | None,
     *,
     deadline: datetime | None = None,
+    output_spec: OutputSpec | None = None,
 ) -> Run:
     """The run ``start`` creates (revision 0), its arguments checked; ``max_turns`` not
     given is ``default_turns`` (the kernel's)."""
@@ -811,7 +816,12 @@ def _new_run(
         parent_run_id=parent_run_id,
         parent_call_id=parent_call_id,
         deadline=deadline,
+        output_spec=output_spec,
     )
+
+
+def _output_spec(output_type: object, retries: object) -> OutputSpec | None:
+    return None if output_type is None else output_spec_for(output_type, retries)
 
 
 def _as_messages(messages: Iterable[Message | str]) -> tuple[Message, ...]:

@@ -31,13 +31,14 @@ from statekernel._kernel.dispatch import next_startable
 from statekernel._kernel.driving import Driving, HookFailed, hook, turn_decision, turn_of
 from statekernel._kernel.middleware import ModelCall as ModelInvocation
 from statekernel._kernel.middleware import chain
+from statekernel._kernel.output import output_decision
 from statekernel._kernel.tool_calls import ToolCalls
 from statekernel._lifecycle.matching import call_key
 from statekernel._lifecycle.transitions import parse_call
 from statekernel._records.checks import checked_result
 from statekernel._records.events import Event
 from statekernel._records.messages import ModelResult, ToolCall
-from statekernel._records.run import Run, ToolCallRecord, Turn
+from statekernel._records.run import OUTPUT_INVALID, Run, ToolCallRecord, Turn
 from statekernel._storage.provider import (
     ReasoningDelta,
     ResultBuilder,
@@ -120,7 +121,13 @@ class ModelCall:
                 default=result.finish_reason,
             )
         self.claim = None
-        driver.stage("model_completed", result=result, finish=finish, then_pause=then_pause)
+        answer = result.message.text
+        finish, reask, refused = output_decision(driver.run, answer, finish, then_pause)
+        driver.stage(
+            "model_completed", result=result, finish=finish, then_pause=then_pause, reask=reask
+        )
+        if refused is not None:
+            driver.stage("fail", error=OUTPUT_INVALID, message=refused)
 
     async def _result(self, run: Run, turn: Turn, holder: list[ModelResult]) -> None:
         driver = self.driver

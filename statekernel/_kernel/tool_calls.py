@@ -39,6 +39,7 @@ from statekernel._kernel.delegate import ChildPaused
 from statekernel._kernel.dispatch import identical_group, next_startable
 from statekernel._kernel.driving import Driving, HookFailed, hook, turn_decision, turn_of
 from statekernel._kernel.middleware import ToolInvocation, chain
+from statekernel._kernel.output import output_decision
 from statekernel._kernel.pending import Outcome
 from statekernel._kernel.tools import Tool, ToolContext, ToolReturn, UnstorableResult
 from statekernel._lifecycle.matching import call_key
@@ -58,6 +59,7 @@ from statekernel._records.pauses import (
 from statekernel._records.run import (
     CHILD_PAUSED,
     INPUT_REQUIRED,
+    OUTPUT_INVALID,
     UNCERTAIN,
     Run,
     ToolCallRecord,
@@ -271,7 +273,11 @@ class ToolCalls:
             finish = default
         elif finish == "stop" and then_pause is None:
             finish = None
-        self.driver.stage("tools_completed", finish=finish, then_pause=then_pause)
+        answer = turn.result.message.text if turn.result is not None else ""
+        finish, reask, refused = output_decision(run, answer, finish, then_pause)
+        self.driver.stage("tools_completed", finish=finish, then_pause=then_pause, reask=reask)
+        if refused is not None:
+            self.driver.stage("fail", error=OUTPUT_INVALID, message=refused)
 
     async def _start_ready(self) -> None:
         """Decide about every call that may start now and stage what was decided (a

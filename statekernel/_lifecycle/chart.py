@@ -189,9 +189,14 @@ class RunLifecycle(StateChart[_Cell]):
         self._build(tr.model_started(self.model.run, at))
 
     def on_model_completed(
-        self, result: ModelResult, finish: str | None, then_pause: PauseInfo | None, at: Any
+        self,
+        result: ModelResult,
+        finish: str | None,
+        then_pause: PauseInfo | None,
+        reask: str | None,
+        at: Any,
     ) -> None:
-        self._build(tr.model_completed(self.model.run, result, finish, then_pause, at))
+        self._build(tr.model_completed(self.model.run, result, finish, then_pause, reask, at))
 
     def on_early_call_started(self, partial: Message, call_input: JSON, at: Any) -> None:
         self._build(tr.early_call_started(self.model.run, partial, call_input, at))
@@ -216,8 +221,10 @@ class RunLifecycle(StateChart[_Cell]):
         done = tr.tool_call_completed(run, call_ids, output, error, resolved, context, skipped, at)
         self._build(done)
 
-    def on_tools_completed(self, finish: str | None, then_pause: PauseInfo | None, at: Any) -> None:
-        self._build(tr.tools_completed(self.model.run, finish, then_pause, at))
+    def on_tools_completed(
+        self, finish: str | None, then_pause: PauseInfo | None, reask: str | None, at: Any
+    ) -> None:
+        self._build(tr.tools_completed(self.model.run, finish, then_pause, reask, at))
 
     def on_pause(self, reason: str, details: PauseDetails, at: Any) -> None:
         self._build(tr.pause(self.model.run, reason, details, at))
@@ -242,14 +249,14 @@ EVENTS: dict[str, frozenset[str]] = {
     "start": frozenset(),
     "turn_prepared": frozenset({"request"}),
     "model_started": frozenset(),
-    "model_completed": frozenset({"result", "finish", "then_pause"}),
+    "model_completed": frozenset({"result", "finish", "then_pause", "reask"}),
     "early_call_started": frozenset({"partial", "call_input"}),
     "answer_cut_off": frozenset({"reason"}),
     "tool_call_started": frozenset({"call_ids", "call_input"}),
     "tool_call_completed": frozenset(
         {"call_ids", "output", "error", "resolved", "context", "skipped"}
     ),
-    "tools_completed": frozenset({"finish", "then_pause"}),
+    "tools_completed": frozenset({"finish", "then_pause", "reask"}),
     "pause": frozenset({"reason", "details"}),
     "resume": frozenset({"value", "max_turns"}),
     "fail": frozenset({"error", "message"}),

@@ -20,6 +20,7 @@ from statekernel._records.messages import JSON, Message, ModelRequest, ModelResu
 from statekernel._records.pauses import PauseDetails, Question
 from statekernel._records.run import (
     DEADLINE_EXCEEDED,
+    OUTPUT_INVALID,
     Cancellation,
     FailureInfo,
     PauseInfo,
@@ -130,15 +131,22 @@ def model_started(run: Run, at: datetime) -> Effects:
 
 
 def model_completed(
-    run: Run, result: ModelResult, finish: str | None, then_pause: PauseInfo | None, at: datetime
+    run: Run,
+    result: ModelResult,
+    finish: str | None,
+    then_pause: PauseInfo | None,
+    reask: str | None,
+    at: datetime,
 ) -> Effects:
     """calling_model -> dispatching_tools | preparing_turn | completed.
 
     Calls that started while the answer streamed (eager dispatch) keep their place: they
-    are the answer's first calls, whatever the final answer says there."""
+    are the answer's first calls, whatever the final answer says there. With ``reask``
+    (a final answer that does not satisfy the run's ``output_spec``), that user message
+    follows the answer in the transcript and the next turn asks again."""
     turn = _turn(run)
     result = _with_started(result, turn)
-    return _answered(run, turn, result, finish, then_pause, {})
+    return _answered(run, turn, result, finish, then_pause, {}, reask)
 
 
 def answer_cut_off(run: Run, reason: str, at: datetime) -> Effects:
@@ -149,7 +157,7 @@ def answer_cut_off(run: Run, reason: str, at: datetime) -> Effects:
     if turn.partial is None:
         raise Refused("no answer was cut off: no call started while the model streamed")
     result = ModelResult(turn.partial, finish_reason="tool_calls")
-    return _answered(run, turn, result, None, None, {"cut_off": redact(reason)})
+    return _answered(run, turn, result, None, None, {"cut_off": redact(reason)}, None)
 
 
 def _answered(
@@ -159,6 +167,7 @@ def _answered(
     finish: str | None,
     then_pause: PauseInfo | None,
     extra: dict[str, Any],
+    reask: str | None,
 ) -> Effects:
     result, renamed = _unique_calls(result, turn.index)
     started = {r.id for r in turn.in_flight}
@@ -180,7 +189,7 @@ def _answered(
     events: list[tuple[str, dict[str, Any]]] = [("model_completed", {**data, **extra})]
     if pending or turn.in_flight:
         return attrs.evolve(run, current_turn=turn), events
-    return _close_turn(run, turn, events, finish, then_pause)
+    return _close_turn(run, turn, events, finish, then_pause, reask=reask)
 
 
 def _with_started(result: ModelResult, turn: Turn) -> ModelResult:
@@ -249,6 +258,7 @@ def _close_turn(
     *,
     interrupted: str | None = None,
     at: datetime | None = None,
+    reask: str | None = None,
 ) -> Effects:
     """Close ``turn``: the one way a turn ends, whether its calls completed, new input
     interrupted it, or it finishes or pauses the run.
@@ -267,19 +277,29 @@ def _close_turn(
         if record.context_patch is not None:
             context = merge_patch(context, record.context_patch)
             patched.append(record.id)
-    messages = run.messages.grow(_result_messages(turn))
-    turns = run.turns.grow((turn,))
+    added = _result_messages(turn)
+    spec = run.output_spec
+    if reask is not None:
+        if spec is None or finish is not None:
+            raise Refused("an answer is sent back only for a run with an output_spec")
+        added = (*added, Message.user(reask))
+        spec = attrs.evolve(spec, failures=spec.failures + 1)
+    elif finish is not None and spec is not None and spec.failures:
+        spec = attrs.evolve(spec, failures=0)
     run = attrs.evolve(
         run,
-        messages=messages,
+        messages=run.messages.grow(added),
         context=context,
-        turns=turns,
+        turns=run.turns.grow((turn,)),
         current_turn=None,
         pending_pause=then_pause,
+        output_spec=spec,
     )
     data: dict[str, Any] = {"index": turn.index}
     if patched:
         data["context_patched_by"] = patched
+    if reask is not None and spec is not None:
+        data["output_rejected"] = spec.failures
     events.append(("turn_completed", data))
     if finish is not None and then_pause is None:
         events.append(("run_completed", {"reason": finish}))
@@ -400,7 +420,7 @@ def _result_messages(turn: Turn) -> tuple[Message, ...]:
 
 
 def tools_completed(
-    run: Run, finish: str | None, then_pause: PauseInfo | None, at: datetime
+    run: Run, finish: str | None, then_pause: PauseInfo | None, reask: str | None, at: datetime
 ) -> Effects:
     """dispatching_tools -> preparing_turn | completed: the turn closes (``_close_turn``):
     results go back in call order, and the calls' context patches apply to the run's
@@ -409,7 +429,8 @@ def tools_completed(
     if turn.pending or turn.in_flight:
         raise Refused("tool calls are still pending or in flight")
     data: dict[str, Any] = {"index": turn.index, "calls": len(turn.completed)}
-    run, events = _close_turn(run, turn, [("tools_completed", data)], finish, then_pause)
+    events = [("tools_completed", data)]
+    run, events = _close_turn(run, turn, events, finish, then_pause, reask=reask)
     closed = events[1][1]
     if "context_patched_by" in closed:
         data["context_patched_by"] = closed["context_patched_by"]
@@ -466,6 +487,9 @@ def retry(run: Run, at: datetime) -> Effects:
     if run.failure.error == DEADLINE_EXCEEDED:  # retried on purpose: it goes on without one
         data["deadline_cleared"] = True
         return attrs.evolve(run, failure=None, deadline=None), [("run_retried", data)]
+    if run.failure.error == OUTPUT_INVALID and run.output_spec is not None:
+        spec = attrs.evolve(run.output_spec, failures=0)  # the answers it allows, again
+        return attrs.evolve(run, failure=None, output_spec=spec), [("run_retried", data)]
     return attrs.evolve(run, failure=None), [("run_retried", data)]
 
 

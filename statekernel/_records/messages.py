@@ -23,6 +23,7 @@ __all__ = [
     "Message",
     "ModelRequest",
     "ModelResult",
+    "OutputSpec",
     "ReasoningPart",
     "Role",
     "TextPart",
@@ -215,6 +216,23 @@ class ToolSpec:
 
 
 @attrs.frozen
+class OutputSpec:
+    """The typed final answer a run asks for (``start(output_type=...)``): the JSON Schema
+    of an object its final answer must satisfy, under ``name``.
+
+    Providers that support structured output are asked for it. A final answer that is
+    not a JSON value satisfying ``schema`` is sent back to the model with what is wrong,
+    up to ``retries`` times in a row; the next one fails the run (``OUTPUT_INVALID``).
+    """
+
+    name: str
+    schema: JSON = attrs.field(factory=lambda: {"type": "object"})
+    retries: int = 1
+    failures: int = 0
+    """Final answers in a row that did not satisfy ``schema`` (back to 0 with ``retry``)."""
+
+
+@attrs.frozen
 class ModelRequest:
     """Exactly what is sent to a model. ``model`` is ``"provider/name"``; no credentials."""
 
@@ -230,6 +248,10 @@ class ModelRequest:
     temperature: float | None = None
     stop: tuple[str, ...] = attrs.field(converter=_strings, default=())
     options: JSON = attrs.field(factory=dict)
+    output: OutputSpec | None = None
+    """The typed final answer asked for: a provider that supports structured output
+    asks its model for a JSON value of ``output.schema`` (OpenAI's ``response_format``,
+    a forced tool on Anthropic, ``format`` on Ollama)."""
 
     @property
     def provider(self) -> str:

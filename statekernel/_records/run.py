@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Literal, TypeAlias, get_args
@@ -9,7 +10,14 @@ from typing import Literal, TypeAlias, get_args
 import attrs
 
 from statekernel._records.lazy import LazyTuple
-from statekernel._records.messages import JSON, Message, ModelRequest, ModelResult, Usage
+from statekernel._records.messages import (
+    JSON,
+    Message,
+    ModelRequest,
+    ModelResult,
+    OutputSpec,
+    Usage,
+)
 from statekernel._records.pauses import HookPause, PauseDetails
 
 __all__ = [
@@ -20,6 +28,7 @@ __all__ = [
     "FailureInfo",
     "INPUT_REQUIRED",
     "MAX_TURNS",
+    "OUTPUT_INVALID",
     "PauseInfo",
     "Run",
     "SCHEMA_VERSION",
@@ -28,6 +37,7 @@ __all__ = [
     "ToolCallRecord",
     "Turn",
     "UNCERTAIN",
+    "answer_json",
     "utcnow",
 ]
 
@@ -157,6 +167,21 @@ CANCELLED = "Cancelled"
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 """``FailureInfo.error`` of a run stopped because its ``deadline`` passed."""
 
+OUTPUT_INVALID = "OutputInvalid"
+"""``FailureInfo.error`` of a run whose final answer did not satisfy its ``output_spec``
+after the retries it allows."""
+
+
+def answer_json(text: str) -> JSON:
+    """The JSON value of a final answer's text (a Markdown code fence around it is
+    allowed, as models often write one); ``ValueError`` when it holds none."""
+    body = text.strip()
+    if body.startswith("```"):
+        first, _, rest = body.partition("\n")
+        if rest.rstrip().endswith("```") and first.strip("` ").lower() in ("", "json"):
+            body = rest.rstrip()[:-3]
+    return json.loads(body)
+
 
 @attrs.frozen
 class Cancellation:
@@ -227,6 +252,8 @@ class Run:
     deadline: datetime | None = None
     """When the run must be done by (``start(deadline=|timeout=)``): past it, it stops at
     the next safe point and fails with ``DeadlineExceeded``."""
+    output_spec: OutputSpec | None = None
+    """The typed final answer the run asks for (``start(output_type=...)``), if any."""
 
     @property
     def turn_count(self) -> int:
@@ -239,14 +266,18 @@ class Run:
         return self.messages[-1] if self.messages else None
 
     @property
-    def output(self) -> str | None:
-        """The final answer of a completed run (the text of its last assistant message);
-        None for a run that has not completed."""
+    def output(self) -> JSON:
+        """The final answer of a completed run: the text of its last assistant message,
+        or for a run with an ``output_spec`` the JSON value that text holds (checked
+        against the schema before the run completed; ``statekernel.output_as`` gives it
+        as a Python type); None for a run that has not completed."""
         if self.state != "completed":
             return None
         for message in reversed(self.messages):
             if message.role == "assistant":
-                return message.text
+                if self.output_spec is None:
+                    return message.text
+                return answer_json(message.text)
         return None
 
     @property

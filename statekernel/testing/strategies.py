@@ -556,11 +556,13 @@ def _call_ids(run: Run) -> st.SearchStrategy[list[str]]:
 
 
 def _finishing() -> dict[str, st.SearchStrategy[Any]]:
-    """``finish`` and ``then_pause``: every combination of set and unset."""
+    """``finish`` and ``then_pause``: every combination of set and unset (``reask`` is
+    for runs with an ``output_spec``, which these runs have not)."""
     pause = st.builds(PauseInfo, texts(8), _STATES, st.just(HookPause()))
     return {
         "finish": st.none() | st.sampled_from(["stop", "max_turns"]),
         "then_pause": st.none() | pause,
+        "reask": st.none(),
     }
 
 

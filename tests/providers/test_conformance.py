@@ -9,7 +9,14 @@ from typing import Any
 import attrs
 import pytest
 
-from statekernel._records.messages import Message, ModelRequest, ModelResult, ToolSpec, Usage
+from statekernel._records.messages import (
+    Message,
+    ModelRequest,
+    ModelResult,
+    OutputSpec,
+    ToolSpec,
+    Usage,
+)
 from statekernel.errors import BadRequest, ProviderError, ProviderUnavailable
 from statekernel.providers import (
     AnthropicProvider,
@@ -353,3 +360,130 @@ async def test_whole_answers_are_read(vendor: VendorCase, wire: WireServer) -> N
     wire.json(whole_answer(name))
     result = await complete(provider, neutral(name, options={"stream": False}))
     assert without_model(result) == ModelResult(Message.assistant("Hi."), Usage(11, 7), "stop")
+
+
+# -- structured output: the answer as each vendor gives it, one neutral result ------------
+
+PERSON = OutputSpec("Person", {"type": "object", "properties": {"name": {"type": "string"}}})
+PERSON_TEXT = '{"name":"Ann"}'
+
+
+def anthropic_output_wire(wire: WireServer, call: bool) -> None:
+    """The answer as Anthropic gives it when forced to a tool: a ``tool_use`` block of the
+    output tool (after a real tool call when ``call``)."""
+    start = {
+        "type": "message_start",
+        "message": {
+            "id": "m",
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": "m",
+            "usage": {"input_tokens": 11, "output_tokens": 1},
+        },
+    }
+    events: list[Any] = [("message_start", start)]
+    blocks = [("call_1", "get_weather", ARGS_TEXT)] if call else []
+    blocks.append(("toolu_out", "final_result", PERSON_TEXT))
+    for index, (call_id, name, text) in enumerate(blocks):
+        block = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+        events.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": block},
+            )
+        )
+        events += [
+            (
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": p},
+                },
+            )
+            for p in _pieces(text)
+        ]
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    delta = {
+        "type": "message_delta",
+        "delta": {"stop_reason": "tool_use"},
+        "usage": {"output_tokens": 7},
+    }
+    events += [("message_delta", delta), ("message_stop", {"type": "message_stop"})]
+    wire.sse(events)
+
+
+def asked_for_output(vendor_name: str, body: dict[str, Any], tools: bool) -> None:
+    """The request asked for ``PERSON`` the way the vendor's API takes it."""
+    if vendor_name == "openai":
+        assert body["response_format"] == {
+            "type": "json_schema",
+            "json_schema": {"name": "Person", "schema": PERSON.schema},
+        }
+    elif vendor_name == "ollama":
+        assert body["format"] == PERSON.schema
+    else:
+        final = body["tools"][-1]
+        assert (final["name"], final["input_schema"]) == ("final_result", PERSON.schema)
+        expected = {"type": "any"} if tools else {"type": "tool", "name": "final_result"}
+        assert body["tool_choice"] == expected
+        assert len(body["tools"]) == (2 if tools else 1)
+
+
+async def test_structured_output_is_asked_for_and_answered_as_text(
+    vendor: VendorCase, wire: WireServer
+) -> None:
+    name, provider, script = vendor
+    if name == "anthropic":
+        anthropic_output_wire(wire, call=False)
+    else:
+        script(PERSON_TEXT, False)
+    result = await complete(provider, neutral(name, output=PERSON))
+    asked_for_output(name, wire.requests[-1].json(), tools=False)
+    assert without_model(result) == ModelResult(
+        Message.assistant(PERSON_TEXT), Usage(11, 7), "stop"
+    )
+
+
+async def test_structured_output_beside_tools_keeps_the_real_calls(wire: WireServer) -> None:
+    provider = AnthropicProvider(base_url=wire.url)
+    try:
+        anthropic_output_wire(wire, call=True)
+        result = await complete(provider, neutral("anthropic", tools=[WEATHER], output=PERSON))
+        asked_for_output("anthropic", wire.requests[-1].json(), tools=True)
+        (call,) = result.tool_calls
+        assert (call.name, call.parsed_arguments()) == ("get_weather", ARGS)
+        assert result.text == PERSON_TEXT
+        assert result.finish_reason == "tool_calls"
+        # the whole (non-streaming) answer reads the same
+        body = {
+            "type": "message",
+            "role": "assistant",
+            "model": "m",
+            "stop_reason": "tool_use",
+            "usage": {"input_tokens": 11, "output_tokens": 7},
+            "content": [
+                {"type": "tool_use", "id": "o", "name": "final_result", "input": {"name": "Ann"}}
+            ],
+        }
+        wire.json(body)
+        asked = neutral("anthropic", output=PERSON, options={"stream": False})
+        whole = await complete(provider, asked)
+        assert (whole.text, whole.tool_calls, whole.finish_reason) == (PERSON_TEXT, (), "stop")
+    finally:
+        await provider.aclose()
+
+
+async def test_the_output_tool_takes_another_name_beside_a_tool_named_like_it(
+    wire: WireServer,
+) -> None:
+    provider = AnthropicProvider(base_url=wire.url)
+    try:
+        anthropic_wire(wire, "ok", False)
+        mine = ToolSpec("final_result", "Mine.", {"type": "object", "properties": {}})
+        await complete(provider, neutral("anthropic", tools=[mine], output=PERSON))
+        names = [t["name"] for t in wire.requests[-1].json()["tools"]]
+        assert names == ["final_result", "final_result_2"]
+    finally:
+        await provider.aclose()

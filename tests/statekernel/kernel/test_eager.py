@@ -374,7 +374,9 @@ def test_the_final_answer_keeps_started_calls_first_and_drops_none() -> None:
     final = sk.ModelResult(
         sk.Message.assistant("ok", tool_calls=[new, again]), finish_reason="tool_calls"
     )
-    after, events = lc.apply("model_completed", result=final, finish=None, then_pause=None)
+    after, events = lc.apply(
+        "model_completed", result=final, finish=None, then_pause=None, reask=None
+    )
     turn_after = after.current_turn
     assert turn_after is not None
     assert turn_after.result is not None

@@ -91,6 +91,7 @@ def payload(event: str, run: Run) -> dict[str, Any]:
             "result": ModelResult(Message.assistant("done")),
             "finish": "stop",
             "then_pause": None,
+            "reask": None,
         },
         "tool_call_started": {"call_ids": ["c1"], "call_input": {"x": 1}},
         "early_call_started": {
@@ -106,7 +107,7 @@ def payload(event: str, run: Run) -> dict[str, Any]:
             "context": None,
             "skipped": None,
         },
-        "tools_completed": {"finish": None, "then_pause": None},
+        "tools_completed": {"finish": None, "then_pause": None, "reask": None},
         "pause": {"reason": "wait", "details": HookPause()},
         "resume": {"value": None, "max_turns": None},
         "fail": {"error": "E", "message": "m"},
@@ -209,7 +210,7 @@ def test_model_completed_picks_its_target_by_guard() -> None:
     ]
     for result, finish, then_pause, expected in cases:
         nxt, events = Lifecycle(run).apply(
-            "model_completed", result=result, finish=finish, then_pause=then_pause
+            "model_completed", result=result, finish=finish, then_pause=then_pause, reask=None
         )
         assert nxt.state == expected
         assert nxt.pending_pause == then_pause
@@ -224,7 +225,7 @@ def test_a_failing_action_leaves_the_run_unchanged() -> None:
         lc.apply("tool_call_started", call_ids=["nope"], call_input={})
     assert lc.run is run
     with pytest.raises(InvalidTransition, match="still pending"):
-        lc.apply("tools_completed", finish=None, then_pause=None)
+        lc.apply("tools_completed", finish=None, then_pause=None, reask=None)
     assert lc.run is run
     # the machine still works afterwards
     nxt, _ = lc.apply("tool_call_started", call_ids=["c1"], call_input={"x": 1})

@@ -266,3 +266,27 @@ def test_a_view_without_an_agent_upgrades_no_postgres_schema(postgres_store_url:
         assert "asking" in listed
         assert client.get("/runs/asking").status_code == 200
     assert pg_value(target.dsn, f"SELECT max(version) FROM {table}") == 2, "not upgraded"
+
+
+def test_a_run_page_shows_the_typed_output(tmp_path: Path) -> None:
+    import statekernel as sk
+    from statekernel.testing import ScriptedProvider
+
+    url = f"sqlite:///{tmp_path}/runs.db"
+    schema = {"title": "Verdict", "type": "object", "required": ["ok"]}
+
+    async def typed() -> None:
+        providers = {"scripted": ScriptedProvider(["{}", '{"ok": "<b>yes</b>"}'])}
+        async with sk.Kernel(url, providers=providers) as kernel:
+            async for _ in kernel.start_and_run(
+                model="scripted/m", messages=["Go."], run_id="typed", output_type=schema
+            ):
+                pass
+
+    asyncio.run(typed())
+    with local_client(create_app(url)) as client:
+        page = client.get("/runs/typed").text
+        assert "output type" in page
+        assert "Verdict (retries 1)" in page  # the answer sent back once was reset
+        assert "&lt;b&gt;yes&lt;/b&gt;" in page  # the output, escaped
+        assert "<b>yes</b>" not in page
