@@ -17,7 +17,7 @@ from statekernel._kernel.adapters import (
     tool_from_pydantic_ai,
     tools_from_mcp_server,
 )
-from statekernel._kernel.asking import NeedsInput, ask_user
+from statekernel._kernel.asking import NeedsInput, ask_user, sleep_until
 from statekernel._kernel.cancelling import CancelResult
 from statekernel._kernel.delegate import child_run_id, delegate
 from statekernel._kernel.dispatch import DispatchPolicy
@@ -43,6 +43,7 @@ from statekernel._records.messages import (
     ToolSpec,
     Usage,
 )
+from statekernel._records.pauses import FAIL, PauseTimer
 from statekernel._records.run import (
     STATE_IDS,
     Cancellation,
@@ -59,6 +60,7 @@ from statekernel.errors import (
     CorruptCheckpoint,
     InvalidTransition,
     OutputInvalid,
+    PauseTimedOut,
     ProviderError,
     RunBusy,
     RunCancelled,
@@ -78,6 +80,7 @@ __all__ = [
     "Decision",
     "DispatchPolicy",
     "Event",
+    "FAIL",
     "FailureInfo",
     "Finish",
     "Hooks",
@@ -94,6 +97,8 @@ __all__ = [
     "PERSISTED_EVENTS",
     "Pause",
     "PauseInfo",
+    "PauseTimedOut",
+    "PauseTimer",
     "ProviderError",
     "PruneResult",
     "ReasoningPart",
@@ -126,6 +131,7 @@ __all__ = [
     "delegate",
     "errors",
     "output_as",
+    "sleep_until",
     "to_plain",
     "tool",
     "tool_from_langchain",

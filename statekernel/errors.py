@@ -19,6 +19,7 @@ __all__ = [
     "InvalidTransition",
     "LeaseLost",
     "OutputInvalid",
+    "PauseTimedOut",
     "ProviderError",
     "ProviderUnavailable",
     "RateLimited",
@@ -199,6 +200,16 @@ class OutputInvalid(RunFailed):
 
     def __init__(self, run_id: str, message: str, failed_in: str, revision: int) -> None:
         super().__init__(run_id, "OutputInvalid", message, failed_in, revision)
+
+
+class PauseTimedOut(RunFailed):
+    """``RunFailed`` for a run whose pause timed out with ``on_timeout=FAIL``
+    (``Pause(timeout=|until=)``, ``ask_user(timeout=)``): ``error`` is
+    ``"PauseTimedOut"``; ``retry`` returns it to its pause, which then waits without a
+    timer."""
+
+    def __init__(self, run_id: str, message: str, failed_in: str, revision: int) -> None:
+        super().__init__(run_id, "PauseTimedOut", message, failed_in, revision)
 
 
 class InvalidArgument(StatekernelError, ValueError):

@@ -83,6 +83,19 @@ async def _serve(worker: Worker) -> WorkerStats:
     help="Seconds SIGTERM lets runs reach a clean stopping point.",
 )
 @click.option("--name", help="Consumer name (default: host-pid-random).")
+@click.option(
+    "--timers",
+    is_flag=True,
+    help="Also fire the pause timers and deadlines of the store's paused runs "
+    "(questions and approvals that time out, durable sleeps).",
+)
+@click.option(
+    "--timer-every",
+    type=click.FloatRange(min=0.01),
+    default=1.0,
+    show_default=True,
+    help="Seconds between two looks for due timers (with --timers).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the final counts as JSON.")
 def worker(
     store: str | None,
@@ -92,6 +105,8 @@ def worker(
     lease_ttl: float,
     grace: float,
     name: str | None,
+    timers: bool,
+    timer_every: float,
     as_json: bool,
 ) -> None:
     """Drive the runs submitted to a run queue (kernel.submit), many at once.
@@ -116,6 +131,8 @@ def worker(
         lease_ttl=lease_ttl,
         grace=grace,
         name=name,
+        timers=timers,
+        timer_every=timer_every,
     )
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -125,7 +142,8 @@ def worker(
         click.echo(json.dumps({"worker": runner.name, "queue": queue, **attrs.asdict(stats)}))
     click.echo(
         f"worker {runner.name} stopped: {stats.completed} completed, {stats.paused} paused, "
-        f"{stats.failed} failed, {stats.requeued} handed back, {stats.reclaimed} reclaimed",
+        f"{stats.failed} failed, {stats.requeued} handed back, {stats.reclaimed} reclaimed"
+        + (f", {stats.timers_fired} timers fired" if timers else ""),
         err=True,
     )
     sys.stdout.flush()

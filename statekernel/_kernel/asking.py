@@ -17,16 +17,17 @@ result, as after any crash inside a call: an idempotent tool runs again (an
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from datetime import datetime
+from typing import Any, NoReturn
 
 from statekernel._kernel.schema import schema_problem, schema_violation
 from statekernel._kernel.tools import Tool, tool
 from statekernel._records.messages import JSON
-from statekernel._records.pauses import Ask, Question
+from statekernel._records.pauses import Ask, Question, make_timer
 from statekernel._records.values import as_stored
 from statekernel.errors import ConfigError, InvalidArgument
 
-__all__ = ["NeedsInput", "answered", "ask_user", "asked", "questions"]
+__all__ = ["NeedsInput", "answered", "ask_user", "asked", "questions", "sleep_until"]
 
 
 class NeedsInput(Exception):
@@ -37,12 +38,26 @@ class NeedsInput(Exception):
     (none: any JSON value). A question that is not JSON, or a schema that cannot check
     answers (invalid, or a ``$ref`` that resolves nowhere), is not asked: the call gets
     an error result saying why.
+
+    ``timeout`` (seconds from now) or ``until`` (an aware datetime): the question stops
+    waiting then, with nobody watching, and ``on_timeout`` is taken as its answer (it
+    must satisfy ``schema``), or the run fails with ``PauseTimedOut`` for
+    ``on_timeout=FAIL``. A timeout that is not one is an error result for the call.
     """
 
-    def __init__(self, question: JSON, *, schema: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        question: JSON,
+        *,
+        schema: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        until: datetime | None = None,
+        on_timeout: JSON = None,
+    ) -> None:
         super().__init__(question)
         self.question = question
         self.schema = schema
+        self.timeout, self.until, self.on_timeout = timeout, until, on_timeout
 
 
 def asked(request: NeedsInput) -> tuple[dict[str, Any] | None, str | None]:
@@ -57,6 +72,16 @@ def asked(request: NeedsInput) -> tuple[dict[str, Any] | None, str | None]:
         if problem is not None:
             return None, f"the tool asked with a schema that is {problem}"
         doc["schema"], _ = as_stored(request.schema, "schema")
+    try:
+        timer = make_timer(request.timeout, request.until, request.on_timeout, what="the question")
+    except InvalidArgument as exc:
+        return None, f"the tool asked with {exc}"
+    if timer is not None and not timer.fail and request.schema is not None:
+        violation = schema_violation(doc["schema"], timer.value)
+        if violation is not None:
+            return None, f"the tool asked with an on_timeout answer{violation[0]}: {violation[1]}"
+    if timer is not None:
+        doc["timer"] = timer
     return doc, None
 
 
@@ -65,7 +90,7 @@ def questions(waiting: Sequence[tuple[Sequence[str], str, Mapping[str, Any]]]) -
     in call order: the first is the question now asked, the rest wait behind it."""
     return Question(
         tuple(
-            Ask(tuple(ids), name, doc.get("question"), doc.get("schema"))
+            Ask(tuple(ids), name, doc.get("question"), doc.get("schema"), doc.get("timer"))
             for ids, name, doc in waiting
         )
     )
@@ -100,6 +125,8 @@ def ask_user(
     description: str = "Ask the user a question and wait for the answer.",
     *,
     answer_schema: Mapping[str, Any] | None = None,
+    timeout: float | None = None,
+    on_timeout: JSON = None,
 ) -> Tool:
     """A tool the model calls to ask the user something: the run pauses with reason
     ``input_required`` and the question; the answer given to ``kernel.resume(run_id,
@@ -107,6 +134,10 @@ def ask_user(
     idempotent: after a crash before its pause was committed, it asks again. An
     ``answer_schema`` that cannot check answers (see ``schema_problem``) raises
     ``ConfigError``.
+
+    ``timeout``: seconds a question waits; then ``on_timeout`` is its answer (checked
+    against ``answer_schema``) or, for ``on_timeout=FAIL``, the run fails with
+    ``PauseTimedOut`` (see ``NeedsInput``), whether or not any process is running.
 
     Returns:
         The tool, taking one ``question`` argument.
@@ -116,7 +147,7 @@ def ask_user(
     """
 
     def ask(question: str) -> JSON:
-        raise NeedsInput(question, schema=answer_schema)
+        raise NeedsInput(question, schema=answer_schema, timeout=timeout, on_timeout=on_timeout)
 
     ask.__doc__ = f"""{description}
 
@@ -127,4 +158,20 @@ def ask_user(
         problem = schema_problem(answer_schema)
         if problem is not None:
             raise ConfigError(f"tool {name!r}: its answer_schema is {problem}")
+    try:  # the timeout and the answer it gives, checked now rather than at each call
+        timer = make_timer(timeout, None, on_timeout, what=f"tool {name!r}")
+    except InvalidArgument as exc:
+        raise ConfigError(str(exc)) from None
+    if timer is not None and not timer.fail and answer_schema is not None:
+        violation = schema_violation(answer_schema, timer.value)
+        if violation is not None:
+            raise ConfigError(f"tool {name!r}: on_timeout{violation[0]}: {violation[1]}")
     return tool(name=name, description=description, idempotent=True)(ask)
+
+
+def sleep_until(when: datetime, result: JSON = "woke up") -> NoReturn:
+    """Call from a tool to sleep durably until ``when`` (an aware datetime): the run
+    pauses (``input_required``, the question ``{"sleep_until": ...}``) with nobody
+    waiting, a worker's timer loop or whoever touches the run next wakes it, and
+    ``result`` is the call's result. An answer given before then wakes it early."""
+    raise NeedsInput({"sleep_until": when.isoformat()}, until=when, on_timeout=result)

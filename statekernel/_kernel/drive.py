@@ -245,7 +245,9 @@ class RunDriver:
             request = hooked
         self.stage("turn_prepared", request=request)
 
-    async def answer(self, question: Question, value: JSON, max_turns: int | None) -> None:
+    async def answer(
+        self, question: Question, value: JSON, max_turns: int | None
+    ) -> tuple[Event, ...]:
         """Resume a run paused with ``input_required``: ``value`` (checked against the
         question's schema first) is the asking call's result, committed with the resume,
         and the next waiting question pauses the run again in the same commit. A hook
@@ -258,7 +260,8 @@ class RunDriver:
                 self.stage("pause", reason=INPUT_REQUIRED, details=waiting)
             committed = await self._commit()
             if committed.hook_failed is not None:
-                await self._fail_after(committed.hook_failed)
+                return committed.events + await self._fail_after(committed.hook_failed)
+            return committed.events
 
     async def commit_held(self) -> None:
         """Commit the results in hand, and nothing else, before the run is let go (else

@@ -11,10 +11,11 @@ import asyncio
 from collections.abc import AsyncGenerator
 
 from statekernel._kernel import telemetry
-from statekernel._kernel.drive import carry_out_cancel, deadline_watch, expire
+from statekernel._kernel.drive import carry_out_cancel, deadline_watch
 from statekernel._kernel.failures import explained, run_failed
 from statekernel._kernel.tenancy import Tenancy
 from statekernel._kernel.tenure import Tenure
+from statekernel._kernel.timers import settle_due
 from statekernel._records.events import Event
 from statekernel._records.messages import Message
 from statekernel._records.pauses import Uncertain
@@ -46,7 +47,7 @@ async def drive(
         async with tenancy.driver(run_id, created, tenure) as driver:
             span.watch(driver)
             keep = False
-            for event in await expire(driver):  # touched after its deadline: it fails
+            for event in await settle_due(driver):  # a passed deadline, a due pause timer
                 yield event
             if new_input:
                 with explained(driver.run):

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from statekernel._kernel import hooks as hk
-from statekernel._records.pauses import HookPause
 from statekernel._records.run import PauseInfo, Run, Turn
 from statekernel.errors import InvalidTransition
 
@@ -170,7 +169,7 @@ async def turn_decision(
     if isinstance(decision, hk.Finish):
         return decision.reason, None
     if isinstance(decision, hk.Pause):
-        return None, PauseInfo(decision.reason, "preparing_turn", HookPause(decision.metadata))
+        return None, PauseInfo(decision.reason, "preparing_turn", decision.details)
     raise HookFailed(TypeError(f"on_turn_completed cannot return {decision!r}"))
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from statekernel._records.run import DEADLINE_EXCEEDED, OUTPUT_INVALID, Run
+from statekernel._records.run import DEADLINE_EXCEEDED, OUTPUT_INVALID, PAUSE_TIMED_OUT, Run
 from statekernel.errors import (
     DeadlineExceeded,
     InvalidTransition,
     OutputInvalid,
+    PauseTimedOut,
     RunCancelled,
     RunFailed,
 )
@@ -35,6 +36,8 @@ def run_failed(run: Run) -> RunFailed:
         return RunFailed(run.run_id, "unknown", "no failure recorded", run.state, run.revision)
     if failure.cancellation is not None and failure.error == DEADLINE_EXCEEDED:
         return DeadlineExceeded(run.run_id, failure.message, failure.failed_in, run.revision)
+    if failure.cancellation is not None and failure.error == PAUSE_TIMED_OUT:
+        return PauseTimedOut(run.run_id, failure.message, failure.failed_in, run.revision)
     if failure.cancellation is not None:
         by = failure.cancellation.by
         return RunCancelled(run.run_id, failure.message, failure.failed_in, run.revision, by)

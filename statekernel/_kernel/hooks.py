@@ -10,12 +10,14 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Awaitable
+from datetime import datetime
 from typing import Any, TypeAlias, TypeVar
 
 import attrs
 
 from statekernel._records.checks import checked_request, checked_result, kind_problem
 from statekernel._records.messages import JSON, ModelRequest, ModelResult
+from statekernel._records.pauses import HookPause, PauseTimer, make_timer
 from statekernel._records.run import Run, ToolCallRecord, Turn
 from statekernel._records.values import checked, json_problem
 from statekernel.errors import ConfigError, InvalidArgument
@@ -92,10 +94,31 @@ class Skip:
 
 @attrs.frozen
 class Pause:
-    """Pause the run here (for approval, budget, ...); ``resume`` comes back to this point."""
+    """Pause the run here (for approval, budget, ...); ``resume`` comes back to this point.
+
+    ``timeout`` (seconds from now) or ``until`` (an aware datetime): the pause ends by
+    itself then, with nobody watching (a worker's timer loop, or whoever touches the run
+    next): the run resumes with ``on_timeout`` as its resume value, or fails with
+    ``PauseTimedOut`` for ``on_timeout=FAIL``. ``Pause("sleep", until=when)`` is a durable
+    sleep.
+    """
 
     reason: str = attrs.field(validator=_text)
     metadata: JSON = attrs.field(factory=dict, converter=_pause_metadata)
+    timeout: float | None = attrs.field(default=None, kw_only=True)
+    until: datetime | None = attrs.field(default=None, kw_only=True)
+    on_timeout: JSON = attrs.field(default=None, kw_only=True)
+    timer: PauseTimer | None = attrs.field(init=False)
+    """When the pause ends by itself (from ``timeout`` or ``until``, and ``on_timeout``)."""
+
+    @timer.default
+    def _timer(self) -> PauseTimer | None:
+        return make_timer(self.timeout, self.until, self.on_timeout, what="Pause")
+
+    @property
+    def details(self) -> HookPause:
+        """The pause's details as the run keeps them."""
+        return HookPause(self.metadata, self.timer)
 
 
 @attrs.frozen

@@ -41,7 +41,7 @@ from statekernel._kernel.cancelling import CancelResult, cancel_tree
 from statekernel._kernel.commit import Committer
 from statekernel._kernel.delegate import DelegateTool, child_runs, run_tree
 from statekernel._kernel.dispatch import DispatchPolicy
-from statekernel._kernel.drive import deadline_watch, expire
+from statekernel._kernel.drive import deadline_watch
 from statekernel._kernel.drives import check_input, drive
 from statekernel._kernel.failures import explained, run_failed
 from statekernel._kernel.hooks import Hooks, check_hooks
@@ -58,6 +58,7 @@ from statekernel._kernel.output import DEFAULT_RETRIES, output_spec_for
 from statekernel._kernel.resolving import resolve_call, resume_paused
 from statekernel._kernel.retention import DEFAULT_STATES, PruneResult, prune_runs
 from statekernel._kernel.tenancy import Tenancy
+from statekernel._kernel.timers import settle_due
 from statekernel._kernel.tools import Tool, tools_by_name
 from statekernel._lifecycle.diagram import FORMATS, render
 from statekernel._lifecycle.trace import trace_events
@@ -523,7 +524,7 @@ class Kernel(Closing):
         run_id_arg(run_id)
         flag("raise_on_failure", raise_on_failure)
         async with self._tenancy.driver(run_id) as driver:
-            events = list(await expire(driver))  # touched after its deadline: it fails
+            events = list(await settle_due(driver))  # a passed deadline, a due timer
             with deadline_watch(driver):
                 events += [event async for event in driver.advance()]
             if raise_on_failure and driver.run.state == "failed":

@@ -14,6 +14,7 @@ import attrs
 
 from statekernel._kernel.drive import RunDriver
 from statekernel._kernel.failures import explained
+from statekernel._records.events import Event
 from statekernel._records.messages import JSON
 from statekernel._records.pauses import (
     Question,
@@ -30,9 +31,11 @@ from statekernel.errors import InvalidArgument, InvalidTransition
 __all__ = ["resolve_call", "resume_paused"]
 
 
-async def resume_paused(driver: RunDriver, value: JSON, given: bool, max_turns: int | None) -> None:
+async def resume_paused(
+    driver: RunDriver, value: JSON, given: bool, max_turns: int | None
+) -> tuple[Event, ...]:
     """Resume the driver's run with ``value`` (``given``: the caller gave one), raising
-    its turn budget to ``max_turns``; see ``Kernel.resume``."""
+    its turn budget to ``max_turns``; see ``Kernel.resume``. The events committed."""
     run = driver.run
     pause = run.pause
     answered = _all_resolved(pause) if run.state == "paused" else None
@@ -47,11 +50,10 @@ async def resume_paused(driver: RunDriver, value: JSON, given: bool, max_turns: 
                 f"run {run.run_id!r} waits for an answer to {question.asked.question!r}"
                 f" (a call of tool {question.asked.name!r}): give it as value="
             )
-        await driver.answer(question, value, max_turns)
-        return
+        return await driver.answer(question, value, max_turns)
     with explained(run):
         driver.stage("resume", value=value, max_turns=max_turns)
-    await driver.commit()
+    return await driver.commit()
 
 
 async def resolve_call(

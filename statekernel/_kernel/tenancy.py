@@ -19,9 +19,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from statekernel._kernel.commit import landed
 from statekernel._kernel.delegate import run_tree
-from statekernel._kernel.drive import RunDriver, cancel_soon, carry_out_cancel, expire
+from statekernel._kernel.drive import RunDriver, cancel_soon, carry_out_cancel
 from statekernel._kernel.driving import Agent
 from statekernel._kernel.tenure import Tenure
+from statekernel._kernel.timers import settle_due
+from statekernel._records.events import Event
 from statekernel._records.run import Run
 from statekernel._secrets import logger
 from statekernel._storage.protocol import (
@@ -306,7 +308,9 @@ class Tenancy:
             cancel_soon(driver, request)
 
     @contextlib.asynccontextmanager
-    async def fresh(self, run_id: str) -> AsyncIterator[RunDriver]:
+    async def fresh(
+        self, run_id: str, *, settled: list[Event] | None = None
+    ) -> AsyncIterator[RunDriver]:
         """A one-off driver at the run's last commit, for commands (send, resume, ...).
 
         Where a driver of this kernel holds the run, the command commits under its lease
@@ -315,7 +319,8 @@ class Tenancy:
         its calls run on. A command never waits for a ``run`` generator, which may be
         suspended at a ``yield`` in the caller's own loop, only for a commit in flight.
         Otherwise the command takes a lease of its own, after waiting for another owner,
-        and gives it back at the end.
+        and gives it back at the end; what is due on the run is done first
+        (``settle_due``: its events go to ``settled``).
         """
         while True:
             tenure = await self.acquire(run_id, share=True)
@@ -332,7 +337,9 @@ class Tenancy:
                 return
         try:
             driver = RunDriver(self.kernel, await self.store.load(run_id), tenure)
-            await expire(driver)  # touched after its deadline: it fails first
+            done = await settle_due(driver)  # a passed deadline, a due pause timer: first
+            if settled is not None:
+                settled.extend(done)
             try:
                 yield driver
             except CancelRequested:  # the command was refused: the request is carried out

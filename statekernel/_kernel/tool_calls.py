@@ -48,7 +48,6 @@ from statekernel._records.messages import JSON
 from statekernel._records.pauses import (
     ChildPause,
     ChildWait,
-    HookPause,
     Rerun,
     Resolution,
     ResolvedError,
@@ -310,7 +309,7 @@ class ToolCalls:
             self.stage_result(Outcome(tuple(ids), decision.result, decision.error))
             return True
         if isinstance(decision, hk.Pause):
-            driver.stage("pause", reason=decision.reason, details=HookPause(decision.metadata))
+            driver.stage("pause", reason=decision.reason, details=decision.details)
             return True
         if isinstance(decision, hk.Finish):
             why = NOT_RUN_FINISHED.format(reason=decision.reason)

@@ -270,6 +270,7 @@ DATA_CHANGES: Mapping[str, frozenset[str]] = MappingProxyType(
     {
         "context_updated": frozenset({"context"}),
         "tool_call_resolved": frozenset({"pause"}),
+        "timer_fired": frozenset({"pause"}),
     }
 )
 """Changes of a run's data that are not lifecycle transitions (``Lifecycle.change``): the

@@ -21,6 +21,7 @@ from statekernel._records.pauses import PauseDetails, Question
 from statekernel._records.run import (
     DEADLINE_EXCEEDED,
     OUTPUT_INVALID,
+    PAUSE_TIMED_OUT,
     Cancellation,
     FailureInfo,
     PauseInfo,
@@ -474,8 +475,10 @@ def cancel(run: Run, cancellation: Cancellation, at: datetime) -> Effects:
     error = cancellation.error
     info = FailureInfo(error, reason, run.state, cancellation)
     asked = {"reason": reason, "by": cancellation.by, "requested_at": cancellation.at.isoformat()}
-    kind = "deadline_exceeded" if error == DEADLINE_EXCEEDED else "run_cancelled"
     failed = {"error": error, "message": reason, "failed_in": run.state}
+    if error == PAUSE_TIMED_OUT:  # its timer_fired event says what was asked
+        return attrs.evolve(run, failure=info), [("run_failed", failed)]
+    kind = "deadline_exceeded" if error == DEADLINE_EXCEEDED else "run_cancelled"
     return attrs.evolve(run, failure=info), [(kind, asked), ("run_failed", failed)]
 
 

@@ -10,21 +10,26 @@ before pauses were typed).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from typing import Any, TypeAlias
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, TypeAlias
 
 import attrs
 
 from statekernel._records.messages import JSON
+from statekernel._records.values import as_stored
 from statekernel.errors import InvalidArgument
 
 __all__ = [
+    "FAIL",
     "Ask",
     "ChildPause",
     "ChildWait",
     "HookPause",
     "MaxTurns",
     "PauseDetails",
+    "PauseTimer",
     "Question",
     "Rerun",
     "Resolution",
@@ -33,7 +38,10 @@ __all__ = [
     "Uncertain",
     "UncertainCall",
     "resolution_of",
+    "make_timer",
     "resolutions_in",
+    "timer_of",
+    "without_timer",
 ]
 
 
@@ -208,6 +216,75 @@ class Uncertain:
 
 
 @attrs.frozen
+class PauseTimer:
+    """When a pause ends by itself, committed with it: at ``at`` the run resumes with
+    ``value`` (a question's answer, a hook pause's resume value, a sleep's result) or,
+    with ``fail``, fails with ``PauseTimedOut`` (``Pause(timeout=|until=, on_timeout=)``,
+    ``ask_user(timeout=, on_timeout=)``)."""
+
+    at: datetime
+    value: JSON = None
+    fail: bool = False
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """``{"at": ISO 8601, "on_timeout": value | "fail"}``."""
+        return {"at": self.at.isoformat(), "on_timeout": "fail" if self.fail else self.value}
+
+
+class _Fail:
+    """``on_timeout=FAIL``: the run fails (``PauseTimedOut``) when the pause times out."""
+
+    def __repr__(self) -> str:
+        return "statekernel.FAIL"
+
+
+FAIL: Final = _Fail()
+"""``on_timeout=FAIL``: a pause that times out fails the run with ``PauseTimedOut``."""
+
+_LONGEST = timedelta(days=3650)
+
+
+def make_timer(
+    timeout: object, until: object, on_timeout: object, *, what: str
+) -> PauseTimer | None:
+    """The timer of a pause asked with ``timeout`` (seconds from now) or ``until`` (an
+    aware datetime) and ``on_timeout`` (a JSON value, or ``FAIL``); None for neither.
+    ``InvalidArgument`` naming ``what`` and the argument that is wrong."""
+    if timeout is None and until is None:
+        if on_timeout is not None:
+            raise InvalidArgument(f"{what}: on_timeout needs timeout= or until=")
+        return None
+    if timeout is not None and until is not None:
+        raise InvalidArgument(f"{what}: give timeout= or until=, not both")
+    now = datetime.now(UTC)
+    if timeout is not None:
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or timeout < 0
+            or timeout > _LONGEST.total_seconds()
+        ):
+            raise InvalidArgument(
+                f"{what}: timeout must be seconds from 0 to {_LONGEST.days} days, got {timeout!r}"
+            )
+        at = now + timedelta(seconds=timeout)
+    else:
+        if not isinstance(until, datetime) or until.utcoffset() is None:
+            raise InvalidArgument(f"{what}: until must be an aware datetime, got {until!r}")
+        if until - now > _LONGEST:
+            raise InvalidArgument(f"{what}: until is more than {_LONGEST.days} days away")
+        at = until
+    if on_timeout is FAIL:
+        return PauseTimer(at, None, fail=True)
+    value, problem = as_stored(on_timeout, "on_timeout")
+    if problem is not None:
+        raise InvalidArgument(f"{what}: {problem}")
+    return PauseTimer(at, value)
+
+
+@attrs.frozen
 class Ask:
     """Calls (identical ones asked once) of tool ``name`` that asked ``question``; an
     answer must satisfy ``schema`` (None: any JSON value)."""
@@ -216,10 +293,13 @@ class Ask:
     name: str
     question: JSON = None
     schema: JSON = None
+    timer: PauseTimer | None = None
+    """When the question stops waiting for an answer, and what is taken instead."""
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """``{"call", "calls", "name", "question", "schema"}`` (no ``schema`` if None)."""
+        """``{"call", "calls", "name", "question", "schema", "timeout"}`` (no ``schema``
+        or ``timeout`` if None)."""
         doc: dict[str, Any] = {
             "call": self.calls[0],
             "calls": list(self.calls),
@@ -228,6 +308,8 @@ class Ask:
         }
         if self.schema is not None:
             doc["schema"] = self.schema
+        if self.timer is not None:
+            doc["timeout"] = self.timer.metadata
         return doc
 
 
@@ -303,10 +385,30 @@ def _free(value: JSON) -> JSON:
 @attrs.frozen
 class HookPause:
     """A hook's own pause (``Pause(reason, metadata)``): its metadata, free JSON as the
-    hook gave it (None is ``{}``)."""
+    hook gave it (None is ``{}``), and its timer (``Pause(timeout=|until=)``), if any."""
 
     metadata: JSON = attrs.field(factory=dict, converter=_free)
+    timer: PauseTimer | None = None
 
 
 PauseDetails: TypeAlias = Uncertain | Question | ChildWait | MaxTurns | HookPause
 """What a paused run waits for (``PauseInfo.details``)."""
+
+
+def timer_of(details: PauseDetails) -> PauseTimer | None:
+    """The timer of a pause: a hook pause's, or the question asked now's."""
+    if isinstance(details, HookPause):
+        return details.timer
+    if isinstance(details, Question):
+        return details.asked.timer
+    return None
+
+
+def without_timer(details: PauseDetails) -> PauseDetails:
+    """``details`` whose timer fired: the pause waits on without one."""
+    if isinstance(details, HookPause):
+        return attrs.evolve(details, timer=None)
+    if isinstance(details, Question):
+        asked = attrs.evolve(details.asked, timer=None)
+        return attrs.evolve(details, asks=(asked, *details.asks[1:]))
+    return details

@@ -18,7 +18,7 @@ from statekernel._records.messages import (
     OutputSpec,
     Usage,
 )
-from statekernel._records.pauses import HookPause, PauseDetails
+from statekernel._records.pauses import HookPause, PauseDetails, PauseTimer, timer_of
 
 __all__ = [
     "CANCELLED",
@@ -29,6 +29,7 @@ __all__ = [
     "INPUT_REQUIRED",
     "MAX_TURNS",
     "OUTPUT_INVALID",
+    "PAUSE_TIMED_OUT",
     "PauseInfo",
     "Run",
     "SCHEMA_VERSION",
@@ -160,12 +161,20 @@ class PauseInfo:
         resolutions, a question, a paused child, the turn budget, or a hook's metadata."""
         return self.details.metadata
 
+    @property
+    def timer(self) -> PauseTimer | None:
+        """When the pause ends by itself, if it does (``PauseTimer``)."""
+        return timer_of(self.details)
+
 
 CANCELLED = "Cancelled"
 """``FailureInfo.error`` of a run stopped by ``Kernel.cancel``."""
 
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 """``FailureInfo.error`` of a run stopped because its ``deadline`` passed."""
+
+PAUSE_TIMED_OUT = "PauseTimedOut"
+"""``FailureInfo.error`` of a run whose pause timer fired with ``on_timeout=FAIL``."""
 
 OUTPUT_INVALID = "OutputInvalid"
 """``FailureInfo.error`` of a run whose final answer did not satisfy its ``output_spec``

@@ -136,7 +136,8 @@ class Lease:
 
 @attrs.frozen
 class RunSummary:
-    """A line of a run listing; ``pause`` says why a paused run waits and for what."""
+    """A line of a run listing; ``pause`` says why a paused run waits and for what (and
+    its timer); ``deadline`` is the run's (``start(deadline=|timeout=)``)."""
 
     run_id: str
     state: StateId
@@ -146,6 +147,7 @@ class RunSummary:
     created_at: datetime
     updated_at: datetime
     pause: PauseInfo | None = None
+    deadline: datetime | None = None
 
     @classmethod
     def of(cls, run: Run) -> RunSummary:
@@ -163,6 +165,7 @@ class RunSummary:
             run.created_at,
             run.updated_at,
             run.pause,
+            run.deadline,
         )
 
 

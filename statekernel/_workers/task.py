@@ -67,6 +67,8 @@ class WorkerStats:
     requeued: int = 0
     lost: int = 0
     max_in_flight: int = 0
+    timers_fired: int = 0
+    """Runs whose pause timer or deadline the worker's timer loop fired."""
 
 
 class Host(Protocol):

@@ -23,6 +23,12 @@ Reclaim
 Backpressure
     At most ``concurrency`` entries are in hand; the worker reads only as many as it
     has free slots.
+Timers
+    With ``timers=True`` (``statekernel worker --timers``) the worker also reads the
+    store's paused runs every ``timer_every`` seconds and fires what is due on them (a
+    pause timer, a passed deadline: ``statekernel._kernel.timers``), each under the
+    run's lease in one commit; a run that goes on from there is handed to its queue.
+    Any number of workers may do so: a timer fires once.
 Shutdown
     ``stop()`` (the command installs it on SIGTERM and SIGINT): take no new entries,
     let each run reach a commit after which no tool call is in flight and no model
@@ -41,13 +47,26 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from statekernel._kernel.due import due_runs, fire_due
 from statekernel._kernel.kernel import Kernel
-from statekernel._records.arguments import check_worker_options, optional_text, text
+from statekernel._records.arguments import (
+    check_worker_options,
+    flag,
+    optional_text,
+    seconds,
+    text,
+)
 from statekernel._secrets import logger
 from statekernel._storage.protocol import CheckpointStore
 from statekernel._storage.queues import QueueEntry, RunQueue, RunQueues
 from statekernel._workers.task import RunTask, WorkerStats
-from statekernel.errors import ConfigError, InvalidArgument, StoreError
+from statekernel.errors import (
+    ConfigError,
+    InvalidArgument,
+    RunBusy,
+    StatekernelError,
+    StoreError,
+)
 
 __all__ = ["AgentSpec", "Worker", "WorkerStats"]
 
@@ -71,7 +90,9 @@ class Worker:
     hooks, ...), or a function returning them. ``concurrency``: runs in hand at most.
     ``lease_ttl``: seconds a lease lives without renewal, and how long a crashed
     worker's runs wait before others reclaim them. ``grace``: seconds ``stop()`` lets
-    runs reach a clean stopping point. ``serve()`` runs until ``stop()``.
+    runs reach a clean stopping point. ``timers``: also fire the pause timers and
+    deadlines of the store's paused runs, looking every ``timer_every`` seconds (see
+    the module). ``serve()`` runs until ``stop()``.
     """
 
     queue: RunQueue
@@ -89,10 +110,14 @@ class Worker:
         block: float = 1.0,
         max_deliveries: int = 10,
         name: str | None = None,
+        timers: bool = False,
+        timer_every: float = 1.0,
     ) -> None:
         concurrency, lease_ttl, grace, block, max_deliveries = check_worker_options(
             concurrency, lease_ttl, grace, block, max_deliveries
         )
+        self.timers = flag("timers", timers)
+        self.timer_every = seconds("timer_every", timer_every)
         text("queue", queue)
         optional_text("name", name, empty=True)
         self.store_spec = store
@@ -190,6 +215,7 @@ class Worker:
         await self.queue.prepare()
         log.info("worker %s: queue %r, %d at once", self.name, self.queue_name, self.concurrency)
         refresher = asyncio.create_task(self._refresh_loop())
+        timers = asyncio.create_task(self._timer_loop()) if self.timers else None
         try:
             await self._take_loop()
         except BaseException:  # cancelled, or a bug: hand the runs back at once
@@ -198,9 +224,11 @@ class Worker:
         finally:
             self.stop()
             await self._drain()
-            refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await refresher
+            for loop_task in (refresher, timers):
+                if loop_task is not None:
+                    loop_task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await loop_task
             with contextlib.suppress(StoreError):
                 await self.queue.leave(self.name)
         log.info("worker %s stopped: %s", self.name, self.stats)
@@ -270,6 +298,36 @@ class Worker:
             task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks))
+
+    async def _timer_loop(self) -> None:
+        while not self.stopping:
+            try:
+                async for run_id in due_runs(self.kernel.store):
+                    if self.stopping:
+                        break
+                    await self._fire(run_id)
+            except StoreError as exc:
+                log.warning("worker %s: reading due runs: %s", self.name, exc)
+            await self._stopped_within(self.timer_every)
+
+    async def _fire(self, run_id: str) -> None:
+        """Fire what is due on ``run_id``; a run that goes on is handed to the queue."""
+        try:
+            run = await fire_due(self.kernel, run_id)
+        except RunBusy:
+            return  # its owner fires it when it touches it, or this loop does next time
+        except StatekernelError as exc:
+            log.warning("worker %s: firing the timer of run %s: %s", self.name, run_id, exc)
+            return
+        if run is None:
+            return
+        self.stats.timers_fired += 1
+        if not run.is_terminal:
+            await self.kernel.submit(run_id, queue=self.queue_name)
+
+    async def _stopped_within(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
 
     async def _refresh_loop(self) -> None:
         while True:

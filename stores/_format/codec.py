@@ -498,6 +498,7 @@ def head_summary(head: Mapping[str, Any], *, what: str = "run head") -> RunSumma
             dec_time(head["created_at"]),
             dec_time(head["updated_at"]),
             _pause_of(head.get("pause"), what),
+            None if head.get("deadline") is None else dec_time(head["deadline"]),
         )
     except _DECODE_ERRORS as exc:
         raise corrupt(what, exc) from exc

@@ -1,0 +1,147 @@
+"""Workers' timer loops (``Worker(timers=True)``) fire pause timers and deadlines with no
+kernel of the run's own open: a question that times out, fired by one of three
+competing workers exactly once and driven on by their queue; a durable sleep across a
+worker restart; a paused run past its deadline."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+import statekernel as sk
+from statekernel._records.run import utcnow
+from statekernel.testing import ScriptedProvider, call
+
+from .test_worker import FAST, serve, until
+
+SUBMITTER = {"scripted": ScriptedProvider([])}
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
+def url(request: pytest.FixtureRequest) -> str:
+    """A store with run queues: Redis, PostgreSQL."""
+    return str(request.getfixturevalue(f"{request.param}_store_url"))
+
+
+def agent(script: list[object], ran: Counter[str], **ask: Any) -> Callable[[], Mapping[str, Any]]:
+    """A scripted model, an ``ask_user`` tool with ``ask`` and a ``note`` tool whose
+    executions ``ran`` counts (not idempotent)."""
+
+    @sk.tool
+    def note(text: str) -> str:
+        """Note it.
+
+        Args:
+            text: What.
+        """
+        ran[text] += 1
+        return f"noted {text}"
+
+    @sk.tool
+    def nap(seconds: float) -> str:
+        """Sleep durably.
+
+        Args:
+            seconds: How long.
+        """
+        sk.sleep_until(utcnow() + timedelta(seconds=seconds), result="rested")
+
+    tools = [note, nap, sk.ask_user(**ask)]
+    return lambda: {"tools": tools, "providers": {"scripted": ScriptedProvider(script)}}
+
+
+async def paused_with_nobody(url: str, options: Mapping[str, Any], **start: Any) -> str:
+    """Drive a new run to its pause, then close its kernel: nobody watches it."""
+    async with sk.Kernel(url, **options) as kernel:
+        run = await kernel.start(model="scripted/m", messages=["go"], **start)
+        async for _ in kernel.run(run.run_id):
+            pass
+        assert (await kernel.get(run.run_id)).state == "paused"
+        return run.run_id
+
+
+@pytest.fixture
+async def reader(url: str) -> AsyncIterator[sk.Kernel]:
+    kernel = sk.Kernel(url, providers=SUBMITTER)
+    yield kernel
+    await kernel.aclose()
+
+
+async def test_a_question_times_out_with_nobody_watching_fired_once_by_three_workers(
+    url: str, reader: sk.Kernel
+) -> None:
+    ran: Counter[str] = Counter()
+    script = [call("ask_user", {"question": "Ship?"}), call("note", {"text": "after"}), "done"]
+    options = agent(script, ran, timeout=0, on_timeout="no answer: ship")
+    run_id = await paused_with_nobody(url, options())
+    workers = [
+        sk.Worker(url, agent=options, timers=True, timer_every=0.05, **FAST) for _ in range(3)
+    ]
+    tasks = [await serve(w) for w in workers]
+    await until(lambda: _state_is(reader, run_id, "completed"))
+    for w in workers:
+        w.stop()
+    stats = [await t for t in tasks]
+    assert sum(s.timers_fired for s in stats) == 1
+    events = [e.type for e in await reader.events(run_id)]
+    assert events.count("timer_fired") == 1
+    assert events.count("run_resumed") == 1
+    assert ran == Counter({"after": 1})  # the run went on once, from the answer
+    done = await reader.get(run_id)
+    assert done.turns[0].completed[0].output == "no answer: ship"
+
+
+async def test_a_durable_sleep_outlives_its_worker(url: str, reader: sk.Kernel) -> None:
+    ran: Counter[str] = Counter()
+    script = [call("nap", {"seconds": 0.3}), call("note", {"text": "woke"}), "done"]
+    options = agent(script, ran)
+    run = await reader.start(model="scripted/m", messages=["go"])
+    await reader.submit(run.run_id)
+    first = sk.Worker(url, agent=options, timers=True, timer_every=0.05, **FAST)
+    task = await serve(first)
+    await until(lambda: _state_is(reader, run.run_id, "paused"))
+    asleep = await reader.get(run.run_id)
+    first.stop()  # the worker that put it to sleep goes away
+    assert (await task).timers_fired == 0
+    assert asleep.pause is not None
+    timer = asleep.pause.timer
+    assert timer is not None
+    second = sk.Worker(url, agent=options, timers=True, timer_every=0.05, **FAST)
+    task = await serve(second)
+    await until(lambda: _state_is(reader, run.run_id, "completed"))
+    second.stop()
+    assert (await task).timers_fired == 1
+    (fired,) = [e for e in await reader.events(run.run_id) if e.type == "timer_fired"]
+    assert fired.at >= timer.at  # never woken before its time
+    assert ran == Counter({"woke": 1})
+
+
+async def test_a_paused_run_past_its_deadline_fails_by_a_worker(
+    url: str, reader: sk.Kernel
+) -> None:
+    ran: Counter[str] = Counter()
+    options = agent([call("ask_user", {"question": "?"}), "done"], ran)
+    run_id = await paused_with_nobody(url, options(), deadline=utcnow() + timedelta(seconds=1))
+    worker = sk.Worker(url, agent=options, timers=True, timer_every=0.05, **FAST)
+    task = await serve(worker)
+    await until(lambda: _state_is(reader, run_id, "failed"))
+    worker.stop()
+    assert (await task).timers_fired == 1
+    failed = await reader.get(run_id)
+    assert failed.failure is not None
+    assert failed.failure.error == "DeadlineExceeded"
+
+
+async def _state_is(kernel: sk.Kernel, run_id: str, state: str) -> bool:
+    await asyncio.sleep(0)
+    return (await kernel.get(run_id)).state == state
