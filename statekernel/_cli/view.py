@@ -247,6 +247,10 @@ def _header(run: Run, owner: Owner | None) -> Table:
     if run.pause is not None:
         detail = f"{run.pause.reason} (resumes to {run.pause.resume_to})"
         grid.add_row("paused", plain(detail, "yellow"))
+        timer = run.pause.timer
+        if timer is not None:
+            then = "the run fails" if timer.fail else f"resumes with {short(timer.value, 100)}"
+            grid.add_row("times out", plain(f"at {stamp(timer.at)}: {then}", "yellow"))
         if run.pause.metadata:
             grid.add_row("", plain(short(run.pause.metadata, 200)))
     if run.failure is not None:

@@ -7,7 +7,10 @@ workers with nobody else watching: ``tests/statekernel/workers/test_worker_timer
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -165,3 +168,25 @@ async def test_timeouts_that_are_not_one_are_refused() -> None:
         sk.ask_user(timeout=float("nan"))
     with pytest.raises(InvalidArgument, match="not JSON"):
         sk.Pause("x", timeout=1, on_timeout={1, 2})
+
+
+@pytest.mark.skipif(shutil.which("statekernel") is None, reason="no console script")
+def test_runs_show_says_when_a_pause_times_out(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/runs.db"
+    ask = sk.ask_user(timeout=3600, on_timeout=sk.FAIL)
+
+    async def paused() -> str:
+        async with _kernel(url, [ASK], [ask]) as kernel:
+            return (await _paused(kernel)).run_id
+
+    run_id = asyncio.run(paused())
+    exe = str(shutil.which("statekernel"))
+    shown = subprocess.run(
+        [exe, "runs", "show", run_id, "--store", url],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"COLUMNS": "200", "NO_COLOR": "1", "PATH": str(Path(exe).parent)},
+    ).stdout
+    assert "times out" in shown
+    assert "the run fails" in shown

@@ -290,3 +290,25 @@ def test_a_run_page_shows_the_typed_output(tmp_path: Path) -> None:
         assert "Verdict (retries 1)" in page  # the answer sent back once was reset
         assert "&lt;b&gt;yes&lt;/b&gt;" in page  # the output, escaped
         assert "<b>yes</b>" not in page
+
+
+def test_a_run_page_shows_when_its_pause_times_out(tmp_path: Path) -> None:
+    import statekernel as sk
+    from statekernel.testing import ScriptedProvider, call
+
+    url = f"sqlite:///{tmp_path}/runs.db"
+    ask = sk.ask_user(timeout=3600, on_timeout="<i>nobody</i>")
+
+    async def paused() -> None:
+        providers = {"scripted": ScriptedProvider([call("ask_user", {"question": "?"})])}
+        async with sk.Kernel(url, tools=[ask], providers=providers) as kernel:
+            run = await kernel.start(model="scripted/m", messages=["Go."], run_id="asking")
+            async for _ in kernel.run(run.run_id):
+                pass
+
+    asyncio.run(paused())
+    with local_client(create_app(url)) as client:
+        page = client.get("/runs/asking").text
+        assert "times out" in page
+        assert "&#34;&lt;i&gt;nobody&lt;/i&gt;&#34;" in page or "&lt;i&gt;nobody" in page
+        assert "<i>nobody</i>" not in page
