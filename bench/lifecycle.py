@@ -39,11 +39,14 @@ def turn(run: sk.Run, last: bool) -> Iterator[Step]:
     yield "model_started", {}
     if last:
         answer = sk.ModelResult(sk.Message.assistant("done"), finish_reason="stop")
-        yield "model_completed", {"result": answer, "finish": "stop", "then_pause": None}
+        yield (
+            "model_completed",
+            {"result": answer, "finish": "stop", "then_pause": None, "reask": None},
+        )
         return
     call = sk.ToolCall(f"call_{index}", "work", ARGUMENTS)
     answer = sk.ModelResult(sk.Message.assistant(tool_calls=[call]), finish_reason="tool_calls")
-    yield "model_completed", {"result": answer, "finish": None, "then_pause": None}
+    yield "model_completed", {"result": answer, "finish": None, "then_pause": None, "reask": None}
     yield "tool_call_started", {"call_ids": [call.id], "call_input": {"payload": "x" * 180}}
     yield (
         "tool_call_completed",
@@ -56,7 +59,7 @@ def turn(run: sk.Run, last: bool) -> Iterator[Step]:
             "skipped": None,
         },
     )
-    yield "tools_completed", {"finish": None, "then_pause": None}
+    yield "tools_completed", {"finish": None, "then_pause": None, "reask": None}
 
 
 def new_run() -> sk.Run:

@@ -422,13 +422,21 @@ def resolve(
 @click.argument("run_id")
 @click.option("--queue", default="default", show_default=True, help="Run queue to put it on.")
 @click.option(
+    "--delay",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    help="Seconds before a worker may take it (the store's clock).",
+)
+@click.option(
     "--agent",
     metavar="MODULE:FUNCTION",
     help="The run's application (tools, hooks, providers): the worker command suggested "
     "carries it.",
 )
 @common_options
-def submit(run_id: str, queue: str, agent: str | None, store: str | None, as_json: bool) -> None:
+def submit(
+    run_id: str, queue: str, delay: float, agent: str | None, store: str | None, as_json: bool
+) -> None:
     """Hand a run to the workers of a run queue (``statekernel worker --queue``).
 
     Needs a store with run queues (Redis or PostgreSQL). The run goes on in whichever
@@ -446,7 +454,7 @@ def submit(run_id: str, queue: str, agent: str | None, store: str | None, as_jso
                 )
             run = await s.load(run_id)  # RunNotFound before anything is queued
             async with Kernel(s) as kernel:
-                return await kernel.submit(run_id, queue=queue), run
+                return await kernel.submit(run_id, queue=queue, delay=delay), run
 
     entry, run = run_async(go())
     out = Output(as_json)
@@ -454,6 +462,8 @@ def submit(run_id: str, queue: str, agent: str | None, store: str | None, as_jso
         out.json({"run_id": run_id, "queue": queue, "entry": entry, "state": run.state})
         return
     said = f"submitted run {run_id} ({run.state} at revision {run.revision}) to queue {queue!r}"
+    if delay:
+        said += f", to be taken in {delay:g} s"
     out.console.print(visible(said), markup=False)
     hint = command_hint("statekernel worker", store, agent, queue=queue)
     out.console.print(visible(f"a worker drives it: {hint}"), markup=False)

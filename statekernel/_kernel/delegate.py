@@ -111,7 +111,7 @@ class Parent(Protocol):
         """Drive the run until it rests."""
         ...
 
-    async def submit(self, run_id: str, *, queue: str = "default") -> str:
+    async def submit(self, run_id: str, *, queue: str = "default", delay: float = 0.0) -> str:
         """Hand the run to the workers of ``queue``."""
         ...
 

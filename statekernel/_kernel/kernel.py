@@ -531,8 +531,9 @@ class Kernel(Closing):
                 raise run_failed(driver.run)
             return events
 
-    async def submit(self, run_id: str, *, queue: str = "default") -> str:
-        """Hand the run to workers (``statekernel worker``): enqueue it on ``queue``.
+    async def submit(self, run_id: str, *, queue: str = "default", delay: float = 0.0) -> str:
+        """Hand the run to workers (``statekernel worker``): enqueue it on ``queue``,
+        for them to take no sooner than ``delay`` seconds from now.
 
         Needs a store with run queues (``RunQueues``: Redis or PostgreSQL, where the
         queue lives next to the runs); returns the entry id.
@@ -552,7 +553,8 @@ class Kernel(Closing):
                 f"submit needs a store with run queues ({queue_schemes()}),"
                 f" not {type(self.store).__name__}"
             )
-        return await self.store.submit(run_id, queue)
+        wait = round(seconds("delay", delay, zero=True) * 1000)
+        return await self.store.submit(run_id, queue, delay_ms=wait)
 
     def holds(self, run_id: str) -> bool:
         """True while a drive of this kernel holds the run's lease (and has not lost it)."""

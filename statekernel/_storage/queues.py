@@ -71,8 +71,11 @@ class RunQueue(Protocol):
         """Create what the queue needs before it is read (idempotent)."""
         ...
 
-    async def submit(self, run_id: str, submitted_ms: int | None = None) -> str:
-        """Append an entry for ``run_id``; the entry id.
+    async def submit(
+        self, run_id: str, submitted_ms: int | None = None, *, delay_ms: int = 0
+    ) -> str:
+        """Append an entry for ``run_id``, taken no sooner than ``delay_ms`` from now;
+        the entry id.
 
         Returns:
             The id of the new entry.
@@ -159,9 +162,10 @@ class RunQueues(Protocol):
     from which workers (``statekernel worker``) take runs to drive
     (``statekernel.stores.RedisStore``, ``statekernel.stores.PostgresStore``)."""
 
-    async def submit(self, run_id: str, queue: str = "default") -> str:
-        """Enqueue the existing run on ``queue``; the entry id. ``RunNotFound`` if the
-        run does not exist, ``InvalidArgument`` for a bad queue name.
+    async def submit(self, run_id: str, queue: str = "default", *, delay_ms: int = 0) -> str:
+        """Enqueue the existing run on ``queue``, for workers to take no sooner than
+        ``delay_ms`` from now; the entry id. ``RunNotFound`` if the run does not exist,
+        ``InvalidArgument`` for a bad queue name.
 
         Returns:
             The id of the queue entry.

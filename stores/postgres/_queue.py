@@ -2,7 +2,8 @@
 ``LISTEN/NOTIFY``.
 
 An entry is a row of ``queue_entries`` (``schema``): new while its ``consumer`` is
-NULL. A read takes the oldest new rows of the queue in one ``UPDATE ... WHERE id IN
+NULL, and ready once its ``ready_at`` (a delayed submit's) has passed on the server's
+clock. A read takes the oldest ready new rows of the queue in one ``UPDATE ... WHERE id IN
 (SELECT ... FOR UPDATE SKIP LOCKED)``, so workers reading at once never take the same
 entry and never wait for each other; it sets the consumer, the claim time (the
 server's ``now()``) and counts the delivery. A worker refreshes the claim time of the
@@ -92,17 +93,21 @@ class PostgresRunQueue:
 
     # -- submitting -------------------------------------------------------------------
 
-    async def submit(self, run_id: str, submitted_ms: int | None = None) -> str:
-        """Append an entry for ``run_id`` and notify the readers; the entry id."""
+    async def submit(
+        self, run_id: str, submitted_ms: int | None = None, *, delay_ms: int = 0
+    ) -> str:
+        """Append an entry for ``run_id`` (taken no sooner than ``delay_ms`` from now, on
+        the server's clock) and notify the readers; the entry id."""
         at = submitted_ms if submitted_ms is not None else int(time.time() * 1000)
-        found = await self._run(_insert, self.name, run_key(run_id), at, self.channel, False)
+        key = run_key(run_id)
+        found = await self._run(_insert, self.name, key, at, self.channel, False, delay_ms)
         return str(found)
 
-    async def submit_existing(self, run_id: str) -> int | None:
+    async def submit_existing(self, run_id: str, delay_ms: int = 0) -> int | None:
         """Append an entry if the run exists (one statement); its id, or None."""
         at = int(time.time() * 1000)
         found: int | None = await self._run(
-            _insert, self.name, run_key(run_id), at, self.channel, True
+            _insert, self.name, run_key(run_id), at, self.channel, True, delay_ms
         )
         return found
 
@@ -240,15 +245,24 @@ class PostgresRunQueue:
 
 
 async def _insert(
-    conn: Any, t: Tables, queue: str, run: bytes, at: int, channel: str, checked: bool
+    conn: Any,
+    t: Tables,
+    queue: str,
+    run: bytes,
+    at: int,
+    channel: str,
+    checked: bool,
+    delay_ms: int = 0,
 ) -> int | None:
     exists = f" WHERE EXISTS (SELECT 1 FROM {t.runs} WHERE run_id = $2)" if checked else ""
+    ready = "now() + make_interval(secs => $5::bigint / 1000.0)" if delay_ms else "NULL"
     sql = (
-        f"WITH e AS (INSERT INTO {t.queue} (queue, run_id, submitted_ms)"
-        f" SELECT $1, $2, $3{exists} RETURNING id)"
+        f"WITH e AS (INSERT INTO {t.queue} (queue, run_id, submitted_ms, ready_at)"
+        f" SELECT $1, $2, $3, {ready}{exists} RETURNING id)"
         " SELECT id, pg_notify($4, '') FROM e"
     )
-    row = await conn.fetchrow(sql, queue, run, at, channel)
+    args = (queue, run, at, channel, *((delay_ms,) if delay_ms else ()))
+    row = await conn.fetchrow(sql, *args)
     return None if row is None else int(row[0])
 
 
@@ -259,6 +273,7 @@ async def _take_new(conn: Any, t: Tables, queue: str, consumer: str, count: int)
     sql = (
         f"UPDATE {t.queue} SET consumer = $2, claimed_at = now(), deliveries = deliveries + 1"
         f" WHERE id IN (SELECT id FROM {t.queue} WHERE queue = $1 AND consumer IS NULL"
+        " AND (ready_at IS NULL OR ready_at <= now())"
         f" ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) {_TAKEN}"
     )
     rows = await conn.fetch(sql, queue, consumer, count)

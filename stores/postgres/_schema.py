@@ -40,12 +40,12 @@ COMMITTING = "committing"
 ends: a store that starts watching takes it once, exclusive, to wait for the commits
 that found no watcher."""
 
-STORE_VERSION = 6
+STORE_VERSION = 7
 """The layout version of the Postgres store written by this release (2: run queues and
 commit notices; 3: commit notices a client can turn off; 4: lease rows that say how
 their owner proves it is alive, and a run's largest fencing token kept with its row;
 5: commit notices only while a store watches; 6: a run's cancel request kept with its
-row)."""
+row; 7: queue entries taken no sooner than a time, ``ready_at``)."""
 
 CANCELS_VERSION = 6
 """The first layout that keeps cancel requests (``runs.cancel``): a store opened
@@ -249,12 +249,19 @@ async def _version_6(conn: Any, schema: str) -> None:
     await conn.execute(CANCELS.format(s=f'"{schema}"'))
 
 
+async def _version_7(conn: Any, schema: str) -> None:
+    """Delayed queue entries: ``ready_at`` (NULL: ready at once; adding a nullable column
+    without a default rewrites no row)."""
+    await conn.execute(f'ALTER TABLE "{schema}".queue_entries ADD COLUMN ready_at timestamptz')
+
+
 _MIGRATIONS: dict[int, Callable[[Any, str], Awaitable[None]]] = {
     1: _version_2,
     2: _version_3,
     3: _version_4,
     4: _version_5,
     5: _version_6,
+    6: _version_7,
 }
 """What upgrades the store from a version to the next one."""
 

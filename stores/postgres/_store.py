@@ -657,11 +657,12 @@ class PostgresStore(Closing):
         self._queues.add(queue)  # closed with the store: a pool waits for its connections
         return queue
 
-    async def submit(self, run_id: str, queue: str = "default") -> str:
-        """Enqueue the existing run on the run queue ``queue`` for workers; the entry id."""
+    async def submit(self, run_id: str, queue: str = "default", *, delay_ms: int = 0) -> str:
+        """Enqueue the existing run on the run queue ``queue`` for workers, taken no
+        sooner than ``delay_ms`` from now; the entry id."""
         checked_run_id(run_id)
         self._writable()
-        found = await self.run_queue(queue).submit_existing(run_id)
+        found = await self.run_queue(queue).submit_existing(run_id, delay_ms)
         if found is None:
             raise RunNotFound(run_id)
         return str(found)

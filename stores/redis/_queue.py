@@ -2,15 +2,20 @@
 
 Keys (the queue name is the hash tag, so a queue's keys share one Cluster slot):
 ``<prefix>:queue:{name}`` (the stream; each entry names a run: fields ``run`` and
-``at``, the submit time in ms) and ``<prefix>:queue:{name}:dead`` (failures: runs
-that ended ``failed`` and entries that could not be driven, capped at about 10,000).
+``at``, the submit time in ms), ``<prefix>:queue:{name}:delayed`` (entries submitted
+with a delay: a sorted set scored by when they are due, on the server's clock, moved to
+the stream by a read once due, in one script) and ``<prefix>:queue:{name}:dead``
+(failures: runs that ended ``failed`` and entries that could not be driven, capped at
+about 10,000).
 Entries are deleted once acknowledged, so the stream holds only work not yet done:
 new entries and the consumer group's pending list.
 """
 
 from __future__ import annotations
 
+import json
 import time
+import uuid
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
@@ -25,6 +30,28 @@ __all__ = ["GROUP", "RedisRunQueue"]
 T = TypeVar("T")
 GROUP = "workers"
 DEAD_MAXLEN = 10_000
+
+
+_NOW_MS = "local t = redis.call('TIME')\nlocal now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
+
+DELAY_SCRIPT = (
+    _NOW_MS
+    + """redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
+return ARGV[2]"""
+)
+"""Keep a delayed entry (``ARGV[2]``: its JSON) until ``ARGV[1]`` ms from now."""
+
+DUE_SCRIPT = (
+    _NOW_MS
+    + """local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, ARGV[1])
+for _, member in ipairs(due) do
+  local entry = cjson.decode(member)
+  redis.call('XADD', KEYS[1], '*', 'run', entry[1], 'at', entry[2])
+  redis.call('ZREM', KEYS[2], member)
+end
+return #due"""
+)
+"""Move up to ``ARGV[1]`` delayed entries that are due to the stream, in order."""
 
 
 def _text(value: Any) -> str:
@@ -51,6 +78,9 @@ class RedisRunQueue:
         self.client = store.client
         self.key = f"{store.prefix}:queue:{{{name}}}"
         self.dead_key = self.key + ":dead"
+        self.delayed_key = self.key + ":delayed"
+        self._delay = self.client.register_script(DELAY_SCRIPT)
+        self._due = self.client.register_script(DUE_SCRIPT)
 
     async def _call(self, work: Awaitable[T]) -> T:
         try:
@@ -58,9 +88,17 @@ class RedisRunQueue:
         except FAILURES as exc:
             raise StoreError(redact(f"queue {self.name!r}: {type(exc).__name__}: {exc}")) from exc
 
-    async def submit(self, run_id: str, submitted_ms: int | None = None) -> str:
-        """Append an entry for ``run_id``; returns the entry id."""
+    async def submit(
+        self, run_id: str, submitted_ms: int | None = None, *, delay_ms: int = 0
+    ) -> str:
+        """Append an entry for ``run_id`` (kept aside until ``delay_ms`` from now, on the
+        server's clock); returns the entry id (a delayed entry's: ``delayed-<uuid>``)."""
         at = submitted_ms if submitted_ms is not None else int(time.time() * 1000)
+        if delay_ms > 0:
+            entry_id = f"delayed-{uuid.uuid4().hex}"
+            member = json.dumps([run_id, at, entry_id], ensure_ascii=False)
+            await self._call(self._delay(keys=[self.delayed_key], args=[delay_ms, member]))
+            return entry_id
         fields: dict[Any, Any] = {"run": run_id, "at": at}
         return _text(await self._call(self.client.xadd(self.key, fields)))
 
@@ -77,7 +115,9 @@ class RedisRunQueue:
             raise StoreError(redact(f"queue {self.name!r}: {type(exc).__name__}: {exc}")) from exc
 
     async def read(self, consumer: str, count: int, block_ms: int) -> list[QueueEntry]:
-        """Up to ``count`` new entries, waiting up to ``block_ms`` for the first one."""
+        """Up to ``count`` new entries, waiting up to ``block_ms`` for the first one
+        (delayed entries that are due join the stream first)."""
+        await self._call(self._due(keys=[self.key, self.delayed_key], args=[count]))
         streams: dict[Any, Any] = {self.key: ">"}
         reply: Any = await self._call(
             self.client.xreadgroup(GROUP, consumer, streams, count=count, block=block_ms)
@@ -146,9 +186,11 @@ class RedisRunQueue:
         return len(rows)
 
     async def waiting(self) -> int:
-        """Entries not delivered yet (the stream holds these and the pending ones)."""
+        """Entries not delivered yet (the stream holds these and the pending ones; the
+        delayed ones wait apart)."""
         length = int(await self._call(self.client.xlen(self.key)))
-        return max(length - await self._pending_or_none(), 0)
+        delayed = int(await self._call(self.client.zcard(self.delayed_key)))
+        return max(length - await self._pending_or_none(), 0) + delayed
 
     async def _pending_or_none(self) -> int:
         from redis.exceptions import ResponseError

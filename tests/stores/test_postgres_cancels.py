@@ -211,6 +211,7 @@ async def test_a_layout_5_store_is_upgraded(postgres_store_url: str) -> None:
     conn = await _raw(postgres_store_url)
     try:
         await conn.execute(f"ALTER TABLE {schema}.runs DROP COLUMN cancel")
+        await conn.execute(f"ALTER TABLE {schema}.queue_entries DROP COLUMN ready_at")
         await conn.execute(f"UPDATE {schema}.statekernel_schema SET version = 5")
     finally:
         await conn.close()
@@ -231,7 +232,7 @@ async def test_a_layout_5_store_is_upgraded(postgres_store_url: str) -> None:
         version = await conn.fetchval(f"SELECT version FROM {schema}.statekernel_schema")
     finally:
         await conn.close()
-    assert version == STORE_VERSION == CANCELS_VERSION
+    assert version == STORE_VERSION >= CANCELS_VERSION
 
 
 async def test_a_warm_connection_has_the_read_of_a_request_prepared(

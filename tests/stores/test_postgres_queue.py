@@ -192,7 +192,34 @@ async def test_a_version_1_layout_is_upgraded_to_hold_queues(postgres_store_url:
         version = await conn.fetchval(f'SELECT version FROM "{schema}".statekernel_schema')
     finally:
         await conn.close()
-    assert version == STORE_VERSION == 6
+    assert version == STORE_VERSION == 7
+
+
+async def test_a_layout_6_store_gets_delayed_entries_and_keeps_its_waiting_ones(
+    postgres_store_url: str,
+) -> None:
+    store = PostgresStore(postgres_store_url)
+    try:
+        (run_id,) = await _runs(store, 1)
+        await store.submit(run_id)  # waits in the queue across the upgrade
+    finally:
+        await store.aclose()
+    schema = parse_postgres_url(postgres_store_url).schema
+    conn = await asyncpg.connect(parse_postgres_url(postgres_store_url).dsn)
+    try:
+        await conn.execute(f'ALTER TABLE "{schema}".queue_entries DROP COLUMN ready_at')
+        await conn.execute(f'UPDATE "{schema}".statekernel_schema SET version = 6')
+    finally:
+        await conn.close()
+    upgraded = PostgresStore(postgres_store_url)
+    try:
+        await upgraded.submit(run_id, delay_ms=3_600_000)
+        queue = upgraded.run_queue("default")
+        assert [e.run_id for e in await queue.read("w", 10, 0)] == [run_id]  # the old one
+        assert await queue.read("w", 10, 0) == []  # the delayed one waits
+        assert await queue.waiting() == 1
+    finally:
+        await upgraded.aclose()
 
 
 async def test_a_dead_connection_to_listen_on_is_a_store_error(

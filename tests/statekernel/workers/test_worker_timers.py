@@ -1,7 +1,7 @@
 """Workers' timer loops (``Worker(timers=True)``) fire pause timers and deadlines with no
 kernel of the run's own open: a question that times out, fired by one of three
 competing workers exactly once and driven on by their queue; a durable sleep across a
-worker restart; a paused run past its deadline."""
+worker restart; a paused run past its deadline; a delayed submit."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 import statekernel as sk
+import statekernel.stores
 from statekernel._records.run import utcnow
+from statekernel.errors import InvalidArgument
 from statekernel.testing import ScriptedProvider, call
 
 from .test_worker import FAST, serve, until
@@ -145,3 +147,23 @@ async def test_a_paused_run_past_its_deadline_fails_by_a_worker(
 async def _state_is(kernel: sk.Kernel, run_id: str, state: str) -> bool:
     await asyncio.sleep(0)
     return (await kernel.get(run_id)).state == state
+
+
+async def test_a_delayed_submit_is_taken_no_sooner_than_asked(url: str, reader: sk.Kernel) -> None:
+    later = await reader.start(model="scripted/m", messages=["go"], run_id="later")
+    soon = await reader.start(model="scripted/m", messages=["go"], run_id="soon")
+    await reader.submit(later.run_id, delay=3600)  # not within this test
+    began = asyncio.get_running_loop().time()
+    await reader.submit(soon.run_id, delay=0.3)
+    assert isinstance(reader.store, sk.stores.RunQueues)
+    queue = reader.store.run_queue("default")
+    await queue.prepare()
+    assert await queue.waiting() == 2  # both wait, apart from the entries ready now
+    taken: list[str] = []
+    while not taken:
+        taken = [e.run_id for e in await queue.read("reader", 10, 50)]
+    assert taken == ["soon"]  # the hour-long delay keeps the other one back
+    assert asyncio.get_running_loop().time() - began >= 0.3
+    assert await queue.waiting() == 1
+    with pytest.raises(InvalidArgument, match="delay"):
+        await reader.submit(soon.run_id, delay=-1)
