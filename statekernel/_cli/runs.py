@@ -427,6 +427,14 @@ def resolve(
     default=0.0,
     help="Seconds before a worker may take it (the store's clock).",
 )
+@click.option("--key", help="A key (a tenant, a user): see --key-limit.")
+@click.option(
+    "--key-limit",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Runs of --key in flight on the queue at most.",
+)
 @click.option(
     "--agent",
     metavar="MODULE:FUNCTION",
@@ -435,7 +443,14 @@ def resolve(
 )
 @common_options
 def submit(
-    run_id: str, queue: str, delay: float, agent: str | None, store: str | None, as_json: bool
+    run_id: str,
+    queue: str,
+    delay: float,
+    key: str | None,
+    key_limit: int,
+    agent: str | None,
+    store: str | None,
+    as_json: bool,
 ) -> None:
     """Hand a run to the workers of a run queue (``statekernel worker --queue``).
 
@@ -454,7 +469,10 @@ def submit(
                 )
             run = await s.load(run_id)  # RunNotFound before anything is queued
             async with Kernel(s) as kernel:
-                return await kernel.submit(run_id, queue=queue, delay=delay), run
+                entry = await kernel.submit(
+                    run_id, queue=queue, delay=delay, key=key, key_limit=key_limit
+                )
+                return entry, run
 
     entry, run = run_async(go())
     out = Output(as_json)

@@ -82,6 +82,7 @@ from statekernel._storage.protocol import (
     RunQueues,
 )
 from statekernel._storage.provider import ModelProvider
+from statekernel._storage.queues import queue_key
 from statekernel._storage.unclosed import warn_unclosed
 from statekernel.errors import (
     ConfigError,
@@ -531,9 +532,19 @@ class Kernel(Closing):
                 raise run_failed(driver.run)
             return events
 
-    async def submit(self, run_id: str, *, queue: str = "default", delay: float = 0.0) -> str:
+    async def submit(
+        self,
+        run_id: str,
+        *,
+        queue: str = "default",
+        delay: float = 0.0,
+        key: str | None = None,
+        key_limit: int = 1,
+    ) -> str:
         """Hand the run to workers (``statekernel worker``): enqueue it on ``queue``,
-        for them to take no sooner than ``delay`` seconds from now.
+        for them to take no sooner than ``delay`` seconds from now and, with a ``key`` (a
+        tenant, a user), only while fewer than ``key_limit`` runs of that key are in
+        flight on the queue.
 
         Needs a store with run queues (``RunQueues``: Redis or PostgreSQL, where the
         queue lives next to the runs); returns the entry id.
@@ -554,7 +565,8 @@ class Kernel(Closing):
                 f" not {type(self.store).__name__}"
             )
         wait = round(seconds("delay", delay, zero=True) * 1000)
-        return await self.store.submit(run_id, queue, delay_ms=wait)
+        limit = queue_key(key, key_limit)
+        return await self.store.submit(run_id, queue, delay_ms=wait, key=key, key_limit=limit)
 
     def holds(self, run_id: str) -> bool:
         """True while a drive of this kernel holds the run's lease (and has not lost it)."""

@@ -23,7 +23,14 @@ import attrs
 
 from statekernel.errors import InvalidArgument
 
-__all__ = ["DeadLetter", "QueueEntry", "RunQueue", "RunQueues", "checked_queue_name"]
+__all__ = [
+    "DeadLetter",
+    "QueueEntry",
+    "RunQueue",
+    "RunQueues",
+    "checked_queue_name",
+    "queue_key",
+]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
@@ -37,15 +44,35 @@ def checked_queue_name(name: object) -> str:
     return name
 
 
+_KEY_TEXT = re.compile(r"[^\x00-\x1f\x7f\ud800-\udfff]+")
+
+
+def queue_key(key: object, key_limit: object) -> int:
+    """``key_limit`` for an entry submitted with ``key`` (None, or 1 to 200 characters, no
+    control characters), checked: an int from 1 on (``InvalidArgument`` otherwise)."""
+    if key is not None and (
+        type(key) is not str or not key or len(key) > 200 or not _KEY_TEXT.fullmatch(key)
+    ):
+        raise InvalidArgument(
+            f"key must be None or 1 to 200 printable characters, got {key!r}"[:300]
+        )
+    if type(key_limit) is not int or key_limit < 1:
+        raise InvalidArgument(f"key_limit must be an int >= 1, got {key_limit!r}")
+    return key_limit
+
+
 @attrs.frozen
 class QueueEntry:
     """One queue entry: the run to drive, when it was submitted (ms since the epoch),
-    how often it was delivered."""
+    how often it was delivered, and its ``key`` (with at most ``key_limit`` entries of
+    that key in flight on the queue at once), if it was submitted with one."""
 
     id: str
     run_id: str
     submitted_ms: int = 0
     deliveries: int = 1
+    key: str | None = None
+    key_limit: int = 1
 
 
 @attrs.frozen
@@ -72,10 +99,17 @@ class RunQueue(Protocol):
         ...
 
     async def submit(
-        self, run_id: str, submitted_ms: int | None = None, *, delay_ms: int = 0
+        self,
+        run_id: str,
+        submitted_ms: int | None = None,
+        *,
+        delay_ms: int = 0,
+        key: str | None = None,
+        key_limit: int = 1,
     ) -> str:
-        """Append an entry for ``run_id``, taken no sooner than ``delay_ms`` from now;
-        the entry id.
+        """Append an entry for ``run_id``, taken no sooner than ``delay_ms`` from now and,
+        with a ``key``, only while fewer than ``key_limit`` entries of that key are in
+        flight (taken and not settled); the entry id.
 
         Returns:
             The id of the new entry.
@@ -162,10 +196,19 @@ class RunQueues(Protocol):
     from which workers (``statekernel worker``) take runs to drive
     (``statekernel.stores.RedisStore``, ``statekernel.stores.PostgresStore``)."""
 
-    async def submit(self, run_id: str, queue: str = "default", *, delay_ms: int = 0) -> str:
+    async def submit(
+        self,
+        run_id: str,
+        queue: str = "default",
+        *,
+        delay_ms: int = 0,
+        key: str | None = None,
+        key_limit: int = 1,
+    ) -> str:
         """Enqueue the existing run on ``queue``, for workers to take no sooner than
-        ``delay_ms`` from now; the entry id. ``RunNotFound`` if the run does not exist,
-        ``InvalidArgument`` for a bad queue name.
+        ``delay_ms`` from now and, with a ``key``, only while fewer than ``key_limit``
+        entries of that key are in flight; the entry id. ``RunNotFound`` if the run does
+        not exist, ``InvalidArgument`` for a bad queue name.
 
         Returns:
             The id of the queue entry.

@@ -29,9 +29,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from statekernel._storage.queues import DeadLetter, QueueEntry, checked_queue_name
+import attrs
+
+from statekernel._storage.queues import DeadLetter, QueueEntry, checked_queue_name, queue_key
 from statekernel._storage.shielding import shielded
 from statekernel.stores.postgres._connections import discard, lost
+from statekernel.stores.postgres._keys import lock_key
 from statekernel.stores.postgres._ops import Tables, run_key
 
 __all__ = ["DEAD_MAX", "POLL_SECONDS", "PostgresRunQueue", "channel_of"]
@@ -58,7 +61,8 @@ def channel_of(schema: str, name: str) -> str:
 
 def _entry(row: Any) -> QueueEntry:
     run_id = bytes(row["run_id"]).decode("utf-8", "replace")
-    return QueueEntry(str(row["id"]), run_id, int(row["submitted_ms"]), int(row["deliveries"]))
+    at, deliveries, limit = int(row["submitted_ms"]), int(row["deliveries"]), row["key_limit"]
+    return QueueEntry(str(row["id"]), run_id, at, deliveries, row["key"], int(limit or 1))
 
 
 def _entry_id(entry: QueueEntry) -> int:
@@ -81,6 +85,7 @@ class PostgresRunQueue:
     ) -> None:
         self.name = checked_queue_name(name)
         self.channel = channel_of(tables.schema, name)
+        self._take_lock = lock_key("queue", tables.schema, name)
         self._t = tables
         self._run = run
         self._acquire = acquire
@@ -94,21 +99,28 @@ class PostgresRunQueue:
     # -- submitting -------------------------------------------------------------------
 
     async def submit(
-        self, run_id: str, submitted_ms: int | None = None, *, delay_ms: int = 0
+        self,
+        run_id: str,
+        submitted_ms: int | None = None,
+        *,
+        delay_ms: int = 0,
+        key: str | None = None,
+        key_limit: int = 1,
     ) -> str:
         """Append an entry for ``run_id`` (taken no sooner than ``delay_ms`` from now, on
-        the server's clock) and notify the readers; the entry id."""
+        the server's clock; with a ``key``, while fewer than ``key_limit`` entries of it
+        are taken) and notify the readers; the entry id."""
         at = submitted_ms if submitted_ms is not None else int(time.time() * 1000)
-        key = run_key(run_id)
-        found = await self._run(_insert, self.name, key, at, self.channel, False, delay_ms)
+        new = _New(self.name, run_key(run_id), at, delay_ms, key, queue_key(key, key_limit))
+        found = await self._run(_insert, new, self.channel, False)
         return str(found)
 
-    async def submit_existing(self, run_id: str, delay_ms: int = 0) -> int | None:
+    async def submit_existing(
+        self, run_id: str, delay_ms: int = 0, key: str | None = None, key_limit: int = 1
+    ) -> int | None:
         """Append an entry if the run exists (one statement); its id, or None."""
-        at = int(time.time() * 1000)
-        found: int | None = await self._run(
-            _insert, self.name, run_key(run_id), at, self.channel, True, delay_ms
-        )
+        new = _New(self.name, run_key(run_id), int(time.time() * 1000), delay_ms, key, key_limit)
+        found: int | None = await self._run(_insert, new, self.channel, True)
         return found
 
     # -- reading ----------------------------------------------------------------------
@@ -125,7 +137,7 @@ class PostgresRunQueue:
         while True:
             listening = await self._listen()
             self._wake.clear()
-            rows = await self._run(_take_new, self.name, consumer, count)
+            rows = await self._run(_take_new, self.name, consumer, count, self._take_lock)
             if rows or block_ms <= 0:
                 return [_entry(r) for r in rows]
             left = deadline - loop.time()
@@ -244,39 +256,69 @@ class PostgresRunQueue:
             await self._release(conn)
 
 
-async def _insert(
-    conn: Any,
-    t: Tables,
-    queue: str,
-    run: bytes,
-    at: int,
-    channel: str,
-    checked: bool,
-    delay_ms: int = 0,
-) -> int | None:
+@attrs.frozen
+class _New:
+    """A new entry's row: queue, run key, submit time, delay and key (with its limit)."""
+
+    queue: str
+    run: bytes
+    at: int
+    delay_ms: int = 0
+    key: str | None = None
+    key_limit: int = 1
+
+
+async def _insert(conn: Any, t: Tables, new: _New, channel: str, checked: bool) -> int | None:
     exists = f" WHERE EXISTS (SELECT 1 FROM {t.runs} WHERE run_id = $2)" if checked else ""
-    ready = "now() + make_interval(secs => $5::bigint / 1000.0)" if delay_ms else "NULL"
+    ready = "CASE WHEN $5::bigint > 0 THEN now() + make_interval(secs => $5::bigint / 1000.0) END"
     sql = (
-        f"WITH e AS (INSERT INTO {t.queue} (queue, run_id, submitted_ms, ready_at)"
-        f" SELECT $1, $2, $3, {ready}{exists} RETURNING id)"
+        f"WITH e AS (INSERT INTO {t.queue} (queue, run_id, submitted_ms, ready_at, key,"
+        f" key_limit) SELECT $1, $2, $3, {ready}, $6::text, $7::integer{exists} RETURNING id)"
         " SELECT id, pg_notify($4, '') FROM e"
     )
-    args = (queue, run, at, channel, *((delay_ms,) if delay_ms else ()))
+    key_limit = new.key_limit if new.key is not None else None
+    args = (new.queue, new.run, new.at, channel, new.delay_ms, new.key, key_limit)
     row = await conn.fetchrow(sql, *args)
     return None if row is None else int(row[0])
 
 
-_TAKEN = "RETURNING id, run_id, submitted_ms, deliveries"
+_TAKEN = "RETURNING id, run_id, submitted_ms, deliveries, key, key_limit"
+
+_TAKE_NEW = """
+WITH busy AS (
+    SELECT key, count(*) AS n FROM {q} WHERE queue = $1 AND key IS NOT NULL
+    AND consumer IS NOT NULL GROUP BY key
+), candidates AS (
+    SELECT e.id, e.key, e.key_limit FROM {q} e
+    WHERE e.queue = $1 AND e.consumer IS NULL AND (e.ready_at IS NULL OR e.ready_at <= now())
+    AND (e.key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM busy b WHERE b.key = e.key AND b.n >= e.key_limit))
+    ORDER BY e.id LIMIT $4
+), chosen AS (
+    SELECT c.id FROM (
+        SELECT id, key, key_limit, row_number() OVER (PARTITION BY key ORDER BY id) AS rank
+        FROM candidates
+    ) c LEFT JOIN busy b ON b.key = c.key
+    WHERE c.key IS NULL OR coalesce(b.n, 0) + c.rank <= c.key_limit
+    ORDER BY c.id LIMIT $3
+)
+UPDATE {q} SET consumer = $2, claimed_at = now(), deliveries = deliveries + 1
+WHERE id IN (SELECT id FROM {q} WHERE id IN (SELECT id FROM chosen) FOR UPDATE SKIP LOCKED)
+"""
+"""Take up to ``$3`` ready entries, oldest first, none of a key beyond its limit of
+entries taken (counting the ones this take adds); ``$4`` candidates are looked at, after
+the keys at their limit are left out."""
 
 
-async def _take_new(conn: Any, t: Tables, queue: str, consumer: str, count: int) -> list[Any]:
-    sql = (
-        f"UPDATE {t.queue} SET consumer = $2, claimed_at = now(), deliveries = deliveries + 1"
-        f" WHERE id IN (SELECT id FROM {t.queue} WHERE queue = $1 AND consumer IS NULL"
-        " AND (ready_at IS NULL OR ready_at <= now())"
-        f" ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) {_TAKEN}"
-    )
-    rows = await conn.fetch(sql, queue, consumer, count)
+async def _take_new(
+    conn: Any, t: Tables, queue: str, consumer: str, count: int, lock: int
+) -> list[Any]:
+    """The take, under the queue's advisory lock: two readers that counted a key's
+    entries in flight at once would take one too many of it."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", lock)
+        sql = _TAKE_NEW.format(q=t.queue) + _TAKEN
+        rows = await conn.fetch(sql, queue, consumer, count, count * 4)
     return sorted(rows, key=lambda r: r["id"])
 
 
@@ -310,9 +352,10 @@ async def _delete(conn: Any, t: Tables, entry_id: int) -> None:
 async def _requeue(conn: Any, t: Tables, queue: str, entry: QueueEntry, channel: str) -> int:
     async with conn.transaction():
         await conn.execute(f"DELETE FROM {t.queue} WHERE id = $1", _entry_id(entry))
-        new_id = await _insert(
-            conn, t, queue, run_key(entry.run_id), entry.submitted_ms, channel, False
+        again = _New(
+            queue, run_key(entry.run_id), entry.submitted_ms, 0, entry.key, entry.key_limit
         )
+        new_id = await _insert(conn, t, again, channel, False)
     assert new_id is not None
     return new_id
 

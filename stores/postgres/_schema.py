@@ -45,7 +45,8 @@ STORE_VERSION = 7
 commit notices; 3: commit notices a client can turn off; 4: lease rows that say how
 their owner proves it is alive, and a run's largest fencing token kept with its row;
 5: commit notices only while a store watches; 6: a run's cancel request kept with its
-row; 7: queue entries taken no sooner than a time, ``ready_at``)."""
+row; 7: queue entries taken no sooner than a time, ``ready_at``, and keyed ones, taken
+while fewer than their ``key_limit`` of their ``key`` are)."""
 
 CANCELS_VERSION = 6
 """The first layout that keeps cancel requests (``runs.cancel``): a store opened
@@ -249,10 +250,22 @@ async def _version_6(conn: Any, schema: str) -> None:
     await conn.execute(CANCELS.format(s=f'"{schema}"'))
 
 
+QUEUE_KEYS = """
+ALTER TABLE {s}.queue_entries ADD COLUMN ready_at timestamptz;
+ALTER TABLE {s}.queue_entries ADD COLUMN key text;
+ALTER TABLE {s}.queue_entries ADD COLUMN key_limit integer;
+CREATE INDEX queue_entries_keys_taken ON {s}.queue_entries (queue, key)
+    WHERE key IS NOT NULL AND consumer IS NOT NULL
+"""
+"""Delayed and keyed queue entries (layout version 7): ``ready_at`` (NULL: ready at
+once), ``key`` and ``key_limit`` (at most that many entries of the key taken at once;
+NULL: no key). Nullable columns without a default rewrite no row."""
+
+
 async def _version_7(conn: Any, schema: str) -> None:
-    """Delayed queue entries: ``ready_at`` (NULL: ready at once; adding a nullable column
-    without a default rewrites no row)."""
-    await conn.execute(f'ALTER TABLE "{schema}".queue_entries ADD COLUMN ready_at timestamptz')
+    """Delayed and keyed queue entries."""
+    for statement in _statements(QUEUE_KEYS, schema):
+        await conn.execute(statement)
 
 
 _MIGRATIONS: dict[int, Callable[[Any, str], Awaitable[None]]] = {

@@ -32,6 +32,7 @@ from statekernel._records.run import STATE_IDS, Cancellation, Run, StateId
 from statekernel._secrets import logger, redact, redact_url, remember_url
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
+from statekernel._storage.queues import queue_key
 from statekernel._storage.shielding import shielded
 from statekernel._storage.unclosed import warn_unclosed
 from statekernel._storage.watching import Feed, poll_watch
@@ -657,12 +658,22 @@ class PostgresStore(Closing):
         self._queues.add(queue)  # closed with the store: a pool waits for its connections
         return queue
 
-    async def submit(self, run_id: str, queue: str = "default", *, delay_ms: int = 0) -> str:
+    async def submit(
+        self,
+        run_id: str,
+        queue: str = "default",
+        *,
+        delay_ms: int = 0,
+        key: str | None = None,
+        key_limit: int = 1,
+    ) -> str:
         """Enqueue the existing run on the run queue ``queue`` for workers, taken no
-        sooner than ``delay_ms`` from now; the entry id."""
+        sooner than ``delay_ms`` from now, and with a ``key`` only while fewer than
+        ``key_limit`` entries of that key are taken; the entry id."""
         checked_run_id(run_id)
         self._writable()
-        found = await self.run_queue(queue).submit_existing(run_id, delay_ms)
+        limit = queue_key(key, key_limit)
+        found = await self.run_queue(queue).submit_existing(run_id, delay_ms, key, limit)
         if found is None:
             raise RunNotFound(run_id)
         return str(found)

@@ -50,7 +50,15 @@ class RedisBacked(CheckpointStore, Protocol):
         """The redis.asyncio client of the store."""
         ...
 
-    async def submit(self, run_id: str, queue: str = "default", *, delay_ms: int = 0) -> str:
+    async def submit(
+        self,
+        run_id: str,
+        queue: str = "default",
+        *,
+        delay_ms: int = 0,
+        key: str | None = None,
+        key_limit: int = 1,
+    ) -> str:
         """Enqueue the run on the run queue ``queue``; the entry id."""
         ...
 

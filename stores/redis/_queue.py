@@ -2,11 +2,10 @@
 
 Keys (the queue name is the hash tag, so a queue's keys share one Cluster slot):
 ``<prefix>:queue:{name}`` (the stream; each entry names a run: fields ``run`` and
-``at``, the submit time in ms), ``<prefix>:queue:{name}:delayed`` (entries submitted
-with a delay: a sorted set scored by when they are due, on the server's clock, moved to
-the stream by a read once due, in one script) and ``<prefix>:queue:{name}:dead``
-(failures: runs that ended ``failed`` and entries that could not be driven, capped at
-about 10,000).
+``at``, the submit time in ms; a keyed one also ``key`` and ``limit``), the delayed and
+keyed entries waiting aside (``_queue_scripts``: a read moves those that may go to the
+stream) and ``<prefix>:queue:{name}:dead`` (failures: runs that ended ``failed`` and
+entries that could not be driven, capped at about 10,000).
 Entries are deleted once acknowledged, so the stream holds only work not yet done:
 new entries and the consumer group's pending list.
 """
@@ -20,8 +19,9 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 from statekernel._secrets import redact
-from statekernel._storage.queues import DeadLetter, QueueEntry, checked_queue_name
+from statekernel._storage.queues import DeadLetter, QueueEntry, checked_queue_name, queue_key
 from statekernel.errors import StoreError
+from statekernel.stores.redis import _queue_scripts as scripts
 from statekernel.stores.redis._fencing import RedisBacked
 from statekernel.stores.redis._wire import FAILURES, transaction
 
@@ -30,28 +30,8 @@ __all__ = ["GROUP", "RedisRunQueue"]
 T = TypeVar("T")
 GROUP = "workers"
 DEAD_MAXLEN = 10_000
-
-
-_NOW_MS = "local t = redis.call('TIME')\nlocal now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
-
-DELAY_SCRIPT = (
-    _NOW_MS
-    + """redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
-return ARGV[2]"""
-)
-"""Keep a delayed entry (``ARGV[2]``: its JSON) until ``ARGV[1]`` ms from now."""
-
-DUE_SCRIPT = (
-    _NOW_MS
-    + """local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, ARGV[1])
-for _, member in ipairs(due) do
-  local entry = cjson.decode(member)
-  redis.call('XADD', KEYS[1], '*', 'run', entry[1], 'at', entry[2])
-  redis.call('ZREM', KEYS[2], member)
-end
-return #due"""
-)
-"""Move up to ``ARGV[1]`` delayed entries that are due to the stream, in order."""
+READY_KEYS = 100
+"""Waiting keys a read looks at for entries to move to the stream (oldest keys first)."""
 
 
 def _text(value: Any) -> str:
@@ -62,7 +42,8 @@ def _entry(item: Any, deliveries: int = 1) -> QueueEntry:
     entry_id, fields = item
     fields = {_text(k): _text(v) for k, v in (fields or {}).items()}
     at = _number(fields.get("at", "0"))
-    return QueueEntry(_text(entry_id), fields.get("run", ""), at, deliveries)
+    key, limit = fields.get("key"), max(_number(fields.get("limit", "1")), 1)
+    return QueueEntry(_text(entry_id), fields.get("run", ""), at, deliveries, key, limit)
 
 
 def _number(value: str) -> int:
@@ -79,8 +60,11 @@ class RedisRunQueue:
         self.key = f"{store.prefix}:queue:{{{name}}}"
         self.dead_key = self.key + ":dead"
         self.delayed_key = self.key + ":delayed"
-        self._delay = self.client.register_script(DELAY_SCRIPT)
-        self._due = self.client.register_script(DUE_SCRIPT)
+        self._delay = self.client.register_script(scripts.DELAY)
+        self._keyed = self.client.register_script(scripts.KEYED)
+        self._ready = self.client.register_script(scripts.READY)
+        self._settle = self.client.register_script(scripts.SETTLE)
+        self._waiting = self.client.register_script(scripts.WAITING)
 
     async def _call(self, work: Awaitable[T]) -> T:
         try:
@@ -89,18 +73,30 @@ class RedisRunQueue:
             raise StoreError(redact(f"queue {self.name!r}: {type(exc).__name__}: {exc}")) from exc
 
     async def submit(
-        self, run_id: str, submitted_ms: int | None = None, *, delay_ms: int = 0
+        self,
+        run_id: str,
+        submitted_ms: int | None = None,
+        *,
+        delay_ms: int = 0,
+        key: str | None = None,
+        key_limit: int = 1,
     ) -> str:
         """Append an entry for ``run_id`` (kept aside until ``delay_ms`` from now, on the
-        server's clock); returns the entry id (a delayed entry's: ``delayed-<uuid>``)."""
+        server's clock; with a ``key``, in its key's list until fewer than ``key_limit``
+        of that key are in flight); returns the entry id (one kept aside:
+        ``waiting-<uuid>``)."""
         at = submitted_ms if submitted_ms is not None else int(time.time() * 1000)
+        limit = queue_key(key, key_limit)
+        if delay_ms <= 0 and key is None:
+            fields: dict[Any, Any] = {"run": run_id, "at": at}
+            return _text(await self._call(self.client.xadd(self.key, fields)))
+        entry_id = f"waiting-{uuid.uuid4().hex}"
+        member = json.dumps([run_id, at, entry_id, key, limit], ensure_ascii=False)
         if delay_ms > 0:
-            entry_id = f"delayed-{uuid.uuid4().hex}"
-            member = json.dumps([run_id, at, entry_id], ensure_ascii=False)
             await self._call(self._delay(keys=[self.delayed_key], args=[delay_ms, member]))
-            return entry_id
-        fields: dict[Any, Any] = {"run": run_id, "at": at}
-        return _text(await self._call(self.client.xadd(self.key, fields)))
+        else:
+            await self._call(self._keyed(keys=[self.key], args=[member]))
+        return entry_id
 
     async def prepare(self) -> None:
         """Create the consumer group (and the stream) if needed; it sees every entry."""
@@ -117,10 +113,13 @@ class RedisRunQueue:
     async def read(self, consumer: str, count: int, block_ms: int) -> list[QueueEntry]:
         """Up to ``count`` new entries, waiting up to ``block_ms`` for the first one
         (delayed entries that are due join the stream first)."""
-        await self._call(self._due(keys=[self.key, self.delayed_key], args=[count]))
+        await self._call(self._ready(keys=[self.key], args=[count, READY_KEYS]))
         streams: dict[Any, Any] = {self.key: ">"}
         reply: Any = await self._call(
-            self.client.xreadgroup(GROUP, consumer, streams, count=count, block=block_ms)
+            # BLOCK 0 would wait for ever: 0 (or less) asks for what is there now
+            self.client.xreadgroup(
+                GROUP, consumer, streams, count=count, block=block_ms if block_ms > 0 else None
+            )
         )
         return [_entry(item) for _, items in reply or [] for item in items]
 
@@ -148,15 +147,30 @@ class RedisRunQueue:
             claim = self.client.xclaim(self.key, GROUP, consumer, 0, list(ids), justid=True)
             await self._call(claim)
 
+    async def _settle_keyed(self, entry: QueueEntry, *how: Any) -> None:
+        """Settle a keyed entry (``ack``, ``dead`` or ``requeue`` and their arguments):
+        its key's place in flight is given back once."""
+        args = [GROUP, entry.id, entry.key, *how]
+        await self._call(self._settle(keys=[self.key], args=args))
+
     async def ack(self, entry: QueueEntry) -> None:
         """Acknowledge and delete an entry: its run is at rest."""
+        if entry.key is not None:
+            await self._settle_keyed(entry, "ack")
+            return
         pipe = await self._call(transaction(self.client))
         pipe.xack(self.key, GROUP, entry.id)
         pipe.xdel(self.key, entry.id)
         await self._call(pipe.execute())
 
     async def requeue(self, entry: QueueEntry) -> str:
-        """Replace an entry by a new one at the end of the queue, atomically."""
+        """Replace an entry by a new one at the end of the queue (a keyed one: of its
+        key's list), atomically."""
+        if entry.key is not None:
+            entry_id = f"waiting-{uuid.uuid4().hex}"
+            again = [entry.run_id, entry.submitted_ms, entry_id, entry.key, entry.key_limit]
+            await self._settle_keyed(entry, "requeue", json.dumps(again, ensure_ascii=False))
+            return entry_id
         fields: dict[Any, Any] = {"run": entry.run_id, "at": entry.submitted_ms}
         pipe = await self._call(transaction(self.client))
         pipe.xadd(self.key, fields)
@@ -169,6 +183,10 @@ class RedisRunQueue:
         """Record a failure on the dead-letter stream and acknowledge the entry, atomically."""
         fields: dict[Any, Any] = {"run": entry.run_id, "entry": entry.id, "reason": reason}
         fields |= {"detail": detail[:2000], "worker": worker, "at": int(time.time() * 1000)}
+        if entry.key is not None:
+            flat = [part for pair in fields.items() for part in pair]
+            await self._settle_keyed(entry, "dead", DEAD_MAXLEN, *flat)
+            return
         pipe = await self._call(transaction(self.client))
         pipe.xadd(self.dead_key, fields, maxlen=DEAD_MAXLEN, approximate=True)
         pipe.xack(self.key, GROUP, entry.id)
@@ -189,8 +207,8 @@ class RedisRunQueue:
         """Entries not delivered yet (the stream holds these and the pending ones; the
         delayed ones wait apart)."""
         length = int(await self._call(self.client.xlen(self.key)))
-        delayed = int(await self._call(self.client.zcard(self.delayed_key)))
-        return max(length - await self._pending_or_none(), 0) + delayed
+        aside = int(await self._call(self._waiting(keys=[self.key])))
+        return max(length - await self._pending_or_none(), 0) + aside
 
     async def _pending_or_none(self) -> int:
         from redis.exceptions import ResponseError

@@ -296,12 +296,12 @@ class RedisStore(Closing):
     def _index(self) -> str:
         return f"{self.prefix}:runs"
 
-    async def submit(self, run_id: str, queue: str = "default", *, delay_ms: int = 0) -> str:
-        """Enqueue the existing run on the run queue ``queue`` for workers, taken no
-        sooner than ``delay_ms`` from now; the entry id."""
+    async def submit(self, run_id: str, queue: str = "default", **how: Any) -> str:
+        """Enqueue the existing run on the run queue ``queue`` for workers (``how``: its
+        ``delay_ms``, ``key`` and ``key_limit``, see ``RedisRunQueue.submit``)."""
         run_queue = RedisRunQueue(self, queue)
         await self.load(run_id)  # RunNotFound for a run that does not exist
-        return await run_queue.submit(run_id, delay_ms=delay_ms)
+        return await run_queue.submit(run_id, **how)
 
     def run_queue(self, name: str) -> RedisRunQueue:
         """The run queue ``name`` (a Redis Stream next to the runs)."""

@@ -211,7 +211,8 @@ async def test_a_layout_5_store_is_upgraded(postgres_store_url: str) -> None:
     conn = await _raw(postgres_store_url)
     try:
         await conn.execute(f"ALTER TABLE {schema}.runs DROP COLUMN cancel")
-        await conn.execute(f"ALTER TABLE {schema}.queue_entries DROP COLUMN ready_at")
+        for column in ("ready_at", "key", "key_limit"):  # the index on key goes with it
+            await conn.execute(f"ALTER TABLE {schema}.queue_entries DROP COLUMN {column}")
         await conn.execute(f"UPDATE {schema}.statekernel_schema SET version = 5")
     finally:
         await conn.close()

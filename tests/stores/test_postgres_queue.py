@@ -207,7 +207,8 @@ async def test_a_layout_6_store_gets_delayed_entries_and_keeps_its_waiting_ones(
     schema = parse_postgres_url(postgres_store_url).schema
     conn = await asyncpg.connect(parse_postgres_url(postgres_store_url).dsn)
     try:
-        await conn.execute(f'ALTER TABLE "{schema}".queue_entries DROP COLUMN ready_at')
+        for column in ("ready_at", "key", "key_limit"):  # the index on key goes with it
+            await conn.execute(f'ALTER TABLE "{schema}".queue_entries DROP COLUMN {column}')
         await conn.execute(f'UPDATE "{schema}".statekernel_schema SET version = 6')
     finally:
         await conn.close()

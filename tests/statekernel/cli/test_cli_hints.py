@@ -265,6 +265,21 @@ def test_submit_refuses_an_unknown_run_and_a_bad_queue(
     assert "invalid queue name" in bad.stderr
 
 
+@pytest.mark.redis
+def test_submit_with_a_delay_and_a_key_keeps_the_entry_aside(
+    tmp_path: Path, redis_store_url: str
+) -> None:
+    _started(redis_store_url, "q3", "fetch")
+    how = ["--delay", "3600", "--key", "tenant-1", "--key-limit", "2", "--json"]
+    submitted = _cli("runs", "submit", "q3", "--store", redis_store_url, *how, cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    assert json.loads(submitted.stdout)["entry"].startswith("waiting-")
+    said = _cli("runs", "submit", "q3", "--store", redis_store_url, "--delay", "9", cwd=tmp_path)
+    assert "to be taken in 9 s" in said.stdout
+    bad = _cli("runs", "submit", "q3", "--store", redis_store_url, "--key-limit", "0", cwd=tmp_path)
+    assert bad.returncode == 2
+
+
 def test_submit_needs_a_store_with_queues(place: tuple[Path, str]) -> None:
     cwd, url = place
     _started(url, "s1", "fetch")

@@ -1,7 +1,8 @@
 """Workers' timer loops (``Worker(timers=True)``) fire pause timers and deadlines with no
 kernel of the run's own open: a question that times out, fired by one of three
 competing workers exactly once and driven on by their queue; a durable sleep across a
-worker restart; a paused run past its deadline; a delayed submit."""
+worker restart; a paused run past its deadline; a delayed submit; a key's limit of runs
+in flight."""
 
 from __future__ import annotations
 
@@ -167,3 +168,39 @@ async def test_a_delayed_submit_is_taken_no_sooner_than_asked(url: str, reader: 
     assert await queue.waiting() == 1
     with pytest.raises(InvalidArgument, match="delay"):
         await reader.submit(soon.run_id, delay=-1)
+
+
+async def test_workers_keep_a_keys_limit_of_runs_in_flight(url: str, reader: sk.Kernel) -> None:
+    active: set[str] = set()
+    peak = 0
+
+    async def track(invocation: Any, nxt: Any) -> Any:
+        nonlocal peak
+        active.add(invocation.run.run_id)
+        peak = max(peak, len(active))
+        try:
+            await asyncio.sleep(0.1)  # overlaps runs taken together (an upper bound below)
+            return await nxt(invocation)
+        finally:
+            active.discard(invocation.run.run_id)
+
+    ran: Counter[str] = Counter()
+    base = agent([call("note", {"text": "x"}), "done"], ran)
+    ids = [f"t{i}" for i in range(6)]
+    for run_id in ids:
+        await reader.start(model="scripted/m", messages=["go"], run_id=run_id)
+        await reader.submit(run_id, key="tenant-1", key_limit=2)
+    options = lambda: {**base(), "middleware": [track]}  # noqa: E731
+    workers = [sk.Worker(url, agent=options, concurrency=5, **FAST) for _ in range(3)]
+    tasks = [await serve(w) for w in workers]
+    await until(lambda: _all_completed(reader, ids))
+    for w in workers:
+        w.stop()
+    for task in tasks:
+        await task
+    assert peak <= 2
+    assert ran == Counter({"x": 6})
+
+
+async def _all_completed(kernel: sk.Kernel, ids: list[str]) -> bool:
+    return all([await _state_is(kernel, run_id, "completed") for run_id in ids])
