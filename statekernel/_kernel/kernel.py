@@ -57,6 +57,7 @@ from statekernel._kernel.options import (
 from statekernel._kernel.output import DEFAULT_RETRIES, output_spec_for
 from statekernel._kernel.resolving import resolve_call, resume_paused
 from statekernel._kernel.retention import DEFAULT_STATES, PruneResult, prune_runs
+from statekernel._kernel.submitting import submit_run
 from statekernel._kernel.tenancy import Tenancy
 from statekernel._kernel.timers import settle_due
 from statekernel._kernel.tools import Tool, tools_by_name
@@ -79,10 +80,8 @@ from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import (
     Checkpoint,
     CheckpointStore,
-    RunQueues,
 )
 from statekernel._storage.provider import ModelProvider
-from statekernel._storage.queues import queue_key
 from statekernel._storage.unclosed import warn_unclosed
 from statekernel.errors import (
     ConfigError,
@@ -541,13 +540,9 @@ class Kernel(Closing):
         key: str | None = None,
         key_limit: int = 1,
     ) -> str:
-        """Hand the run to workers (``statekernel worker``): enqueue it on ``queue``,
-        for them to take no sooner than ``delay`` seconds from now and, with a ``key`` (a
-        tenant, a user), only while fewer than ``key_limit`` runs of that key are in
-        flight on the queue.
-
-        Needs a store with run queues (``RunQueues``: Redis or PostgreSQL, where the
-        queue lives next to the runs); returns the entry id.
+        """Hand the run to workers (``statekernel worker``) on ``queue`` of a store with
+        run queues (Redis, PostgreSQL), taken after ``delay`` seconds and, with a ``key``
+        (a tenant, a user), while fewer than ``key_limit`` of its runs are in flight.
 
         Returns:
             The id of the queue entry.
@@ -555,18 +550,9 @@ class Kernel(Closing):
         Raises:
             ConfigError: the store has no run queues.
         """
-        run_id_arg(run_id)
-        text("queue", queue)
-        if not isinstance(self.store, RunQueues):
-            from statekernel.stores._open import queue_schemes
+        from statekernel.stores._open import queue_schemes  # the registry, read lazily
 
-            raise ConfigError(
-                f"submit needs a store with run queues ({queue_schemes()}),"
-                f" not {type(self.store).__name__}"
-            )
-        wait = round(seconds("delay", delay, zero=True) * 1000)
-        limit = queue_key(key, key_limit)
-        return await self.store.submit(run_id, queue, delay_ms=wait, key=key, key_limit=limit)
+        return await submit_run(self.store, run_id, queue, delay, (key, key_limit), queue_schemes)
 
     def holds(self, run_id: str) -> bool:
         """True while a drive of this kernel holds the run's lease (and has not lost it)."""
