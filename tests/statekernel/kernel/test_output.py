@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,8 @@ from typing_extensions import TypedDict
 import statekernel as sk
 from statekernel.errors import ConfigError, InvalidArgument, OutputInvalid
 from statekernel.testing import ScriptedProvider, call
+
+from .console import EXE, runs_show
 
 VALID = '{"city": "Paris", "days": [{"day": 1, "high": 21.5}]}'
 FENCED = "```json\n" + VALID + "\n```"
@@ -256,7 +256,7 @@ async def test_a_delegate_returns_its_childs_typed_output_to_the_parent() -> Non
         await kernel.aclose()
 
 
-@pytest.mark.skipif(shutil.which("statekernel") is None, reason="no console script")
+@pytest.mark.skipif(EXE is None, reason="no console script")
 def test_the_cli_shows_the_typed_output(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/runs.db"
 
@@ -268,21 +268,9 @@ def test_the_cli_shows_the_typed_output(tmp_path: Path) -> None:
             await kernel.aclose()
 
     run = asyncio.run(typed_run())
-    exe = str(shutil.which("statekernel"))
-    shown = subprocess.run(
-        [exe, "runs", "show", run.run_id, "--store", url, "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert json.loads(shown.stdout)["output"] == run.output
-    text = subprocess.run(
-        [exe, "runs", "show", run.run_id, "--store", url],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"COLUMNS": "200", "NO_COLOR": "1", "PATH": str(Path(exe).parent)},
-    ).stdout
+    shown = runs_show(run.run_id, url, "--json")
+    assert json.loads(shown)["output"] == run.output
+    text = runs_show(run.run_id, url)
     assert "output type" in text
     assert "Forecast" in text
     assert '"city": "Paris"' in text

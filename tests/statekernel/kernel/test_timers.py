@@ -7,8 +7,6 @@ workers with nobody else watching: ``tests/statekernel/workers/test_worker_timer
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,8 @@ from statekernel._kernel.due import due_runs, fire_due
 from statekernel._records.run import utcnow
 from statekernel.errors import ConfigError, InvalidArgument, InvalidTransition, PauseTimedOut
 from statekernel.testing import ScriptedProvider, call
+
+from .console import EXE, runs_show
 
 ASK = call("ask_user", {"question": "Ship it?"})
 
@@ -170,7 +170,7 @@ async def test_timeouts_that_are_not_one_are_refused() -> None:
         sk.Pause("x", timeout=1, on_timeout={1, 2})
 
 
-@pytest.mark.skipif(shutil.which("statekernel") is None, reason="no console script")
+@pytest.mark.skipif(EXE is None, reason="no console script")
 def test_runs_show_says_when_a_pause_times_out(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/runs.db"
     ask = sk.ask_user(timeout=3600, on_timeout=sk.FAIL)
@@ -180,13 +180,6 @@ def test_runs_show_says_when_a_pause_times_out(tmp_path: Path) -> None:
             return (await _paused(kernel)).run_id
 
     run_id = asyncio.run(paused())
-    exe = str(shutil.which("statekernel"))
-    shown = subprocess.run(
-        [exe, "runs", "show", run_id, "--store", url],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"COLUMNS": "200", "NO_COLOR": "1", "PATH": str(Path(exe).parent)},
-    ).stdout
+    shown = runs_show(run_id, url)
     assert "times out" in shown
     assert "the run fails" in shown
