@@ -183,3 +183,35 @@ async def test_kernel_end_to_end(local: LocalProvider) -> None:
     assert last.result.finish_reason in ("stop", "length")
     assert last.result.text.strip()
     assert done.usage.output_tokens > 0
+
+
+@attrs.frozen
+class City:
+    name: str
+    country: str
+
+
+async def test_a_typed_final_output_through_the_kernel(local: LocalProvider) -> None:
+    """The answer's schema goes to llama.cpp as ``response_format`` (a grammar there):
+    the model's final answer is the typed value at once."""
+
+    class Greedy(sk.Hooks):
+        def on_turn_prepared(self, run: sk.Run, request: ModelRequest) -> ModelRequest:
+            return attrs.evolve(request, temperature=0.0, max_tokens=64)  # the same each time
+
+    async with sk.Kernel("memory://", hooks=Greedy(), providers={"local": local}) as kernel:
+        events = [
+            e
+            async for e in kernel.start_and_run(
+                model=MODEL, messages=["Name a city in France, as JSON."], output_type=City
+            )
+        ]
+        run = await kernel.get(events[0].run_id)
+    assert run.state == "completed", run.failure
+    city = sk.output_as(run, City)
+    assert isinstance(city.name, str)
+    assert isinstance(city.country, str)
+    request = run.turns[0].request
+    assert request is not None
+    assert request.output is not None
+    assert request.output.schema["required"] == ["name", "country"]
