@@ -306,7 +306,7 @@ class Worker:
                     if self.stopping:
                         break
                     await self._fire(run_id)
-            except StoreError as exc:
+            except StatekernelError as exc:  # the store failed, a damaged listing
                 log.warning("worker %s: reading due runs: %s", self.name, exc)
             await self._stopped_within(self.timer_every)
 
@@ -314,16 +314,26 @@ class Worker:
         """Fire what is due on ``run_id``; a run that goes on is handed to the queue."""
         try:
             run = await fire_due(self.kernel, run_id)
+            if run is not None:
+                self.stats.timers_fired += 1
+                if not run.is_terminal:
+                    await self._hand_on(run_id)
         except RunBusy:
             return  # its owner fires it when it touches it, or this loop does next time
-        except StatekernelError as exc:
+        except StatekernelError as exc:  # deleted meanwhile, damaged, the store failed
             log.warning("worker %s: firing the timer of run %s: %s", self.name, run_id, exc)
-            return
-        if run is None:
-            return
-        self.stats.timers_fired += 1
-        if not run.is_terminal:
-            await self.kernel.submit(run_id, queue=self.queue_name)
+
+    async def _hand_on(self, run_id: str) -> None:
+        """Submit a run whose timer fired and that goes on; a store that fails is tried
+        again (with nobody else to drive it, the run would wait for the next command)."""
+        for delay in (0.1, 0.5, 2.0, 5.0, None):
+            try:
+                await self.kernel.submit(run_id, queue=self.queue_name)
+                return
+            except StoreError:
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
 
     async def _stopped_within(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

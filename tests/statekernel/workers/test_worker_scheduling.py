@@ -17,7 +17,9 @@ import pytest
 import statekernel as sk
 import statekernel.stores
 from statekernel._records.run import utcnow
-from statekernel.errors import InvalidArgument
+from statekernel._storage.protocol import StoreWrapper
+from statekernel._storage.queues import RunQueue, RunQueues
+from statekernel.errors import InvalidArgument, StoreError
 from statekernel.testing import ScriptedProvider, call
 
 from .test_worker import FAST, serve, until
@@ -204,3 +206,40 @@ async def test_workers_keep_a_keys_limit_of_runs_in_flight(url: str, reader: sk.
 
 async def _all_completed(kernel: sk.Kernel, ids: list[str]) -> bool:
     return all([await _state_is(kernel, run_id, "completed") for run_id in ids])
+
+
+class SubmitFailsOnce(StoreWrapper):
+    """A store with run queues whose first submit fails (the store unreachable)."""
+
+    failed = False
+
+    async def submit(self, run_id: str, queue: str = "default", **how: Any) -> str:
+        if not self.failed:
+            self.failed = True
+            raise StoreError("the store is unreachable for a moment")
+        assert isinstance(self.inner, RunQueues)
+        return await self.inner.submit(run_id, queue, **how)
+
+    def run_queue(self, name: str) -> RunQueue:
+        assert isinstance(self.inner, RunQueues)
+        return self.inner.run_queue(name)
+
+    async def aclose(self) -> None:
+        """The store stays open for the reader."""
+
+
+async def test_a_run_a_timer_moved_on_is_handed_to_the_queue_past_a_store_failure(
+    url: str, reader: sk.Kernel
+) -> None:
+    ran: Counter[str] = Counter()
+    script = [call("ask_user", {"question": "?"}), call("note", {"text": "on"}), "done"]
+    options = agent(script, ran, timeout=0, on_timeout="late")
+    run_id = await paused_with_nobody(url, options())
+    flaky = SubmitFailsOnce(reader.store)
+    worker = sk.Worker(flaky, agent=options, timers=True, timer_every=0.05, **FAST)
+    task = await serve(worker)
+    await until(lambda: _state_is(reader, run_id, "completed"))
+    worker.stop()
+    assert (await task).timers_fired == 1
+    assert flaky.failed
+    assert ran == Counter({"on": 1})
