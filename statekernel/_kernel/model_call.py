@@ -121,8 +121,7 @@ class ModelCall:
                 default=result.finish_reason,
             )
         self.claim = None
-        answer = result.message.text
-        finish, reask, refused = output_decision(driver.run, answer, finish, then_pause)
+        finish, reask, refused = output_decision(driver.run, result.message, finish, then_pause)
         driver.stage(
             "model_completed", result=result, finish=finish, then_pause=then_pause, reask=reask
         )

@@ -23,7 +23,7 @@ from statekernel._kernel.schema import (
     schema_violation,
     strict_converter,
 )
-from statekernel._records.messages import JSON, OutputSpec
+from statekernel._records.messages import JSON, Message, OutputSpec
 from statekernel._records.run import Run, answer_json
 from statekernel._records.values import as_stored
 from statekernel.errors import ConfigError, InvalidArgument
@@ -118,16 +118,17 @@ def retry_prompt(spec: OutputSpec, problem: str) -> str:
 
 
 def output_decision(
-    run: Run, answer: str, finish: str | None, then_pause: object
+    run: Run, answer: Message | None, finish: str | None, then_pause: object
 ) -> tuple[str | None, str | None, str | None]:
-    """What a turn that ``finish``es the run does with its ``answer`` text: (finish,
-    reask, refused). An answer that does not satisfy the run's ``output_spec`` does not
-    finish it: ``reask`` is the message that sends it back, and once the spec's retries
-    are spent ``refused`` says why the run fails (``OUTPUT_INVALID``)."""
+    """What a turn that ``finish``es the run does with its ``answer`` (the assistant
+    message, None: none): (finish, reask, refused). An answer that does not satisfy the
+    run's ``output_spec`` does not finish it: ``reask`` is the message that sends it
+    back, and once the spec's retries are spent ``refused`` says why the run fails
+    (``OUTPUT_INVALID``)."""
     spec = run.output_spec
     if spec is None or finish is None or then_pause is not None:
         return finish, None, None
-    problem = output_problem(spec, answer)
+    problem = output_problem(spec, answer.text if answer is not None else "")
     if problem is None:
         return finish, None, None
     refused = None

@@ -272,7 +272,7 @@ class ToolCalls:
             finish = default
         elif finish == "stop" and then_pause is None:
             finish = None
-        answer = turn.result.message.text if turn.result is not None else ""
+        answer = turn.result.message if turn.result is not None else None
         finish, reask, refused = output_decision(run, answer, finish, then_pause)
         self.driver.stage("tools_completed", finish=finish, then_pause=then_pause, reask=reask)
         if refused is not None:
