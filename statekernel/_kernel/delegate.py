@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 from statekernel._kernel.middleware import Middleware
-from statekernel._kernel.options import check_delegate_options, deadline_in
+from statekernel._kernel.options import check_delegate_options
 from statekernel._kernel.output import DEFAULT_RETRIES, output_spec_for
 from statekernel._kernel.tools import Tool, ToolContext, tool
-from statekernel._records.arguments import plain_id, seconds
+from statekernel._records.arguments import deadline_in, plain_id, seconds
 from statekernel._records.messages import JSON, Message, OutputSpec
 from statekernel._storage.protocol import CancelsRuns, FindsRunIds
 from statekernel._storage.watching import watch

@@ -10,11 +10,12 @@ fails where it is given.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from statekernel._kernel.dispatch import DispatchPolicy
 from statekernel._records.arguments import (
+    moment,
     new_run_id_arg,
     optional_count,
     optional_text,
@@ -23,7 +24,6 @@ from statekernel._records.arguments import (
     text,
 )
 from statekernel._records.messages import Message
-from statekernel._records.run import utcnow
 from statekernel._records.values import checked
 from statekernel.errors import InvalidArgument
 
@@ -136,27 +136,4 @@ def check_delegate_options(
 def run_deadline(deadline: Any, timeout: Any) -> datetime | None:
     """A new run's deadline from ``start(deadline=|timeout=)``: an aware ``datetime``, or
     ``timeout`` seconds from now (positive, finite); at most one of them; None: none."""
-    if deadline is not None and timeout is not None:
-        raise InvalidArgument("give a deadline or a timeout, not both")
-    if timeout is not None:
-        return deadline_in(seconds("timeout", timeout), "timeout")
-    if deadline is None:
-        return None
-    if not isinstance(deadline, datetime) or deadline.utcoffset() is None:
-        raise InvalidArgument(
-            f"deadline must be a timezone-aware datetime (datetime.now(UTC) + ...),"
-            f" not {deadline!r}"
-        )
-    try:
-        return deadline.astimezone(UTC)
-    except (OverflowError, ValueError) as exc:
-        raise InvalidArgument(f"deadline {deadline!r} is out of range: {exc}") from exc
-
-
-def deadline_in(seconds_from_now: float, name: str) -> datetime:
-    """The moment ``seconds_from_now`` from now; ``InvalidArgument`` naming ``name`` when
-    it is beyond what a datetime holds."""
-    try:
-        return utcnow() + timedelta(seconds=seconds_from_now)
-    except (OverflowError, ValueError) as exc:
-        raise InvalidArgument(f"{name} {seconds_from_now!r} is too large: {exc}") from exc
+    return moment(deadline, timeout)

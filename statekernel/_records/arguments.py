@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from statekernel._records.values import INT_MAX
@@ -22,7 +23,9 @@ __all__ = [
     "callable_arg",
     "check_worker_options",
     "count",
+    "deadline_in",
     "flag",
+    "moment",
     "new_run_id_arg",
     "optional_count",
     "optional_text",
@@ -67,6 +70,37 @@ def seconds(name: str, value: Any, *, zero: bool = False) -> float:
     if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
         raise _refuse(name, value, "a finite number of seconds " + (">= 0" if zero else "> 0"))
     return float(value)
+
+
+def moment(
+    at: Any, timeout: Any, *, at_name: str = "deadline", zero: bool = False
+) -> datetime | None:
+    """A moment given as ``at`` (an aware ``datetime``, named ``at_name``) or ``timeout``
+    seconds from now (finite, above 0; ``zero``: or 0), at most one of them, in UTC;
+    None for neither."""
+    if at is not None and timeout is not None:
+        raise InvalidArgument(f"give a {at_name} or a timeout, not both")
+    if timeout is not None:
+        return deadline_in(seconds("timeout", timeout, zero=zero), "timeout")
+    if at is None:
+        return None
+    if not isinstance(at, datetime) or at.utcoffset() is None:
+        raise InvalidArgument(
+            f"{at_name} must be a timezone-aware datetime (datetime.now(UTC) + ...), not {at!r}"
+        )
+    try:
+        return at.astimezone(UTC)
+    except (OverflowError, ValueError) as exc:
+        raise InvalidArgument(f"{at_name} {at!r} is out of range: {exc}") from exc
+
+
+def deadline_in(seconds_from_now: float, name: str) -> datetime:
+    """The moment ``seconds_from_now`` from now; ``InvalidArgument`` naming ``name`` when
+    it is beyond what a datetime holds."""
+    try:
+        return datetime.now(UTC) + timedelta(seconds=seconds_from_now)
+    except (OverflowError, ValueError) as exc:
+        raise InvalidArgument(f"{name} {seconds_from_now!r} is too large: {exc}") from exc
 
 
 def flag(name: str, value: Any) -> bool:

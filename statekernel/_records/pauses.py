@@ -10,13 +10,13 @@ before pauses were typed).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any, Final, TypeAlias
 
 import attrs
 
+from statekernel._records.arguments import moment
 from statekernel._records.messages import JSON
 from statekernel._records.values import as_stored
 from statekernel.errors import InvalidArgument
@@ -242,40 +242,21 @@ class _Fail:
 FAIL: Final = _Fail()
 """``on_timeout=FAIL``: a pause that times out fails the run with ``PauseTimedOut``."""
 
-_LONGEST = timedelta(days=3650)
-
 
 def make_timer(
     timeout: object, until: object, on_timeout: object, *, what: str
 ) -> PauseTimer | None:
-    """The timer of a pause asked with ``timeout`` (seconds from now) or ``until`` (an
-    aware datetime) and ``on_timeout`` (a JSON value, or ``FAIL``); None for neither.
-    ``InvalidArgument`` naming ``what`` and the argument that is wrong."""
-    if timeout is None and until is None:
-        if on_timeout is not None:
-            raise InvalidArgument(f"{what}: on_timeout needs timeout= or until=")
+    """The timer of a pause asked with ``timeout`` (seconds from now, 0 included) or
+    ``until`` (an aware datetime) and ``on_timeout`` (a JSON value, or ``FAIL``); None for
+    neither. ``InvalidArgument`` naming ``what`` and the argument that is wrong."""
+    try:
+        at = moment(until, timeout, at_name="until", zero=True)
+        if at is None and on_timeout is not None:
+            raise InvalidArgument("on_timeout needs timeout= or until=")
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{what}: {exc}") from None
+    if at is None:
         return None
-    if timeout is not None and until is not None:
-        raise InvalidArgument(f"{what}: give timeout= or until=, not both")
-    now = datetime.now(UTC)
-    if timeout is not None:
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or not math.isfinite(timeout)
-            or timeout < 0
-            or timeout > _LONGEST.total_seconds()
-        ):
-            raise InvalidArgument(
-                f"{what}: timeout must be seconds from 0 to {_LONGEST.days} days, got {timeout!r}"
-            )
-        at = now + timedelta(seconds=timeout)
-    else:
-        if not isinstance(until, datetime) or until.utcoffset() is None:
-            raise InvalidArgument(f"{what}: until must be an aware datetime, got {until!r}")
-        if until - now > _LONGEST:
-            raise InvalidArgument(f"{what}: until is more than {_LONGEST.days} days away")
-        at = until
     if on_timeout is FAIL:
         return PauseTimer(at, None, fail=True)
     value, problem = as_stored(on_timeout, "on_timeout")
