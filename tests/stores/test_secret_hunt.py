@@ -36,7 +36,7 @@ from statekernel.errors import ConfigError
 from statekernel.mcp import MCPConnection, mcp_http, mcp_stdio
 
 from .conftest import PG_PASSWORD, REDIS_PASSWORD
-from .test_secrets import _file_views, _unpacked
+from .test_secrets import SQLITE_VALUES, _file_views, _unpacked
 
 KEYS = {
     "openai": "sk-hunt-OPENAI-3b7e91",
@@ -228,10 +228,10 @@ def _stored_views(store: str, url: str, folder: Path) -> list[tuple[str, bytes]]
         db = folder / "runs.db"
         views = [(str(p), p.read_bytes()) for p in folder.glob("runs.db*")]
         with sqlite3.connect(db) as conn:
-            for table, column in (("runs", "head"), ("commits", "entry"), ("messages", "doc"),
-                                  ("turns", "doc"), ("blobs", "data")):  # fmt: skip
+            for table, column in SQLITE_VALUES:
                 for (value,) in conn.execute(f"SELECT {column} FROM {table}"):
-                    views += [(f"{table}.{column}", v) for v in _unpacked(bytes(value))]
+                    unpacked = _unpacked(bytes(value), bundled=table == "parts")
+                    views += [(f"{table}.{column}", v) for v in unpacked]
         return views
     if store == "postgres":
         return _postgres_views(url)
@@ -267,9 +267,10 @@ def _postgres_views(url: str) -> list[tuple[str, bytes]]:
             )
             for (table,) in tables:
                 for row in await conn.fetch(f'SELECT * FROM "{target.schema}"."{table}"'):
-                    for value in row.values():
+                    for name, value in row.items():
                         raw = value if isinstance(value, bytes) else str(value).encode()
-                        views += [(f"{table}", v) for v in _unpacked(raw)]
+                        bundled = (table, name) == ("parts", "doc")
+                        views += [(f"{table}", v) for v in _unpacked(raw, bundled)]
         finally:
             await conn.close()
         return views

@@ -108,7 +108,8 @@ def test_reading_commands_create_and_upgrade_no_postgres_schema(postgres_store_u
     from statekernel.stores.postgres._url import parse_postgres_url
     from statekernel.testing import ScriptedProvider
 
-    from ...conftest import pg_admin, pg_value
+    from ...conftest import pg_value
+    from ...stores.layouts import as_postgres_layout
 
     target = parse_postgres_url(postgres_store_url)
     table = f'"{target.schema}".statekernel_schema'
@@ -126,7 +127,7 @@ def test_reading_commands_create_and_upgrade_no_postgres_schema(postgres_store_u
                 pass
 
     asyncio.run(made())
-    pg_admin(target.dsn, f"UPDATE {table} SET version = 2")  # as an older release left it
+    as_postgres_layout(target.dsn, target.schema, 2)  # as an older release left it
     for args in READING:
         done = invoke(*args, "--store", postgres_store_url)
         assert done.exit_code == 0, (args, done.output, done.stderr)
