@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import (
     Client,
     WorkflowHandle,
@@ -253,10 +255,31 @@ async def test_cancel_through_the_workflow_fails_the_run_and_ends_the_workflow(
     assert ledger_lines(ledger) == []
 
 
+async def test_cancel_while_a_tool_runs_stops_the_call_and_ends_the_workflow(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    ledger, started, release = tmp_path / "ledger", asyncio.Event(), asyncio.Event()
+    script: list[object] = [call("pay", {"amount": 5}), "Paid."]
+    async with kernel_for(tmp_path, script, [paying(ledger, started, release)]) as kernel:
+        run = await kernel.start(model="scripted/m", messages=["Pay five."])
+        async with serving(temporal_address, kernel) as (client, queue):
+            handle = await start_run_workflow(client, run.run_id, task_queue=queue)
+            async with asyncio.timeout(WITHIN):
+                await started.wait()
+            await handle.execute_update(RunWorkflow.cancel, "stop it")
+            result = await handle.result()
+        final = await kernel.get(run.run_id)
+    assert result.state == "failed"
+    assert final.failure is not None
+    assert "stop it" in final.failure.message
+    assert not release.is_set()
+    assert len(ledger_lines(ledger)) == 1
+
+
 async def test_a_kept_open_workflow_takes_a_message_sent_to_the_completed_run(
     temporal_address: str, tmp_path: Path
 ) -> None:
-    async with kernel_for(tmp_path, ["First.", "Second."], []) as kernel:
+    async with kernel_for(tmp_path, ["First.", "Second.", "Third."], []) as kernel:
         run = await kernel.start(model="scripted/m", messages=["Hello."])
         async with serving(temporal_address, kernel) as (client, queue):
             handle = await start_run_workflow(client, run.run_id, task_queue=queue, keep_open=True)
@@ -270,6 +293,15 @@ async def test_a_kept_open_workflow_takes_a_message_sent_to_the_completed_run(
 
             await until(answered_again, "the second answer")
             await until(position_is(handle, "completed"), "the workflow to see it")
+            # input sent outside the workflow (kept out of its history), then a wake
+            await kernel.send(run.run_id, "Once more.")
+            await handle.signal(RunWorkflow.wake)
+
+            async def answered_thrice() -> bool:
+                answer: object = (await kernel.get(run.run_id)).output
+                return answer == "Third."
+
+            await until(answered_thrice, "the third answer")
             await handle.terminate("done")
 
 
@@ -299,18 +331,32 @@ async def test_a_higher_priority_run_is_driven_first_from_a_backlog(
                     )
                 )
 
-            async def all_scheduled() -> bool:
-                for h in handles:
-                    if not (await h.describe()).raw_description.pending_activities:
-                        return False
-                return True
+            async def all_queued() -> bool:
+                """The three drives wait in the task queue's backlog, by priority."""
+                backlog = await queued_activities(client, queue)
+                return backlog.get(1, 0) >= 1 and backlog.get(5, 0) >= 2
 
-            await until(all_scheduled, "the three drives to be scheduled")
+            await until(all_queued, "the three drives to be queued")
             release.set()
             for handle in (first, *handles):
                 assert (await handle.result()).state == "completed"
     order = [line.split()[1] for line in ledger_lines(ledger)]
     assert order == [blocker, high, low1, low2]
+
+
+async def queued_activities(client: Client, queue: str) -> dict[int, int]:
+    """The activity tasks waiting in ``queue``'s backlog, by priority key (as the
+    server's matching service counts them)."""
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace,
+        task_queue=TaskQueue(name=queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+        report_stats=True,
+    )
+    answer = await client.workflow_service.describe_task_queue(request)
+    return {
+        key: stats.approximate_backlog_count for key, stats in answer.stats_by_priority_key.items()
+    }
 
 
 def spawn(
@@ -322,14 +368,17 @@ def spawn(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 async def test_a_worker_killed_mid_tool_leaves_an_uncertain_pause_never_a_second_payment(
-    temporal_address: str, tmp_path: Path
+    kind: str, temporal_address: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Temporal retries the drive on a second worker process once the first stops
     heartbeating; statekernel resumes the run there and pauses the non-idempotent call it
     finds in flight as uncertain; the operator says it ran (the ledger shows it), through
     the workflow's ``resolve`` update, and the run completes: one payment."""
     ledger, store = tmp_path / "ledger", f"sqlite:///{tmp_path / 'runs.db'}"
+    if kind == "postgres":
+        store = str(request.getfixturevalue("postgres_store_url"))
     async with sk.Kernel(store, providers={"scripted": ScriptedProvider([])}) as kernel:
         run = await kernel.start(model="scripted/m", messages=["Pay five."])
         client = await Client.connect(temporal_address)
