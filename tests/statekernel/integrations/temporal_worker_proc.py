@@ -1,7 +1,7 @@
 """A worker process of the crash test: ``python temporal_worker_proc.py ADDRESS QUEUE
-STORE LEDGER BLOCK``. Its ``pay`` tool (not idempotent) appends ``pay <run> <call>`` to
-the ledger; with BLOCK=1 it then appends ``blocked`` and never returns (the test kills
-the process there)."""
+STORE LEDGER BLOCK``. Its ``pay`` tool (not idempotent) appends ``pay <run> <call>
+<fencing token>`` to the ledger; with BLOCK=1 it then appends ``blocked`` and never
+returns (the test kills the process there)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ async def main(address: str, queue: str, store: str, ledger: str, block: bool) -
     @sk.tool
     async def pay(amount: int, ctx: sk.ToolContext) -> str:
         """Pay ``amount`` (not idempotent)."""
-        append(ledger, f"pay {ctx.run_id} {ctx.call_id}")
+        append(ledger, f"pay {ctx.run_id} {ctx.call_id} {ctx.fencing_token}")
         if block:
             append(ledger, "blocked")
             await asyncio.Event().wait()

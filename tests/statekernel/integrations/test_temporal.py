@@ -61,14 +61,15 @@ def ledger_lines(path: Path) -> list[str]:
 def paying(
     ledger: Path, started: asyncio.Event | None = None, release: asyncio.Event | None = None
 ) -> sk.Tool:
-    """A non-idempotent tool that appends ``pay <run> <call>`` to ``ledger``; with
-    ``started`` and ``release``, it sets ``started`` and waits for ``release``."""
+    """A non-idempotent tool that appends ``pay <run> <call> <fencing token>`` to
+    ``ledger``; with ``started`` and ``release``, it sets ``started`` and waits for
+    ``release``."""
 
     @sk.tool
     async def pay(amount: int, ctx: sk.ToolContext) -> str:
         """Pay ``amount``."""
         with ledger.open("a") as f:
-            f.write(f"pay {ctx.run_id} {ctx.call_id}\n")
+            f.write(f"pay {ctx.run_id} {ctx.call_id} {ctx.fencing_token}\n")
         if started is not None and release is not None:
             started.set()
             await release.wait()
@@ -128,7 +129,9 @@ async def test_a_run_completes_through_its_workflow_whose_history_holds_no_trans
     assert handle.id == workflow_id(run.run_id)
     assert (result.state, result.revision) == ("completed", final.revision)
     assert final.output == "Paid: zebra-quartz-answer."
-    assert ledger_lines(ledger) == [f"pay {run.run_id} {final.turns[0].completed[0].id}"]
+    (paid,) = ledger_lines(ledger)
+    assert paid.split()[:3] == ["pay", run.run_id, final.turns[0].completed[0].id]
+    assert int(paid.split()[3]) > 0, "the tool got the lease's fencing token"
     assert run.run_id in history
     assert "plum-secret-ask" not in history
     assert "zebra-quartz-answer" not in history
@@ -401,7 +404,10 @@ async def test_a_worker_killed_mid_tool_leaves_an_uncertain_pause_never_a_second
             paused = await kernel.get(run.run_id)
             assert paused.pause is not None
             (uncertain,) = paused.pause.metadata["calls"]
-            assert ledger_lines(ledger) == [f"pay {run.run_id} {uncertain['id']}", "blocked"]
+            assert [line.split()[:3] for line in ledger_lines(ledger)] == [
+                ["pay", run.run_id, uncertain["id"]],
+                ["blocked"],
+            ]
             await handle.execute_update(RunWorkflow.resolve, args=[uncertain["id"], "paid 5"])
             result = await handle.result()
         finally:
@@ -416,9 +422,8 @@ async def test_a_worker_killed_mid_tool_leaves_an_uncertain_pause_never_a_second
         final = await kernel.get(run.run_id)
     assert result.state == "completed"
     assert final.output == "Paid."
-    assert [line for line in ledger_lines(ledger) if line.startswith("pay")] == [
-        f"pay {run.run_id} {uncertain['id']}"
-    ], "one payment"
+    paid = [line.split()[:3] for line in ledger_lines(ledger) if line.startswith("pay")]
+    assert paid == [["pay", run.run_id, uncertain["id"]]], "one payment"
     assert final.turns[0].completed[0].output == "paid 5"
 
 
