@@ -258,7 +258,7 @@ async def test_cancel_through_the_workflow_fails_the_run_and_ends_the_workflow(
     assert ledger_lines(ledger) == []
 
 
-async def test_cancel_while_a_tool_runs_stops_the_call_and_ends_the_workflow(
+async def test_a_drive_heartbeats_its_commits_and_a_cancel_stops_its_running_call(
     temporal_address: str, tmp_path: Path
 ) -> None:
     ledger, started, release = tmp_path / "ledger", asyncio.Event(), asyncio.Event()
@@ -266,9 +266,21 @@ async def test_cancel_while_a_tool_runs_stops_the_call_and_ends_the_workflow(
     async with kernel_for(tmp_path, script, [paying(ledger, started, release)]) as kernel:
         run = await kernel.start(model="scripted/m", messages=["Pay five."])
         async with serving(temporal_address, kernel) as (client, queue):
-            handle = await start_run_workflow(client, run.run_id, task_queue=queue)
+            handle = await start_run_workflow(
+                client, run.run_id, task_queue=queue, heartbeat_timeout=3.0
+            )
             async with asyncio.timeout(WITHIN):
                 await started.wait()
+            intent = (await kernel.get(run.run_id)).revision  # the call's tool_call_started
+
+            async def heartbeat_names_the_intent() -> bool:
+                pending = (await handle.describe()).raw_description.pending_activities
+                if not pending or not pending[0].heartbeat_details.payloads:
+                    return False
+                details = pending[0].heartbeat_details.payloads
+                return await client.data_converter.decode(details) == [intent]
+
+            await until(heartbeat_names_the_intent, "a heartbeat with the intent's revision")
             await handle.execute_update(RunWorkflow.cancel, "stop it")
             result = await handle.result()
         final = await kernel.get(run.run_id)
