@@ -47,8 +47,9 @@ class RunWorkflow:
     commands to the run and return where it is after them; ``wake`` tells it something
     changed (input sent by ``Kernel.send`` elsewhere, say)."""
 
-    def __init__(self) -> None:
-        self._options: RunOptions | None = None
+    @workflow.init
+    def __init__(self, options: RunOptions) -> None:
+        self._options = options
         self._woken = False
         self._cancelled = False
         self._last: Segment | None = None
@@ -56,7 +57,6 @@ class RunWorkflow:
     @workflow.run
     async def run(self, options: RunOptions) -> Segment:
         """Drive the run until it is completed, failed or cancelled; returns where it ended."""
-        self._options = options
         done = 0
         while True:
             self._woken = False
@@ -99,7 +99,7 @@ class RunWorkflow:
     async def _finish(self, segment: Segment) -> Segment:
         """The workflow's result, once its updates are done: for a cancelled run, where
         it ended (a drive obeys the cancel, or finds the run failed already)."""
-        if self._cancelled and segment.state != "failed" and self._options is not None:
+        if self._cancelled and segment.state != "failed":
             segment = await self._drive(self._options)
             self._last = segment
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -117,7 +117,6 @@ class RunWorkflow:
         return segment
 
     def _run_id(self) -> str:
-        assert self._options is not None, "an update before the workflow started"
         return self._options.run_id
 
     @workflow.update
