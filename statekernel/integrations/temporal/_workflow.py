@@ -16,12 +16,14 @@ each drive, never after, so no command is missed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, CancelledError
 
 from statekernel.integrations.temporal._payloads import (
     COMMAND,
@@ -56,7 +58,23 @@ class RunWorkflow:
 
     @workflow.run
     async def run(self, options: RunOptions) -> Segment:
-        """Drive the run until it is completed, failed or cancelled; returns where it ended."""
+        """Drive the run until it is completed, failed or cancelled; returns where it ended.
+
+        Cancelling the workflow (``WorkflowHandle.cancel``) cancels the run as the
+        ``cancel`` update does, then ends the workflow cancelled."""
+        try:
+            return await self._loop(options)
+        except (asyncio.CancelledError, ActivityError) as exc:
+            cancelled = isinstance(exc, asyncio.CancelledError) or isinstance(
+                exc.cause, CancelledError
+            )
+            if cancelled and not self._cancelled:
+                await self._command(Command(options.run_id, "cancel", reason="workflow cancelled"))
+                self._cancelled = True
+                self._last = await self._drive(options)  # carries the cancel out, or sees it
+            raise
+
+    async def _loop(self, options: RunOptions) -> Segment:
         done = 0
         while True:
             self._woken = False

@@ -24,11 +24,17 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import (
     Client,
+    WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateFailedError,
 )
 from temporalio.common import Priority, WorkflowIDConflictPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    WorkflowAlreadyStartedError,
+)
 from temporalio.worker import Worker
 
 import statekernel as sk
@@ -288,6 +294,28 @@ async def test_a_drive_heartbeats_its_commits_and_a_cancel_stops_its_running_cal
     assert final.failure is not None
     assert "stop it" in final.failure.message
     assert not release.is_set()
+    assert len(ledger_lines(ledger)) == 1
+
+
+async def test_cancelling_the_workflow_cancels_the_run(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    ledger, started, release = tmp_path / "ledger", asyncio.Event(), asyncio.Event()
+    script: list[object] = [call("pay", {"amount": 5}), "Paid."]
+    async with kernel_for(tmp_path, script, [paying(ledger, started, release)]) as kernel:
+        run = await kernel.start(model="scripted/m", messages=["Pay five."])
+        async with serving(temporal_address, kernel) as (client, queue):
+            handle = await start_run_workflow(client, run.run_id, task_queue=queue)
+            async with asyncio.timeout(WITHIN):
+                await started.wait()
+            await handle.cancel()
+            with pytest.raises(WorkflowFailureError) as ended:
+                await handle.result()
+        final = await kernel.get(run.run_id)
+    assert isinstance(ended.value.cause, CancelledError)
+    assert final.state == "failed"
+    assert final.failure is not None
+    assert "workflow cancelled" in final.failure.message
     assert len(ledger_lines(ledger)) == 1
 
 
