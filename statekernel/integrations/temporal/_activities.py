@@ -27,6 +27,7 @@ from temporalio.exceptions import ApplicationError
 from statekernel._kernel.kernel import Kernel
 from statekernel._records.events import Event
 from statekernel._records.run import Run
+from statekernel._secrets import logger
 from statekernel.errors import (
     ConfigError,
     CorruptCheckpoint,
@@ -37,6 +38,8 @@ from statekernel.errors import (
 from statekernel.integrations.temporal._payloads import COMMAND, DRIVE, Command, Segment
 
 __all__ = ["KernelActivities", "segment_of"]
+
+log = logger("statekernel.temporal")
 
 _FINAL = (ConfigError, CorruptCheckpoint, InvalidArgument, InvalidTransition, RunNotFound)
 """Errors a retry cannot cure: the activity fails at once (an update gets the error)."""
@@ -71,6 +74,15 @@ class KernelActivities:
         """Drive the run until it is at rest (paused, failed or completed); firing a due
         pause timer first. Returns where it rests."""
         revision = -1
+        info = activity.info()
+        if info.attempt > 1:
+            seen = info.heartbeat_details[0] if info.heartbeat_details else "none"
+            log.info(
+                "run %s: drive retried (attempt %d, last revision seen %s)",
+                run_id,
+                info.attempt,
+                seen,
+            )
 
         async def beat() -> None:
             every = _beat_every()
