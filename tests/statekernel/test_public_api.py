@@ -65,8 +65,8 @@ def test_every_module_declares_an_honest_all() -> None:
         *pkgutil.walk_packages(statekernel.providers.__path__, "statekernel.providers."),
     ]
     for info in found:
-        if info.name == "statekernel.__main__":
-            continue
+        if info.name in ("statekernel.__main__", "statekernel.integrations"):
+            continue  # the integrations' package exports nothing: each engine's module does
         module = importlib.import_module(info.name)
         assert hasattr(module, "__all__"), f"{info.name} has no __all__"
         missing = [n for n in module.__all__ if not hasattr(module, n)]

@@ -1,0 +1,146 @@
+"""The activities of a run's workflow, which do its I/O through a ``Kernel``: a drive
+segment (the run driven to its next rest) and a command.
+
+Temporal retries an activity whose worker died (no heartbeat within the workflow's
+``heartbeat_timeout``) or that raised, possibly on another worker and while the first
+one's drive may still be alive somewhere. That is safe because statekernel decides what
+runs again, not the retry: the retried drive takes the run's lease (waiting out a live
+owner for the kernel's ``busy_timeout``, then ``RunBusy``, which Temporal retries again),
+resumes from the last commit, re-runs idempotent calls left in flight with their
+idempotency key and pauses the run with ``uncertain_tool_calls`` on any other. Tools get
+the lease's fencing token as always.
+
+A drive heartbeats the revision of each commit it sees land, and every third of the
+heartbeat timeout besides (a long tool call commits nothing while it runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from typing import Any, cast
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from statekernel._kernel.kernel import Kernel
+from statekernel._records.events import Event
+from statekernel._records.run import Run
+from statekernel._secrets import logger
+from statekernel.errors import (
+    ConfigError,
+    CorruptCheckpoint,
+    InvalidArgument,
+    InvalidTransition,
+    RunNotFound,
+)
+from statekernel.integrations.temporal._payloads import COMMAND, DRIVE, Command, Segment
+
+__all__ = ["KernelActivities", "segment_of"]
+
+log = logger("statekernel.temporal")
+
+_FINAL = (ConfigError, CorruptCheckpoint, InvalidArgument, InvalidTransition, RunNotFound)
+"""Errors a retry cannot cure: the activity fails at once (an update gets the error)."""
+
+
+def segment_of(run: Run) -> Segment:
+    """The payload that says where ``run`` is: revision, state, and a pause's reason and
+    due time or a failure's error."""
+    if run.state == "paused" and run.pause is not None:
+        times = [t for t in (run.pause.timer and run.pause.timer.at, run.deadline) if t]
+        due = min(times).timestamp() if times else None
+        return Segment(run.run_id, run.revision, run.state, run.pause.reason, due)
+    if run.state == "failed" and run.failure is not None:
+        failure = run.failure
+        return Segment(run.run_id, run.revision, run.state, failure.error, None, failure.message)
+    return Segment(run.run_id, run.revision, run.state)
+
+
+class KernelActivities:
+    """The activities of ``RunWorkflow`` bound to ``kernel`` (one per worker process; the
+    caller opens and closes it). ``all()`` lists them for a ``temporalio.worker.Worker``."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+
+    def all(self) -> Sequence[Callable[..., Any]]:
+        """The activity functions, to register with a worker."""
+        return [self.drive, self.command]
+
+    @activity.defn(name=DRIVE)
+    async def drive(self, run_id: str) -> Segment:
+        """Drive the run until it is at rest (paused, failed or completed); firing a due
+        pause timer first. Returns where it rests."""
+        revision = -1
+        info = activity.info()
+        if info.attempt > 1:
+            seen = info.heartbeat_details[0] if info.heartbeat_details else "none"
+            log.info(
+                "run %s: drive retried (attempt %d, last revision seen %s)",
+                run_id,
+                info.attempt,
+                seen,
+            )
+
+        async def beat() -> None:
+            every = _beat_every()
+            while True:
+                await asyncio.sleep(every)
+                activity.heartbeat(revision)
+
+        beating = asyncio.create_task(beat())
+        try:
+            with _final_errors():
+                run = cast("AsyncGenerator[Event, None]", self.kernel.run(run_id))
+                async with contextlib.aclosing(run) as events:
+                    async for event in events:
+                        if event.persisted and event.revision != revision:
+                            revision = event.revision
+                            activity.heartbeat(revision)
+                return segment_of(await self.kernel.get(run_id))
+        finally:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
+
+    @activity.defn(name=COMMAND)
+    async def command(self, command: Command) -> Segment:
+        """Apply ``command`` to its run; returns where the run is after it."""
+        kernel, run_id = self.kernel, command.run_id
+        with _final_errors():
+            if command.kind == "resume":
+                run = await kernel.resume(run_id, value=command.value)
+            elif command.kind == "send":
+                run = await kernel.send(run_id, *command.messages)
+            elif command.kind == "resolve":
+                run = await _resolve(kernel, command)
+            elif command.kind == "cancel":
+                await kernel.cancel(run_id, command.reason)
+                run = await kernel.get(run_id)
+            else:
+                raise InvalidArgument(f"unknown command {command.kind!r}")
+        return segment_of(run)
+
+
+async def _resolve(kernel: Kernel, command: Command) -> Run:
+    if command.rerun:
+        return await kernel.resolve_tool_call(command.run_id, command.call_id, rerun=True)
+    if command.error is not None:
+        return await kernel.resolve_tool_call(command.run_id, command.call_id, error=command.error)
+    return await kernel.resolve_tool_call(command.run_id, command.call_id, output=command.value)
+
+
+def _beat_every() -> float:
+    timeout = activity.info().heartbeat_timeout
+    return timeout.total_seconds() / 3 if timeout else 10.0
+
+
+@contextlib.contextmanager
+def _final_errors() -> Iterator[None]:
+    """Errors no retry cures become non-retryable application errors (their type named)."""
+    try:
+        yield
+    except _FINAL as exc:
+        raise ApplicationError(str(exc), type=type(exc).__name__, non_retryable=True) from exc
