@@ -3,15 +3,13 @@ reading them as they are and upgrading them."""
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 from statekernel.stores._sql.bundles import unbundle
 
-__all__ = ["as_postgres_layout", "as_sqlite_layout", "unbundle_postgres"]
+__all__ = ["as_sqlite_layout", "unbundle_postgres"]
 
 
 def _unbundled(conn: sqlite3.Connection) -> None:
@@ -70,22 +68,3 @@ async def unbundle_postgres(conn: Any, schema: str) -> None:
             [(rid, k, v) for k, v in blobs],
         )
     await conn.execute(f"DROP TABLE {s}.parts")
-
-
-def as_postgres_layout(dsn: str, schema: str, version: int) -> None:
-    """Turn the PostgreSQL store in ``schema`` back into layout ``version`` as far as
-    its runs' records go (layouts before 8 kept them a row each), from sync code (in a
-    thread of its own: the caller's may run an event loop)."""
-
-    async def run() -> None:
-        import asyncpg
-
-        conn = await asyncpg.connect(dsn)
-        try:
-            await unbundle_postgres(conn, schema)
-            await conn.execute(f'UPDATE "{schema}".statekernel_schema SET version = $1', version)
-        finally:
-            await conn.close()
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pool.submit(asyncio.run, run()).result()

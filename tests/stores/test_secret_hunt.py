@@ -36,7 +36,7 @@ from statekernel.errors import ConfigError
 from statekernel.mcp import MCPConnection, mcp_http, mcp_stdio
 
 from .conftest import PG_PASSWORD, REDIS_PASSWORD
-from .test_secrets import SQLITE_VALUES, _file_views, _unpacked
+from .test_secrets import _file_views, _unpacked
 
 KEYS = {
     "openai": "sk-hunt-OPENAI-3b7e91",
@@ -228,10 +228,10 @@ def _stored_views(store: str, url: str, folder: Path) -> list[tuple[str, bytes]]
         db = folder / "runs.db"
         views = [(str(p), p.read_bytes()) for p in folder.glob("runs.db*")]
         with sqlite3.connect(db) as conn:
-            for table, column in SQLITE_VALUES:
+            for table, column in (("runs", "head"), ("commits", "entry"), ("messages", "doc"),
+                                  ("turns", "doc"), ("blobs", "data")):  # fmt: skip
                 for (value,) in conn.execute(f"SELECT {column} FROM {table}"):
-                    unpacked = _unpacked(bytes(value), bundled=table == "parts")
-                    views += [(f"{table}.{column}", v) for v in unpacked]
+                    views += [(f"{table}.{column}", v) for v in _unpacked(bytes(value))]
         return views
     if store == "postgres":
         return _postgres_views(url)
@@ -267,10 +267,9 @@ def _postgres_views(url: str) -> list[tuple[str, bytes]]:
             )
             for (table,) in tables:
                 for row in await conn.fetch(f'SELECT * FROM "{target.schema}"."{table}"'):
-                    for name, value in row.items():
+                    for value in row.values():
                         raw = value if isinstance(value, bytes) else str(value).encode()
-                        bundled = (table, name) == ("parts", "doc")
-                        views += [(f"{table}", v) for v in _unpacked(raw, bundled)]
+                        views += [(f"{table}", v) for v in _unpacked(raw)]
         finally:
             await conn.close()
         return views

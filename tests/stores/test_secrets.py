@@ -23,7 +23,6 @@ import redis as redis_sync
 import statekernel as sk
 from statekernel.stores._format.blobs import blob_text
 from statekernel.stores._format.dicts import ENTRY_DICT
-from statekernel.stores._sql.bundles import unbundle
 
 from .conftest import REDIS_PASSWORD
 
@@ -100,13 +99,8 @@ async def _drive(store_url: str) -> list[sk.Event]:
     return events
 
 
-def _unpacked(data: bytes, bundled: bool = False) -> list[bytes]:
-    """``data`` and what any compressed or base64 part of it holds (``bundled``: a part
-    row's bundle, each of its records unpacked too)."""
-    if bundled:
-        messages, turns, blobs = unbundle(data, "parts")
-        items = [*messages, *turns, *(d for _, d in blobs)]
-        return [data, *(v for item in items for v in _unpacked(item))]
+def _unpacked(data: bytes) -> list[bytes]:
+    """``data`` and what any compressed or base64 part of it holds."""
     views = [data]
     if data[:2] == b"\x00z":
         views.append(blob_text(data).encode("utf-8", "surrogatepass"))
@@ -154,25 +148,15 @@ def _scan_files(folder: Path) -> None:
         _assert_clean(_file_views(path.read_bytes()), str(path))
 
 
-SQLITE_VALUES = (
-    ("runs", "head"),
-    ("commits", "entry"),
-    ("messages", "doc"),
-    ("turns", "doc"),
-    ("blobs", "data"),
-    ("parts", "doc"),
-)
-"""The (table, column) of every stored value of a SQLite store."""
-
-
 def _scan_sqlite(db: Path) -> None:
     for path in db.parent.glob(db.name + "*"):
         _assert_clean([path.read_bytes()], str(path))
     with sqlite3.connect(db) as conn:
         compressed = 0
-        for table, column in SQLITE_VALUES:
+        for table, column in (("runs", "head"), ("commits", "entry"), ("messages", "doc"),
+                              ("turns", "doc"), ("blobs", "data")):  # fmt: skip
             for (value,) in conn.execute(f"SELECT {column} FROM {table}"):
-                views = _unpacked(bytes(value), bundled=table == "parts")
+                views = _unpacked(bytes(value))
                 compressed += len(views) - 1
                 _assert_clean(views, f"{table}.{column}")
     assert compressed, "nothing compressed was looked into"

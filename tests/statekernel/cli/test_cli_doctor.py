@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from statekernel.testing import (
 )
 
 from ...conftest import CLUSTER_NODES, pg_admin
-from ...stores.layouts import as_postgres_layout, as_sqlite_layout
+from ...stores.layouts import as_sqlite_layout, unbundle_postgres
 from .test_cli_runs import EXE, sk
 
 pytestmark = pytest.mark.skipif(
@@ -296,6 +297,16 @@ def test_redis_cluster_store(tmp_path: Path, redis_cluster_store_url: str) -> No
 
 
 @pytest.mark.postgres
+async def _unbundled(dsn: str, schema: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await unbundle_postgres(conn, schema)
+    finally:
+        await conn.close()
+
+
 def test_postgres_store(tmp_path: Path, postgres_store_url: str) -> None:
     empty = doctor_error(postgres_store_url, tmp_path)  # nothing there: nothing created
     assert "holds no store" in empty
@@ -316,7 +327,9 @@ def test_postgres_store(tmp_path: Path, postgres_store_url: str) -> None:
 
     target = parse_postgres_url(postgres_store_url)
     layout = f'UPDATE "{target.schema}".statekernel_schema SET version = '
-    as_postgres_layout(target.dsn, target.schema, 2)  # its records as layout 2 kept them
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # its records as layout 2 kept them
+        pool.submit(asyncio.run, _unbundled(target.dsn, target.schema)).result()
+    pg_admin(target.dsn, layout + "2")
     older = doctor(postgres_store_url, tmp_path, 0)
     assert older[0]["status"] == "warning"
     assert "layout version 2: read as it is" in older[0]["detail"]
