@@ -28,7 +28,6 @@ from statekernel.stores import FileStore, MemoryStore, RedisStore, SQLiteStore, 
 from statekernel.stores._format.checksum import seal, seal_line, unseal, unseal_line
 from statekernel.stores._format.dicts import dump_entry, load_entry
 from statekernel.stores._format.documents import dump_bytes, load_json
-from statekernel.testing._raw_parts import part_records, rebundled, record_of
 
 __all__ = [
     "FileRecords",
@@ -222,16 +221,12 @@ class SQLiteRecords(_Binary):
             for kind, (table, column, value) in self._TABLES.items():
                 rows = conn.execute(f"SELECT {column}, {value} FROM {table} WHERE rid = ?", (rid,))
                 records.update({(kind, name): data for name, data in rows})
-            parts = {r[0]: r for r in conn.execute(_PARTS, (rid,))}
-            for key, revision in part_records(parts.values()).items():
-                records[key] = record_of(parts[revision], key)
             return records
 
     async def write(
         self, store: CheckpointStore, run_id: str, key: RecordKey, data: bytes | None
     ) -> None:
-        """Replace or remove one record (one inside a part row: that row's bundle
-        written again without it, or with ``data`` in its place)."""
+        """Replace or remove one record."""
         await asyncio.to_thread(self._write, _sqlite_path(store), run_id, key, data)
         assert isinstance(store, SQLiteStore)
         store.forget(run_id)
@@ -243,14 +238,6 @@ class SQLiteRecords(_Binary):
                 conn.execute("UPDATE runs SET head = ? WHERE run_id = ?", (data, run_id))
                 return
             (rid,) = conn.execute("SELECT id FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-            parts = {r[0]: r for r in conn.execute(_PARTS, (rid,))}
-            holder = part_records(parts.values()).get(key)
-            if holder is not None:
-                conn.execute(
-                    "UPDATE parts SET doc = ? WHERE rid = ? AND revision = ?",
-                    (rebundled(parts[holder], key, data), rid, holder),
-                )
-                return
             table, column, value = self._TABLES[kind]
             if data is None:
                 conn.execute(f"DELETE FROM {table} WHERE rid = ? AND {column} = ?", (rid, name))
@@ -282,9 +269,6 @@ class SQLiteRecords(_Binary):
             else:
                 column = {"run_id": "run_id", "revision": "revision", "state": "state"}[name]
                 conn.execute(f"UPDATE runs SET {column} = ? WHERE run_id = ?", (text, run_id))
-
-
-_PARTS = "SELECT revision, first_message, first_turn, doc FROM parts WHERE rid = ?"
 
 
 def _sqlite_path(store: CheckpointStore) -> str:

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.testing._raw import RecordKey, _Binary
-from statekernel.testing._raw_parts import part_records, rebundled, record_of
 
 if TYPE_CHECKING:
     from statekernel.stores.postgres import PostgresStore
@@ -27,9 +26,6 @@ async def _conn_do(store: CheckpointStore, sql: str, *args: Any) -> list[Any]:
     pool = await pg._open()
     async with pool.acquire() as conn:
         return list(await conn.fetch(sql, *args))
-
-
-_PARTS = "SELECT revision, first_message, first_turn, doc FROM {s}.parts WHERE rid = $1"
 
 
 def _key(run_id: str) -> bytes:
@@ -66,16 +62,12 @@ class PostgresRecords(_Binary):
                 store, f"SELECT {column}, {value} FROM {s}.{table} WHERE rid = $1", rid
             )
             records.update({(kind, name): data for name, data in found})
-        parts = {r[0]: tuple(r) for r in await _conn_do(store, _PARTS.format(s=s), rid)}
-        for key, revision in part_records(parts.values()).items():
-            records[key] = record_of(parts[revision], key)
         return records
 
     async def write(
         self, store: CheckpointStore, run_id: str, key: RecordKey, data: bytes | None
     ) -> None:
-        """Replace or remove one record (one inside a part row: that row's bundle
-        written again without it, or with ``data`` in its place)."""
+        """Replace or remove one record."""
         pg = _store(store)
         s = f'"{pg.schema}"'
         kind, name = key
@@ -87,13 +79,6 @@ class PostgresRecords(_Binary):
             return
         rows = await _conn_do(store, f"SELECT id FROM {s}.runs WHERE run_id = $1", _key(run_id))
         rid = rows[0][0]
-        parts = {r[0]: tuple(r) for r in await _conn_do(store, _PARTS.format(s=s), rid)}
-        holder = part_records(parts.values()).get(key)
-        if holder is not None:
-            doc = rebundled(parts[holder], key, data)
-            sql = f"UPDATE {s}.parts SET doc = $1 WHERE rid = $2 AND revision = $3"
-            await _conn_do(store, sql, doc, rid, holder)
-            return
         table, column, value = self._TABLES[kind]
         if data is None:
             await _conn_do(

@@ -21,14 +21,13 @@ from typing import Any
 from statekernel.stores._format.cancels import cancel_requested
 from statekernel.stores._host.lease_records import damaged_lease, host_record, kept_record
 from statekernel.stores._host.owners import LeaseRecord, check_fence
-from statekernel.stores._sql.bundles import assemble, bundle
 from statekernel.stores._sql.rows import BadRow, CommitRows, Stored
 from statekernel.stores._sql.tables import Pending
 
 __all__ = [
-    "Loaded",
     "Tables",
     "apply_commit",
+    "below",
     "commit_at_once",
     "delete_run",
     "lease_record",
@@ -65,10 +64,6 @@ class Tables:
         self.messages, self.turns = f"{s}.messages", f"{s}.turns"
         self.blobs, self.leases = f"{s}.blobs", f"{s}.leases"
         self.queue, self.dead = f"{s}.queue_entries", f"{s}.dead_letters"
-        self.parts = f"{s}.parts"
-        self.bundled = True
-        """Whether the store's layout has ``parts`` (a read-only store of an older one
-        has not)."""
 
 
 async def _stored(conn: Any, t: Tables, run_id: str) -> Stored | None:
@@ -87,11 +82,6 @@ def _row_stored(row: Any, run_id: str) -> Stored:
 async def read_head(conn: Any, t: Tables, run_id: str) -> Stored | None:
     """The stored head of a run, or None."""
     return await _stored(conn, t, run_id)
-
-
-Loaded = tuple[Stored, list[bytes], list[bytes], dict[str, bytes]]
-"""A run's stored head with its messages and completed turns (up to its head's ends)
-and its blobs, as stored."""
 
 
 async def read_parts(
@@ -125,82 +115,57 @@ async def read_parts(
             )
             entries = [(r[0], r[1]) for r in rows]
         head = head_of(stored, entries)
-        rid = stored.rid
-        messages = await _docs(conn, t.messages, rid)
-        turns = await _docs(conn, t.turns, rid)
-        blobs = await conn.fetch(f"SELECT key, data FROM {t.blobs} WHERE rid = $1", rid)
-        parts = []
-        if t.bundled:
-            parts = await conn.fetch(
-                f"SELECT revision, first_message, first_turn, doc FROM {t.parts}"
-                " WHERE rid = $1 ORDER BY revision",
-                rid,
-            )
-        what = f"run {run_id!r} in {t.where}"
-        found = assemble(messages, turns, {r[0]: r[1] for r in blobs}, parts, ends(head), what)
-        return stored, head, entries, *found
-
-
-_HEAD_PARTS = (
-    "WITH r AS (SELECT id, revision, state, head, run_id FROM {runs} WHERE run_id = $1)"
-    " SELECT 0, r.revision, r.state, r.head, r.run_id, r.id FROM r"
-    " UNION ALL SELECT 1, m.pos, NULL, m.doc, NULL, NULL FROM {messages} m, r"
-    "  WHERE m.rid = r.id"
-    " UNION ALL SELECT 2, d.pos, NULL, d.doc, NULL, NULL FROM {turns} d, r"
-    "  WHERE d.rid = r.id"
-    " UNION ALL SELECT 3, NULL, b.key, b.data, NULL, NULL FROM {blobs} b, r"
-    "  WHERE b.rid = r.id"
-)
-_WITH_PARTS = (
-    " UNION ALL SELECT 4, p.revision, p.first_message::text, p.doc, NULL, p.first_turn"
-    " FROM {parts} p, r WHERE p.rid = r.id"
-)
+        m_end, t_end = ends(head)
+        messages = await _docs(conn, t.messages, stored.rid, m_end)
+        turns = await _docs(conn, t.turns, stored.rid, t_end)
+        blobs = await conn.fetch(f"SELECT key, data FROM {t.blobs} WHERE rid = $1", stored.rid)
+        return stored, head, entries, messages, turns, {r[0]: r[1] for r in blobs}
 
 
 async def read_head_parts(
     conn: Any, t: Tables, run_id: str
-) -> tuple[Stored, Callable[[tuple[int, int]], Loaded]] | None:
-    """A run's stored head and what gives its messages and turns up to the head's
-    ends (a function of them) with its blobs, read in one statement (one round trip, one
-    snapshot), for a load of its head (``read_parts`` does a revision's: its commit log
-    first). None: no such run."""
-    sql = _HEAD_PARTS + (_WITH_PARTS if t.bundled else "") + " ORDER BY 1, 2"
+) -> tuple[Stored, list[tuple[int, bytes]], list[tuple[int, bytes]], dict[str, bytes]] | None:
+    """A run's stored head with every message and turn document (with its position) and
+    every blob, in one statement (one round trip, one snapshot), for a load of its head
+    (``read_parts`` does a revision's: its commit log first). None: no such run."""
     rows = await conn.fetch(
-        sql.format(runs=t.runs, messages=t.messages, turns=t.turns, blobs=t.blobs, parts=t.parts),
+        f"WITH r AS (SELECT id, revision, state, head, run_id FROM {t.runs} WHERE run_id = $1)"
+        " SELECT 0, r.revision, r.state, r.head, r.run_id, r.id FROM r"
+        f" UNION ALL SELECT 1, m.pos, NULL, m.doc, NULL, NULL FROM {t.messages} m, r"
+        "  WHERE m.rid = r.id"
+        f" UNION ALL SELECT 2, d.pos, NULL, d.doc, NULL, NULL FROM {t.turns} d, r"
+        "  WHERE d.rid = r.id"
+        f" UNION ALL SELECT 3, NULL, b.key, b.data, NULL, NULL FROM {t.blobs} b, r"
+        "  WHERE b.rid = r.id"
+        " ORDER BY 1, 2",
         run_key(run_id),
     )
     if not rows or rows[0][0] != 0:
         return None
     top = rows[0]
     stored = Stored(top[5], _text(top[4], f"run {run_id!r}: run_id"), top[1], top[2], top[3])
-    old: tuple[list[tuple[int, bytes]], list[tuple[int, bytes]]] = ([], [])
+    parts: tuple[list[tuple[int, bytes]], list[tuple[int, bytes]]] = ([], [])
     blobs: dict[str, bytes] = {}
-    parts: list[tuple[int, Any, Any, bytes]] = []
-    for kind, pos, key, data, _, turn in rows[1:]:
+    for kind, pos, key, data, _, _ in rows[1:]:
         if kind == 3:
             blobs[key] = data
-        elif kind == 4:
-            parts.append((pos, _first(key), turn, data))
         else:
-            old[kind - 1].append((pos, data))
-
-    def loaded(ends: tuple[int, int]) -> Loaded:
-        what = f"run {run_id!r} in {t.where}"
-        return stored, *assemble(*old, blobs, parts, ends, what)
-
-    return stored, loaded
+            parts[kind - 1].append((pos, data))
+    return stored, parts[0], parts[1], blobs
 
 
-def _first(text: Any) -> Any:
-    """A part row's first message position, read back from its text (``_WITH_PARTS``
-    puts it in a text column); what is not a number is left as it is (and refused)."""
-    return int(text) if type(text) is str and text.isdigit() else text
+def below(docs: list[tuple[int, bytes]], end: int) -> list[bytes]:
+    """The documents at positions below ``end`` (as ``read_parts`` reads them)."""
+    return [doc for pos, doc in docs if pos < end]
 
 
-async def _docs(conn: Any, table: str, rid: int) -> list[tuple[int, bytes]]:
-    """The (position, document) rows of a run in ``table``, in order."""
-    rows = await conn.fetch(f"SELECT pos, doc FROM {table} WHERE rid = $1 ORDER BY pos", rid)
-    return [(r[0], r[1]) for r in rows]
+async def _docs(conn: Any, table: str, rid: int, end: int) -> list[bytes]:
+    if end == 0:
+        return []
+    rows = await conn.fetch(
+        f"SELECT doc FROM {table} WHERE rid = $1 AND pos < $2 ORDER BY pos", rid, end
+    )
+    return [r[0] for r in rows]
 
 
 async def read_entries(
@@ -377,8 +342,8 @@ async def commit_at_once(conn: Any, t: Tables, pending: Pending) -> Stored | Non
         f" landed AS (UPDATE {t.runs} SET revision = $1, state = $2, updated_us = $3,"
         f"  head = $4, fence = GREATEST(fence, $8), {_CANCEL_GONE} WHERE id = $5"
         "  AND revision = $6 AND run_id = $7 AND EXISTS (SELECT 1 FROM held)"
-        f"  AND {_UNLESS_CANCEL.format(p=_CANCELS)} RETURNING id),{freed}"
-        f"{_parts(t, 10, _LANDED_OR_CANCEL.format(runs=t.runs, cancels=_CANCELS))}",
+        f"  AND {_UNLESS_CANCEL.format(p='$17')} RETURNING id),{freed}"
+        f"{_parts(t, 10, _LANDED_OR_CANCEL.format(runs=t.runs))}",
         revision,
         state,
         updated_us,
@@ -402,7 +367,7 @@ _LANDED_OR_CANCEL = (
     " SELECT id, NULL::bytea FROM landed"
     " UNION ALL SELECT NULL, r.cancel FROM {runs} r WHERE NOT EXISTS (SELECT 1 FROM landed)"
     "  AND r.id = $5 AND r.revision = $6 AND r.run_id = $7 AND EXISTS (SELECT 1 FROM held)"
-    "  AND r.cancel IS NOT NULL AND NOT {cancels}::boolean"
+    "  AND r.cancel IS NOT NULL AND NOT $17::boolean"
 )
 """The result of a fenced one-statement commit: (its run row's id, NULL) when it landed;
 (NULL, the request) when the lease and head checks passed and a cancel request refused
@@ -440,14 +405,13 @@ async def _create_leased_at_once(conn: Any, t: Tables, pending: Pending) -> Stor
     ``apply_commit``, which takes it as this does (``_take_new``)."""
     rows, claim = pending.rows, pending.take
     revision, state, updated_us, head = rows.columns
-    c = 6 + _PART_VALUES  # the claim's parameters, after the parts'
     rid = await conn.fetchval(
         f"WITH landed AS (INSERT INTO {t.runs} (run_id, revision, state, updated_us, head,"
         f"  fence) SELECT $5, $1, $2, $3, $4, 1 WHERE NOT EXISTS (SELECT 1 FROM {t.leases}"
         "  WHERE run_id = $5) ON CONFLICT (run_id) DO NOTHING RETURNING id),"
         f" lease AS (INSERT INTO {t.leases} (run_id, token, owner, expires, proof, lock_key)"
-        f"  SELECT $5, 1, ${c}::bytea, extract(epoch FROM clock_timestamp())::float8"
-        f"  + ${c + 1}::float8, ${c + 2}::text, ${c + 3}::bigint FROM landed),"
+        "  SELECT $5, 1, $13::bytea, extract(epoch FROM clock_timestamp())::float8"
+        "  + $14::float8, $15::text, $16::bigint FROM landed),"
         f"{_parts(t, 6)}",
         revision,
         state,
@@ -466,38 +430,38 @@ async def _create_leased_at_once(conn: Any, t: Tables, pending: Pending) -> Stor
     return Stored(rid, pending.run_id, rows.revision, state, head)
 
 
-_PART_VALUES = 4
-"""How many parameters ``_parts`` takes (``_part_values``)."""
-
-_CANCELS = f"${10 + _PART_VALUES}"
-"""The parameter of a fenced one-statement commit that says it carries out the run's
-cancel request, after its nine and the parts'."""
-
-
 def _parts(t: Tables, n: int, result: str = " SELECT id FROM landed") -> str:
     """The rest of a one-statement commit after its ``landed`` (the run row's id when it
-    landed): the commit entry and the part row (when the commit adds records), from the
-    ``_part_values`` given as parameters ``$n`` onwards (``$1`` is the revision), and
-    the statement's ``result`` (by default the run row's id, when it landed)."""
-    p = [f"${n + i}" for i in range(_PART_VALUES)]
+    landed): the commit entry, messages, turns and blobs, from the ``_part_values`` given
+    as parameters ``$n`` onwards (``$1`` is the revision), and the statement's ``result``
+    (by default the run row's id, when it landed)."""
+    p = [f"${n + i}" for i in range(7)]
     return (
         f" entry AS (INSERT INTO {t.commits} (rid, revision, entry)"
         f"  SELECT id, $1, {p[0]} FROM landed),"
-        f" part AS (INSERT INTO {t.parts} (rid, revision, first_message, first_turn, doc)"
-        f"  SELECT id, $1, {p[1]}::bigint, {p[2]}::bigint, {p[3]}::bytea FROM landed"
-        f"  WHERE {p[3]}::bytea IS NOT NULL)"
+        f" messages AS (INSERT INTO {t.messages} (rid, pos, doc)"
+        f"  SELECT id, {p[1]} + n - 1, d FROM landed,"
+        f"  unnest({p[2]}::bytea[]) WITH ORDINALITY AS u(d, n)),"
+        f" turns AS (INSERT INTO {t.turns} (rid, pos, doc)"
+        f"  SELECT id, {p[3]} + n - 1, d FROM landed,"
+        f"  unnest({p[4]}::bytea[]) WITH ORDINALITY AS u(d, n)),"
+        f" blobs AS (INSERT INTO {t.blobs} (rid, key, data)"
+        f"  SELECT id, k, d FROM landed, unnest({p[5]}::text[], {p[6]}::bytea[]) AS u(k, d)"
+        "  ON CONFLICT DO NOTHING)"
         f"{result}"
     )
 
 
 def _part_values(rows: CommitRows) -> tuple[Any, ...]:
-    """The parameters of ``_parts``, in order (the bundle None: nothing to add)."""
-    added = rows.messages or rows.turns or rows.blobs
+    """The parameters of ``_parts``, in order."""
     return (
         rows.entry,
         rows.first_message,
+        list(rows.messages),
         rows.first_turn,
-        bundle(rows.messages, rows.turns, rows.blobs) if added else None,
+        list(rows.turns),
+        [k for k, _ in rows.blobs],
+        [v for _, v in rows.blobs],
     )
 
 
@@ -508,15 +472,26 @@ async def _write_parts(conn: Any, t: Tables, rid: int, rows: CommitRows) -> None
         rows.revision,
         rows.entry,
     )
-    if rows.messages or rows.turns or rows.blobs:
+    for table, first, docs in (
+        (t.messages, rows.first_message, rows.messages),
+        (t.turns, rows.first_turn, rows.turns),
+    ):
+        if docs:
+            await conn.execute(
+                f"INSERT INTO {table} (rid, pos, doc)"
+                " SELECT $1, $2 + n - 1, d FROM unnest($3::bytea[]) WITH ORDINALITY AS u(d, n)",
+                rid,
+                first,
+                list(docs),
+            )
+    if rows.blobs:
         await conn.execute(
-            f"INSERT INTO {t.parts} (rid, revision, first_message, first_turn, doc)"
-            " VALUES ($1, $2, $3, $4, $5)",
+            f"INSERT INTO {t.blobs} (rid, key, data)"
+            " SELECT $1, k, d FROM unnest($2::text[], $3::bytea[]) AS u(k, d)"
+            " ON CONFLICT DO NOTHING",
             rid,
-            rows.revision,
-            rows.first_message,
-            rows.first_turn,
-            bundle(rows.messages, rows.turns, rows.blobs),
+            [k for k, _ in rows.blobs],
+            [v for _, v in rows.blobs],
         )
 
 
@@ -528,6 +503,6 @@ async def delete_run(conn: Any, t: Tables, run_id: str) -> bool:
         rid = await conn.fetchval(f"DELETE FROM {t.runs} WHERE run_id = $1 RETURNING id", key)
         if rid is None:
             return False
-        for table in (t.commits, t.messages, t.turns, t.blobs, t.parts):
+        for table in (t.commits, t.messages, t.turns, t.blobs):
             await conn.execute(f"DELETE FROM {table} WHERE rid = $1", rid)
         return True

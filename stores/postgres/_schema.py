@@ -22,7 +22,6 @@ from statekernel.stores.postgres._keys import lock_key
 __all__ = [
     "CANCELS_VERSION",
     "COMMITTING",
-    "PARTS_VERSION",
     "QUEUES",
     "WATCHING",
     "SCHEMA",
@@ -41,19 +40,13 @@ COMMITTING = "committing"
 ends: a store that starts watching takes it once, exclusive, to wait for the commits
 that found no watcher."""
 
-STORE_VERSION = 8
+STORE_VERSION = 7
 """The layout version of the Postgres store written by this release (2: run queues and
 commit notices; 3: commit notices a client can turn off; 4: lease rows that say how
 their owner proves it is alive, and a run's largest fencing token kept with its row;
 5: commit notices only while a store watches; 6: a run's cancel request kept with its
 row; 7: queue entries taken no sooner than a time, ``ready_at``, and keyed ones, taken
-while fewer than their ``key_limit`` of their ``key`` are; 8: a commit's messages,
-completed turns and blobs in one ``parts`` row)."""
-
-PARTS_VERSION = 8
-"""The first layout that writes a commit's records in one ``parts`` row: a store opened
-read-only on an older one reads only its rows of ``messages``, ``turns`` and
-``blobs``."""
+while fewer than their ``key_limit`` of their ``key`` are)."""
 
 CANCELS_VERSION = 6
 """The first layout that keeps cancel requests (``runs.cancel``): a store opened
@@ -275,25 +268,6 @@ async def _version_7(conn: Any, schema: str) -> None:
         await conn.execute(statement)
 
 
-PARTS = """
-CREATE TABLE {s}.parts (
-    rid bigint NOT NULL, revision bigint NOT NULL,
-    first_message bigint NOT NULL, first_turn bigint NOT NULL, doc bytea NOT NULL,
-    PRIMARY KEY (rid, revision)
-)
-"""
-"""A commit's records in one row (layout version 8, ``stores/_sql/bundles``): the
-messages, completed turns and blobs it adds, where they were a row each in
-``messages``, ``turns`` and ``blobs`` (which keep the rows older layouts wrote, read
-before a run's parts, and get no new ones). A turn's two commits insert two rows into
-one index instead of six into three, and a load reads a row per commit."""
-
-
-async def _version_8(conn: Any, schema: str) -> None:
-    """A commit's records in one row."""
-    await conn.execute(PARTS.format(s=f'"{schema}"'))
-
-
 _MIGRATIONS: dict[int, Callable[[Any, str], Awaitable[None]]] = {
     1: _version_2,
     2: _version_3,
@@ -301,7 +275,6 @@ _MIGRATIONS: dict[int, Callable[[Any, str], Awaitable[None]]] = {
     4: _version_5,
     5: _version_6,
     6: _version_7,
-    7: _version_8,
 }
 """What upgrades the store from a version to the next one."""
 

@@ -99,7 +99,6 @@ from statekernel.stores.postgres._owners import OwnerLocks
 from statekernel.stores.postgres._queue import PostgresRunQueue
 from statekernel.stores.postgres._schema import (
     CANCELS_VERSION,
-    PARTS_VERSION,
     STORE_VERSION,
     commits_channel,
     layout_version,
@@ -263,8 +262,7 @@ class PostgresStore(Closing):
     async def _check_layout(self, conn: Any) -> None:
         """A read-only store reads its layout or an older one (versions 2 to 5 added
         the run queues, the commit notices and the lease rows' proofs, 6 the cancel
-        requests, 7 the queues' keys: runs, revisions and events are stored as in
-        version 1; 8 the part rows, read beside the older tables), and upgrades
+        requests: runs, revisions and events are stored as in version 1), and upgrades
         nothing."""
         version = await layout_version(conn, self.schema)
         if version is None or not 1 <= version <= STORE_VERSION:
@@ -274,7 +272,6 @@ class PostgresStore(Closing):
                 f" {STORE_VERSION}); opened read-only, nothing is created or upgraded"
             )
         self._layout = version
-        self._t.bundled = version >= PARTS_VERSION
 
     def _writable(self) -> None:
         if self.read_only:
@@ -350,10 +347,12 @@ class PostgresStore(Closing):
             found = await self._run(ops.read_head_parts, run_id)
             if found is None:
                 raise RunNotFound(run_id)
-            first_entry(found[0])
+            stored, message_docs, turn_docs, blobs = found
+            first_entry(stored)
             head = heads[0]
+            m_end, t_end = log_ends(head)
             entries: list[tuple[int, bytes]] = []
-            stored, messages, turns, blobs = found[1](log_ends(head))
+            messages, turns = ops.below(message_docs, m_end), ops.below(turn_docs, t_end)
         else:
             parts = await self._run(ops.read_parts, run_id, first_entry, head_of, log_ends)
             if parts is None:

@@ -23,13 +23,11 @@ from statekernel.errors import RunBusy, RunNotFound
 from statekernel.stores._format.cancels import cancel_requested, check_cancellable
 from statekernel.stores._host.lease_records import damaged_lease, host_record, kept_record
 from statekernel.stores._host.owners import LeaseChange, LeaseRecord, check_fence, fenced
-from statekernel.stores._sql.bundles import assemble, bundle
 from statekernel.stores._sql.rows import BadRow, CommitRows, Stored
 from statekernel.stores.sqlite._file import StoreConnection, begin_immediate, begin_read
 
 __all__ = [
     "Parts",
-    "Sources",
     "apply_commit",
     "delete_run",
     "fetch_all",
@@ -297,43 +295,31 @@ def _taken(
 
 
 def _write_parts(conn: sqlite3.Connection, rid: int, rows: CommitRows) -> None:
-    """The commit log entry, and the commit's messages, turns and blobs as one row."""
     conn.execute(
         "INSERT INTO commits (rid, revision, entry) VALUES (?, ?, ?)",
         (rid, rows.revision, rows.entry),
     )
-    if rows.messages or rows.turns or rows.blobs:
-        conn.execute(
-            "INSERT INTO parts (rid, revision, first_message, first_turn, doc)"
-            " VALUES (?, ?, ?, ?, ?)",
-            (
-                rid,
-                rows.revision,
-                rows.first_message,
-                rows.first_turn,
-                bundle(rows.messages, rows.turns, rows.blobs),
-            ),
+    for table, first, docs in (
+        ("messages", rows.first_message, rows.messages),
+        ("turns", rows.first_turn, rows.turns),
+    ):
+        _insert(
+            conn,
+            f"INSERT INTO {table} (rid, pos, doc) VALUES (?, ?, ?)",
+            [(rid, first + i, d) for i, d in enumerate(docs)],
         )
+    _insert(
+        conn,
+        "INSERT OR IGNORE INTO blobs (rid, key, data) VALUES (?, ?, ?)",
+        [(rid, k, v) for k, v in rows.blobs],
+    )
 
 
-@attrs.frozen
-class Sources:
-    """Where a store's messages, turns and blobs are: the ``parts`` rows of layout 7
-    (``bundled``), the row-per-record tables of the layouts before it (``legacy``: a
-    store upgraded to 7 keeps and reads those rows, and writes none), or both."""
-
-    legacy: bool
-    bundled: bool
-
-    @classmethod
-    def of(cls, conn: sqlite3.Connection, layout: int) -> Sources:
-        """The sources of a store at ``layout``: the older tables are read only while
-        they hold rows (no writer of layout 7 adds any, and no older one writes to it)."""
-        row = conn.execute(
-            "SELECT EXISTS (SELECT 1 FROM messages) OR EXISTS (SELECT 1 FROM turns)"
-            " OR EXISTS (SELECT 1 FROM blobs)"
-        ).fetchone()
-        return cls(legacy=layout < 7 or bool(row[0]), bundled=layout >= 7)
+def _insert(conn: sqlite3.Connection, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    if len(rows) == 1:
+        conn.execute(sql, rows[0])
+    elif rows:
+        conn.executemany(sql, rows)
 
 
 @attrs.frozen
@@ -354,11 +340,10 @@ def read_parts(
     first_entry: Callable[[Stored], int | None],
     head_of: Callable[[Stored, list[tuple[int, bytes]]], dict[str, Any]],
     ends: Callable[[dict[str, Any]], tuple[int, int]],
-    sources: Sources,
 ) -> Parts | None:
     """A run's stored head, its commit log entries from ``first_entry(stored)`` on (none
     for None), the head to decode (``head_of``), message and turn documents up to
-    ``ends(head)`` and all its blobs (from ``sources``)."""
+    ``ends(head)`` and all its blobs."""
     with transaction(conn):
         stored = _stored(conn, run_id)
         if stored is None:
@@ -375,24 +360,14 @@ def read_parts(
             entries = [_checked(r, (int, bytes), f"commit log of {run_id!r}") for r in rows]
         head = head_of(stored, entries)
         m_end, t_end = ends(head)
-        old: tuple[list[tuple[int, bytes]], list[tuple[int, bytes]]] = ([], [])
-        blobs: dict[str, bytes] = {}
-        if sources.legacy:  # all of them when parts follow them, else what the head needs
-            old = (
-                _docs(conn, "messages", rid, None if sources.bundled else m_end),
-                _docs(conn, "turns", rid, None if sources.bundled else t_end),
-            )
-            blobs = _blobs(conn, rid)
-        rows = []
-        if sources.bundled:
-            rows = conn.execute(
-                "SELECT revision, first_message, first_turn, doc FROM parts WHERE rid = ?"
-                " ORDER BY revision",
-                (rid,),
-            ).fetchall()
-        what = f"run {run_id!r} in {_where(conn)}"
-        messages, turns, blobs = assemble(*old, blobs, rows, (m_end, t_end), what)
-        return Parts(stored, head, entries, messages, turns, blobs)
+        return Parts(
+            stored,
+            head,
+            entries,
+            _docs(conn, "messages", rid, m_end),
+            _docs(conn, "turns", rid, t_end),
+            _blobs(conn, rid),
+        )
 
 
 def _blobs(conn: sqlite3.Connection, rid: int) -> dict[str, bytes]:
@@ -405,19 +380,16 @@ def _blobs(conn: sqlite3.Connection, rid: int) -> dict[str, bytes]:
     return found
 
 
-def _docs(
-    conn: sqlite3.Connection, table: str, rid: int, end: int | None
-) -> list[tuple[int, bytes]]:
-    """The (position, document) rows of ``table`` (positions below ``end``; None: all)."""
+def _docs(conn: sqlite3.Connection, table: str, rid: int, end: int) -> list[bytes]:
     if end == 0:
         return []
     rows = conn.execute(
-        f"SELECT pos, doc FROM {table} WHERE rid = ? AND pos < ? ORDER BY pos",
-        (rid, (1 << 62) if end is None else end),
+        f"SELECT doc FROM {table} WHERE rid = ? AND pos < ? ORDER BY pos", (rid, end)
     ).fetchall()
-    if not all(type(p) is int and type(d) is bytes for p, d in rows):  # named only then
-        return [_checked(r, (int, bytes), table) for r in rows]
-    return rows
+    docs = [r[0] for r in rows]
+    if not all(type(d) is bytes for d in docs):  # the row that is wrong named only then
+        return [_checked(r, (bytes,), table)[0] for r in rows]
+    return docs
 
 
 def read_events(
@@ -449,7 +421,7 @@ def delete_run(conn: sqlite3.Connection, run_id: str) -> bool:
         if row is None:
             return False
         conn.execute("DELETE FROM cancels WHERE rid = ?", (row[0],))
-        for table in ("commits", "messages", "turns", "blobs", "parts"):
+        for table in ("commits", "messages", "turns", "blobs"):
             conn.execute(f"DELETE FROM {table} WHERE rid = ?", (row[0],))
         conn.execute("DELETE FROM runs WHERE id = ?", (row[0],))
         conn.execute("DELETE FROM leases WHERE run_id = ?", (run_id,))

@@ -17,24 +17,20 @@ __all__ = [
     "migrate_schema",
 ]
 
-STORE_VERSION = 7
+STORE_VERSION = 6
 """The layout version of the SQLite store written by this release.
 
 Every stored value ends with its checksum (``statekernel.stores._format.checksum``).
 Layout 5 keeps each run's largest fencing token with the run (``runs.fence``), so a
 lease record lost or deleted by hand never restarts its tokens. Layout 6 keeps cancel
 requests (``cancels``, by run row id), which every commit checks: a release that does
-not know them refuses the store rather than commit past one. Layout 7 writes a
-commit's messages, completed turns and blobs as one ``parts`` row (``_sql.bundles``);
-the rows of the ``messages``, ``turns`` and ``blobs`` tables that older layouts wrote
-are kept and read as they are (a run's parts go on from where its older rows end). A
-layout 4, 5 or 6 store is upgraded when opened for writing and read as it is when
-opened read-only (readers never read the fence, and find no cancel request or parts
-there). Layouts before 4 were never
+not know them refuses the store rather than commit past one. A layout 4 or 5 store is
+upgraded when opened for writing and read as it is when opened read-only (readers never
+read the fence, and find no cancel request there). Layouts before 4 were never
 released; a database in one is refused, not misread.
 """
 
-READABLE = (4, 5, 6, STORE_VERSION)
+READABLE = (4, 5, STORE_VERSION)
 """Layouts a store opened read-only reads as they are."""
 
 LEASES = """
@@ -45,14 +41,6 @@ CREATE TABLE IF NOT EXISTS leases (
 
 CANCELS = """
 CREATE TABLE IF NOT EXISTS cancels (rid INTEGER PRIMARY KEY, doc BLOB NOT NULL);
-"""
-
-PARTS = """
-CREATE TABLE IF NOT EXISTS parts (
-    rid INTEGER NOT NULL, revision INTEGER NOT NULL,
-    first_message INTEGER NOT NULL, first_turn INTEGER NOT NULL, doc BLOB NOT NULL,
-    PRIMARY KEY (rid, revision)
-) WITHOUT ROWID;
 """
 
 SCHEMA = (
@@ -90,7 +78,6 @@ CREATE TABLE blobs (
 );
 """
     + CANCELS
-    + PARTS
     + LEASES
 )
 
@@ -102,7 +89,6 @@ UPDATE runs SET fence = COALESCE(
 )
 """,
     5: CANCELS,
-    6: PARTS,
 }
 """SQL that upgrades the store from a version to the next one."""
 
@@ -147,9 +133,8 @@ def _statements(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
 
 
-def check_layout(conn: sqlite3.Connection, path: str) -> int:
-    """Refuse, without writing, a read-only file that is not this release's store layout;
-    the layout version it has."""
+def check_layout(conn: sqlite3.Connection, path: str) -> None:
+    """Refuse, without writing, a read-only file that is not this release's store layout."""
     try:
         row = conn.execute("SELECT version FROM statekernel_schema").fetchone()
     except sqlite3.OperationalError as exc:
@@ -168,8 +153,6 @@ def check_layout(conn: sqlite3.Connection, path: str) -> int:
             f"SQLite store {path!r} has layout version {row[0]!r}, this release reads"
             f" {READABLE[0]} to {STORE_VERSION}; it is read-only here, so it cannot be upgraded"
         )
-    version: int = row[0]
-    return version
 
 
 def _reader(path: str) -> sqlite3.Connection:

@@ -90,7 +90,6 @@ from statekernel.stores.sqlite._file import (
 )
 from statekernel.stores.sqlite._ops import (
     Parts,
-    Sources,
     delete_run,
     fetch_all,
     keep_cancel,
@@ -101,7 +100,7 @@ from statekernel.stores.sqlite._ops import (
     read_lease,
     read_parts,
 )
-from statekernel.stores.sqlite._schema import STORE_VERSION, check_layout, migrate_schema
+from statekernel.stores.sqlite._schema import check_layout, migrate_schema
 from statekernel.stores.sqlite._thread import SQLiteThread
 from statekernel.stores.sqlite._writer import Outcome, Pending, write_commits
 
@@ -148,8 +147,6 @@ class SQLiteStore(HostLeased, Closing):
         self._raw: sqlite3.Connection | None = None
         self._snapshot: tuple[object, ...] | None = None
         """``file_state`` when the file was opened ``immutable`` (else None)."""
-        self._sources = Sources(legacy=True, bundled=True)
-        """Where its messages, turns and blobs are (read when the file is opened)."""
         self._lock = asyncio.Lock()
         self._heads: HeadCache[Stored] = HeadCache()
         folder = None if self.path == ":memory:" else Path(self.path + "-owners")
@@ -177,7 +174,7 @@ class SQLiteStore(HostLeased, Closing):
     def _setup(self, raw: sqlite3.Connection) -> None:
         """Pragmas and the store's own schema migrations (read-only: a layout check)."""
         if self.read_only:
-            self._sources = Sources.of(raw, check_layout(raw, self.path))
+            check_layout(raw, self.path)
             return
         mode = raw.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         raw.execute(f"PRAGMA synchronous = {self._sync}")
@@ -186,7 +183,6 @@ class SQLiteStore(HostLeased, Closing):
             raw.durable = raw.sync = self._sync
         raw.execute("PRAGMA secure_delete = ON")
         migrate_schema(raw)
-        self._sources = Sources.of(raw, STORE_VERSION)
 
     def _written_since_opened(self) -> bool:
         """An ``immutable`` connection sees no later write: True when the file changed."""
@@ -263,22 +259,12 @@ class SQLiteStore(HostLeased, Closing):
         def head_of(stored: Stored, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
             return head_at(stored, entries, revision, what) if entries else heads[0]
 
-        parts = await self._parts(run_id, first_entry, head_of)
+        parts = await self._call(read_parts, run_id, first_entry, head_of, log_ends)
         if parts is None:
             raise RunNotFound(run_id)
         if not parts.entries:
             self._heads.put(run_id, Prior(parts.stored, parts.head))
         return _decode(parts, what)
-
-    async def _parts(
-        self,
-        run_id: str,
-        first_entry: Callable[[Stored], int | None],
-        head_of: Callable[[Stored, list[tuple[int, bytes]]], dict[str, Any]],
-    ) -> Parts | None:
-        """``read_parts`` from where the file keeps them (known once it is open)."""
-        await self._open()
-        return await self._call(read_parts, run_id, first_entry, head_of, log_ends, self._sources)
 
     async def history(self, run_id: str) -> AsyncIterator[tuple[Run, list[Event]]]:
         """Every revision with the events of its commit, oldest first (for copying runs)."""
@@ -287,7 +273,7 @@ class SQLiteStore(HostLeased, Closing):
         def head_of(stored: Stored, entries: list[tuple[int, bytes]]) -> dict[str, Any]:
             return head_at(stored, [], None, what)
 
-        parts = await shielded(self._parts(run_id, lambda _: 0, head_of))
+        parts = await shielded(self._call(read_parts, run_id, lambda _: 0, head_of, log_ends))
         if parts is None:
             raise RunNotFound(run_id)
         entries = log_entries(parts.entries, what)

@@ -139,18 +139,15 @@ async def test_sqlite_newer_layout_is_refused(tmp_path: Path) -> None:
 
 
 _BAD_COLUMN = (
-    "CREATE TABLE parts (rid INTEGER NOT NULL, revision INTEGER NOT NULL,"
-    " first_message INTEGER NOT NULL, first_turn INTEGER NOT NULL, doc BLOB NOT NULL,"
-    " \xff INTEGER NOT NULL, PRIMARY KEY (rid, revision)) WITHOUT ROWID"
+    "CREATE TABLE messages (rid INTEGER NOT NULL, pos INTEGER NOT NULL, doc BLOB NOT NULL,"
+    " \xff INTEGER NOT NULL, PRIMARY KEY (rid, pos)) WITHOUT ROWID"
 )
 _DAMAGE = {
     "head as text": "UPDATE runs SET head = 'abc'",
     "head as a number": "UPDATE runs SET head = 5",
     "revision as text": "UPDATE runs SET revision = 'x'",
-    "parts as a number": "UPDATE parts SET doc = 5",
-    "parts as text": "UPDATE parts SET doc = 'x'",
-    "parts cut short": "UPDATE parts SET doc = substr(doc, 1, length(doc) - 1)",
-    "parts start as text": "UPDATE parts SET first_message = 'x'",
+    "message as a number": "UPDATE messages SET doc = 5",
+    "turn as text": "UPDATE turns SET doc = 'x'",
     "commit log entry as a number": "UPDATE commits SET entry = 7",
     "layout version as text": "UPDATE statekernel_schema SET version = 'abc'",
     "layout version as bytes": "UPDATE statekernel_schema SET version = X'FF'",
@@ -158,7 +155,7 @@ _DAMAGE = {
     "runs with other columns": "DROP TABLE runs; CREATE TABLE runs (a, b)",
     "column named in non-UTF-8": (
         "PRAGMA writable_schema = ON; UPDATE sqlite_master SET sql ="
-        f" CAST(X'{_BAD_COLUMN.encode('latin-1').hex()}' AS TEXT) WHERE name = 'parts'"
+        f" CAST(X'{_BAD_COLUMN.encode('latin-1').hex()}' AS TEXT) WHERE name = 'messages'"
     ),
 }
 

@@ -29,7 +29,6 @@ from statekernel.stores.sqlite._schema import STORE_VERSION
 from statekernel.testing._store_cases import next_revision, sample_run
 
 from ..conftest import pg_admin
-from .layouts import as_sqlite_layout
 
 KINDS = ("memory", "sqlite", "file", "redis", "postgres")
 SERVERS = {"redis": pytest.mark.redis, "postgres": pytest.mark.postgres}
@@ -211,6 +210,15 @@ async def test_a_run_created_with_its_lease_takes_a_token_above_a_kept_lease_row
         await store.aclose()
 
 
+def _as_layout_4(path: Path) -> None:
+    """Turn a SQLite store back into layout 4, as the release before the fence column
+    left it."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE runs DROP COLUMN fence")
+        conn.execute("UPDATE statekernel_schema SET version = 4")
+    conn.close()
+
+
 async def test_a_sqlite_store_of_layout_4_is_read_as_it_is_and_upgraded_keeping_its_tokens(
     tmp_path: Path,
 ) -> None:
@@ -221,7 +229,7 @@ async def test_a_sqlite_store_of_layout_4_is_read_as_it_is_and_upgraded_keeping_
     for _ in range(3):
         await store.release(await store.acquire("fenced", "owner", ttl=60))
     await store.aclose()
-    as_sqlite_layout(path, 4)
+    _as_layout_4(path)
     reader = SQLiteStore(f"sqlite:///{path}", read_only=True)
     try:  # read as it is, nothing written
         assert await reader.load("fenced") == run

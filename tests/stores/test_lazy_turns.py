@@ -3,6 +3,7 @@ before, and one that cannot be decoded is a ``CorruptCheckpoint`` when it is rea
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -12,17 +13,7 @@ from statekernel._records.run import Run
 from statekernel.errors import CorruptCheckpoint
 from statekernel.stores import Checkpoint, open_store
 from statekernel.stores._format.checksum import seal
-from statekernel.testing._raw import RecordKey, SQLiteRecords
 from statekernel.testing._store_cases import sample_run
-
-
-async def _damage(url: str, key: RecordKey, data: bytes) -> None:
-    """Write the record ``key`` of run "lazy" as ``data``, where the store keeps it."""
-    store = open_store(url)
-    try:
-        await SQLiteRecords().write(store, "lazy", key, data)
-    finally:
-        await store.aclose()
 
 
 async def _committed(url: str, turns: int = 4) -> Run:
@@ -77,7 +68,8 @@ async def test_messages_are_decoded_when_read(store_url: str) -> None:
 async def test_undecodable_message_sqlite(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     run = await _committed(f"sqlite:///{path}")
-    await _damage(f"sqlite:///{path}", ("message", 1), seal(b'{"role": 7}'))
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE messages SET doc = ? WHERE pos = 1", (seal(b'{"role": 7}'),))
     store = open_store(f"sqlite:///{path}")
     loaded = await store.load("lazy")
     await store.aclose()
@@ -91,7 +83,8 @@ async def test_undecodable_message_sqlite(tmp_path: Path) -> None:
 async def test_damaged_completed_turn_sqlite(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     run = await _committed(f"sqlite:///{path}")
-    await _damage(f"sqlite:///{path}", ("turn", 1), seal(b'{"i": 1, "q": '))
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE turns SET doc = ? WHERE pos = 1", (seal(b'{"i": 1, "q": '),))
     store = open_store(f"sqlite:///{path}")
     loaded = await store.load("lazy")
     await store.aclose()

@@ -21,8 +21,6 @@ from statekernel.stores.postgres._url import parse_postgres_url
 from statekernel.testing._store_cancels import ASKED, LATER, check_cancels_runs
 from statekernel.testing._store_cases import next_revision, sample_run
 
-from .layouts import unbundle_postgres
-
 pytestmark = pytest.mark.postgres
 
 
@@ -212,7 +210,6 @@ async def test_a_layout_5_store_is_upgraded(postgres_store_url: str) -> None:
     schema = f'"{parse_postgres_url(postgres_store_url).schema}"'
     conn = await _raw(postgres_store_url)
     try:
-        await unbundle_postgres(conn, parse_postgres_url(postgres_store_url).schema)
         await conn.execute(f"ALTER TABLE {schema}.runs DROP COLUMN cancel")
         for column in ("ready_at", "key", "key_limit"):  # the index on key goes with it
             await conn.execute(f"ALTER TABLE {schema}.queue_entries DROP COLUMN {column}")

@@ -21,7 +21,6 @@ from statekernel.stores.postgres._url import parse_postgres_url
 from statekernel.testing._store_cases import sample_run
 
 from .conftest import HeldUnlisten
-from .layouts import unbundle_postgres
 
 pytestmark = pytest.mark.postgres
 
@@ -193,7 +192,7 @@ async def test_a_version_1_layout_is_upgraded_to_hold_queues(postgres_store_url:
         version = await conn.fetchval(f'SELECT version FROM "{schema}".statekernel_schema')
     finally:
         await conn.close()
-    assert version == STORE_VERSION == 8
+    assert version == STORE_VERSION == 7
 
 
 async def test_a_layout_6_store_gets_delayed_entries_and_keeps_its_waiting_ones(
@@ -208,7 +207,6 @@ async def test_a_layout_6_store_gets_delayed_entries_and_keeps_its_waiting_ones(
     schema = parse_postgres_url(postgres_store_url).schema
     conn = await asyncpg.connect(parse_postgres_url(postgres_store_url).dsn)
     try:
-        await unbundle_postgres(conn, schema)
         for column in ("ready_at", "key", "key_limit"):  # the index on key goes with it
             await conn.execute(f'ALTER TABLE "{schema}".queue_entries DROP COLUMN {column}')
         await conn.execute(f'UPDATE "{schema}".statekernel_schema SET version = 6')

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import pytest
 
 from statekernel.stores import open_store
-from statekernel.stores.postgres._schema import PARTS, STORE_VERSION
+from statekernel.stores.postgres._schema import STORE_VERSION
 from statekernel.testing import (
     FileRecords,
     PostgresRecords,
@@ -23,7 +22,6 @@ from statekernel.testing import (
 )
 
 from ...conftest import CLUSTER_NODES, pg_admin
-from ...stores.layouts import as_sqlite_layout, unbundle_postgres
 from .test_cli_runs import EXE, sk
 
 pytestmark = pytest.mark.skipif(
@@ -147,7 +145,12 @@ def test_healthy_sqlite_store(tmp_path: Path, sqlite_store: str) -> None:
 
 
 def test_sqlite_store_of_an_older_layout(tmp_path: Path, sqlite_store: str) -> None:
-    as_sqlite_layout(tmp_path / "runs.db", 4)
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "runs.db") as conn:  # layout 4: no fence column
+        conn.execute("ALTER TABLE runs DROP COLUMN fence")
+        conn.execute("UPDATE statekernel_schema SET version = 4")
+    conn.close()
     before = (tmp_path / "runs.db").read_bytes()
     findings = doctor(sqlite_store, tmp_path, 0)
     assert (tmp_path / "runs.db").read_bytes() == before  # read as it is, not upgraded
@@ -297,16 +300,6 @@ def test_redis_cluster_store(tmp_path: Path, redis_cluster_store_url: str) -> No
 
 
 @pytest.mark.postgres
-async def _unbundled(dsn: str, schema: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(dsn)
-    try:
-        await unbundle_postgres(conn, schema)
-    finally:
-        await conn.close()
-
-
 def test_postgres_store(tmp_path: Path, postgres_store_url: str) -> None:
     empty = doctor_error(postgres_store_url, tmp_path)  # nothing there: nothing created
     assert "holds no store" in empty
@@ -327,8 +320,6 @@ def test_postgres_store(tmp_path: Path, postgres_store_url: str) -> None:
 
     target = parse_postgres_url(postgres_store_url)
     layout = f'UPDATE "{target.schema}".statekernel_schema SET version = '
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # its records as layout 2 kept them
-        pool.submit(asyncio.run, _unbundled(target.dsn, target.schema)).result()
     pg_admin(target.dsn, layout + "2")
     older = doctor(postgres_store_url, tmp_path, 0)
     assert older[0]["status"] == "warning"
@@ -336,7 +327,7 @@ def test_postgres_store(tmp_path: Path, postgres_store_url: str) -> None:
     assert finding(older, "records", "run-p")["status"] == "ok"
     pg_admin(target.dsn, layout + "0")
     assert "which no release wrote" in doctor_error(postgres_store_url, tmp_path)
-    pg_admin(target.dsn, layout + str(STORE_VERSION), PARTS.format(s=f'"{target.schema}"'))
+    pg_admin(target.dsn, layout + str(STORE_VERSION))
 
     damage_copy(postgres_store_url, PostgresRecords(), "run-p", "lease", b"damaged")
     lease = finding(doctor(postgres_store_url, tmp_path, 1), "lease", "run-p")
@@ -394,6 +385,8 @@ def test_memory_store_is_not_durable(tmp_path: Path) -> None:
 def test_sqlite_lost_blob_of_a_transcript_message(tmp_path: Path) -> None:
     """A blob only the transcript references (a long user message) is found missing by
     the records check, and the other runs are still reported."""
+    import sqlite3
+
     import statekernel as sk
 
     store = f"sqlite:///{tmp_path / 'runs.db'}"
@@ -402,16 +395,11 @@ def test_sqlite_lost_blob_of_a_transcript_message(tmp_path: Path) -> None:
     async def long_message() -> None:
         async with sk.Kernel(store) as kernel:
             await kernel.start(model="openai/gpt-4o", messages=["x" * 400], run_id="long")
-        raw, opened = SQLiteRecords(), open_store(store)
-        try:
-            blobs = [k for k in await raw.read(opened, "long") if k[0] == "blob"]
-            assert blobs
-            for key in blobs:
-                await raw.write(opened, "long", key, None)
-        finally:
-            await opened.aclose()
 
     asyncio.run(long_message())
+    with sqlite3.connect(tmp_path / "runs.db") as conn:
+        (rid,) = conn.execute("SELECT id FROM runs WHERE run_id = 'long'").fetchone()
+        assert conn.execute("DELETE FROM blobs WHERE rid = ?", (rid,)).rowcount >= 1
     findings = doctor(store, tmp_path, 1)
     records = finding(findings, "records", "long")
     assert records["status"] == "damaged"
