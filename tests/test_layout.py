@@ -31,7 +31,7 @@ LAYERS = [
     ("statekernel._storage",),
     ("statekernel.stores", "statekernel.providers"),
     ("statekernel._kernel",),
-    ("statekernel._workers", "statekernel.testing"),
+    ("statekernel._workers", "statekernel.integrations", "statekernel.testing"),
     ("statekernel", "statekernel.mcp", "statekernel.middleware", "statekernel.telemetry"),
     ("statekernel._front",),
     ("statekernel.web",),

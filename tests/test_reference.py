@@ -38,6 +38,7 @@ PUBLIC = [
     "statekernel",
     "statekernel.blocking",
     "statekernel.errors",
+    "statekernel.integrations.dbos",
     "statekernel.mcp",
     "statekernel.middleware",
     "statekernel.pauses",
@@ -52,6 +53,7 @@ PUBLIC = [
 # modules without a leading underscore that are not namespaces of their own
 PARTS = {
     "statekernel.web.": "the web view's parts: statekernel.web exports create_app",
+    "statekernel.integrations": "a package of integrations, each a namespace in PUBLIC",
 }
 
 DIRECTIVE = re.compile(r"^::: (statekernel[\w.]*)[ \t]*\n((?:[ \t]+\S.*\n|[ \t]*\n)*)", re.M)
