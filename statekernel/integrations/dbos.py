@@ -357,7 +357,6 @@ class StatekernelDBOS:
         Returns:
             What ``Kernel.cancel`` did.
         """
-        result = self._call(lambda kernel: kernel.cancel(run_id, reason, by=by))
         found = DBOS.list_workflows(
             workflow_id_prefix=f"{run_id}@",
             status=_ACTIVE,
@@ -365,9 +364,9 @@ class StatekernelDBOS:
             load_output=False,
         )
         ids = [status.workflow_id for status in found]
-        if ids:
+        if ids:  # first: a segment that ends now (the run cancelled) must not go on
             DBOS.cancel_workflows(ids)
-        return result
+        return self._call(lambda kernel: kernel.cancel(run_id, reason, by=by))
 
     # -- schedules -----------------------------------------------------------------
 
