@@ -299,6 +299,9 @@ class StatekernelDBOS:
 
         Returns:
             DBOS's handle of the first segment's workflow.
+
+        An enqueue DBOS refuses (``DBOSQueueDeduplicatedError``: the deduplication id is
+        in use) leaves the run started, at ``init``: ``submit`` it later.
         """
         checked = _options(options)
         run = self._call(

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dbos
 import pytest
 from dbos import DBOS, WorkflowHandle
 
@@ -83,6 +84,30 @@ def test_segments_complete_and_one_enqueued_twice_is_one_workflow(
         assert later.get_result()["state"] == "completed"
         assert run_of(app, "r1").output == "Paid Bob."
         assert len(ledger.lines("pay")) == 3, "the next input paid nobody again"
+
+
+def test_a_deduplication_id_refuses_a_second_segment_while_the_first_waits(
+    databases: tuple[str, str], tmp_path: Path
+) -> None:
+    system, store = databases
+    ledger = Ledger(tmp_path / "ledger")
+    app = StatekernelDBOS(agent(store, ledger, PAY_BOB), queue="agents")
+    with launched(app, system, agents={}):
+        first = app.start(
+            model="scripted/bank",
+            messages=["Pay Bob."],
+            run_id="d1",
+            deduplication_id="bob",
+            delay_seconds=1,
+        )
+        with pytest.raises(dbos.error.DBOSQueueDeduplicatedError):
+            app.start(
+                model="scripted/bank", messages=["Pay Bob."], run_id="d2", deduplication_id="bob"
+            )
+        assert first.get_result()["state"] == "completed"
+        assert run_of(app, "d2").state == "init", "started, its segment refused"
+        assert app.submit("d2", deduplication_id="bob").get_result()["state"] == "completed"
+        assert sorted(row[1] for row in ledger.lines("pay")) == ["d1", "d2"]
 
 
 class Approvals(sk.Hooks):
