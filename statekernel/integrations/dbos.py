@@ -48,7 +48,7 @@ from statekernel.errors import (
     StoreError,
 )
 
-__all__ = ["EnqueueOptions", "RunSpec", "Segment", "StatekernelDBOS"]
+__all__ = ["EnqueueOptions", "RunSpec", "Segment", "StatekernelDBOS", "segment_id"]
 
 T = TypeVar("T")
 
