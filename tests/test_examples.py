@@ -248,6 +248,16 @@ async def test_arq_worker_drives_a_run_once_when_the_job_comes_twice(
         await kernel.aclose()
 
 
+def test_dbos_worker_drives_a_run_as_one_dbos_workflow(tmp_path: Path) -> None:
+    lines = run_example("dbos_worker.py", tmp_path).splitlines()
+    assert lines == [
+        "segment run@0",
+        "enqueued again: the same workflow",
+        "run completed at revision 4",
+        "transfers: Bob 50",
+    ]
+
+
 def test_otel_example_exports_the_spans_of_a_run(tmp_path: Path) -> None:
     spans = [json.loads(line) for line in run_example("otel_export.py", tmp_path).splitlines()]
     by_name = {span["name"]: span for span in spans}

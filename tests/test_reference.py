@@ -39,6 +39,7 @@ PUBLIC = [
     "statekernel.blocking",
     "statekernel.errors",
     "statekernel.integrations.temporal",
+    "statekernel.integrations.dbos",
     "statekernel.mcp",
     "statekernel.middleware",
     "statekernel.pauses",
