@@ -31,8 +31,9 @@ LAYERS = [
     ("statekernel._storage",),
     ("statekernel.stores", "statekernel.providers"),
     ("statekernel._kernel",),
-    ("statekernel._workers", "statekernel.testing", "statekernel.integrations"),
+    ("statekernel._workers", "statekernel.testing"),
     ("statekernel", "statekernel.mcp", "statekernel.middleware", "statekernel.telemetry"),
+    ("statekernel.integrations",),
     ("statekernel._front",),
     ("statekernel.web",),
     ("statekernel._cli",),
@@ -40,9 +41,10 @@ LAYERS = [
 ]
 """Bottom to top: a module imports only from its own layer or the ones below. The
 public API's modules (``statekernel``, ``statekernel.mcp``...) sit on the kernel and the
-workers. The front-ends have floors of their own above them: what they share
-(``_front``), then the web view, then the command line (whose ``ui`` command starts the
-web view); the web view never imports the command line."""
+workers; the engine integrations on the public API (a DBOS process keeps its kernel in
+a ``statekernel.blocking.KernelThread``). The front-ends have floors of their own above
+them: what they share (``_front``), then the web view, then the command line (whose
+``ui`` command starts the web view); the web view never imports the command line."""
 
 REGISTRY = {
     ("statekernel._kernel.kernel", "statekernel.stores"),

@@ -16,19 +16,18 @@ other pauses the run with ``uncertain_tool_calls`` (never a second execution). A
 process's lease on a run expires within the kernel's ``lease_ttl``; the recovered step
 waits for it (the kernel's ``busy_timeout``, then DBOS retries the step on ``RunBusy``).
 
-The kernel lives on an event loop of its own thread (made on first use by the factory
-given), shared by the steps (DBOS runs them in its worker threads) and the commands
-(``start``, ``resume``...), which are synchronous like DBOS's own API: call them from
-async code with ``asyncio.to_thread``.
+The kernel lives on an event loop of its own thread (a ``KernelThread``, made on first
+use by the factory given), shared by the steps (DBOS runs them in its worker threads)
+and the commands (``start``, ``resume``...), which are synchronous like DBOS's own API:
+call them from async code with ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Literal, Required, TypedDict, TypeVar, cast
 
@@ -39,6 +38,7 @@ from statekernel._kernel.kernel import NOT_GIVEN, Kernel
 from statekernel._records.arguments import new_run_id_arg
 from statekernel._records.messages import JSON, Message
 from statekernel._records.run import Run
+from statekernel.blocking import KernelThread
 from statekernel.errors import (
     ConflictError,
     InvalidArgument,
@@ -91,55 +91,6 @@ class RunSpec(TypedDict, total=False):
     timeout: float | None
 
 
-class _KernelLoop:
-    """A kernel made by ``make()`` on an event loop in a daemon thread; ``call`` runs a
-    coroutine of it there and waits for its result."""
-
-    def __init__(self, make: Callable[[], Kernel]) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="statekernel-dbos", daemon=True
-        )
-        self._thread.start()
-        self.pid = os.getpid()
-
-        async def made() -> Kernel:
-            kernel = make()
-            if not isinstance(kernel, Kernel):
-                raise InvalidArgument(f"make_kernel() must return a Kernel, got {kernel!r}")
-            return kernel
-
-        try:
-            self.kernel = self._wait(made())
-        except BaseException:
-            self._stop()
-            raise
-
-    def _wait(self, work: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
-
-    def call(self, fn: Callable[[Kernel], Awaitable[T]]) -> T:
-        """``await fn(kernel)`` on the kernel's loop, from any other thread."""
-
-        async def run() -> T:
-            return await fn(self.kernel)
-
-        return self._wait(run())
-
-    def close(self) -> None:
-        """Close the kernel, then stop the loop and its thread."""
-        try:
-            self._wait(self.kernel.aclose())
-        finally:
-            self._stop()
-
-    def _stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
-        if not self._thread.is_alive():
-            self._loop.close()
-
-
 class StatekernelDBOS:
     """Drives statekernel runs as DBOS workflows, one workflow per segment.
 
@@ -178,7 +129,9 @@ class StatekernelDBOS:
         self.queue = queue
         self.name = name
         self._make = make_kernel
-        self._kernel: _KernelLoop | None = None
+        self._kernel: KernelThread | None = None
+        self._kernel_pid = 0
+        """The process that made ``_kernel`` (a forked child makes its own)."""
         self._lock = threading.Lock()
         self._schedules: dict[str, Callable[[datetime], RunSpec]] = {}
         self._register(drive_attempts)
@@ -232,17 +185,18 @@ class StatekernelDBOS:
 
     def _call(self, fn: Callable[[Kernel], Awaitable[T]]) -> T:
         with self._lock:
-            if self._kernel is None or self._kernel.pid != os.getpid():
-                self._kernel = _KernelLoop(self._make)
-            loop = self._kernel
-        return loop.call(fn)
+            if self._kernel is None or self._kernel_pid != os.getpid():
+                self._kernel = KernelThread(self._make, name="statekernel-dbos")
+                self._kernel_pid = os.getpid()
+            thread = self._kernel
+        return thread.call(fn)
 
     def close(self) -> None:
         """Close the kernel (its store connections and leases); it is made again on next use."""
         with self._lock:
-            loop, self._kernel = self._kernel, None
-        if loop is not None:
-            loop.close()
+            thread, self._kernel = self._kernel, None
+        if thread is not None:
+            thread.close()
 
     # -- enqueueing segments -------------------------------------------------------
 
