@@ -14,7 +14,18 @@ from statekernel._storage.protocol import CheckpointStore, RunSummary
 if TYPE_CHECKING:
     from statekernel._kernel.kernel import Kernel
 
-__all__ = ["due_runs", "fire_due", "summary_due"]
+__all__ = ["due_runs", "fire_due", "next_due", "summary_due"]
+
+
+def next_due(run: Run) -> datetime | None:
+    """When something is next due on a paused run: its pause timer or its deadline,
+    whichever comes first; None when it has neither, or is not paused (what an engine
+    waits for before it drives the run again)."""
+    if run.state != "paused" or run.pause is None:
+        return None
+    timer = run.pause.timer
+    times = [t for t in (timer.at if timer else None, run.deadline) if t is not None]
+    return min(times) if times else None
 
 
 def summary_due(summary: RunSummary, now: datetime) -> bool:

@@ -34,6 +34,7 @@ from typing import Any, Literal, Required, TypedDict, TypeVar, cast
 from dbos import DBOS, SetEnqueueOptions, SetWorkflowID, WorkflowHandle
 
 from statekernel._kernel.cancelling import CancelResult
+from statekernel._kernel.due import next_due
 from statekernel._kernel.kernel import NOT_GIVEN, Kernel
 from statekernel._records.arguments import new_run_id_arg
 from statekernel._records.messages import JSON, Message
@@ -396,13 +397,8 @@ def _retried(error: BaseException) -> bool:
 def _due_in(run: Run) -> float | None:
     """Seconds until a paused run's timer or deadline is due (0 when due); None when it
     has neither, or is not paused."""
-    if run.state != "paused" or run.pause is None:
-        return None
-    timer = run.pause.timer
-    times = [t for t in (timer.at if timer else None, run.deadline) if t is not None]
-    if not times:
-        return None
-    return max((min(times) - datetime.now(UTC)).total_seconds(), 0.0)
+    due = next_due(run)
+    return None if due is None else max((due - datetime.now(UTC)).total_seconds(), 0.0)
 
 
 def _summary(run: Run) -> Segment:

@@ -24,6 +24,7 @@ from typing import Any, cast
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from statekernel._kernel.due import next_due
 from statekernel._kernel.kernel import Kernel
 from statekernel._records.events import Event
 from statekernel._records.run import Run
@@ -49,9 +50,9 @@ def segment_of(run: Run) -> Segment:
     """The payload that says where ``run`` is: revision, state, and a pause's reason and
     due time or a failure's error."""
     if run.state == "paused" and run.pause is not None:
-        times = [t for t in (run.pause.timer and run.pause.timer.at, run.deadline) if t]
-        due = min(times).timestamp() if times else None
-        return Segment(run.run_id, run.revision, run.state, run.pause.reason, due)
+        due = next_due(run)
+        at = None if due is None else due.timestamp()
+        return Segment(run.run_id, run.revision, run.state, run.pause.reason, at)
     if run.state == "failed" and run.failure is not None:
         failure = run.failure
         return Segment(run.run_id, run.revision, run.state, failure.error, None, failure.message)
