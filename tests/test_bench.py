@@ -280,6 +280,47 @@ def test_postgres_prints_group_commit_notices_and_workers(
     assert pg_schemas(postgres_url) == set(), "a measurement's schema was left behind"
 
 
+def pg_databases(url: str) -> set[str]:
+    """The databases a bench made on the tests' server (``bench_*``)."""
+    import asyncio
+
+    import asyncpg
+
+    async def names() -> set[str]:
+        conn = await asyncpg.connect(url)
+        try:
+            rows = await conn.fetch(
+                "SELECT datname FROM pg_database WHERE datname LIKE 'bench\\_%'"
+            )
+            return {row["datname"] for row in rows}
+        finally:
+            await conn.close()
+
+    return asyncio.run(names())
+
+
+@pytest.mark.postgres
+@pytest.mark.xdist_group("temporal")
+def test_engines_prints_each_runner_beside_the_builtin_workers(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    args = ["--runs", "3", "--turns", "2", "--latency", "0", "--single", "2"]
+    args += ["--concurrency", "2", "--postgres", postgres_url]
+    databases = pg_databases(postgres_url)
+    out = run_bench("engines.py", *args, folder=tmp_path)
+    assert out.startswith("3 runs x 2 turns, model latency 0 ms, concurrency 2")
+    assert cells("runner", out)[:3] == ["turns/s", "x", "builtin"]
+    for runner in ("builtin", "dbos", "temporal"):  # the test extra has both engines
+        row = cells(f"{runner:8}", out)
+        assert len(row) == 7, row
+        assert number(row[0]) > 0  # turns/s
+        assert all(number(c) >= 0 for c in row[2:4] + row[5:]), row  # times, CPU
+        number(row[4])  # added latency: a difference of times, either sign on a loaded machine
+    assert number(cells("builtin ", out)[1]) == 1.0
+    assert pg_schemas(postgres_url) == set(), "a measurement's schema was left behind"
+    assert pg_databases(postgres_url) == databases, "DBOS's system database was left behind"
+
+
 @pytest.mark.postgres
 def test_pg_notices_prints_commits_per_second_per_setting(
     postgres_url: str, tmp_path: Path

@@ -1,5 +1,6 @@
 """The wheel as published: built from the source tree with the declared build backend
-(offline, no build isolation), it carries the license file and the PEP 639 metadata."""
+(offline, no build isolation), it carries the license file and the PEP 639 metadata, and
+its engine extras install from binary wheels alone in a fresh environment."""
 
 from __future__ import annotations
 
@@ -102,3 +103,59 @@ def test_the_wheel_ships_every_module_of_the_source_tree(wheel: Path) -> None:
         for path in (ROOT / folder).rglob("*.py"):
             expected.add(f"{installed}/{path.relative_to(ROOT / folder).as_posix()}")
     assert sorted(expected - shipped) == []
+
+
+ENGINES_CHECK = """
+import os, sys, tempfile
+import temporalio.runtime
+from dbos import DBOS
+import psycopg
+import statekernel as sk
+from statekernel.integrations import temporal
+from statekernel.integrations.dbos import StatekernelDBOS
+from statekernel.providers import ScriptedProvider
+
+temporalio.runtime.Runtime(telemetry=temporalio.runtime.TelemetryConfig())  # its native core
+assert psycopg.pq.__impl__ == "binary", psycopg.pq.__impl__  # libpq from the wheel
+folder = tempfile.mkdtemp()
+store = f"sqlite:///{folder}/runs.db"
+DBOS(config={"name": "check", "system_database_url": f"sqlite:///{folder}/dbos.sqlite"})
+app = StatekernelDBOS(
+    lambda: sk.Kernel(store, providers={"scripted": ScriptedProvider(["Hello."])}),
+    queue="agents",
+)
+DBOS.launch()
+DBOS.register_queue("agents", polling_interval_sec=0.05)
+segment = app.start(model="scripted/m", messages=["Hi"], run_id="r1").get_result()
+print(segment["state"], temporal.workflow_id("r1"))
+app.close()
+DBOS.destroy()
+"""
+"""Run in the fresh environment: both engines' libraries load (Temporal's native core,
+psycopg's bundled libpq) and a run goes through DBOS on SQLite."""
+
+
+@pytest.mark.slow
+def test_the_engine_extras_install_from_wheels_alone_and_run(wheel: Path, tmp_path: Path) -> None:
+    """``statekernel[dbos,temporal]`` installs in a fresh environment from binary wheels
+    alone (no compiler, no system library: what a machine with only Python has), and
+    works there."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    command = [python, "-m", "pip", "install", "--quiet", "--only-binary=:all:"]
+    done = subprocess.run(
+        [*command, f"{wheel}[dbos,temporal]"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, f"pip install failed:\n{done.stdout}\n{done.stderr}"
+    env = {"PATH": str(venv / "bin"), "PSYCOPG_IMPL": "binary", "HOME": str(tmp_path)}
+    ran = subprocess.run(
+        [python, "-I", "-c", ENGINES_CHECK],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.split() == ["completed", "statekernel-run-r1"]
