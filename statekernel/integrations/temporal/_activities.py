@@ -108,9 +108,13 @@ class KernelActivities:
 
     @activity.defn(name=COMMAND)
     async def command(self, command: Command) -> Segment:
-        """Apply ``command`` to its run; returns where the run is after it."""
+        """Apply ``command`` to its run; returns where the run is after it. A retried
+        command whose first attempt's commit landed is not applied again."""
         kernel, run_id = self.kernel, command.run_id
         with _final_errors():
+            if activity.info().attempt > 1 and await _landed(kernel, command):
+                log.info("run %s: %s retried after its commit landed", run_id, command.kind)
+                return segment_of(await kernel.get(run_id))
             if command.kind == "resume":
                 run = await kernel.resume(run_id, value=command.value)
             elif command.kind == "send":
@@ -123,6 +127,27 @@ class KernelActivities:
             else:
                 raise InvalidArgument(f"unknown command {command.kind!r}")
         return segment_of(run)
+
+
+_LANDED = {"resume": "run_resumed", "send": "input_received", "resolve": "tool_call_resolved"}
+"""The event a command's commit writes (a cancel is applied again: it is idempotent)."""
+
+
+async def _landed(kernel: Kernel, command: Command) -> bool:
+    """Whether the commit of ``command`` is in its run's log: an event of its kind (for a
+    resolve, of its call) after the revision the workflow had seen when it sent it. The
+    workflow sends one command at a time, so such an event is this command's; a process
+    that changed the run outside the workflow meanwhile may make it another's."""
+    kind = _LANDED.get(command.kind)
+    if kind is None or command.revision < 0:
+        return False
+    for event in await kernel.events(command.run_id, after_revision=command.revision):
+        data = event.data if isinstance(event.data, dict) else {}
+        if event.type == kind and (
+            command.kind != "resolve" or data.get("call_id") == command.call_id
+        ):
+            return True
+    return False
 
 
 async def _resolve(kernel: Kernel, command: Command) -> Run:

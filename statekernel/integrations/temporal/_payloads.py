@@ -74,7 +74,9 @@ class Command:
 
     ``kind``: ``resume`` (``value``, when ``given``), ``send`` (``messages``, user text),
     ``resolve`` (``call_id`` with ``value`` as the output when ``given``, or ``error``, or
-    ``rerun``), ``cancel`` (``reason``)."""
+    ``rerun``), ``cancel`` (``reason``). ``revision``: the run's revision the workflow
+    had seen when it sent the command (-1: none yet), by which a retried command finds
+    whether its first attempt's commit landed."""
 
     run_id: str
     kind: str
@@ -85,3 +87,4 @@ class Command:
     error: str | None = None
     rerun: bool = False
     reason: str = ""
+    revision: int = -1

@@ -11,7 +11,9 @@ or failed ends the workflow (a completed run waits for input with ``keep_open``)
 waits for a command or for the pause's due time, whichever comes first, and drives again
 (a due timer is fired by the drive, under the run's lease, exactly once). A command
 applied while a drive runs wakes the loop after it: the ``woken`` flag is cleared before
-each drive, never after, so no command is missed.
+each drive, never after, so no command is missed. Commands are applied one at a time, each
+carrying the revision the workflow has seen, so that a command activity retried after its
+commit landed (its worker died before reporting) is not applied twice.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ class RunWorkflow:
         self._woken = False
         self._cancelled = False
         self._last: Segment | None = None
+        self._seen = -1
+        """The newest revision a drive or a command reported."""
+        self._commands = asyncio.Lock()
 
     @workflow.run
     async def run(self, options: RunOptions) -> Segment:
@@ -103,6 +108,7 @@ class RunWorkflow:
             heartbeat_timeout=timedelta(seconds=options.heartbeat_timeout),
             retry_policy=_RETRY,
         )
+        self._seen = max(self._seen, segment.revision)
         return segment
 
     async def _wait(self, segment: Segment) -> None:
@@ -124,13 +130,16 @@ class RunWorkflow:
         return segment
 
     async def _command(self, command: Command) -> Segment:
-        segment: Segment = await workflow.execute_activity(
-            COMMAND,
-            command,
-            result_type=Segment,
-            start_to_close_timeout=_COMMAND_TIMEOUT,
-            retry_policy=_RETRY,
-        )
+        async with self._commands:  # one at a time: each knows the revision before it
+            command.revision = self._seen
+            segment: Segment = await workflow.execute_activity(
+                COMMAND,
+                command,
+                result_type=Segment,
+                start_to_close_timeout=_COMMAND_TIMEOUT,
+                retry_policy=_RETRY,
+            )
+            self._seen = max(self._seen, segment.revision)
         self._woken = True
         return segment
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio import activity
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -35,10 +36,16 @@ from temporalio.exceptions import (
     CancelledError,
     WorkflowAlreadyStartedError,
 )
-from temporalio.worker import Worker
+from temporalio.worker import (
+    ActivityInboundInterceptor,
+    ExecuteActivityInput,
+    Interceptor,
+    Worker,
+)
 
 import statekernel as sk
 from statekernel.integrations.temporal import (
+    COMMAND,
     RunOptions,
     RunWorkflow,
     Segment,
@@ -220,6 +227,54 @@ async def test_an_approval_resumes_the_run_through_an_update_across_continue_as_
             latest = await client.get_workflow_handle(handle.id).describe()
     assert result.state == "completed"
     assert latest.run_id != handle.result_run_id, "the workflow continued as new"
+    assert len(ledger_lines(ledger)) == 1
+
+
+class LostAfterCommand(Interceptor):
+    """The first attempt of each command activity runs, then fails as if its worker had
+    died before reporting: Temporal retries it with the command's commit landed."""
+
+    def __init__(self) -> None:
+        self.attempts: list[int] = []
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        outer = self
+
+        class Inbound(ActivityInboundInterceptor):
+            async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+                result = await super().execute_activity(input)
+                info = activity.info()
+                if info.activity_type == COMMAND:
+                    outer.attempts.append(info.attempt)
+                    if info.attempt == 1:
+                        raise RuntimeError("worker lost after the command's commit")
+                return result
+
+        return Inbound(next)
+
+
+async def test_a_command_retried_after_its_commit_landed_is_not_applied_twice(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger"
+    script: list[object] = [call("pay", {"amount": 5}), "Paid."]
+    kernel = kernel_for(tmp_path, script, [paying(ledger)], hooks=Approvals())
+    lost = LostAfterCommand()
+    async with kernel:
+        run = await kernel.start(model="scripted/m", messages=["Pay five."])
+        async with serving(temporal_address, kernel, interceptors=[lost]) as (client, queue):
+            handle = await start_run_workflow(client, run.run_id, task_queue=queue)
+            await until(position_is(handle, "paused", "approval"), "the approval pause")
+            paused = await kernel.get(run.run_id)
+            assert paused.pause is not None
+            call_id = paused.pause.metadata["call"]
+            resumed = await handle.execute_update(RunWorkflow.resume, {"approve": call_id})
+            result = await handle.result()
+        events = [event.type for event in await kernel.events(run.run_id)]
+    assert lost.attempts == [1, 2], "the command ran, was lost, and was retried"
+    assert resumed.revision == paused.revision + 1  # the first attempt's resume, not another
+    assert events.count("run_resumed") == 1
+    assert result.state == "completed"
     assert len(ledger_lines(ledger)) == 1
 
 
