@@ -132,14 +132,25 @@ def responses_answer(body: dict[str, Any]) -> tuple[str, str]:
     """A Responses API answer (``POST /v1/responses``), its text as the chat answer's,
     streamed as the API's events or whole, and its content type."""
     text = "It is sunny."
-    message = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-               "content": [{"type": "output_text", "text": text, "annotations": []}]}  # fmt: skip
+    message: dict[str, Any] = {
+        "type": "message",
+        "id": "msg_1",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
     usage = {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}
-    response = {"id": "resp_1", "object": "response", "model": body["model"],
-                "status": "completed", "output": [message], "usage": usage}  # fmt: skip
+    response: dict[str, Any] = {
+        "id": "resp_1",
+        "object": "response",
+        "model": body["model"],
+        "status": "completed",
+        "output": [message],
+        "usage": usage,
+    }
     if not body.get("stream"):
         return json.dumps(response), "application/json"
-    events = [
+    events: list[dict[str, Any]] = [
         {
             "type": "response.output_item.added",
             "output_index": 0,

@@ -211,8 +211,8 @@ def whole_answer(vendor: str) -> dict[str, Any]:
             "usage": {"input_tokens": 11, "output_tokens": 7},
         }
     if vendor == "openai-responses":
-        text = {"type": "output_text", "text": "Hi.", "annotations": []}
-        message = {
+        text: dict[str, Any] = {"type": "output_text", "text": "Hi.", "annotations": []}
+        item: dict[str, Any] = {
             "type": "message",
             "id": "msg_1",
             "status": "completed",
@@ -224,7 +224,7 @@ def whole_answer(vendor: str) -> dict[str, Any]:
             "object": "response",
             "status": "completed",
             "model": "m",
-            "output": [message],
+            "output": [item],
             "usage": {"input_tokens": 11, "output_tokens": 7, "total_tokens": 18},
         }
     assert vendor == "ollama"
