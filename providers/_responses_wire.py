@@ -120,12 +120,12 @@ def reasoning_item(part: ReasoningPart) -> dict[str, Any] | None:
     return None
 
 
-def kept(item: dict[str, Any]) -> str:
+def _kept(item: dict[str, Any]) -> str:
     """A reasoning item as the ``signature`` that keeps it (compact JSON)."""
     return json.dumps(item, separators=(",", ":"), ensure_ascii=False)
 
 
-def summary_text(provider: str, item: dict[str, Any], where: str) -> str:
+def _summary_text(provider: str, item: dict[str, Any], where: str) -> str:
     """The text of a reasoning item's summary parts (and of its ``reasoning_text``
     content, which some models give instead), a blank line between parts."""
     texts: list[str] = []
@@ -227,7 +227,7 @@ def _message_text(provider: str, item: dict[str, Any], where: str) -> tuple[str,
     return "".join(texts), refused
 
 
-def answer_finish(provider: str, response: dict[str, Any], refused: bool) -> FinishReason:
+def _answer_finish(provider: str, response: dict[str, Any], refused: bool) -> FinishReason:
     """The finish reason of a finished response object (its ``status``)."""
     if refused:
         return "content_filter"
@@ -260,13 +260,13 @@ def answer_parts(
                 parts.append(TextDelta(text))
         elif kind == "reasoning":
             need_text(provider, item.get("id"), f"{where}.id")
-            parts.append(ReasoningDelta(summary_text(provider, item, where), kept(item)))
+            parts.append(ReasoningDelta(_summary_text(provider, item, where), _kept(item)))
         elif kind == "function_call":
             parts.append(ToolCallDone(_function_call(provider, item, where)))
     usage = optional_object(provider, data.get("usage"), "usage")
     if usage:
         parts.append(UsageUpdate(responses_usage(usage, provider)))
-    return parts, answer_finish(provider, data, refused)
+    return parts, _answer_finish(provider, data, refused)
 
 
 class ResponsesStream:
@@ -354,8 +354,8 @@ class ResponsesStream:
                 yield ToolCallDelta(index, arguments=call.arguments)
         elif done and item_kind == "reasoning":
             item_id = need_text(provider, item.get("id"), f"{where}.id")
-            text = "" if item_id in self._streamed else summary_text(provider, item, where)
-            yield ReasoningDelta(text, kept(item))
+            text = "" if item_id in self._streamed else _summary_text(provider, item, where)
+            yield ReasoningDelta(text, _kept(item))
         elif done and item_kind == "message" and str(item.get("id")) not in self._streamed:
             text, refused = _message_text(provider, item, where)
             self.refused = self.refused or refused
@@ -371,4 +371,4 @@ class ResponsesStream:
             yield UsageUpdate(responses_usage(usage, provider))
         if kind == "response.incomplete" and response.get("status") is None:
             response = {**response, "status": "incomplete"}
-        self.finish = answer_finish(provider, response, self.refused)
+        self.finish = _answer_finish(provider, response, self.refused)

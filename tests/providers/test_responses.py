@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import statekernel as sk
@@ -494,6 +495,20 @@ async def test_500_is_retried_then_raised(
         await complete(provider, request())
     assert len(wire.requests) == 4
     assert len(sleeps.delays) == 3
+
+
+async def test_a_timeout_before_any_content_is_retried(wire: WireServer, sleeps: Sleeps) -> None:
+    provider = OpenAIResponsesProvider(
+        base_url=wire.url, sleep=sleeps, timeout=httpx.Timeout(5.0, read=0.2)
+    )
+    wire.sse(responses_events(["late"]), delay=30.0)  # silent until the client gives up
+    wire.sse(responses_events(["ok"]))
+    try:
+        result = await complete(provider, request())
+    finally:
+        await provider.aclose()
+    assert result.text == "ok"
+    assert (len(wire.requests), len(sleeps.delays)) == (2, 1)
 
 
 async def test_a_failed_response_is_retried_by_its_code(
