@@ -87,16 +87,34 @@ def responses_usage(data: Mapping[str, Any], provider: str) -> Usage:
     )
 
 
+_REFUSED = frozenset(
+    {
+        "image_too_large",
+        "image_too_small",
+        "image_parse_error",
+        "image_content_policy_violation",
+        "image_file_too_large",
+        "unsupported_image_media_type",
+        "empty_image_file",
+        "failed_to_download_image",
+        "image_file_not_found",
+    }
+)
+"""Codes of a failed response (besides those starting ``invalid_``) that a retry of the
+same request cannot mend: the prompt or an image in it is refused."""
+
+
 def failure(provider: str, error: Any, secrets: Iterable[str] = ()) -> ProviderError:
     """The typed error for the ``error`` of a failed response or an ``error`` event: its
-    ``code`` picks the class (``rate_limit_exceeded`` is ``RateLimited``, a code starting
-    ``invalid_`` is ``BadRequest``, ``server_error`` and unknown codes are
-    ``ProviderUnavailable``)."""
+    ``code`` picks the class (``rate_limit_exceeded`` is ``RateLimited``; a code starting
+    ``invalid_`` or naming a refused image is ``BadRequest``; ``server_error``,
+    ``vector_store_timeout`` and unknown codes are ``ProviderUnavailable``)."""
     if not isinstance(error, dict):
         return error_in_answer(provider, error, secrets=secrets)
     code = error.get("code") or error.get("type")
     message = error.get("message") or json.dumps(error)[:500]
-    if isinstance(code, str) and code.startswith("invalid_") and code != "invalid_api_key":
+    refused = code in _REFUSED or (isinstance(code, str) and code.startswith("invalid_"))
+    if refused and code != "invalid_api_key":
         return error_in_answer(
             provider,
             {"type": "invalid_request_error", "message": f"{code}: {message}"},

@@ -522,11 +522,12 @@ async def test_a_failed_response_is_retried_by_its_code(
     assert len(wire.requests) == 2
 
 
-async def test_a_failed_response_for_a_bad_prompt_is_not_retried(
-    wire: WireServer, provider: OpenAIResponsesProvider
+@pytest.mark.parametrize("code", ["invalid_prompt", "image_content_policy_violation"])
+async def test_a_failed_response_for_a_refused_prompt_is_not_retried(
+    wire: WireServer, provider: OpenAIResponsesProvider, code: str
 ) -> None:
-    wire.sse([failed("invalid_prompt", "The prompt was flagged")])
-    with pytest.raises(BadRequest, match="invalid_prompt: The prompt was flagged"):
+    wire.sse([failed(code, "The prompt was refused")])
+    with pytest.raises(BadRequest, match=f"{code}: The prompt was refused"):
         await complete(provider, request())
     assert len(wire.requests) == 1
 
