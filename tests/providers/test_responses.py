@@ -285,6 +285,14 @@ async def test_store_and_reasoning_options(wire: WireServer) -> None:
     assert "include" not in body  # the server keeps the reasoning items itself
     assert body["reasoning"] == {"effort": "low", "summary": "auto"}
     assert "authorization" not in wire.requests[0].headers  # a local server needs no key
+    wire.sse(responses_events(["ok"]))
+    plain = OpenAIResponsesProvider(base_url=wire.url, encrypted_reasoning=False)
+    try:
+        await complete(plain, request())
+    finally:
+        await plain.aclose()
+    body = wire.requests[1].json()
+    assert (body["store"], "include" in body, "reasoning" in body) == (False, False, False)
 
 
 async def test_streamed_tool_calls(wire: WireServer, provider: OpenAIResponsesProvider) -> None:
