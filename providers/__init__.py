@@ -1,6 +1,7 @@
 """Model providers over httpx, resolved from ``provider/name`` model strings.
 
-Built in: ``openai`` (chat completions and every compatible server), ``azure`` (the
+Built in: ``openai`` (chat completions and every compatible server),
+``openai-responses`` (OpenAI's Responses API), ``azure`` (the
 same wire at a deployment URL), ``anthropic`` (messages API), ``ollama`` (native
 ``/api/chat``), ``local`` (llama.cpp in-process), and the OpenAI-compatible vendors of
 ``VENDORS`` (``groq``, ``mistral``, ``google``, ``vllm`` ...). ``ScriptedProvider``
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from statekernel.providers._local import LocalProvider
     from statekernel.providers._ollama import OllamaProvider
     from statekernel.providers._openai import OpenAIProvider
+    from statekernel.providers._responses import OpenAIResponsesProvider
     from statekernel.providers._scripted import Reply, ScriptedProvider
     from statekernel.providers._vendors import VENDORS, Vendor
 
@@ -47,6 +49,7 @@ __getattr__, __dir__ = _exports.lazy_exports(
         "LocalProvider": "._local",
         "OllamaProvider": "._ollama",
         "OpenAIProvider": "._openai",
+        "OpenAIResponsesProvider": "._responses",
         "Reply": "._scripted",
         "RetryPolicy": "._http",
         "ScriptedProvider": "._scripted",
@@ -65,6 +68,7 @@ __all__ = [
     "ModelProvider",
     "OllamaProvider",
     "OpenAIProvider",
+    "OpenAIResponsesProvider",
     "ProviderRegistry",
     "ReasoningDelta",
     "Reply",

@@ -50,6 +50,7 @@ from statekernel.providers._fields import (
 )
 from statekernel.providers._http import HTTPProvider
 from statekernel.providers._keys import api_key as provider_key
+from statekernel.providers._responses_wire import reasoning_item
 
 __all__ = ["AnthropicProvider", "anthropic_messages", "anthropic_usage"]
 
@@ -369,7 +370,8 @@ def _block(part: object) -> dict[str, Any] | None:
     if isinstance(part, ReasoningPart):
         if part.redacted:
             return {"type": "redacted_thinking", "data": part.signature or ""}
-        if part.signature:  # unsigned reasoning (from another provider) cannot be sent back
+        # unsigned reasoning, or an OpenAI reasoning item, is another provider's: not sent
+        if part.signature and reasoning_item(part) is None:
             return {"type": "thinking", "thinking": part.text, "signature": part.signature}
     return None
 

@@ -24,6 +24,7 @@ _NATIVE: dict[str, tuple[str, str]] = {
     "local": ("statekernel.providers._local", "LocalProvider"),
     "ollama": ("statekernel.providers._ollama", "OllamaProvider"),
     "openai": ("statekernel.providers._openai", "OpenAIProvider"),
+    "openai-responses": ("statekernel.providers._responses", "OpenAIResponsesProvider"),
 }
 """Providers with a module of their own: name -> (module, class), made with no arguments."""
 
@@ -48,7 +49,8 @@ def builtin_provider(name: str) -> ModelProvider:
     distribution registers in the entry point group ``statekernel.providers`` (made with
     no arguments); unknown names raise ``ConfigError``.
 
-    ``openai`` reads ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL``, ``anthropic`` reads
+    ``openai`` and ``openai-responses`` read ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL``,
+    ``anthropic`` reads
     ``ANTHROPIC_API_KEY`` (and ``ANTHROPIC_BASE_URL``), ``ollama`` reads ``OLLAMA_HOST``,
     ``azure`` reads ``AZURE_OPENAI_ENDPOINT``, ``AZURE_OPENAI_API_KEY`` and
     ``AZURE_OPENAI_API_VERSION``; ``local`` runs llama.cpp in-process (extra

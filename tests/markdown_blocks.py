@@ -5,9 +5,10 @@ an HTML comment on the line right before it: ``<!-- fragment: REASON -->`` (a py
 block that cannot run on its own) or ``<!-- not run: REASON -->`` (any block). A python
 block without a marker is written to a file of its own in a fresh folder and run in a
 subprocess: with pytest when it defines ``test_*`` functions, else with python. Models
-named ``openai/...`` are served by a real local HTTP server speaking the chat
-completions wire format (``OPENAI_BASE_URL``); the one address a block cannot know, the
-Redis server of ``Scale out``, is replaced by the test server's. ``mermaid`` blocks are
+named ``openai/...`` (and ``openai-responses/...``) are served by a real local HTTP
+server speaking the chat completions (and Responses API) wire format
+(``OPENAI_BASE_URL``); the one address a block cannot know, the Redis server of ``Scale
+out``, is replaced by the test server's. ``mermaid`` blocks are
 pictures (the lifecycle diagram), checked by the tests that draw them.
 """
 
@@ -127,13 +128,68 @@ def answer(body: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return {"role": "assistant", "content": "It is sunny."}, "stop"
 
 
+def responses_answer(body: dict[str, Any]) -> tuple[str, str]:
+    """A Responses API answer (``POST /v1/responses``), its text as the chat answer's,
+    streamed as the API's events or whole, and its content type."""
+    text = "It is sunny."
+    message: dict[str, Any] = {
+        "type": "message",
+        "id": "msg_1",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+    usage = {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}
+    response: dict[str, Any] = {
+        "id": "resp_1",
+        "object": "response",
+        "model": body["model"],
+        "status": "completed",
+        "output": [message],
+        "usage": usage,
+    }
+    if not body.get("stream"):
+        return json.dumps(response), "application/json"
+    events: list[dict[str, Any]] = [
+        {
+            "type": "response.output_item.added",
+            "output_index": 0,
+            "item": {**message, "content": []},
+        },
+        {
+            "type": "response.output_text.delta",
+            "item_id": "msg_1",
+            "output_index": 0,
+            "content_index": 0,
+            "delta": text,
+        },
+        {"type": "response.output_item.done", "output_index": 0, "item": message},
+        {"type": "response.completed", "response": response},
+    ]
+    data = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
+    return data, "text/event-stream"
+
+
 class ChatCompletions(BaseHTTPRequestHandler):
-    """``POST /v1/chat/completions``, streamed (SSE) or not."""
+    """``POST /v1/chat/completions``, streamed (SSE) or not, and ``POST /v1/responses``
+    (a sentence, in the Responses API's wire format)."""
 
     protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        if self.path.endswith("/responses"):
+            data, kind = responses_answer(body)
+        else:
+            data, kind = self._completion(body)
+        raw = data.encode()
+        self.send_response(200)
+        self.send_header("content-type", kind)
+        self.send_header("content-length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def _completion(self, body: dict[str, Any]) -> tuple[str, str]:
         delta, finish = answer(body)
         if body.get("stream"):
             chunks = [
@@ -155,12 +211,7 @@ class ChatCompletions(BaseHTTPRequestHandler):
             choice = {"index": 0, "message": message, "finish_reason": finish}
             data = json.dumps({"choices": [choice]})
             kind = "application/json"
-        raw = data.encode()
-        self.send_response(200)
-        self.send_header("content-type", kind)
-        self.send_header("content-length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
+        return data, kind
 
     def log_message(self, format: str, *args: Any) -> None:
         pass

@@ -195,7 +195,7 @@ def fast_retry() -> RetryPolicy:
 
 def whole_answer(vendor: str) -> dict[str, Any]:
     """A vendor's non-streamed answer "Hi." (11 prompt and 7 output tokens), as its API
-    documents it: ``openai``, ``anthropic`` or ``ollama``."""
+    documents it: ``openai``, ``anthropic``, ``ollama`` or ``openai-responses``."""
     if vendor == "openai":
         message = {"role": "assistant", "content": "Hi."}
         choice = {"index": 0, "message": message, "finish_reason": "stop"}
@@ -209,6 +209,23 @@ def whole_answer(vendor: str) -> dict[str, Any]:
             "content": [{"type": "text", "text": "Hi."}],
             "stop_reason": "end_turn",
             "usage": {"input_tokens": 11, "output_tokens": 7},
+        }
+    if vendor == "openai-responses":
+        text: dict[str, Any] = {"type": "output_text", "text": "Hi.", "annotations": []}
+        item: dict[str, Any] = {
+            "type": "message",
+            "id": "msg_1",
+            "status": "completed",
+            "role": "assistant",
+            "content": [text],
+        }
+        return {
+            "id": "resp_1",
+            "object": "response",
+            "status": "completed",
+            "model": "m",
+            "output": [item],
+            "usage": {"input_tokens": 11, "output_tokens": 7, "total_tokens": 18},
         }
     assert vendor == "ollama"
     return {

@@ -312,7 +312,11 @@ async def test_payload_merges_tool_results_and_keeps_system_apart(
         ),
         Message.assistant(
             "Two calls.",
-            reasoning=[thinking, ReasoningPart("unsigned")],
+            reasoning=[
+                thinking,
+                ReasoningPart("unsigned"),
+                ReasoningPart("OpenAI's", '{"type":"reasoning","id":"rs_1","summary":[]}'),
+            ],
             tool_calls=[
                 ToolCall("t1", "get_weather", '{"city":"Oslo"}'),
                 ToolCall("t2", "get_weather", "{bad json"),

@@ -1,4 +1,4 @@
-"""One neutral request, three vendors' wire formats, one neutral result."""
+"""One neutral request, four vendors' wire formats, one neutral result."""
 
 from __future__ import annotations
 
@@ -23,11 +23,13 @@ from statekernel.providers import (
     ModelProvider,
     OllamaProvider,
     OpenAIProvider,
+    OpenAIResponsesProvider,
     StreamEnd,
     complete,
 )
 
 from .conftest import Sleeps, WireServer, whole_answer
+from .test_responses import responses_events
 
 WEATHER = ToolSpec("get_weather", "Weather.", {"type": "object", "properties": {}})
 ARGS = {"city": "Paris", "days": 2}
@@ -184,6 +186,11 @@ def ollama_wire(wire: WireServer, text: str, call: bool) -> None:
     wire.ndjson(lines)
 
 
+def responses_wire(wire: WireServer, text: str, call: bool) -> None:
+    calls = [("call_1", "get_weather", ARGS_TEXT)] if call else []
+    wire.sse(responses_events(_pieces(text), calls, usage=(11, 7)))
+
+
 def _pieces(text: str, size: int = 4) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
@@ -192,6 +199,10 @@ VENDORS: dict[str, tuple[Callable[..., ModelProvider], Callable[..., None]]] = {
     "openai": (lambda url, **kw: OpenAIProvider(base_url=url, **kw), openai_wire),
     "anthropic": (lambda url, **kw: AnthropicProvider(base_url=url, **kw), anthropic_wire),
     "ollama": (lambda url, **kw: OllamaProvider(host=url, **kw), ollama_wire),
+    "openai-responses": (
+        lambda url, **kw: OpenAIResponsesProvider(base_url=url, **kw),
+        responses_wire,
+    ),
 }
 
 
@@ -273,7 +284,12 @@ def test_providers_implement_the_protocol(vendor: VendorCase) -> None:
 
 
 def _without_content(vendor: str, body: dict[str, Any]) -> str:
-    key = {"openai": "choices", "anthropic": "content", "ollama": "message"}[vendor]
+    key = {
+        "openai": "choices",
+        "anthropic": "content",
+        "ollama": "message",
+        "openai-responses": "output",
+    }[vendor]
     del body[key]
     return key
 
@@ -283,7 +299,7 @@ def _count(value: object) -> Callable[[str, dict[str, Any]], str]:
         if vendor == "ollama":
             body["prompt_eval_count"] = value
             return "prompt_eval_count"
-        key = "prompt_tokens" if vendor == "openai" else "input_tokens"
+        key = "prompt_tokens" if vendor == "openai" else "input_tokens"  # Responses too
         body["usage"][key] = value
         return f"usage.{key}"
 
@@ -294,6 +310,9 @@ def _nameless_call(vendor: str, body: dict[str, Any]) -> str:
     if vendor == "anthropic":
         body["content"].append({"type": "tool_use", "id": "call_1", "input": {}})
         return "content[1].name"
+    if vendor == "openai-responses":
+        body["output"].append({"type": "function_call", "call_id": "call_1", "arguments": "{}"})
+        return "output[1].name"
     call: dict[str, Any] = {"id": "call_1", "function": {"arguments": "{}"}}
     if vendor == "openai":
         body["choices"][0]["message"]["tool_calls"] = [call]
@@ -339,6 +358,10 @@ ERROR_BODIES: dict[str, tuple[Any, type[ProviderError]]] = {
         BadRequest,
     ),
     "ollama": ({"error": "no such model"}, ProviderUnavailable),  # Ollama's carry no type
+    "openai-responses": (
+        {"error": {"message": "no such model", "code": "invalid_request_error"}},
+        BadRequest,
+    ),
 }
 
 
@@ -423,6 +446,10 @@ def asked_for_output(vendor_name: str, body: dict[str, Any], tools: bool) -> Non
         }
     elif vendor_name == "ollama":
         assert body["format"] == PERSON.schema
+    elif vendor_name == "openai-responses":
+        assert body["text"] == {
+            "format": {"type": "json_schema", "name": "Person", "schema": PERSON.schema}
+        }
     else:
         final = body["tools"][-1]
         assert (final["name"], final["input_schema"]) == ("final_result", PERSON.schema)
