@@ -47,6 +47,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from statekernel._kernel import metrics
 from statekernel._kernel.due import due_runs, fire_due
 from statekernel._kernel.kernel import Kernel
 from statekernel._records.arguments import (
@@ -271,6 +272,7 @@ class Worker:
         return taken
 
     def _spawn(self, entry: QueueEntry) -> None:
+        metrics.delivered(self.queue_name, entry)
         task = asyncio.create_task(RunTask(self, entry).handle())
         self._tasks.add(task)
         task.add_done_callback(self._finished)
@@ -345,6 +347,7 @@ class Worker:
             try:
                 held = [e.id for run_id, e in self.holding.items() if self.kernel.holds(run_id)]
                 await self.queue.refresh(self.name, held)  # a lost lease's entry goes idle
+                await metrics.sample_depth(self.queue)
             except Exception as exc:  # entries go idle: peers reclaim them once leases end
                 log.warning("worker %s: refreshing its entries: %s", self.name, exc)
 
