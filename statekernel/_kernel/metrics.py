@@ -81,7 +81,7 @@ class Instruments:
             release: str | None = version("statekernel")
         except PackageNotFoundError:
             release = None
-        meter = _metrics.get_meter("statekernel", release, meter_provider=_provider)
+        meter = _metrics.get_meter("statekernel", release or "", meter_provider=_provider)
         self.token_usage: Histogram = meter.create_histogram(
             "gen_ai.client.token.usage",
             unit="{token}",

@@ -29,7 +29,7 @@ def points(reader: InMemoryMetricReader, name: str) -> list[tuple[dict[str, Any]
 
 def total(reader: InMemoryMetricReader, name: str, **attributes: Any) -> float:
     """The sum of a counter's points whose attributes include ``attributes``."""
-    return sum(p.value for a, p in points(reader, name) if attributes.items() <= a.items())
+    return float(sum(p.value for a, p in points(reader, name) if attributes.items() <= a.items()))
 
 
 @sk.tool

@@ -130,7 +130,7 @@ async def test_a_child_run_continues_the_trace_of_the_call_that_started_it(
     assert child.trace_context is not None
     assert child.trace_context.traceparent.split("-")[2] == format_span_id(tool.context.span_id)
     parent_drive, child_drive = sorted(
-        _drives(spans), key=lambda s: s.attributes["statekernel.run.id"] != "lead"
+        _drives(spans), key=lambda s: dict(s.attributes or {})["statekernel.run.id"] != "lead"
     )
     assert child_drive.attributes is not None
     assert child_drive.attributes["statekernel.run.id"] == "lead.d1"
