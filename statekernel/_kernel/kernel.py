@@ -344,9 +344,8 @@ class Kernel(Closing):
         now = utcnow()
         data = {"from_run_id": run_id, "from_revision": source.revision}
         event = Event("run_forked", new_id, 0, 0, data, now)
-        run = attrs.evolve(
-            source, run_id=new_id, revision=0, event_count=1, created_at=now, updated_at=now
-        )
+        run = attrs.evolve(source, run_id=new_id, revision=0, event_count=1, created_at=now)
+        run = attrs.evolve(run, updated_at=now, trace_context=propagation.current())
         await self._create_run(Checkpoint.between(None, run, (event,)))
         return run
 

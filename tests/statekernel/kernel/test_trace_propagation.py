@@ -140,3 +140,18 @@ async def test_a_child_run_continues_the_trace_of_the_call_that_started_it(
     assert child_drive.context.trace_id == request.get_span_context().trace_id
     assert parent_drive.context is not None
     assert parent_drive.context.trace_id == request.get_span_context().trace_id
+
+
+async def test_a_fork_keeps_the_trace_context_of_the_span_it_was_made_under(
+    spans: InMemorySpanExporter,
+) -> None:
+    tracer = _app(spans).get_tracer("app")
+    async with sk.Kernel(MemoryStore(), providers={"scripted": ScriptedProvider([])}) as kernel:
+        with tracer.start_as_current_span("request") as request:
+            run = await kernel.start(model="scripted/m", messages=["hi"])
+        with tracer.start_as_current_span("forking") as forking:
+            fork = await kernel.fork(run.run_id, at_revision=0)
+        untraced = await kernel.fork(run.run_id, at_revision=0)
+    assert run.trace_context == TraceParent(_traceparent(request))
+    assert fork.trace_context == TraceParent(_traceparent(forking))
+    assert untraced.trace_context is None
