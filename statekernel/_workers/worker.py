@@ -29,6 +29,10 @@ Timers
     pause timer, a passed deadline: ``statekernel._kernel.timers``), each under the
     run's lease in one commit; a run that goes on from there is handed to its queue.
     Any number of workers may do so: a timer fires once.
+Metrics
+    How long each entry waited from its submission to its first delivery
+    (``statekernel.queue.wait``) and, with each refresh, how many entries wait
+    (``statekernel.queue.depth``): ``statekernel._kernel.metrics``.
 Shutdown
     ``stop()`` (the command installs it on SIGTERM and SIGINT): take no new entries,
     let each run reach a commit after which no tool call is in flight and no model
@@ -349,7 +353,7 @@ class Worker:
                 await self.queue.refresh(self.name, held)  # a lost lease's entry goes idle
                 await metrics.sample_depth(self.queue)
             except Exception as exc:  # entries go idle: peers reclaim them once leases end
-                log.warning("worker %s: refreshing its entries: %s", self.name, exc)
+                log.warning("worker %s: refreshing its entries (or depth): %s", self.name, exc)
 
 
 def _open(store: CheckpointStore | str | None) -> tuple[CheckpointStore, bool]:
