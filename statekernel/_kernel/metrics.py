@@ -198,11 +198,22 @@ def delivered(queue: str, entry: QueueEntry) -> None:
     made.queue_wait.record(waited, {"statekernel.queue.name": queue})
 
 
+def _configured() -> bool:
+    """Whether metrics go to a meter provider that records (not the API's no-op, nor its
+    placeholder before any provider is set)."""
+    if not ENABLED:
+        return False
+    from opentelemetry.metrics._internal import _ProxyMeterProvider
+
+    provider = _provider if _provider is not None else _metrics.get_meter_provider()
+    return not isinstance(provider, _metrics.NoOpMeterProvider | _ProxyMeterProvider)
+
+
 async def sample_depth(queue: RunQueue) -> None:
-    """Record how many entries of ``queue`` wait for delivery (one read of the store, and
-    none while no OpenTelemetry API is installed)."""
+    """Record how many entries of ``queue`` wait for delivery: one read of the store,
+    made only when a meter provider that records is configured."""
     made = instruments()
-    if made is not None:
+    if made is not None and _configured():
         depth = await queue.waiting()
         made.queue_depth.set(depth, {"statekernel.queue.name": queue.name})
 
