@@ -4,8 +4,9 @@ statekernel reports through ``opentelemetry-api``; what receives the spans is th
 you configure. Here the SDK's ``ConsoleSpanExporter`` behind a ``BatchSpanProcessor``
 (swap in ``OTLPSpanExporter`` from ``opentelemetry-exporter-otlp`` to send them to a
 collector, Jaeger, Honeycomb...). Each span is printed as one JSON object per line:
-the drive, its commits, the model call (``chat <model>``) and the tool call
-(``execute_tool <name>``). Run it with ``python examples/otel_export.py``.
+the drive (``invoke_agent <model>``), its commits, the model call (``chat <model>``)
+and the tool call (``execute_tool <name>``). Run it with ``python
+examples/otel_export.py``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Fixtures shared by every test folder: a real redis-server for the Redis store, a
 real PostgreSQL server for the Postgres store, the tests' MCP server over HTTP, and
-statekernel's spans in memory.
+statekernel's spans and metrics in memory.
 
 ``REDIS_URL`` points the tests at a running server; otherwise one is started on a free
 loopback port with persistence off and stopped at the end: the ``redis-server`` on
@@ -329,6 +329,25 @@ def spans() -> Iterator[Any]:
         yield exporter
     finally:
         set_tracer_provider(None)
+        provider.shutdown()
+
+
+@pytest.fixture
+def metrics() -> Iterator[Any]:
+    """statekernel's metrics of this test, in memory (an ``InMemoryMetricReader`` of a
+    meter provider of the test's own)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from statekernel.telemetry import set_meter_provider
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    set_meter_provider(provider)
+    try:
+        yield reader
+    finally:
+        set_meter_provider(None)
         provider.shutdown()
 
 

@@ -261,7 +261,8 @@ def test_dbos_worker_drives_a_run_as_one_dbos_workflow(tmp_path: Path) -> None:
 def test_otel_example_exports_the_spans_of_a_run(tmp_path: Path) -> None:
     spans = [json.loads(line) for line in run_example("otel_export.py", tmp_path).splitlines()]
     by_name = {span["name"]: span for span in spans}
-    drive = by_name["statekernel.drive"]
+    drive = by_name["invoke_agent scripted/weather"]
+    assert drive["attributes"]["gen_ai.operation.name"] == "invoke_agent"
     assert by_name["chat weather"]["attributes"]["gen_ai.request.model"] == "weather"
     tool = by_name["execute_tool weather"]
     assert tool["attributes"]["gen_ai.tool.name"] == "weather"

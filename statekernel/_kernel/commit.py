@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable
 from typing import NoReturn, cast
 
 import attrs
 
-from statekernel._kernel import telemetry
+from statekernel._kernel import metrics, telemetry
 from statekernel._kernel.failures import shortened
 from statekernel._records.run import Cancellation, Run
 from statekernel._secrets import logger
@@ -177,7 +178,7 @@ class Committer:
         cancellation comes out of it; any other store's commit runs in a task of its
         own, waited for (through further cancellations) before the outcome is returned.
         """
-        reported = self.reported
+        reported, started = self.reported, time.perf_counter()
         with telemetry.commit_span(trace_parent, checkpoint, traced=reported) as span:
             try:
                 landing = await self._attempts(checkpoint, span, release and self.releases)
@@ -187,6 +188,10 @@ class Committer:
                 span.failed(landing.error)
         if landing.landed and reported:
             _log_commit(checkpoint)
+        outcome = "overtaken" if isinstance(landing, Overtaken) else "not_landed"
+        outcome = "landed" if landing.landed else outcome
+        duration = time.perf_counter() - started
+        metrics.record_commit(checkpoint, metrics.store_kind(self.store), outcome, duration)
         return landing
 
     async def _attempts(

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from statekernel._kernel.tools import Tool
     from statekernel._records.events import Event
     from statekernel._records.messages import ToolSpec
+    from statekernel._records.prices import Prices
     from statekernel._storage.protocol import CheckpointStore, Lease
     from statekernel._storage.provider import ModelProvider
 
@@ -82,6 +83,11 @@ class Agent(Protocol):
     @property
     def lease_margin(self) -> float:
         """Seconds the run's lease must surely last when a model or tool call starts."""
+        ...
+
+    @property
+    def prices(self) -> Prices:
+        """What the models' tokens cost (``"provider/name"`` to a ``Price``)."""
         ...
 
 

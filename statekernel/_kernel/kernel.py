@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from statekernel._kernel import propagation
 from statekernel._kernel.cancelling import CancelResult, cancel_tree
 from statekernel._kernel.commit import Committer
 from statekernel._kernel.delegate import DelegateTool, child_runs, run_tree
@@ -49,6 +50,7 @@ from statekernel._kernel.middleware import Middleware
 from statekernel._kernel.options import (
     check_kernel_options,
     check_kernel_parts,
+    check_lease_margin,
     check_max_turns,
     check_start,
     messages_arg,
@@ -68,11 +70,11 @@ from statekernel._records.arguments import (
     flag,
     new_run_id_arg,
     run_id_arg,
-    seconds,
     text,
 )
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, Message, OutputSpec
+from statekernel._records.prices import Prices, check_prices
 from statekernel._records.run import Run, StateId, utcnow
 from statekernel._records.values import check_messages, checked
 from statekernel._secrets import logger
@@ -142,8 +144,10 @@ class Kernel(Closing):
     clock, when a model or tool call starts (None: a third of ``lease_ttl``; the lease is
     renewed first when less remains, and nothing starts if it moved on). ``clock``: the
     monotonic clock that is measured on (``time.monotonic``; tests pass a
-    ``statekernel.testing.ManualClock``). Close it (``async with`` or ``aclose()``); one
-    collected unclosed warns (``ResourceWarning``).
+    ``statekernel.testing.ManualClock``). ``prices``: what each model's tokens cost
+    (``"provider/name"`` to a ``statekernel.telemetry.Price``: ``Run.cost``, metrics).
+    Close it (``async with`` or ``aclose()``); one collected unclosed warns
+    (``ResourceWarning``).
     """
 
     _closed = True  # until built: a kernel whose __init__ raised holds nothing
@@ -162,6 +166,7 @@ class Kernel(Closing):
         busy_timeout: float = 20.0,
         lease_margin: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        prices: Prices | None = None,
     ) -> None:
         from statekernel.providers import ProviderRegistry
 
@@ -173,16 +178,8 @@ class Kernel(Closing):
         )
         self.lease_ttl = lease_ttl
         self.busy_timeout = busy_timeout
-        margin = (
-            lease_ttl / 3
-            if lease_margin is None
-            else seconds("lease_margin", lease_margin, zero=True)
-        )
-        if not margin < lease_ttl:
-            raise InvalidArgument(
-                f"lease_margin must be less than lease_ttl ({lease_ttl!r}), got {lease_margin!r}"
-            )
-        self.lease_margin = margin
+        self.lease_margin = check_lease_margin(lease_margin, lease_ttl)
+        self.prices = {} if prices is None else check_prices(prices)
         self.clock = callable_arg("clock", clock)
         self.owner = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:12]}"
         """Who this kernel is to the stores: host, process and a kernel id."""
@@ -347,9 +344,8 @@ class Kernel(Closing):
         now = utcnow()
         data = {"from_run_id": run_id, "from_revision": source.revision}
         event = Event("run_forked", new_id, 0, 0, data, now)
-        run = attrs.evolve(
-            source, run_id=new_id, revision=0, event_count=1, created_at=now, updated_at=now
-        )
+        run = attrs.evolve(source, run_id=new_id, revision=0, event_count=1, created_at=now)
+        run = attrs.evolve(run, updated_at=now, trace_context=propagation.current())
         await self._create_run(Checkpoint.between(None, run, (event,)))
         return run
 
@@ -382,6 +378,7 @@ class Kernel(Closing):
             busy_timeout=self.busy_timeout,
             lease_margin=self.lease_margin,
             clock=self.clock,
+            prices=self.prices,
         )
 
     async def children(self, run_id: str) -> list[Run]:
@@ -818,6 +815,7 @@ def _new_run(
         parent_call_id=parent_call_id,
         deadline=deadline,
         output_spec=output_spec,
+        trace_context=propagation.current(),
     )
 
 

@@ -162,7 +162,7 @@ class ModelCall:
                     if aclose is not None:
                         await aclose()
                 result = builder.result()
-                span.answered(result)
+                span.answered(result, kernel.prices)
                 return result
 
         result = await chain(kernel.middleware, terminal)(ModelInvocation(run, turn.request))

@@ -64,6 +64,18 @@ def check_kernel_options(
     )
 
 
+def check_lease_margin(lease_margin: Any, lease_ttl: float) -> float:
+    """A ``Kernel``'s ``lease_margin``, checked (None: a third of ``lease_ttl``)."""
+    if lease_margin is None:
+        return lease_ttl / 3
+    margin = seconds("lease_margin", lease_margin, zero=True)
+    if not margin < lease_ttl:
+        raise InvalidArgument(
+            f"lease_margin must be less than lease_ttl ({lease_ttl!r}), got {lease_margin!r}"
+        )
+    return margin
+
+
 def check_kernel_parts(
     tools: Any, providers: Any, middleware: Any, *, registry: type
 ) -> tuple[list[Any], tuple[Any, ...]]:

@@ -2,9 +2,18 @@
 
 Spans of the tracer ``statekernel`` (``set_tracer_provider`` picks its provider):
 
-``statekernel.drive``
-    one per ``Kernel.run``: ``statekernel.run.id``, ``statekernel.run.model``, and when
-    the drive ends ``statekernel.run.state`` and ``statekernel.run.revision``.
+``invoke_agent {model}``
+    one per ``Kernel.run`` (a drive), after the OpenTelemetry GenAI semantic conventions:
+    ``gen_ai.operation.name`` = ``invoke_agent``, ``gen_ai.agent.name`` (the run's
+    model, ``provider/name``), ``gen_ai.conversation.id`` (the run id),
+    ``gen_ai.provider.name``, ``gen_ai.request.model``, ``statekernel.run.id``,
+    ``statekernel.run.model``; when the drive ends ``gen_ai.usage.input_tokens`` and
+    ``gen_ai.usage.output_tokens`` (the drive's model answers), ``statekernel.cost``
+    (with a price table), ``statekernel.run.state`` and ``statekernel.run.revision``.
+    Its parent is the caller's current span; without one, the span the run was created
+    under (``Run.trace_context``, in any process) for the run's first drive; a later
+    drive starts a trace of its own with a link to that span (as does a drive under a
+    caller's span of another trace).
 ``statekernel.commit``
     one per commit a driver lands (a batch of transitions, or a command's change):
     ``statekernel.run.id``, ``statekernel.revision`` (the new one), ``statekernel.run.state``,
@@ -17,7 +26,7 @@ Spans of the tracer ``statekernel`` (``set_tracer_provider`` picks its provider)
     ``gen_ai.request.model``, ``gen_ai.conversation.id`` (the run id),
     ``gen_ai.response.model``, ``gen_ai.response.finish_reasons``,
     ``gen_ai.usage.input_tokens`` (cached tokens included, as the conventions ask),
-    ``gen_ai.usage.output_tokens`` and the cache counts.
+    ``gen_ai.usage.output_tokens``, the cache counts and ``statekernel.cost``.
 ``execute_tool {name}``
     one per execution of a tool call: ``gen_ai.operation.name`` = ``execute_tool``,
     ``gen_ai.tool.name``, ``gen_ai.tool.call.id``, ``gen_ai.tool.type`` = ``function``,
@@ -36,6 +45,8 @@ parent explicitly. A model or tool span is current while its call runs (each run
 task of its own), so spans started by a provider's HTTP client, by a tool or by a child
 run nest under it.
 
+Metrics (``statekernel._kernel.metrics``) are recorded beside the spans.
+
 Without ``opentelemetry-api`` (the ``otel`` extra) every helper is a no-op; with the
 API but no SDK configured, spans are the API's non-recording ones.
 
@@ -47,18 +58,20 @@ WARNING for a commit tried again after a store error (``attempt``) and a lease l
 
 from __future__ import annotations
 
+import time
 import traceback
 from contextvars import Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, Self, TypeAlias
 
+from statekernel._kernel import metrics, propagation
 from statekernel._secrets import redact
 from statekernel.errors import ProviderError
 
 try:
     from opentelemetry import context as _context
     from opentelemetry import trace as _trace
-    from opentelemetry.trace import SpanKind, Status, StatusCode
+    from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 except ImportError:  # the otel extra is not installed: every helper is a no-op
     ENABLED = False
 else:
@@ -69,7 +82,8 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
     from statekernel._kernel.tools import Tool
-    from statekernel._records.messages import ModelRequest, ModelResult
+    from statekernel._records.messages import ModelRequest, ModelResult, Usage
+    from statekernel._records.prices import Prices
     from statekernel._records.run import Run, ToolCallRecord
     from statekernel._storage.protocol import Checkpoint
 
@@ -89,6 +103,9 @@ __all__ = [
 
 TraceContext: TypeAlias = "Context"
 """An OpenTelemetry context: the parent of the spans a driver starts."""
+
+_DRIVE = "statekernel.drive"
+"""The key of the drive's ``DriveSpan`` in the context its calls are parented under."""
 
 _provider: TracerProvider | None = None
 _tracer: Tracer | None = None
@@ -207,21 +224,78 @@ class Driven(Protocol):
 
 
 class DriveSpan(_Scope):
-    """The span of one drive (``Kernel.run``)."""
+    """The ``invoke_agent`` span of one drive (``Kernel.run``), opened once the drive has
+    its run (``watch``), with the time the drive started. Its parent: the caller's
+    current span; without one, the span the run was created under (``Run.trace_context``)
+    for the run's first drive, else none (a new trace) with a link to that span."""
 
-    def __init__(self, span: Span | None) -> None:
-        super().__init__(span)
+    def __init__(self, run_id: str, caller: TraceContext | None, start_ns: int) -> None:
+        super().__init__(None)
+        self._run_id = run_id
+        self._caller = caller
+        self._start_ns = start_ns
+        self._started = time.perf_counter()
         self._driver: Driven | None = None
         self._parent: TraceContext | None = None
+        self._model: str | None = None
+        self.input_tokens = 0
+        """Input tokens of the drive's model answers (cache reads and writes included)."""
+        self.output_tokens = 0
+        """Output tokens of the drive's model answers."""
+        self.cost: float | None = None
+        """What the drive's model answers cost at the kernel's prices (None: none priced)."""
 
     def watch(self, driver: Driven) -> None:
-        """Parent the driver's model, tool and commit spans under this drive until it ends."""
+        """Open the span and parent the driver's model, tool and commit spans under it
+        until it ends."""
         self._driver = driver
-        if self.span is not None:
-            self.span.set_attribute("statekernel.run.model", driver.run.model)
-            self._parent = driver.trace_parent = _trace.set_span_in_context(self.span)
+        run = driver.run
+        self._model = run.model
+        took = taken_over(run)
+        made = metrics.instruments()
+        if made is not None and took is not None:
+            made.takeovers.add(1, {"statekernel.takeover.of": took})
+        if ENABLED:
+            self.span = self._open(run)
+            context = _trace.set_span_in_context(self.span)
+            self._parent = driver.trace_parent = _context.set_value(_DRIVE, self, context)
+
+    def _open(self, run: Run | None) -> Span:
+        run_id = self._run_id
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.conversation.id": run_id,
+            "statekernel.run.id": run_id,
+        }
+        name = "invoke_agent"
+        if run is not None:
+            attributes.update(_model_attributes(run.model))
+            attributes["gen_ai.agent.name"] = run.model
+            attributes["statekernel.run.model"] = run.model
+            name = f"invoke_agent {run.model}"
+        parent, links = _drive_parent(self._caller, run)
+        return _get_tracer().start_span(
+            name,
+            context=parent,
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            links=links,
+            start_time=self._start_ns,
+        )
+
+    def answered(self, usage: Usage, cost: float | None) -> None:
+        """Add a model answer's usage and cost to the drive's totals."""
+        self.input_tokens += usage.input_tokens + usage.cache_read_tokens
+        self.input_tokens += usage.cache_write_tokens
+        self.output_tokens += usage.output_tokens
+        if cost is not None:
+            self.cost = cost if self.cost is None else self.cost + cost
 
     def _ending(self, span: Span) -> None:
+        span.set_attribute("gen_ai.usage.input_tokens", self.input_tokens)
+        span.set_attribute("gen_ai.usage.output_tokens", self.output_tokens)
+        if self.cost is not None:
+            span.set_attribute("statekernel.cost", self.cost)
         driver = self._driver
         if driver is None:
             return
@@ -235,11 +309,64 @@ class DriveSpan(_Scope):
         tb: TracebackType | None,
     ) -> None:
         driver = self._driver
+        if ENABLED and self.span is None:  # it ended before it had its run
+            self.span = self._open(None)
         try:
             super().__exit__(exc_type, exc, tb)
+            attributes = {"gen_ai.operation.name": "invoke_agent"}
+            if self._model is not None:
+                attributes.update(_model_attributes(self._model))
+            _record_duration(self._started, attributes, exc)
         finally:  # unless a later drive of the run has it already
             if driver is not None and driver.trace_parent is self._parent:
                 driver.trace_parent = None
+
+
+def taken_over(run: Run) -> str | None:
+    """What of another drive's work a drive starting at ``run`` finds in flight (its
+    committed intent to call the model, ``model_call``; tool calls started and not
+    completed, ``tool_calls``), or None."""
+    turn = run.current_turn
+    if turn is None:
+        return None
+    if run.state == "calling_model" and turn.model_attempts and turn.result is None:
+        return "model_call"
+    if run.state == "dispatching_tools" and turn.in_flight:
+        return "tool_calls"
+    return None
+
+
+def _drive_parent(caller: TraceContext | None, run: Run | None) -> tuple[Any, list[Link]]:
+    """The parent context and links of a drive's span (see ``DriveSpan``)."""
+    stored = None if run is None else propagation.extracted(run.trace_context)
+    origin = None if stored is None else _trace.get_current_span(stored).get_span_context()
+    current = _trace.get_current_span(caller).get_span_context()
+    if current.is_valid:
+        if origin is not None and origin.trace_id != current.trace_id:
+            return caller, [Link(origin)]
+        return caller, []
+    if run is not None and stored is not None and origin is not None:
+        if run.revision == 0:  # its first drive: part of the request that created it
+            return stored, []
+        return _context.Context(), [Link(origin)]  # a new trace, linked to the request
+    return caller, []
+
+
+def _record_duration(started: float, attributes: dict[str, Any], exc: BaseException | None) -> None:
+    made = metrics.instruments()
+    if made is None:
+        return
+    if isinstance(exc, Exception):
+        attributes["error.type"] = _error_type(exc)
+    made.operation_duration.record(time.perf_counter() - started, attributes)
+
+
+def _model_attributes(model: str) -> dict[str, Any]:
+    provider, _, name = model.partition("/")
+    return {
+        "gen_ai.provider.name": _PROVIDER_NAMES.get(provider, provider),
+        "gen_ai.request.model": name,
+    }
 
 
 class CommitSpan(_Scope):
@@ -259,19 +386,40 @@ class CommitSpan(_Scope):
 
 
 class ModelSpan(_Scope):
-    """The span of one model call (GenAI ``chat``)."""
+    """The span of one model call (GenAI ``chat``), and its metrics."""
 
-    def answered(self, result: ModelResult) -> None:
-        """Record the response: its model, finish reason and token usage."""
+    def __init__(self, span: Span | None, parent: TraceContext | None, model: str) -> None:
+        super().__init__(span, current=True)
+        self._drive = None if parent is None else _context.get_value(_DRIVE, parent)
+        self._model = model
+        self._started = time.perf_counter()
+
+    def answered(self, result: ModelResult, prices: Prices | None = None) -> None:
+        """Record the response: its model, finish reason and token usage, and its cost
+        at ``prices`` (when they have the model's price)."""
+        usage = result.usage
+        price = None if prices is None else prices.get(self._model)
+        cost = None if price is None else price.cost(usage)
+        if isinstance(self._drive, DriveSpan):
+            self._drive.answered(usage, cost)
+        input_tokens = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+        made = metrics.instruments()
+        if made is not None:
+            attributes = {"gen_ai.operation.name": "chat", **_model_attributes(self._model)}
+            if result.model:
+                attributes["gen_ai.response.model"] = result.model
+            made.token_usage.record(input_tokens, {**attributes, "gen_ai.token.type": "input"})
+            made.token_usage.record(
+                usage.output_tokens, {**attributes, "gen_ai.token.type": "output"}
+            )
+            if cost is not None:
+                made.cost.add(cost, attributes)
         span = self.span
         if span is None or not span.is_recording():
             return
-        usage = result.usage
-        attributes: dict[str, Any] = {
+        attributes = {
             "gen_ai.response.finish_reasons": [result.finish_reason],
-            "gen_ai.usage.input_tokens": (
-                usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
-            ),
+            "gen_ai.usage.input_tokens": input_tokens,
             "gen_ai.usage.output_tokens": usage.output_tokens,
         }
         if result.model:
@@ -280,7 +428,21 @@ class ModelSpan(_Scope):
             attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cache_read_tokens
         if usage.cache_write_tokens:
             attributes["gen_ai.usage.cache_creation.input_tokens"] = usage.cache_write_tokens
+        if cost is not None:
+            attributes["statekernel.cost"] = cost
         span.set_attributes(attributes)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            super().__exit__(exc_type, exc, tb)
+        finally:
+            attributes = {"gen_ai.operation.name": "chat", **_model_attributes(self._model)}
+            _record_duration(self._started, attributes, exc)
 
 
 class _Result(Protocol):
@@ -329,12 +491,9 @@ class ToolSpan(_Scope):
 
 
 def drive_span(run_id: str) -> DriveSpan:
-    """A span for a drive of the run, child of the caller's current span (not made
-    current itself); ``watch`` the driver once it is known."""
-    if not ENABLED:
-        return DriveSpan(None)
-    attributes = {"statekernel.run.id": run_id}
-    return DriveSpan(_start("statekernel.drive", None, SpanKind.INTERNAL, attributes))
+    """The ``invoke_agent`` span of a drive of the run, started now and opened once the
+    driver is known (``watch``); never made current itself."""
+    return DriveSpan(run_id, _context.get_current() if ENABLED else None, time.time_ns())
 
 
 def commit_span(
@@ -358,12 +517,11 @@ def commit_span(
 def model_span(parent: TraceContext | None, run_id: str, request: ModelRequest) -> ModelSpan:
     """A span for one model call, current inside the block (run it in one task)."""
     if not ENABLED:
-        return ModelSpan(None)
-    provider, name = request.provider, request.model_name
+        return ModelSpan(None, None, request.model)
+    name = request.model_name
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": _PROVIDER_NAMES.get(provider, provider),
-        "gen_ai.request.model": name,
+        **_model_attributes(request.model),
         "gen_ai.conversation.id": run_id,
         "statekernel.run.id": run_id,
     }
@@ -372,7 +530,7 @@ def model_span(parent: TraceContext | None, run_id: str, request: ModelRequest) 
     if request.temperature is not None:
         attributes["gen_ai.request.temperature"] = request.temperature
     span = _start(f"chat {name}", parent, SpanKind.CLIENT, attributes)
-    return ModelSpan(span, current=True)
+    return ModelSpan(span, parent, request.model)
 
 
 def tool_span(

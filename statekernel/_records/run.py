@@ -19,6 +19,7 @@ from statekernel._records.messages import (
     Usage,
 )
 from statekernel._records.pauses import HookPause, PauseDetails, PauseTimer, timer_of
+from statekernel._records.prices import Prices, RunCost, turns_cost
 
 __all__ = [
     "CANCELLED",
@@ -36,6 +37,7 @@ __all__ = [
     "STATE_IDS",
     "StateId",
     "ToolCallRecord",
+    "TraceParent",
     "Turn",
     "UNCERTAIN",
     "answer_json",
@@ -220,6 +222,15 @@ class FailureInfo:
 
 
 @attrs.frozen
+class TraceParent:
+    """The W3C trace context (``traceparent``, and ``tracestate`` if any) of the span that
+    was current when a run was created: a drive in any process continues that trace."""
+
+    traceparent: str
+    tracestate: str | None = None
+
+
+@attrs.frozen
 class Run:
     """The whole durable state of one agent run at one revision.
 
@@ -263,6 +274,8 @@ class Run:
     the next safe point and fails with ``DeadlineExceeded``."""
     output_spec: OutputSpec | None = None
     """The typed final answer the run asks for (``start(output_type=...)``), if any."""
+    trace_context: TraceParent | None = None
+    """The trace context of the request that created the run (``statekernel.telemetry``)."""
 
     @property
     def turn_count(self) -> int:
@@ -288,6 +301,19 @@ class Run:
                     return message.text
                 return answer_json(message.text)
         return None
+
+    def cost(self, prices: Prices) -> RunCost:
+        """What the run's model answers cost at ``prices`` (``"provider/name"`` to a
+        ``statekernel.telemetry.Price``), turn by turn (each at its request's model).
+
+        Returns:
+            The total and each answered turn's cost.
+        """
+        turns = [*self.turns, self.current_turn] if self.current_turn else self.turns
+        answered = (
+            (t.index, t.request.model, t.result.usage) for t in turns if t.result is not None
+        )
+        return turns_cost(answered, prices)
 
     @property
     def is_terminal(self) -> bool:

@@ -29,6 +29,10 @@ Timers
     pause timer, a passed deadline: ``statekernel._kernel.timers``), each under the
     run's lease in one commit; a run that goes on from there is handed to its queue.
     Any number of workers may do so: a timer fires once.
+Metrics
+    How long each entry waited from its submission to its first delivery
+    (``statekernel.queue.wait``) and, with each refresh, how many entries wait
+    (``statekernel.queue.depth``): ``statekernel._kernel.metrics``.
 Shutdown
     ``stop()`` (the command installs it on SIGTERM and SIGINT): take no new entries,
     let each run reach a commit after which no tool call is in flight and no model
@@ -47,6 +51,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from statekernel._kernel import metrics
 from statekernel._kernel.due import due_runs, fire_due
 from statekernel._kernel.kernel import Kernel
 from statekernel._records.arguments import (
@@ -271,6 +276,7 @@ class Worker:
         return taken
 
     def _spawn(self, entry: QueueEntry) -> None:
+        metrics.delivered(self.queue_name, entry)
         task = asyncio.create_task(RunTask(self, entry).handle())
         self._tasks.add(task)
         task.add_done_callback(self._finished)
@@ -345,8 +351,9 @@ class Worker:
             try:
                 held = [e.id for run_id, e in self.holding.items() if self.kernel.holds(run_id)]
                 await self.queue.refresh(self.name, held)  # a lost lease's entry goes idle
+                await metrics.sample_depth(self.queue)
             except Exception as exc:  # entries go idle: peers reclaim them once leases end
-                log.warning("worker %s: refreshing its entries: %s", self.name, exc)
+                log.warning("worker %s: refreshing its entries (or depth): %s", self.name, exc)
 
 
 def _open(store: CheckpointStore | str | None) -> tuple[CheckpointStore, bool]:

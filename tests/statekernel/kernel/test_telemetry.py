@@ -1,5 +1,6 @@
-"""Runs are observable: OpenTelemetry spans (a drive, its commits, model and tool calls,
-after the GenAI semantic conventions) and log records with structured fields."""
+"""Runs are observable: OpenTelemetry spans (a drive's ``invoke_agent``, its commits, model
+and tool calls, after the GenAI semantic conventions) and log records with structured
+fields."""
 
 from __future__ import annotations
 
@@ -62,8 +63,16 @@ async def test_a_drive_gives_its_commit_model_and_tool_spans(
     assert run.state == "completed"
     finished = spans.get_finished_spans()
 
-    [drive] = _named(finished, "statekernel.drive")
+    [drive] = _named(finished, "invoke_agent")
+    assert drive.name == "invoke_agent scripted/test-model"
     assert _attrs(drive) == {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": "scripted/test-model",
+        "gen_ai.conversation.id": run.run_id,
+        "gen_ai.provider.name": "scripted",
+        "gen_ai.request.model": "test-model",
+        "gen_ai.usage.input_tokens": 20,  # both answers of the drive
+        "gen_ai.usage.output_tokens": 10,
         "statekernel.run.id": run.run_id,
         "statekernel.run.model": "scripted/test-model",
         "statekernel.run.state": "completed",
@@ -143,7 +152,7 @@ async def test_a_provider_error_gives_a_model_span_with_status_error(
     assert model.status.status_code == StatusCode.ERROR
     assert _attrs(model)["error.type"] == "503"
     assert "gen_ai.usage.input_tokens" not in _attrs(model)
-    [drive] = _named(finished, "statekernel.drive")
+    [drive] = _named(finished, "invoke_agent")
     assert _attrs(drive)["statekernel.run.state"] == "failed"
     assert drive.status.status_code == StatusCode.UNSET  # the drive itself went well
 
@@ -163,7 +172,7 @@ async def test_without_a_drive_spans_follow_the_callers_context(
             while not (await kernel.get(run.run_id)).is_terminal:
                 await kernel.step(run.run_id)
     finished = spans.get_finished_spans()
-    assert not _named(finished, "statekernel.drive")
+    assert not _named(finished, "invoke_agent")
     children = [*_named(finished, "statekernel.commit"), *_named(finished, "chat ")]
     assert len(children) == 3  # model_started, the answer, and the model call
     for child in children:
@@ -249,5 +258,5 @@ async def test_a_call_stopped_with_its_drive_is_cancelled(spans: InMemorySpanExp
     [tool] = _named(finished, "execute_tool ")
     assert _attrs(tool)["statekernel.tool.outcome"] == "cancelled"
     assert tool.status.status_code == StatusCode.UNSET
-    [drive_span] = _named(finished, "statekernel.drive")
+    [drive_span] = _named(finished, "invoke_agent")
     assert _attrs(drive_span)["statekernel.run.state"] == "dispatching_tools"

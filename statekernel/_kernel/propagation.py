@@ -1,0 +1,50 @@
+"""The W3C trace context a run carries (``Run.trace_context``): taken from the span
+current when the run is created (``Kernel.start``, ``start_and_run``, a child run's
+creation), and turned back into an OpenTelemetry context by the drive that continues
+the trace, in whatever process. Only ``traceparent`` and ``tracestate`` travel (the W3C
+Trace Context propagator of ``opentelemetry-api``), never baggage.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from statekernel._records.run import TraceParent
+
+try:
+    from opentelemetry.trace import get_current_span
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError:  # the otel extra is not installed: runs carry no trace context
+    ENABLED = False
+else:
+    ENABLED = True
+    _W3C = TraceContextTextMapPropagator()
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+
+__all__ = ["current", "extracted"]
+
+
+def current() -> TraceParent | None:
+    """The trace context of the current span, if there is a valid one."""
+    if not ENABLED or not get_current_span().get_span_context().is_valid:
+        return None
+    carrier: dict[str, str] = {}
+    _W3C.inject(carrier)
+    traceparent = carrier.get("traceparent")
+    if traceparent is None:
+        return None
+    return TraceParent(traceparent, carrier.get("tracestate") or None)
+
+
+def extracted(trace: TraceParent | None) -> Context | None:
+    """An OpenTelemetry context whose (remote) span is the one ``trace`` names, or None
+    (no trace context, or one that does not parse)."""
+    if not ENABLED or trace is None:
+        return None
+    carrier = {"traceparent": trace.traceparent}
+    if trace.tracestate is not None:
+        carrier["tracestate"] = trace.tracestate
+    context = _W3C.extract(carrier)
+    return context if get_current_span(context).get_span_context().is_valid else None

@@ -1,0 +1,192 @@
+"""Runs report OpenTelemetry metrics: the GenAI conventions' token usage and operation
+duration, and the kernel's own (commits and their latency per store, takeovers,
+uncertain pauses, cancels, fired timers, cost)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+import statekernel as sk
+from statekernel.stores import MemoryStore
+from statekernel.telemetry import Price
+from statekernel.testing import Crash, CrashAt, FaultPlan, Reply, ScriptedProvider, call
+
+
+def points(reader: InMemoryMetricReader, name: str) -> list[tuple[dict[str, Any], Any]]:
+    """The data points of metric ``name``: (attributes, point)."""
+    data = reader.get_metrics_data()
+    found = []
+    for resource in data.resource_metrics if data is not None else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if metric.name == name:
+                    found += [(dict(p.attributes or {}), p) for p in metric.data.data_points]
+    return found
+
+
+def total(reader: InMemoryMetricReader, name: str, **attributes: Any) -> float:
+    """The sum of a counter's points whose attributes include ``attributes``."""
+    return float(sum(p.value for a, p in points(reader, name) if attributes.items() <= a.items()))
+
+
+@sk.tool
+def weather(city: str) -> str:
+    """The weather in a city."""
+    return f"sunny in {city}"
+
+
+async def test_model_calls_record_token_usage_and_duration(
+    metrics: InMemoryMetricReader,
+) -> None:
+    script: list[object] = [Reply(tool_calls=[call("weather", {"city": "Paris"})]), "Sunny."]
+    kernel = sk.Kernel(
+        MemoryStore(),
+        tools=[weather],
+        providers={"scripted": ScriptedProvider(script)},
+    )
+    async with kernel:
+        run = await kernel.start(model="scripted/test-model", messages=["weather?"])
+        async for _ in kernel.run(run.run_id):
+            pass
+    common = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "scripted",
+        "gen_ai.request.model": "test-model",
+        "gen_ai.response.model": "test-model",
+    }
+    usage = {a["gen_ai.token.type"]: p for a, p in points(metrics, "gen_ai.client.token.usage")}
+    assert set(usage) == {"input", "output"}
+    assert (usage["input"].count, usage["input"].sum) == (2, 20)
+    assert (usage["output"].count, usage["output"].sum) == (2, 10)
+    for attributes, _ in points(metrics, "gen_ai.client.token.usage"):
+        assert common.items() <= attributes.items()
+
+    durations = {
+        a["gen_ai.operation.name"]: p
+        for a, p in points(metrics, "gen_ai.client.operation.duration")
+    }
+    assert durations["chat"].count == 2
+    assert durations["invoke_agent"].count == 1
+    assert durations["invoke_agent"].sum >= durations["chat"].sum > 0
+    [(attributes, _)] = [
+        (a, p)
+        for a, p in points(metrics, "gen_ai.client.operation.duration")
+        if a["gen_ai.operation.name"] == "invoke_agent"
+    ]
+    assert attributes == {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.provider.name": "scripted",
+        "gen_ai.request.model": "test-model",
+    }
+
+
+async def test_a_failed_model_call_records_its_error_type(
+    metrics: InMemoryMetricReader,
+) -> None:
+    from statekernel.errors import ProviderError
+    from statekernel.testing import Fail
+
+    down = ProviderError("unavailable", status=503, provider="scripted")
+    kernel = sk.Kernel(MemoryStore(), providers={"scripted": ScriptedProvider([Fail(down, 5)])})
+    async with kernel:
+        run = await kernel.start(model="scripted/m", messages=["hi"])
+        async for _ in kernel.run(run.run_id):
+            pass
+    chats = [
+        a
+        for a, _ in points(metrics, "gen_ai.client.operation.duration")
+        if a["gen_ai.operation.name"] == "chat"
+    ]
+    assert chats
+    assert all(a["error.type"] == "503" for a in chats)
+    assert not points(metrics, "gen_ai.client.token.usage")
+
+
+async def test_commits_are_counted_and_timed_per_store(
+    every_store_url: str, metrics: InMemoryMetricReader
+) -> None:
+    kernel = sk.Kernel(every_store_url, providers={"scripted": ScriptedProvider(["Hello."])})
+    async with kernel:
+        run = await kernel.start(model="scripted/m", messages=["hi"])
+        async for _ in kernel.run(run.run_id):
+            pass
+        run = await kernel.get(run.run_id)
+    kind = every_store_url.partition(":")[0].removesuffix("ql")  # postgresql -> postgres
+    landed = {"statekernel.store": kind, "statekernel.commit.outcome": "landed"}
+    assert total(metrics, "statekernel.commits", **landed) == run.revision + 1  # + its creation
+    [(attributes, latency)] = points(metrics, "statekernel.commit.duration")
+    assert attributes == landed
+    assert latency.count == run.revision + 1
+    assert latency.sum > 0
+
+
+async def test_a_takeover_and_the_uncertain_pause_it_finds_are_counted(
+    metrics: InMemoryMetricReader,
+) -> None:
+    store = MemoryStore()
+    script: list[object] = [Reply(tool_calls=[call("weather", {"city": "Paris"})]), "Sunny."]
+    crash = FaultPlan([CrashAt("tool_after_effect", 1)]).middleware()
+    first = sk.Kernel(
+        store,
+        tools=[weather],
+        providers={"scripted": ScriptedProvider(script)},
+        middleware=[crash],
+    )
+    run = await first.start(model="scripted/m", messages=["weather?"])
+    with pytest.raises(Crash):
+        async for _ in first.run(run.run_id):
+            pass
+    await first.aclose()
+    assert total(metrics, "statekernel.takeovers") == 0
+    async with sk.Kernel(
+        store, tools=[weather], providers={"scripted": ScriptedProvider(script)}
+    ) as second:
+        async for _ in second.run(run.run_id):
+            pass
+        paused = await second.get(run.run_id)
+    assert paused.pause is not None
+    assert paused.pause.reason == "uncertain_tool_calls"
+    assert total(metrics, "statekernel.takeovers", **{"statekernel.takeover.of": "tool_calls"}) == 1
+    assert total(metrics, "statekernel.uncertain_pauses") == 1
+
+
+async def test_cancels_and_fired_timers_are_counted(metrics: InMemoryMetricReader) -> None:
+    class Nap(sk.Hooks):
+        def on_turn_completed(self, run: sk.Run, turn: sk.Turn) -> sk.Decision | None:
+            if not run.turns:  # after the first turn only: a timer due at once
+                return sk.Pause("nap", timeout=0, on_timeout="awake")
+            return None
+
+    script: list[object] = ["One.", "Two."]
+    kernel = sk.Kernel(MemoryStore(), hooks=Nap(), providers={"scripted": ScriptedProvider(script)})
+    async with kernel:
+        napping = await kernel.start(model="scripted/m", messages=["hi"])
+        async for _ in kernel.run(napping.run_id):
+            pass
+        assert (await kernel.get(napping.run_id)).state == "paused"
+        async for _ in kernel.run(napping.run_id):  # fires the timer, then goes on
+            pass
+        assert (await kernel.get(napping.run_id)).state == "completed"
+        doomed = await kernel.start(model="scripted/m", messages=["hi"])
+        await kernel.cancel(doomed.run_id, reason="not needed")
+    assert total(metrics, "statekernel.timers.fired") == 1
+    assert total(metrics, "statekernel.cancels") == 1
+    assert total(metrics, "statekernel.uncertain_pauses") == 0
+
+
+async def test_model_answers_are_priced(metrics: InMemoryMetricReader) -> None:
+    prices = {"scripted/m": Price(input_per_mtok=2.5, output_per_mtok=10.0)}
+    kernel = sk.Kernel(
+        MemoryStore(), providers={"scripted": ScriptedProvider(["Hello."])}, prices=prices
+    )
+    async with kernel:
+        run = await kernel.start(model="scripted/m", messages=["hi"])
+        async for _ in kernel.run(run.run_id):
+            pass
+    expected = (10 * 2.5 + 5 * 10.0) / 1_000_000
+    assert total(metrics, "statekernel.cost", **{"gen_ai.request.model": "m"}) == pytest.approx(
+        expected
+    )
