@@ -44,6 +44,7 @@ __all__ = [
     "ACTIONS",
     "DATA_CHANGES",
     "EVENTS",
+    "PAYLOAD_DEFAULTS",
     "TABLE",
     "Action",
     "Guard",
@@ -267,7 +268,16 @@ EVENTS: dict[str, frozenset[str]] = {
     "retry": frozenset(),
     "input": frozenset({"messages"}),
 }
-"""Every lifecycle event and the payload names it takes (all required)."""
+"""Every lifecycle event and the payload names it takes (all required, but those with a
+default in ``PAYLOAD_DEFAULTS``)."""
+
+PAYLOAD_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "model_completed": MappingProxyType({"answered_by": None}),
+        "resume": MappingProxyType({"limits": None}),
+    }
+)
+"""Payload names an event may be sent without, and the value they then take."""
 
 DATA_CHANGES: Mapping[str, frozenset[str]] = MappingProxyType(
     {
@@ -630,6 +640,8 @@ def _checked_at(event: str, state: StateId, payload: dict[str, Any]) -> Any:
     if expected is None:
         raise InvalidTransition(event, state, "unknown event")
     at = payload.pop("at", None) or utcnow()
+    for name, value in PAYLOAD_DEFAULTS.get(event, {}).items():
+        payload.setdefault(name, value)
     if set(payload) != expected:
         raise InvalidTransition(
             event, state, f"payload must be {sorted(expected)}, got {sorted(payload)}"
