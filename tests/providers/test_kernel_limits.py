@@ -107,7 +107,8 @@ async def test_a_token_limit_pauses_before_the_next_model_call_and_resumes_raise
     await kernel.resume(run.run_id)
     _, again = await drive(kernel, run.run_id)
     assert again.state == "paused"
-    assert again.pause is not None and again.pause.details == reached
+    assert again.pause is not None
+    assert again.pause.details == reached
     assert len(wire.requests) == 2
 
     bigger = sk.Limits(**{raised: 10_000})
