@@ -43,7 +43,7 @@ def anthropic_answer(
     wire: WireServer, text: str, stop_reason: str = "end_turn", tokens: tuple[int, int] = (9, 4)
 ) -> None:
     """A streamed Messages API answer (``text``, ended with ``stop_reason``)."""
-    message = {
+    message: dict[str, Any] = {
         "id": "msg_01",
         "type": "message",
         "role": "assistant",
@@ -278,9 +278,9 @@ async def test_the_chain_is_stored_and_used_by_another_kernel_that_resumes_the_r
         (lambda: sk.Fallback("openai/gpt-4o"), "at least two models"),
         (lambda: sk.Fallback("openai/gpt-4o", "openai/gpt-4o"), "twice"),
         (lambda: sk.Fallback("openai/gpt-4o", "claude"), "provider/name"),
-        (lambda: sk.Fallback("openai/gpt-4o", 3), "must be a str"),
-        (lambda: sk.Fallback(*CHAIN, on=("offline",)), "offline"),
-        (lambda: sk.Fallback(*CHAIN, on="refused"), "tuple of kinds"),
+        (lambda: sk.Fallback("openai/gpt-4o", 3), "must be a str"),  # type: ignore[arg-type]
+        (lambda: sk.Fallback(*CHAIN, on=("offline",)), "offline"),  # type: ignore[arg-type]
+        (lambda: sk.Fallback(*CHAIN, on="refused"), "tuple of kinds"),  # type: ignore[arg-type]
         (lambda: sk.Fallback(*CHAIN, on=()), "at least one"),
     ],
 )

@@ -204,9 +204,9 @@ async def test_a_run_without_limits_stores_none_and_has_none(kernel: sk.Kernel) 
     ("make", "named"),
     [
         (lambda: sk.Limits(input_tokens=-1), "input_tokens"),
-        (lambda: sk.Limits(output_tokens=1.5), "output_tokens"),
+        (lambda: sk.Limits(output_tokens=1.5), "output_tokens"),  # type: ignore[arg-type]
         (lambda: sk.Limits(total_tokens=True), "total_tokens"),
-        (lambda: sk.Limits(tool_calls="3"), "tool_calls"),
+        (lambda: sk.Limits(tool_calls="3"), "tool_calls"),  # type: ignore[arg-type]
     ],
 )
 def test_a_bad_limit_is_refused_naming_it(make: Any, named: str) -> None:
