@@ -298,3 +298,19 @@ async def test_a_chain_with_a_model_whose_provider_is_unknown_creates_no_run(
             await kernel.start(model=sk.Fallback("openai/gpt-4o", "nowhere/m"), run_id="r1")
         with pytest.raises(sk.RunNotFound):
             await kernel.get("r1")
+
+
+async def test_an_anthropic_refusal_stop_reason_falls_back_to_the_next_model(
+    wire: WireServer, other_wire: WireServer
+) -> None:
+    anthropic_answer(other_wire, "I won't.", stop_reason="refusal", tokens=(7, 2))
+    wire.sse([chunk({"content": "Sure."}), chunk({}, "stop"), openai_usage(4, 1)])
+    chain = sk.Fallback("anthropic/claude-sonnet-4", "openai/gpt-4o", on=("refused",))
+    async with sk.Kernel("memory://", providers=providers(wire, other_wire)) as kernel:
+        run = await kernel.start(model=chain, messages=["Please."])
+        _, done = await drive(kernel, run.run_id)
+
+    assert done.state == "completed"
+    assert done.output == "Sure."
+    assert done.turns[0].model == "openai/gpt-4o"
+    assert done.usage == sk.Usage(11, 3)
