@@ -29,6 +29,8 @@ from statekernel._kernel.tools import Tool, ToolContext, ToolReturn, tool
 from statekernel._lifecycle.chart import RunLifecycle
 from statekernel._records.convert import to_plain
 from statekernel._records.events import LIVE_EVENTS, PERSISTED_EVENTS, Event
+from statekernel._records.fallback import Fallback
+from statekernel._records.limits import Limits
 from statekernel._records.messages import (
     ContentPart,
     ImagePart,
@@ -82,12 +84,14 @@ __all__ = [
     "Event",
     "FAIL",
     "FailureInfo",
+    "Fallback",
     "Finish",
     "Hooks",
     "ImagePart",
     "InvalidTransition",
     "Kernel",
     "LIVE_EVENTS",
+    "Limits",
     "Message",
     "ModelRequest",
     "ModelResult",

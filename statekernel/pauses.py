@@ -3,7 +3,8 @@
 ``details`` is one of ``Uncertain`` (calls whose outcome is unknown and the
 resolutions given so far: ``ResolvedOutput``, ``ResolvedError``, ``Rerun``),
 ``Question`` (calls that asked the user, each an ``Ask``), ``ChildWait`` (a call waiting
-for a paused child run, its pause a ``ChildPause``), ``MaxTurns`` or ``HookPause`` (a
+for a paused child run, its pause a ``ChildPause``), ``MaxTurns``, ``LimitReached`` (a
+usage limit of ``Limits`` reached) or ``HookPause`` (a
 hook's ``Pause``, its metadata free JSON). ``Run.pause.metadata`` is their JSON view.
 """
 
@@ -14,6 +15,7 @@ from statekernel._records.pauses import (
     ChildPause,
     ChildWait,
     HookPause,
+    LimitReached,
     MaxTurns,
     PauseDetails,
     Question,
@@ -30,6 +32,7 @@ __all__ = [
     "ChildPause",
     "ChildWait",
     "HookPause",
+    "LimitReached",
     "MaxTurns",
     "PauseDetails",
     "Question",

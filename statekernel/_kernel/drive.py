@@ -97,11 +97,13 @@ from statekernel._kernel.seats import Seats
 from statekernel._kernel.tool_calls import ToolCalls
 from statekernel._lifecycle.chart import DATA_CHANGES, Lifecycle
 from statekernel._records.events import Event
+from statekernel._records.limits import Limits, model_limit_reached
 from statekernel._records.messages import JSON, ModelRequest
 from statekernel._records.pauses import MaxTurns, Question
 from statekernel._records.run import (
     DEADLINE_EXCEEDED,
     INPUT_REQUIRED,
+    LIMIT_REACHED,
     MAX_TURNS,
     Cancellation,
     Run,
@@ -232,6 +234,10 @@ class RunDriver:
             budget = MaxTurns(run.max_turns, len(run.turns))
             self.stage("pause", reason=MAX_TURNS, details=budget)
             return
+        reached = model_limit_reached(run.limits, run.usage)
+        if reached is not None:  # before the turn's model call: none is cut
+            self.stage("pause", reason=LIMIT_REACHED, details=reached)
+            return
         request = ModelRequest(
             model=run.model,
             messages=run.messages,
@@ -246,7 +252,7 @@ class RunDriver:
         self.stage("turn_prepared", request=request)
 
     async def answer(
-        self, question: Question, value: JSON, max_turns: int | None
+        self, question: Question, value: JSON, max_turns: int | None, limits: Limits | None
     ) -> tuple[Event, ...]:
         """Resume a run paused with ``input_required``: ``value`` (checked against the
         question's schema first) is the asking call's result, committed with the resume,
@@ -254,7 +260,7 @@ class RunDriver:
         observing that result that raises fails the run, as in a drive."""
         ids, error, waiting = answered(question, value)
         with self.dropped_unless_committed():
-            self.stage("resume", value=value, max_turns=max_turns)
+            self.stage("resume", value=value, max_turns=max_turns, limits=limits)
             self.calls.stage_result(Outcome(tuple(ids), None if error else value, error))
             if waiting is not None:
                 self.stage("pause", reason=INPUT_REQUIRED, details=waiting)

@@ -23,10 +23,7 @@ effects; the transition in progress is not committed and no ``failed`` is writte
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import copy
-import inspect
 import os
 import socket
 import time
@@ -40,6 +37,7 @@ import attrs
 from statekernel._kernel import propagation
 from statekernel._kernel.cancelling import CancelResult, cancel_tree
 from statekernel._kernel.commit import Committer
+from statekernel._kernel.contexts import update_context
 from statekernel._kernel.delegate import DelegateTool, child_runs, run_tree
 from statekernel._kernel.dispatch import DispatchPolicy
 from statekernel._kernel.drive import deadline_watch
@@ -73,6 +71,8 @@ from statekernel._records.arguments import (
     text,
 )
 from statekernel._records.events import Event
+from statekernel._records.fallback import Fallback
+from statekernel._records.limits import Limits, check_limits
 from statekernel._records.messages import JSON, Message, OutputSpec
 from statekernel._records.prices import Prices, check_prices
 from statekernel._records.run import Run, StateId, utcnow
@@ -87,7 +87,6 @@ from statekernel._storage.provider import ModelProvider
 from statekernel._storage.unclosed import warn_unclosed
 from statekernel.errors import (
     ConfigError,
-    ConflictError,
     InvalidArgument,
     RunNotFound,
 )
@@ -219,7 +218,7 @@ class Kernel(Closing):
     async def start(
         self,
         *,
-        model: str,
+        model: str | Fallback,
         messages: Iterable[Message | str] = (),
         context: JSON = None,
         run_id: str | None = None,
@@ -230,11 +229,14 @@ class Kernel(Closing):
         timeout: float | None = None,  # noqa: ASYNC109 (the run's time, not this call's)
         output_type: object = None,
         output_retries: int = DEFAULT_RETRIES,
+        limits: Limits | None = None,
     ) -> Run:
         """Create a run at ``init`` (revision 0). Nothing runs until ``run`` is iterated.
 
+        ``model``: ``provider/name``, or a ``Fallback`` chain of them (stored with the run).
         ``max_turns`` is the run's turn budget (None: no limit); not given, it is the
-        kernel's ``max_turns``. ``deadline`` (an aware datetime) or ``timeout`` (seconds
+        kernel's ``max_turns``. ``limits``: what the run may use (``Limits``; reaching one
+        pauses it, ``limit_reached``). ``deadline`` (an aware datetime) or ``timeout`` (seconds
         from now): past it the run stops at its next safe point, ``DeadlineExceeded``.
 
         ``output_type``: the final answer's type (a pydantic model, dataclass, attrs class,
@@ -255,8 +257,8 @@ class Kernel(Closing):
         """
         when, spec = run_deadline(deadline, timeout), _output_spec(output_type, output_retries)
         args = (model, messages, context, run_id, max_turns, parent_run_id, parent_call_id)
-        run = _new_run(self.max_turns, *args, deadline=when, output_spec=spec)
-        self.registry.check(model)  # an unknown provider is refused before a run exists
+        run = _new_run(self.max_turns, *args, deadline=when, output_spec=spec, limits=limits)
+        _known_models(self.registry, run)  # an unknown provider is refused before a run exists
         await self._create_run(Checkpoint.between(None, run))
         return run
 
@@ -284,7 +286,7 @@ class Kernel(Closing):
     async def start_and_run(
         self,
         *,
-        model: str,
+        model: str | Fallback,
         messages: Iterable[Message | str] = (),
         context: JSON = None,
         run_id: str | None = None,
@@ -294,6 +296,7 @@ class Kernel(Closing):
         timeout: float | None = None,  # noqa: ASYNC109 (the run's time, not this call's)
         output_type: object = None,
         output_retries: int = DEFAULT_RETRIES,
+        limits: Limits | None = None,
     ) -> AsyncIterator[Event]:
         """``start`` then ``run`` in one: create the run and drive it until it is paused,
         failed or completed, yielding its events (the first, ``run_started``, names the
@@ -308,8 +311,8 @@ class Kernel(Closing):
         flag("raise_on_failure", raise_on_failure)
         args = (model, messages, context, run_id, max_turns, None, None)
         when, spec = run_deadline(deadline, timeout), _output_spec(output_type, output_retries)
-        run = _new_run(self.max_turns, *args, deadline=when, output_spec=spec)
-        self.registry.check(model)
+        run = _new_run(self.max_turns, *args, deadline=when, output_spec=spec, limits=limits)
+        _known_models(self.registry, run)
         created = Checkpoint.between(None, run)
         tenure = await self._tenancy.create(created)  # the lease taken with the run
         if tenure is None:  # a store that cannot: the run is created, its lease taken next
@@ -625,7 +628,12 @@ class Kernel(Closing):
             return driver.run
 
     async def resume(
-        self, run_id: str, *, value: JSON = NOT_GIVEN, max_turns: int | None = None
+        self,
+        run_id: str,
+        *,
+        value: JSON = NOT_GIVEN,
+        max_turns: int | None = None,
+        limits: Limits | None = None,
     ) -> Run:
         """Resume a paused run; ``value`` (None when not given) reaches hooks as
         ``run.resume_value``.
@@ -635,7 +643,9 @@ class Kernel(Closing):
         schema (``InvalidArgument`` otherwise, and nothing is committed) and becomes the
         asking call's result, committed with the resume.
 
-        ``max_turns`` raises the turn budget (a run paused for ``max_turns`` needs it).
+        ``max_turns`` raises the turn budget (a run paused for ``max_turns`` needs it);
+        ``limits`` replaces the run's ``Limits`` (one paused with ``limit_reached`` needs
+        the limit raised, or it pauses again before its next call).
 
         A run paused on uncertain calls that were all resolved (a crash came between the
         last ``resolve_tool_call`` and the resume it commits) goes on with those answers.
@@ -658,10 +668,10 @@ class Kernel(Closing):
         """
         run_id_arg(run_id)
         check_max_turns(max_turns)
-        given = value is not NOT_GIVEN
+        given, limits = value is not NOT_GIVEN, check_limits(limits)
         value = checked(value, "value") if given else None
         async with self._tenancy.fresh(run_id) as driver:
-            await resume_paused(driver, value, given, max_turns)
+            await resume_paused(driver, value, given, max_turns, limits)
             return driver.run
 
     async def cancel(
@@ -757,29 +767,12 @@ class Kernel(Closing):
         if type(attempts) is not int or attempts < 1:
             raise InvalidArgument(f"attempts must be an int of at least 1, got {attempts!r}")
         run_id_arg(run_id)
-        callable_arg("fn", fn)
-        for attempt in range(attempts):
-            async with self._tenancy.fresh(run_id) as driver:
-                run = driver.run
-                new = fn(copy.deepcopy(run.context))
-                if inspect.isawaitable(new):
-                    new = await new
-                new = checked(new, "context")
-                try:
-                    driver.stage("context_updated", data={}, context=new)
-                    await driver.commit()
-                except ConflictError:
-                    if attempt == attempts - 1:
-                        raise
-                    await asyncio.sleep(0)
-                    continue
-                return driver.run
-        raise AssertionError("unreachable")
+        return await update_context(self._tenancy, run_id, callable_arg("fn", fn), attempts)
 
 
 def _new_run(
     default_turns: int | None,
-    model: str,
+    model: str | Fallback,
     messages: Iterable[Message | str],
     context: JSON,
     run_id: str | None,
@@ -789,11 +782,14 @@ def _new_run(
     *,
     deadline: datetime | None = None,
     output_spec: OutputSpec | None = None,
+    limits: Limits | None = None,
 ) -> Run:
     """The run ``start`` creates (revision 0), its arguments checked; ``max_turns`` not
     given is ``default_turns`` (the kernel's)."""
     if (parent_run_id is None) != (parent_call_id is None):
         raise InvalidArgument("give both parent_run_id and parent_call_id, or neither")
+    chain = model if isinstance(model, Fallback) else None
+    model = model.model if isinstance(model, Fallback) else model
     args = (model, messages, run_id, max_turns, parent_run_id, parent_call_id)
     check_start(*args, missing=NOT_GIVEN)
     provider, sep, name = model.partition("/")
@@ -816,7 +812,15 @@ def _new_run(
         deadline=deadline,
         output_spec=output_spec,
         trace_context=propagation.current(),
+        limits=check_limits(limits),
+        fallback=chain,
     )
+
+
+def _known_models(registry: ProviderRegistry, run: Run) -> None:
+    """``ConfigError`` unless ``registry`` knows the provider of each model ``run`` calls."""
+    for model in run.fallback.models if run.fallback is not None else (run.model,):
+        registry.check(model)
 
 
 def _output_spec(output_type: object, retries: object) -> OutputSpec | None:

@@ -37,8 +37,11 @@ from statekernel._lifecycle.matching import call_key
 from statekernel._lifecycle.transitions import parse_call
 from statekernel._records.checks import checked_result
 from statekernel._records.events import Event
-from statekernel._records.messages import ModelResult, ToolCall
+from statekernel._records.fallback import fallback_kind, models_after
+from statekernel._records.limits import tool_limit_reached
+from statekernel._records.messages import ModelResult, ToolCall, Usage
 from statekernel._records.run import OUTPUT_INVALID, Run, ToolCallRecord, Turn
+from statekernel._secrets import logger
 from statekernel._storage.provider import (
     ReasoningDelta,
     ResultBuilder,
@@ -50,6 +53,8 @@ from statekernel._storage.provider import (
 from statekernel.errors import CancelRequested, ConflictError, LeaseLost, StoreError
 
 __all__ = ["ModelCall", "pump"]
+
+_log = logger(__name__)
 
 
 class ModelCall:
@@ -90,7 +95,7 @@ class ModelCall:
             return
         run = driver.run
         turn = turn_of(run)
-        holder: list[ModelResult] = []
+        holder: list[tuple[ModelResult, str | None]] = []
         self.calls.decided = {}
         try:
             work = self._result(run, turn, holder)
@@ -111,7 +116,7 @@ class ModelCall:
             else:
                 driver.stage("fail", error=type(exc).__name__, message=str(exc))
             return
-        result = holder[0]
+        result, answered_by = holder[0]
         finish, then_pause = None, None
         if not result.tool_calls and not turn_of(driver.run).in_flight:
             finish, then_pause = await turn_decision(
@@ -123,12 +128,22 @@ class ModelCall:
         self.claim = None
         finish, reask, refused = output_decision(driver.run, result.message, finish, then_pause)
         driver.stage(
-            "model_completed", result=result, finish=finish, then_pause=then_pause, reask=reask
+            "model_completed",
+            result=result,
+            finish=finish,
+            then_pause=then_pause,
+            reask=reask,
+            answered_by=answered_by,
         )
         if refused is not None:
             driver.stage("fail", error=OUTPUT_INVALID, message=refused)
 
-    async def _result(self, run: Run, turn: Turn, holder: list[ModelResult]) -> None:
+    async def _result(
+        self, run: Run, turn: Turn, holder: list[tuple[ModelResult, str | None]]
+    ) -> None:
+        """Call the model (through the middleware) for ``turn``, and the next models of
+        the run's ``Fallback`` chain while a call fails in a way it lists; the answer and
+        the model of the chain that gave it (None: the request's) go to ``holder``."""
         driver = self.driver
         emit = driver.queue.put_nowait
         kernel = driver.kernel
@@ -165,14 +180,40 @@ class ModelCall:
                 span.answered(result, kernel.prices)
                 return result
 
-        result = await chain(kernel.middleware, terminal)(ModelInvocation(run, turn.request))
-        result = checked_result(result, "model result", total=run.usage)
+        handler = chain(kernel.middleware, terminal)
+        request, answered_by, spent = turn.request, None, Usage()
+        later = list(models_after(run.fallback, request.model))
+        while True:
+            asked = request if answered_by is None else attrs.evolve(request, model=answered_by)
+            failure, result = None, None
+            try:
+                result = checked_result(
+                    await handler(ModelInvocation(run, asked)), "model result", total=run.usage
+                )
+            except Exception as exc:  # raised below, unless a fallback answers
+                failure = exc
+            kind = fallback_kind(failure, None if result is None else result.finish_reason)
+            chain_on = run.fallback.on if run.fallback is not None else ()
+            # never once anything of the answer landed (a call started while it streamed)
+            if kind not in chain_on or not later or turn_of(driver.run).partial is not None:
+                break
+            _log.warning(
+                "run %s turn %d: %s %s, falling back to %s",
+                run.run_id, turn.index, asked.model, kind, later[0],
+            )  # fmt: skip
+            spent += result.usage if result is not None else Usage()  # a refused answer's
+            answered_by, streams = later.pop(0), 0
+        if failure is not None:
+            raise failure
+        assert result is not None
+        if spent != Usage():
+            result = attrs.evolve(result, usage=result.usage + spent)
         hooked = await hook(kernel, "on_model_completed", run, result)
         if hooked is not None:
             if not isinstance(hooked, ModelResult):
                 raise HookFailed(TypeError("on_model_completed must return a ModelResult or None"))
             result = hooked
-        holder.append(result)
+        holder.append((result, answered_by))
 
     async def _start_early(self, builder: ResultBuilder, early: _Early) -> None:
         """Eager dispatch: start the calls whose arguments have finished streaming, in call
@@ -185,6 +226,9 @@ class ModelCall:
         while not early.stopped and early.started < builder.complete_count():
             if driver.observing and calls.ready():
                 break  # a result the hooks observe lands before anything else is decided
+            if tool_limit_reached(driver.run.limits, driver.run.tool_calls_started):
+                early.stopped = True  # the run pauses at dispatch, once the answer ended
+                break
             call = builder.complete_call(early.started)
             record = early.record(call)
             if next_startable([record], calls.running(), tools, policy) is None:

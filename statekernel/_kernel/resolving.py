@@ -5,7 +5,7 @@ A pause on a question (``input_required``) is answered by a value that becomes t
 asking call's result, committed with the resume. A pause on uncertain calls is
 answered call by call, one resolution per attempt in flight (``output``, ``error`` or
 ``rerun``); the commit of the last resolution is followed by the resume. Any other pause
-(``max_turns``, a hook's) is resumed with the value given.
+(``max_turns``, ``limit_reached``, a hook's) is resumed with the value given.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import attrs
 from statekernel._kernel.drive import RunDriver
 from statekernel._kernel.failures import explained
 from statekernel._records.events import Event
+from statekernel._records.limits import Limits
 from statekernel._records.messages import JSON
 from statekernel._records.pauses import (
     Question,
@@ -32,10 +33,11 @@ __all__ = ["resolve_call", "resume_paused"]
 
 
 async def resume_paused(
-    driver: RunDriver, value: JSON, given: bool, max_turns: int | None
+    driver: RunDriver, value: JSON, given: bool, max_turns: int | None, limits: Limits | None
 ) -> tuple[Event, ...]:
     """Resume the driver's run with ``value`` (``given``: the caller gave one), raising
-    its turn budget to ``max_turns``; see ``Kernel.resume``. The events committed."""
+    its turn budget to ``max_turns`` and replacing its usage limits with ``limits``
+    (None: as they were); see ``Kernel.resume``. The events committed."""
     run = driver.run
     pause = run.pause
     answered = _all_resolved(pause) if run.state == "paused" else None
@@ -50,9 +52,9 @@ async def resume_paused(
                 f"run {run.run_id!r} waits for an answer to {question.asked.question!r}"
                 f" (a call of tool {question.asked.name!r}): give it as value="
             )
-        return await driver.answer(question, value, max_turns)
+        return await driver.answer(question, value, max_turns, limits)
     with explained(run):
-        driver.stage("resume", value=value, max_turns=max_turns)
+        driver.stage("resume", value=value, max_turns=max_turns, limits=limits)
     return await driver.commit()
 
 
@@ -87,7 +89,7 @@ async def resolve_call(
     await driver.commit()
     answered = _all_resolved(driver.run.pause)
     if answered is not None:  # every call answered: go on
-        driver.stage("resume", value={"resolutions": answered}, max_turns=None)
+        driver.stage("resume", value={"resolutions": answered}, max_turns=None, limits=None)
         await driver.commit()
 
 

@@ -60,4 +60,4 @@ async def settle_due(driver: RunDriver) -> tuple[Event, ...]:
         why = f"pause {pause.reason!r} timed out at {timer.at.isoformat()}"
         driver.stage("cancel", cancellation=Cancellation(why, "timer", timer.at, PAUSE_TIMED_OUT))
         return await driver.commit()
-    return await resume_paused(driver, timer.value, True, None)
+    return await resume_paused(driver, timer.value, True, None, None)

@@ -44,6 +44,7 @@ from statekernel._kernel.pending import Outcome
 from statekernel._kernel.tools import Tool, ToolContext, ToolReturn, UnstorableResult
 from statekernel._lifecycle.matching import call_key
 from statekernel._records.events import Event
+from statekernel._records.limits import tool_limit_reached
 from statekernel._records.messages import JSON
 from statekernel._records.pauses import (
     ChildPause,
@@ -58,6 +59,7 @@ from statekernel._records.pauses import (
 from statekernel._records.run import (
     CHILD_PAUSED,
     INPUT_REQUIRED,
+    LIMIT_REACHED,
     OUTPUT_INVALID,
     UNCERTAIN,
     Run,
@@ -295,6 +297,12 @@ class ToolCalls:
         already in flight have finished (so a pause never strands them)."""
         driver = self.driver
         kernel = driver.kernel
+        reached = tool_limit_reached(driver.run.limits, driver.run.tool_calls_started)
+        if reached is not None:  # no call starts past the limit; those running finish first
+            if self.tasks or driver.pending.intents:
+                return False
+            driver.stage("pause", reason=LIMIT_REACHED, details=reached)
+            return True
         early = self.decided.get(record.id)  # taken while the answer streamed
         if early is not None and early[0] == call_key(record.name, record.arguments):
             decision = early[1]

@@ -34,6 +34,7 @@ from statemachine.exceptions import InvalidDefinition, TransitionNotAllowed
 
 from statekernel._lifecycle import transitions as tr
 from statekernel._records.events import Event
+from statekernel._records.limits import Limits
 from statekernel._records.messages import JSON, Message, ModelRequest, ModelResult
 from statekernel._records.pauses import PauseDetails
 from statekernel._records.run import STATE_IDS, Cancellation, PauseInfo, Run, StateId, utcnow
@@ -43,6 +44,7 @@ __all__ = [
     "ACTIONS",
     "DATA_CHANGES",
     "EVENTS",
+    "PAYLOAD_DEFAULTS",
     "TABLE",
     "Action",
     "Guard",
@@ -194,9 +196,11 @@ class RunLifecycle(StateChart[_Cell]):
         finish: str | None,
         then_pause: PauseInfo | None,
         reask: str | None,
+        answered_by: str | None,
         at: Any,
     ) -> None:
-        self._build(tr.model_completed(self.model.run, result, finish, then_pause, reask, at))
+        run = self.model.run
+        self._build(tr.model_completed(run, result, finish, then_pause, reask, answered_by, at))
 
     def on_early_call_started(self, partial: Message, call_input: JSON, at: Any) -> None:
         self._build(tr.early_call_started(self.model.run, partial, call_input, at))
@@ -229,8 +233,8 @@ class RunLifecycle(StateChart[_Cell]):
     def on_pause(self, reason: str, details: PauseDetails, at: Any) -> None:
         self._build(tr.pause(self.model.run, reason, details, at))
 
-    def on_resume(self, value: JSON, max_turns: int | None, at: Any) -> None:
-        self._build(tr.resume(self.model.run, value, max_turns, at))
+    def on_resume(self, value: JSON, max_turns: int | None, limits: Limits | None, at: Any) -> None:
+        self._build(tr.resume(self.model.run, value, max_turns, limits, at))
 
     def on_fail(self, error: str, message: str, at: Any) -> None:
         self._build(tr.fail(self.model.run, error, message, at))
@@ -249,7 +253,7 @@ EVENTS: dict[str, frozenset[str]] = {
     "start": frozenset(),
     "turn_prepared": frozenset({"request"}),
     "model_started": frozenset(),
-    "model_completed": frozenset({"result", "finish", "then_pause", "reask"}),
+    "model_completed": frozenset({"result", "finish", "then_pause", "reask", "answered_by"}),
     "early_call_started": frozenset({"partial", "call_input"}),
     "answer_cut_off": frozenset({"reason"}),
     "tool_call_started": frozenset({"call_ids", "call_input"}),
@@ -258,13 +262,22 @@ EVENTS: dict[str, frozenset[str]] = {
     ),
     "tools_completed": frozenset({"finish", "then_pause", "reask"}),
     "pause": frozenset({"reason", "details"}),
-    "resume": frozenset({"value", "max_turns"}),
+    "resume": frozenset({"value", "max_turns", "limits"}),
     "fail": frozenset({"error", "message"}),
     "cancel": frozenset({"cancellation"}),
     "retry": frozenset(),
     "input": frozenset({"messages"}),
 }
-"""Every lifecycle event and the payload names it takes (all required)."""
+"""Every lifecycle event and the payload names it takes (all required, but those with a
+default in ``PAYLOAD_DEFAULTS``)."""
+
+PAYLOAD_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "model_completed": MappingProxyType({"answered_by": None}),
+        "resume": MappingProxyType({"limits": None}),
+    }
+)
+"""Payload names an event may be sent without, and the value they then take."""
 
 DATA_CHANGES: Mapping[str, frozenset[str]] = MappingProxyType(
     {
@@ -627,6 +640,8 @@ def _checked_at(event: str, state: StateId, payload: dict[str, Any]) -> Any:
     if expected is None:
         raise InvalidTransition(event, state, "unknown event")
     at = payload.pop("at", None) or utcnow()
+    for name, value in PAYLOAD_DEFAULTS.get(event, {}).items():
+        payload.setdefault(name, value)
     if set(payload) != expected:
         raise InvalidTransition(
             event, state, f"payload must be {sorted(expected)}, got {sorted(payload)}"

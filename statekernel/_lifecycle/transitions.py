@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from statekernel._lifecycle.matching import call_key
+from statekernel._records.limits import Limits
 from statekernel._records.messages import JSON, Message, ModelRequest, ModelResult, ToolCall
 from statekernel._records.pauses import PauseDetails, Question
 from statekernel._records.run import (
@@ -137,6 +138,7 @@ def model_completed(
     finish: str | None,
     then_pause: PauseInfo | None,
     reask: str | None,
+    answered_by: str | None,
     at: datetime,
 ) -> Effects:
     """calling_model -> dispatching_tools | preparing_turn | completed.
@@ -144,10 +146,17 @@ def model_completed(
     Calls that started while the answer streamed (eager dispatch) keep their place: they
     are the answer's first calls, whatever the final answer says there. With ``reask``
     (a final answer that does not satisfy the run's ``output_spec``), that user message
-    follows the answer in the transcript and the next turn asks again."""
+    follows the answer in the transcript and the next turn asks again. ``answered_by``:
+    the model of the run's fallback chain that answered instead of the request's (None:
+    the request's own model did)."""
     turn = _turn(run)
     result = _with_started(result, turn)
-    return _answered(run, turn, result, finish, then_pause, {}, reask)
+    if answered_by is None:
+        return _answered(run, turn, result, finish, then_pause, {}, reask)
+    if run.fallback is None or answered_by not in run.fallback.models:
+        raise Refused(f"{answered_by!r} is not a model of the run's fallback chain")
+    turn = attrs.evolve(turn, model=answered_by)
+    return _answered(run, turn, result, finish, then_pause, {"model": answered_by}, reask)
 
 
 def answer_cut_off(run: Run, reason: str, at: datetime) -> Effects:
@@ -247,7 +256,10 @@ def early_call_started(run: Run, partial: Message, call_input: JSON, at: datetim
     )
     turn = attrs.evolve(turn, partial=fixed.message, in_flight=(*turn.in_flight, record))
     data = {"call_id": call.id, "name": call.name, "attempt": 1, "early": True}
-    return attrs.evolve(run, current_turn=turn), [("tool_call_started", data)]
+    count = run.tool_calls_started + 1
+    return attrs.evolve(run, current_turn=turn, tool_calls_started=count), [
+        ("tool_call_started", data)
+    ]
 
 
 def _close_turn(
@@ -353,13 +365,15 @@ def tool_call_started(run: Run, call_ids: Sequence[str], call_input: JSON, at: d
     """
     turn = _turn(run)
     turn, moved = _move(turn, call_ids, ("pending", "in_flight"))
+    first = any(r.attempt == 0 for r in moved)  # a re-run is not another call
     moved = [attrs.evolve(r, input=call_input, attempt=r.attempt + 1, started_at=at) for r in moved]
     turn = attrs.evolve(turn, in_flight=(*turn.in_flight, *moved))
     events = [
         ("tool_call_started", {"call_id": r.id, "name": r.name, "attempt": r.attempt})
         for r in moved
     ]
-    return attrs.evolve(run, current_turn=turn), events
+    started = run.tool_calls_started + first
+    return attrs.evolve(run, current_turn=turn, tool_calls_started=started), events
 
 
 def tool_call_completed(
@@ -446,15 +460,26 @@ def pause(run: Run, reason: str, details: PauseDetails, at: datetime) -> Effects
     return nxt, [("run_paused", data)]
 
 
-def resume(run: Run, value: JSON, max_turns: int | None, at: datetime) -> Effects:
-    """paused -> the saved state."""
+def resume(
+    run: Run, value: JSON, max_turns: int | None, limits: Limits | None, at: datetime
+) -> Effects:
+    """paused -> the saved state; ``max_turns`` and ``limits`` (None: as they were)
+    replace the run's turn budget and usage limits."""
     if run.pause is None:
         raise Refused("paused run without pause info")
     budget = run.max_turns if max_turns is None else max_turns
     data: dict[str, Any] = {"reason": run.pause.reason, "resume_to": run.pause.resume_to}
     if max_turns is not None:
         data["max_turns"] = max_turns
-    nxt = attrs.evolve(run, pause=None, resume_value=value, max_turns=budget)
+    if limits is not None:
+        data["limits"] = {k: v for k, v in attrs.asdict(limits).items() if v is not None}
+    nxt = attrs.evolve(
+        run,
+        pause=None,
+        resume_value=value,
+        max_turns=budget,
+        limits=run.limits if limits is None else limits,
+    )
     return nxt, [("run_resumed", data)]
 
 

@@ -21,6 +21,7 @@ import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 from cattrs.strategies import configure_tagged_union
 
+from statekernel._records.fallback import Fallback
 from statekernel._records.lazy import LazyTuple
 from statekernel._records.messages import (
     ContentPart,
@@ -35,6 +36,7 @@ from statekernel._records.messages import (
 from statekernel._records.pauses import (
     ChildWait,
     HookPause,
+    LimitReached,
     MaxTurns,
     PauseDetails,
     Question,
@@ -80,6 +82,7 @@ _PAUSE_TAGS: dict[type, str] = {
     Question: "question",
     ChildWait: "child",
     MaxTurns: "max_turns",
+    LimitReached: "limit",
     HookPause: "hook",
 }
 _RESOLUTION_TAGS: dict[type, str] = {
@@ -117,6 +120,7 @@ def configure_converter(converter: cattrs.Converter) -> None:
         _is_lazy_tuple, lambda value: [converter.unstructure(item) for item in value]
     )
     converter.register_structure_hook_factory(_is_lazy_tuple, structure_lazy_tuple)
+    converter.register_structure_hook(Fallback, _fallback_of(converter))
     converter.register_unstructure_hook_factory(
         lambda cls: cls is Run,
         lambda _: make_dict_unstructure_fn(
@@ -126,6 +130,21 @@ def configure_converter(converter: cattrs.Converter) -> None:
             schema_version=override(omit_if_default=False),
         ),
     )
+
+
+def _fallback_of(converter: cattrs.Converter) -> Callable[[Any, Any], Fallback]:
+    """A ``Fallback``'s structure hook (its constructor takes the models positionally):
+    ``{"models": [...], "on": [...]}``, ``on`` left out at its default."""
+
+    def structure(doc: Any, _: Any) -> Fallback:
+        if type(doc) is not dict or "models" not in doc or not set(doc) <= {"models", "on"}:
+            raise ValueError(f"expected a fallback chain's models and on, got {doc!r:.200}")
+        models = converter.structure(doc["models"], tuple[str, ...])
+        if "on" not in doc:
+            return Fallback(*models)
+        return Fallback(*models, on=converter.structure(doc["on"], tuple[str, ...]))  # type: ignore[arg-type]
+
+    return structure
 
 
 def _is_lazy_tuple(cls: Any) -> bool:

@@ -2,10 +2,10 @@
 
 ``PauseInfo.details`` is one of ``Uncertain`` (calls whose outcome is unknown, with the
 operator's resolutions), ``Question`` (calls that asked the user), ``ChildWait`` (a
-call waiting for a paused child run), ``MaxTurns`` (the turn budget is spent) or
-``HookPause`` (a hook's own pause, its metadata free JSON). Code reads their fields;
-``metadata`` gives the JSON view users and ``--json`` read (the same documents as
-before pauses were typed).
+call waiting for a paused child run), ``MaxTurns`` (the turn budget is spent),
+``LimitReached`` (a usage limit is reached) or ``HookPause`` (a hook's own pause, its
+metadata free JSON). Code reads their fields; ``metadata`` gives the JSON view users
+and ``--json`` read (the same documents as before pauses were typed).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ __all__ = [
     "ChildPause",
     "ChildWait",
     "HookPause",
+    "LimitReached",
     "MaxTurns",
     "PauseDetails",
     "PauseTimer",
@@ -359,6 +360,22 @@ class MaxTurns:
         return {"max_turns": self.max_turns, "turns": self.turns}
 
 
+@attrs.frozen
+class LimitReached:
+    """Pause ``limit_reached``: the run used ``used`` of its limit ``limit`` (a field of
+    ``Limits``: ``input_tokens``, ``output_tokens``, ``total_tokens`` or ``tool_calls``),
+    which allows ``allowed``."""
+
+    limit: str
+    used: int
+    allowed: int
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """``{"limit", "used", "allowed"}``."""
+        return {"limit": self.limit, "used": self.used, "allowed": self.allowed}
+
+
 def _free(value: JSON) -> JSON:
     return {} if value is None else value
 
@@ -372,7 +389,7 @@ class HookPause:
     timer: PauseTimer | None = None
 
 
-PauseDetails: TypeAlias = Uncertain | Question | ChildWait | MaxTurns | HookPause
+PauseDetails: TypeAlias = Uncertain | Question | ChildWait | MaxTurns | LimitReached | HookPause
 """What a paused run waits for (``PauseInfo.details``)."""
 
 

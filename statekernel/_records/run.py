@@ -9,7 +9,9 @@ from typing import Literal, TypeAlias, get_args
 
 import attrs
 
+from statekernel._records.fallback import Fallback
 from statekernel._records.lazy import LazyTuple
+from statekernel._records.limits import Limits
 from statekernel._records.messages import (
     JSON,
     Message,
@@ -28,6 +30,7 @@ __all__ = [
     "Cancellation",
     "FailureInfo",
     "INPUT_REQUIRED",
+    "LIMIT_REACHED",
     "MAX_TURNS",
     "OUTPUT_INVALID",
     "PAUSE_TIMED_OUT",
@@ -112,6 +115,17 @@ class Turn:
     in_flight: tuple[ToolCallRecord, ...] = ()
     completed: tuple[ToolCallRecord, ...] = ()
     partial: Message | None = None
+    model: str | None = None
+    """The model that answered when it is not the request's own: a model of the run's
+    ``Fallback`` chain called after the request's model failed. None: the request's
+    model answered (or no answer yet)."""
+
+    @property
+    def answered_by(self) -> str | None:
+        """The model that gave the turn's answer (``provider/name``); None before it."""
+        if self.result is None:
+            return None
+        return self.model if self.model is not None else self.request.model
 
     def call(self, call_id: str) -> ToolCallRecord | None:
         """The record of one tool call of this turn, wherever it is.
@@ -143,6 +157,8 @@ CHILD_PAUSED = "child_paused"
 """Pause reason: a child run that a ``delegate`` call waits for is paused."""
 MAX_TURNS = "max_turns"
 """Pause reason: the run took its ``max_turns``."""
+LIMIT_REACHED = "limit_reached"
+"""Pause reason: the run reached one of its ``Limits`` (``LimitReached`` says which)."""
 
 
 @attrs.frozen
@@ -276,6 +292,14 @@ class Run:
     """The typed final answer the run asks for (``start(output_type=...)``), if any."""
     trace_context: TraceParent | None = None
     """The trace context of the request that created the run (``statekernel.telemetry``)."""
+    limits: Limits | None = None
+    """What the run may use (``start(limits=...)``, raised by ``resume(limits=...)``):
+    reaching one pauses it with reason ``limit_reached``."""
+    fallback: Fallback | None = None
+    """The chain of models the run calls (``start(model=Fallback(...))``); ``model`` is
+    its first. None: ``model`` alone."""
+    tool_calls_started: int = 0
+    """Tool calls started so far (what ``Limits.tool_calls`` counts)."""
 
     @property
     def turn_count(self) -> int:

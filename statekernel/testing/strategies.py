@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 from statekernel._lifecycle.chart import EVENTS, RunLifecycle
 from statekernel._records.events import PERSISTED_EVENTS, Event
+from statekernel._records.fallback import FALLBACK_KINDS, Fallback
+from statekernel._records.limits import LIMIT_NAMES, Limits
 from statekernel._records.messages import (
     ContentPart,
     ImagePart,
@@ -38,6 +40,7 @@ from statekernel._records.pauses import (
     ChildPause,
     ChildWait,
     HookPause,
+    LimitReached,
     MaxTurns,
     PauseDetails,
     Question,
@@ -67,12 +70,14 @@ __all__ = [
     "content_parts",
     "datetimes",
     "events",
+    "fallbacks",
     "forged",
     "hook_answers",
     "json_values",
     "lifecycle_payloads",
     "lifecycle_runs",
     "lifecycle_steps",
+    "limits",
     "messages",
     "model_answers",
     "model_requests",
@@ -229,6 +234,25 @@ def tool_call_records(call: ToolCall | None = None) -> st.SearchStrategy[ToolCal
     )
 
 
+_FIGURES = st.integers(0, 10**6)
+
+
+def limits() -> st.SearchStrategy[Limits]:
+    """Usage limits, each figure None or an int of at least 0."""
+    figure = st.none() | _FIGURES
+    return st.builds(Limits, figure, figure, figure, figure)
+
+
+def fallbacks() -> st.SearchStrategy[Fallback]:
+    """Fallback chains of two or three models, with some of the kinds they fall back on."""
+    models = st.lists(st.sampled_from(_MODELS), min_size=2, max_size=3, unique=True)
+    on = st.lists(st.sampled_from(FALLBACK_KINDS), min_size=1, max_size=3, unique=True)
+    return st.builds(lambda ms, kinds: Fallback(*ms, on=kinds), models, on)
+
+
+_MODELS = ["scripted/test", "openai/gpt-4o-mini", "anthropic/claude-sonnet-4", "ollama/qwen"]
+
+
 def pause_details(max_leaves: int = 4) -> st.SearchStrategy[PauseDetails]:
     """Pause details of every kind, their JSON values from ``json_values(max_leaves)``."""
     ids = st.lists(_IDS, min_size=1, max_size=2).map(tuple)
@@ -244,6 +268,7 @@ def pause_details(max_leaves: int = 4) -> st.SearchStrategy[PauseDetails]:
     return st.one_of(
         st.builds(HookPause, st.just({}) | values),
         st.builds(MaxTurns, st.integers(0, 50), st.integers(0, 50)),
+        st.builds(LimitReached, st.sampled_from(LIMIT_NAMES), st.integers(0, 99), _FIGURES),
         st.builds(
             Uncertain,
             st.lists(calls, max_size=2).map(tuple),
@@ -268,6 +293,7 @@ def turns(draw: st.DrawFn, transcript: Sequence[Message] = (), index: int = 0) -
         request=request,
         result=result,
         model_attempts=draw(st.integers(0, 3)),
+        model=draw(st.none() | st.sampled_from(_MODELS)) if result is not None else None,
         pending=tuple(records[: split[0]]),
         in_flight=tuple(records[split[0] : split[1]]),
         completed=tuple(records[split[1] :]),
@@ -296,6 +322,9 @@ def runs(draw: st.DrawFn, run_id: str | None = None) -> Run:
         failure=draw(st.none() | st.builds(FailureInfo, _IDS, texts(), _STATES)),
         usage=draw(usages()),
         max_turns=draw(st.none() | st.integers(1, 100)),
+        limits=draw(st.none() | limits()),
+        fallback=draw(st.none() | fallbacks()),
+        tool_calls_started=draw(st.integers(0, 9)),
         resume_value=draw(json_values(4)),
         pending_pause=draw(st.none() | pause),
         event_count=draw(st.integers(0, 5)),
@@ -566,6 +595,13 @@ def _finishing() -> dict[str, st.SearchStrategy[Any]]:
     }
 
 
+def _answered_by(run: Run) -> st.SearchStrategy[str | None]:
+    """Who answered: the request's model (None) mostly, a model of the run's chain (or
+    one that is not in it) sometimes."""
+    chain = run.fallback.models if run.fallback is not None else ()
+    return st.one_of(st.none(), st.none(), st.sampled_from([*chain, "other/model"]))
+
+
 def _results(run: Run) -> st.SearchStrategy[ModelResult]:
     """Model results with and without tool calls."""
     return st.one_of(_answers(0, 0), _answers(1, 3), model_results(run.messages))
@@ -590,7 +626,11 @@ def lifecycle_payloads(event: str, run: Run) -> st.SearchStrategy[dict[str, Any]
         "start": {},
         "turn_prepared": {"request": model_requests(run.messages)},
         "model_started": {},
-        "model_completed": {"result": _results(run), **_finishing()},
+        "model_completed": {
+            "result": _results(run),
+            **_finishing(),
+            "answered_by": _answered_by(run),
+        },
         "tool_call_started": {"call_ids": _call_ids(run), "call_input": json_values(4)},
         "early_call_started": {"partial": _partials(run), "call_input": json_values(4)},
         "answer_cut_off": {"reason": texts(12)},
@@ -604,7 +644,11 @@ def lifecycle_payloads(event: str, run: Run) -> st.SearchStrategy[dict[str, Any]
         },
         "tools_completed": _finishing(),
         "pause": {"reason": texts(12), "details": pause_details(3)},
-        "resume": {"value": json_values(3), "max_turns": st.none() | st.integers(1, 50)},
+        "resume": {
+            "value": json_values(3),
+            "max_turns": st.none() | st.integers(1, 50),
+            "limits": st.none() | limits(),
+        },
         "fail": {"error": _IDS, "message": texts(12)},
         "retry": {},
         "input": {"messages": st.lists(messages(), max_size=2)},

@@ -15,6 +15,7 @@ import pytest
 
 from statekernel._records import convert
 from statekernel._records.events import Event
+from statekernel._records.fallback import Fallback
 from statekernel._records.lazy import LazyTuple
 from statekernel._records.messages import (
     ModelRequest,
@@ -37,6 +38,8 @@ _AT = datetime(2031, 2, 3, 4, 5, 6, 789, tzinfo=UTC)
 
 def full(cls: type, tag: str = "x") -> Any:
     """An instance of ``cls`` with every field different from its default."""
+    if cls is Fallback:  # models are provider/name strings, given positionally
+        return Fallback("a/one", f"b/{tag}", on=("refused", "unavailable"))
     attrs.resolve_types(cls)
     values = {f.name: _value(f.type, f"{tag}.{f.name}", f.default) for f in attrs.fields(cls)}
     if cls is Run:
