@@ -40,6 +40,8 @@ from statekernel._storage.protocol import (
     SettlesOnCancel,
     StoreWrapper,
 )
+from statekernel._storage.following import Following, follow, live_feed
+from statekernel._storage.live import LiveFeed
 from statekernel._storage.queues import DeadLetter, QueueEntry, RunQueue
 from statekernel._storage.watching import CommitNotice, Watches, watch
 from statekernel.stores._open import open_store
@@ -75,8 +77,10 @@ __all__ = [
     "DamagedRun",
     "DeadLetter",
     "FileStore",
+    "Following",
     "KeepsFences",
     "Lease",
+    "LiveFeed",
     "MemoryStore",
     "Migration",
     "PostgresStore",
@@ -94,6 +98,8 @@ __all__ = [
     "StoreWrapper",
     "StoredRun",
     "Watches",
+    "follow",
+    "live_feed",
     "migrate",
     "open_store",
     "redact_url",
