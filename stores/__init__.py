@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING
 
 from statekernel import _exports
 from statekernel._secrets import redact_url
+from statekernel._storage.following import Following, follow, live_feed
 from statekernel._storage.holders import ShowsHolders
+from statekernel._storage.live import LiveFeed
 from statekernel._storage.protocol import (
     BoundsEffects,
     CancelsRuns,
@@ -40,8 +42,6 @@ from statekernel._storage.protocol import (
     SettlesOnCancel,
     StoreWrapper,
 )
-from statekernel._storage.following import Following, follow, live_feed
-from statekernel._storage.live import LiveFeed
 from statekernel._storage.queues import DeadLetter, QueueEntry, RunQueue
 from statekernel._storage.watching import CommitNotice, Watches, watch
 from statekernel.stores._open import open_store

@@ -80,11 +80,14 @@ def carries_live(store_type: type, factory: Callable[[Any], Transport | None]) -
 
 
 def transport_of(store: object) -> Transport | None:
-    """The transport of ``store``'s live events (one per store object), or None."""
+    """The transport of ``store``'s live events (one per store object), or None (also
+    for a store object that takes no weak reference)."""
     try:
         return _transports[store]
     except KeyError:
         pass
+    except TypeError:
+        return None
     found: Transport | None = None
     for store_type, factory in _factories:
         if isinstance(store, store_type):
@@ -96,23 +99,33 @@ def transport_of(store: object) -> Transport | None:
 
 def source_of(store: object) -> str:
     """What the payloads this process sends through ``store`` say they come from."""
-    token = _tokens.get(store)
-    if token is None:
-        token = _tokens[store] = uuid.uuid4().hex
+    try:
+        token = _tokens.get(store)
+        if token is None:
+            token = _tokens[store] = uuid.uuid4().hex
+    except TypeError:  # takes no weak reference: nothing of this process is skipped
+        return ""
     return token
 
 
 def local_feeds(store: object, run_id: str) -> set[LiveFeed]:
-    """The feeds of this process reading ``run_id``'s live events through ``store``."""
-    runs = _local.get(store)
-    if runs is None:
-        runs = _local[store] = {}
+    """The feeds of this process reading ``run_id``'s live events through ``store``
+    (none kept for a store object that takes no weak reference)."""
+    try:
+        runs = _local.get(store)
+        if runs is None:
+            runs = _local[store] = {}
+    except TypeError:
+        return set()
     return runs.setdefault(run_id, set())
 
 
 def forget_local(store: object, run_id: str, feed: LiveFeed) -> None:
     """``feed`` no longer reads ``run_id``'s live events through ``store``."""
-    runs = _local.get(store)
+    try:
+        runs = _local.get(store)
+    except TypeError:
+        return
     if runs is None:
         return
     feeds = runs.get(run_id)
@@ -122,7 +135,9 @@ def forget_local(store: object, run_id: str, feed: LiveFeed) -> None:
             del runs[run_id]
 
 
-def encode(source: str, number: int, run_id: str, events: list[Event], limit: int | None) -> list[str]:
+def encode(
+    source: str, number: int, run_id: str, events: list[Event], limit: int | None
+) -> list[str]:
     """The payloads of a batch of live events: one JSON object, split in parts of at
     most ``limit`` bytes when longer (``~<key> <index> <count> <text>``)."""
     whole = json.dumps(
@@ -205,7 +220,7 @@ class LiveFeed:
             self.dropped += 1
             return
         source, events = decoded
-        if source != self._ignore:
+        if not self._ignore or source != self._ignore:
             for event in events:
                 self.put(event)
 

@@ -101,8 +101,7 @@ class Publisher:
                 self._buffer.clear()
             if self.dropped:
                 log.info(
-                    "%d live events of run %r were not published (buffer full or store"
-                    " failed)",
+                    "%d live events of run %r were not published (buffer full or store failed)",
                     self.dropped,
                     self.run_id,
                 )

@@ -11,7 +11,7 @@ import pytest
 from statekernel import Event
 from statekernel._storage.live import LiveFeed, encode, transport_of
 from statekernel._storage.publishing import BUFFERED, Publisher
-from statekernel.stores import open_store
+from statekernel.stores import MemoryStore, open_store
 
 
 @pytest.fixture(
@@ -71,7 +71,7 @@ async def test_a_publisher_never_waits_for_its_store_and_counts_what_it_drops() 
         def subscribe(self, run_id: str, put: object) -> object:
             raise NotImplementedError
 
-    publisher = Publisher(object(), "r1", Stuck())
+    publisher = Publisher(MemoryStore(), "r1", Stuck())
     for i in range(BUFFERED + 500):
         publisher.publish(delta(str(i)))
     assert publisher.dropped == 500  # at once: the buffer was full

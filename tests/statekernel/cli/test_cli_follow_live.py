@@ -36,7 +36,15 @@ async def test_follow_prints_the_deltas_of_a_run_driven_elsewhere(
     os.mkfifo(pipe)
     env = {k: v for k, v in os.environ.items() if k != "STATEKERNEL_STORE"}
     driver = await asyncio.create_subprocess_exec(
-        sys.executable, "-P", str(DRIVER), feed_store_url, "told", str(pipe), "5", env=env, stdout=PIPE
+        sys.executable,
+        "-P",
+        str(DRIVER),
+        feed_store_url,
+        "told",
+        str(pipe),
+        "5",
+        env=env,
+        stdout=PIPE,
     )
     command = ["runs", "events", "told", "-f", "--interval", "3600", "--json"]
     follow = None

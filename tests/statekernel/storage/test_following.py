@@ -36,9 +36,9 @@ def feed_store_url(request: pytest.FixtureRequest) -> str:
 
 
 @asynccontextmanager
-async def driven_elsewhere(url: str, run_id: str, folder: Path, chunk: int = 4) -> AsyncIterator[
-    tuple[Process, Path]
-]:
+async def driven_elsewhere(
+    url: str, run_id: str, folder: Path, chunk: int = 4
+) -> AsyncIterator[tuple[Process, Path]]:
     """A process driving ``run_id`` on ``url``, holding in its first turn until the
     test writes a line on the pipe it is given with the process."""
     pipe = folder / f"{run_id}.pipe"
