@@ -5,6 +5,8 @@ nothing of it is stored."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, aclosing
 
 import pytest
 
@@ -30,7 +32,7 @@ def delta(text: str, revision: int = 3) -> Event:
 
 async def test_a_long_batch_crosses_in_parts(feed_store_url: str) -> None:
     long = "é∑" + "x" * 30_000  # beyond NOTIFY's 8000 bytes, and not ASCII
-    async with open_store(feed_store_url) as store:
+    async with aclosing(open_store(feed_store_url)) as store:
         transport = transport_of(store)
         assert transport is not None
         feed = LiveFeed("r1")
@@ -41,7 +43,7 @@ async def test_a_long_batch_crosses_in_parts(feed_store_url: str) -> None:
             await transport.send("r1", payloads)
             await transport.send("r1", encode("elsewhere", 2, "r1", [delta("a")], None))
             got = [await feed.next(60) for _ in range(4)]
-        assert [e.data["text"] for e in got if e is not None] == ["a", long, "a", "a"]  # type: ignore[index,call-overload]
+        assert [e.data["text"] for e in got if e is not None] == ["a", long, "a", "a"]
         assert feed.dropped == 0
         assert await store.list_runs() is not None
         assert not (await store.list_runs()).runs  # nothing of it was stored
@@ -56,19 +58,21 @@ async def test_a_reader_skips_what_its_own_store_object_sent_and_what_is_damaged
     assert feed.take() is None
     assert feed.dropped == 3  # another run's, a stored event's type, a damaged part
     feed.put_payload(encode("other", 1, "r1", [delta("a"), delta("b"), delta("c")], None)[0])
-    assert [e.data["text"] for e in (feed.take(), feed.take()) if e is not None] == ["a", "b"]  # type: ignore[index,call-overload]
+    assert [e.data["text"] for e in (feed.take(), feed.take()) if e is not None] == ["a", "b"]
     assert feed.take() is None
     assert feed.dropped == 4  # "c" did not fit
 
 
 async def test_a_publisher_never_waits_for_its_store_and_counts_what_it_drops() -> None:
     class Stuck:
-        limit = None
+        limit: int | None = None
 
         async def send(self, run_id: str, payloads: list[str]) -> None:
             await asyncio.Event().wait()  # a store that never answers
 
-        def subscribe(self, run_id: str, put: object) -> object:
+        def subscribe(
+            self, run_id: str, put: Callable[[str], None]
+        ) -> AbstractAsyncContextManager[None]:
             raise NotImplementedError
 
     publisher = Publisher(MemoryStore(), "r1", Stuck())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import runpy
 import sys
 from asyncio.subprocess import PIPE
 from pathlib import Path
@@ -15,8 +16,7 @@ import pytest
 from .test_cli_runs import EXE
 
 DRIVER = Path(__file__).resolve().parent.parent / "storage" / "live_driver.py"
-sys.path.insert(0, str(DRIVER.parent))
-from live_driver import ANSWER  # noqa: E402
+ANSWER: str = runpy.run_path(str(DRIVER))["ANSWER"]
 
 
 @pytest.fixture(

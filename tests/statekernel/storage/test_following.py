@@ -10,7 +10,7 @@ import os
 import sys
 from asyncio.subprocess import PIPE, Process
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -73,7 +73,7 @@ async def done(driver: Process) -> list[str]:
 
 
 def texts(events: list[Event]) -> str:
-    return "".join(str(e.data["text"]) for e in events if e.type == "text_delta")  # type: ignore[index,call-overload]
+    return "".join(str(e.data["text"]) for e in events if e.type == "text_delta")
 
 
 async def test_a_reader_in_another_process_sees_the_deltas_before_the_commit(
@@ -81,7 +81,7 @@ async def test_a_reader_in_another_process_sees_the_deltas_before_the_commit(
 ) -> None:
     async with (
         driven_elsewhere(feed_store_url, "streamed", tmp_path) as (driver, pipe),
-        open_store(feed_store_url) as store,
+        aclosing(open_store(feed_store_url)) as store,
         follow(store, "streamed") as events,
     ):
         await go_on(pipe)
@@ -106,7 +106,7 @@ async def test_a_stalled_reader_drops_deltas_not_commits_and_never_holds_the_dri
 ) -> None:
     async with (
         driven_elsewhere(feed_store_url, "stalled", tmp_path) as (driver, pipe),
-        open_store(feed_store_url) as store,
+        aclosing(open_store(feed_store_url)) as store,
         follow(store, "stalled", capacity=5) as events,
         watch(store, "stalled") as notices,
     ):
@@ -158,7 +158,7 @@ async def test_a_reader_of_another_store_object_in_the_process_sees_each_delta_o
     provider = ScriptedProvider([Reply(text=answer, chunk=3)])
     async with (
         sk.Kernel(feed_store_url, providers={"scripted": provider}) as kernel,
-        open_store(feed_store_url) as other,
+        aclosing(open_store(feed_store_url)) as other,
     ):
         await kernel.start(model="scripted/x", messages=["go"], run_id="there")
         async with follow(other, "there") as events:
@@ -169,7 +169,7 @@ async def test_a_reader_of_another_store_object_in_the_process_sees_each_delta_o
 
 
 async def test_follow_checks_its_arguments() -> None:
-    async with open_store("memory://") as store:
+    async with aclosing(open_store("memory://")) as store:
         with pytest.raises(sk.errors.InvalidArgument, match="after_revision"):
             follow(store, "r", after_revision="1")  # type: ignore[arg-type]
         with pytest.raises(sk.errors.InvalidArgument, match="capacity"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +19,7 @@ from .serving import served
 from .test_live import sse_events
 
 DRIVER = Path(__file__).resolve().parent.parent / "storage" / "live_driver.py"
-sys.path.insert(0, str(DRIVER.parent))
-from live_driver import ANSWER  # noqa: E402
+ANSWER: str = runpy.run_path(str(DRIVER))["ANSWER"]
 
 
 @pytest.fixture(
