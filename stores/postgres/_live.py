@@ -56,6 +56,7 @@ class PostgresLive:
         self._puts: dict[str, set[Callable[[str], None]]] = {}
         self._conn: Any = None
         self._lock = asyncio.Lock()
+        self._again: asyncio.Task[None] | None = None
 
     async def send(self, run_id: str, payloads: list[str]) -> None:
         """``NOTIFY`` the payloads on the run's channel, in one statement."""
@@ -126,7 +127,8 @@ class PostgresLive:
         await self.store._listener_done(conn)
 
     def _ended(self, _conn: Any) -> None:
-        asyncio.get_running_loop().create_task(self._listen_again())
+        if self._again is None or self._again.done():
+            self._again = asyncio.get_running_loop().create_task(self._listen_again())
 
     async def _listen_again(self) -> None:
         """After the server ended the listening session: listen on another connection
