@@ -98,6 +98,7 @@ async def test_a_reader_in_another_process_sees_the_deltas_before_the_commit(
     assert last_delta < completed[0]
     assert all(not e.persisted and e.seq == -1 for e in deltas)
     assert [e for e in seen if e.persisted] == list(stored)
+    assert all(e.persisted for e in stored)  # no live event was stored
     assert events.dropped == 0
 
 
