@@ -7,20 +7,26 @@ readers of this process keep it in their bounded feeds, and the feed's sender ta
 from a bounded buffer (``BUFFERED``). When the buffer is full, or the store fails to
 send, live events are dropped and counted (``Publisher.dropped``), never a commit:
 commits reach readers as commit notices, and their events are read from the store.
+
+Before a commit the drive gives the sender up to ``FLUSH_WITHIN`` seconds to send the
+live events it still holds (``settled``; usually none: they are sent as they come), so
+that readers get them before the commit's notice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator
+from typing import Any
 
 from statekernel._records.events import Event
 from statekernel._secrets import logger
 from statekernel._storage.live import Transport, encode, local_feeds, source_of, transport_of
 
-__all__ = ["BUFFERED", "FLUSH_WITHIN", "Publisher", "publishing"]
+__all__ = ["BUFFERED", "FLUSH_WITHIN", "Publisher", "publishing", "settled"]
 
 log = logger("statekernel.stores")
 
@@ -29,7 +35,9 @@ BUFFERED = 1_000
 BATCH = 200
 """Live events sent in one payload at most."""
 FLUSH_WITHIN = 1.0
-"""Seconds the end of a drive gives the sender to send what its buffer still holds."""
+"""Seconds a commit, and the end of a drive, give the sender to send what it holds."""
+
+_publishers: weakref.WeakKeyDictionary[Any, dict[str, Publisher]] = weakref.WeakKeyDictionary()
 
 
 class Publisher:
@@ -46,6 +54,8 @@ class Publisher:
         self._source = source_of(store)
         self._number = 0
         self._sending = 0  # live events of the batch being sent
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def publish(self, event: Event) -> None:
         """Give the live ``event`` to this process's readers, and queue it for the
@@ -58,6 +68,7 @@ class Publisher:
             self.dropped += 1
             return
         self._buffer.append(event)
+        self._idle.clear()
         self._wake.set()
         if self._sender is None:
             self._sender = asyncio.get_running_loop().create_task(self._send())
@@ -67,6 +78,7 @@ class Publisher:
         assert transport is not None
         while True:
             if not self._buffer:
+                self._idle.set()
                 if self._closing:
                     return
                 self._wake.clear()
@@ -82,6 +94,12 @@ class Publisher:
                 self.dropped += len(batch)
                 log.debug("publishing live events of run %r: %s", self.run_id, exc)
             self._sending = 0
+
+    async def settled(self) -> None:
+        """Return once what the buffer held is sent, or after ``FLUSH_WITHIN`` seconds."""
+        if not self._idle.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), FLUSH_WITHIN)
 
     async def close(self) -> None:
         """Send what the buffer holds (for ``FLUSH_WITHIN`` seconds at most), then stop."""
@@ -112,6 +130,24 @@ async def publishing(store: object, run_id: str) -> AsyncIterator[Publisher]:
     """A publisher of ``run_id``'s live events for the length of the block."""
     publisher = Publisher(store, run_id, transport_of(store))
     try:
+        running = _publishers.setdefault(store, {})
+    except TypeError:  # takes no weak reference: nothing to settle before its commits
+        running = {}
+    running[run_id] = publisher
+    try:
         yield publisher
     finally:
+        if running.get(run_id) is publisher:
+            del running[run_id]
         await publisher.close()
+
+
+async def settled(store: object, run_id: str) -> None:
+    """Before a commit of ``run_id`` through ``store``: wait (``FLUSH_WITHIN`` seconds at
+    most) for the live events its drive published to be sent."""
+    try:
+        publisher = _publishers.get(store, {}).get(run_id)
+    except TypeError:
+        return
+    if publisher is not None:
+        await publisher.settled()

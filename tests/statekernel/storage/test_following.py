@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import signal
 import sys
-from asyncio.subprocess import PIPE, Process
+from asyncio.subprocess import DEVNULL, PIPE, Process
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
@@ -176,3 +178,34 @@ async def test_follow_checks_its_arguments() -> None:
         with pytest.raises(sk.errors.InvalidArgument, match="capacity"):
             async with follow(store, "r", capacity=0):
                 pass
+
+
+async def test_a_run_a_worker_process_drives_streams_its_deltas(
+    feed_store_url: str, tmp_path: Path
+) -> None:
+    exe = shutil.which("statekernel")
+    assert exe is not None
+    pipe = tmp_path / "go"
+    os.mkfifo(pipe)
+    env = {k: v for k, v in os.environ.items() if k != "STATEKERNEL_STORE"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DRIVER.parent), env.get("PYTHONPATH")]))
+    env["SK_LIVE_PIPE"] = str(pipe)
+    async with sk.Kernel(feed_store_url, providers={"scripted": ScriptedProvider([])}) as kernel:
+        await kernel.start(model="scripted/w", messages=["go"], run_id="worked")
+        async with follow(kernel.store, "worked") as events:
+            await kernel.submit("worked", queue="live")
+            args = ["worker", "--store", feed_store_url, "--queue", "live"]
+            worker = await asyncio.create_subprocess_exec(
+                exe, *args, "--agent", "live_agent:make", env=env, stdout=DEVNULL
+            )
+            try:
+                seen: list[Event] = []
+                async for event in events:
+                    seen.append(event)
+                    if event.type == "tool_call_started":  # the worker holds in the tool
+                        await go_on(pipe)
+            finally:
+                worker.send_signal(signal.SIGTERM)
+                await asyncio.wait_for(worker.wait(), 120)
+    assert texts(seen) == ANSWER
+    assert seen[-1].type == "run_completed"
