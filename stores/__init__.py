@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING
 
 from statekernel import _exports
 from statekernel._secrets import redact_url
+from statekernel._storage.following import Following, follow, live_feed
 from statekernel._storage.holders import ShowsHolders
+from statekernel._storage.live import LiveFeed
 from statekernel._storage.protocol import (
     BoundsEffects,
     CancelsRuns,
@@ -75,8 +77,10 @@ __all__ = [
     "DamagedRun",
     "DeadLetter",
     "FileStore",
+    "Following",
     "KeepsFences",
     "Lease",
+    "LiveFeed",
     "MemoryStore",
     "Migration",
     "PostgresStore",
@@ -94,6 +98,8 @@ __all__ = [
     "StoreWrapper",
     "StoredRun",
     "Watches",
+    "follow",
+    "live_feed",
     "migrate",
     "open_store",
     "redact_url",

@@ -4,16 +4,14 @@ fork, delete, prune, diagram."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import click
 
-from statekernel import STATE_IDS, CancelResult, Kernel, Run, StateId, to_plain
+from statekernel import STATE_IDS, CancelResult, Event, Kernel, Run, StateId, to_plain
 from statekernel._cli.common import (
     Output,
     UserError,
@@ -39,7 +37,15 @@ from statekernel._front.agents import load_agent
 from statekernel._front.reach import FORMATS, Owner, driven, owner_of, owners_of, queue_schemes
 from statekernel._front.visible import visible
 from statekernel.errors import RunNotFound, StoreError
-from statekernel.stores import CheckpointStore, RunQueues, RunSummary, Watches, redact_url, watch
+from statekernel.stores import (
+    CheckpointStore,
+    LiveFeed,
+    RunQueues,
+    RunSummary,
+    Watches,
+    live_feed,
+    redact_url,
+)
 
 __all__ = ["runs"]
 
@@ -213,30 +219,39 @@ def _idle_note(run: Run, driven: bool | None, store: str | None) -> str | None:
 def events(
     run_id: str, after: int, follow: bool, interval: float, store: str | None, as_json: bool
 ) -> None:
-    """Print a run's persisted events (JSON lines with --json)."""
+    """Print a run's persisted events (JSON lines with --json); with --follow, also
+    its live events (text deltas ...) as the process that drives it sends them, on a
+    store with a feed of its own (Redis, PostgreSQL)."""
     out = Output(as_json)
-    printer = EventPrinter(out.console, live=False)
+    printer = EventPrinter(out.console, live=follow)
 
     async def go() -> None:
         async with open_cli_store(store, reading=True) as s:
             if not follow or not isinstance(s, Watches):
                 await printing(s, None)
                 return
-            async with watch(s, run_id) as notices:
-                await printing(s, notices)
+            async with live_feed(s, run_id) as feed:
+                await printing(s, feed)
 
-    async def printing(s: CheckpointStore, notices: AsyncIterator[object] | None) -> None:
+    def show(event: Event) -> None:
+        if as_json:
+            out.json(event, lines=True)
+        else:
+            printer.show(event)
+
+    async def printing(s: CheckpointStore, feed: LiveFeed | None) -> None:
         """Print the new events, then wait for the next commit (a notice from a store
-        with a feed of its own, else ``interval``) while following."""
+        with a feed of its own, printing live events meanwhile, else ``interval``)
+        while following."""
         nonlocal after
         loop = asyncio.get_running_loop()
         quiet_since, told = loop.time(), False
         while True:
-            for event in await s.events(run_id, after_revision=after):
-                if as_json:
-                    out.json(event, lines=True)
-                else:
-                    printer.show(event)
+            committed = await s.events(run_id, after_revision=after)
+            while feed is not None and (live := feed.take()) is not None:
+                show(live)  # sent before those commits
+            for event in committed:
+                show(event)
                 after = max(after, event.revision)
                 quiet_since, told = loop.time(), False
             if not follow:
@@ -249,11 +264,11 @@ def events(
                 note = _idle_note(run, await _driven(s, run_id), store)
                 if note is not None:
                     out.note(visible(note), markup=False)
-            if notices is None:
+            if feed is None:
                 await asyncio.sleep(interval)
             else:  # a notice, or a look now and then all the same (notices may be missed)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(anext(notices), max(interval, IDLE_NOTE_AFTER))
+                while (live := await feed.next(max(interval, IDLE_NOTE_AFTER))) is not None:
+                    show(live)
 
     run_async(go())
 

@@ -110,6 +110,7 @@ from statekernel._records.run import (
     utcnow,
 )
 from statekernel._storage.protocol import CancelsRuns, Lease
+from statekernel._storage.publishing import settled
 from statekernel.errors import CancelRequested, ConflictError, InvalidTransition, LeaseLost
 
 if TYPE_CHECKING:
@@ -345,6 +346,7 @@ class RunDriver:
         """``commit``, with the failure of a hook observing the landed results as a value."""
         if not self.pending.open:
             return _Committed(())
+        await settled(self.kernel.store, self.run.run_id)  # live events reach readers first
         async with self.seats.commit_lock:  # a command of this kernel may commit first: adopted
             pending = self.pending
             base = pending.base

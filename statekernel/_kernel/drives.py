@@ -8,6 +8,7 @@ can land, is told at the top of ``statekernel._kernel.drive``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator
 
 from statekernel._kernel import telemetry
@@ -20,6 +21,7 @@ from statekernel._records.events import Event
 from statekernel._records.messages import Message
 from statekernel._records.pauses import Uncertain
 from statekernel._records.run import Run
+from statekernel._storage.publishing import publishing
 from statekernel.errors import ConflictError, InvalidTransition, LeaseLost, StoreError
 
 __all__ = ["check_input", "drive"]
@@ -42,7 +44,27 @@ async def drive(
     revision 0): no model or tool call started (a hook before it, ``on_turn_prepared``,
     runs again, as after a crash), so the drive loads the head and goes on from there.
     ``tenure``: the run's lease, taken with its creation (else the drive takes it).
+
+    Live events are also published (``_storage.publishing``): to the readers of this
+    process at once, and to other processes on the store's feed, without waiting.
     """
+    async with publishing(tenancy.store, run_id) as publisher:
+        events = _drive(tenancy, run_id, new_input, raise_on_failure, created, tenure)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if not event.persisted:
+                    publisher.publish(event)
+                yield event
+
+
+async def _drive(
+    tenancy: Tenancy,
+    run_id: str,
+    new_input: tuple[Message, ...],
+    raise_on_failure: bool,
+    created: Run | None,
+    tenure: Tenure | None,
+) -> AsyncGenerator[Event, None]:
     with telemetry.drive_span(run_id) as span:
         async with tenancy.driver(run_id, created, tenure) as driver:
             span.watch(driver)

@@ -4,13 +4,16 @@ committed, and the list's notices of commits; both fed by the view's one watch."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from statekernel import Event
 from statekernel.errors import StatekernelError
+from statekernel.stores import CommitNotice, LiveFeed, live_feed
 from statekernel.web.context import WebContext
 from statekernel.web.live import LOOK_EVERY, next_notice, sse
 from statekernel.web.numbers import BadNumber, query_number, whole_number
@@ -40,7 +43,7 @@ async def run_stream(request: Request) -> Response:
 
     async def stream() -> AsyncIterator[str]:
         nonlocal after
-        async with web.hub.subscribe() as queue:
+        async with web.hub.subscribe() as queue, _live(web, run_id, queue) as feed:
             yield sse("hello", "{}")
             while True:
                 try:
@@ -49,6 +52,8 @@ async def run_stream(request: Request) -> Response:
                 except StatekernelError as exc:
                     yield sse("gone", str(exc))
                     return
+                while feed is not None and (live := feed.take()) is not None:
+                    yield _live_event(live)  # sent before those commits
                 if events:
                     rows = [event_row(e) for e in events]
                     html = renderer.fragment("event_rows.html", {"events": rows})
@@ -60,9 +65,47 @@ async def run_stream(request: Request) -> Response:
                     return
                 if await request.is_disconnected():
                     return
-                await next_notice(queue, run_id)
+                if feed is None:
+                    await next_notice(queue, run_id)
+                    continue
+                while (live := await feed.next(LOOK_EVERY)) is not None:
+                    yield _live_event(live)
 
     return StreamingResponse(stream(), media_type="text/event-stream", headers=NO_CACHE)
+
+
+@contextlib.asynccontextmanager
+async def _live(
+    web: WebContext, run_id: str, queue: asyncio.Queue[CommitNotice | None]
+) -> AsyncIterator[LiveFeed | None]:
+    """The run's live events (from the process that drives it, on a store with a feed,
+    or from a drive of this view), woken by the hub's notices about the run; None when
+    the store failed to subscribe (the page then follows the commits alone)."""
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            feed = await stack.enter_async_context(live_feed(web.store, run_id, notices=False))
+        except StatekernelError:
+            yield None
+            return
+        pump = asyncio.create_task(_pump(queue, run_id, feed))
+        try:
+            yield feed
+        finally:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+
+
+async def _pump(queue: asyncio.Queue[CommitNotice | None], run_id: str, feed: LiveFeed) -> None:
+    while True:
+        await next_notice(queue, run_id)
+        feed.notify()
+
+
+def _live_event(event: Event) -> str:
+    """``event: live``: a live event (a text delta ...) as JSON, shown as it comes."""
+    body = {"type": event.type, "revision": event.revision, "data": event.data}
+    return sse("live", json.dumps(body))
 
 
 async def list_stream(request: Request) -> Response:

@@ -27,8 +27,18 @@
       var img = document.getElementById("diagram");
       if (img) { img.src = img.src.replace(/\?r=.*$/, "") + "?r=" + Date.now(); }
     }, 150);
+    var streaming = document.getElementById("streaming");
     source.addEventListener("events", function (e) {
       if (rows) { rows.insertAdjacentHTML("beforeend", e.data); }
+      if (streaming) { streaming.textContent = ""; streaming.hidden = true; }
+    });
+    source.addEventListener("live", function (e) {
+      var event = JSON.parse(e.data);
+      var text = event.data && event.data.text;
+      if (!streaming || typeof text !== "string") { return; }
+      if (event.type !== "text_delta" && event.type !== "reasoning_delta") { return; }
+      streaming.hidden = false;
+      streaming.appendChild(document.createTextNode(text));
     });
     source.addEventListener("run", function (e) {
       var run = JSON.parse(e.data);

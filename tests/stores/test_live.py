@@ -1,0 +1,84 @@
+"""The stores' transports of live events: a batch longer than a ``NOTIFY`` payload goes
+in parts and comes back whole; a reader keeps what fits and counts what it drops;
+nothing of it is stored."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, aclosing
+
+import pytest
+
+from statekernel import Event
+from statekernel._storage.live import LiveFeed, encode, transport_of
+from statekernel._storage.publishing import BUFFERED, Publisher
+from statekernel.stores import MemoryStore, RedisStore, open_store
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
+def feed_store_url(request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue(f"{request.param}_store_url"))
+
+
+def delta(text: str, revision: int = 3) -> Event:
+    return Event("text_delta", "r1", revision, data={"text": text})
+
+
+async def test_a_long_batch_crosses_in_parts(feed_store_url: str) -> None:
+    long = "é∑" + "x" * 30_000  # beyond NOTIFY's 8000 bytes, and not ASCII
+    async with aclosing(open_store(feed_store_url)) as store:
+        transport = transport_of(store)
+        assert transport is not None
+        feed = LiveFeed("r1")
+        async with transport.subscribe("r1", feed.put_payload):
+            payloads = encode("elsewhere", 1, "r1", [delta("a"), delta(long), delta("a")], 8000)
+            assert len(payloads) > 3
+            assert all(len(p.encode()) <= 8000 for p in payloads)
+            await transport.send("r1", payloads)
+            await transport.send("r1", encode("elsewhere", 2, "r1", [delta("a")], None))
+            got = [await feed.next(60) for _ in range(4)]
+        assert [e.data["text"] for e in got if e is not None] == ["a", long, "a", "a"]
+        assert feed.dropped == 0
+        assert not (await store.list_runs()).runs  # nothing of it was stored
+        if isinstance(store, RedisStore):
+            assert await store.client.keys("*live*") == []  # pub/sub keeps no key
+
+
+async def test_a_reader_skips_what_its_own_store_object_sent_and_what_is_damaged() -> None:
+    feed = LiveFeed("r1", ignore="me", capacity=2)
+    feed.put_payload(encode("me", 1, "r1", [delta("mine")], None)[0])
+    feed.put_payload(encode("other", 1, "r2", [delta("not this run")], None)[0])
+    feed.put_payload('{"s": "other", "r": "r1", "e": [["run_completed", 1, {}, "x"]]}')
+    feed.put_payload("~key 5 2 half")
+    assert feed.take() is None
+    assert feed.dropped == 3  # another run's, a stored event's type, a damaged part
+    feed.put_payload(encode("other", 1, "r1", [delta("a"), delta("b"), delta("c")], None)[0])
+    assert [e.data["text"] for e in (feed.take(), feed.take()) if e is not None] == ["a", "b"]
+    assert feed.take() is None
+    assert feed.dropped == 4  # "c" did not fit
+
+
+async def test_a_publisher_never_waits_for_its_store_and_counts_what_it_drops() -> None:
+    class Stuck:
+        limit: int | None = None
+
+        async def send(self, run_id: str, payloads: list[str]) -> None:
+            await asyncio.Event().wait()  # a store that never answers
+
+        def subscribe(
+            self, run_id: str, put: Callable[[str], None]
+        ) -> AbstractAsyncContextManager[None]:
+            raise NotImplementedError
+
+    publisher = Publisher(MemoryStore(), "r1", Stuck())
+    for i in range(BUFFERED + 500):
+        publisher.publish(delta(str(i)))
+    assert publisher.dropped == 500  # at once: the buffer was full
+    await publisher.close()  # within FLUSH_WITHIN: what it held is dropped
+    assert publisher.dropped == BUFFERED + 500
