@@ -328,14 +328,17 @@ class Run:
 
     def cost(self, prices: Prices) -> RunCost:
         """What the run's model answers cost at ``prices`` (``"provider/name"`` to a
-        ``statekernel.telemetry.Price``), turn by turn (each at its request's model).
+        ``statekernel.telemetry.Price``), turn by turn (each at the model that answered
+        it: its request's, or a ``Fallback`` chain's next).
 
         Returns:
             The total and each answered turn's cost.
         """
         turns = [*self.turns, self.current_turn] if self.current_turn else self.turns
         answered = (
-            (t.index, t.request.model, t.result.usage) for t in turns if t.result is not None
+            (t.index, t.answered_by or t.request.model, t.result.usage)
+            for t in turns
+            if t.result is not None
         )
         return turns_cost(answered, prices)
 

@@ -8,10 +8,10 @@ import math
 import pytest
 
 import statekernel as sk
-from statekernel.errors import InvalidArgument
+from statekernel.errors import InvalidArgument, ProviderUnavailable
 from statekernel.stores import MemoryStore
 from statekernel.telemetry import Price, RunCost, TurnCost
-from statekernel.testing import Reply, ScriptedProvider, call
+from statekernel.testing import Fail, Reply, ScriptedProvider, call
 
 PRICE = Price(input_per_mtok=2.5, output_per_mtok=10.0, cached_input_per_mtok=1.25)
 
@@ -86,3 +86,17 @@ async def test_a_run_costs_its_answered_turns_at_their_models_price() -> None:
         0.0, (TurnCost(0, "scripted/m", None), TurnCost(1, "scripted/m", None)), ("scripted/m",)
     )
     assert sk.Run(run_id="new", model="scripted/m").cost(prices) == RunCost(0.0, ())
+
+
+async def test_a_turn_answered_by_a_fallback_is_priced_at_the_model_that_answered() -> None:
+    down = ScriptedProvider([Fail(ProviderUnavailable("down", provider="down"), times=100)])
+    cheap = Price(input_per_mtok=1.0, output_per_mtok=2.0)
+    prices = {"down/m": PRICE, "up/m": cheap}
+    providers = {"down": down, "up": ScriptedProvider(["Hello."])}
+    async with sk.Kernel(MemoryStore(), providers=providers, prices=prices) as kernel:
+        run = await kernel.start(model=sk.Fallback("down/m", "up/m"), messages=["Hi"])
+        async for _ in kernel.run(run.run_id):
+            pass
+        run = await kernel.get(run.run_id)
+    assert run.turns[0].answered_by == "up/m"
+    assert run.cost(prices).turns == (TurnCost(0, "up/m", cheap.cost(run.usage)),)
