@@ -40,7 +40,13 @@ from statekernel._storage.protocol import (
     SettlesOnCancel,
     StoreWrapper,
 )
-from statekernel._storage.queues import DeadLetter, QueueEntry, RunQueue
+from statekernel._storage.queues import (
+    DeadLetter,
+    QueueDepth,
+    QueuedRun,
+    QueueEntry,
+    RunQueue,
+)
 from statekernel._storage.watching import CommitNotice, Watches, watch
 from statekernel.stores._open import open_store
 
@@ -80,7 +86,9 @@ __all__ = [
     "MemoryStore",
     "Migration",
     "PostgresStore",
+    "QueueDepth",
     "QueueEntry",
+    "QueuedRun",
     "RedisStore",
     "ReleasesWithCommit",
     "RevisionHistory",
