@@ -77,6 +77,11 @@ def _number(value: Any) -> int:
     return int(text) if text.isdigit() else 0
 
 
+def _client(queue: RedisRunQueue) -> Any:
+    """The queue's client, untyped (its replies are read as they come)."""
+    return queue.client
+
+
 def _fields(raw: Any) -> dict[str, str]:
     return {_text(k): _text(v) for k, v in (raw or {}).items()}
 
@@ -100,13 +105,13 @@ async def _group(queue: RedisRunQueue) -> tuple[str, dict[str, tuple[str, int]]]
     from statekernel.stores.redis._queue import GROUP
 
     try:
-        groups = await queue.client.xinfo_groups(queue.key)
+        groups = await _client(queue).xinfo_groups(queue.key)
     except ResponseError:  # no stream yet
         return "0-0", {}
     group = next((g for g in groups if _text(g.get("name")) == GROUP), None)
     if group is None:
         return "0-0", {}
-    rows = await queue.client.xpending_range(queue.key, GROUP, "-", "+", 10_000)
+    rows = await _client(queue).xpending_range(queue.key, GROUP, "-", "+", 10_000)
     taken = {
         _text(r["message_id"]): (_text(r["consumer"]), int(r["times_delivered"])) for r in rows
     }
@@ -122,11 +127,11 @@ def _after(entry_id: str, last: str) -> bool:
 async def _aside(queue: RedisRunQueue, limit: int) -> list[QueuedRun]:
     """The delayed entries, then the keyed ones waiting for their turn."""
     found = []
-    for member in await queue.client.zrange(queue.delayed_key, 0, limit - 1):
+    for member in await _client(queue).zrange(queue.delayed_key, 0, limit - 1):
         run_id, at, entry_id, key, _ = json.loads(_text(member))
         found.append(QueuedRun(entry_id, run_id, int(at), 0, "delayed", None, key))
-    for key in await queue.client.zrange(queue.key + ":keys", 0, limit - 1):
-        listed = await queue.client.lrange(f"{queue.key}:kq:{_text(key)}", 0, limit - 1)
+    for key in await _client(queue).zrange(queue.key + ":keys", 0, limit - 1):
+        listed = await _client(queue).lrange(f"{queue.key}:kq:{_text(key)}", 0, limit - 1)
         for member in listed:
             run_id, at, entry_id, key_, _ = json.loads(_text(member))
             found.append(QueuedRun(entry_id, run_id, int(at), 0, "waiting", None, key_))
@@ -137,7 +142,7 @@ async def entries(queue: RedisRunQueue, limit: int) -> list[QueuedRun]:
     """Up to ``limit`` entries not settled, oldest first."""
     last, taken = await _group(queue)
     found = []
-    for entry_id, raw in await queue.client.xrange(queue.key, count=limit):
+    for entry_id, raw in await _client(queue).xrange(queue.key, count=limit):
         entry_id, fields = _text(entry_id), _fields(raw)
         consumer, deliveries = taken.get(entry_id, (None, 0))
         if consumer is None and not _after(entry_id, last):
@@ -156,13 +161,13 @@ async def depth(queue: RedisRunQueue) -> QueueDepth:
     """The counts, and the oldest entry that could be taken now (in the stream and not
     delivered, or first of its key's list)."""
     waiting, taken = await queue.waiting(), await queue._pending_or_none()
-    dead = int(await queue.client.xlen(queue.dead_key))
+    dead = int(await _client(queue).xlen(queue.dead_key))
     last, _ = await _group(queue)
     oldest: list[int] = []
-    first = await queue.client.xrange(queue.key, min=f"({last}", count=1)
+    first = await _client(queue).xrange(queue.key, min=f"({last}", count=1)
     oldest += [_number(_fields(raw).get("at", "0")) for _, raw in first]
-    for key in await queue.client.zrange(queue.key + ":keys", 0, 99):
-        head = await queue.client.lindex(f"{queue.key}:kq:{_text(key)}", 0)
+    for key in await _client(queue).zrange(queue.key + ":keys", 0, 99):
+        head = await _client(queue).lindex(f"{queue.key}:kq:{_text(key)}", 0)
         if head is not None:
             oldest.append(int(json.loads(_text(head))[1]))
     return QueueDepth(queue.name, waiting, taken, dead, min(oldest) if oldest else None)
@@ -170,7 +175,7 @@ async def depth(queue: RedisRunQueue) -> QueueDepth:
 
 async def _dead_ids(queue: RedisRunQueue, run_id: str | None) -> list[tuple[str, str]]:
     """(id, run) of the dead letters (of ``run_id``, or all)."""
-    rows = await queue.client.xrange(queue.dead_key)
+    rows = await _client(queue).xrange(queue.dead_key)
     pairs = [(_text(i), _fields(raw).get("run", "")) for i, raw in rows]
     return [(i, run) for i, run in pairs if run_id is None or run == run_id]
 
@@ -182,7 +187,7 @@ async def revive(queue: RedisRunQueue, run_id: str | None) -> int:
         return 0
     args: list[Any] = [int(time.time() * 1000)]
     args += [part for pair in pairs for part in pair]
-    script = queue.client.register_script(REVIVE)
+    script = _client(queue).register_script(REVIVE)
     return int(await script(keys=[queue.key, queue.dead_key], args=args))
 
 
@@ -193,19 +198,19 @@ async def drop(queue: RedisRunQueue, run_id: str) -> int:
     stream: list[str] = []
     start = "-"
     while True:
-        rows = await queue.client.xrange(queue.key, min=start, count=PAGE)
+        rows = await _client(queue).xrange(queue.key, min=start, count=PAGE)
         stream += [_text(i) for i, raw in rows if _fields(raw).get("run") == run_id]
         if len(rows) < PAGE:
             break
         start = "(" + _text(rows[-1][0])
     delayed = [
         _text(m)
-        for m in await queue.client.zrange(queue.delayed_key, 0, -1)
+        for m in await _client(queue).zrange(queue.delayed_key, 0, -1)
         if json.loads(_text(m))[0] == run_id
     ]
     keyed = []
-    for key in await queue.client.zrange(queue.key + ":keys", 0, -1):
-        for member in await queue.client.lrange(f"{queue.key}:kq:{_text(key)}", 0, -1):
+    for key in await _client(queue).zrange(queue.key + ":keys", 0, -1):
+        for member in await _client(queue).lrange(f"{queue.key}:kq:{_text(key)}", 0, -1):
             if json.loads(_text(member))[0] == run_id:
                 keyed.append([_text(key), _text(member)])
     dead = [i for i, _ in await _dead_ids(queue, run_id)]
@@ -214,5 +219,5 @@ async def drop(queue: RedisRunQueue, run_id: str) -> int:
     found = json.dumps(
         {"stream": stream, "delayed": delayed, "keyed": keyed, "dead": dead}, ensure_ascii=False
     )
-    script = queue.client.register_script(DROP)
+    script = _client(queue).register_script(DROP)
     return int(await script(keys=[queue.key], args=[GROUP, found]))

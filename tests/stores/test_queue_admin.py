@@ -57,7 +57,8 @@ async def test_the_queues_are_listed_with_their_depth(kernel: sk.Kernel) -> None
     queue = await _queue(kernel)
     depth = await queue.depth()
     assert (depth.name, depth.waiting, depth.taken, depth.dead) == ("default", 4, 0, 0)
-    assert depth.oldest_ms is not None and before - 1000 <= depth.oldest_ms
+    assert depth.oldest_ms is not None
+    assert before - 1000 <= depth.oldest_ms
     (taken,) = await queue.read("w1", 1, 0)
     assert taken.run_id == "a"
     depth = await queue.depth()
