@@ -384,7 +384,10 @@ class Worker:
             try:
                 held = [e.id for run_id, e in self.holding.items() if self.kernel.holds(run_id)]
                 await self.queue.refresh(self.name, held)  # a lost lease's entry goes idle
+                if held:  # a round trip to the store (at full concurrency, the only one)
+                    self.ready, self.problem = not self.stopping, None
             except Exception as exc:  # entries go idle: peers reclaim them once leases end
+                self.ready, self.problem = False, f"refreshing its entries: {exc}"
                 log.warning("worker %s: refreshing its entries: %s", self.name, exc)
 
 
