@@ -44,6 +44,7 @@ def health_app(worker: Worker) -> Callable[[Scope, Receive, Send], Awaitable[Non
         if scope["type"] != "http":
             return
         path, method = scope.get("path", ""), scope.get("method", "GET")
+        body: dict[str, Any]
         if method not in ("GET", "HEAD"):
             status, body = 405, {"error": "only GET"}
         elif path == "/livez":
