@@ -20,18 +20,17 @@ from statekernel._cli.common import (
     run_async,
     store_url,
 )
-from statekernel._front.reach import queue_schemes
+from statekernel._front.reach import checked_queue_name, queue_schemes
 from statekernel._front.text import short
 from statekernel._front.visible import visible
-from statekernel._storage.queues import (
+from statekernel.errors import InvalidArgument
+from statekernel.stores import (
     DeadLetter,
     QueueDepth,
     QueuedRun,
     RunQueues,
-    checked_queue_name,
+    redact_url,
 )
-from statekernel.errors import InvalidArgument
-from statekernel.stores import redact_url
 
 __all__ = ["queues", "waited"]
 

@@ -21,16 +21,30 @@ import json
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 
+from statekernel._storage.queues import RunQueue
 from statekernel.errors import ConfigError, StoreError
 
-if TYPE_CHECKING:
-    from statekernel._workers.worker import Worker
 
-__all__ = ["HealthServer", "health_app"]
+class Worker(Protocol):
+    """What the endpoint reads of a ``statekernel.Worker``."""
+
+    name: str
+    queue_name: str
+    holding: dict[str, Any]
+    ready: bool
+    problem: str | None
+
+    @property
+    def alive(self) -> bool:
+        """Whether it serves."""
+        ...
+
+
+__all__ = ["HealthServer", "Worker", "health_app"]
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -69,7 +83,7 @@ def health_app(worker: Worker) -> Callable[[Scope, Receive, Send], Awaitable[Non
 
 
 async def _depth(worker: Worker) -> tuple[int, dict[str, Any]]:
-    queue = getattr(worker, "queue", None)
+    queue: RunQueue | None = getattr(worker, "queue", None)
     if queue is None:
         return 503, {"error": "the worker has not opened its queue yet"}
     try:

@@ -16,8 +16,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from statekernel._storage.queues import RunQueue, RunQueues, checked_queue_name
+from statekernel._front.reach import checked_queue_name
 from statekernel.errors import InvalidArgument, StatekernelError
+from statekernel.stores import RunQueue, RunQueues
 from statekernel.web.bodies import read_form
 from statekernel.web.context import WebContext
 from statekernel.web.links import path_for

@@ -36,7 +36,7 @@ from statekernel.stores.redis._wire import FAILURES, transaction
 __all__ = ["GROUP", "RedisRunQueue"]
 
 T = TypeVar("T")
-GROUP = "workers"
+GROUP = scripts.GROUP
 DEAD_MAXLEN = 10_000
 READY_KEYS = 100
 """Waiting keys a read looks at for entries to move to the stream (oldest keys first)."""
@@ -217,6 +217,10 @@ class RedisRunQueue:
         length = int(await self._call(self.client.xlen(self.key)))
         aside = int(await self._call(self._waiting(keys=[self.key])))
         return max(length - await self._pending_or_none(), 0) + aside
+
+    async def pending_or_none(self) -> int:
+        """Entries delivered and not settled (0 before the consumer group exists)."""
+        return await self._pending_or_none()
 
     async def _pending_or_none(self) -> int:
         from redis.exceptions import ResponseError

@@ -14,14 +14,44 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from statekernel._storage.queues import QueueDepth, QueuedRun
+from statekernel.stores.redis._queue_scripts import GROUP
 
-if TYPE_CHECKING:
-    from statekernel.stores.redis._queue import RedisRunQueue
 
-__all__ = ["DROP", "REVIVE", "depth", "drop", "entries", "queue_names", "revive"]
+class Inspected(Protocol):
+    """What these functions need of a ``_queue.RedisRunQueue``."""
+
+    name: str
+    key: str
+    dead_key: str
+    delayed_key: str
+
+    @property
+    def client(self) -> Any:
+        """The store's client."""
+        ...
+
+    async def waiting(self) -> int:
+        """Entries not delivered yet."""
+        ...
+
+    async def pending_or_none(self) -> int:
+        """Entries delivered and not settled (0 without a consumer group)."""
+        ...
+
+
+__all__ = [
+    "DROP",
+    "REVIVE",
+    "Inspected",
+    "depth",
+    "drop",
+    "entries",
+    "queue_names",
+    "revive",
+]
 
 PAGE = 1000
 """Stream entries read per round trip while looking for a run's entries."""
@@ -77,7 +107,7 @@ def _number(value: Any) -> int:
     return int(text) if text.isdigit() else 0
 
 
-def _client(queue: RedisRunQueue) -> Any:
+def _client(queue: Inspected) -> Any:
     """The queue's client, untyped (its replies are read as they come)."""
     return queue.client
 
@@ -97,12 +127,10 @@ async def queue_names(client: Any, prefix: str) -> list[str]:
     return sorted(names)
 
 
-async def _group(queue: RedisRunQueue) -> tuple[str, dict[str, tuple[str, int]]]:
+async def _group(queue: Inspected) -> tuple[str, dict[str, tuple[str, int]]]:
     """The group's last delivered id (``0-0`` without a group) and its pending entries:
     id -> (consumer, deliveries)."""
     from redis.exceptions import ResponseError
-
-    from statekernel.stores.redis._queue import GROUP
 
     try:
         groups = await _client(queue).xinfo_groups(queue.key)
@@ -124,7 +152,7 @@ def _after(entry_id: str, last: str) -> bool:
     return (int(ms), int(seq or 0)) > (int(last_ms), int(last_seq or 0))
 
 
-async def _aside(queue: RedisRunQueue, limit: int) -> list[QueuedRun]:
+async def _aside(queue: Inspected, limit: int) -> list[QueuedRun]:
     """The delayed entries, then the keyed ones waiting for their turn."""
     found = []
     for member in await _client(queue).zrange(queue.delayed_key, 0, limit - 1):
@@ -138,7 +166,7 @@ async def _aside(queue: RedisRunQueue, limit: int) -> list[QueuedRun]:
     return found
 
 
-async def entries(queue: RedisRunQueue, limit: int) -> list[QueuedRun]:
+async def entries(queue: Inspected, limit: int) -> list[QueuedRun]:
     """Up to ``limit`` entries not settled, oldest first."""
     last, taken = await _group(queue)
     found = []
@@ -157,10 +185,10 @@ async def entries(queue: RedisRunQueue, limit: int) -> list[QueuedRun]:
     return found[:limit]
 
 
-async def depth(queue: RedisRunQueue) -> QueueDepth:
+async def depth(queue: Inspected) -> QueueDepth:
     """The counts, and the oldest entry that could be taken now (in the stream and not
     delivered, or first of its key's list)."""
-    waiting, taken = await queue.waiting(), await queue._pending_or_none()
+    waiting, taken = await queue.waiting(), await queue.pending_or_none()
     dead = int(await _client(queue).xlen(queue.dead_key))
     last, _ = await _group(queue)
     oldest: list[int] = []
@@ -173,14 +201,14 @@ async def depth(queue: RedisRunQueue) -> QueueDepth:
     return QueueDepth(queue.name, waiting, taken, dead, min(oldest) if oldest else None)
 
 
-async def _dead_ids(queue: RedisRunQueue, run_id: str | None) -> list[tuple[str, str]]:
+async def _dead_ids(queue: Inspected, run_id: str | None) -> list[tuple[str, str]]:
     """(id, run) of the dead letters (of ``run_id``, or all)."""
     rows = await _client(queue).xrange(queue.dead_key)
     pairs = [(_text(i), _fields(raw).get("run", "")) for i, raw in rows]
     return [(i, run) for i, run in pairs if run_id is None or run == run_id]
 
 
-async def revive(queue: RedisRunQueue, run_id: str | None) -> int:
+async def revive(queue: Inspected, run_id: str | None) -> int:
     """Dead letters (of ``run_id``, or all) back on the queue, one entry per run."""
     pairs = await _dead_ids(queue, run_id)
     if not pairs:
@@ -191,10 +219,8 @@ async def revive(queue: RedisRunQueue, run_id: str | None) -> int:
     return int(await script(keys=[queue.key, queue.dead_key], args=args))
 
 
-async def drop(queue: RedisRunQueue, run_id: str) -> int:
+async def drop(queue: Inspected, run_id: str) -> int:
     """Remove ``run_id``'s entries not delivered, waiting aside, and its dead letters."""
-    from statekernel.stores.redis._queue import GROUP
-
     stream: list[str] = []
     start = "-"
     while True:
