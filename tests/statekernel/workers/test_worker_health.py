@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import signal
+import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -115,3 +120,36 @@ async def test_health_options_are_checked(redis_store_url: str) -> None:
         await again.serve()
     taken.stop()
     await first
+
+
+def test_the_worker_command_serves_the_endpoint(redis_store_url: str, tmp_path: Path) -> None:
+    exe = shutil.which("statekernel")
+    assert exe is not None
+    env = {k: v for k, v in os.environ.items() if k != "STATEKERNEL_STORE"}
+    proc = subprocess.Popen(
+        [exe, "worker", "--store", redis_store_url, "--health-port", "0"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        where = ""
+        for line in proc.stderr:  # the worker says where it listens
+            if line.startswith("health endpoint: "):
+                where = line.split(": ", 1)[1].strip()
+                break
+        assert where.startswith("http://127.0.0.1:"), where
+        deadline = time.monotonic() + 60
+        while (answer := _get(f"{where}/readyz"))[0] != 200:
+            assert time.monotonic() < deadline, answer
+            time.sleep(0.05)
+        assert answer[1]["queue"] == "default"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
