@@ -8,23 +8,36 @@ daemon thread of the process and a kernel on it; each call blocks until the coro
 it sends there has finished. Make one per process (for Celery's prefork pool, in the
 ``worker_process_init`` signal, so a forked child never shares its parent's loop or
 connections), and ``close`` it at the process's end.
+
+``SyncKernel`` wraps a ``KernelThread`` so that every method of ``Kernel`` is a plain
+method (``run`` and ``start_and_run`` sync iterators of events); in a process forked
+after it was made, its first call makes a new ``KernelThread`` there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import inspect
 import os
+import queue
 import threading
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
-from statekernel._kernel.kernel import Kernel
-from statekernel._records.messages import Message
-from statekernel._records.run import Run
+from statekernel._kernel.cancelling import CancelResult
+from statekernel._kernel.kernel import NOT_GIVEN, Kernel
+from statekernel._kernel.output import DEFAULT_RETRIES
+from statekernel._kernel.retention import DEFAULT_STATES, PruneResult
+from statekernel._records.events import Event
+from statekernel._records.messages import JSON, Message
+from statekernel._records.run import Run, StateId
 from statekernel.errors import InvalidArgument, StatekernelError
 
-__all__ = ["KernelThread"]
+__all__ = ["KernelThread", "SyncKernel"]
 
 T = TypeVar("T")
 
@@ -67,6 +80,10 @@ class KernelThread:
     def _submit(self, work: Awaitable[T], timeout: float | None = None) -> T:
         """Run ``work`` on the loop and wait for it; refused once closed, or in a process
         forked from the one that made this (the child has no copy of the loop's thread)."""
+        return self._wait(self._start(work), timeout)
+
+    def _start(self, work: Awaitable[T]) -> concurrent.futures.Future[T]:
+        """Start ``work`` on the loop, as a call that ``close`` ends, without waiting."""
         calls = self._calls
 
         async def wrapped() -> T:
@@ -83,7 +100,10 @@ class KernelThread:
             if self._closed:
                 _discard(work)
                 raise StatekernelError("this KernelThread is closed")
-            future = asyncio.run_coroutine_threadsafe(wrapped(), self._loop)
+            return asyncio.run_coroutine_threadsafe(wrapped(), self._loop)
+
+    def _wait(self, future: concurrent.futures.Future[T], timeout: float | None = None) -> T:
+        """The result of a call started on the loop (its error raised here)."""
         try:
             return future.result(timeout)
         except concurrent.futures.CancelledError:
@@ -200,3 +220,383 @@ def _discard(work: Awaitable[object]) -> None:
     close = getattr(work, "close", None)
     if callable(close):
         close()
+
+
+_MADE: weakref.WeakSet[SyncKernel] = weakref.WeakSet()
+"""The sync kernels of this process: a forked child gives each a new lock."""
+
+
+def _after_fork() -> None:
+    for made in list(_MADE):
+        made._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+class SyncKernel:
+    """A ``Kernel`` made by ``make()`` for sync code: each method of ``Kernel`` with
+    the same arguments, blocking until it is done (Celery tasks, RQ jobs, WSGI
+    handlers, scripts). ``run`` and ``start_and_run`` are sync iterators of events.
+
+    ``make`` opens the kernel and its store (on the background loop): in a process
+    forked after this was made, the first call makes a new one there. ``close()``
+    closes the kernel and stops the loop's thread; use one per process.
+    """
+
+    def __init__(self, make: Callable[[], Kernel], *, name: str = "statekernel") -> None:
+        if not callable(make):
+            raise InvalidArgument(f"make must be a callable that returns a Kernel, got {make!r}")
+        self._make = make
+        self._name = name
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._thread = KernelThread(make, name=name)
+        _MADE.add(self)
+
+    @property
+    def thread(self) -> KernelThread:
+        """The ``KernelThread`` serving this process (made again in a forked child)."""
+        if self._pid != os.getpid():
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._thread = KernelThread(self._make, name=self._name)
+                    self._pid = os.getpid()
+        return self._thread
+
+    def _call(self, fn: Callable[[Kernel], Awaitable[T]]) -> T:
+        return self.thread.call(fn)
+
+    def _iterate(self, make: Callable[[Kernel], AsyncIterator[T]]) -> Generator[T, None, None]:
+        """The items of ``make(kernel)``, each fetched on the loop when asked for here;
+        closing this closes it there."""
+        thread = self.thread
+        asked: asyncio.Queue[bool] = asyncio.Queue()  # bound to the loop at its first use
+        handed: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+
+        async def pump() -> None:
+            try:
+                async with contextlib.aclosing(make(thread.kernel)) as items:  # type: ignore[type-var]
+                    while await asked.get():
+                        try:
+                            item = await anext(items)
+                        except StopAsyncIteration:
+                            return
+                        handed.put(("item", item))
+            except Exception as exc:
+                handed.put(("error", exc))
+            except BaseException:
+                closed = StatekernelError("this KernelThread was closed while the events came")
+                handed.put(("error", closed))
+                raise
+            finally:
+                handed.put(("end", None))
+
+        future = thread._start(pump())
+        loop = thread._loop
+        try:
+            while True:
+                loop.call_soon_threadsafe(asked.put_nowait, True)
+                kind, value = handed.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise value
+                yield value
+        finally:
+            if not future.done():
+                loop.call_soon_threadsafe(asked.put_nowait, False)
+            with contextlib.suppress(Exception):
+                thread._wait(future)
+
+    # -- the kernel's methods, in Kernel's order -----------------------------------------
+
+    def start(
+        self,
+        *,
+        model: str,
+        messages: Iterable[Message | str] = (),
+        context: JSON = None,
+        run_id: str | None = None,
+        max_turns: int | None = NOT_GIVEN,
+        parent_run_id: str | None = None,
+        parent_call_id: str | None = None,
+        deadline: datetime | None = None,
+        timeout: float | None = None,
+        output_type: object = None,
+        output_retries: int = DEFAULT_RETRIES,
+    ) -> Run:
+        """``Kernel.start``: create a run (not driven yet).
+
+        Returns:
+            The new run.
+        """
+        return self._call(
+            lambda k: k.start(
+                model=model,
+                messages=messages,
+                context=context,
+                run_id=run_id,
+                max_turns=max_turns,
+                parent_run_id=parent_run_id,
+                parent_call_id=parent_call_id,
+                deadline=deadline,
+                timeout=timeout,
+                output_type=output_type,
+                output_retries=output_retries,
+            )
+        )
+
+    def start_and_run(
+        self,
+        *,
+        model: str,
+        messages: Iterable[Message | str] = (),
+        context: JSON = None,
+        run_id: str | None = None,
+        max_turns: int | None = NOT_GIVEN,
+        raise_on_failure: bool = False,
+        deadline: datetime | None = None,
+        timeout: float | None = None,
+        output_type: object = None,
+        output_retries: int = DEFAULT_RETRIES,
+    ) -> Generator[Event, None, None]:
+        """``Kernel.start_and_run``: create a run and drive it to rest, yielding its events.
+
+        Returns:
+            The run's events, as they happen.
+        """
+        return self._iterate(
+            lambda k: k.start_and_run(
+                model=model,
+                messages=messages,
+                context=context,
+                run_id=run_id,
+                max_turns=max_turns,
+                raise_on_failure=raise_on_failure,
+                deadline=deadline,
+                timeout=timeout,
+                output_type=output_type,
+                output_retries=output_retries,
+            )
+        )
+
+    def fork(
+        self, run_id: str, *, at_revision: int | None = None, new_run_id: str | None = None
+    ) -> Run:
+        """``Kernel.fork``: a new run from a revision of ``run_id``.
+
+        Returns:
+            The new run.
+        """
+        return self._call(lambda k: k.fork(run_id, at_revision=at_revision, new_run_id=new_run_id))
+
+    def children(self, run_id: str) -> list[Run]:
+        """``Kernel.children``: the child runs of ``run_id``.
+
+        Returns:
+            The child runs.
+        """
+        return self._call(lambda k: k.children(run_id))
+
+    def delete(
+        self,
+        run_id: str,
+        *,
+        children: bool = False,
+        approve: Callable[[list[str]], Awaitable[None]] | Callable[[list[str]], None] | None = None,
+    ) -> list[str]:
+        """``Kernel.delete``: delete a run (with ``children``, its subtree). ``approve``
+        may also be a sync function: it is called in a thread of the loop's executor.
+
+        Returns:
+            The ids of the runs deleted, the deepest first.
+        """
+        if approve is None:
+            return self._call(lambda k: k.delete(run_id, children=children))
+        if not callable(approve):
+            raise InvalidArgument(
+                f"approve must be a function taking the list of run ids, got {approve!r}"
+            )
+        given = approve
+
+        async def approved(ids: list[str]) -> None:
+            loop = asyncio.get_running_loop()
+            result: object = await loop.run_in_executor(None, given, ids)
+            if inspect.isawaitable(result):
+                await result
+
+        return self._call(lambda k: k.delete(run_id, children=children, approve=approved))
+
+    def prune(
+        self,
+        *,
+        older_than: timedelta | datetime,
+        states: Iterable[StateId] = DEFAULT_STATES,
+        dry_run: bool = False,
+        batch: int = 100,
+    ) -> PruneResult:
+        """``Kernel.prune``: delete old runs with their child runs.
+
+        Returns:
+            What was deleted (or would be, with ``dry_run``) and what was held.
+        """
+        return self._call(
+            lambda k: k.prune(older_than=older_than, states=states, dry_run=dry_run, batch=batch)
+        )
+
+    def run(
+        self, run_id: str, *messages: Message | str, raise_on_failure: bool = False
+    ) -> Generator[Event, None, None]:
+        """``Kernel.run``: drive the run to rest, yielding its events; leaving the loop
+        early stops the run cleanly, as closing the async generator does.
+
+        Returns:
+            The run's events, as they happen.
+        """
+        return self._iterate(lambda k: k.run(run_id, *messages, raise_on_failure=raise_on_failure))
+
+    def step(self, run_id: str, *, raise_on_failure: bool = False) -> list[Event]:
+        """``Kernel.step``: drive the run by one turn.
+
+        Returns:
+            The turn's events.
+        """
+        return self._call(lambda k: k.step(run_id, raise_on_failure=raise_on_failure))
+
+    def submit(
+        self,
+        run_id: str,
+        *,
+        queue: str = "default",
+        delay: float = 0.0,
+        key: str | None = None,
+        key_limit: int = 1,
+    ) -> str:
+        """``Kernel.submit``: hand the run to the workers of a run queue.
+
+        Returns:
+            The id of the queue entry.
+        """
+        return self._call(
+            lambda k: k.submit(run_id, queue=queue, delay=delay, key=key, key_limit=key_limit)
+        )
+
+    def holds(self, run_id: str) -> bool:
+        """``Kernel.holds``: whether this kernel drives (holds the lease of) the run.
+
+        Returns:
+            True while it does.
+        """
+
+        async def holds(k: Kernel) -> bool:
+            return k.holds(run_id)
+
+        return self._call(holds)
+
+    def get(self, run_id: str) -> Run:
+        """``Kernel.get``: the run's head.
+
+        Returns:
+            The run.
+        """
+        return self._call(lambda k: k.get(run_id))
+
+    def events(self, run_id: str, *, after_revision: int = -1) -> list[Event]:
+        """``Kernel.events``: the run's persisted events after a revision.
+
+        Returns:
+            The events.
+        """
+        return self._call(lambda k: k.events(run_id, after_revision=after_revision))
+
+    def tree(self, run_id: str) -> list[tuple[int, Run]]:
+        """``Kernel.tree``: the run and its descendants with their depths.
+
+        Returns:
+            ``(depth, run)`` pairs, the run first.
+        """
+        return self._call(lambda k: k.tree(run_id))
+
+    def diagram(self, run_id: str, *, format: str = "svg") -> bytes:
+        """``Kernel.diagram``: the lifecycle diagram with the run's path.
+
+        Returns:
+            The diagram.
+        """
+        return self._call(lambda k: k.diagram(run_id, format=format))
+
+    def send(self, run_id: str, *messages: Message | str) -> Run:
+        """``Kernel.send``: add input to a run at rest.
+
+        Returns:
+            The run.
+        """
+        return self._call(lambda k: k.send(run_id, *messages))
+
+    def resume(self, run_id: str, *, value: JSON = NOT_GIVEN, max_turns: int | None = None) -> Run:
+        """``Kernel.resume``: answer a paused run.
+
+        Returns:
+            The run.
+        """
+        return self._call(lambda k: k.resume(run_id, value=value, max_turns=max_turns))
+
+    def cancel(
+        self, run_id: str, reason: str = "", *, by: str | None = None, children: bool = True
+    ) -> CancelResult:
+        """``Kernel.cancel``: cancel a run (and its child runs).
+
+        Returns:
+            What was cancelled.
+        """
+        return self._call(lambda k: k.cancel(run_id, reason, by=by, children=children))
+
+    def retry(self, run_id: str) -> Run:
+        """``Kernel.retry``: make a failed run ready to drive again.
+
+        Returns:
+            The run.
+        """
+        return self._call(lambda k: k.retry(run_id))
+
+    def resolve_tool_call(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        output: JSON = NOT_GIVEN,
+        error: str | None = None,
+        rerun: bool = False,
+    ) -> Run:
+        """``Kernel.resolve_tool_call``: settle a tool call whose outcome is uncertain.
+
+        Returns:
+            The run.
+        """
+        return self._call(
+            lambda k: k.resolve_tool_call(run_id, call_id, output=output, error=error, rerun=rerun)
+        )
+
+    def update_context(self, run_id: str, fn: Callable[[JSON], Any], *, attempts: int = 5) -> Run:
+        """``Kernel.update_context``: change the run's context with ``fn`` (run on the
+        loop: keep it quick).
+
+        Returns:
+            The run.
+        """
+        return self._call(lambda k: k.update_context(run_id, fn, attempts=attempts))
+
+    def aclose(self) -> None:
+        """``Kernel.aclose``, as ``close``."""
+        self.close()
+
+    def close(self) -> None:
+        """Close the kernel (releasing its leases) and stop the loop's thread. Idempotent."""
+        self._thread.close()
+
+    def __enter__(self) -> SyncKernel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

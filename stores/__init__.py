@@ -42,7 +42,13 @@ from statekernel._storage.protocol import (
     SettlesOnCancel,
     StoreWrapper,
 )
-from statekernel._storage.queues import DeadLetter, QueueEntry, RunQueue
+from statekernel._storage.queues import (
+    DeadLetter,
+    QueueDepth,
+    QueuedRun,
+    QueueEntry,
+    RunQueue,
+)
 from statekernel._storage.watching import CommitNotice, Watches, watch
 from statekernel.stores._open import open_store
 
@@ -84,7 +90,9 @@ __all__ = [
     "MemoryStore",
     "Migration",
     "PostgresStore",
+    "QueueDepth",
     "QueueEntry",
+    "QueuedRun",
     "RedisStore",
     "ReleasesWithCommit",
     "RevisionHistory",

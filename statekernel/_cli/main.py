@@ -34,6 +34,7 @@ from statekernel._cli.common import (
 )
 from statekernel._cli.doctor import doctor
 from statekernel._cli.drive import CrashPoint, checked_model, drive, summary_line
+from statekernel._cli.queues import queues
 from statekernel._cli.runs import runs
 from statekernel._cli.ui import ui
 from statekernel._cli.worker import worker
@@ -67,6 +68,7 @@ def cli() -> None:
 
 
 cli.add_command(runs)
+cli.add_command(queues)
 cli.add_command(worker)
 cli.add_command(doctor)
 cli.add_command(ui)

@@ -30,7 +30,13 @@ def _has_run_queues(url: str) -> bool:
         run_async(opened.aclose())
 
 
-async def _serve(worker: Worker) -> WorkerStats:
+async def _said_where(worker: Worker) -> None:
+    """Print where the health endpoint listens, once it does."""
+    await worker.health_listening.wait()
+    click.echo(f"health endpoint: http://{worker.health_host}:{worker.health_port}", err=True)
+
+
+async def _serve(worker: Worker, health: bool = False) -> WorkerStats:
     loop = asyncio.get_running_loop()
     signals = 0
 
@@ -41,9 +47,12 @@ async def _serve(worker: Worker) -> WorkerStats:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
+    said = asyncio.create_task(_said_where(worker)) if health else None
     try:
         return await worker.serve()
     finally:
+        if said is not None:
+            said.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 
@@ -96,6 +105,19 @@ async def _serve(worker: Worker) -> WorkerStats:
     show_default=True,
     help="Seconds between two looks for due timers (with --timers).",
 )
+@click.option(
+    "--health-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve /livez, /readyz and /queue (JSON) over HTTP on this port (0: a free one, "
+    "printed); needs statekernel[ui].",
+)
+@click.option(
+    "--health-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address of the health endpoint (loopback unless told otherwise).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the final counts as JSON.")
 def worker(
     store: str | None,
@@ -107,6 +129,8 @@ def worker(
     name: str | None,
     timers: bool,
     timer_every: float,
+    health_port: int | None,
+    health_host: str,
     as_json: bool,
 ) -> None:
     """Drive the runs submitted to a run queue (kernel.submit), many at once.
@@ -133,11 +157,13 @@ def worker(
         name=name,
         timers=timers,
         timer_every=timer_every,
+        health_port=health_port,
+        health_host=health_host,
     )
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     click.echo(f"worker {runner.name}: queue {queue!r} on {redact_url(url)}", err=True)
-    stats = run_async(_serve(runner))
+    stats = run_async(_serve(runner, health_port is not None))
     if as_json:
         click.echo(json.dumps({"worker": runner.name, "queue": queue, **attrs.asdict(stats)}))
     click.echo(

@@ -1,10 +1,11 @@
 """What the front-ends use of the kernel and its stores that is not public API, in one
 list: the redaction of secrets in what they show and log, how a reader opens a store
 and tells who drives a run, the store doctor, the diagrams of the lifecycle, the
-states ``prune`` takes by default, and the transcript's shared-prefix test. The
-command line and the web view import these names from here, and every other name from
-the public modules (``tests/test_layout.py`` holds them to it), so what they depend
-on beyond the public API is in sight in this one place.
+states ``prune`` takes by default, the check of a run queue's name, and the
+transcript's shared-prefix test. The command line and the web view import these names
+from here, and every other name from the public modules (``tests/test_layout.py``
+holds them to it), so what they depend on beyond the public API is in sight in this
+one place.
 """
 
 from statekernel._kernel.retention import DEFAULT_STATES, states_of
@@ -13,6 +14,7 @@ from statekernel._records.lazy import LazyTuple
 from statekernel._secrets import logger, redact
 from statekernel._storage.config import default_store_url
 from statekernel._storage.holders import driven
+from statekernel._storage.queues import checked_queue_name
 from statekernel.stores._alive import Owner, owner_of, owners_of
 from statekernel.stores._doctor import DAMAGED, diagnose
 from statekernel.stores._open import open_store_to_read, queue_schemes
@@ -27,6 +29,7 @@ __all__ = [
     "Owner",
     "can_render_svg",
     "check_store_file",
+    "checked_queue_name",
     "default_store_url",
     "diagnose",
     "driven",

@@ -25,7 +25,9 @@ from statekernel.errors import InvalidArgument
 
 __all__ = [
     "DeadLetter",
+    "QueueDepth",
     "QueueEntry",
+    "QueuedRun",
     "RunQueue",
     "RunQueues",
     "checked_queue_name",
@@ -86,6 +88,36 @@ class DeadLetter:
     detail: str
     worker: str
     at_ms: int
+
+
+@attrs.frozen
+class QueuedRun:
+    """An entry as an operator sees it: its id, the run, when it was submitted (ms since
+    the epoch), how often it was delivered, its ``state`` (``waiting``: ready to be
+    taken, or waiting for its key's turn; ``delayed``: not due yet; ``taken``: delivered
+    to a worker and not settled), the worker that holds it (when taken) and its key."""
+
+    id: str
+    run_id: str
+    submitted_ms: int
+    deliveries: int
+    state: str
+    consumer: str | None = None
+    key: str | None = None
+
+
+@attrs.frozen
+class QueueDepth:
+    """How much a queue holds: entries not delivered yet (``waiting``, the delayed ones
+    with them), delivered and not settled (``taken``), dead letters kept (``dead``), and
+    when the oldest entry that could be taken now was submitted (``oldest_ms``, ms since
+    the epoch; None when there is none)."""
+
+    name: str
+    waiting: int
+    taken: int
+    dead: int
+    oldest_ms: int | None = None
 
 
 @runtime_checkable
@@ -181,6 +213,40 @@ class RunQueue(Protocol):
         """
         ...
 
+    async def depth(self) -> QueueDepth:
+        """How many entries wait, are taken and are dead letters, and the oldest wait.
+
+        Returns:
+            The queue's depth.
+        """
+        ...
+
+    async def entries(self, limit: int = 100) -> list[QueuedRun]:
+        """The entries not settled (waiting, delayed, taken), oldest first.
+
+        Returns:
+            At most ``limit`` entries.
+        """
+        ...
+
+    async def revive(self, run_id: str | None = None) -> int:
+        """Put the runs of the dead letters (of ``run_id``, or all) back on the queue, one
+        new entry per run, and remove those dead letters, atomically.
+
+        Returns:
+            How many runs were put back (0: no such dead letter).
+        """
+        ...
+
+    async def drop(self, run_id: str) -> int:
+        """Remove the entries of ``run_id`` that are not taken (waiting, delayed) and its
+        dead letters; a taken entry is left to its worker.
+
+        Returns:
+            How many entries and dead letters were removed.
+        """
+        ...
+
     async def leave(self, consumer: str) -> None:
         """``consumer`` stops reading (what the store keeps of it may go)."""
         ...
@@ -216,6 +282,17 @@ class RunQueues(Protocol):
         Raises:
             RunNotFound: no run has this id.
             InvalidArgument: ``queue`` is not a valid queue name.
+            StoreError: the storage failed.
+        """
+        ...
+
+    async def queue_names(self) -> list[str]:
+        """The names of the queues that hold entries or dead letters, sorted.
+
+        Returns:
+            The queue names.
+
+        Raises:
             StoreError: the storage failed.
         """
         ...

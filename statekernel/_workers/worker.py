@@ -97,7 +97,9 @@ class Worker:
     worker's runs wait before others reclaim them. ``grace``: seconds ``stop()`` lets
     runs reach a clean stopping point. ``timers``: also fire the pause timers and
     deadlines of the store's paused runs, looking every ``timer_every`` seconds (see
-    the module). ``serve()`` runs until ``stop()``.
+    the module). ``health_port``: serve ``/livez``, ``/readyz`` and ``/queue`` over
+    HTTP on ``health_host`` (loopback by default; 0: a free port, in ``health_port``
+    once serving; needs the ``ui`` extra). ``serve()`` runs until ``stop()``.
     """
 
     queue: RunQueue
@@ -117,12 +119,26 @@ class Worker:
         name: str | None = None,
         timers: bool = False,
         timer_every: float = 1.0,
+        health_port: int | None = None,
+        health_host: str = "127.0.0.1",
     ) -> None:
         concurrency, lease_ttl, grace, block, max_deliveries = check_worker_options(
             concurrency, lease_ttl, grace, block, max_deliveries
         )
         self.timers = flag("timers", timers)
         self.timer_every = seconds("timer_every", timer_every)
+        if health_port is not None and (
+            type(health_port) is not int or not 0 <= health_port <= 65535
+        ):
+            raise InvalidArgument(f"health_port must be None or 0 to 65535, got {health_port!r}")
+        self.health_port = health_port
+        self.health_host = text("health_host", health_host)
+        self.ready = False
+        """True while the worker takes work: its last read of the queue succeeded."""
+        self.problem: str | None = None
+        """Why it is not ready, when a read of the queue failed."""
+        self.health_listening = asyncio.Event()
+        """Set once the health endpoint listens (on ``health_port``)."""
         text("queue", queue)
         optional_text("name", name, empty=True)
         self.store_spec = store
@@ -143,6 +159,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._cursor = "0-0"
         self._served = False
+        self._ended = False
 
     # -- control -----------------------------------------------------------------
 
@@ -151,9 +168,15 @@ class Worker:
         """True once ``stop()`` was called."""
         return self._stop.is_set()
 
+    @property
+    def alive(self) -> bool:
+        """True from ``serve()`` until it returns (what ``/livez`` answers)."""
+        return self._served and not self._ended
+
     def stop(self, *, now: bool = False) -> None:
         """Stop taking work and wind down (``now``: cancel runs without waiting)."""
         self._stop.set()
+        self.ready = False
         if now:
             self._hurry.set()
         self._wake.set()
@@ -197,8 +220,9 @@ class Worker:
                     **self._kernel_options(),
                 )
                 try:
-                    await self._serve()
+                    await self._serve_with_health()
                 finally:
+                    self._ended, self.ready = True, False
                     await self.kernel.aclose()
             finally:
                 await self.queue.aclose()
@@ -215,6 +239,19 @@ class Worker:
                     f"the worker's agent options must not name {name!r}: the worker sets it"
                 )
         return options
+
+    async def _serve_with_health(self) -> None:
+        """``_serve``, with the health endpoint while it runs (with ``health_port``)."""
+        if self.health_port is None:
+            await self._serve()
+            return
+        from statekernel._workers.health import HealthServer
+
+        async with HealthServer(self, self.health_host, self.health_port) as health:
+            self.health_port = health.port
+            self.health_listening.set()
+            log.info("worker %s: health endpoint on http://%s", self.name, health.where)
+            await self._serve()
 
     async def _serve(self) -> None:
         await self.queue.prepare()
@@ -253,7 +290,9 @@ class Worker:
                     next_claim = loop.time() + min(self.lease_ttl / 2, 5.0)
                 if not entries:
                     entries = await self.queue.read(self.name, free, round(self.block * 1000))
+                self.ready, self.problem = not self.stopping, None
             except StoreError as exc:
+                self.ready, self.problem = False, str(exc)
                 log.warning("worker %s: %s", self.name, exc)
                 await self._sleep(1.0)
                 continue
@@ -351,9 +390,16 @@ class Worker:
             try:
                 held = [e.id for run_id, e in self.holding.items() if self.kernel.holds(run_id)]
                 await self.queue.refresh(self.name, held)  # a lost lease's entry goes idle
-                await metrics.sample_depth(self.queue)
+                if held:  # a round trip to the store (at full concurrency, the only one)
+                    self.ready, self.problem = not self.stopping, None
             except Exception as exc:  # entries go idle: peers reclaim them once leases end
-                log.warning("worker %s: refreshing its entries (or depth): %s", self.name, exc)
+                self.ready, self.problem = False, f"refreshing its entries: {exc}"
+                log.warning("worker %s: refreshing its entries: %s", self.name, exc)
+                continue
+            try:
+                await metrics.sample_depth(self.queue)
+            except Exception as exc:  # a metric, not the worker's readiness
+                log.warning("worker %s: sampling its queue's depth: %s", self.name, exc)
 
 
 def _open(store: CheckpointStore | str | None) -> tuple[CheckpointStore, bool]:

@@ -21,6 +21,7 @@ from statekernel.web.headers import SecurityHeaders
 from statekernel.web.hosts import HostCheck, allowed_names
 from statekernel.web.numbers import BadNumber
 from statekernel.web.pages import bad_request, diagram_svg, run_page, runs_list
+from statekernel.web.queues import queue_act, queue_page, queues_page
 from statekernel.web.rendering import Renderer
 from statekernel.web.streams import list_stream, run_stream
 
@@ -60,7 +61,9 @@ def create_app(
     kernel nor an agent the view is read-only and says why. ``authorize(request,
     action, run_id)`` (sync or async) answers whether a request may ``view`` a page or
     do an action (``answer``, ``resume``, ``resolve``, ``send``, ``retry``, ``cancel``,
-    ``fork``, ``delete``); False answers 403, and an answer that is not a bool is a
+    ``fork``, ``delete``; ``queues`` to look at the run queues, with no run id, and
+    ``requeue`` or ``drop`` of a run's queue entries, ``requeue`` with no run id for
+    every dead letter); False answers 403, and an answer that is not a bool is a
     ``ConfigError`` (so a hook missing its ``return`` refuses nothing silently). Deleting
     with children asks about each child run while the kernel holds the whole tree.
     Every action is a POST carrying a CSRF token (in its query string or the
@@ -107,6 +110,9 @@ def create_app(
         Route("/runs/{run_id}/stream", run_stream, name="run_stream"),
         Route("/runs/{run_id}/diagram.svg", diagram_svg, name="diagram"),
         Route("/runs/{run_id}/{action}", act, methods=["POST"], name="act"),
+        Route("/queues", queues_page, name="queues"),
+        Route("/queues/{name}", queue_page, name="queue"),
+        Route("/queues/{name}/{action}", queue_act, methods=["POST"], name="queue_act"),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     handlers = {BadNumber: bad_request}

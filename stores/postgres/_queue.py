@@ -31,8 +31,16 @@ from typing import Any
 
 import attrs
 
-from statekernel._storage.queues import DeadLetter, QueueEntry, checked_queue_name, queue_key
+from statekernel._storage.queues import (
+    DeadLetter,
+    QueueDepth,
+    QueuedRun,
+    QueueEntry,
+    checked_queue_name,
+    queue_key,
+)
 from statekernel._storage.shielding import shielded
+from statekernel.stores.postgres import _queue_admin as admin
 from statekernel.stores.postgres._connections import discard, lost
 from statekernel.stores.postgres._keys import lock_key
 from statekernel.stores.postgres._ops import Tables, run_key
@@ -205,6 +213,26 @@ class PostgresRunQueue:
             )
             for r in reversed(rows)
         ]
+
+    async def depth(self) -> QueueDepth:
+        """How many entries wait, are taken and are dead letters, and the oldest wait."""
+        found: QueueDepth = await self._run(admin.depth, self.name)
+        return found
+
+    async def entries(self, limit: int = 100) -> list[QueuedRun]:
+        """The entries not settled (waiting, delayed, taken), oldest first."""
+        found: list[QueuedRun] = await self._run(admin.entries, self.name, limit)
+        return found
+
+    async def revive(self, run_id: str | None = None) -> int:
+        """Put the runs of the dead letters (of ``run_id``, or all) back on the queue."""
+        found: int = await self._run(admin.revive, self.name, run_id, self.channel)
+        return found
+
+    async def drop(self, run_id: str) -> int:
+        """Remove ``run_id``'s entries not taken and its dead letters."""
+        found: int = await self._run(admin.drop, self.name, run_id)
+        return found
 
     async def leave(self, consumer: str) -> None:
         """Nothing is kept of a consumer here."""

@@ -97,6 +97,7 @@ from statekernel.stores.postgres._leases import EFFECT_WINDOW, LOCK, RENEWAL, Cl
 from statekernel.stores.postgres._listening import Listening
 from statekernel.stores.postgres._owners import OwnerLocks
 from statekernel.stores.postgres._queue import PostgresRunQueue
+from statekernel.stores.postgres._queue_admin import queue_names
 from statekernel.stores.postgres._schema import (
     CANCELS_VERSION,
     STORE_VERSION,
@@ -642,6 +643,10 @@ class PostgresStore(Closing):
                 await shielded(listening.stop())  # to its end, cancelled again or not
 
     # -- run queues ----------------------------------------------------------------
+
+    async def queue_names(self) -> list[str]:
+        """The names of the run queues with entries or dead letters, sorted."""
+        return await self._run(queue_names)
 
     def run_queue(self, name: str) -> PostgresRunQueue:
         """The run queue ``name``: a table next to the runs, read with ``SKIP LOCKED``

@@ -19,8 +19,16 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 from statekernel._secrets import redact
-from statekernel._storage.queues import DeadLetter, QueueEntry, checked_queue_name, queue_key
+from statekernel._storage.queues import (
+    DeadLetter,
+    QueueDepth,
+    QueuedRun,
+    QueueEntry,
+    checked_queue_name,
+    queue_key,
+)
 from statekernel.errors import StoreError
+from statekernel.stores.redis import _queue_admin as admin
 from statekernel.stores.redis import _queue_scripts as scripts
 from statekernel.stores.redis._fencing import RedisBacked
 from statekernel.stores.redis._wire import FAILURES, transaction
@@ -28,7 +36,7 @@ from statekernel.stores.redis._wire import FAILURES, transaction
 __all__ = ["GROUP", "RedisRunQueue"]
 
 T = TypeVar("T")
-GROUP = "workers"
+GROUP = scripts.GROUP
 DEAD_MAXLEN = 10_000
 READY_KEYS = 100
 """Waiting keys a read looks at for entries to move to the stream (oldest keys first)."""
@@ -210,6 +218,10 @@ class RedisRunQueue:
         aside = int(await self._call(self._waiting(keys=[self.key])))
         return max(length - await self._pending_or_none(), 0) + aside
 
+    async def pending_or_none(self) -> int:
+        """Entries delivered and not settled (0 before the consumer group exists)."""
+        return await self._pending_or_none()
+
     async def _pending_or_none(self) -> int:
         from redis.exceptions import ResponseError
 
@@ -237,6 +249,22 @@ class RedisRunQueue:
                 )
             )
         return found
+
+    async def depth(self) -> QueueDepth:
+        """How many entries wait, are taken and are dead letters, and the oldest wait."""
+        return await self._call(admin.depth(self))
+
+    async def entries(self, limit: int = 100) -> list[QueuedRun]:
+        """The entries not settled (waiting, delayed, taken), oldest first."""
+        return await self._call(admin.entries(self, limit))
+
+    async def revive(self, run_id: str | None = None) -> int:
+        """Put the runs of the dead letters (of ``run_id``, or all) back on the queue."""
+        return await self._call(admin.revive(self, run_id))
+
+    async def drop(self, run_id: str) -> int:
+        """Remove ``run_id``'s entries not taken and its dead letters."""
+        return await self._call(admin.drop(self, run_id))
 
     async def leave(self, consumer: str) -> None:
         """Remove ``consumer`` from the group if it has nothing pending."""

@@ -16,7 +16,10 @@ back once (only when ``XACK`` acknowledged it: an entry settled twice counts onc
 
 from __future__ import annotations
 
-__all__ = ["DELAY", "KEYED", "READY", "SETTLE", "WAITING"]
+__all__ = ["DELAY", "GROUP", "KEYED", "READY", "SETTLE", "WAITING"]
+
+GROUP = "workers"
+"""The consumer group of every queue's workers."""
 
 _NOW_MS = "local t = redis.call('TIME')\nlocal now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
 

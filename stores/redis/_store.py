@@ -102,6 +102,7 @@ from statekernel.stores.redis._cancels import CANCEL_KEY, CancelRequests
 from statekernel.stores.redis._fencing import RELEASE, RENEW, AnyRedis
 from statekernel.stores.redis._index import RunIndex
 from statekernel.stores.redis._queue import RedisRunQueue
+from statekernel.stores.redis._queue_admin import queue_names
 from statekernel.stores.redis._replicas import OPTION_NAMES, ReplicaOptions, Replication, options_of
 from statekernel.stores.redis._scripts import (
     ACQUIRE_SCRIPT,
@@ -302,6 +303,10 @@ class RedisStore(Closing):
         run_queue = RedisRunQueue(self, queue)
         await self.load(run_id)  # RunNotFound for a run that does not exist
         return await run_queue.submit(run_id, **how)
+
+    async def queue_names(self) -> list[str]:
+        """The names of the run queues with entries or dead letters, sorted."""
+        return await self._call(queue_names(self._client, self.prefix))
 
     def run_queue(self, name: str) -> RedisRunQueue:
         """The run queue ``name`` (a Redis Stream next to the runs)."""
