@@ -58,6 +58,7 @@ from statekernel._kernel.output import DEFAULT_RETRIES, output_spec_for
 from statekernel._kernel.resolving import resolve_call, resume_paused
 from statekernel._kernel.retention import DEFAULT_STATES, PruneResult, prune_runs
 from statekernel._kernel.submitting import submit_run
+from statekernel._kernel.tagging import update_tags
 from statekernel._kernel.tenancy import Tenancy
 from statekernel._kernel.timers import settle_due
 from statekernel._kernel.tools import Tool, tools_by_name
@@ -74,6 +75,7 @@ from statekernel._records.arguments import (
 from statekernel._records.events import Event
 from statekernel._records.messages import JSON, Message, OutputSpec
 from statekernel._records.run import Run, StateId, utcnow
+from statekernel._records.tags import check_tags
 from statekernel._records.values import check_messages, checked
 from statekernel._secrets import logger
 from statekernel._storage.closing import Closing
@@ -233,6 +235,7 @@ class Kernel(Closing):
         timeout: float | None = None,  # noqa: ASYNC109 (the run's time, not this call's)
         output_type: object = None,
         output_retries: int = DEFAULT_RETRIES,
+        tags: Mapping[str, str] | None = None,
     ) -> Run:
         """Create a run at ``init`` (revision 0). Nothing runs until ``run`` is iterated.
 
@@ -242,6 +245,10 @@ class Kernel(Closing):
 
         ``output_type``: the final answer's type (a pydantic model, dataclass, attrs class,
         ``TypedDict`` or JSON Schema), sent back ``output_retries`` times (``output_as``).
+
+        ``tags``: strings to find the run by (``list_runs(tags=)``), at most 32, each key
+        1 to 64 of ``A-Z a-z 0-9 _ . : -`` and each value at most 256 characters
+        (``InvalidTag`` naming the key otherwise); changed later with ``update_tags``.
 
         ``parent_run_id`` and ``parent_call_id`` (both or neither) make it the child
         run of that call (``delegate`` tools start their child runs so). A model whose
@@ -258,9 +265,9 @@ class Kernel(Closing):
         """
         when, spec = run_deadline(deadline, timeout), _output_spec(output_type, output_retries)
         args = (model, messages, context, run_id, max_turns, parent_run_id, parent_call_id)
-        run = _new_run(self.max_turns, *args, deadline=when, output_spec=spec)
+        run = _new_run(self.max_turns, *args, deadline=when, output_spec=spec, tags=tags)
         self.registry.check(model)  # an unknown provider is refused before a run exists
-        await self._create_run(Checkpoint.between(None, run))
+        await _create_run(self.store, Checkpoint.between(None, run))
         return run
 
     async def _create(
@@ -281,7 +288,7 @@ class Kernel(Closing):
         args = (model, messages, context, run_id, max_turns, parent_run_id, parent_call_id)
         spec = _output_spec(output_type, DEFAULT_RETRIES)  # a delegate's, made already
         run = _new_run(self.max_turns, *args, deadline=deadline, output_spec=spec)
-        await self._create_run(Checkpoint.between(None, run))
+        await _create_run(self.store, Checkpoint.between(None, run))
         return run
 
     async def start_and_run(
@@ -297,6 +304,7 @@ class Kernel(Closing):
         timeout: float | None = None,  # noqa: ASYNC109 (the run's time, not this call's)
         output_type: object = None,
         output_retries: int = DEFAULT_RETRIES,
+        tags: Mapping[str, str] | None = None,
     ) -> AsyncIterator[Event]:
         """``start`` then ``run`` in one: create the run and drive it until it is paused,
         failed or completed, yielding its events (the first, ``run_started``, names the
@@ -311,12 +319,12 @@ class Kernel(Closing):
         flag("raise_on_failure", raise_on_failure)
         args = (model, messages, context, run_id, max_turns, None, None)
         when, spec = run_deadline(deadline, timeout), _output_spec(output_type, output_retries)
-        run = _new_run(self.max_turns, *args, deadline=when, output_spec=spec)
+        run = _new_run(self.max_turns, *args, deadline=when, output_spec=spec, tags=tags)
         self.registry.check(model)
         created = Checkpoint.between(None, run)
         tenure = await self._tenancy.create(created)  # the lease taken with the run
         if tenure is None:  # a store that cannot: the run is created, its lease taken next
-            await self._create_run(created)
+            await _create_run(self.store, created)
         drive_run = drive(
             self._tenancy,
             run.run_id,
@@ -331,7 +339,8 @@ class Kernel(Closing):
     async def fork(
         self, run_id: str, *, at_revision: int | None = None, new_run_id: str | None = None
     ) -> Run:
-        """A new, independent run starting from ``run_id`` as it was at ``at_revision``.
+        """A new, independent run starting from ``run_id`` as it was at ``at_revision``
+        (its tags included).
 
         Returns:
             The new run.
@@ -350,16 +359,8 @@ class Kernel(Closing):
         run = attrs.evolve(
             source, run_id=new_id, revision=0, event_count=1, created_at=now, updated_at=now
         )
-        await self._create_run(Checkpoint.between(None, run, (event,)))
+        await _create_run(self.store, Checkpoint.between(None, run, (event,)))
         return run
-
-    async def _create_run(self, checkpoint: Checkpoint) -> None:
-        """Commit a new run (revision 0) through the committer: an ambiguous store failure
-        is settled from the head (the run is created once), one that did not land is
-        tried again; ``StoreError`` when no attempt landed, ``ConflictError`` when
-        another run has the id."""
-        landing = await Committer(self.store, None, reported=False).commit(checkpoint)
-        landing.unwrap()
 
     def child_kernel(
         self,
@@ -779,6 +780,43 @@ class Kernel(Closing):
                 return driver.run
         raise AssertionError("unreachable")
 
+    async def update_tags(
+        self,
+        run_id: str,
+        set: Mapping[str, str] | None = None,
+        remove: Iterable[str] = (),
+        *,
+        expected_revision: int | None = None,
+    ) -> Run:
+        """Set the pairs of ``set`` and remove the keys of ``remove`` from the run's tags,
+        compare-and-set: committed as ``tags_updated`` (the state stays).
+
+        With ``expected_revision`` the change lands only on that revision of the run;
+        without it, a concurrent commit makes it apply again to the newer tags (a few
+        times, then ``ConflictError``). A change that changes nothing commits nothing.
+
+        Returns:
+            The run after the commit (as it was when nothing changed).
+
+        Raises:
+            RunNotFound: no run has this id.
+            ConflictError: the run is not at ``expected_revision``, or other commits won
+                every attempt.
+            InvalidTag: a tag that breaks the rules (named), a key both set and removed,
+                or more than 32 tags after the change.
+            RunBusy: a live owner held the run for longer than ``busy_timeout``.
+        """
+        return await update_tags(self._tenancy, run_id, set, remove, expected_revision)
+
+
+async def _create_run(store: CheckpointStore, checkpoint: Checkpoint) -> None:
+    """Commit a new run (revision 0) through the committer: an ambiguous store failure
+    is settled from the head (the run is created once), one that did not land is tried
+    again; ``StoreError`` when no attempt landed, ``ConflictError`` when another run has
+    the id."""
+    landing = await Committer(store, None, reported=False).commit(checkpoint)
+    landing.unwrap()
+
 
 def _new_run(
     default_turns: int | None,
@@ -792,6 +830,7 @@ def _new_run(
     *,
     deadline: datetime | None = None,
     output_spec: OutputSpec | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> Run:
     """The run ``start`` creates (revision 0), its arguments checked; ``max_turns`` not
     given is ``default_turns`` (the kernel's)."""
@@ -818,6 +857,7 @@ def _new_run(
         parent_call_id=parent_call_id,
         deadline=deadline,
         output_spec=output_spec,
+        tags={} if tags is None else check_tags(tags),
     )
 
 

@@ -269,6 +269,7 @@ EVENTS: dict[str, frozenset[str]] = {
 DATA_CHANGES: Mapping[str, frozenset[str]] = MappingProxyType(
     {
         "context_updated": frozenset({"context"}),
+        "tags_updated": frozenset({"tags"}),
         "tool_call_resolved": frozenset({"pause"}),
         "timer_fired": frozenset({"pause"}),
     }

@@ -235,7 +235,7 @@ class Run:
     ``pending_pause`` is a pause a hook asked for at the end of a turn, taken
     before the next turn starts. A child run (started by a ``delegate`` tool) names
     the run and the tool call that started it in ``parent_run_id`` and
-    ``parent_call_id``.
+    ``parent_call_id``. ``tags`` are the strings a listing finds it by.
     """
 
     run_id: str
@@ -263,6 +263,9 @@ class Run:
     the next safe point and fails with ``DeadlineExceeded``."""
     output_spec: OutputSpec | None = None
     """The typed final answer the run asks for (``start(output_type=...)``), if any."""
+    tags: dict[str, str] = attrs.field(factory=dict)
+    """Strings to find the run by (``start(tags=)``, changed with ``Kernel.update``,
+    filtered with ``list_runs(tags=)``); rules in ``statekernel._records.tags``."""
 
     @property
     def turn_count(self) -> int:
