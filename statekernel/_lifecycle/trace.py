@@ -33,9 +33,7 @@ __all__ = [
 TransitionKey = tuple[str, str, str]
 """(source state id, target state id, lifecycle event)."""
 
-DATA_EVENTS = frozenset(
-    {"context_updated", "tags_updated", "tool_call_resolved", "run_forked"}
-)
+DATA_EVENTS = frozenset({"context_updated", "tags_updated", "tool_call_resolved", "run_forked"})
 """Events of commits that change a run's data, not its lifecycle state."""
 
 DECLARED: frozenset[TransitionKey] = frozenset(

@@ -50,8 +50,7 @@ def _value(key: str, value: Any, what: str) -> str:
         raise InvalidTag(f"{what}: tag {key!r} must have a str value, got {shown(value)}", key=key)
     if len(value) > MAX_TAG_VALUE:
         raise InvalidTag(
-            f"{what}: tag {key!r} has a value of {len(value)} characters"
-            f" (at most {MAX_TAG_VALUE})",
+            f"{what}: tag {key!r} has a value of {len(value)} characters (at most {MAX_TAG_VALUE})",
             key=key,
         )
     if "\x00" in value or not _encodable(value):
