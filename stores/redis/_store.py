@@ -721,8 +721,8 @@ class RedisStore(Closing):
         limit = checked_listing(state, updated_after, limit, cursor)
         wanted = check_tag_filter(tags)
         await self._runs.repair(self._head_scores)
+        damaged: list[DamagedRun] = []
         if wanted:
-            damaged: list[DamagedRun] = []
             candidates = [(run_id, -1) for run_id in sorted(await self._runs.tagged(wanted))]
             summaries = await self._summaries(candidates, damaged)
             listed = (summaries, state, updated_after, limit, cursor, wanted)
@@ -734,7 +734,6 @@ class RedisStore(Closing):
         low = f"({micros(updated_after)}" if updated_after is not None else "-inf"
         high = str(top[0]) if top else "+inf"
         found: list[RunSummary] = []
-        damaged: list[DamagedRun] = []
         offset = 0
         while len(found) <= limit:
             batch: list[Any] = await self._call(
@@ -812,7 +811,7 @@ class RedisStore(Closing):
             pipe.hget(self._keys(run_id)[0], "doc")
         docs = await self._call(pipe.execute())
         what = f"run head in {redact_url(self.url)}"
-        found: list[tuple[int, int] | None] = []
+        found: list[tuple[int, int, Pairs] | None] = []
         for doc in docs:
             if doc is None:
                 found.append(None)
