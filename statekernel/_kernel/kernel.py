@@ -23,10 +23,7 @@ effects; the transition in progress is not committed and no ``failed`` is writte
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import copy
-import inspect
 import os
 import socket
 import time
@@ -58,10 +55,10 @@ from statekernel._kernel.output import DEFAULT_RETRIES, output_spec_for
 from statekernel._kernel.resolving import resolve_call, resume_paused
 from statekernel._kernel.retention import DEFAULT_STATES, PruneResult, prune_runs
 from statekernel._kernel.submitting import submit_run
-from statekernel._kernel.tagging import update_tags
 from statekernel._kernel.tenancy import Tenancy
 from statekernel._kernel.timers import settle_due
 from statekernel._kernel.tools import Tool, tools_by_name
+from statekernel._kernel.updates import update_context, update_tags
 from statekernel._lifecycle.diagram import FORMATS, render
 from statekernel._lifecycle.trace import trace_events
 from statekernel._records.arguments import (
@@ -87,7 +84,6 @@ from statekernel._storage.provider import ModelProvider
 from statekernel._storage.unclosed import warn_unclosed
 from statekernel.errors import (
     ConfigError,
-    ConflictError,
     InvalidArgument,
     RunNotFound,
 )
@@ -246,9 +242,8 @@ class Kernel(Closing):
         ``output_type``: the final answer's type (a pydantic model, dataclass, attrs class,
         ``TypedDict`` or JSON Schema), sent back ``output_retries`` times (``output_as``).
 
-        ``tags``: strings to find the run by (``list_runs(tags=)``), at most 32, each key
-        1 to 64 of ``A-Z a-z 0-9 _ . : -`` and each value at most 256 characters
-        (``InvalidTag`` naming the key otherwise); changed later with ``update_tags``.
+        ``tags``: strings to find the run by (``list_runs(tags=)``, ``update_tags``);
+        rules in ``InvalidTag``.
 
         ``parent_run_id`` and ``parent_call_id`` (both or neither) make it the child
         run of that call (``delegate`` tools start their child runs so). A model whose
@@ -743,11 +738,9 @@ class Kernel(Closing):
     async def update_context(
         self, run_id: str, fn: Callable[[JSON], Any], *, attempts: int = 5
     ) -> Run:
-        """Replace the run's context with ``fn(context)`` (sync or async), compare-and-set.
-
-        ``fn`` gets a deep copy; on a concurrent commit it is called again on the
-        newer context, up to ``attempts`` times, then ``ConflictError`` is raised.
-        ``attempts`` below 1 is ``InvalidArgument``.
+        """Replace the run's context with ``fn(context)`` (sync or async), compare-and-set:
+        ``fn`` gets a deep copy, and is called again on the newer context after a
+        concurrent commit, up to ``attempts`` times (then ``ConflictError``).
 
         Returns:
             The run after the commit of the new context.
@@ -758,27 +751,7 @@ class Kernel(Closing):
             InvalidArgument: ``attempts`` below 1, or a context that is not JSON.
             RunBusy: a live owner held the run for longer than ``busy_timeout``.
         """
-        if type(attempts) is not int or attempts < 1:
-            raise InvalidArgument(f"attempts must be an int of at least 1, got {attempts!r}")
-        run_id_arg(run_id)
-        callable_arg("fn", fn)
-        for attempt in range(attempts):
-            async with self._tenancy.fresh(run_id) as driver:
-                run = driver.run
-                new = fn(copy.deepcopy(run.context))
-                if inspect.isawaitable(new):
-                    new = await new
-                new = checked(new, "context")
-                try:
-                    driver.stage("context_updated", data={}, context=new)
-                    await driver.commit()
-                except ConflictError:
-                    if attempt == attempts - 1:
-                        raise
-                    await asyncio.sleep(0)
-                    continue
-                return driver.run
-        raise AssertionError("unreachable")
+        return await update_context(self._tenancy, run_id, fn, attempts)
 
     async def update_tags(
         self,
@@ -789,21 +762,17 @@ class Kernel(Closing):
         expected_revision: int | None = None,
     ) -> Run:
         """Set the pairs of ``set`` and remove the keys of ``remove`` from the run's tags,
-        compare-and-set: committed as ``tags_updated`` (the state stays).
-
-        With ``expected_revision`` the change lands only on that revision of the run;
-        without it, a concurrent commit makes it apply again to the newer tags (a few
-        times, then ``ConflictError``). A change that changes nothing commits nothing.
+        compare-and-set: committed as ``tags_updated``. With ``expected_revision`` it lands
+        only on that revision; without, a concurrent commit makes it apply again to the
+        newer tags (a few times). A change that changes nothing commits nothing.
 
         Returns:
             The run after the commit (as it was when nothing changed).
 
         Raises:
             RunNotFound: no run has this id.
-            ConflictError: the run is not at ``expected_revision``, or other commits won
-                every attempt.
-            InvalidTag: a tag that breaks the rules (named), a key both set and removed,
-                or more than 32 tags after the change.
+            ConflictError: the run is not at ``expected_revision`` (or lost every attempt).
+            InvalidTag: a tag against the rules, a key set and removed, over 32 tags.
             RunBusy: a live owner held the run for longer than ``busy_timeout``.
         """
         return await update_tags(self._tenancy, run_id, set, remove, expected_revision)

@@ -1,6 +1,10 @@
-"""Changing a run's tags with compare-and-set (``Kernel.update_tags``).
+"""Changing a run's data with compare-and-set: its context (``Kernel.update_context``)
+and its tags (``Kernel.update_tags``). Neither moves the run's state.
 
-The change is committed as ``tags_updated`` (its data: the tags ``set`` and the keys
+A new context is committed as ``context_updated``; a concurrent commit makes the
+function that builds it run again on the newer context, up to ``attempts`` times.
+
+A change of tags is committed as ``tags_updated`` (its data: the tags ``set`` and the keys
 ``removed``), the run's state kept. With ``expected_revision`` it lands only on that
 revision of the run (``ConflictError`` otherwise, nothing written); without it, a
 concurrent commit makes it apply again to the newer tags, a bounded number of times.
@@ -9,21 +13,52 @@ concurrent commit makes it apply again to the newer tags, a bounded number of ti
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+import copy
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from statekernel._records.arguments import optional_count, run_id_arg
+from statekernel._records.arguments import callable_arg, optional_count, run_id_arg
+from statekernel._records.messages import JSON
 from statekernel._records.run import Run
 from statekernel._records.tags import MAX_TAGS, check_tag_keys, check_tags
+from statekernel._records.values import checked
 from statekernel.errors import ConflictError, InvalidArgument, InvalidTag
 
 if TYPE_CHECKING:
     from statekernel._kernel.tenancy import Tenancy
 
-__all__ = ["ATTEMPTS", "update_tags"]
+__all__ = ["ATTEMPTS", "update_context", "update_tags"]
 
 ATTEMPTS = 5
 """How many times a change without ``expected_revision`` is tried on a newer head."""
+
+
+async def update_context(
+    tenancy: Tenancy, run_id: str, fn: Callable[[JSON], Any], attempts: int
+) -> Run:
+    """Replace the run's context with ``fn(context)``; see ``Kernel.update_context``."""
+    if type(attempts) is not int or attempts < 1:
+        raise InvalidArgument(f"attempts must be an int of at least 1, got {attempts!r}")
+    run_id_arg(run_id)
+    callable_arg("fn", fn)
+    for attempt in range(attempts):
+        async with tenancy.fresh(run_id) as driver:
+            run = driver.run
+            new = fn(copy.deepcopy(run.context))
+            if inspect.isawaitable(new):
+                new = await new
+            new = checked(new, "context")
+            try:
+                driver.stage("context_updated", data={}, context=new)
+                await driver.commit()
+            except ConflictError:
+                if attempt == attempts - 1:
+                    raise
+                await asyncio.sleep(0)
+                continue
+            return driver.run
+    raise AssertionError("unreachable")
 
 
 async def update_tags(
