@@ -249,6 +249,8 @@ def _header(run: Run, owner: Owner | None) -> Table:
     grid.add_row("turns", f"{run.turn_count}" + (f" / {run.max_turns}" if run.max_turns else ""))
     grid.add_row("created", stamp(run.created_at))
     grid.add_row("updated", stamp(run.updated_at))
+    if run.tags:
+        grid.add_row("tags", plain(" ".join(f"{k}={v}" for k, v in sorted(run.tags.items()))))
     if run.pause is not None:
         detail = f"{run.pause.reason} (resumes to {run.pause.resume_to})"
         grid.add_row("paused", plain(detail, "yellow"))

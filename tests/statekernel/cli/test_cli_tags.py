@@ -79,3 +79,11 @@ def test_a_tag_given_twice_with_two_values_is_refused(tagged: tuple[Path, str]) 
     done = sk("runs", "list", "--store", store, "--tag", "k=1", "--tag", "k=2", cwd=cwd)
     assert done.returncode == 2
     assert "given twice" in done.stderr
+
+
+def test_runs_show_shows_the_tags(tagged: tuple[Path, str]) -> None:
+    cwd, store = tagged
+    shown = ok(sk("runs", "show", "a-prod", "--store", store, cwd=cwd))
+    assert "env=prod team=a" in shown
+    data = as_json(sk("runs", "show", "a-prod", "--store", store, "--json", cwd=cwd))
+    assert data["tags"] == {"team": "a", "env": "prod"}

@@ -79,3 +79,11 @@ def test_the_filtered_list_asks_authorize_about_each_run(url: str) -> None:
     assert ids_listed(page.text) == ["a-prod"]
     assert "b-prod" not in page.text
     assert "b-prod" in asked, "the hidden run was asked about"
+
+
+def test_a_run_page_shows_its_tags_linking_to_the_list(url: str) -> None:
+    with local_client(create_app(url)) as client:
+        page = client.get("/runs/a-prod")
+    assert page.status_code == 200
+    assert "?tag=env%3Dprod" in page.text
+    assert ">team=a</a>" in page.text
