@@ -276,7 +276,7 @@ def turns(draw: st.DrawFn, transcript: Sequence[Message] = (), index: int = 0) -
 
 _TAGS = st.dictionaries(
     st.from_regex(r"[A-Za-z0-9_.:-]{1,64}", fullmatch=True),
-    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=256),
+    st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=256),
     max_size=4,
 )
 """A run's tags, as ``statekernel._records.tags`` allows them."""
