@@ -275,10 +275,10 @@ async def _version_7(conn: Any, schema: str) -> None:
 
 
 TAGS = """
-CREATE TABLE {s}.run_tags (
+CREATE TABLE IF NOT EXISTS {s}.run_tags (
     rid bigint NOT NULL, key text NOT NULL, value text NOT NULL, PRIMARY KEY (rid, key)
 );
-CREATE INDEX run_tags_by_pair ON {s}.run_tags (key, value, rid)
+CREATE INDEX IF NOT EXISTS run_tags_by_pair ON {s}.run_tags (key, value, rid)
 """
 """Runs' tags (layout version 8): a row per run and key, indexed by (key, value) so a
 listing by tags reads the runs of each pair from the index. A commit that changes a
