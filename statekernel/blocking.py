@@ -24,7 +24,7 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -33,6 +33,8 @@ from statekernel._kernel.kernel import NOT_GIVEN, Kernel
 from statekernel._kernel.output import DEFAULT_RETRIES
 from statekernel._kernel.retention import DEFAULT_STATES, PruneResult
 from statekernel._records.events import Event
+from statekernel._records.fallback import Fallback
+from statekernel._records.limits import Limits
 from statekernel._records.messages import JSON, Message
 from statekernel._records.run import Run, StateId
 from statekernel.errors import InvalidArgument, StatekernelError
@@ -314,7 +316,7 @@ class SyncKernel:
     def start(
         self,
         *,
-        model: str,
+        model: str | Fallback,
         messages: Iterable[Message | str] = (),
         context: JSON = None,
         run_id: str | None = None,
@@ -325,6 +327,8 @@ class SyncKernel:
         timeout: float | None = None,
         output_type: object = None,
         output_retries: int = DEFAULT_RETRIES,
+        limits: Limits | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> Run:
         """``Kernel.start``: create a run (not driven yet).
 
@@ -344,13 +348,15 @@ class SyncKernel:
                 timeout=timeout,
                 output_type=output_type,
                 output_retries=output_retries,
+                limits=limits,
+                tags=tags,
             )
         )
 
     def start_and_run(
         self,
         *,
-        model: str,
+        model: str | Fallback,
         messages: Iterable[Message | str] = (),
         context: JSON = None,
         run_id: str | None = None,
@@ -360,6 +366,8 @@ class SyncKernel:
         timeout: float | None = None,
         output_type: object = None,
         output_retries: int = DEFAULT_RETRIES,
+        limits: Limits | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> Generator[Event, None, None]:
         """``Kernel.start_and_run``: create a run and drive it to rest, yielding its events.
 
@@ -378,6 +386,8 @@ class SyncKernel:
                 timeout=timeout,
                 output_type=output_type,
                 output_retries=output_retries,
+                limits=limits,
+                tags=tags,
             )
         )
 
@@ -534,13 +544,22 @@ class SyncKernel:
         """
         return self._call(lambda k: k.send(run_id, *messages))
 
-    def resume(self, run_id: str, *, value: JSON = NOT_GIVEN, max_turns: int | None = None) -> Run:
-        """``Kernel.resume``: answer a paused run.
+    def resume(
+        self,
+        run_id: str,
+        *,
+        value: JSON = NOT_GIVEN,
+        max_turns: int | None = None,
+        limits: Limits | None = None,
+    ) -> Run:
+        """``Kernel.resume``: answer a paused run (or raise its limits).
 
         Returns:
             The run.
         """
-        return self._call(lambda k: k.resume(run_id, value=value, max_turns=max_turns))
+        return self._call(
+            lambda k: k.resume(run_id, value=value, max_turns=max_turns, limits=limits)
+        )
 
     def cancel(
         self, run_id: str, reason: str = "", *, by: str | None = None, children: bool = True
@@ -586,6 +605,23 @@ class SyncKernel:
             The run.
         """
         return self._call(lambda k: k.update_context(run_id, fn, attempts=attempts))
+
+    def update_tags(
+        self,
+        run_id: str,
+        set: Mapping[str, str] | None = None,
+        remove: Iterable[str] = (),
+        *,
+        expected_revision: int | None = None,
+    ) -> Run:
+        """``Kernel.update_tags``: set and remove the run's tags, compare-and-set.
+
+        Returns:
+            The run.
+        """
+        return self._call(
+            lambda k: k.update_tags(run_id, set, remove, expected_revision=expected_revision)
+        )
 
     def aclose(self) -> None:
         """``Kernel.aclose``, as ``close``."""

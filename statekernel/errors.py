@@ -16,6 +16,7 @@ __all__ = [
     "CorruptCheckpoint",
     "DeadlineExceeded",
     "InvalidArgument",
+    "InvalidTag",
     "InvalidTransition",
     "LeaseLost",
     "OutputInvalid",
@@ -214,6 +215,17 @@ class PauseTimedOut(RunFailed):
 
 class InvalidArgument(StatekernelError, ValueError):
     """A caller passed a value the API cannot accept (bad run id, conflicting options...)."""
+
+
+class InvalidTag(InvalidArgument):
+    """A run's tags break a rule (``Kernel.start(tags=)``, ``Kernel.update``,
+    ``list_runs(tags=)``): a key not matching ``[A-Za-z0-9_.:-]{1,64}``, a value that is
+    not a string of at most 256 characters, or more than 32 tags. ``key`` names the
+    offending tag (None when the tags as a whole are wrong: too many, not a mapping)."""
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class StoreError(StatekernelError):

@@ -38,7 +38,13 @@ __all__ = ["openai_url"]  # the fixture the blocks' tests use
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
 BLOCKS = [block for page in [ROOT / "README.md", *PAGES] for block in blocks(page)]
-OTHER_STORED_EVENTS = {"context_updated", "tool_call_resolved", "timer_fired", "run_forked"}
+OTHER_STORED_EVENTS = {
+    "context_updated",
+    "tags_updated",
+    "tool_call_resolved",
+    "timer_fired",
+    "run_forked",
+}
 FIRST_AGENT = DOCS / "first-agent.md"
 SESSIONS = (FIRST_AGENT, DOCS / "guides" / "cli.md")
 """Pages run as one session each, in order (see above)."""

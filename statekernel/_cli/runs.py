@@ -34,9 +34,17 @@ from statekernel._cli.view import (
     tree_node,
 )
 from statekernel._front.agents import load_agent
-from statekernel._front.reach import FORMATS, Owner, driven, owner_of, owners_of, queue_schemes
+from statekernel._front.reach import (
+    FORMATS,
+    Owner,
+    driven,
+    owner_of,
+    owners_of,
+    parse_tag,
+    queue_schemes,
+)
 from statekernel._front.visible import visible
-from statekernel.errors import RunNotFound, StoreError
+from statekernel.errors import InvalidTag, RunNotFound, StoreError
 from statekernel.stores import (
     CheckpointStore,
     LiveFeed,
@@ -66,10 +74,22 @@ def _exit_for(run: Run) -> None:
 @runs.command("list")
 @click.option("--state", type=click.Choice(STATE_IDS), help="Only runs in this state.")
 @click.option("--root", help="Only this run and its child runs (delegations), at any depth.")
+@click.option(
+    "--tag",
+    "tag_args",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Only runs with this tag (repeat it: runs with every tag given).",
+)
 @click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
 @common_options
 def list_runs(
-    state: StateId | None, root: str | None, limit: int, store: str | None, as_json: bool
+    state: StateId | None,
+    root: str | None,
+    tag_args: tuple[str, ...],
+    limit: int,
+    store: str | None,
+    as_json: bool,
 ) -> None:
     """List runs, most recently updated first.
 
@@ -79,6 +99,7 @@ def list_runs(
 
     damaged: dict[str, str] = {}
     owners: dict[str, Owner] = {}
+    tags = tag_filter(tag_args)
 
     async def go() -> list[RunSummary]:
         async with open_cli_kernel(store, reading=True) as kernel:
@@ -92,11 +113,14 @@ def list_runs(
         if root is not None:
             tree = [RunSummary.of(run) for _, run in await kernel.tree(root)]
             tree = [row for row in tree if state is None or row.state == state]
+            tree = [row for row in tree if row.tags.items() >= tags.items()]
             return sorted(tree, key=lambda row: row.updated_at, reverse=True)[:limit]
         rows: list[RunSummary] = []
         cursor = None
         while len(rows) < limit:
-            page = await kernel.store.list_runs(state=state, limit=limit - len(rows), cursor=cursor)
+            page = await kernel.store.list_runs(
+                state=state, limit=limit - len(rows), cursor=cursor, tags=tags or None
+            )
             rows.extend(page.runs)
             damaged.update((d.run_id, d.problem) for d in page.damaged)
             cursor = page.next_cursor
@@ -113,7 +137,26 @@ def list_runs(
     elif rows:
         out.console.print(runs_table(rows, owners))
     else:
-        out.console.print("no runs" + (f" in state {state}" if state else ""))
+        with_tags = " ".join(f"{k}={v}" for k, v in tags.items())
+        out.console.print(
+            "no runs"
+            + (f" in state {state}" if state else "")
+            + (f" tagged {with_tags}" if tags else "")
+        )
+
+
+def tag_filter(args: tuple[str, ...]) -> dict[str, str]:
+    """The ``--tag KEY=VALUE`` options as one filter; a malformed one is a ``UserError``."""
+    tags: dict[str, str] = {}
+    try:
+        for arg in args:
+            key, value = parse_tag(arg)
+            if tags.get(key, value) != value:
+                raise InvalidTag(f"--tag {key} is given twice, {tags[key]!r} and {value!r}")
+            tags[key] = value
+    except InvalidTag as exc:
+        raise UserError(f"--tag: {exc}") from None
+    return tags
 
 
 @runs.command("tree")

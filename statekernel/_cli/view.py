@@ -122,10 +122,13 @@ def runs_table(rows: Iterable[RunSummary], owners: Mapping[str, Owner] | None = 
     rows = list(rows)
     owners = owners or {}
     paused = any(s.pause is not None for s in rows)
+    tagged = any(s.tags for s in rows)
     table = Table(show_edge=False, header_style="bold")
     names = ["run id", "state", "turns", "rev", "model", "updated"]
     if owners:
         names.append("owner")
+    if tagged:
+        names.append("tags")
     widest = max((len(visible(s.run_id)) for s in rows), default=0)
     for name in [*names, "waiting for"] if paused else names:
         whole = name in ("run id", "updated")  # never cut or wrapped: ids are copied
@@ -147,6 +150,8 @@ def runs_table(rows: Iterable[RunSummary], owners: Mapping[str, Owner] | None = 
         ]
         if owners:
             cells.append(_owner_text(owners.get(s.run_id)))
+        if tagged:
+            cells.append(plain(" ".join(f"{k}={v}" for k, v in sorted(s.tags.items()))))
         if paused:
             cells.append(plain(waiting_for(s.pause)) if s.pause is not None else "")
         table.add_row(*cells)
@@ -244,6 +249,8 @@ def _header(run: Run, owner: Owner | None) -> Table:
     grid.add_row("turns", f"{run.turn_count}" + (f" / {run.max_turns}" if run.max_turns else ""))
     grid.add_row("created", stamp(run.created_at))
     grid.add_row("updated", stamp(run.updated_at))
+    if run.tags:
+        grid.add_row("tags", plain(" ".join(f"{k}={v}" for k, v in sorted(run.tags.items()))))
     if run.pause is not None:
         detail = f"{run.pause.reason} (resumes to {run.pause.resume_to})"
         grid.add_row("paused", plain(detail, "yellow"))

@@ -37,7 +37,6 @@ import attrs
 from statekernel._kernel import propagation
 from statekernel._kernel.cancelling import CancelResult, cancel_tree
 from statekernel._kernel.commit import Committer
-from statekernel._kernel.contexts import update_context
 from statekernel._kernel.delegate import DelegateTool, child_runs, run_tree
 from statekernel._kernel.dispatch import DispatchPolicy
 from statekernel._kernel.drive import deadline_watch
@@ -61,6 +60,7 @@ from statekernel._kernel.submitting import submit_run
 from statekernel._kernel.tenancy import Tenancy
 from statekernel._kernel.timers import settle_due
 from statekernel._kernel.tools import Tool, tools_by_name
+from statekernel._kernel.updates import update_context, update_tags
 from statekernel._lifecycle.diagram import FORMATS, render
 from statekernel._lifecycle.trace import trace_events
 from statekernel._records.arguments import (
@@ -76,6 +76,7 @@ from statekernel._records.limits import Limits, check_limits
 from statekernel._records.messages import JSON, Message, OutputSpec
 from statekernel._records.prices import Prices, check_prices
 from statekernel._records.run import Run, StateId, utcnow
+from statekernel._records.tags import check_tags
 from statekernel._records.values import check_messages, checked
 from statekernel._secrets import logger
 from statekernel._storage.closing import Closing
@@ -230,6 +231,7 @@ class Kernel(Closing):
         output_type: object = None,
         output_retries: int = DEFAULT_RETRIES,
         limits: Limits | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> Run:
         """Create a run at ``init`` (revision 0). Nothing runs until ``run`` is iterated.
 
@@ -241,6 +243,9 @@ class Kernel(Closing):
 
         ``output_type``: the final answer's type (a pydantic model, dataclass, attrs class,
         ``TypedDict`` or JSON Schema), sent back ``output_retries`` times (``output_as``).
+
+        ``tags``: strings to find the run by (``list_runs(tags=)``, ``update_tags``);
+        rules in ``InvalidTag``.
 
         ``parent_run_id`` and ``parent_call_id`` (both or neither) make it the child
         run of that call (``delegate`` tools start their child runs so). A model whose
@@ -257,9 +262,11 @@ class Kernel(Closing):
         """
         when, spec = run_deadline(deadline, timeout), _output_spec(output_type, output_retries)
         args = (model, messages, context, run_id, max_turns, parent_run_id, parent_call_id)
-        run = _new_run(self.max_turns, *args, deadline=when, output_spec=spec, limits=limits)
+        run = _new_run(
+            self.max_turns, *args, deadline=when, output_spec=spec, limits=limits, tags=tags
+        )
         _known_models(self.registry, run)  # an unknown provider is refused before a run exists
-        await self._create_run(Checkpoint.between(None, run))
+        await _create_run(self.store, Checkpoint.between(None, run))
         return run
 
     async def _create(
@@ -280,7 +287,7 @@ class Kernel(Closing):
         args = (model, messages, context, run_id, max_turns, parent_run_id, parent_call_id)
         spec = _output_spec(output_type, DEFAULT_RETRIES)  # a delegate's, made already
         run = _new_run(self.max_turns, *args, deadline=deadline, output_spec=spec)
-        await self._create_run(Checkpoint.between(None, run))
+        await _create_run(self.store, Checkpoint.between(None, run))
         return run
 
     async def start_and_run(
@@ -297,6 +304,7 @@ class Kernel(Closing):
         output_type: object = None,
         output_retries: int = DEFAULT_RETRIES,
         limits: Limits | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> AsyncIterator[Event]:
         """``start`` then ``run`` in one: create the run and drive it until it is paused,
         failed or completed, yielding its events (the first, ``run_started``, names the
@@ -311,12 +319,14 @@ class Kernel(Closing):
         flag("raise_on_failure", raise_on_failure)
         args = (model, messages, context, run_id, max_turns, None, None)
         when, spec = run_deadline(deadline, timeout), _output_spec(output_type, output_retries)
-        run = _new_run(self.max_turns, *args, deadline=when, output_spec=spec, limits=limits)
+        run = _new_run(
+            self.max_turns, *args, deadline=when, output_spec=spec, limits=limits, tags=tags
+        )
         _known_models(self.registry, run)
         created = Checkpoint.between(None, run)
         tenure = await self._tenancy.create(created)  # the lease taken with the run
         if tenure is None:  # a store that cannot: the run is created, its lease taken next
-            await self._create_run(created)
+            await _create_run(self.store, created)
         drive_run = drive(
             self._tenancy,
             run.run_id,
@@ -331,7 +341,8 @@ class Kernel(Closing):
     async def fork(
         self, run_id: str, *, at_revision: int | None = None, new_run_id: str | None = None
     ) -> Run:
-        """A new, independent run starting from ``run_id`` as it was at ``at_revision``.
+        """A new, independent run starting from ``run_id`` as it was at ``at_revision``
+        (its tags included).
 
         Returns:
             The new run.
@@ -349,16 +360,8 @@ class Kernel(Closing):
         event = Event("run_forked", new_id, 0, 0, data, now)
         run = attrs.evolve(source, run_id=new_id, revision=0, event_count=1, created_at=now)
         run = attrs.evolve(run, updated_at=now, trace_context=propagation.current())
-        await self._create_run(Checkpoint.between(None, run, (event,)))
+        await _create_run(self.store, Checkpoint.between(None, run, (event,)))
         return run
-
-    async def _create_run(self, checkpoint: Checkpoint) -> None:
-        """Commit a new run (revision 0) through the committer: an ambiguous store failure
-        is settled from the head (the run is created once), one that did not land is
-        tried again; ``StoreError`` when no attempt landed, ``ConflictError`` when
-        another run has the id."""
-        landing = await Committer(self.store, None, reported=False).commit(checkpoint)
-        landing.unwrap()
 
     def child_kernel(
         self,
@@ -749,11 +752,9 @@ class Kernel(Closing):
     async def update_context(
         self, run_id: str, fn: Callable[[JSON], Any], *, attempts: int = 5
     ) -> Run:
-        """Replace the run's context with ``fn(context)`` (sync or async), compare-and-set.
-
-        ``fn`` gets a deep copy; on a concurrent commit it is called again on the
-        newer context, up to ``attempts`` times, then ``ConflictError`` is raised.
-        ``attempts`` below 1 is ``InvalidArgument``.
+        """Replace the run's context with ``fn(context)`` (sync or async), compare-and-set:
+        ``fn`` gets a deep copy, and is called again on the newer context after a
+        concurrent commit, up to ``attempts`` times (then ``ConflictError``).
 
         Returns:
             The run after the commit of the new context.
@@ -764,10 +765,40 @@ class Kernel(Closing):
             InvalidArgument: ``attempts`` below 1, or a context that is not JSON.
             RunBusy: a live owner held the run for longer than ``busy_timeout``.
         """
-        if type(attempts) is not int or attempts < 1:
-            raise InvalidArgument(f"attempts must be an int of at least 1, got {attempts!r}")
-        run_id_arg(run_id)
-        return await update_context(self._tenancy, run_id, callable_arg("fn", fn), attempts)
+        return await update_context(self._tenancy, run_id, fn, attempts)
+
+    async def update_tags(
+        self,
+        run_id: str,
+        set: Mapping[str, str] | None = None,
+        remove: Iterable[str] = (),
+        *,
+        expected_revision: int | None = None,
+    ) -> Run:
+        """Set the pairs of ``set`` and remove the keys of ``remove`` from the run's tags,
+        compare-and-set: committed as ``tags_updated``. With ``expected_revision`` it lands
+        only on that revision; without, a concurrent commit makes it apply again to the
+        newer tags (a few times). A change that changes nothing commits nothing.
+
+        Returns:
+            The run after the commit (as it was when nothing changed).
+
+        Raises:
+            RunNotFound: no run has this id.
+            ConflictError: the run is not at ``expected_revision`` (or lost every attempt).
+            InvalidTag: a tag against the rules, a key set and removed, over 32 tags.
+            RunBusy: a live owner held the run for longer than ``busy_timeout``.
+        """
+        return await update_tags(self._tenancy, run_id, set, remove, expected_revision)
+
+
+async def _create_run(store: CheckpointStore, checkpoint: Checkpoint) -> None:
+    """Commit a new run (revision 0) through the committer: an ambiguous store failure
+    is settled from the head (the run is created once), one that did not land is tried
+    again; ``StoreError`` when no attempt landed, ``ConflictError`` when another run has
+    the id."""
+    landing = await Committer(store, None, reported=False).commit(checkpoint)
+    landing.unwrap()
 
 
 def _new_run(
@@ -783,6 +814,7 @@ def _new_run(
     deadline: datetime | None = None,
     output_spec: OutputSpec | None = None,
     limits: Limits | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> Run:
     """The run ``start`` creates (revision 0), its arguments checked; ``max_turns`` not
     given is ``default_turns`` (the kernel's)."""
@@ -814,6 +846,7 @@ def _new_run(
         trace_context=propagation.current(),
         limits=check_limits(limits),
         fallback=chain,
+        tags={} if tags is None else check_tags(tags),
     )
 
 

@@ -282,6 +282,7 @@ PAYLOAD_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
 DATA_CHANGES: Mapping[str, frozenset[str]] = MappingProxyType(
     {
         "context_updated": frozenset({"context"}),
+        "tags_updated": frozenset({"tags"}),
         "tool_call_resolved": frozenset({"pause"}),
         "timer_fired": frozenset({"pause"}),
     }

@@ -5,7 +5,7 @@ A commit (one revision) carries the events of one or more lifecycle transitions,
 order. Each transition's events open with one that names it (``run_started``,
 ``turn_started``, ``model_started`` ...); ``turn_prepared``, ``turn_completed`` and
 ``run_completed`` follow the event that opened their transition. Events that change
-only data (``run_forked``, ``tool_call_resolved``, ``context_updated``) are not
+only data (``run_forked``, ``tool_call_resolved``, ``context_updated``, ``tags_updated``) are not
 transitions. Identical calls merged into one execution count one transition per call.
 A ``tool_call_started`` marked ``early`` is ``early_call_started``; a ``model_completed``
 with ``cut_off`` is ``answer_cut_off``.
@@ -33,7 +33,7 @@ __all__ = [
 TransitionKey = tuple[str, str, str]
 """(source state id, target state id, lifecycle event)."""
 
-DATA_EVENTS = frozenset({"context_updated", "tool_call_resolved", "run_forked"})
+DATA_EVENTS = frozenset({"context_updated", "tags_updated", "tool_call_resolved", "run_forked"})
 """Events of commits that change a run's data, not its lifecycle state."""
 
 DECLARED: frozenset[TransitionKey] = frozenset(

@@ -262,7 +262,7 @@ class Run:
     ``pending_pause`` is a pause a hook asked for at the end of a turn, taken
     before the next turn starts. A child run (started by a ``delegate`` tool) names
     the run and the tool call that started it in ``parent_run_id`` and
-    ``parent_call_id``.
+    ``parent_call_id``. ``tags`` are the strings a listing finds it by.
     """
 
     run_id: str
@@ -300,6 +300,9 @@ class Run:
     its first. None: ``model`` alone."""
     tool_calls_started: int = 0
     """Tool calls started so far (what ``Limits.tool_calls`` counts)."""
+    tags: dict[str, str] = attrs.field(factory=dict)
+    """Strings to find the run by (``start(tags=)``, changed with ``Kernel.update_tags``,
+    filtered with ``list_runs(tags=)``); rules in ``statekernel._records.tags``."""
 
     @property
     def turn_count(self) -> int:

@@ -15,7 +15,7 @@ on one host) or once it expires (``ttl`` seconds after it was last renewed).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
@@ -137,7 +137,7 @@ class Lease:
 @attrs.frozen
 class RunSummary:
     """A line of a run listing; ``pause`` says why a paused run waits and for what (and
-    its timer); ``deadline`` is the run's (``start(deadline=|timeout=)``)."""
+    its timer); ``deadline`` is the run's (``start(deadline=|timeout=)``), ``tags`` its tags."""
 
     run_id: str
     state: StateId
@@ -148,6 +148,8 @@ class RunSummary:
     updated_at: datetime
     pause: PauseInfo | None = None
     deadline: datetime | None = None
+    tags: Mapping[str, str] = attrs.field(factory=dict)
+    """The run's tags (``Run.tags``)."""
 
     @classmethod
     def of(cls, run: Run) -> RunSummary:
@@ -166,6 +168,7 @@ class RunSummary:
             run.updated_at,
             run.pause,
             run.deadline,
+            run.tags,
         )
 
 
@@ -283,8 +286,10 @@ class CheckpointStore(Protocol):
         updated_after: datetime | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunPage:
-        """Runs, newest update first, optionally filtered by state and update time.
+        """Runs, newest update first, optionally filtered by state, update time and tags
+        (``tags``: the runs carrying every pair given; None or empty: no filter).
 
         Returns:
             One page of at most ``limit`` runs; its ``next_cursor`` (None on the last
@@ -293,7 +298,8 @@ class CheckpointStore(Protocol):
 
         Raises:
             InvalidArgument: ``state`` is not a state id, ``updated_after`` not a
-                datetime, ``limit`` not an int of at least 0, or ``cursor`` not a str.
+                datetime, ``limit`` not an int of at least 0, or ``cursor`` not a str;
+                ``InvalidTag`` for a pair of ``tags`` that breaks the rules of tags.
             StoreError: ``cursor`` is not one a listing gave, or the storage failed.
         """
         ...
@@ -526,8 +532,13 @@ class StoreWrapper(Closing):
         updated_after: datetime | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunPage:
-        """Forwarded."""
+        """Forwarded (``tags`` only when given, for an inner store that predates them)."""
+        if tags:
+            return await self.inner.list_runs(
+                state=state, updated_after=updated_after, limit=limit, cursor=cursor, tags=tags
+            )
         return await self.inner.list_runs(
             state=state, updated_after=updated_after, limit=limit, cursor=cursor
         )

@@ -43,6 +43,7 @@ from statekernel.testing._store_features import (
     check_settles_on_cancel,
 )
 from statekernel.testing._store_migration import check_persisting_migrations
+from statekernel.testing._store_tags import check_tags
 
 __all__ = ["StoreFactory", "check_store"]
 
@@ -86,6 +87,7 @@ async def check_store(
         ("events after a revision", c.check_events),
         ("10,000 events on one run", c.check_many_events),
         ("listing", c.check_listing),
+        ("listing by tags", check_tags),
         ("deletion", c.check_deletion),
         ("many runs are isolated", c.check_isolation),
         ("10 MB tool output", c.check_large_output),

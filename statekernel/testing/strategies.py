@@ -300,6 +300,14 @@ def turns(draw: st.DrawFn, transcript: Sequence[Message] = (), index: int = 0) -
     )
 
 
+_TAGS = st.dictionaries(
+    st.from_regex(r"[A-Za-z0-9_.:-]{1,64}", fullmatch=True),
+    st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=256),
+    max_size=4,
+)
+"""A run's tags, as ``statekernel._records.tags`` allows them."""
+
+
 @st.composite
 def runs(draw: st.DrawFn, run_id: str | None = None) -> Run:
     """A run at some revision with a transcript, completed turns and maybe a turn in flight."""
@@ -330,6 +338,7 @@ def runs(draw: st.DrawFn, run_id: str | None = None) -> Run:
         event_count=draw(st.integers(0, 5)),
         created_at=draw(datetimes()),
         updated_at=draw(datetimes()),
+        tags=draw(_TAGS),
     )
 
 

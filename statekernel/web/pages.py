@@ -9,8 +9,14 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from statekernel import STATE_IDS, Run, StateId
-from statekernel._front.reach import can_render_svg, redact
-from statekernel.errors import ConfigError, CorruptCheckpoint, RunNotFound, StatekernelError
+from statekernel._front.reach import can_render_svg, parse_tag, redact
+from statekernel.errors import (
+    ConfigError,
+    CorruptCheckpoint,
+    InvalidTag,
+    RunNotFound,
+    StatekernelError,
+)
 from statekernel.web.alive import run_owner, with_owners
 from statekernel.web.context import WebContext
 from statekernel.web.diffs import revision_change
@@ -65,8 +71,21 @@ async def bad_request(request: Request, exc: Exception) -> Response:
     return renderer_of(request).page(request, "error.html", context, status=400)
 
 
+def _tags(params: Any) -> dict[str, str]:
+    """The tags a list is filtered by: each ``tag=KEY=VALUE`` parameter, and the pairs
+    of ``tags`` (the search box: ``KEY=VALUE`` pairs between spaces); ``InvalidTag`` for
+    one against the rules (a 400 page), or a key given twice with two values."""
+    tags: dict[str, str] = {}
+    for text in [*params.getlist("tag"), *(params.get("tags") or "").split()]:
+        key, value = parse_tag(text)
+        if tags.get(key, value) != value:
+            raise InvalidTag(f"tag {key!r} is given twice, {tags[key]!r} and {value!r}", key=key)
+        tags[key] = value
+    return tags
+
+
 async def _search(
-    web: WebContext, request: Request, query: str, state: StateId | None
+    web: WebContext, request: Request, query: str, state: StateId | None, tags: dict[str, str]
 ) -> list[ListRow]:
     rows: list[ListRow] = []
     if await visible_ids(web, request, [query]):
@@ -77,14 +96,14 @@ async def _search(
         except CorruptCheckpoint as exc:
             return [ListRow(query, "damaged", damaged=str(exc))]
         else:
-            if state is None or run.state == state:
+            if (state is None or run.state == state) and run.tags.items() >= tags.items():
                 from statekernel.stores import RunSummary
 
                 return await shown_rows(web, request, [RunSummary.of(run)])
     cursor: str | None = None
     looked = 0
     while looked < SEARCH_LIMIT:
-        page = await web.store.list_runs(state=state, limit=500, cursor=cursor)
+        page = await web.store.list_runs(state=state, limit=500, cursor=cursor, tags=tags or None)
         looked += len(page.runs) + len(page.damaged)
         rows += await shown_rows(web, request, [s for s in page.runs if query in s.run_id])
         damaged = [ListRow(d.run_id, "damaged", damaged=d.problem) for d in page.damaged
@@ -97,7 +116,11 @@ async def _search(
 
 
 async def _page(
-    web: WebContext, request: Request, state: StateId | None, cursor: str | None
+    web: WebContext,
+    request: Request,
+    state: StateId | None,
+    cursor: str | None,
+    tags: dict[str, str],
 ) -> tuple[list[ListRow], str | None]:
     """A page of the list: the rows of the store's pages from ``cursor`` on that the
     request may view, at least ``PAGE_SIZE`` of them while there are more (a hook that
@@ -105,7 +128,9 @@ async def _page(
     rows: list[ListRow] = []
     looked = 0
     while True:
-        page = await web.store.list_runs(state=state, limit=PAGE_SIZE, cursor=cursor)
+        page = await web.store.list_runs(
+            state=state, limit=PAGE_SIZE, cursor=cursor, tags=tags or None
+        )
         looked += len(page.runs) + len(page.damaged)
         rows += await shown_rows(web, request, page.runs)
         damaged = [ListRow(d.run_id, "damaged", damaged=d.problem) for d in page.damaged]
@@ -116,8 +141,9 @@ async def _page(
 
 
 async def runs_list(request: Request) -> Response:
-    """``/``: runs, newest update first; ``state`` filters, ``q`` searches by id,
-    ``cursor`` pages; ``fragment=1`` gives the table alone (live updates)."""
+    """``/``: runs, newest update first; ``state`` and ``tag`` (``KEY=VALUE``, repeated;
+    or ``tags``, pairs between spaces) filter, ``q`` searches by id, ``cursor`` pages;
+    ``fragment=1`` gives the table alone (live updates)."""
     if (refused := await forbidden(request, "view", None)) is not None:
         return refused
     web = _web(request)
@@ -127,11 +153,15 @@ async def runs_list(request: Request) -> Response:
     query = (params.get("q") or "").strip()
     cursor = params.get("cursor") or None
     next_cursor: str | None = None
+    try:
+        tags = _tags(params)
+    except InvalidTag as exc:
+        return await bad_request(request, exc)
     if query:
-        rows = await _search(web, request, query, state)
+        rows = await _search(web, request, query, state, tags)
     else:
         try:
-            rows, next_cursor = await _page(web, request, state, cursor)
+            rows, next_cursor = await _page(web, request, state, cursor, tags)
         except StatekernelError as exc:  # a cursor from another store, a bad one
             return renderer_of(request).page(
                 request, "error.html", {"title": "Cannot list", "message": str(exc)}, status=400
@@ -142,6 +172,8 @@ async def runs_list(request: Request) -> Response:
         "states": STATE_IDS,
         "state": state or "",
         "q": query,
+        "tags": " ".join(f"{k}={v}" for k, v in tags.items()),
+        "tagged": any(r.tags for r in rows),
         "cursor": cursor or "",
         "next_cursor": next_cursor or "",
         "waiting": any(r.waiting_for for r in rows),

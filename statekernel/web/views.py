@@ -54,6 +54,8 @@ class ListRow:
     damaged: str = ""
     owner: str = ""
     owner_gone: bool = False
+    tags: str = ""
+    """The run's tags, ``key=value`` each, by key."""
 
 
 def list_row(summary: RunSummary) -> ListRow:
@@ -66,6 +68,7 @@ def list_row(summary: RunSummary) -> ListRow:
         summary.model,
         stamp(summary.updated_at),
         waiting_for(summary.pause) if summary.pause is not None else "",
+        tags=" ".join(f"{k}={v}" for k, v in sorted(summary.tags.items())),
     )
 
 

@@ -499,9 +499,17 @@ def head_summary(head: Mapping[str, Any], *, what: str = "run head") -> RunSumma
             dec_time(head["updated_at"]),
             _pause_of(head.get("pause"), what),
             None if head.get("deadline") is None else dec_time(head["deadline"]),
+            _tags(head.get("tags", {})),
         )
     except _DECODE_ERRORS as exc:
         raise corrupt(what, exc) from exc
+
+
+def _tags(doc: Any) -> dict[str, str]:
+    """A head's tags: an object of strings."""
+    if type(doc) is not dict or not all(type(v) is str for v in doc.values()):
+        raise ValueError(f"tags must be an object of strings, got {doc!r}")
+    return doc
 
 
 def snapshot_of(revision: int) -> int:

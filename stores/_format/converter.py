@@ -444,6 +444,7 @@ def _configure_turns(conv: StorageConverter) -> None:
         updated_at=override(omit_if_default=False),
         messages=override(omit=True),
         turns=override(omit=True),
+        tags=override(unstruct_hook=dict),  # kept whole: listings read them off the head
     )
 
 

@@ -4,12 +4,12 @@ values have the wrong types."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
-__all__ = ["BadRow", "CommitRows", "Stored"]
+__all__ = ["BadRow", "CommitRows", "Stored", "tag_rows"]
 
 
 class BadRow(ValueError):
@@ -44,3 +44,20 @@ class CommitRows:
     blobs: Sequence[tuple[str, bytes]]
     cancels: bool = False
     """The commit carries out the run's cancel request (``Checkpoint.cancels``)."""
+    tags: tuple[tuple[str, str], ...] | None = None
+    """The run's tags when the commit changes them (the tag index rows of the run are
+    replaced by these), None when it keeps them."""
+
+
+def tag_rows(
+    prior: Mapping[str, Any] | None, head: Mapping[str, Any]
+) -> tuple[tuple[str, str], ...] | None:
+    """The tag index rows of a commit from ``prior`` (the stored head it builds on, None
+    when not known or a new run) to ``head``: None when the tags stay, so a commit that
+    keeps them writes no index row."""
+    tags = head.get("tags", {})
+    if prior is None:
+        return tuple(tags.items()) if tags or head.get("revision") != 0 else None
+    if prior.get("tags", {}) == tags:
+        return None
+    return tuple(tags.items())

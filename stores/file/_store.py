@@ -29,7 +29,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ import attrs
 
 from statekernel._records.events import Event
 from statekernel._records.run import Cancellation, Run, StateId
+from statekernel._records.tags import check_tag_filter
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel.errors import ConfigError, CorruptCheckpoint, RunBusy, RunNotFound, StoreError
@@ -277,13 +278,20 @@ class FileStore(HostLeased, Closing):
         updated_after: datetime | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunPage:
         """Runs, newest update first (reads every run's head)."""
         limit = checked_listing(state, updated_after, limit, cursor)
+        wanted = check_tag_filter(tags)
         damaged: list[DamagedRun] = []
         summaries = await asyncio.to_thread(lambda: list(self._summaries(damaged)))
         page = page_of(
-            summaries, state=state, updated_after=updated_after, limit=limit, cursor=cursor
+            summaries,
+            state=state,
+            updated_after=updated_after,
+            limit=limit,
+            cursor=cursor,
+            tags=wanted,
         )
         return attrs.evolve(page, damaged=tuple(damaged))
 

@@ -10,6 +10,7 @@ load gives a run decoded from bytes, sharing nothing with the committed objects.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -17,6 +18,7 @@ import attrs
 
 from statekernel._records.events import Event
 from statekernel._records.run import Cancellation, Run, StateId
+from statekernel._records.tags import check_tag_filter
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel.errors import ConflictError, CorruptCheckpoint, RunBusy, RunNotFound
@@ -264,9 +266,11 @@ class MemoryStore(HostLeased, Closing):
         updated_after: datetime | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunPage:
         """Runs, newest update first."""
         limit = checked_listing(state, updated_after, limit, cursor)
+        wanted = check_tag_filter(tags)
         what = f"run head in {self.url}"
         summaries: list[RunSummary] = []
         damaged: list[DamagedRun] = []
@@ -276,7 +280,12 @@ class MemoryStore(HostLeased, Closing):
             except CorruptCheckpoint as exc:
                 damaged.append(DamagedRun(run_id, str(exc)))
         page = page_of(
-            summaries, state=state, updated_after=updated_after, limit=limit, cursor=cursor
+            summaries,
+            state=state,
+            updated_after=updated_after,
+            limit=limit,
+            cursor=cursor,
+            tags=wanted,
         )
         return attrs.evolve(page, damaged=tuple(damaged))
 

@@ -64,6 +64,7 @@ class Tables:
         self.messages, self.turns = f"{s}.messages", f"{s}.turns"
         self.blobs, self.leases = f"{s}.blobs", f"{s}.leases"
         self.queue, self.dead = f"{s}.queue_entries", f"{s}.dead_letters"
+        self.tags = f"{s}.run_tags"
 
 
 async def _stored(conn: Any, t: Tables, run_id: str) -> Stored | None:
@@ -307,6 +308,8 @@ async def commit_at_once(conn: Any, t: Tables, pending: Pending) -> Stored | Non
     key = run_key(run_id)
     if expect is None and fence is None and pending.take is not None:
         return await _create_leased_at_once(conn, t, pending)
+    if expect is not None and rows.tags is not None:
+        return None  # a change of the run's tags: apply_commit replaces its index rows
     if expect is None and fence is None:
         rid = await conn.fetchval(
             f"WITH landed AS (INSERT INTO {t.runs} (run_id, revision, state, updated_us, head,"
@@ -315,13 +318,14 @@ async def commit_at_once(conn: Any, t: Tables, pending: Pending) -> Stored | Non
             # its lease row, free: the first acquire takes it in one statement
             f" lease AS (INSERT INTO {t.leases} (run_id, token, owner, expires)"
             "  SELECT $5, 0, NULL, 0 FROM landed ON CONFLICT DO NOTHING),"
-            f"{_parts(t, 6)}",
+            f"{_parts(t, 6, tags=13)}",
             revision,
             state,
             updated_us,
             head,
             key,
             *_part_values(rows),
+            *_tag_values(rows),
         )
         return None if rid is None else Stored(rid, run_id, rows.revision, state, head)
     if expect is None or fence is None:
@@ -412,7 +416,7 @@ async def _create_leased_at_once(conn: Any, t: Tables, pending: Pending) -> Stor
         f" lease AS (INSERT INTO {t.leases} (run_id, token, owner, expires, proof, lock_key)"
         "  SELECT $5, 1, $13::bytea, extract(epoch FROM clock_timestamp())::float8"
         "  + $14::float8, $15::text, $16::bigint FROM landed),"
-        f"{_parts(t, 6)}",
+        f"{_parts(t, 6, tags=17)}",
         revision,
         state,
         updated_us,
@@ -423,6 +427,7 @@ async def _create_leased_at_once(conn: Any, t: Tables, pending: Pending) -> Stor
         claim.ttl,
         claim.proof,
         claim.lock_key,
+        *_tag_values(rows),
     )
     if rid is None:
         return None
@@ -430,14 +435,23 @@ async def _create_leased_at_once(conn: Any, t: Tables, pending: Pending) -> Stor
     return Stored(rid, pending.run_id, rows.revision, state, head)
 
 
-def _parts(t: Tables, n: int, result: str = " SELECT id FROM landed") -> str:
+def _parts(
+    t: Tables, n: int, result: str = " SELECT id FROM landed", *, tags: int | None = None
+) -> str:
     """The rest of a one-statement commit after its ``landed`` (the run row's id when it
     landed): the commit entry, messages, turns and blobs, from the ``_part_values`` given
     as parameters ``$n`` onwards (``$1`` is the revision), and the statement's ``result``
-    (by default the run row's id, when it landed)."""
+    (by default the run row's id, when it landed). With ``tags`` (a new run's commit),
+    its tag index rows too, from the ``_tag_values`` given as ``$tags`` onwards."""
     p = [f"${n + i}" for i in range(7)]
+    tagged = (
+        ""
+        if tags is None
+        else f" tags AS (INSERT INTO {t.tags} (rid, key, value) SELECT id, k, v FROM landed,"
+        f"  unnest(${tags}::text[], ${tags + 1}::text[]) AS u(k, v)),"
+    )
     return (
-        f" entry AS (INSERT INTO {t.commits} (rid, revision, entry)"
+        tagged + f" entry AS (INSERT INTO {t.commits} (rid, revision, entry)"
         f"  SELECT id, $1, {p[0]} FROM landed),"
         f" messages AS (INSERT INTO {t.messages} (rid, pos, doc)"
         f"  SELECT id, {p[1]} + n - 1, d FROM landed,"
@@ -463,6 +477,12 @@ def _part_values(rows: CommitRows) -> tuple[Any, ...]:
         [k for k, _ in rows.blobs],
         [v for _, v in rows.blobs],
     )
+
+
+def _tag_values(rows: CommitRows) -> tuple[list[str], list[str]]:
+    """The parameters of the tag index rows of ``_parts``: keys, then values."""
+    pairs = rows.tags or ()
+    return [k for k, _ in pairs], [v for _, v in pairs]
 
 
 async def _write_parts(conn: Any, t: Tables, rid: int, rows: CommitRows) -> None:
@@ -493,6 +513,14 @@ async def _write_parts(conn: Any, t: Tables, rid: int, rows: CommitRows) -> None
             [k for k, _ in rows.blobs],
             [v for _, v in rows.blobs],
         )
+    if rows.tags is not None:  # the run's tag index rows replaced
+        await conn.execute(f"DELETE FROM {t.tags} WHERE rid = $1", rid)
+        await conn.execute(
+            f"INSERT INTO {t.tags} (rid, key, value)"
+            " SELECT $1, k, v FROM unnest($2::text[], $3::text[]) AS u(k, v)",
+            rid,
+            *_tag_values(rows),
+        )
 
 
 async def delete_run(conn: Any, t: Tables, run_id: str) -> bool:
@@ -503,6 +531,6 @@ async def delete_run(conn: Any, t: Tables, run_id: str) -> bool:
         rid = await conn.fetchval(f"DELETE FROM {t.runs} WHERE run_id = $1 RETURNING id", key)
         if rid is None:
             return False
-        for table in (t.commits, t.messages, t.turns, t.blobs):
+        for table in (t.commits, t.messages, t.turns, t.blobs, t.tags):
             await conn.execute(f"DELETE FROM {table} WHERE rid = $1", rid)
         return True

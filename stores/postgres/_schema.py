@@ -26,6 +26,7 @@ __all__ = [
     "WATCHING",
     "SCHEMA",
     "STORE_VERSION",
+    "TAGS_VERSION",
     "commits_channel",
     "layout_version",
     "migrate_schema",
@@ -40,17 +41,22 @@ COMMITTING = "committing"
 ends: a store that starts watching takes it once, exclusive, to wait for the commits
 that found no watcher."""
 
-STORE_VERSION = 7
+STORE_VERSION = 8
 """The layout version of the Postgres store written by this release (2: run queues and
 commit notices; 3: commit notices a client can turn off; 4: lease rows that say how
 their owner proves it is alive, and a run's largest fencing token kept with its row;
 5: commit notices only while a store watches; 6: a run's cancel request kept with its
 row; 7: queue entries taken no sooner than a time, ``ready_at``, and keyed ones, taken
-while fewer than their ``key_limit`` of their ``key`` are)."""
+while fewer than their ``key_limit`` of their ``key`` are; 8: runs' tags indexed in
+``run_tags``)."""
 
 CANCELS_VERSION = 6
 """The first layout that keeps cancel requests (``runs.cancel``): a store opened
 read-only on an older one has none to read."""
+
+TAGS_VERSION = 8
+"""The first layout that indexes runs' tags (``run_tags``): a store opened read-only on
+an older one finds no run with tags (a release before it wrote none)."""
 
 SCHEMA = """
 CREATE TABLE {s}.runs (
@@ -268,6 +274,24 @@ async def _version_7(conn: Any, schema: str) -> None:
         await conn.execute(statement)
 
 
+TAGS = """
+CREATE TABLE IF NOT EXISTS {s}.run_tags (
+    rid bigint NOT NULL, key text NOT NULL, value text NOT NULL, PRIMARY KEY (rid, key)
+);
+CREATE INDEX IF NOT EXISTS run_tags_by_pair ON {s}.run_tags (key, value, rid)
+"""
+"""Runs' tags (layout version 8): a row per run and key, indexed by (key, value) so a
+listing by tags reads the runs of each pair from the index. A commit that changes a
+run's tags replaces its rows; runs of older layouts have none (no release before wrote
+tags), so the upgrade fills nothing in."""
+
+
+async def _version_8(conn: Any, schema: str) -> None:
+    """Runs' tags indexed."""
+    for statement in _statements(TAGS, schema):
+        await conn.execute(statement)
+
+
 _MIGRATIONS: dict[int, Callable[[Any, str], Awaitable[None]]] = {
     1: _version_2,
     2: _version_3,
@@ -275,6 +299,7 @@ _MIGRATIONS: dict[int, Callable[[Any, str], Awaitable[None]]] = {
     4: _version_5,
     5: _version_6,
     6: _version_7,
+    7: _version_8,
 }
 """What upgrades the store from a version to the next one."""
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -29,6 +29,7 @@ import asyncpg
 
 from statekernel._records.events import Event
 from statekernel._records.run import STATE_IDS, Cancellation, Run, StateId
+from statekernel._records.tags import check_tag_filter
 from statekernel._secrets import logger, redact, redact_url, remember_url
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
@@ -54,12 +55,10 @@ from statekernel.stores._common import (
     checked_revision,
     checked_run_id,
     created_run,
-    micros,
 )
 from statekernel.stores._format.cancels import check_cancellable, decode_cancel, encode_cancel
-from statekernel.stores._format.checksum import seal, unseal, unseal_blobs, unseal_each
+from statekernel.stores._format.checksum import unseal, unseal_blobs, unseal_each
 from statekernel.stores._format.codec import (
-    EncodedCommit,
     check_log,
     check_parts,
     decode_events,
@@ -70,12 +69,11 @@ from statekernel.stores._format.codec import (
     log_ends,
     snapshot_of,
 )
-from statekernel.stores._format.dicts import dump_entry
-from statekernel.stores._format.documents import dump_bytes, load_json
+from statekernel.stores._format.documents import load_json
 from statekernel.stores._group import GroupCommit
-from statekernel.stores._listing import decode_cursor, encode_cursor
+from statekernel.stores._listing import encode_cursor, has_tags
 from statekernel.stores._sql.columns import column_problem
-from statekernel.stores._sql.rows import BadRow, CommitRows, Stored
+from statekernel.stores._sql.rows import BadRow, Stored
 from statekernel.stores._sql.tables import (
     PendingWrite,
     checked_head,
@@ -98,9 +96,11 @@ from statekernel.stores.postgres._listening import Listening
 from statekernel.stores.postgres._owners import OwnerLocks
 from statekernel.stores.postgres._queue import PostgresRunQueue
 from statekernel.stores.postgres._queue_admin import queue_names
+from statekernel.stores.postgres._rows import commit_rows, listing_filters
 from statekernel.stores.postgres._schema import (
     CANCELS_VERSION,
     STORE_VERSION,
+    TAGS_VERSION,
     commits_channel,
     layout_version,
     migrate_schema,
@@ -436,10 +436,17 @@ class PostgresStore(Closing):
         updated_after: datetime | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunPage:
-        """Runs, newest update first."""
+        """Runs, newest update first; ``tags`` found through ``run_tags`` (a read-only
+        store of an older layout has no run with tags)."""
         limit = checked_listing(state, updated_after, limit, cursor)
-        where, params = _filters(state, updated_after, cursor)
+        wanted = check_tag_filter(tags)
+        if wanted and self.read_only:
+            await self._open()  # the layout is known once the store is open
+        if wanted and self._layout < TAGS_VERSION:
+            return RunPage(())
+        where, params = listing_filters(self._t, state, updated_after, cursor, wanted)
         params.append(max(limit, 0) + 1)
         sql = (
             f"SELECT run_id, revision, state, updated_us, head FROM {self._t.runs}{where}"
@@ -449,7 +456,7 @@ class PostgresStore(Closing):
         summaries: list[RunSummary] = []
         damaged: list[DamagedRun] = []
         for row in rows:
-            self._summary(row, summaries, damaged)
+            self._summary(row, summaries, damaged, wanted)
         if state is not None and cursor is None:  # rows the filter cannot match: damaged
             bad = (
                 f"SELECT run_id, revision, state, updated_us, head FROM {self._t.runs}"
@@ -461,7 +468,15 @@ class PostgresStore(Closing):
         more = len(rows) > limit and bool(page)
         return RunPage(page, encode_cursor(page[-1]) if more else None, tuple(damaged))
 
-    def _summary(self, row: Any, found: list[RunSummary], damaged: list[DamagedRun]) -> None:
+    def _summary(
+        self,
+        row: Any,
+        found: list[RunSummary],
+        damaged: list[DamagedRun],
+        tags: Mapping[str, str] | None = None,
+    ) -> None:
+        """The listing line of a row, or the row in ``damaged`` (a head that cannot be
+        read, columns or ``run_tags`` rows that do not match it)."""
         raw_id, revision, state, updated_us, head = row
         run_id = raw_id.decode("utf-8", "replace")
         what = f"run {run_id!r} in {self._shown()}"
@@ -469,6 +484,8 @@ class PostgresStore(Closing):
             summary = head_summary(load_json(unseal(head, f"head of {what}"), what), what=what)
             columns = {"run_id": run_id, "revision": revision, "state": state}
             problem = column_problem({**columns, "updated_us": updated_us}, summary)
+            if problem is None and tags and not has_tags(summary, tags):
+                problem = f"its run_tags rows hold {dict(tags)!r}, its head {summary.tags!r}"
             if problem is not None:
                 raise CorruptCheckpoint(f"invalid {what}: {problem}")
         except CorruptCheckpoint as exc:
@@ -535,12 +552,13 @@ class PostgresStore(Closing):
         while True:
             check_head(cp, None if known is None else known.key.revision)
             if known is None:
-                enc, expect = encode_commit(cp, None), None
+                enc, expect, prior = encode_commit(cp, None), None, None
             else:
                 enc = encode_commit(cp, known.head, known.refs)
-                expect = (known.key.rid, known.key.revision)
+                expect, prior = (known.key.rid, known.key.revision), known.head
             release = release and lease is not None
-            pending = Pending(run_id, expect, _rows(cp, enc), lease, release, take)
+            rows = commit_rows(cp, enc, prior)
+            pending = Pending(run_id, expect, rows, lease, release, take)
             landed, stored = await self._group.submit(PendingWrite(pending, enc))
             if landed:
                 return int(pending.taken[0]) if pending.taken else None
@@ -805,43 +823,6 @@ async def _close(pool: asyncpg.Pool) -> None:
 
 async def _fetch(conn: Any, t: ops.Tables, sql: str, params: list[Any]) -> list[Any]:
     return list(await conn.fetch(sql, *params))
-
-
-def _rows(cp: Checkpoint, enc: EncodedCommit) -> CommitRows:
-    run = cp.run
-    columns = (run.revision, run.state, micros(run.updated_at), seal(dump_bytes(enc.head)))
-    return CommitRows(
-        columns,
-        run.revision,
-        seal(dump_entry(enc.entry)),
-        enc.first_message,
-        [seal(m) for m in enc.messages],
-        enc.first_turn,
-        [seal(t) for t in enc.turns],
-        [(k, seal(v)) for k, v in enc.blobs.items()],
-        cancels=cp.cancels,
-    )
-
-
-def _filters(
-    state: StateId | None, updated_after: datetime | None, cursor: str | None
-) -> tuple[str, list[Any]]:
-    clauses: list[str] = []
-    params: list[Any] = []
-
-    def param(value: Any) -> str:
-        params.append(value)
-        return f"${len(params)}"
-
-    if state is not None:
-        clauses.append(f"state = {param(state)}")
-    if updated_after is not None:
-        clauses.append(f"updated_us > {param(micros(updated_after))}")
-    if cursor is not None:
-        at, run_id = decode_cursor(cursor)
-        us, key = param(micros(at)), param(ops.run_key(run_id))
-        clauses.append(f"(updated_us < {us} OR (updated_us = {us} AND run_id < {key}))")
-    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
 
 
 def _warmer(store: PostgresStore) -> Callable[[Any], Awaitable[None]]:

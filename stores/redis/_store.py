@@ -39,19 +39,19 @@ import contextlib
 import hashlib
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import attrs
 import redis
-import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from statekernel._records.events import Event
 from statekernel._records.run import Cancellation, Run, StateId
+from statekernel._records.tags import check_tag_filter
 from statekernel._secrets import logger, redact, redact_url, remember_url
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
@@ -99,8 +99,14 @@ from statekernel.stores._group import GroupCommit
 from statekernel.stores._host.lease_records import damaged_lease, redis_holder
 from statekernel.stores._listing import decode_cursor, encode_cursor
 from statekernel.stores.redis._cancels import CANCEL_KEY, CancelRequests
+from statekernel.stores.redis._clients import (
+    CLUSTER_NEEDS,
+    check_cluster_support,
+    client_for,
+    cluster_for,
+)
 from statekernel.stores.redis._fencing import RELEASE, RENEW, AnyRedis
-from statekernel.stores.redis._index import RunIndex
+from statekernel.stores.redis._index import Pairs, RunIndex
 from statekernel.stores.redis._queue import RedisRunQueue
 from statekernel.stores.redis._queue_admin import queue_names
 from statekernel.stores.redis._replicas import OPTION_NAMES, ReplicaOptions, Replication, options_of
@@ -114,9 +120,10 @@ from statekernel.stores.redis._scripts import (
     Unconfirmed,
     read_reply,
 )
+from statekernel.stores.redis._tagged import head_pairs, new_pairs, page_of_tagged
 from statekernel.stores.redis._wire import FAILURES, Command, Wire, initialized, transaction
 
-__all__ = ["RedisStore"]
+__all__ = ["CLUSTER_NEEDS", "RedisStore", "check_cluster_support"]
 
 T = TypeVar("T")
 log = logger("statekernel.stores")
@@ -175,7 +182,7 @@ class RedisStore(Closing):
         remember_url(url)
         try:
             target, self.prefix, cluster, replicas = _split_url(url)
-            self._client = client or (_cluster_for(target) if cluster else _client_for(target))
+            self._client = client or (cluster_for(target) if cluster else client_for(target))
         except (ValueError, TypeError, *FAILURES) as exc:
             raise ConfigError(f"bad Redis URL {redact_url(url)!r}: {self._clean(exc)}") from exc
         if isinstance(self._client, RedisCluster):
@@ -485,7 +492,8 @@ class RedisStore(Closing):
             self._known.drop(run.run_id)
             raise LeaseLost(run.run_id, checkpoint.expected_revision, lease.token)
         await self._check_landed(checkpoint, status, actual, asked)
-        await self._landed(checkpoint, script, enc, announced)
+        prior = None if known is None else known.head
+        await self._landed(checkpoint, script, enc, announced, new_pairs(prior, enc.head))
 
     async def create_leased(
         self, checkpoint: Checkpoint, owner: str, *, ttl: float
@@ -524,7 +532,7 @@ class RedisStore(Closing):
             taken, holder = redis_holder(token, run.run_id, f"Redis store {redact_url(self.url)!r}")
             lease = Lease(run.run_id, owner, taken) if holder == owner else None
         try:
-            await self._landed(checkpoint, script, enc, announced)
+            await self._landed(checkpoint, script, enc, announced, new_pairs(None, enc.head))
         except BaseException:
             if lease is not None:  # the run is there; its lease is not kept from the caller
                 with contextlib.suppress(StoreError):
@@ -592,12 +600,18 @@ class RedisStore(Closing):
             )
 
     async def _landed(
-        self, checkpoint: Checkpoint, script: CommitScript, enc: EncodedCommit, announced: bool
+        self,
+        checkpoint: Checkpoint,
+        script: CommitScript,
+        enc: EncodedCommit,
+        announced: bool,
+        pairs: Pairs,
     ) -> None:
-        """Remember the head that landed and move the run in the index."""
+        """Remember the head that landed and move the run in the index (and into the
+        sets of the tags ``pairs`` it got)."""
         run = checkpoint.run
         self._known.put(run.run_id, Prior(_Known(run.revision, script.args[3]), enc.head))
-        self._runs.landed(run.run_id, micros(run.updated_at), run.revision)
+        self._runs.landed(run.run_id, micros(run.updated_at), run.revision, pairs)
         if not announced:  # nothing would repair the index: move it now
             await self._runs.flush()
 
@@ -705,10 +719,19 @@ class RedisStore(Closing):
         updated_after: datetime | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunPage:
-        """Runs, newest update first, from the run index (announced commits repaired first)."""
+        """Runs, newest update first, from the run index (announced commits repaired
+        first); with ``tags``, the candidates of the tags' sets whose heads carry them."""
         limit = checked_listing(state, updated_after, limit, cursor)
+        wanted = check_tag_filter(tags)
         await self._runs.repair(self._head_scores)
+        damaged: list[DamagedRun] = []
+        if wanted:
+            candidates = [(run_id, -1) for run_id in sorted(await self._runs.tagged(wanted))]
+            summaries = await self._summaries(candidates, damaged)
+            listed = (summaries, state, updated_after, limit, cursor, wanted)
+            return attrs.evolve(page_of_tagged(*listed), damaged=tuple(damaged))
         top: tuple[int, str] | None = None
         if cursor is not None:
             at, after_id = decode_cursor(cursor)
@@ -716,7 +739,6 @@ class RedisStore(Closing):
         low = f"({micros(updated_after)}" if updated_after is not None else "-inf"
         high = str(top[0]) if top else "+inf"
         found: list[RunSummary] = []
-        damaged: list[DamagedRun] = []
         offset = 0
         while len(found) <= limit:
             batch: list[Any] = await self._call(
@@ -738,7 +760,8 @@ class RedisStore(Closing):
         self, scored: list[tuple[str, int]], damaged: list[DamagedRun]
     ) -> list[RunSummary]:
         """Summaries from the heads (the truth); index entries that lag are repaired, and
-        runs whose head cannot be read are left out and named in ``damaged``."""
+        runs whose head cannot be read are left out and named in ``damaged`` (a score
+        below 0: not read from the index, nothing to repair)."""
         pipe = self._client.pipeline(transaction=False)
         for run_id, _ in scored:
             pipe.hmget(self._keys(run_id)[0], ["doc", "r"])
@@ -756,7 +779,7 @@ class RedisStore(Closing):
             except CorruptCheckpoint as exc:
                 damaged.append(DamagedRun(run_id, str(exc)))
                 continue
-            if micros(summary.updated_at) != score:
+            if score >= 0 and micros(summary.updated_at) != score:
                 fixed = {run_id: micros(summary.updated_at)}
                 await self._call(self._client.zadd(self._index, fixed, xx=True))
             found.append(summary)
@@ -777,27 +800,30 @@ class RedisStore(Closing):
         self._runs.forget_landed(run_id)
         self._replication.forget(run_id)
         keys = [*self._keys(run_id), self.run_key(run_id, CANCEL_KEY)]  # all or none
+        doc = await self._call(self._client.hget(keys[0], "doc"))
+        pairs = frozenset() if doc is None else head_pairs(doc, f"run {run_id!r}")
         removed = await self._call(self._client.delete(*keys))
         lease = [self.run_key(run_id, n) for n in ("lease", "fence", "taker")]
         await self._call(self._client.delete(*lease))  # a run made again starts afresh
-        await self._runs.forget(run_id)
+        await self._runs.forget(run_id, pairs)
         self._known.drop(run_id)
         return bool(removed)
 
-    async def _head_scores(self, run_ids: list[str]) -> list[tuple[int, int] | None]:
-        """(revision, index score) of each run's head; None for a run not stored."""
+    async def _head_scores(self, run_ids: list[str]) -> list[tuple[int, int, Pairs] | None]:
+        """(revision, index score, tags) of each run's head; None for a run not stored."""
         pipe = self._client.pipeline(transaction=False)
         for run_id in run_ids:
             pipe.hget(self._keys(run_id)[0], "doc")
         docs = await self._call(pipe.execute())
         what = f"run head in {redact_url(self.url)}"
-        found: list[tuple[int, int] | None] = []
+        found: list[tuple[int, int, Pairs] | None] = []
         for doc in docs:
             if doc is None:
                 found.append(None)
                 continue
             summary = head_summary(_load_head(doc, what))
-            found.append((summary.revision, micros(summary.updated_at)))
+            pairs = frozenset(summary.tags.items())
+            found.append((summary.revision, micros(summary.updated_at), pairs))
         return found
 
     async def aclose(self) -> None:
@@ -807,42 +833,6 @@ class RedisStore(Closing):
         with contextlib.suppress(*FAILURES):
             await self._wire.aclose()
             await self._client.aclose()
-
-
-CLUSTER_NEEDS = (6, 2)
-"""The redis-py release from which a cluster pipeline runs a transaction (the commit's
-``MULTI``/``EXEC`` on one hash slot); before it, redis-py refuses one."""
-
-
-def check_cluster_support(version: str) -> None:
-    """``ConfigError`` unless redis-py ``version`` runs transactions on a Redis Cluster."""
-    found = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
-    if found < CLUSTER_NEEDS:
-        raise ConfigError(
-            f"a Redis Cluster store needs redis-py {'.'.join(map(str, CLUSTER_NEEDS))} or"
-            f" newer (installed: {version}): older releases run no transaction on a cluster"
-        )
-
-
-def _cluster_for(url: str) -> RedisCluster:
-    """A Redis Cluster client that starts from the node of ``url`` (it finds the others);
-    a cluster has one database, so a path other than ``/`` or ``/0`` is refused."""
-    path = urlsplit(url).path.strip("/")
-    if path not in ("", "0"):
-        raise ValueError(f"a Redis Cluster has database 0 only, not {path!r}")
-    url = urlunsplit(urlsplit(url)._replace(path=""))
-    client = RedisCluster.from_url(url, decode_responses=False)  # connects on first use
-    check_cluster_support(redis.__version__)
-    return client
-
-
-def _client_for(url: str) -> aioredis.Redis:
-    """A client for ``url``; its options are checked now (``redis-py`` would raise a
-    ``TypeError`` for an unknown one at the first connection)."""
-    client = aioredis.from_url(url, decode_responses=False)
-    pool: Any = client.connection_pool
-    pool.make_connection()  # builds the connection object, no I/O
-    return client
 
 
 def _bytes(value: bytes | str) -> bytes:

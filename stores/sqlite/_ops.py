@@ -226,6 +226,14 @@ def apply_commit(
             (*rows.columns, rid),
         )
     _write_parts(conn, rid, rows)
+    if rows.tags is not None:
+        if found is not None:
+            conn.execute("DELETE FROM run_tags WHERE rid = ?", (rid,))
+        _insert(
+            conn,
+            "INSERT INTO run_tags (rid, key, value) VALUES (?, ?, ?)",
+            [(rid, k, v) for k, v in rows.tags],
+        )
     if release and fence is not None:  # checked current above, in this transaction
         conn.execute("UPDATE leases SET owner = NULL, expires = 0 WHERE run_id = ?", (run_id,))
     return True, Stored(rid, run_id, rows.revision, rows.columns[1], rows.columns[-1])
@@ -421,7 +429,7 @@ def delete_run(conn: sqlite3.Connection, run_id: str) -> bool:
         if row is None:
             return False
         conn.execute("DELETE FROM cancels WHERE rid = ?", (row[0],))
-        for table in ("commits", "messages", "turns", "blobs"):
+        for table in ("commits", "messages", "turns", "blobs", "run_tags"):
             conn.execute(f"DELETE FROM {table} WHERE rid = ?", (row[0],))
         conn.execute("DELETE FROM runs WHERE id = ?", (row[0],))
         conn.execute("DELETE FROM leases WHERE run_id = ?", (run_id,))

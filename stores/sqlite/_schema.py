@@ -12,25 +12,28 @@ __all__ = [
     "READABLE",
     "SCHEMA",
     "STORE_VERSION",
+    "TAGS_VERSION",
     "check_layout",
     "check_store_file",
     "migrate_schema",
 ]
 
-STORE_VERSION = 6
+STORE_VERSION = 7
 """The layout version of the SQLite store written by this release.
 
 Every stored value ends with its checksum (``statekernel.stores._format.checksum``).
 Layout 5 keeps each run's largest fencing token with the run (``runs.fence``), so a
 lease record lost or deleted by hand never restarts its tokens. Layout 6 keeps cancel
 requests (``cancels``, by run row id), which every commit checks: a release that does
-not know them refuses the store rather than commit past one. A layout 4 or 5 store is
-upgraded when opened for writing and read as it is when opened read-only (readers never
-read the fence, and find no cancel request there). Layouts before 4 were never
+not know them refuses the store rather than commit past one. Layout 7 indexes runs'
+tags (``run_tags``: a row per run and key, indexed by key and value). A layout 4, 5 or 6
+store is upgraded when opened for writing and read as it is when opened read-only
+(readers never read the fence, find no cancel request there, and no run with tags: a
+release before layout 7 wrote none). Layouts before 4 were never
 released; a database in one is refused, not misread.
 """
 
-READABLE = (4, 5, STORE_VERSION)
+READABLE = (4, 5, 6, STORE_VERSION)
 """Layouts a store opened read-only reads as they are."""
 
 LEASES = """
@@ -42,6 +45,17 @@ CREATE TABLE IF NOT EXISTS leases (
 CANCELS = """
 CREATE TABLE IF NOT EXISTS cancels (rid INTEGER PRIMARY KEY, doc BLOB NOT NULL);
 """
+
+TAGS = """
+CREATE TABLE IF NOT EXISTS run_tags (
+    rid INTEGER NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+    PRIMARY KEY (rid, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS run_tags_by_pair ON run_tags (key, value, rid);
+"""
+
+TAGS_VERSION = 7
+"""The first layout with ``run_tags``."""
 
 SCHEMA = (
     """
@@ -78,6 +92,7 @@ CREATE TABLE blobs (
 );
 """
     + CANCELS
+    + TAGS
     + LEASES
 )
 
@@ -89,6 +104,7 @@ UPDATE runs SET fence = COALESCE(
 )
 """,
     5: CANCELS,
+    6: TAGS,  # no run of an older layout has tags: nothing to fill in
 }
 """SQL that upgrades the store from a version to the next one."""
 
@@ -133,8 +149,9 @@ def _statements(script: str) -> list[str]:
     return [s.strip() for s in script.split(";") if s.strip()]
 
 
-def check_layout(conn: sqlite3.Connection, path: str) -> None:
-    """Refuse, without writing, a read-only file that is not this release's store layout."""
+def check_layout(conn: sqlite3.Connection, path: str) -> int:
+    """Refuse, without writing, a read-only file whose layout this release cannot read
+    as it is; its layout version otherwise."""
     try:
         row = conn.execute("SELECT version FROM statekernel_schema").fetchone()
     except sqlite3.OperationalError as exc:
@@ -153,6 +170,7 @@ def check_layout(conn: sqlite3.Connection, path: str) -> None:
             f"SQLite store {path!r} has layout version {row[0]!r}, this release reads"
             f" {READABLE[0]} to {STORE_VERSION}; it is read-only here, so it cannot be upgraded"
         )
+    return int(row[0])
 
 
 def _reader(path: str) -> sqlite3.Connection:

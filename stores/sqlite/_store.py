@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from statekernel._records.events import Event
 from statekernel._records.run import Cancellation, Run, StateId
+from statekernel._records.tags import check_tag_filter
 from statekernel._storage.closing import Closing
 from statekernel._storage.protocol import Checkpoint, DamagedRun, Lease, RunPage, RunSummary
 from statekernel._storage.shielding import shielded
@@ -70,9 +71,9 @@ from statekernel.stores._format.documents import dump_bytes, enc_time, load_json
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._host.holders import holder_of
 from statekernel.stores._host.owners import Clock, HostLeased, HostLeases, LeaseChange, LeaseRecord
-from statekernel.stores._listing import decode_cursor, encode_cursor
+from statekernel.stores._listing import decode_cursor, encode_cursor, has_tags
 from statekernel.stores._sql.columns import BAD_STATE, column_problem
-from statekernel.stores._sql.rows import BadRow, CommitRows, Stored
+from statekernel.stores._sql.rows import BadRow, CommitRows, Stored, tag_rows
 from statekernel.stores._sql.tables import (
     PendingWrite,
     checked_head,
@@ -100,7 +101,12 @@ from statekernel.stores.sqlite._ops import (
     read_lease,
     read_parts,
 )
-from statekernel.stores.sqlite._schema import check_layout, migrate_schema
+from statekernel.stores.sqlite._schema import (
+    STORE_VERSION,
+    TAGS_VERSION,
+    check_layout,
+    migrate_schema,
+)
 from statekernel.stores.sqlite._thread import SQLiteThread
 from statekernel.stores.sqlite._writer import Outcome, Pending, write_commits
 
@@ -145,6 +151,8 @@ class SQLiteStore(HostLeased, Closing):
         self.read_only = needs_read_only(self.path) if read_only is None else read_only
         self._conn: SQLiteThread | None = None
         self._raw: sqlite3.Connection | None = None
+        self._layout = STORE_VERSION
+        """The layout of the file as opened (read-only: perhaps an older one)."""
         self._snapshot: tuple[object, ...] | None = None
         """``file_state`` when the file was opened ``immutable`` (else None)."""
         self._lock = asyncio.Lock()
@@ -174,7 +182,7 @@ class SQLiteStore(HostLeased, Closing):
     def _setup(self, raw: sqlite3.Connection) -> None:
         """Pragmas and the store's own schema migrations (read-only: a layout check)."""
         if self.read_only:
-            check_layout(raw, self.path)
+            self._layout = check_layout(raw, self.path)
             return
         mode = raw.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         raw.execute(f"PRAGMA synchronous = {self._sync}")
@@ -353,12 +361,12 @@ class SQLiteStore(HostLeased, Closing):
         while True:
             check_head(cp, None if known is None else known.key.revision)
             if known is None:
-                enc, expect = encode_commit(cp, None), None
+                enc, expect, prior = encode_commit(cp, None), None, None
             else:
                 enc = encode_commit(cp, known.head, known.refs)
-                expect = (known.key.rid, known.key.revision)
+                expect, prior = (known.key.rid, known.key.revision), known.head
             release = release and lease is not None
-            pending = Pending(run_id, expect, _rows(cp, enc), lease, release, take)
+            pending = Pending(run_id, expect, _rows(cp, enc, prior), lease, release, take)
             landed, stored = await self._group.submit(PendingWrite(pending, enc))
             if landed:
                 return pending.taken[0] if pending.taken else None
@@ -430,17 +438,24 @@ class SQLiteStore(HostLeased, Closing):
         updated_after: datetime | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> RunPage:
-        """Runs, newest update first."""
+        """Runs, newest update first; ``tags`` found through the ``run_tags`` index (a
+        read-only file of an older layout has no run with tags)."""
         limit = checked_listing(state, updated_after, limit, cursor)
-        where, params = _filters(state, updated_after, cursor)
+        wanted = check_tag_filter(tags)
+        if wanted and self.read_only:
+            await self._open()  # the file's layout is known once it is open
+        if wanted and self._layout < TAGS_VERSION:
+            return RunPage(())
+        where, params = _filters(state, updated_after, cursor, wanted)
         sql = f"SELECT {_LISTED} FROM runs{where} ORDER BY updated_us DESC, run_id DESC LIMIT ?"
         params.append(max(limit, 0) + 1)
         rows = await shielded(self._call(fetch_all, sql, params))
         summaries: list[RunSummary] = []
         damaged: list[DamagedRun] = []
         for row in rows:
-            self._summary(row, summaries, damaged)
+            self._summary(row, summaries, damaged, wanted)
         if state is not None and cursor is None:  # rows the filter cannot match: damaged
             bad_sql = f"SELECT {_LISTED} FROM runs INDEXED BY runs_by_state WHERE {BAD_STATE[0]}"
             bad = await shielded(self._call(fetch_all, bad_sql, BAD_STATE[1]))
@@ -451,16 +466,23 @@ class SQLiteStore(HostLeased, Closing):
         return RunPage(page, encode_cursor(page[-1]) if more else None, tuple(damaged))
 
     def _summary(
-        self, row: tuple[Any, ...], found: list[RunSummary], damaged: list[DamagedRun]
+        self,
+        row: tuple[Any, ...],
+        found: list[RunSummary],
+        damaged: list[DamagedRun],
+        tags: Mapping[str, str] | None = None,
     ) -> None:
         """The listing line of a ``runs`` row, or the row named in ``damaged`` when its
-        head cannot be read or its columns do not match its head."""
+        head cannot be read, its columns do not match its head, or it was found by
+        ``tags`` its head does not carry (its ``run_tags`` rows are damaged)."""
         run_id, revision, state, updated_us, head = row
         what = f"run {run_id!r} in {self.url}"
         try:
             summary = head_summary(load_json(unseal(head, f"head of {what}"), what), what=what)
             columns = {"run_id": run_id, "revision": revision, "state": state}
             problem = column_problem({**columns, "updated_us": updated_us}, summary)
+            if problem is None and tags and not has_tags(summary, tags):
+                problem = f"its run_tags rows hold {dict(tags)!r}, its head {summary.tags!r}"
             if problem is not None:
                 raise CorruptCheckpoint(f"invalid {what}: {problem}")
         except CorruptCheckpoint as exc:
@@ -492,7 +514,7 @@ class SQLiteStore(HostLeased, Closing):
                 await conn.close()
 
 
-def _rows(cp: Checkpoint, enc: EncodedCommit) -> CommitRows:
+def _rows(cp: Checkpoint, enc: EncodedCommit, prior: dict[str, Any] | None) -> CommitRows:
     run = cp.run
     turns = enc.head["$t"][1] + (1 if "current_turn" in enc.head else 0)
     columns = (
@@ -515,6 +537,7 @@ def _rows(cp: Checkpoint, enc: EncodedCommit) -> CommitRows:
         [seal(t) for t in enc.turns],
         [(k, seal(v)) for k, v in enc.blobs.items()],
         cp.cancels,
+        tag_rows(prior, enc.head),
     )
 
 
@@ -531,10 +554,16 @@ def _decode(parts: Parts, what: str) -> Run:
 
 
 def _filters(
-    state: StateId | None, updated_after: datetime | None, cursor: str | None
+    state: StateId | None,
+    updated_after: datetime | None,
+    cursor: str | None,
+    tags: Mapping[str, str] | None = None,
 ) -> tuple[str, list[Any]]:
     clauses: list[str] = []
     params: list[Any] = []
+    for key, value in (tags or {}).items():  # each pair: one range of run_tags_by_pair
+        clauses.append("id IN (SELECT rid FROM run_tags WHERE key = ? AND value = ?)")
+        params += [key, value]
     if state is not None:
         clauses.append("state = ?")
         params.append(state)

@@ -192,7 +192,7 @@ async def test_a_version_1_layout_is_upgraded_to_hold_queues(postgres_store_url:
         version = await conn.fetchval(f'SELECT version FROM "{schema}".statekernel_schema')
     finally:
         await conn.close()
-    assert version == STORE_VERSION == 7
+    assert version == STORE_VERSION == 8
 
 
 async def test_a_layout_6_store_gets_delayed_entries_and_keeps_its_waiting_ones(
