@@ -38,6 +38,7 @@ from statekernel._kernel import propagation
 from statekernel._kernel.cancelling import CancelResult, cancel_tree
 from statekernel._kernel.commit import Committer
 from statekernel._kernel.delegate import DelegateTool, child_runs, run_tree
+from statekernel._kernel.diagrams import run_diagram
 from statekernel._kernel.dispatch import DispatchPolicy
 from statekernel._kernel.drive import deadline_watch
 from statekernel._kernel.drives import check_input, drive
@@ -61,8 +62,6 @@ from statekernel._kernel.tenancy import Tenancy
 from statekernel._kernel.timers import settle_due
 from statekernel._kernel.tools import Tool, tools_by_name
 from statekernel._kernel.updates import update_context, update_tags
-from statekernel._lifecycle.diagram import FORMATS, render
-from statekernel._lifecycle.trace import trace_events
 from statekernel._records.arguments import (
     callable_arg,
     flag,
@@ -89,7 +88,6 @@ from statekernel._storage.unclosed import warn_unclosed
 from statekernel.errors import (
     ConfigError,
     InvalidArgument,
-    RunNotFound,
 )
 
 if TYPE_CHECKING:
@@ -596,17 +594,7 @@ class Kernel(Closing):
         highlighted and its current state marked: ``svg`` (needs Graphviz: ``dot`` on
         ``PATH`` or the ``diagrams`` extra, else ``ConfigError``), ``dot`` or ``mmd``
         (Mermaid)."""
-        run_id_arg(run_id)
-        if format not in FORMATS:
-            raise InvalidArgument(f"format must be one of {', '.join(FORMATS)}, not {format!r}")
-        run = await self.store.load(run_id)
-        try:
-            initial = (await self.store.load(run_id, revision=0)).state
-        except RunNotFound:  # a store without its first revision: the chart's start
-            initial = "init"
-        title = f"run {run_id}: {run.state} at revision {run.revision}"
-        events = await self.store.events(run_id)
-        return render(format, trace_events(events, initial=initial, current=run.state, title=title))
+        return await run_diagram(self.store, run_id_arg(run_id), format)
 
     async def send(self, run_id: str, *messages: Message | str) -> Run:
         """New input (a string is a user message) to a completed or paused run.
