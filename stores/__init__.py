@@ -44,6 +44,7 @@ from statekernel._storage.protocol import (
 )
 from statekernel._storage.queues import (
     DeadLetter,
+    ListsQueues,
     QueueDepth,
     QueuedRun,
     QueueEntry,
@@ -86,6 +87,7 @@ __all__ = [
     "Following",
     "KeepsFences",
     "Lease",
+    "ListsQueues",
     "LiveFeed",
     "MemoryStore",
     "Migration",

@@ -26,9 +26,9 @@ from statekernel._front.visible import visible
 from statekernel.errors import InvalidArgument
 from statekernel.stores import (
     DeadLetter,
+    ListsQueues,
     QueueDepth,
     QueuedRun,
-    RunQueues,
     redact_url,
 )
 
@@ -62,13 +62,13 @@ def _name(name: str) -> str:
 
 
 def _with_queues(
-    store: str | None, work: Callable[[RunQueues], Awaitable[T]], *, reading: bool = False
+    store: str | None, work: Callable[[ListsQueues], Awaitable[T]], *, reading: bool = False
 ) -> T:
     """``work(store)`` on the store of ``--store``, refused when it has no run queues."""
 
     async def go() -> T:
         async with open_cli_store(store, reading=reading) as s:
-            if not isinstance(s, RunQueues):
+            if not isinstance(s, ListsQueues):
                 shown = redact_url(store_url(store))
                 raise UserError(
                     f"the store {shown} has no run queues (only {queue_schemes()} have them)"
@@ -90,7 +90,7 @@ def list_queues(store: str | None, as_json: bool) -> None:
     taken by a worker and not settled, dead letters, and how long the oldest entry that
     could be taken now has waited."""
 
-    async def go(s: RunQueues) -> list[QueueDepth]:
+    async def go(s: ListsQueues) -> list[QueueDepth]:
         return [await s.run_queue(name).depth() for name in await s.queue_names()]
 
     depths = _with_queues(store, go, reading=True)
@@ -131,7 +131,7 @@ def show(name: str, limit: int, store: str | None, as_json: bool) -> None:
     worker holding it) and its dead letters (why the worker gave up)."""
     name = _name(name)
 
-    async def go(s: RunQueues) -> tuple[QueueDepth, list[QueuedRun], list[DeadLetter]]:
+    async def go(s: ListsQueues) -> tuple[QueueDepth, list[QueuedRun], list[DeadLetter]]:
         queue = s.run_queue(name)
         return await queue.depth(), await queue.entries(limit), await queue.dead_letters(limit)
 
@@ -182,7 +182,7 @@ def requeue(
     if (run_id is None) == (not all_dead):
         raise UserError("give a RUN_ID or --all-dead (not both)")
 
-    async def go(s: RunQueues) -> int:
+    async def go(s: ListsQueues) -> int:
         return await s.run_queue(name).revive(run_id)
 
     count = _with_queues(store, go)
@@ -216,7 +216,7 @@ def drop(name: str, run_id: str, yes: bool, store: str | None, as_json: bool) ->
             )
         click.confirm(visible(f"drop {what}?"), abort=True)
 
-    async def go(s: RunQueues) -> int:
+    async def go(s: ListsQueues) -> int:
         return await s.run_queue(name).drop(run_id)
 
     count = _with_queues(store, go)

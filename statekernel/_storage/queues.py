@@ -25,6 +25,7 @@ from statekernel.errors import InvalidArgument
 
 __all__ = [
     "DeadLetter",
+    "ListsQueues",
     "QueueDepth",
     "QueueEntry",
     "QueuedRun",
@@ -286,17 +287,6 @@ class RunQueues(Protocol):
         """
         ...
 
-    async def queue_names(self) -> list[str]:
-        """The names of the queues that hold entries or dead letters, sorted.
-
-        Returns:
-            The queue names.
-
-        Raises:
-            StoreError: the storage failed.
-        """
-        ...
-
     def run_queue(self, name: str) -> RunQueue:
         """The queue ``name`` (``InvalidArgument`` for a bad name).
 
@@ -305,5 +295,22 @@ class RunQueues(Protocol):
 
         Raises:
             InvalidArgument: ``name`` is not a valid queue name.
+        """
+        ...
+
+
+@runtime_checkable
+class ListsQueues(RunQueues, Protocol):
+    """A store with run queues that also lists them, for operators (``statekernel
+    queues``, the web view's queue pages). A worker needs only ``RunQueues``."""
+
+    async def queue_names(self) -> list[str]:
+        """The names of the queues that hold entries or dead letters, sorted.
+
+        Returns:
+            The queue names.
+
+        Raises:
+            StoreError: the storage failed.
         """
         ...

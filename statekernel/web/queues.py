@@ -18,7 +18,7 @@ from starlette.responses import RedirectResponse, Response
 
 from statekernel._front.reach import checked_queue_name
 from statekernel.errors import InvalidArgument, StatekernelError
-from statekernel.stores import RunQueue, RunQueues
+from statekernel.stores import ListsQueues, RunQueue
 from statekernel.web.bodies import read_form
 from statekernel.web.context import WebContext
 from statekernel.web.links import path_for
@@ -63,7 +63,7 @@ def _refused(request: Request, status: int, message: str) -> Response:
 def _queue(request: Request) -> RunQueue | Response:
     """The queue of the path, or the page saying why there is none."""
     store = _web(request).store
-    if not isinstance(store, RunQueues):
+    if not isinstance(store, ListsQueues):
         return _refused(request, 404, "this store has no run queues (Redis and PostgreSQL do)")
     try:
         return store.run_queue(checked_queue_name(request.path_params["name"]))
@@ -77,8 +77,8 @@ async def queues_page(request: Request) -> Response:
         return refused
     store = _web(request).store
     rows: list[dict[str, Any]] = []
-    has_queues = isinstance(store, RunQueues)
-    if isinstance(store, RunQueues):
+    has_queues = isinstance(store, ListsQueues)
+    if isinstance(store, ListsQueues):
         try:
             for name in await store.queue_names():
                 depth = await store.run_queue(name).depth()

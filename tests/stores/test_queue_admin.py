@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 import statekernel as sk
-from statekernel._storage.queues import RunQueue, RunQueues
+from statekernel._storage.queues import ListsQueues, RunQueue
 from statekernel.testing import ScriptedProvider
 
 
@@ -29,8 +29,8 @@ async def kernel(request: pytest.FixtureRequest) -> AsyncIterator[sk.Kernel]:
     await k.aclose()
 
 
-def _queues(kernel: sk.Kernel) -> RunQueues:
-    assert isinstance(kernel.store, RunQueues)
+def _queues(kernel: sk.Kernel) -> ListsQueues:
+    assert isinstance(kernel.store, ListsQueues)
     return kernel.store
 
 
