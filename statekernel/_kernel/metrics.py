@@ -71,6 +71,17 @@ def set_meter_provider(provider: MeterProvider | None) -> None:
     _provider, _instruments = provider, None
 
 
+def _histogram(meter: Any, name: str, **options: Any) -> Histogram:
+    """``meter.create_histogram``; an API older than 1.30 takes no bucket advisory (its
+    histograms get the SDK's default buckets)."""
+    try:
+        histogram: Histogram = meter.create_histogram(name, **options)
+    except TypeError:
+        options.pop("explicit_bucket_boundaries_advisory", None)
+        histogram = meter.create_histogram(name, **options)
+    return histogram
+
+
 class Instruments:
     """statekernel's instruments, made once per meter provider."""
 
@@ -82,13 +93,15 @@ class Instruments:
         except PackageNotFoundError:
             release = None
         meter = _metrics.get_meter("statekernel", release or "", meter_provider=_provider)
-        self.token_usage: Histogram = meter.create_histogram(
+        self.token_usage: Histogram = _histogram(
+            meter,
             "gen_ai.client.token.usage",
             unit="{token}",
             description="Number of input and output tokens used.",
             explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS,
         )
-        self.operation_duration: Histogram = meter.create_histogram(
+        self.operation_duration: Histogram = _histogram(
+            meter,
             "gen_ai.client.operation.duration",
             unit="s",
             description="GenAI operation duration.",
@@ -97,7 +110,8 @@ class Instruments:
         self.commits: Counter = meter.create_counter(
             "statekernel.commits", unit="{commit}", description="Commits of runs, by outcome."
         )
-        self.commit_duration: Histogram = meter.create_histogram(
+        self.commit_duration: Histogram = _histogram(
+            meter,
             "statekernel.commit.duration",
             unit="s",
             description="Time to land a commit, store retries included.",
@@ -124,7 +138,8 @@ class Instruments:
             unit="{entry}",
             description="Entries of a run queue not delivered yet.",
         )
-        self.queue_wait: Histogram = meter.create_histogram(
+        self.queue_wait: Histogram = _histogram(
+            meter,
             "statekernel.queue.wait",
             unit="s",
             description="Time from an entry's submission to its delivery to a worker.",

@@ -89,7 +89,11 @@ async def test_a_worker_reports_queue_wait_and_depth(
         async def done() -> bool:
             return [(await kernel.get(i)).state for i in ids] == ["completed"] * len(ids)
 
-        while not (depth() and await done()):
+        # the first reading that has the gauge: an older SDK reports a gauge only in the
+        # collection after a value was recorded
+        sampled: list[Any] = []
+        while not (sampled and await done()):
+            sampled = sampled or depth()
             assert not task.done(), "the worker stopped"
             await asyncio.sleep(0.02)
         worker.stop()
@@ -98,5 +102,5 @@ async def test_a_worker_reports_queue_wait_and_depth(
     assert attributes == {"statekernel.queue.name": "measured"}
     assert waited.count == 3
     assert waited.sum >= 0
-    [(attributes, _)] = depth()
+    [(attributes, _)] = sampled
     assert attributes == {"statekernel.queue.name": "measured"}
