@@ -218,7 +218,7 @@ class InvalidArgument(StatekernelError, ValueError):
 
 
 class InvalidTag(InvalidArgument):
-    """A run's tags break a rule (``Kernel.start(tags=)``, ``Kernel.update``,
+    """A run's tags break a rule (``Kernel.start(tags=)``, ``Kernel.update_tags``,
     ``list_runs(tags=)``): a key not matching ``[A-Za-z0-9_.:-]{1,64}``, a value that is
     not a string of at most 256 characters, or more than 32 tags. ``key`` names the
     offending tag (None when the tags as a whole are wrong: too many, not a mapping)."""

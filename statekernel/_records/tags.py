@@ -1,7 +1,7 @@
 """A run's tags: a few ``key -> value`` strings to find runs by, and their rules.
 
 Tags are set when a run starts (``Kernel.start(tags=)``) and changed with
-compare-and-set (``Kernel.update``). Stores index them (SQLite and PostgreSQL in a
+compare-and-set (``Kernel.update_tags``). Stores index them (SQLite and PostgreSQL in a
 table of (run, key, value), Redis in a set of runs per ``key=value``; the file and
 memory stores read every head), so ``list_runs(tags={...})`` finds the runs that carry
 every pair given.
