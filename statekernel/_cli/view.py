@@ -277,6 +277,8 @@ def _header(run: Run, owner: Owner | None) -> Table:
     if u.reasoning_tokens:
         usage += f", reasoning {u.reasoning_tokens}"
     grid.add_row("usage", usage + f" (total {u.total_tokens})")
+    if u.cost is not None:
+        grid.add_row("cost", f"{u.cost:.6g} (at the prices of the kernels that drove it)")
     grid.add_row("context", plain(short(run.context, 200)))
     return grid
 

@@ -97,7 +97,7 @@ from statekernel._kernel.seats import Seats
 from statekernel._kernel.tool_calls import ToolCalls
 from statekernel._lifecycle.chart import DATA_CHANGES, Lifecycle
 from statekernel._records.events import Event
-from statekernel._records.limits import Limits, model_limit_reached
+from statekernel._records.limits import Limits, check_priced, model_limit_reached
 from statekernel._records.messages import JSON, ModelRequest
 from statekernel._records.pauses import MaxTurns, Question
 from statekernel._records.run import (
@@ -235,6 +235,7 @@ class RunDriver:
             budget = MaxTurns(run.max_turns, len(run.turns))
             self.stage("pause", reason=MAX_TURNS, details=budget)
             return
+        check_priced(run.limits, run.model, run.fallback, self.kernel.prices)
         reached = model_limit_reached(run.limits, run.usage)
         if reached is not None:  # before the turn's model call: none is cut
             self.stage("pause", reason=LIMIT_REACHED, details=reached)

@@ -71,7 +71,7 @@ from statekernel._records.arguments import (
 )
 from statekernel._records.events import Event
 from statekernel._records.fallback import Fallback
-from statekernel._records.limits import Limits, check_limits
+from statekernel._records.limits import Limits, check_limits, check_priced
 from statekernel._records.messages import JSON, Message, OutputSpec
 from statekernel._records.prices import Prices, check_prices
 from statekernel._records.run import Run, StateId, utcnow
@@ -263,7 +263,7 @@ class Kernel(Closing):
         run = _new_run(
             self.max_turns, *args, deadline=when, output_spec=spec, limits=limits, tags=tags
         )
-        _known_models(self.registry, run)  # an unknown provider is refused before a run exists
+        _known_models(self, run)  # an unknown provider is refused before a run exists
         await _create_run(self.store, Checkpoint.between(None, run))
         return run
 
@@ -320,7 +320,7 @@ class Kernel(Closing):
         run = _new_run(
             self.max_turns, *args, deadline=when, output_spec=spec, limits=limits, tags=tags
         )
-        _known_models(self.registry, run)
+        _known_models(self, run)
         created = Checkpoint.between(None, run)
         tenure = await self._tenancy.create(created)  # the lease taken with the run
         if tenure is None:  # a store that cannot: the run is created, its lease taken next
@@ -838,10 +838,12 @@ def _new_run(
     )
 
 
-def _known_models(registry: ProviderRegistry, run: Run) -> None:
-    """``ConfigError`` unless ``registry`` knows the provider of each model ``run`` calls."""
+def _known_models(kernel: Kernel, run: Run) -> None:
+    """``ConfigError`` unless the kernel's registry knows the provider of each model
+    ``run`` calls (and, for a run with a cost limit, its price table has their prices)."""
     for model in run.fallback.models if run.fallback is not None else (run.model,):
-        registry.check(model)
+        kernel.registry.check(model)
+    check_priced(run.limits, run.model, run.fallback, kernel.prices)
 
 
 def _output_spec(output_type: object, retries: object) -> OutputSpec | None:

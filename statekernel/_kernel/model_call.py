@@ -40,6 +40,7 @@ from statekernel._records.events import Event
 from statekernel._records.fallback import fallback_kind, models_after
 from statekernel._records.limits import tool_limit_reached
 from statekernel._records.messages import ModelResult, ToolCall, Usage
+from statekernel._records.prices import priced
 from statekernel._records.run import OUTPUT_INVALID, Run, ToolCallRecord, Turn
 from statekernel._secrets import logger
 from statekernel._storage.provider import (
@@ -201,13 +202,15 @@ class ModelCall:
                 "run %s turn %d: %s %s, falling back to %s",
                 run.run_id, turn.index, asked.model, kind, later[0],
             )  # fmt: skip
-            spent += result.usage if result is not None else Usage()  # a refused answer's
+            if result is not None:  # a refused answer's tokens, at its model's price
+                spent += priced(result.usage, asked.model, kernel.prices)
             answered_by, streams = later.pop(0), 0
         if failure is not None:
             raise failure
         assert result is not None
-        if spent != Usage():
-            result = attrs.evolve(result, usage=result.usage + spent)
+        usage = priced(result.usage, asked.model, kernel.prices) + spent
+        if usage != result.usage:
+            result = attrs.evolve(result, usage=usage)
         hooked = await hook(kernel, "on_model_completed", run, result)
         if hooked is not None:
             if not isinstance(hooked, ModelResult):

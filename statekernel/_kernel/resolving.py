@@ -15,7 +15,7 @@ import attrs
 from statekernel._kernel.drive import RunDriver
 from statekernel._kernel.failures import explained
 from statekernel._records.events import Event
-from statekernel._records.limits import Limits
+from statekernel._records.limits import Limits, check_priced
 from statekernel._records.messages import JSON
 from statekernel._records.pauses import (
     Question,
@@ -39,6 +39,7 @@ async def resume_paused(
     its turn budget to ``max_turns`` and replacing its usage limits with ``limits``
     (None: as they were); see ``Kernel.resume``. The events committed."""
     run = driver.run
+    check_priced(limits, run.model, run.fallback, driver.kernel.prices)
     pause = run.pause
     answered = _all_resolved(pause) if run.state == "paused" else None
     if answered is not None and not given:

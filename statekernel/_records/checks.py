@@ -41,6 +41,7 @@ __all__ = [
     "checked_request",
     "checked_result",
     "checked_usage",
+    "cost_problem",
     "count_problem",
     "kind_problem",
     "usage_problem",
@@ -52,7 +53,7 @@ ROLES: tuple[str, ...] = get_args(Role)
 """The roles a message may have."""
 
 _NONE: LazyTuple[Message] = LazyTuple()
-_USAGE_FIELDS = tuple(field.name for field in attrs.fields(Usage))
+_USAGE_FIELDS = tuple(field.name for field in attrs.fields(Usage) if field.name != "cost")
 
 
 def _shown(value: Any) -> str:
@@ -77,13 +78,25 @@ def count_problem(value: Any, where: str) -> str | None:
 
 
 def usage_problem(usage: Any, where: str) -> str | None:
-    """What is wrong when ``usage`` is not a ``Usage`` of counts from 0 to ``INT_MAX``."""
+    """What is wrong when ``usage`` is not a ``Usage`` of counts from 0 to ``INT_MAX``
+    and a cost that is None or a finite float of at least 0."""
     if type(usage) is not Usage:
         return f"{where}: {_shown(usage)} is not a Usage"
     for name in _USAGE_FIELDS:
         problem = count_problem(getattr(usage, name), f"{where}.{name}")
         if problem is not None:
             return problem
+    return cost_problem(usage.cost, f"{where}.cost")
+
+
+def cost_problem(value: Any, where: str) -> str | None:
+    """What is wrong when ``value`` is not None or a finite ``float`` of at least 0."""
+    if value is None:
+        return None
+    if type(value) is not float:
+        return f"{where}: {_shown(value)} is not a float"
+    if not (math.isfinite(value) and value >= 0):
+        return f"{where}: {value} is not a finite amount of at least 0"
     return None
 
 

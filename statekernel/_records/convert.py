@@ -103,6 +103,7 @@ def configure_converter(converter: cattrs.Converter) -> None:
     after this call for a record (the stored format's, for a request or a turn) are
     the ones a run's function calls.
     """
+    converter.register_structure_hook_func(lambda t: t == int | float, _structure_number)
     for union, tags, name in (
         (ContentPart, _PART_TAGS, "type"),
         (Resolution, _RESOLUTION_TAGS, "kind"),
@@ -164,6 +165,14 @@ def _lenient(kind: type) -> Callable[[Any, Any], Any]:
         return kind(value)
 
     return structure
+
+
+def _structure_number(value: Any, _: Any) -> int | float:
+    """An ``int | float`` (a limit's figure): an int or a float as it is, else an error
+    (a bool, a string and None are not figures)."""
+    if type(value) in (int, float):
+        return value  # type: ignore[no-any-return]
+    raise TypeError(f"expected a number, got {type(value).__name__}")
 
 
 def _structure_time(value: Any, _: Any) -> datetime:

@@ -178,21 +178,32 @@ class Message:
 
 @attrs.frozen
 class Usage:
-    """Token counts; cache tokens are counted apart from plain input tokens."""
+    """Token counts; cache tokens are counted apart from plain input tokens.
+
+    ``cost``: what the tokens cost, in the currency of the kernel's price table
+    (``Kernel(prices=...)``), set by the kernel when a model answer is committed and the
+    table has the price of the model that answered; None when it had none. A sum of
+    usages costs the sum of the priced ones (None only when none was priced).
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     reasoning_tokens: int = 0
+    cost: float | None = None
 
     def __add__(self, other: Usage) -> Usage:
+        cost = self.cost
+        if other.cost is not None:
+            cost = other.cost if cost is None else cost + other.cost
         return Usage(
             self.input_tokens + other.input_tokens,
             self.output_tokens + other.output_tokens,
             self.cache_read_tokens + other.cache_read_tokens,
             self.cache_write_tokens + other.cache_write_tokens,
             self.reasoning_tokens + other.reasoning_tokens,
+            cost,
         )
 
     @property

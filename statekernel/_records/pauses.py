@@ -363,12 +363,12 @@ class MaxTurns:
 @attrs.frozen
 class LimitReached:
     """Pause ``limit_reached``: the run used ``used`` of its limit ``limit`` (a field of
-    ``Limits``: ``input_tokens``, ``output_tokens``, ``total_tokens`` or ``tool_calls``),
-    which allows ``allowed``."""
+    ``Limits``: ``input_tokens``, ``output_tokens``, ``total_tokens``, ``tool_calls``, or
+    ``cost``, whose figures are floats), which allows ``allowed``."""
 
     limit: str
-    used: int
-    allowed: int
+    used: int | float
+    allowed: int | float
 
     @property
     def metadata(self) -> dict[str, Any]:

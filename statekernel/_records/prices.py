@@ -18,7 +18,7 @@ import attrs
 from statekernel._records.messages import Usage
 from statekernel.errors import InvalidArgument
 
-__all__ = ["Price", "Prices", "RunCost", "TurnCost", "check_prices", "turns_cost"]
+__all__ = ["Price", "Prices", "RunCost", "TurnCost", "check_prices", "priced", "turns_cost"]
 
 _MTOK = 1_000_000
 
@@ -140,3 +140,14 @@ def turns_cost(answered: Iterable[tuple[int, str, Usage]], prices: Prices) -> Ru
         total += cost
         turns.append(TurnCost(index, model, cost))
     return RunCost(total, tuple(turns), tuple(unpriced))
+
+
+def priced(usage: Usage, model: str, prices: Prices) -> Usage:
+    """``usage`` with its ``cost`` at the price of ``model`` in ``prices``; as it is when
+    the table has no price for the model.
+
+    Returns:
+        The usage, priced where it could be.
+    """
+    price = prices.get(model)
+    return usage if price is None else attrs.evolve(usage, cost=price.cost(usage))

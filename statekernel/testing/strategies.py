@@ -175,9 +175,10 @@ def messages() -> st.SearchStrategy[Message]:
 
 @functools.cache
 def usages() -> st.SearchStrategy[Usage]:
-    """Token counts."""
+    """Token counts, some with a cost."""
     n = st.integers(0, 10**9)
-    return st.one_of(st.just(Usage()), st.builds(Usage, n, n, n, n, n))
+    cost = st.none() | _AMOUNTS
+    return st.one_of(st.just(Usage()), st.builds(Usage, n, n, n, n, n, cost))
 
 
 def model_requests(transcript: Sequence[Message] = ()) -> st.SearchStrategy[ModelRequest]:
@@ -235,12 +236,13 @@ def tool_call_records(call: ToolCall | None = None) -> st.SearchStrategy[ToolCal
 
 
 _FIGURES = st.integers(0, 10**6)
+_AMOUNTS = st.floats(0, 1000, allow_nan=False, allow_infinity=False)
 
 
 def limits() -> st.SearchStrategy[Limits]:
-    """Usage limits, each figure None or an int of at least 0."""
+    """Usage limits, each figure None or an int of at least 0 (the cost a float)."""
     figure = st.none() | _FIGURES
-    return st.builds(Limits, figure, figure, figure, figure)
+    return st.builds(Limits, figure, figure, figure, figure, st.none() | _AMOUNTS)
 
 
 def fallbacks() -> st.SearchStrategy[Fallback]:
@@ -269,6 +271,7 @@ def pause_details(max_leaves: int = 4) -> st.SearchStrategy[PauseDetails]:
         st.builds(HookPause, st.just({}) | values),
         st.builds(MaxTurns, st.integers(0, 50), st.integers(0, 50)),
         st.builds(LimitReached, st.sampled_from(LIMIT_NAMES), st.integers(0, 99), _FIGURES),
+        st.builds(LimitReached, st.just("cost"), _AMOUNTS, _AMOUNTS),
         st.builds(
             Uncertain,
             st.lists(calls, max_size=2).map(tuple),
@@ -786,8 +789,10 @@ _NOT_FINITE = st.sampled_from([math.nan, math.inf, -math.inf])
 
 
 def _usages_wrong() -> st.SearchStrategy[Usage]:
-    fields = st.sampled_from([f.name for f in attrs.fields(Usage)])
-    return st.builds(lambda f, v: forged(Usage(), **{f: v}), fields, _NOT_COUNT)
+    fields = st.sampled_from([f.name for f in attrs.fields(Usage) if f.name != "cost"])
+    counts = st.builds(lambda f, v: forged(Usage(), **{f: v}), fields, _NOT_COUNT)
+    costs = st.one_of(_not((float, type(None))), _NOT_FINITE, st.floats(max_value=-1e-9))
+    return counts | costs.map(lambda v: forged(Usage(), cost=v))
 
 
 def _request_answers() -> st.SearchStrategy[Answer]:

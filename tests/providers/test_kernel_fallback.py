@@ -15,6 +15,7 @@ import pytest
 import statekernel as sk
 from statekernel.errors import InvalidArgument
 from statekernel.providers import AnthropicProvider, OpenAIProvider, RetryPolicy
+from statekernel.telemetry import Price
 
 from .conftest import Sleeps, WireServer
 
@@ -180,6 +181,24 @@ async def test_a_refusal_falls_back_when_the_chain_lists_it_and_its_usage_is_cou
     # streamed text of the refused answer was shown live, then the answer that replaced it
     deltas = [e.data["text"] for e in events if e.type == "text_delta"]
     assert deltas == ["I can't help with that.", "Here it is."]
+
+
+async def test_each_model_of_a_chain_prices_its_own_answer(
+    wire: WireServer, other_wire: WireServer
+) -> None:
+    wire.sse([chunk({"refusal": "No."}), chunk({}, "stop"), openai_usage(1_000_000, 0)])
+    anthropic_answer(other_wire, "Yes.", tokens=(1_000_000, 1_000_000))
+    prices = {
+        "openai/gpt-4o": Price(input_per_mtok=2.5, output_per_mtok=10.0),
+        "anthropic/claude-sonnet-4": Price(input_per_mtok=3.0, output_per_mtok=15.0),
+    }
+    chain = sk.Fallback(*CHAIN, on=("refused",))
+    kernel = sk.Kernel("memory://", providers=providers(wire, other_wire), prices=prices)
+    async with kernel:
+        run = await kernel.start(model=chain, messages=["Tell me."], limits=sk.Limits(cost=100))
+        _, done = await drive(kernel, run.run_id)
+    assert done.state == "completed"
+    assert done.usage.cost == pytest.approx(2.5 + 3.0 + 15.0)  # the refusal at its own price
 
 
 async def test_a_refusal_is_the_answer_when_the_chain_does_not_list_it(
