@@ -59,6 +59,7 @@ from statekernel.providers._keys import api_key as provider_key
 from statekernel.providers._think import ThinkSplitter, split_think
 
 __all__ = [
+    "OpenAIAccount",
     "OpenAIProvider",
     "image_url",
     "openai_finish_reason",
@@ -123,7 +124,42 @@ def openai_usage(data: Mapping[str, Any], provider: str = "openai") -> Usage:
     )
 
 
-class OpenAIProvider(HTTPProvider):
+class OpenAIAccount(HTTPProvider):
+    """What OpenAI's APIs share: the key (``api_key`` or ``OPENAI_API_KEY``, needed on
+    the official ``base_url``), the ``base_url`` (or ``OPENAI_BASE_URL``), the
+    ``organization``, and the headers that carry them."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        organization: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        base_url = base_url or os.environ.get("OPENAI_BASE_URL") or OFFICIAL_BASE_URL
+        api_key = provider_key(api_key, "OPENAI_API_KEY")
+        if base_url.rstrip("/") == OFFICIAL_BASE_URL and not api_key:
+            raise ConfigError(f"the {self.name} provider needs OPENAI_API_KEY (or api_key=...)")
+        super().__init__(base_url=base_url, **kwargs)
+        self._api_key = api_key or None
+        self._organization = organization
+
+    def _secrets(self) -> Iterable[str]:
+        return (self._api_key,) if self._api_key else ()
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"accept": "application/json, text/event-stream"}
+        if self._api_key:
+            headers["authorization"] = f"Bearer {self._api_key}"
+        if self._organization:
+            headers["openai-organization"] = self._organization
+        return headers
+
+
+class OpenAIProvider(OpenAIAccount):
     """The ``openai`` provider: ``POST {base_url}/chat/completions``.
 
     ``api_key`` and ``base_url`` default to ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL``.
@@ -153,14 +189,8 @@ class OpenAIProvider(HTTPProvider):
         short_call_ids: bool = False,
         **kwargs: Any,
     ) -> None:
-        base_url = base_url or os.environ.get("OPENAI_BASE_URL") or OFFICIAL_BASE_URL
-        api_key = provider_key(api_key, "OPENAI_API_KEY")
-        official = base_url.rstrip("/") == OFFICIAL_BASE_URL
-        if official and not api_key:
-            raise ConfigError("the openai provider needs OPENAI_API_KEY (or api_key=...)")
-        super().__init__(base_url=base_url, **kwargs)
-        self._api_key = api_key or None
-        self._organization = organization
+        super().__init__(api_key=api_key, base_url=base_url, organization=organization, **kwargs)
+        official = self.base_url.rstrip("/") == OFFICIAL_BASE_URL
         self.stream_usage = stream_usage
         if name is not None:
             self.name = name
@@ -170,19 +200,8 @@ class OpenAIProvider(HTTPProvider):
             "max_completion_tokens" if official else "max_tokens"
         )
 
-    def _secrets(self) -> Iterable[str]:
-        return (self._api_key,) if self._api_key else ()
-
     def _endpoint(self, request: ModelRequest, streaming: bool) -> str:
         return f"{self.base_url}/chat/completions"
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"accept": "application/json, text/event-stream"}
-        if self._api_key:
-            headers["authorization"] = f"Bearer {self._api_key}"
-        if self._organization:
-            headers["openai-organization"] = self._organization
-        return headers
 
     def _payload(self, request: ModelRequest, streaming: bool) -> dict[str, Any]:
         payload: dict[str, Any] = {

@@ -12,7 +12,6 @@ requires.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any
 
@@ -21,10 +20,8 @@ from httpx_sse import EventSource
 
 from statekernel._records.messages import ModelRequest, ToolSpec
 from statekernel._storage.provider import StreamEnd, StreamPart
-from statekernel.errors import BadRequest, ConfigError, ProviderUnavailable
-from statekernel.providers._http import HTTPProvider
-from statekernel.providers._keys import api_key as provider_key
-from statekernel.providers._openai import OFFICIAL_BASE_URL
+from statekernel.errors import BadRequest, ProviderUnavailable
+from statekernel.providers._openai import OpenAIAccount
 from statekernel.providers._responses_wire import (
     ResponsesStream,
     answer_parts,
@@ -34,7 +31,7 @@ from statekernel.providers._responses_wire import (
 __all__ = ["OpenAIResponsesProvider"]
 
 
-class OpenAIResponsesProvider(HTTPProvider):
+class OpenAIResponsesProvider(OpenAIAccount):
     """The ``openai-responses`` provider: OpenAI's Responses API, ``POST {base_url}/responses``.
 
     ``api_key`` and ``base_url`` default to ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL``
@@ -64,31 +61,14 @@ class OpenAIResponsesProvider(HTTPProvider):
         strict_tools: bool = False,
         **kwargs: Any,
     ) -> None:
-        base_url = base_url or os.environ.get("OPENAI_BASE_URL") or OFFICIAL_BASE_URL
-        api_key = provider_key(api_key, "OPENAI_API_KEY")
-        if base_url.rstrip("/") == OFFICIAL_BASE_URL and not api_key:
-            raise ConfigError("the openai-responses provider needs OPENAI_API_KEY (or api_key=...)")
-        super().__init__(base_url=base_url, **kwargs)
-        self._api_key = api_key or None
-        self._organization = organization
+        super().__init__(api_key=api_key, base_url=base_url, organization=organization, **kwargs)
         self.store = store
         self.encrypted_reasoning = encrypted_reasoning
         self.reasoning = dict(reasoning) if reasoning is not None else None
         self.strict_tools = strict_tools
 
-    def _secrets(self) -> Iterable[str]:
-        return (self._api_key,) if self._api_key else ()
-
     def _endpoint(self, request: ModelRequest, streaming: bool) -> str:
         return f"{self.base_url}/responses"
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"accept": "application/json, text/event-stream"}
-        if self._api_key:
-            headers["authorization"] = f"Bearer {self._api_key}"
-        if self._organization:
-            headers["openai-organization"] = self._organization
-        return headers
 
     def _payload(self, request: ModelRequest, streaming: bool) -> dict[str, Any]:
         if request.stop:

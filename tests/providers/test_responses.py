@@ -597,5 +597,5 @@ async def test_built_in_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     assert "RECOGNISABLE" not in repr(provider)
     await provider.aclose()
     monkeypatch.delenv("OPENAI_API_KEY")
-    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+    with pytest.raises(ConfigError, match="the openai-responses provider needs OPENAI_API_KEY"):
         builtin_provider("openai-responses")
