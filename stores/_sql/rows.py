@@ -9,7 +9,12 @@ from typing import Any
 
 import attrs
 
-__all__ = ["BadRow", "CommitRows", "Stored", "tag_rows"]
+from statekernel._storage.protocol import Checkpoint
+from statekernel.stores._format.checksum import seal
+from statekernel.stores._format.codec import EncodedCommit
+from statekernel.stores._format.dicts import dump_entry
+
+__all__ = ["BadRow", "CommitRows", "Stored", "sealed_rows", "tag_rows"]
 
 
 class BadRow(ValueError):
@@ -47,6 +52,32 @@ class CommitRows:
     tags: tuple[tuple[str, str], ...] | None = None
     """The run's tags when the commit changes them (the tag index rows of the run are
     replaced by these), None when it keeps them."""
+
+
+def sealed_rows(
+    columns: tuple[Any, ...],
+    cp: Checkpoint,
+    enc: EncodedCommit,
+    prior: Mapping[str, Any] | None,
+) -> CommitRows:
+    """What the commit of ``cp``, encoded as ``enc`` on the stored head ``prior``, writes
+    beside the ``runs`` columns ``columns``: each row sealed with its checksum.
+
+    Returns:
+        The commit's rows.
+    """
+    return CommitRows(
+        columns,
+        cp.run.revision,
+        seal(dump_entry(enc.entry)),
+        enc.first_message,
+        [seal(m) for m in enc.messages],
+        enc.first_turn,
+        [seal(t) for t in enc.turns],
+        [(k, seal(v)) for k, v in enc.blobs.items()],
+        cancels=cp.cancels,
+        tags=tag_rows(prior, enc.head),
+    )
 
 
 def tag_rows(

@@ -13,10 +13,9 @@ from statekernel._storage.protocol import Checkpoint
 from statekernel.stores._common import micros
 from statekernel.stores._format.checksum import seal
 from statekernel.stores._format.codec import EncodedCommit
-from statekernel.stores._format.dicts import dump_entry
 from statekernel.stores._format.documents import dump_bytes
 from statekernel.stores._listing import decode_cursor
-from statekernel.stores._sql.rows import CommitRows, tag_rows
+from statekernel.stores._sql.rows import CommitRows, sealed_rows
 from statekernel.stores.postgres._ops import Tables, run_key
 
 __all__ = ["commit_rows", "listing_filters"]
@@ -26,18 +25,7 @@ def commit_rows(cp: Checkpoint, enc: EncodedCommit, prior: dict[str, Any] | None
     """What the commit of ``cp`` writes, encoded as ``enc`` on the stored head ``prior``."""
     run = cp.run
     columns = (run.revision, run.state, micros(run.updated_at), seal(dump_bytes(enc.head)))
-    return CommitRows(
-        columns,
-        run.revision,
-        seal(dump_entry(enc.entry)),
-        enc.first_message,
-        [seal(m) for m in enc.messages],
-        enc.first_turn,
-        [seal(t) for t in enc.turns],
-        [(k, seal(v)) for k, v in enc.blobs.items()],
-        cancels=cp.cancels,
-        tags=tag_rows(prior, enc.head),
-    )
+    return sealed_rows(columns, cp, enc, prior)
 
 
 def listing_filters(

@@ -66,14 +66,13 @@ from statekernel.stores._format.codec import (
     log_ends,
     snapshot_of,
 )
-from statekernel.stores._format.dicts import dump_entry
 from statekernel.stores._format.documents import dump_bytes, enc_time, load_json
 from statekernel.stores._group import GroupCommit
 from statekernel.stores._host.holders import holder_of
 from statekernel.stores._host.owners import Clock, HostLeased, HostLeases, LeaseChange, LeaseRecord
 from statekernel.stores._listing import decode_cursor, encode_cursor, has_tags
 from statekernel.stores._sql.columns import BAD_STATE, column_problem
-from statekernel.stores._sql.rows import BadRow, CommitRows, Stored, tag_rows
+from statekernel.stores._sql.rows import BadRow, CommitRows, Stored, sealed_rows
 from statekernel.stores._sql.tables import (
     PendingWrite,
     checked_head,
@@ -527,18 +526,7 @@ def _rows(cp: Checkpoint, enc: EncodedCommit, prior: dict[str, Any] | None) -> C
         micros(run.updated_at),
         seal(dump_bytes(enc.head)),
     )
-    return CommitRows(
-        columns,
-        run.revision,
-        seal(dump_entry(enc.entry)),
-        enc.first_message,
-        [seal(m) for m in enc.messages],
-        enc.first_turn,
-        [seal(t) for t in enc.turns],
-        [(k, seal(v)) for k, v in enc.blobs.items()],
-        cp.cancels,
-        tag_rows(prior, enc.head),
-    )
+    return sealed_rows(columns, cp, enc, prior)
 
 
 _LISTED = "run_id, revision, state, updated_us, head"
