@@ -25,6 +25,7 @@ from typing import Literal
 
 import attrs
 
+from statekernel._kernel import telemetry
 from statekernel._kernel.delegate import child_runs
 from statekernel._kernel.drive import RunDriver, cancel_soon, carry_out_cancel
 from statekernel._kernel.tenancy import Tenancy
@@ -111,6 +112,7 @@ async def _cancel_one(tenancy: Tenancy, run: Run, request: Cancellation) -> Canc
     assert tenure is not None
     try:
         head = await store.load(run_id)
+        telemetry.record_takeover(head, tenure.takeover())
         ended = _ended(head)
         if ended is not None:  # came to rest before the request (which was not kept)
             return CancelResult(run_id, "unchanged", ended, head.revision)

@@ -11,9 +11,12 @@ observability guide (``docs/guides/observability.md``):
 ``statekernel.commits``, ``statekernel.commit.duration``
     per commit, with ``statekernel.store`` (the store's kind) and
     ``statekernel.commit.outcome`` (``landed``, ``not_landed``, ``overtaken``).
-``statekernel.takeovers``, ``statekernel.uncertain_pauses``, ``statekernel.cancels``,
-``statekernel.timers.fired``
-    counted from what commits carry and what a drive finds when it starts.
+``statekernel.takeovers``
+    leases taken over from another owner (``Lease.taken_from``), and drives that found
+    another drive's intents in flight without taking a lease over
+    (``telemetry.record_takeover``).
+``statekernel.uncertain_pauses``, ``statekernel.cancels``, ``statekernel.timers.fired``
+    counted from what commits carry.
 ``statekernel.queue.depth``, ``statekernel.queue.wait``
     of the workers' run queues.
 ``statekernel.cost``
@@ -119,8 +122,11 @@ class Instruments:
         )
         self.takeovers: Counter = meter.create_counter(
             "statekernel.takeovers",
-            unit="{drive}",
-            description="Drives that took up a run with another drive's intents in flight.",
+            unit="{takeover}",
+            description=(
+                "Leases taken over from another owner, and drives that took up a run with"
+                " another drive's intents in flight."
+            ),
         )
         self.uncertain_pauses: Counter = meter.create_counter(
             "statekernel.uncertain_pauses",

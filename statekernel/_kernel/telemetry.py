@@ -7,7 +7,11 @@ Spans of the tracer ``statekernel`` (``set_tracer_provider`` picks its provider)
     ``gen_ai.operation.name`` = ``invoke_agent``, ``gen_ai.agent.name`` (the run's
     model, ``provider/name``), ``gen_ai.conversation.id`` (the run id),
     ``gen_ai.provider.name``, ``gen_ai.request.model``, ``statekernel.run.id``,
-    ``statekernel.run.model``; when the drive ends ``gen_ai.usage.input_tokens`` and
+    ``statekernel.run.model``; ``statekernel.lease.taken_from`` (the owner whose lease the
+    drive took over: it had expired, or that owner was found dead) and
+    ``statekernel.takeover.of`` (what of another drive's work it found in flight, when it
+    took a lease over or found intents in flight: ``model_call``, ``tool_calls``,
+    ``none``); when the drive ends ``gen_ai.usage.input_tokens`` and
     ``gen_ai.usage.output_tokens`` (the drive's model answers), ``statekernel.cost``
     (with a price table), ``statekernel.run.state`` and ``statekernel.run.revision``.
     Its parent is the caller's current span; without one, the span the run was created
@@ -81,6 +85,7 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
+    from statekernel._kernel.tenure import Tenure
     from statekernel._kernel.tools import Tool
     from statekernel._records.messages import ModelRequest, ModelResult, Usage
     from statekernel._records.prices import Prices
@@ -97,6 +102,7 @@ __all__ = [
     "commit_span",
     "drive_span",
     "model_span",
+    "record_takeover",
     "set_tracer_provider",
     "tool_span",
 ]
@@ -212,10 +218,12 @@ class _Scope:
 
 
 class Driven(Protocol):
-    """What a drive's span reads from the driver (``RunDriver`` is one): its run, and
-    the trace context its commits, model calls and tool calls are parented under."""
+    """What a drive's span reads from the driver (``RunDriver`` is one): its run, its
+    lease (``tenure``: whose lease it took over), and the trace context its commits,
+    model calls and tool calls are parented under."""
 
     trace_parent: TraceContext | None
+    tenure: Tenure | None
 
     @property
     def run(self) -> Run:
@@ -251,21 +259,25 @@ class DriveSpan(_Scope):
         self._driver = driver
         run = driver.run
         self._model = run.model
-        took = taken_over(run)
-        made = metrics.instruments()
-        if made is not None and took is not None:
-            made.takeovers.add(1, {"statekernel.takeover.of": took})
+        taken_from = None if driver.tenure is None else driver.tenure.takeover()
+        found = record_takeover(run, taken_from, drive=True)
         if ENABLED:
-            self.span = self._open(run)
+            took: dict[str, Any] = {}
+            if taken_from is not None:
+                took["statekernel.lease.taken_from"] = taken_from
+            if found is not None:
+                took["statekernel.takeover.of"] = found
+            self.span = self._open(run, took)
             context = _trace.set_span_in_context(self.span)
             self._parent = driver.trace_parent = _context.set_value(_DRIVE, self, context)
 
-    def _open(self, run: Run | None) -> Span:
+    def _open(self, run: Run | None, took: dict[str, Any] | None = None) -> Span:
         run_id = self._run_id
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",
             "gen_ai.conversation.id": run_id,
             "statekernel.run.id": run_id,
+            **(took or {}),
         }
         name = "invoke_agent"
         if run is not None:
@@ -325,15 +337,36 @@ class DriveSpan(_Scope):
 def taken_over(run: Run) -> str | None:
     """What of another drive's work a drive starting at ``run`` finds in flight (its
     committed intent to call the model, ``model_call``; tool calls started and not
-    completed, ``tool_calls``), or None."""
+    completed, ``tool_calls``, unless ``resume`` handed in a resolution of each), or
+    None."""
     turn = run.current_turn
     if turn is None:
         return None
     if run.state == "calling_model" and turn.model_attempts and turn.result is None:
         return "model_call"
-    if run.state == "dispatching_tools" and turn.in_flight:
-        return "tool_calls"
+    if run.state == "dispatching_tools":
+        given = run.resume_value.get("resolutions") if isinstance(run.resume_value, dict) else None
+        answered = given if isinstance(given, dict) else {}
+        if any(record.id not in answered for record in turn.in_flight):
+            return "tool_calls"
     return None
+
+
+def record_takeover(run: Run, taken_from: str | None, *, drive: bool = False) -> str | None:
+    """Count in ``statekernel.takeovers`` a lease taken over from ``taken_from`` by a drive
+    or a command starting at ``run`` (``statekernel.takeover.kind`` ``lease``), or a
+    ``drive`` that found another drive's intents in flight under a lease it did not take
+    over (``in_flight``); what was in flight (``statekernel.takeover.of``: ``model_call``,
+    ``tool_calls``, ``none``), or None when nothing was counted."""
+    found = taken_over(run)
+    if taken_from is None and (found is None or not drive):
+        return None
+    of = "none" if found is None else found
+    made = metrics.instruments()
+    if made is not None:
+        kind = "in_flight" if taken_from is None else "lease"
+        made.takeovers.add(1, {"statekernel.takeover.kind": kind, "statekernel.takeover.of": of})
+    return of
 
 
 def _drive_parent(caller: TraceContext | None, run: Run | None) -> tuple[Any, list[Link]]:

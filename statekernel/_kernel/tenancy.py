@@ -5,7 +5,9 @@ run's lease (``acquire``: waiting up to ``busy_timeout`` for another live owner,
 ``RunBusy``). The kernel keeps one ``RunDriver`` per run it drives (``drivers``); a
 command of the same kernel commits between two commits of that driver instead of taking
 the lease again (``fresh``). One task renews every lease the kernel holds, every third
-of their ttl, and gives back those whose release failed. ``close`` lets every run go:
+of their ttl, and gives back those whose release failed. A lease taken over from another
+owner (``Lease.taken_from``) is counted by the drive or command that holds it first
+(``statekernel.takeovers``, ``telemetry.record_takeover``). ``close`` lets every run go:
 tool calls stopped, results in hand committed, leases given back.
 """
 
@@ -17,6 +19,7 @@ import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from statekernel._kernel import telemetry
 from statekernel._kernel.commit import landed
 from statekernel._kernel.delegate import run_tree
 from statekernel._kernel.drive import RunDriver, cancel_soon, carry_out_cancel
@@ -231,6 +234,7 @@ class Tenancy:
         except BaseException:
             await self.release_lease(tenure.lease)
             raise
+        telemetry.record_takeover(head, tenure.takeover())
         self._keep_renewing()
 
     async def _acquire_once(self, run_id: str) -> Tenure:
@@ -337,6 +341,7 @@ class Tenancy:
                 return
         try:
             driver = RunDriver(self.kernel, await self.store.load(run_id), tenure)
+            telemetry.record_takeover(driver.run, tenure.takeover())
             done = await settle_due(driver)  # a passed deadline, a due pause timer: first
             if settled is not None:
                 settled.extend(done)
@@ -369,14 +374,15 @@ class Tenancy:
                 descendants = [run.run_id for _, run in tree[1:]]
                 if descendants and not children:
                     raise RunHasChildren(run_id, descendants)
-                missing = [run.run_id for _, run in tree if run.run_id not in held]
+                missing = [run for _, run in tree if run.run_id not in held]
                 if not missing:
                     break
-                for rid in missing:
+                for run in missing:  # as read before its lease: a dead owner's last commit
                     with contextlib.suppress(RunNotFound):  # deleted meanwhile
-                        tenure = await self.acquire(rid, share=False, wait=wait)
+                        tenure = await self.acquire(run.run_id, share=False, wait=wait)
                         assert tenure is not None
-                        held[rid] = tenure
+                        held[run.run_id] = tenure
+                        telemetry.record_takeover(run, tenure.takeover())
                 if run_id not in held:
                     raise RunNotFound(run_id)
             if approve is not None:

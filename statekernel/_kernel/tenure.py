@@ -36,6 +36,8 @@ class Tenure:
     """``lease``, held on ``store`` for ``ttl`` seconds from its last renewal.
 
     ``taken_at``: when the acquisition that gave it began, on ``clock`` (monotonic).
+    Whose lease that acquisition took over is told once (``takeover``): the drive or
+    command that holds it first counts it.
     """
 
     def __init__(
@@ -55,6 +57,14 @@ class Tenure:
         self.proven_at = taken_at
         """When (on ``clock``) the last acquisition or renewal that succeeded began."""
         self.window = effect_window(store)
+        self._taken_from = lease.taken_from
+
+    def takeover(self) -> str | None:
+        """The owner whose lease the acquisition took over (``Lease.taken_from``), told
+        once, to whoever counts it (``statekernel.takeovers``): None after the first
+        call, and for a lease that was free or this owner's own."""
+        taken_from, self._taken_from = self._taken_from, None
+        return taken_from
 
     def remaining(self) -> float:
         """Seconds the lease surely lasts from now (negative once it may have expired)."""

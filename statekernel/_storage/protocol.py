@@ -122,11 +122,16 @@ class Lease:
     """A held lease on a run: its owner and the fencing token commits carry.
 
     ``token`` starts with a number that is larger for every later lease of the run
-    (``generation``); a store may add more after a ``/``."""
+    (``generation``); a store may add more after a ``/``. ``taken_from``: the owner
+    whose lease the ``acquire`` that gave this one took over (it had expired, or that
+    owner was proven dead); None when the lease was free (given back, or never taken),
+    when it was ``owner``'s own, or when the store does not tell. It is no part of the
+    lease's identity: two leases that differ only in it are equal."""
 
     run_id: str
     owner: str
     token: str
+    taken_from: str | None = attrs.field(default=None, eq=False, kw_only=True)
 
     @property
     def generation(self) -> int:
@@ -239,6 +244,12 @@ class CheckpointStore(Protocol):
 
         Raises ``RunBusy`` naming the holder while another live owner holds it (a lease
         that expired, or whose owner is proven dead, is taken over).
+
+        A store should say in the lease's ``taken_from`` whose lease it took over: the
+        owner that held it when it expired or was found dead (None when the lease was
+        free, given back, never taken, or ``owner``'s own). The kernel counts takeovers
+        by it (``statekernel.takeovers``); a store that leaves it None works all the
+        same, its takeovers uncounted.
 
         Returns:
             The new lease, for the commits of ``owner`` to carry.

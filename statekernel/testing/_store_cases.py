@@ -12,7 +12,7 @@ import attrs
 from statekernel._records.events import Event
 from statekernel._records.messages import Message, ModelRequest, ModelResult, ToolCall
 from statekernel._records.run import Run, StateId, ToolCallRecord, Turn
-from statekernel._storage.protocol import Checkpoint, CheckpointStore, Lease
+from statekernel._storage.protocol import Checkpoint, CheckpointStore, CreatesLeased, Lease
 from statekernel.errors import ConflictError, InvalidArgument, LeaseLost, RunBusy, RunNotFound
 from statekernel.testing._clock import ManualClock
 
@@ -36,6 +36,7 @@ __all__ = [
     "check_missing",
     "check_non_ascii",
     "check_past_revisions",
+    "check_taken_from",
     "commit_chain",
     "events_for",
     "next_revision",
@@ -387,16 +388,63 @@ async def check_leases(store: CheckpointStore, clock: ManualClock | None = None)
     await _raises(LeaseLost, stale, "commit under a released lease")
     await _raises(LeaseLost, store.renew(first, ttl=30), "renewal of a released lease")
     assert (await store.load(run.run_id)).revision == 1, "a refused commit changed the run"
-    if clock is None:  # owner-b never renews: its lease expires
-        await asyncio.sleep(0.3)
-    else:
-        clock.advance(0.3)
+    await _outlast(0.2, clock)  # owner-b never renews: its lease expires
     third = await store.acquire(run.run_id, "owner-c", ttl=30)
     await _raises(LeaseLost, store.commit(Checkpoint.between(one, two), lease=second), "expired")
     await store.commit(Checkpoint.between(one, two), lease=third)
     await store.release(second)  # giving up a lease that moved on changes nothing
     await _raises(RunBusy, store.acquire(run.run_id, "owner-a", ttl=30), "after a stale release")
     await store.release(third)
+
+
+async def _outlast(ttl: float, clock: ManualClock | None) -> None:
+    """Wait until a lease of ``ttl`` seconds taken before has expired on ``clock`` (None:
+    real time, which no store's clock measures as shorter)."""
+    if clock is None:
+        await asyncio.sleep(ttl + 0.1)
+    else:
+        clock.advance(ttl + 0.1)
+
+
+def _from(lease: Lease, expected: str | None, what: str) -> None:
+    assert lease.taken_from == expected, (
+        f"{what}: taken_from is {lease.taken_from!r}, expected {expected!r}"
+    )
+
+
+async def check_taken_from(store: CheckpointStore, clock: ManualClock | None = None) -> None:
+    """``Lease.taken_from`` tells whose lease an ``acquire`` took over: nobody's for a
+    lease never taken, given back (also after it expired) or the owner's own that
+    expired; the holder's for a lease that expired in its hands. A run created with its
+    lease (``CreatesLeased``) is taken over from its creator. ``clock``: the one the
+    store expires leases on (None: real time)."""
+    run = sample_run("taken-over")
+    await store.commit(Checkpoint.between(None, run))
+    first = await store.acquire(run.run_id, "owner-a", ttl=0.2)
+    _from(first, None, "a lease never taken")
+    await _outlast(0.2, clock)
+    again = await store.acquire(run.run_id, "owner-a", ttl=0.2)
+    _from(again, None, "the same owner's expired lease")
+    await _outlast(0.2, clock)
+    taken = await store.acquire(run.run_id, "owner-b", ttl=0.2)
+    _from(taken, "owner-a", "another owner's expired lease")
+    await _outlast(0.2, clock)
+    await store.release(taken)  # expired, then given back: free
+    freed = await store.acquire(run.run_id, "owner-c", ttl=30)
+    _from(freed, None, "a lease given back after it expired")
+    await store.release(freed)
+    given = await store.acquire(run.run_id, "owner-d", ttl=30)
+    _from(given, None, "a lease given back")
+    await store.release(given)
+    if isinstance(store, CreatesLeased):
+        born = sample_run("taken-over-born")
+        lease = await store.create_leased(Checkpoint.between(None, born), "creator", ttl=0.2)
+        assert lease is not None, "a new run was created without its lease"
+        _from(lease, None, "the lease of a new run")
+        await _outlast(0.2, clock)
+        late = await store.acquire(born.run_id, "owner-e", ttl=30)
+        _from(late, "creator", "the expired lease a run was created with")
+        await store.release(late)
 
 
 async def check_group_commit(store: CheckpointStore) -> None:

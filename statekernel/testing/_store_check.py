@@ -93,6 +93,7 @@ async def check_store(
         ("10 MB tool output", c.check_large_output),
         ("non-ASCII text", c.check_non_ascii),
         ("leases", lambda s: c.check_leases(s, clock)),
+        ("whose lease an acquire took over", lambda s: c.check_taken_from(s, clock)),
     ]
     probe = await _open(factory)
     if isinstance(probe, RevisionHistory):

@@ -57,6 +57,7 @@ __all__ = [
     "released",
     "renewed",
     "take",
+    "taken_from",
 ]
 
 
@@ -99,6 +100,14 @@ def take(
         if busy:
             raise RunBusy(run_id, holder)
     return LeaseRecord((record.token if record is not None else 0) + 1, owner, now + ttl)
+
+
+def taken_from(record: LeaseRecord | None, owner: str) -> str | None:
+    """Whose lease ``owner`` took over by replacing ``record`` (``take`` gave it): its
+    holder, unless it was given back (None) or ``owner`` itself."""
+    if record is None or record.owner is None or record.owner == owner:
+        return None
+    return record.owner
 
 
 _local: collections.Counter[str] = collections.Counter()
@@ -348,10 +357,15 @@ class HostLeases:
         began = time.monotonic()
         self.proofs.hold(owner)
         held, alive = self._held(run_id), self.proofs.alive
+        found: list[LeaseRecord | None] = [None]  # the record the change that wrote saw
+
+        def change(old: LeaseRecord | None) -> LeaseRecord:
+            new = take(old, run_id, owner, ttl, self.clock(), alive, held)
+            found[0] = old
+            return new
+
         try:
-            record = await write(
-                lambda old: take(old, run_id, owner, ttl, self.clock(), alive, held)
-            )
+            record = await write(change)
         except BaseException:
             self.proofs.drop(owner)
             raise
@@ -360,7 +374,7 @@ class HostLeases:
             return None
         if self._steady:
             _lasts(owner, run_id, str(record.token), began + ttl)
-        return Lease(run_id, owner, str(record.token))
+        return Lease(run_id, owner, str(record.token), taken_from=taken_from(found[0], owner))
 
     async def renew(self, lease: Lease, *, ttl: float) -> None:
         """Extend the lease (``LeaseLost`` if it moved on)."""

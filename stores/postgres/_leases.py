@@ -165,14 +165,15 @@ def _held(row: Any, run_id: str, where: str) -> Held:
     )
 
 
-async def take_over(conn: Any, t: Tables, run_id: str, claim: Claim) -> int:
-    """Give the run's lease to ``claim`` (one transaction) and return its token;
+async def take_over(conn: Any, t: Tables, run_id: str, claim: Claim) -> tuple[int, str | None]:
+    """Give the run's lease to ``claim`` (one transaction) and return its token and the
+    owner whose lease it took over (None: the lease was free, or ``claim.owner``'s own);
     ``RunBusy`` while its owner may be alive (a mark set meanwhile is committed),
     ``RunNotFound`` when there is no such run."""
     key = run_key(run_id)
     token = await take_free(conn, t, key, claim)
     if token is not None:
-        return token
+        return token, None
     async with conn.transaction():
         await conn.execute(
             f"INSERT INTO {t.leases} (run_id, token, owner, expires)"
@@ -198,7 +199,7 @@ async def take_over(conn: Any, t: Tables, run_id: str, claim: Claim) -> int:
                 claim.proof,
                 claim.lock_key,
             )
-            return token
+            return token, None if row.owner == claim.owner else row.owner
         if suspect != row.suspect:
             await conn.execute(
                 f"UPDATE {t.leases} SET suspect = $2::float8 WHERE run_id = $1", key, suspect

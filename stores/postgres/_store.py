@@ -736,11 +736,11 @@ class PostgresStore(Closing):
         self._writable()
         await self._owner_locks(self._owners.hold(owner))
         try:
-            token = await self._run(leases.take_over, run_id, self._claim(owner, ttl))
+            token, was = await self._run(leases.take_over, run_id, self._claim(owner, ttl))
         except BaseException:
             await self._owner_locks(self._owners.drop(owner))
             raise
-        return Lease(run_id, owner, str(token))
+        return Lease(run_id, owner, str(token), taken_from=was)
 
     async def renew(self, lease: Lease, *, ttl: float) -> None:
         """Extend the lease from the server's now (``LeaseLost`` if it moved on)."""

@@ -7,6 +7,10 @@ revision compare-and-set, that the key still holds the token, and raises ``Lease
 otherwise: an owner whose lease expired or passed to another can never commit, even if
 it wakes up from a long pause mid-transition. Workers take leases the same way as any
 kernel: there is one ownership system.
+
+Beside it, the run's ``last`` key keeps the token of the lease last given until that
+lease is given back: a lease key gone while ``last`` is there expired in its holder's
+hands, so the next ``acquire`` tells whose lease it took over (``Lease.taken_from``).
 """
 
 from __future__ import annotations
@@ -32,10 +36,13 @@ return 0
 """Extend the lease key ``KEYS[1]`` to ``ARGV[2]`` ms if it still holds the token ``ARGV[1]``."""
 
 RELEASE = """
+if #KEYS > 1 and redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-"""Delete the lease key ``KEYS[1]`` if it still holds the token ``ARGV[1]``."""
+"""Delete the lease key ``KEYS[1]`` if it still holds the token ``ARGV[1]``, and the
+run's ``last`` key ``KEYS[2]`` if it does (``ACQUIRE_SCRIPT``: a lease given back, even
+one that expired first, is free, not taken over)."""
 
 
 @runtime_checkable

@@ -1,7 +1,8 @@
 """The Lua scripts of the Redis store: a commit, a new run's creation with its lease, the
-lease's acquisition, a fence kept and a cancel request kept. Each runs whole on the
-server (one atomic step); the store sends the commit scripts of a batch in one round
-trip (``_store``), each a ``CommitScript`` whose reply ``read_reply`` reads.
+lease's acquisition (its reply read by ``read_acquired``), a fence kept and a cancel
+request kept. Each runs whole on the server (one atomic step); the store sends the
+commit scripts of a batch in one round trip (``_store``), each a ``CommitScript`` whose
+reply ``read_reply`` reads.
 
 A commit script's ``KEYS`` are the run's head, commit log, message and turn logs and
 blobs, then its cancel request key (``_cancels``), then the keys it reads after those
@@ -11,11 +12,13 @@ fields (``ARGV[14]``: '1' when it carries the run's cancel request out), its par
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import attrs
 
-from statekernel.errors import StoreError
+from statekernel.errors import CorruptCheckpoint, StoreError
+from statekernel.stores._host.lease_records import redis_holder
 
 __all__ = [
     "ACQUIRE_SCRIPT",
@@ -23,9 +26,11 @@ __all__ = [
     "CREATE_LEASED_SCRIPT",
     "KEEP_CANCEL_SCRIPT",
     "KEEP_FENCE_SCRIPT",
+    "Acquired",
     "CommitScript",
     "Outcome",
     "Unconfirmed",
+    "read_acquired",
     "read_reply",
 ]
 
@@ -89,20 +94,32 @@ ACQUIRE_SCRIPT = """
 if redis.call('EXISTS', KEYS[3]) == 0 then return {2, ''} end
 local held = redis.call('GET', KEYS[1])
 if held then
-  if redis.call('GET', KEYS[4]) == ARGV[3] then return {1, held} end
+  if redis.call('GET', KEYS[4]) == ARGV[3] then return {1, held, ''} end
   return {0, held}
 end
+local last = #KEYS > 4 and redis.call('GET', KEYS[5]) or ''
+local given = tonumber(redis.call('GET', KEYS[2]) or '0')
+if tonumber(string.match(last, '^(%d+)/') or '-1') ~= given then last = '' end
 local token = redis.call('INCR', KEYS[2]) .. '/' .. ARGV[1]
 redis.call('PERSIST', KEYS[2])
 redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
 redis.call('SET', KEYS[4], ARGV[3], 'PX', ARGV[2])
-return {1, token}
+if #KEYS > 4 then redis.call('SET', KEYS[5], token) end
+return {1, token, last}
 """
 """Give the lease ``KEYS[1]`` of the run whose head is ``KEYS[3]`` to ``ARGV[1]`` for
 ``ARGV[2]`` ms with the next token of its fence counter ``KEYS[2]``, which never expires
 (a counter a release of an older layout left expiring is made to last). ``ARGV[3]`` is
 the call's nonce, kept in ``KEYS[4]``: the same call sent again after a cut connection
-(its first send may have taken the lease) is given the lease it took, not ``RunBusy``."""
+(its first send may have taken the lease) is given the lease it took, not ``RunBusy``.
+
+``KEYS[5]`` (``last``) keeps the token of the lease last given until it is given back
+(``RELEASE``), without expiry: a lease key that is gone while it is there expired in
+its holder's hands, and the reply's third item is that token (the lease taken over;
+'' when the lease was free, or ``last`` is not the counter's latest token: written by
+a client that did not keep it). Replies ``{status, token, taken over}``: 0 busy (the
+holder's token), 1 taken (the same call sent again: the lease it took, '' third),
+2 no such run."""
 
 KEEP_FENCE_SCRIPT = """
 if redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
@@ -137,12 +154,13 @@ local token = redis.call('INCR', KEYS[8]) .. '/' .. ARGV[#ARGV - 2]
 redis.call('PERSIST', KEYS[8])
 redis.call('SET', KEYS[7], token, 'PX', ARGV[#ARGV - 1])
 redis.call('SET', KEYS[9], ARGV[#ARGV], 'PX', ARGV[#ARGV - 1])
+if #KEYS > 9 then redis.call('SET', KEYS[10], token) end
 return {0, 0, token}
 """
 )
 """``COMMIT_SCRIPT`` for a new run (revision 0) that takes its lease with it
-(``CreatesLeased``): ``KEYS[7..9]`` and the last three ``ARGV`` are ``ACQUIRE_SCRIPT``'s
-lease key, fence counter and nonce key, and its owner, ms and nonce. Replies
+(``CreatesLeased``): ``KEYS[7..10]`` and the last three ``ARGV`` are ``ACQUIRE_SCRIPT``'s
+lease key, fence counter, nonce key and ``last``, and its owner, ms and nonce. Replies
 ``{status, revision found, token}``: 0 created (1 in the middle: this very creation sent
 again, with the lease it took if that is still the lease: the nonce says), 1 the id has
 a run, 2 its logs do not match. The token
@@ -190,6 +208,32 @@ class Unconfirmed(StoreError):
     def __init__(self, message: str, token: str) -> None:
         super().__init__(message)
         self.token = token
+
+
+@attrs.frozen
+class Acquired:
+    """An ``ACQUIRE_SCRIPT`` reply, read: ``status`` (0 busy, 1 taken, 2 no such run),
+    the token (the holder's, busy) and its owner, and ``taken_from``, the owner whose
+    lease was taken over (None: the lease was free, or the taker's own)."""
+
+    status: int
+    token: str = ""
+    holder: str = ""
+    taken_from: str | None = None
+
+
+def read_acquired(reply: Any, owner: str, run_id: str, where: str) -> Acquired:
+    """The ``ACQUIRE_SCRIPT`` reply of ``owner``'s call; ``CorruptCheckpoint`` for a lease
+    key that cannot be read. A ``last`` token that cannot be read tells no takeover."""
+    status = int(reply[0])
+    if status == 2:
+        return Acquired(status)
+    token, holder = redis_holder(reply[1], run_id, where)
+    was: str | None = None
+    if status == 1 and len(reply) > 2 and reply[2]:
+        with contextlib.suppress(CorruptCheckpoint):
+            was = redis_holder(reply[2], run_id, where)[1]
+    return Acquired(status, token, holder, None if was == owner else was)
 
 
 def read_reply(reply: Any) -> tuple[int, int, str, bytes | None]:

@@ -118,6 +118,7 @@ from statekernel.stores.redis._scripts import (
     CommitScript,
     Outcome,
     Unconfirmed,
+    read_acquired,
     read_reply,
 )
 from statekernel.stores.redis._tagged import head_pairs, new_pairs, page_of_tagged
@@ -392,17 +393,15 @@ class RedisStore(Closing):
         """``acquire`` as the call ``nonce``: the same call sent again is given the lease
         it took (``ACQUIRE_SCRIPT``)."""
         keys = [self.run_key(run_id, "lease"), self.run_key(run_id, "fence"), self._keys(run_id)[0]]
-        keys.append(self.run_key(run_id, "taker"))
+        keys += [self.run_key(run_id, "taker"), self.run_key(run_id, "last")]
         args: list[Any] = [owner, _ms(ttl), nonce]
-        (status, token), short = await self._call(
-            self._replication.script(self._acquire, keys, args)
-        )
-        if status == 2:
+        reply, short = await self._call(self._replication.script(self._acquire, keys, args))
+        got = read_acquired(reply, owner, run_id, f"Redis store {redact_url(self.url)!r}")
+        if got.status == 2:
             raise RunNotFound(run_id)
-        token, holder = redis_holder(token, run_id, f"Redis store {redact_url(self.url)!r}")
-        if status == 0:
-            raise RunBusy(run_id, holder or token)
-        lease = Lease(run_id, owner, token)
+        if got.status == 0:
+            raise RunBusy(run_id, got.holder or got.token)
+        lease = Lease(run_id, owner, got.token, taken_from=got.taken_from)
         if short is not None:  # a token no replica may have: never handed out
             with contextlib.suppress(StoreError):
                 await self.release(lease)
@@ -423,8 +422,8 @@ class RedisStore(Closing):
 
     async def release(self, lease: Lease) -> None:
         """Give the lease up."""
-        key = self.run_key(lease.run_id, "lease")
-        await self._call(self._release(keys=[key], args=[lease.token]))
+        keys = [self.run_key(lease.run_id, name) for name in ("lease", "last")]
+        await self._call(self._release(keys=keys, args=[lease.token]))
 
     async def fence(self, run_id: str) -> int:
         """The largest fencing token given for the run (``KeepsFences``)."""
@@ -510,8 +509,8 @@ class RedisStore(Closing):
         run = checkpoint.run
         await self._call(self._replication.confirm(run.run_id))
         nonce = uuid.uuid4().hex  # the creation's, as an acquire's: its lease known again
-        keys = [self.run_key(run.run_id, key) for key in ("lease", "fence", "taker")]
-        lease_args: list[Any] = [owner, _ms(ttl), nonce]
+        keys = [self.run_key(run.run_id, key) for key in ("lease", "fence", "taker", "last")]
+        lease_args: list[Any] = [owner, _ms(ttl), nonce, None]
         script, enc = self._commit_script(
             checkpoint, None, self._create, tuple(zip(keys, lease_args, strict=True))
         )
@@ -549,7 +548,7 @@ class RedisStore(Closing):
     ) -> tuple[CommitScript, EncodedCommit]:
         """The script of a commit on top of ``known`` (None: a new run), and its encoding;
         ``extra``: (key, argument) pairs the script reads after the commit's own (the
-        lease that fences it; the lease a creation takes)."""
+        lease that fences it; the lease a creation takes), an argument None: none."""
         run = checkpoint.run
         enc = encode_commit(checkpoint, None if known is None else known.head)
         cid = uuid.uuid4().hex  # this commit's id: a script sent again knows it landed
@@ -576,7 +575,7 @@ class RedisStore(Closing):
         keys = [*self._keys(run.run_id), self.run_key(run.run_id, CANCEL_KEY)]
         for key, arg in extra:
             keys.append(key)
-            args.append(arg)
+            args.extend(() if arg is None else (arg,))
         return CommitScript(run.run_id, run.revision, cid, keys, args, lua), enc
 
     async def _check_landed(
@@ -803,7 +802,7 @@ class RedisStore(Closing):
         doc = await self._call(self._client.hget(keys[0], "doc"))
         pairs = frozenset() if doc is None else head_pairs(doc, f"run {run_id!r}")
         removed = await self._call(self._client.delete(*keys))
-        lease = [self.run_key(run_id, n) for n in ("lease", "fence", "taker")]
+        lease = [self.run_key(run_id, n) for n in ("lease", "fence", "taker", "last")]
         await self._call(self._client.delete(*lease))  # a run made again starts afresh
         await self._runs.forget(run_id, pairs)
         self._known.drop(run_id)

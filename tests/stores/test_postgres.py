@@ -139,6 +139,7 @@ async def test_a_live_owner_keeps_its_run_and_a_dead_one_loses_it_after_the_grac
                 assert time.monotonic() < deadline, "a dead owner's run was never taken"
                 await asyncio.sleep(0.05)
         assert lease.generation == 2
+        assert lease.taken_from == "owner-elsewhere"  # the dead owner's lease, taken over
         await store.commit(Checkpoint.between(run, next_revision(run)), lease=lease)
         await store.release(lease)
     finally:
@@ -159,6 +160,7 @@ async def test_an_expired_lease_is_taken_though_its_owner_s_lock_is_held(
     try:
         lease = await store.acquire("held", "owner-here", ttl=600)
         assert lease.generation == 2
+        assert lease.taken_from == "owner-elsewhere"
         await store.release(lease)
     finally:
         holder.kill()
@@ -202,6 +204,7 @@ async def test_behind_pgbouncer_another_process_lease_lasts_until_it_expires(
             assert holder.returncode == 0, err.decode()
             if taken:
                 lease = await store.acquire("bounced", "owner-here", ttl=600)
+                assert lease.taken_from == "owner-elsewhere"
                 await store.release(lease)
             else:
                 with pytest.raises(RunBusy, match="owner-elsewhere"):
@@ -221,7 +224,9 @@ async def test_an_unexpired_lease_of_this_process_is_refused_to_another_store(
         with pytest.raises(RunBusy):
             await second.acquire("shared", "two", ttl=600)
         await first.release(lease)
-        await second.release(await second.acquire("shared", "two", ttl=600))
+        given = await second.acquire("shared", "two", ttl=600)
+        assert given.taken_from is None  # given back: free
+        await second.release(given)
     finally:
         await first.aclose()
         await second.aclose()

@@ -119,16 +119,36 @@ async def test_an_acquire_sent_again_after_a_cut_gets_the_lease_it_took(
     try:
         await store.commit(Checkpoint.between(None, sample_run("cut")))
         keys = [store.run_key("cut", n) for n in ("lease", "fence")]
-        keys += [store._keys("cut")[0], store.run_key("cut", "taker")]
+        keys += [store._keys("cut")[0], store.run_key("cut", "taker"), store.run_key("cut", "last")]
         first = await store._acquire(keys=keys, args=["owner", 60_000, "nonce-1"])
         again = await store._acquire(keys=keys, args=["owner", 60_000, "nonce-1"])
         other = await store._acquire(keys=keys, args=["owner-2", 60_000, "nonce-2"])
         assert [first[0], again[0], other[0]] == [1, 1, 0]
         assert first[1] == again[1] == other[1]
+        assert first[2] == again[2] == b""  # nobody's lease taken over
         await store.delete("cut")
-        assert await store.client.exists(keys[3]) == 0
+        assert await store.client.exists(keys[3], keys[4]) == 0
     finally:
         await store.aclose()
+
+
+async def test_a_last_token_no_longer_the_latest_tells_no_takeover(store: RedisStore) -> None:
+    """The ``last`` key names the holder of an expired lease only while its token is the
+    fence counter's latest: one left behind by a lease given by a client that does not
+    keep it tells nothing; one that is the latest names its owner."""
+    await started(store, "stale")
+    client = store.client
+    await client.set(store.run_key("stale", "fence"), 4)
+    await client.set(store.run_key("stale", "last"), "3/gone")  # older than the counter
+    lease = await store.acquire("stale", "me", ttl=60)
+    assert (lease.generation, lease.taken_from) == (5, None)
+    assert await client.get(store.run_key("stale", "last")) == b"5/me"
+    await client.delete(store.run_key("stale", "lease"))  # as if it expired
+    taken = await store.acquire("stale", "next", ttl=60)
+    assert (taken.generation, taken.taken_from) == (6, "me")
+    await client.set(store.run_key("stale", "last"), b"6/\xff")  # unreadable: no takeover
+    await client.delete(store.run_key("stale", "lease"))
+    assert (await store.acquire("stale", "third", ttl=60)).taken_from is None
 
 
 class LostReply(RedisStore):

@@ -8,11 +8,21 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import statekernel as sk
-from statekernel.stores import MemoryStore
+from statekernel.stores import Lease, MemoryStore
 from statekernel.telemetry import Price
-from statekernel.testing import Crash, CrashAt, FaultPlan, Reply, ScriptedProvider, call
+from statekernel.testing import (
+    Crash,
+    CrashAt,
+    FaultPlan,
+    FaultyStore,
+    ManualClock,
+    Reply,
+    ScriptedProvider,
+    call,
+)
 
 
 def points(reader: InMemoryMetricReader, name: str) -> list[tuple[dict[str, Any], Any]]:
@@ -36,6 +46,11 @@ def total(reader: InMemoryMetricReader, name: str, **attributes: Any) -> float:
 def weather(city: str) -> str:
     """The weather in a city."""
     return f"sunny in {city}"
+
+
+TOOL_THEN_TEXT: list[object] = [Reply(tool_calls=[call("weather", {"city": "Paris"})]), "Sunny."]
+LEASE_TTL = 15.0
+"""A kernel's default lease ttl (``Kernel(lease_ttl=)``)."""
 
 
 async def test_model_calls_record_token_usage_and_duration(
@@ -123,9 +138,11 @@ async def test_commits_are_counted_and_timed_per_store(
     assert latency.sum > 0
 
 
-async def test_a_takeover_and_the_uncertain_pause_it_finds_are_counted(
+async def test_intents_in_flight_found_without_a_lease_takeover_are_counted_apart(
     metrics: InMemoryMetricReader,
 ) -> None:
+    """A kernel that crashed mid tool call but closed (its lease given back): the next
+    drive takes a free lease and finds the call in flight, counted as ``in_flight``."""
     store = MemoryStore()
     script: list[object] = [Reply(tool_calls=[call("weather", {"city": "Paris"})]), "Sunny."]
     crash = FaultPlan([CrashAt("tool_after_effect", 1)]).middleware()
@@ -149,8 +166,91 @@ async def test_a_takeover_and_the_uncertain_pause_it_finds_are_counted(
         paused = await second.get(run.run_id)
     assert paused.pause is not None
     assert paused.pause.reason == "uncertain_tool_calls"
-    assert total(metrics, "statekernel.takeovers", **{"statekernel.takeover.of": "tool_calls"}) == 1
+    in_flight = {"statekernel.takeover.kind": "in_flight", "statekernel.takeover.of": "tool_calls"}
+    assert [a for a, _ in points(metrics, "statekernel.takeovers")] == [in_flight]
+    assert total(metrics, "statekernel.takeovers") == 1
     assert total(metrics, "statekernel.uncertain_pauses") == 1
+
+
+class DyingStore(FaultyStore):
+    """The store as a process sees it, gone with the process: once ``plan`` crashed it,
+    nothing it would give back reaches the store (its leases stay, until they expire)."""
+
+    async def release(self, lease: Lease) -> None:
+        """Given back while the process lives."""
+        if not self.plan.fired:
+            await self.inner.release(lease)
+
+
+async def _died_mid_tool_call(store: MemoryStore) -> tuple[sk.Kernel, str]:
+    """A kernel whose process died while its tool call ran, its lease left held; the
+    kernel and the run's id."""
+    plan = FaultPlan([CrashAt("tool_after_effect", 1)])
+    dead = sk.Kernel(
+        DyingStore(store, plan),
+        tools=[weather],
+        providers={"scripted": ScriptedProvider(TOOL_THEN_TEXT)},
+        middleware=[plan.middleware()],
+    )
+    run = await dead.start(model="scripted/m", messages=["weather?"])
+    with pytest.raises(Crash):
+        async for _ in dead.run(run.run_id):
+            pass
+    assert await store.holder(run.run_id) == dead.owner  # held by the dead owner
+    return dead, run.run_id
+
+
+async def test_a_lease_taken_over_from_a_dead_owner_is_counted_once(
+    metrics: InMemoryMetricReader, spans: InMemorySpanExporter
+) -> None:
+    """The dead owner's lease expires (on the store's clock) and another kernel's drive
+    takes it over with the tool call in flight: counted once, as a ``lease`` takeover,
+    and named on the drive's span; the same kernel's later drives count nothing."""
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    dead, run_id = await _died_mid_tool_call(store)
+    clock.advance(LEASE_TTL + 1)
+    async with sk.Kernel(
+        store, tools=[weather], providers={"scripted": ScriptedProvider(TOOL_THEN_TEXT)}
+    ) as second:
+        async for _ in second.run(run_id):
+            pass
+        paused = await second.get(run_id)
+        assert paused.pause is not None
+        assert paused.pause.reason == "uncertain_tool_calls"
+        lease = {"statekernel.takeover.kind": "lease", "statekernel.takeover.of": "tool_calls"}
+        assert [a for a, _ in points(metrics, "statekernel.takeovers")] == [lease]
+        assert total(metrics, "statekernel.takeovers") == 1
+        [drive] = [s for s in spans.get_finished_spans() if s.name.startswith("invoke_agent")][1:]
+        attributes = dict(drive.attributes or {})
+        assert attributes["statekernel.lease.taken_from"] == dead.owner
+        assert attributes["statekernel.takeover.of"] == "tool_calls"
+        await second.resolve_tool_call(run_id, "call_0_0", output="sunny in Paris")
+        async for _ in second.run(run_id):  # a plain drive: its lease was free
+            pass
+        assert (await second.get(run_id)).state == "completed"
+    assert total(metrics, "statekernel.takeovers") == 1  # the resolved call was no intent
+    later = [s for s in spans.get_finished_spans() if s.name.startswith("invoke_agent")][-1]
+    assert "statekernel.lease.taken_from" not in (later.attributes or {})
+    await dead.aclose()
+
+
+async def test_a_command_that_takes_a_dead_owner_s_lease_counts_it(
+    metrics: InMemoryMetricReader,
+) -> None:
+    """Not only drives take leases over: a cancel from another kernel, once the dead
+    owner's lease expired, counts the takeover with what it found in flight."""
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    dead, run_id = await _died_mid_tool_call(store)
+    async with sk.Kernel(store, providers={"scripted": ScriptedProvider([])}) as other:
+        clock.advance(LEASE_TTL + 1)
+        result = await other.cancel(run_id, reason="owner gone")
+    assert result.outcome == "cancelled"
+    lease = {"statekernel.takeover.kind": "lease", "statekernel.takeover.of": "tool_calls"}
+    assert [a for a, _ in points(metrics, "statekernel.takeovers")] == [lease]
+    assert total(metrics, "statekernel.cancels") == 1
+    await dead.aclose()
 
 
 async def test_cancels_and_fired_timers_are_counted(metrics: InMemoryMetricReader) -> None:
