@@ -268,7 +268,7 @@ class Kernel(Closing):
     async def _create(
         self,
         *,
-        model: str,
+        model: str | Fallback,
         messages: Iterable[Message | str],
         context: JSON,
         run_id: str | None,
@@ -277,12 +277,16 @@ class Kernel(Closing):
         parent_call_id: str | None,
         deadline: datetime | None = None,
         output_type: object = None,
+        limits: Limits | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> Run:
         """``start`` without asking whether this kernel can call the model (a run that
         other processes drive, with providers of their own)."""
         args = (model, messages, context, run_id, max_turns, parent_run_id, parent_call_id)
         spec = _output_spec(output_type, DEFAULT_RETRIES)  # a delegate's, made already
-        run = _new_run(self.max_turns, *args, deadline=deadline, output_spec=spec)
+        run = _new_run(
+            self.max_turns, *args, deadline=deadline, output_spec=spec, limits=limits, tags=tags
+        )
         await _create_run(self.store, Checkpoint.between(None, run))
         return run
 
