@@ -60,8 +60,8 @@ def create_app(
     ``"package.module:function"`` returning them) the view acts with; with neither a
     kernel nor an agent the view is read-only and says why. ``authorize(request,
     action, run_id)`` (sync or async) answers whether a request may ``view`` a page or
-    do an action (``answer``, ``resume``, ``resolve``, ``send``, ``retry``, ``cancel``,
-    ``fork``, ``delete``; ``queues`` to look at the run queues, with no run id, and
+    do an action (``answer``, ``resume``, ``raise_limit``, ``resolve``, ``send``,
+    ``retry``, ``cancel``, ``fork``, ``delete``; ``queues`` to look at the run queues, with no run id, and
     ``requeue`` or ``drop`` of a run's queue entries, ``requeue`` with no run id for
     every dead letter); False answers 403, and an answer that is not a bool is a
     ``ConfigError`` (so a hook missing its ``return`` refuses nothing silently). Deleting
