@@ -6,7 +6,6 @@ other limits are kept as they are. ``kind`` is the class the limits are fields o
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import typing
@@ -39,14 +38,9 @@ def limit_names(kind: type[Any] = Limits) -> tuple[str, ...]:
     return tuple(field.name for field in attrs.fields(kind))
 
 
-@functools.cache
-def _hints(kind: type[Any]) -> dict[str, Any]:
-    return typing.get_type_hints(kind)
-
-
 def limit_is_float(name: str, kind: type[Any] = Limits) -> bool:
     """Whether the limit ``name`` holds a float (its field's type names ``float``)."""
-    hint = _hints(kind)[_name(name, kind)]
+    hint = typing.get_type_hints(kind)[_name(name, kind)]
     return hint is float or float in typing.get_args(hint)
 
 
@@ -87,9 +81,8 @@ def parse_limit(text: str, kind: type[Any] = Limits) -> tuple[str, int | float]:
 
 def raised_limits(current: Limits | None, changes: Mapping[str, int | float]) -> Limits:
     """``current`` (None: no limit) with the limits of ``changes`` set, the others kept."""
-    for name in changes:
-        _name(name, Limits)
-    return attrs.evolve(current if current is not None else Limits(), **changes)
+    fields: dict[str, Any] = {_name(name, Limits): value for name, value in changes.items()}
+    return attrs.evolve(current if current is not None else Limits(), **fields)
 
 
 def limit_reached(run: Run) -> LimitReached | None:

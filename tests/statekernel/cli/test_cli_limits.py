@@ -24,6 +24,8 @@ from statekernel.errors import InvalidArgument
 from statekernel.pauses import LimitReached
 from statekernel.testing import ScriptedProvider
 
+from .limits_agent import kernel_options
+
 HERE = Path(__file__).resolve().parent
 AGENT = "limits_agent:kernel_options"
 
@@ -31,10 +33,8 @@ AGENT = "limits_agent:kernel_options"
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """A SQLite store holding run ``capped``, paused at its limit of one tool call (its
-    token limit far off); the agent's module importable."""
+    token limit far off); the agent's module importable by name (``--agent``)."""
     monkeypatch.syspath_prepend(str(HERE))
-    from limits_agent import kernel_options
-
     url = f"sqlite:///{tmp_path / 'runs.db'}"
 
     async def pause() -> None:

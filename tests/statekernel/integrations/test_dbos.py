@@ -298,7 +298,7 @@ def test_a_run_started_with_limits_tags_and_a_chain_is_raised_through_the_engine
 ) -> None:
     system, store = databases
     ledger = Ledger(tmp_path / "ledger")
-    down = [Fail(ProviderUnavailable("overloaded", provider="down"), times=1_000)]
+    down: list[object] = [Fail(ProviderUnavailable("overloaded", provider="down"), times=1_000)]
     app = StatekernelDBOS(agent(store, ledger, PAY_BOB, others={"down": down}), queue="agents")
     chain = sk.Fallback("down/big", "scripted/bank")
     with launched(app, system, agents={}):

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from temporalio import activity
+from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -30,6 +31,7 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
 )
 from temporalio.common import Priority, WorkflowIDConflictPolicy
+from temporalio.converter import DataConverter
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -49,6 +51,7 @@ from statekernel.errors import InvalidArgument, InvalidTag, ProviderUnavailable
 from statekernel.integrations.temporal import (
     COMMAND,
     START,
+    Command,
     RunOptions,
     RunWorkflow,
     Segment,
@@ -532,6 +535,16 @@ def test_run_options_and_the_workflow_id_are_plain() -> None:
     assert workflow_id("r1") == "statekernel-run-r1"
     assert timedelta(seconds=options.heartbeat_timeout) > timedelta(0)
     assert os.sep not in workflow_id("r1")
+    # the input of a workflow started before RunOptions.start, and a command before limits
+    old_input = Payload(metadata={"encoding": b"json/plain"}, data=b'{"run_id": "r0"}')
+    old_command = b'{"run_id": "r0", "kind": "resume", "value": 1, "given": true}'
+    converter = DataConverter.default.payload_converter
+    [read] = converter.from_payloads([old_input], [RunOptions])
+    assert read == RunOptions("r0")
+    assert read.start is None
+    command = Payload(metadata={"encoding": b"json/plain"}, data=old_command)
+    [resume] = converter.from_payloads([command], [Command])
+    assert (resume.kind, resume.value, resume.limits) == ("resume", 1, None)
 
 
 async def test_a_workflow_starts_its_run_with_limits_tags_and_a_chain_and_raises_a_limit(
