@@ -34,7 +34,9 @@ def start_spec(
         InvalidArgument: an argument ``Kernel.start`` would refuse (``InvalidTag`` for a tag).
     """
     if not isinstance(model, Fallback):
-        check_model(model)
+        provider, sep, name = check_model(model).partition("/")
+        if not (provider and sep and name):
+            raise InvalidArgument(f"model must look like 'provider/name', got {model!r}")
     given: list[Message] = []
     for message in messages_arg(messages):
         if isinstance(message, str):
@@ -63,7 +65,9 @@ def start_arguments(spec: Mapping[str, Any]) -> dict[str, Any]:
         model = structure(model, Fallback, what="the start's model")
     return {
         "model": model,
-        "messages": [structure(m, Message, what="a start's message") for m in spec["messages"]],
+        "messages": [
+            structure(m, Message, what="a start's message") for m in spec.get("messages", [])
+        ],
         "context": spec.get("context"),
         "limits": limits_of(spec.get("limits")),
         "tags": spec.get("tags"),

@@ -626,6 +626,8 @@ async def test_the_start_of_a_run_is_checked_before_its_workflow_starts(
         )
     with pytest.raises(InvalidArgument, match="model must be a str"):
         await start_run_workflow(client, "bad-model", task_queue=queue, model=[model])  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="model must look like 'provider/name'"):
+        await start_run_workflow(client, "bad-model", task_queue=queue, model="no-provider")
     with pytest.raises(InvalidArgument, match="give its model too"):
         await start_run_workflow(client, "no-model", task_queue=queue, limits=sk.Limits())
     for run_id in ("bad-tags", "bad-limits", "bad-model", "no-model"):
