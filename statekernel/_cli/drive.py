@@ -19,10 +19,11 @@ from rich.status import Status
 from statekernel import Event, Kernel, Run
 from statekernel._cli.common import Output, UserError, run_hint
 from statekernel._cli.view import EventPrinter
+from statekernel._front.limits import check_raised, limits_text, raised_limits, suggested_limit
 from statekernel._front.text import short
 from statekernel._front.visible import visible
-from statekernel.errors import ConflictError
-from statekernel.pauses import Uncertain
+from statekernel.errors import ConflictError, InvalidArgument
+from statekernel.pauses import LimitReached, Uncertain
 from statekernel.stores import CheckpointStore
 
 __all__ = ["CrashPoint", "ModelWait", "checked_model", "drive", "kernel_for_run", "resume_run"]
@@ -293,20 +294,33 @@ async def resume_run(
     out: Output,
     *,
     max_turns: int | None = None,
+    limits: Mapping[str, int | float] | None = None,
     value: tuple[Any, ...] = (),
     agent: Mapping[str, Any] | None = None,
     store_flag: str | None = None,
     agent_flag: str | None = None,
 ) -> Run:
-    """Resume a paused run (handing it ``value[0]`` when a value was given), retry a
-    failed one or continue an interrupted one, to rest. The commands it suggests carry
-    ``store_flag`` and ``agent_flag`` (``--store``, ``--agent`` as given)."""
+    """Resume a paused run (handing it ``value[0]`` when a value was given, with the
+    limits named in ``limits`` set and its others kept), retry a failed one or continue
+    an interrupted one, to rest. The commands it suggests carry ``store_flag`` and
+    ``agent_flag`` (``--store``, ``--agent`` as given)."""
     run = await store.load(run_id)
     _check_resumable(run, store_flag, agent_flag)
+    changes = dict(limits or {})
+    if changes and run.state != "paused":
+        raise UserError(f"--limit applies to paused runs only (run {run_id} is {run.state})")
+    raised = raised_limits(run.limits, changes) if changes else None
+    if changes:
+        try:
+            check_raised(run, changes)
+        except InvalidArgument as exc:
+            raise UserError(f"--limit: {exc}") from None
     async with _acting_on(await kernel_for_run(run, store, agent), run_id) as kernel:
         if run.state == "paused":
             answer = {"value": value[0]} if value else {}
-            await kernel.resume(run_id, max_turns=max_turns, **answer)
+            await kernel.resume(run_id, max_turns=max_turns, limits=raised, **answer)
+            if raised is not None:
+                out.note(visible(f"limits of run {run_id}: {limits_text(raised)}"), markup=False)
         elif run.state == "failed":
             await kernel.retry(run_id)
         elif max_turns is not None or value:
@@ -362,6 +376,11 @@ def summary_line(run: Run, store: str | None = None, agent: str | None = None) -
         line += f" ({visible(run.pause.reason)})"
         if isinstance(run.pause.details, Uncertain):
             line += "\n  " + uncertain_hint(run, store, agent).replace("\n", "\n  ")
+        elif isinstance(run.pause.details, LimitReached):
+            reached = run.pause.details
+            raise_it = f"{reached.limit}={suggested_limit(reached)}"
+            line += f"\n  {reached.limit} used {reached.used} of {reached.allowed}; raise it:"
+            line += f" {run_hint('resume', run.run_id, store, agent, '--limit', raise_it)}"
     if run.failure is not None:
         line += f" ({visible(run.failure.error)}: {short(run.failure.message, 200)})"
     if run.state == "completed" and run.last_message is not None and run.last_message.text:

@@ -34,6 +34,7 @@ from statekernel._cli.view import (
     tree_node,
 )
 from statekernel._front.agents import load_agent
+from statekernel._front.limits import parse_limit
 from statekernel._front.reach import (
     FORMATS,
     Owner,
@@ -44,7 +45,7 @@ from statekernel._front.reach import (
     queue_schemes,
 )
 from statekernel._front.visible import visible
-from statekernel.errors import InvalidTag, RunNotFound, StoreError
+from statekernel.errors import InvalidArgument, InvalidTag, RunNotFound, StoreError
 from statekernel.stores import (
     CheckpointStore,
     LiveFeed,
@@ -323,6 +324,15 @@ def events(
 @click.argument("run_id")
 @click.option("--max-turns", type=click.IntRange(1), help="Raise the turn budget of a paused run.")
 @click.option(
+    "--limit",
+    "limits",
+    metavar="NAME=VALUE",
+    multiple=True,
+    callback=lambda _ctx, _param, given: limit_changes(given),
+    help="Raise (or set) one usage limit of a paused run, keeping its others "
+    "(repeatable): NAME is a field of statekernel.Limits, such as tool_calls=50.",
+)
+@click.option(
     "--value",
     "value",
     metavar="JSON",
@@ -338,6 +348,7 @@ def events(
 def resume(
     run_id: str,
     max_turns: int | None,
+    limits: dict[str, int | float],
     value: str | None,
     agent: str | None,
     store: str | None,
@@ -346,7 +357,8 @@ def resume(
     """Continue a run from its last commit until it is paused, failed or completed.
 
     A paused run is resumed, a failed one retried, an interrupted one (the process
-    died) picked up where it stopped. Demo runs get the demo's tools and model; other
+    died) picked up where it stopped. ``--limit`` raises the limits of a run paused
+    with ``limit_reached``. Demo runs get the demo's tools and model; other
     runs get the tools, hooks and providers of ``--agent package.module:function``
     (a function returning ``Kernel`` keyword arguments), or run without tools.
     """
@@ -362,6 +374,7 @@ def resume(
                 run_id,
                 out,
                 max_turns=max_turns,
+                limits=limits,
                 value=given,
                 agent=options,
                 store_flag=store,
@@ -398,6 +411,23 @@ def send(run_id: str, text: str, agent: str | None, store: str | None, as_json: 
         run = run_async(go())
     out.note(summary_line(run, store, agent), markup=False)
     _exit_for(run)
+
+
+def limit_changes(given: tuple[str, ...]) -> dict[str, int | float]:
+    """The ``--limit NAME=VALUE`` options as the limits to set; a bad one is a usage error
+    naming it (the limits a run can have are named)."""
+    changes: dict[str, int | float] = {}
+    for text in given:
+        try:
+            name, value = parse_limit(text)
+        except InvalidArgument as exc:
+            raise click.BadParameter(str(exc), param_hint="--limit") from None
+        if changes.get(name, value) != value:
+            raise click.BadParameter(
+                f"{name} is given twice, {changes[name]} and {value}", param_hint="--limit"
+            )
+        changes[name] = value
+    return changes
 
 
 def _json_value(text: str) -> Any:

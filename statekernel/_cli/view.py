@@ -21,6 +21,7 @@ from statekernel import (
     ToolCallRecord,
     ToolResult,
 )
+from statekernel._front.limits import limits_text
 from statekernel._front.reach import Owner
 from statekernel._front.text import short, stamp, waiting_for
 from statekernel._front.visible import plain, visible
@@ -279,6 +280,8 @@ def _header(run: Run, owner: Owner | None) -> Table:
     grid.add_row("usage", usage + f" (total {u.total_tokens})")
     if u.cost is not None:
         grid.add_row("cost", f"{u.cost:.6g} (at the prices of the kernels that drove it)")
+    if run.limits is not None:
+        grid.add_row("limits", f"{limits_text(run.limits)} (tool calls {run.tool_calls_started})")
     grid.add_row("context", plain(short(run.context, 200)))
     return grid
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from statekernel._front.visible import visible
 from statekernel._records.messages import JSON
-from statekernel._records.pauses import ChildWait, Question, Uncertain
+from statekernel._records.pauses import ChildWait, LimitReached, Question, Uncertain
 from statekernel._records.run import PauseInfo
 
 __all__ = ["short", "stamp", "waiting_for"]
@@ -41,6 +41,8 @@ def waiting_for(pause: PauseInfo) -> str:
         question = ask.question
         text = question if isinstance(question, str) else json.dumps(question, ensure_ascii=False)
         detail = f"{ask.name} asks {text!r} (call {ask.calls[0]})"
+    elif isinstance(details, LimitReached):
+        detail = f"{details.limit} used {details.used} of {details.allowed}"
     elif isinstance(meta, dict) and "call" in meta:  # a hook's pause about one call
         name = meta.get("name")
         detail = f"call {meta['call']}" + (f" ({name})" if isinstance(name, str) else "")

@@ -5,7 +5,9 @@ run and the call (``child_run_id``), so however often the call runs (a crash, a 
 that re-runs it) there is one child per call: the first run of the call starts the
 child, every later one finds it. The child is driven by a kernel with the delegate's
 tools, hooks and middleware over the parent kernel's store and providers, and commits
-under its own lease, like any run. Its final answer is the call's result. A child that
+under its own lease, like any run. It carries its parent's tags (with the delegate's own,
+which win), its own ``Limits`` and its model or ``Fallback`` chain, all given when it is
+created. Its final answer is the call's result. A child that
 pauses (an approval, uncertain calls, ``max_turns``...) pauses the parent with reason
 ``child_paused`` naming the child; after the child is resumed, resuming the parent
 runs the call again, which drives the child on and takes its answer. A child that
@@ -41,10 +43,13 @@ from statekernel._kernel.options import check_delegate_options
 from statekernel._kernel.output import DEFAULT_RETRIES, output_spec_for
 from statekernel._kernel.tools import Tool, ToolContext, tool
 from statekernel._records.arguments import deadline_in, plain_id, seconds
+from statekernel._records.fallback import Fallback
+from statekernel._records.limits import Limits
 from statekernel._records.messages import JSON, Message, OutputSpec
+from statekernel._records.tags import MAX_TAGS
 from statekernel._storage.protocol import CancelsRuns, FindsRunIds
 from statekernel._storage.watching import watch
-from statekernel.errors import ConflictError, RunNotFound, ToolError
+from statekernel.errors import ConflictError, InvalidTag, RunNotFound, ToolError
 
 if TYPE_CHECKING:
     from statekernel._records.events import Event
@@ -69,7 +74,7 @@ class CreateRun(Protocol):
     async def __call__(
         self,
         *,
-        model: str,
+        model: str | Fallback,
         messages: Iterable[Message | str],
         context: JSON,
         run_id: str | None,
@@ -78,6 +83,8 @@ class CreateRun(Protocol):
         parent_call_id: str | None,
         deadline: datetime | None = None,
         output_type: object = None,
+        limits: Limits | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> Run:
         """The new run."""
         ...
@@ -165,7 +172,7 @@ def delegate(
     name: str,
     description: str,
     *,
-    model: str,
+    model: str | Fallback,
     tools: Iterable[Tool] = (),
     hooks: object | None = None,
     middleware: Sequence[Middleware] = (),
@@ -177,11 +184,14 @@ def delegate(
     timeout: float | None = None,
     output_type: object = None,
     output_retries: int = DEFAULT_RETRIES,
+    limits: Limits | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> Tool:
     """A tool that hands a task to another agent, run as a child run of the caller.
 
     The model calls it with a ``task``; the child run (id ``child_run_id(run, call)``)
-    starts on ``model`` with ``instructions`` as its system message and the task as
+    starts on ``model`` (``provider/name``, or a ``Fallback`` chain of them) with
+    ``instructions`` as its system message and the task as
     its user message, ``context`` as its context, and runs with ``tools``, ``hooks``
     and ``middleware`` over the parent kernel's store and providers. Its final answer
     is the call's result; while it is paused, so is the parent (``child_paused``).
@@ -196,21 +206,31 @@ def delegate(
     ``output_type`` and ``output_retries``: the child's typed final answer, as for
     ``Kernel.start``; the call's result is then that JSON object.
 
+    ``limits``: the child run's own ``Limits`` (the parent's are not inherited): a child
+    that reaches one pauses (``limit_reached``), and so its parent (``child_paused``);
+    ``Kernel.resume(child_run_id, limits=...)`` raises it, then resuming the parent goes on.
+    ``tags``: the child run carries its parent's tags (as they were when the call
+    started) with these set over them (the delegate's value wins for a key both have).
+
     Returns:
         The tool, taking one ``task`` argument; it is idempotent (a call run again finds
             the child run it started).
 
     Raises:
-        InvalidArgument: ``model`` is not a non-empty str, or ``instructions``,
-            ``context``, ``max_turns``, ``queue`` or ``poll`` is of the wrong type or
-            value.
+        InvalidArgument: ``model`` is not a non-empty str or a ``Fallback``, ``limits``
+            not None or a ``Limits``, or ``instructions``, ``context``, ``max_turns``,
+            ``queue`` or ``poll`` is of the wrong type or value.
+        InvalidTag: a tag of ``tags`` against the rules, or more than a run carries.
         ConfigError: no JSON Schema of an object describes ``output_type``.
     """
     child_tools = list(tools)
-    check_delegate_options(model, instructions, context, max_turns, queue, poll)
+    own_tags = check_delegate_options(
+        model, instructions, context, max_turns, queue, poll, limits, tags
+    )
     spec = None if output_type is None else output_spec_for(output_type, output_retries)
     if timeout is not None:
         deadline_in(seconds("timeout", timeout), "timeout")  # in range now, not at each call
+    shape = _Child(model, instructions, context, max_turns, timeout, spec, limits, own_tags)
 
     async def run_child(task: str, ctx: ToolContext) -> JSON:
         parent = ctx.kernel
@@ -220,8 +240,7 @@ def delegate(
         run_id = child_run_id(ctx.run_id, ctx.call_id)
         try:
             queued = queue is not None  # its workers bring the provider, not this process
-            options = (model, instructions, context, max_turns, queued, timeout, spec)
-            await _start_once(child, run_id, task, ctx, *options)
+            await _start_once(child, run_id, task, ctx, shape, queued)
             await _unless_parent_cancelled(child, ctx.run_id, run_id)
             if queue is None:
                 async for _ in child.run(run_id):
@@ -242,18 +261,32 @@ def delegate(
     return DelegateTool(**attrs.asdict(built, recurse=False))
 
 
+@attrs.frozen
+class _Child:
+    """What a delegate's child runs are made of (its options, checked)."""
+
+    model: str | Fallback
+    instructions: str | None
+    context: Mapping[str, Any] | None
+    max_turns: int | None
+    lifetime: float | None
+    spec: OutputSpec | None
+    limits: Limits | None
+    tags: Mapping[str, str]
+
+    def tags_under(self, parent_tags: Mapping[str, str], run_id: str) -> dict[str, str]:
+        """The child's tags: its parent's with the delegate's set over them."""
+        merged = {**parent_tags, **self.tags}
+        if len(merged) > MAX_TAGS:
+            raise InvalidTag(
+                f"child run {run_id!r} would carry {len(merged)} tags (its parent's with the"
+                f" delegate's); a run carries at most {MAX_TAGS}"
+            )
+        return merged
+
+
 async def _start_once(
-    kernel: Parent,
-    run_id: str,
-    task: str,
-    ctx: ToolContext,
-    model: str,
-    instructions: str | None,
-    context: Mapping[str, Any] | None,
-    max_turns: int | None,
-    queued: bool,
-    lifetime: float | None,
-    spec: OutputSpec | None,
+    kernel: Parent, run_id: str, task: str, ctx: ToolContext, child: _Child, queued: bool
 ) -> None:
     """Start the child unless it exists (a call run again finds the one it started); a
     child for a queue's workers is started without asking whether this process has its
@@ -263,20 +296,23 @@ async def _start_once(
         return
     except RunNotFound:
         pass
-    messages = [Message.system(instructions)] if instructions else []
+    messages = [Message.system(child.instructions)] if child.instructions else []
     messages.append(Message.user(task))
     create = kernel._create if queued else kernel.start
+    lifetime = child.lifetime
     with contextlib.suppress(ConflictError):  # another attempt of this call started it
         await create(
-            model=model,
+            model=child.model,
             messages=messages,
-            context=dict(context or {}),
+            context=dict(child.context or {}),
             run_id=run_id,
-            max_turns=max_turns,
+            max_turns=child.max_turns,
             parent_run_id=ctx.run_id,
             parent_call_id=ctx.call_id,
             deadline=None if lifetime is None else deadline_in(lifetime, "timeout"),
-            output_type=spec,
+            output_type=child.spec,
+            limits=child.limits,
+            tags=child.tags_under(ctx.tags, run_id),
         )
 
 

@@ -1,8 +1,10 @@
 """One drive of a run to its next rest, as ``Kernel.run`` and ``Kernel.start_and_run``
 make it: take the run's driver (and lease) from the kernel's tenancy, stage new input,
 advance from effect to effect until the run is at rest, and end the drive (calls
-stopped, or kept when the store failed). How each step moves the run, and where a crash
-can land, is told at the top of ``statekernel._kernel.drive``.
+stopped, or kept when the store failed). ``step`` is one advance of it, as
+``Kernel.step`` makes it; both publish their live events to other processes. How each
+step moves the run, and where a crash can land, is told at the top of
+``statekernel._kernel.drive``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from statekernel._records.run import Run
 from statekernel._storage.publishing import publishing
 from statekernel.errors import ConflictError, InvalidTransition, LeaseLost, StoreError
 
-__all__ = ["check_input", "drive"]
+__all__ = ["check_input", "drive", "step"]
 
 
 async def drive(
@@ -105,6 +107,25 @@ async def _drive(
                 raise
             finally:
                 await driver.drive_ended(stop_tasks=not keep)
+
+
+async def step(tenancy: Tenancy, run_id: str, *, raise_on_failure: bool = False) -> list[Event]:
+    """Advance the run to its next commit (one step) and return the step's events.
+
+    Its live events are published as a drive's are (``_storage.publishing``): to the
+    readers of this process at once, to other processes on the store's feed.
+    """
+    store = tenancy.store
+    async with publishing(store, run_id) as publisher, tenancy.driver(run_id) as driver:
+        events = list(await settle_due(driver))  # a passed deadline, a due timer
+        with deadline_watch(driver):
+            async for event in driver.advance():
+                if not event.persisted:
+                    publisher.publish(event)
+                events.append(event)
+        if raise_on_failure and driver.run.state == "failed":
+            raise run_failed(driver.run)
+        return events
 
 
 def check_input(run: Run) -> None:

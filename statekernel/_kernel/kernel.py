@@ -40,9 +40,8 @@ from statekernel._kernel.commit import Committer
 from statekernel._kernel.delegate import DelegateTool, child_runs, run_tree
 from statekernel._kernel.diagrams import run_diagram
 from statekernel._kernel.dispatch import DispatchPolicy
-from statekernel._kernel.drive import deadline_watch
-from statekernel._kernel.drives import check_input, drive
-from statekernel._kernel.failures import explained, run_failed
+from statekernel._kernel.drives import check_input, drive, step
+from statekernel._kernel.failures import explained
 from statekernel._kernel.hooks import Hooks, check_hooks
 from statekernel._kernel.middleware import Middleware
 from statekernel._kernel.options import (
@@ -59,7 +58,6 @@ from statekernel._kernel.resolving import resolve_call, resume_paused
 from statekernel._kernel.retention import DEFAULT_STATES, PruneResult, prune_runs
 from statekernel._kernel.submitting import submit_run
 from statekernel._kernel.tenancy import Tenancy
-from statekernel._kernel.timers import settle_due
 from statekernel._kernel.tools import Tool, tools_by_name
 from statekernel._kernel.updates import update_context, update_tags
 from statekernel._records.arguments import (
@@ -270,7 +268,7 @@ class Kernel(Closing):
     async def _create(
         self,
         *,
-        model: str,
+        model: str | Fallback,
         messages: Iterable[Message | str],
         context: JSON,
         run_id: str | None,
@@ -279,12 +277,16 @@ class Kernel(Closing):
         parent_call_id: str | None,
         deadline: datetime | None = None,
         output_type: object = None,
+        limits: Limits | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> Run:
         """``start`` without asking whether this kernel can call the model (a run that
         other processes drive, with providers of their own)."""
         args = (model, messages, context, run_id, max_turns, parent_run_id, parent_call_id)
         spec = _output_spec(output_type, DEFAULT_RETRIES)  # a delegate's, made already
-        run = _new_run(self.max_turns, *args, deadline=deadline, output_spec=spec)
+        run = _new_run(
+            self.max_turns, *args, deadline=deadline, output_spec=spec, limits=limits, tags=tags
+        )
         await _create_run(self.store, Checkpoint.between(None, run))
         return run
 
@@ -507,7 +509,9 @@ class Kernel(Closing):
         ``run``'s note on commits); with eager dispatch, the step that reads the model's
         answer also commits the intent of each call started while the answer streamed.
         Tool calls started by a step keep running in the background; a later step
-        commits their results.
+        commits their results. The step's live events (``text_delta`` ...) are among those
+        returned, and reach ``statekernel.stores.follow`` readers as a drive's do (in
+        other processes too, on a store with a feed).
 
         ``raise_on_failure=True``: raise ``RunFailed`` instead of returning when the run is
         failed after the step (its failure committed by this step or before).
@@ -524,13 +528,7 @@ class Kernel(Closing):
         """
         run_id_arg(run_id)
         flag("raise_on_failure", raise_on_failure)
-        async with self._tenancy.driver(run_id) as driver:
-            events = list(await settle_due(driver))  # a passed deadline, a due timer
-            with deadline_watch(driver):
-                events += [event async for event in driver.advance()]
-            if raise_on_failure and driver.run.state == "failed":
-                raise run_failed(driver.run)
-            return events
+        return await step(self._tenancy, run_id, raise_on_failure=raise_on_failure)
 
     async def submit(
         self,

@@ -23,7 +23,10 @@ from statekernel._records.arguments import (
     seconds,
     text,
 )
+from statekernel._records.fallback import Fallback
+from statekernel._records.limits import check_limits
 from statekernel._records.messages import Message
+from statekernel._records.tags import check_tags
 from statekernel._records.values import checked
 from statekernel.errors import InvalidArgument
 
@@ -132,17 +135,32 @@ def check_start(
 
 
 def check_delegate_options(
-    model: Any, instructions: Any, context: Any, max_turns: Any, queue: Any, poll: Any
-) -> None:
-    """The options of ``delegate``: a model string, instructions that are None or a
-    str, a context of JSON, a turn budget, a queue name, a finite ``poll`` above 0."""
-    check_model(model)
+    model: Any,
+    instructions: Any,
+    context: Any,
+    max_turns: Any,
+    queue: Any,
+    poll: Any,
+    limits: Any = None,
+    tags: Any = None,
+) -> dict[str, str]:
+    """The options of ``delegate``: a model string or a ``Fallback`` chain, instructions
+    that are None or a str, a context of JSON, a turn budget, a queue name, a finite
+    ``poll`` above 0, None or ``Limits``, tags (``InvalidTag``). Returns the tags."""
+    if not isinstance(model, Fallback):
+        if type(model) is not str:
+            raise InvalidArgument(
+                f"model must be a str 'provider/name' or a statekernel.Fallback, got {model!r:.80}"
+            )
+        text("model", model)
     optional_text("instructions", instructions, empty=True)
     if context is not None:
         checked(context, "context")
     check_max_turns(max_turns)
     optional_text("queue", queue)
     seconds("poll", poll)
+    check_limits(limits)
+    return {} if tags is None else check_tags(tags)
 
 
 def run_deadline(deadline: Any, timeout: Any) -> datetime | None:

@@ -476,7 +476,8 @@ class ToolCalls:
                 lease = driver.lease
                 token = lease.generation if lease is not None else None
                 ctx = ToolContext(
-                    run.run_id, record.id, record.attempt, context, report, kernel, token
+                    *(run.run_id, record.id, record.attempt, context, report, kernel, token),
+                    tags=dict(run.tags),
                 )
                 output = await chain(kernel.middleware, terminal)(invocation)
                 if refused:

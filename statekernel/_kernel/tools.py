@@ -54,6 +54,8 @@ class ToolContext:
     a kernel). The tokens of one run only grow: a service that remembers the largest token
     it has seen for the run and refuses a smaller one cannot be reached by an owner that
     lost the run while it was stalled (see README, "Ownership")."""
+    tags: Mapping[str, str] = attrs.field(factory=dict)
+    """The run's tags when the call started (a copy: ``Kernel.update_tags`` changes them)."""
 
     @property
     def idempotency_key(self) -> str:

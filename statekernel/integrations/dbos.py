@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal, Required, TypedDict, TypeVar, cast
 
@@ -37,6 +37,8 @@ from statekernel._kernel.cancelling import CancelResult
 from statekernel._kernel.due import next_due
 from statekernel._kernel.kernel import NOT_GIVEN, Kernel
 from statekernel._records.arguments import new_run_id_arg
+from statekernel._records.fallback import Fallback
+from statekernel._records.limits import Limits
 from statekernel._records.messages import JSON, Message
 from statekernel._records.run import Run
 from statekernel.blocking import KernelThread
@@ -85,11 +87,13 @@ class EnqueueOptions(TypedDict, total=False):
 class RunSpec(TypedDict, total=False):
     """The run a schedule starts at each tick (``Kernel.start``'s arguments)."""
 
-    model: Required[str]
+    model: Required[str | Fallback]
     messages: list[Message | str]
     context: JSON
     max_turns: int | None
     timeout: float | None
+    limits: Limits | None
+    tags: Mapping[str, str] | None
 
 
 class StatekernelDBOS:
@@ -242,18 +246,26 @@ class StatekernelDBOS:
     def start(
         self,
         *,
-        model: str,
+        model: str | Fallback,
         messages: list[Message | str] | tuple[Message | str, ...] = (),
         context: JSON = None,
         run_id: str | None = None,
+        limits: Limits | None = None,
+        tags: Mapping[str, str] | None = None,
         queue: str | None = None,
         **options: Any,
     ) -> WorkflowHandle[Segment]:
-        """Start a run (``Kernel.start``'s ``model``, ``messages``, ``context``, ``run_id``)
-        and enqueue its first segment (``submit``'s ``queue`` and ``options``).
+        """Start a run (``Kernel.start``'s ``model``, a model string or a ``Fallback``
+        chain, ``messages``, ``context``, ``run_id``, ``limits`` and ``tags``, all stored
+        with the run by the kernel, so the engine carries only its id) and enqueue its
+        first segment (``submit``'s ``queue`` and ``options``).
 
         Returns:
             DBOS's handle of the first segment's workflow.
+
+        Raises:
+            InvalidArgument: an argument ``Kernel.start`` refuses (``InvalidTag`` for a
+                tag), before anything is started or enqueued.
 
         An enqueue DBOS refuses (``DBOSQueueDeduplicatedError``: the deduplication id is
         in use) leaves the run started, at ``init``: ``submit`` it later.
@@ -261,18 +273,30 @@ class StatekernelDBOS:
         checked = _options(options)
         run = self._call(
             lambda kernel: kernel.start(
-                model=model, messages=messages, context=context, run_id=run_id
+                model=model,
+                messages=messages,
+                context=context,
+                run_id=run_id,
+                limits=limits,
+                tags=tags,
             )
         )
         return self._then(run, queue, checked)
 
     def resume(
-        self, run_id: str, *, value: JSON = NOT_GIVEN, queue: str | None = None, **options: Any
+        self,
+        run_id: str,
+        *,
+        value: JSON = NOT_GIVEN,
+        limits: Limits | None = None,
+        queue: str | None = None,
+        **options: Any,
     ) -> WorkflowHandle[Segment]:
-        """``Kernel.resume`` (``value``: an answer, an approval), then enqueue the next
-        segment."""
+        """``Kernel.resume`` (``value``: an answer, an approval; ``limits``: the run's new
+        ``Limits``, which a run paused with ``limit_reached`` needs raised), then enqueue
+        the next segment."""
         checked = _options(options)
-        run = self._call(lambda kernel: kernel.resume(run_id, value=value))
+        run = self._call(lambda kernel: kernel.resume(run_id, value=value, limits=limits))
         return self._then(run, queue, checked)
 
     def send(

@@ -1,8 +1,8 @@
-"""The actions: answer or approve a pause, resolve an uncertain call, send a message,
-retry, cancel, fork at a revision, delete. Each is a POST carrying the page's CSRF token,
-authorized by the ``authorize`` hook (both before its body is read), done by the
-acting kernel; a run that goes on afterwards is driven in the background, and its page
-follows it live.
+"""The actions: answer or approve a pause, raise a reached limit and resume, resolve an
+uncertain call, send a message, retry, cancel, fork at a revision, delete. Each is a POST
+carrying the page's CSRF token, authorized by the ``authorize`` hook (both before its body
+is read), done by the acting kernel; a run that goes on afterwards is driven in the
+background, and its page follows it live.
 
 A refused action answers a page saying why in one line (a run another process holds:
 busy, owned by whom), never a stack trace.
@@ -20,6 +20,13 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from statekernel import Kernel, Run
+from statekernel._front.limits import (
+    check_raised,
+    limit_is_float,
+    limit_reached,
+    parse_limit_value,
+    raised_limits,
+)
 from statekernel.errors import (
     ConfigError,
     ConflictError,
@@ -36,7 +43,7 @@ from statekernel.web.context import WebContext, log
 from statekernel.web.forms import read_answer
 from statekernel.web.links import path_for
 from statekernel.web.notes import note_query
-from statekernel.web.numbers import whole_number
+from statekernel.web.numbers import decimal_number, whole_number
 from statekernel.web.pages import forbidden
 from statekernel.web.rendering import renderer_of
 from statekernel.web.security import sent_token
@@ -99,6 +106,23 @@ async def _resume(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str
         value = text
     await kernel.resume(run_id, value=value)
     return "resumed; the run goes on", run_id
+
+
+async def _raise_limit(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str | None]:
+    """Set the limit ``limit`` (by default the one the run reached) to ``value`` and resume
+    the run, its other limits kept; a value not above what it used is refused."""
+    run = await kernel.get(run_id)
+    reached = limit_reached(run)
+    if reached is None:
+        raise InvalidTransition("resume", run.state, "the run is not paused at a limit")
+    name = str(form.get("limit", "")) or reached.limit
+    text = str(form.get("value", "")).strip()
+    number = decimal_number if limit_is_float(name) else whole_number  # the view's syntax
+    number(text, "value")
+    changes = {name: parse_limit_value(name, text)}
+    check_raised(run, changes)
+    await kernel.resume(run_id, limits=raised_limits(run.limits, changes))
+    return f"raised limit {name} to {changes[name]}; the run goes on", run_id
 
 
 async def _resolve(kernel: Kernel, run_id: str, form: FormData) -> tuple[str, str | None]:
@@ -192,6 +216,7 @@ async def _delete(
 ACTIONS: dict[str, tuple[Act, bool]] = {
     "answer": (_answer, True),
     "resume": (_resume, True),
+    "raise_limit": (_raise_limit, True),
     "resolve": (_resolve, True),
     "send": (_send, True),
     "retry": (_retry, True),

@@ -60,12 +60,13 @@ def create_app(
     ``"package.module:function"`` returning them) the view acts with; with neither a
     kernel nor an agent the view is read-only and says why. ``authorize(request,
     action, run_id)`` (sync or async) answers whether a request may ``view`` a page or
-    do an action (``answer``, ``resume``, ``resolve``, ``send``, ``retry``, ``cancel``,
-    ``fork``, ``delete``; ``queues`` to look at the run queues, with no run id, and
-    ``requeue`` or ``drop`` of a run's queue entries, ``requeue`` with no run id for
-    every dead letter); False answers 403, and an answer that is not a bool is a
-    ``ConfigError`` (so a hook missing its ``return`` refuses nothing silently). Deleting
-    with children asks about each child run while the kernel holds the whole tree.
+    do an action (``answer``, ``resume``, ``raise_limit``, ``resolve``, ``send``,
+    ``retry``, ``cancel``, ``fork``, ``delete``; ``queues`` to look at the run queues,
+    with no run id, and ``requeue`` or ``drop`` of a run's queue entries, ``requeue``
+    with no run id for every dead letter); False answers 403, and an answer that is not
+    a bool is a ``ConfigError`` (so a hook missing its ``return`` refuses nothing
+    silently). Deleting with children asks about each child run while the kernel holds
+    the whole tree.
     Every action is a POST carrying a CSRF token (in its query string or the
     ``X-CSRF-Token`` header), checked with ``authorize`` before the form is read; a body
     is at most 256 KiB (413 otherwise, unread) and a form at most 200 fields, no files.

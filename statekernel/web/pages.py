@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from statekernel import STATE_IDS, Run, StateId
+from statekernel._front.limits import limits_text
 from statekernel._front.reach import can_render_svg, parse_tag, redact
 from statekernel.errors import (
     ConfigError,
@@ -37,6 +38,7 @@ from statekernel.web.views import (
     RESOLVE_WARNING,
     ListRow,
     event_row,
+    limit_form,
     question_of,
     timeline,
     uncertain_ids,
@@ -247,6 +249,8 @@ async def run_page(request: Request) -> Response:
             run.parent_run_id and await visible_ids(web, request, [run.parent_run_id])
         ),
         "question": question,
+        "limit": limit_form(run),
+        "limits": limits_text(run.limits) if run.limits is not None else "",
         "fields": answer_fields(question.asked.schema) if question is not None else [],
         "uncertain": sorted(uncertain_ids(run)) if revision is None else [],
         "pause_calls": _uncertain_calls(run) if revision is None else [],

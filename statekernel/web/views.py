@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 from statekernel import Event, ReasoningPart, Run, TextPart, ToolCall, ToolResult
+from statekernel._front.limits import limit_is_float, limit_reached, suggested_limit
 from statekernel._front.text import short, stamp, waiting_for
 from statekernel.pauses import Question, Uncertain
 from statekernel.stores import RunSummary
@@ -19,10 +20,12 @@ from statekernel.stores import RunSummary
 __all__ = [
     "RESOLVE_WARNING",
     "EventRow",
+    "LimitForm",
     "ListRow",
     "Said",
     "TurnTime",
     "event_row",
+    "limit_form",
     "list_row",
     "timeline",
     "transcript",
@@ -201,6 +204,31 @@ def question_of(run: Run) -> Question | None:
     """The question a paused run waits to have answered, if any."""
     details = run.pause.details if run.pause is not None and run.state == "paused" else None
     return details if isinstance(details, Question) else None
+
+
+@attrs.frozen
+class LimitForm:
+    """The limit a paused run reached, as its form to raise it shows it: what it used and
+    allowed, the value offered, and the number input's ``min`` and ``step``."""
+
+    name: str
+    used: int | float
+    allowed: int | float
+    suggested: int | float
+    minimum: int | float
+    step: str
+
+
+def limit_form(run: Run) -> LimitForm | None:
+    """The form to raise the limit a paused run reached (None: it is not paused at one)."""
+    reached = limit_reached(run)
+    if reached is None:
+        return None
+    floats = limit_is_float(reached.limit)
+    minimum = reached.used if floats else reached.used + 1
+    step = "any" if floats else "1"
+    suggested = suggested_limit(reached)
+    return LimitForm(reached.limit, reached.used, reached.allowed, suggested, minimum, step)
 
 
 def children_rows(nodes: Sequence[tuple[int, Run]]) -> list[tuple[int, Run]]:

@@ -8,13 +8,14 @@ updates (``resume``, ``send``, ``resolve``, ``cancel``); a pause with a timer wa
 durable timer; long runs continue as new. ``statekernel_worker(client, kernel,
 task_queue=...)`` builds the worker (or ``statekernel_plugin(kernel)`` adds all that to
 a worker you build); ``start_run_workflow(client, run_id, ...)`` starts a
-run's workflow. Guide: "Temporal".
+run's workflow (and, given ``model=``, the run itself). Guide: "Temporal".
 """
 
 from statekernel.integrations.temporal._activities import KernelActivities, segment_of
 from statekernel.integrations.temporal._payloads import (
     COMMAND,
     DRIVE,
+    START,
     WORKFLOW,
     Command,
     RunOptions,
@@ -32,6 +33,7 @@ from statekernel.integrations.temporal._workflow import RunWorkflow
 __all__ = [
     "COMMAND",
     "DRIVE",
+    "START",
     "WORKFLOW",
     "Command",
     "KernelActivities",

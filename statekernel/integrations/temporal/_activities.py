@@ -1,5 +1,6 @@
 """The activities of a run's workflow, which do its I/O through a ``Kernel``: a drive
-segment (the run driven to its next rest) and a command.
+segment (the run driven to its next rest), a command, and the start of a run the
+workflow was started to start.
 
 Temporal retries an activity whose worker died (no heartbeat within the workflow's
 ``heartbeat_timeout``) or that raised, possibly on another worker and while the first
@@ -31,12 +32,14 @@ from statekernel._records.run import Run
 from statekernel._secrets import logger
 from statekernel.errors import (
     ConfigError,
+    ConflictError,
     CorruptCheckpoint,
     InvalidArgument,
     InvalidTransition,
     RunNotFound,
 )
-from statekernel.integrations.temporal._payloads import COMMAND, DRIVE, Command, Segment
+from statekernel.integrations.temporal._payloads import COMMAND, DRIVE, START, Command, Segment
+from statekernel.integrations.temporal._starting import limits_of, start_arguments
 
 __all__ = ["KernelActivities", "segment_of"]
 
@@ -68,7 +71,22 @@ class KernelActivities:
 
     def all(self) -> Sequence[Callable[..., Any]]:
         """The activity functions, to register with a worker."""
-        return [self.drive, self.command]
+        return [self.drive, self.command, self.start]
+
+    @activity.defn(name=START)
+    async def start(self, run_id: str, spec: dict[str, Any]) -> Segment:
+        """Create the run from ``spec`` (``RunOptions.start``) unless it exists: a start
+        retried, or the run's workflow started again, finds it. Returns where it is."""
+        kernel = self.kernel
+        with _final_errors():
+            try:
+                run = await kernel.get(run_id)
+            except RunNotFound:
+                try:
+                    run = await kernel.start(run_id=run_id, **start_arguments(spec))
+                except ConflictError:  # another attempt created it meanwhile
+                    run = await kernel.get(run_id)
+        return segment_of(run)
 
     @activity.defn(name=DRIVE)
     async def drive(self, run_id: str) -> Segment:
@@ -116,7 +134,8 @@ class KernelActivities:
                 log.info("run %s: %s retried after its commit landed", run_id, command.kind)
                 return segment_of(await kernel.get(run_id))
             if command.kind == "resume":
-                run = await kernel.resume(run_id, value=command.value)
+                limits = limits_of(command.limits)
+                run = await kernel.resume(run_id, value=command.value, limits=limits)
             elif command.kind == "send":
                 run = await kernel.send(run_id, *command.messages)
             elif command.kind == "resolve":

@@ -13,6 +13,7 @@ from typing import Any
 __all__ = [
     "COMMAND",
     "DRIVE",
+    "START",
     "WORKFLOW",
     "Command",
     "RunOptions",
@@ -26,6 +27,8 @@ DRIVE = "statekernel.drive"
 """The activity that drives a run to its next rest."""
 COMMAND = "statekernel.command"
 """The activity that applies a command (resume, send, resolve, cancel) to a run."""
+START = "statekernel.start"
+"""The activity that creates the run a workflow was started to start (``RunOptions.start``)."""
 
 
 def workflow_id(run_id: str) -> str:
@@ -43,7 +46,10 @@ class RunOptions:
     new (it also does when Temporal suggests it). ``heartbeat_timeout``: seconds without a
     heartbeat after which Temporal takes a drive's worker for dead and retries the drive
     elsewhere. ``segment_timeout``: seconds one drive may last. ``segments``: the
-    segments done by the workflow's earlier runs (continue-as-new carries it)."""
+    segments done by the workflow's earlier runs (continue-as-new carries it).
+    ``start``: the run to create before the first drive, unless it exists
+    (``Kernel.start``'s arguments as JSON, ``start_run_workflow``'s ``model``...); None:
+    the run exists already."""
 
     run_id: str
     keep_open: bool = False
@@ -51,6 +57,7 @@ class RunOptions:
     heartbeat_timeout: float = 30.0
     segment_timeout: float = 3600.0
     segments: int = 0
+    start: dict[str, Any] | None = None
 
 
 @dataclass
@@ -72,7 +79,8 @@ class Segment:
 class Command:
     """A command the workflow applies to its run through the command activity.
 
-    ``kind``: ``resume`` (``value``, when ``given``), ``send`` (``messages``, user text),
+    ``kind``: ``resume`` (``value``, when ``given``; ``limits``, the run's new ``Limits``
+    in their plain form, when not None), ``send`` (``messages``, user text),
     ``resolve`` (``call_id`` with ``value`` as the output when ``given``, or ``error``, or
     ``rerun``), ``cancel`` (``reason``). ``revision``: the run's revision the workflow
     had seen when it sent the command (-1: none yet), by which a retried command finds
@@ -88,3 +96,4 @@ class Command:
     rerun: bool = False
     reason: str = ""
     revision: int = -1
+    limits: dict[str, Any] | None = None

@@ -30,6 +30,7 @@ from temporalio.exceptions import ActivityError, CancelledError
 from statekernel.integrations.temporal._payloads import (
     COMMAND,
     DRIVE,
+    START,
     WORKFLOW,
     Command,
     RunOptions,
@@ -80,6 +81,15 @@ class RunWorkflow:
             raise
 
     async def _loop(self, options: RunOptions) -> Segment:
+        if options.start is not None:  # the run to create first (unless it exists)
+            made: Segment = await workflow.execute_activity(
+                START,
+                args=[options.run_id, options.start],
+                result_type=Segment,
+                start_to_close_timeout=_COMMAND_TIMEOUT,
+                retry_policy=_RETRY,
+            )
+            self._seen = max(self._seen, made.revision)
         done = 0
         while True:
             self._woken = False
@@ -96,7 +106,8 @@ class RunWorkflow:
                     return await self._finish(segment)
             if done >= options.max_segments or workflow.info().is_continue_as_new_suggested():
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                next_options = RunOptions(**{**vars(options), "segments": options.segments + done})
+                carried = {**vars(options), "segments": options.segments + done, "start": None}
+                next_options = RunOptions(**carried)
                 workflow.continue_as_new(next_options)
 
     async def _drive(self, options: RunOptions) -> Segment:
@@ -147,10 +158,13 @@ class RunWorkflow:
         return self._options.run_id
 
     @workflow.update
-    async def resume(self, value: Any = None) -> Segment:
+    async def resume(self, value: Any = None, limits: dict[str, Any] | None = None) -> Segment:
         """Resume the paused run (``Kernel.resume``): ``value`` answers its question or
-        approval. Returns the run after the resume's commit."""
-        return await self._command(Command(self._run_id(), "resume", value=value, given=True))
+        approval; ``limits`` (``statekernel.to_plain(Limits(...))``) replaces the run's
+        limits (a run paused with ``limit_reached`` needs its limit raised). Returns the
+        run after the resume's commit."""
+        command = Command(self._run_id(), "resume", value=value, given=True, limits=limits)
+        return await self._command(command)
 
     @workflow.update
     async def send(self, text: str) -> Segment:

@@ -2,7 +2,8 @@
 database a SQLite file or a fresh PostgreSQL database): segments complete, one segment
 enqueued twice is one workflow, commands (resume, send, cancel, retry) go through the
 engine, a question's timeout fires through a delayed segment, DBOS's flow control (a
-partition's concurrency, a rate limit) holds, and a cron schedule starts runs."""
+partition's concurrency, a rate limit) holds, a cron schedule starts runs, and a run's
+limits, tags and model chain are given where it starts (its limit raised on resume)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ import pytest
 from dbos import DBOS, WorkflowHandle
 
 import statekernel as sk
-from statekernel.errors import InvalidArgument
+from statekernel.errors import InvalidArgument, InvalidTag, ProviderUnavailable, RunNotFound
 from statekernel.integrations.dbos import Segment, StatekernelDBOS, segment_id
-from statekernel.testing import call
+from statekernel.pauses import LimitReached
+from statekernel.testing import Fail, call
 
 from .dbosenv import (
     BACKENDS,
@@ -253,7 +255,12 @@ def test_a_schedule_starts_a_run_at_each_tick(databases: tuple[str, str], tmp_pa
     app = StatekernelDBOS(agent(store, ledger, PAY_BOB))
 
     def daily(when: Any) -> Any:
-        return {"model": "scripted/bank", "messages": [f"Pay Bob for {when:%H:%M:%S}."]}
+        return {
+            "model": "scripted/bank",
+            "messages": [f"Pay Bob for {when:%H:%M:%S}."],
+            "limits": sk.Limits(tool_calls=3),
+            "tags": {"job": "payroll"},
+        }
 
     def completed() -> list[str]:
         async def look(kernel: sk.Kernel) -> list[str]:
@@ -268,6 +275,8 @@ def test_a_schedule_starts_a_run_at_each_tick(databases: tuple[str, str], tmp_pa
         DBOS.delete_schedule("payroll")
         done = completed()
     assert all(run_id.startswith("payroll.") for run_id in done)
+    assert all(run_of(app, run_id).tags == {"job": "payroll"} for run_id in done)
+    assert all(run_of(app, run_id).limits == sk.Limits(tool_calls=3) for run_id in done)
     paid = [row[1] for row in ledger.lines("pay")]
     assert sorted(set(paid)) == sorted(paid), "each tick's run paid once"
     assert set(done) <= set(paid)
@@ -282,3 +291,43 @@ def test_unknown_enqueue_options_are_refused(tmp_path: Path) -> None:
         app.submit("r1", partition="a")
     with pytest.raises(InvalidArgument, match="drive_attempts"):
         StatekernelDBOS(lambda: sk.Kernel("memory://"), drive_attempts=0)
+
+
+def test_a_run_started_with_limits_tags_and_a_chain_is_raised_through_the_engine(
+    databases: tuple[str, str], tmp_path: Path
+) -> None:
+    system, store = databases
+    ledger = Ledger(tmp_path / "ledger")
+    down: list[object] = [Fail(ProviderUnavailable("overloaded", provider="down"), times=1_000)]
+    app = StatekernelDBOS(agent(store, ledger, PAY_BOB, others={"down": down}), queue="agents")
+    chain = sk.Fallback("down/big", "scripted/bank")
+    with launched(app, system, agents={}):
+        capped = app.start(
+            model=chain,
+            messages=["Pay Bob."],
+            run_id="l1",
+            limits=sk.Limits(tool_calls=0, total_tokens=1_000),
+            tags={"team": "payments"},
+        )
+        paused = capped.get_result()
+        assert paused["state"] == "paused"
+        run = run_of(app, "l1")
+        assert run.pause is not None
+        assert run.pause.details == LimitReached("tool_calls", 0, 0)
+        assert (run.fallback, run.tags) == (chain, {"team": "payments"})
+        assert run.turns == ()  # the first turn waits in flight: its call did not start
+        assert ledger.lines("pay") == [], "nothing paid past the limit"
+        raised = app.resume("l1", limits=sk.Limits(tool_calls=1, total_tokens=1_000))
+        assert raised.workflow_id == segment_id("l1", paused["revision"] + 1)
+        assert raised.get_result()["state"] == "completed"
+        done = run_of(app, "l1")
+        assert done.limits == sk.Limits(tool_calls=1, total_tokens=1_000)
+        assert [turn.model for turn in done.turns] == ["scripted/bank"] * 2  # the chain's next
+        assert done.output == "Paid Bob."
+        assert len(ledger.lines("pay")) == 1
+        with pytest.raises(InvalidTag, match="'bad key'"):
+            app.start(model="scripted/bank", run_id="l2", tags={"bad key": "x"})
+        with pytest.raises(InvalidArgument, match=r"limits must be None or a statekernel\.Limits"):
+            app.start(model="scripted/bank", run_id="l3", limits={"tool_calls": 1})  # type: ignore[arg-type]
+        with pytest.raises(RunNotFound):
+            run_of(app, "l2")

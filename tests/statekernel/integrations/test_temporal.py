@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from temporalio import activity
+from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -30,12 +31,14 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
 )
 from temporalio.common import Priority, WorkflowIDConflictPolicy
+from temporalio.converter import DataConverter
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
     CancelledError,
     WorkflowAlreadyStartedError,
 )
+from temporalio.service import RPCError
 from temporalio.worker import (
     ActivityInboundInterceptor,
     ExecuteActivityInput,
@@ -44,8 +47,11 @@ from temporalio.worker import (
 )
 
 import statekernel as sk
+from statekernel.errors import InvalidArgument, InvalidTag, ProviderUnavailable
 from statekernel.integrations.temporal import (
     COMMAND,
+    START,
+    Command,
     RunOptions,
     RunWorkflow,
     Segment,
@@ -54,7 +60,8 @@ from statekernel.integrations.temporal import (
     statekernel_worker,
     workflow_id,
 )
-from statekernel.testing import ScriptedProvider, call
+from statekernel.pauses import LimitReached
+from statekernel.testing import Fail, ScriptedProvider, call
 
 from .temporal_server import temporal_address
 
@@ -528,3 +535,102 @@ def test_run_options_and_the_workflow_id_are_plain() -> None:
     assert workflow_id("r1") == "statekernel-run-r1"
     assert timedelta(seconds=options.heartbeat_timeout) > timedelta(0)
     assert os.sep not in workflow_id("r1")
+    # the input of a workflow started before RunOptions.start, and a command before limits
+    old_input = Payload(metadata={"encoding": b"json/plain"}, data=b'{"run_id": "r0"}')
+    old_command = b'{"run_id": "r0", "kind": "resume", "value": 1, "given": true}'
+    converter = DataConverter.default.payload_converter
+    [read] = converter.from_payloads([old_input], [RunOptions])
+    assert read == RunOptions("r0")
+    assert read.start is None
+    command = Payload(metadata={"encoding": b"json/plain"}, data=old_command)
+    [resume] = converter.from_payloads([command], [Command])
+    assert (resume.kind, resume.value, resume.limits) == ("resume", 1, None)
+
+
+async def test_a_workflow_starts_its_run_with_limits_tags_and_a_chain_and_raises_a_limit(
+    temporal_address: str, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger"
+    script: list[object] = [call("pay", {"amount": 5}), "Paid."]
+    down = [Fail(ProviderUnavailable("overloaded", provider="down"), times=1_000)]
+    providers = {
+        "scripted": ScriptedProvider(script),
+        "down": ScriptedProvider(down, repeat_last=True),
+    }
+    chain = sk.Fallback("down/big", "scripted/m")
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    async with (
+        sk.Kernel(store, tools=[paying(ledger)], providers=providers) as kernel,
+        serving(temporal_address, kernel) as (client, queue),
+    ):
+        handle = await start_run_workflow(
+            client,
+            "started",
+            task_queue=queue,
+            model=chain,
+            messages=["Pay five: plum-secret-ask."],
+            limits=sk.Limits(tool_calls=0, total_tokens=10_000),
+            tags={"team": "payments"},
+        )
+        await until(position_is(handle, "paused", "limit_reached"), "the limit's pause")
+        run = await kernel.get("started")
+        assert (run.fallback, run.tags) == (chain, {"team": "payments"})
+        assert run.pause is not None
+        assert run.pause.details == LimitReached("tool_calls", 0, 0)
+        assert ledger_lines(ledger) == [], "nothing paid past the limit"
+        raised = sk.to_plain(sk.Limits(tool_calls=1, total_tokens=10_000))
+        resumed = await handle.execute_update(RunWorkflow.resume, args=[None, raised])
+        assert resumed.revision > run.revision
+        result = await handle.result()
+        started = (await handle.fetch_history()).events[0]
+        inputs = started.workflow_execution_started_event_attributes.input.payloads
+        [given] = await client.data_converter.decode(inputs, [RunOptions])
+        final = await kernel.get("started")
+        # started again once its workflow ended: the run exists, nothing is created anew
+        again = await start_run_workflow(client, "started", task_queue=queue, model="scripted/m")
+        assert await again.result() == result
+    assert result.state == "completed"
+    assert final.limits == sk.Limits(tool_calls=1, total_tokens=10_000)
+    assert [turn.model for turn in final.turns] == ["scripted/m", "scripted/m"]
+    assert final.output == "Paid."
+    assert len(ledger_lines(ledger)) == 1
+    assert given.start is not None  # what the workflow's input holds: plain JSON
+    assert given.start["model"] == {"models": ["down/big", "scripted/m"]}
+    assert given.start["limits"] == {"tool_calls": 0, "total_tokens": 10_000}
+    assert given.start["tags"] == {"team": "payments"}
+    assert given.start["messages"][0]["content"][0]["text"] == "Pay five: plum-secret-ask."
+    assert (await kernel_events(store, "started")).count("run_started") == 1
+
+
+async def kernel_events(store: str, run_id: str) -> list[str]:
+    async with sk.Kernel(store, providers={"scripted": ScriptedProvider([])}) as kernel:
+        return [event.type for event in await kernel.events(run_id)]
+
+
+async def test_the_start_of_a_run_is_checked_before_its_workflow_starts(
+    temporal_address: str,
+) -> None:
+    client = await Client.connect(temporal_address)
+    model, queue = "scripted/m", "never-served"
+    with pytest.raises(InvalidTag, match="'bad key'"):
+        await start_run_workflow(
+            client, "bad-tags", task_queue=queue, model=model, tags={"bad key": "x"}
+        )
+    with pytest.raises(InvalidArgument, match="limits must be None or a statekernel"):
+        await start_run_workflow(
+            client,
+            "bad-limits",
+            task_queue=queue,
+            model=model,
+            limits={"tool_calls": 1},  # type: ignore[arg-type]
+        )
+    with pytest.raises(InvalidArgument, match="model must be a str"):
+        await start_run_workflow(client, "bad-model", task_queue=queue, model=[model])  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="model must look like 'provider/name'"):
+        await start_run_workflow(client, "bad-model", task_queue=queue, model="no-provider")
+    with pytest.raises(InvalidArgument, match="give its model too"):
+        await start_run_workflow(client, "no-model", task_queue=queue, limits=sk.Limits())
+    for run_id in ("bad-tags", "bad-limits", "bad-model", "no-model"):
+        with pytest.raises(RPCError):
+            await client.get_workflow_handle(workflow_id(run_id)).describe()
+    assert START == "statekernel.start"

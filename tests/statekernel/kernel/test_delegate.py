@@ -11,9 +11,17 @@ import pytest
 
 import statekernel as sk
 from statekernel._front.text import waiting_for
-from statekernel.errors import ConfigError, InvalidArgument, RunHasChildren, RunNotFound
+from statekernel.errors import (
+    ConfigError,
+    InvalidArgument,
+    InvalidTag,
+    ProviderUnavailable,
+    RunHasChildren,
+    RunNotFound,
+)
+from statekernel.pauses import LimitReached
 from statekernel.stores import MemoryStore, open_store
-from statekernel.testing import Crash, CrashAt, FaultPlan, Reply, ScriptedProvider, call
+from statekernel.testing import Crash, CrashAt, Fail, FaultPlan, Reply, ScriptedProvider, call
 
 from ..cli.test_cli_runs import EXE, as_json, ok
 from ..cli.test_cli_runs import sk as sk_cli
@@ -36,11 +44,11 @@ def _providers(parent: list[object], child: list[object]) -> dict[str, ScriptedP
     return {"scripted": ScriptedProvider(parent), "helper": ScriptedProvider(child)}
 
 
-def _researcher(**kw: object) -> sk.Tool:
+def _researcher(model: str | sk.Fallback = "helper/small", **kw: object) -> sk.Tool:
     return sk.delegate(
         "researcher",
         "Find a fact.",
-        model="helper/small",
+        model=model,
         instructions="You research.",
         **kw,  # type: ignore[arg-type]
     )
@@ -294,7 +302,16 @@ async def test_children_run_on_the_workers_of_a_queue(redis_store_url: str) -> N
     """The parent's process drives only the parent: the child is handed to the workers
     of its queue (which bring the child agent), paused there, resumed, and finished."""
     child_model = ScriptedProvider([call("transfer", {"amount": 7}, id="t1"), "transferred 7"])
-    payer = sk.delegate("payer", "Pay.", model="helper/small", queue="payers", poll=0.1)
+    payer_chain = sk.Fallback("helper/small", "helper/big")
+    payer = sk.delegate(
+        "payer",
+        "Pay.",
+        model=payer_chain,
+        queue="payers",
+        poll=0.1,
+        limits=sk.Limits(tool_calls=5),
+        tags={"role": "payer"},
+    )
     parent = sk.Kernel(
         redis_store_url,
         tools=[payer],
@@ -304,7 +321,9 @@ async def test_children_run_on_the_workers_of_a_queue(redis_store_url: str) -> N
     worker = sk.Worker(redis_store_url, queue="payers", agent=agent, lease_ttl=2.0, block=0.05)
     serving = asyncio.ensure_future(worker.serve())
     try:
-        run = await parent.start(model="scripted/lead", messages=["go"], run_id="q-boss")
+        run = await parent.start(
+            model="scripted/lead", messages=["go"], run_id="q-boss", tags={"team": "pay"}
+        )
         paused = await _drive(parent, run.run_id)
         assert paused.pause is not None
         assert paused.pause.metadata["child"] == "q-boss.p1"
@@ -317,6 +336,8 @@ async def test_children_run_on_the_workers_of_a_queue(redis_store_url: str) -> N
         child = await parent.get("q-boss.p1")
         assert child.parent_run_id == "q-boss"
         assert child.turns[0].completed[0].output == "moved 7"
+        assert (child.fallback, child.limits) == (payer_chain, sk.Limits(tool_calls=5))
+        assert child.tags == {"team": "pay", "role": "payer"}
     finally:
         worker.stop()
         stats = await serving
@@ -328,3 +349,115 @@ async def test_children_run_on_the_workers_of_a_queue(redis_store_url: str) -> N
 def test_a_delegate_polls_at_a_positive_interval() -> None:
     with pytest.raises(InvalidArgument, match="poll"):
         sk.delegate("x", "X.", model="helper/small", queue="q", poll=0)
+
+
+async def test_a_child_run_carries_its_parents_tags_with_the_delegates_over_them(
+    tmp_path: Path,
+) -> None:
+    researcher = _researcher(tags={"env": "staging", "role": "researcher"})
+    providers = _providers([call("researcher", {"task": "t"}, id="d1"), "done"], ["found"])
+    async with sk.Kernel(
+        f"sqlite:///{tmp_path}/runs.db", tools=[researcher], providers=providers
+    ) as kernel:
+        await kernel.start(
+            model="scripted/lead", messages=["go"], run_id="tagged", tags={"team": "search"}
+        )
+        await kernel.update_tags("tagged", {"env": "prod"})  # the tags when the call starts
+        assert (await _drive(kernel, "tagged")).state == "completed"
+        child = await kernel.get("tagged.d1")
+        assert child.tags == {"team": "search", "env": "staging", "role": "researcher"}
+        assert (await kernel.get("tagged")).tags == {"team": "search", "env": "prod"}
+        found = await kernel.store.list_runs(tags={"role": "researcher"})
+        assert [r.run_id for r in found.runs] == ["tagged.d1"]
+
+
+async def test_a_child_with_too_many_tags_is_an_error_result_naming_it() -> None:
+    many = {f"k{i}": "v" for i in range(30)}
+    researcher = _researcher(tags={f"own{i}": "v" for i in range(5)})
+    providers = _providers([call("researcher", {"task": "t"}, id="d1"), "done"], ["found"])
+    async with sk.Kernel(MemoryStore(), tools=[researcher], providers=providers) as kernel:
+        await kernel.start(model="scripted/lead", messages=["go"], run_id="crowded", tags=many)
+        final = await _drive(kernel, "crowded")
+        [result] = final.turns[0].completed
+        assert result.error is not None
+        assert "child run 'crowded.d1' would carry 35 tags" in result.error
+        with pytest.raises(RunNotFound):
+            await kernel.get("crowded.d1")
+
+
+async def test_a_child_that_reaches_its_limit_pauses_its_parent_until_it_is_raised() -> None:
+    payer = sk.delegate(
+        "payer", "Pay.", model="helper/small", tools=[transfer], limits=sk.Limits(tool_calls=1)
+    )
+    providers = _providers(
+        [call("payer", {"task": "pay twice"}, id="p1"), "paid"],
+        [call("transfer", {"amount": 1}, id="t1"), call("transfer", {"amount": 2}, id="t2"), "ok"],
+    )
+    async with sk.Kernel(MemoryStore(), tools=[payer], providers=providers) as kernel:
+        await kernel.start(model="scripted/lead", messages=["go"], run_id="budget")
+        paused = await _drive(kernel, "budget")
+        child = await kernel.get("budget.p1")
+        assert child.limits == sk.Limits(tool_calls=1)
+        assert child.pause is not None
+        assert child.pause.reason == "limit_reached"
+        assert child.pause.details == LimitReached("tool_calls", 1, 1)
+        assert paused.pause is not None
+        assert paused.pause.reason == "child_paused"
+        assert paused.pause.metadata["child"] == "budget.p1"
+        assert paused.pause.metadata["child_pause"] == {
+            "reason": "limit_reached",
+            "metadata": {"limit": "tool_calls", "used": 1, "allowed": 1},
+        }
+        await kernel.resume("budget.p1", limits=sk.Limits(tool_calls=3))
+        await kernel.resume("budget")
+        final = await _drive(kernel, "budget")
+        assert final.state == "completed"
+        assert final.turns[0].completed[0].output == "ok"
+        child = await kernel.get("budget.p1")
+        assert [c.output for t in child.turns for c in t.completed] == ["moved 1", "moved 2"]
+        assert child.limits == sk.Limits(tool_calls=3)
+        assert (await kernel.get("budget")).limits is None  # the parent had none
+
+
+async def test_a_child_on_a_fallback_chain_is_answered_by_the_next_model() -> None:
+    chain = sk.Fallback("down/big", "helper/small")
+    researcher = _researcher(model=chain)
+    providers = _providers([call("researcher", {"task": "t"}, id="d1"), "done"], ["found"])
+    down = ScriptedProvider([Fail(ProviderUnavailable("overloaded", provider="down"), times=9)])
+    async with sk.Kernel(
+        MemoryStore(), tools=[researcher], providers={**providers, "down": down}
+    ) as kernel:
+        await kernel.start(model="scripted/lead", messages=["go"], run_id="chained")
+        final = await _drive(kernel, "chained")
+        assert final.turns[0].completed[0].output == "found"
+        child = await kernel.get("chained.d1")
+        assert (child.model, child.fallback) == ("down/big", chain)
+        assert child.turns[0].model == "helper/small"
+        assert down.requests  # the first model was asked first
+
+
+async def test_a_child_on_a_chain_whose_provider_is_unknown_is_an_error_result() -> None:
+    researcher = _researcher(model=sk.Fallback("helper/small", "nowhere/x"))
+    providers = _providers([call("researcher", {"task": "t"}, id="d1"), "done"], ["found"])
+    async with sk.Kernel(MemoryStore(), tools=[researcher], providers=providers) as kernel:
+        await kernel.start(model="scripted/lead", messages=["go"], run_id="unknown")
+        final = await _drive(kernel, "unknown")
+        [result] = final.turns[0].completed
+        assert result.error is not None
+        assert "nowhere" in result.error
+        with pytest.raises(RunNotFound):
+            await kernel.get("unknown.d1")
+
+
+def test_a_delegates_model_limits_and_tags_are_checked_when_it_is_made() -> None:
+    with pytest.raises(InvalidArgument, match="model must be a str 'provider/name' or a"):
+        sk.delegate("x", "X.", model=["helper/small"])  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match=r"limits must be None or a statekernel\.Limits"):
+        sk.delegate("x", "X.", model="helper/small", limits={"tool_calls": 1})  # type: ignore[arg-type]
+    with pytest.raises(InvalidTag, match="tag key 'bad key'") as bad:
+        sk.delegate("x", "X.", model="helper/small", tags={"bad key": "v"})
+    assert bad.value.key == "bad key"
+    with pytest.raises(InvalidTag, match="must have a str value"):
+        sk.delegate("x", "X.", model="helper/small", tags={"k": 1})  # type: ignore[dict-item]
+    with pytest.raises(InvalidTag, match="at most 32"):
+        sk.delegate("x", "X.", model="helper/small", tags={f"k{i}": "v" for i in range(33)})

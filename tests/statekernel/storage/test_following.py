@@ -39,15 +39,18 @@ def feed_store_url(request: pytest.FixtureRequest) -> str:
 
 @asynccontextmanager
 async def driven_elsewhere(
-    url: str, run_id: str, folder: Path, chunk: int = 4
+    url: str, run_id: str, folder: Path, chunk: int = 4, mode: str = "run"
 ) -> AsyncIterator[tuple[Process, Path]]:
-    """A process driving ``run_id`` on ``url``, holding in its first turn until the
-    test writes a line on the pipe it is given with the process."""
+    """A process driving ``run_id`` on ``url`` (with ``Kernel.run``, or ``Kernel.step``
+    calls when ``mode`` is ``step``), holding in its first turn until the test writes a
+    line on the pipe it is given with the process."""
     pipe = folder / f"{run_id}.pipe"
     os.mkfifo(pipe)
     env = {k: v for k, v in os.environ.items() if k != "STATEKERNEL_STORE"}
     driver = await asyncio.create_subprocess_exec(
-        sys.executable, "-P", str(DRIVER), url, run_id, str(pipe), str(chunk), env=env, stdout=PIPE
+        *(sys.executable, "-P", str(DRIVER), url, run_id, str(pipe), str(chunk), mode),
+        env=env,
+        stdout=PIPE,
     )
     try:
         assert driver.stdout is not None
@@ -101,6 +104,29 @@ async def test_a_reader_in_another_process_sees_the_deltas_before_the_commit(
     assert all(not e.persisted and e.seq == -1 for e in deltas)
     assert [e for e in seen if e.persisted] == list(stored)
     assert all(e.persisted for e in stored)  # no live event was stored
+    assert events.dropped == 0
+
+
+async def test_a_reader_in_another_process_sees_the_deltas_of_steps(
+    feed_store_url: str, tmp_path: Path
+) -> None:
+    async with (
+        driven_elsewhere(feed_store_url, "stepped", tmp_path, mode="step") as (driver, pipe),
+        aclosing(open_store(feed_store_url)) as store,
+        follow(store, "stepped") as events,
+    ):
+        await go_on(pipe)
+        seen = [event async for event in events]
+        words = await done(driver)
+        stored = await store.events("stepped")
+    deltas = [e for e in seen if e.type == "text_delta"]
+    assert len(deltas) > 100
+    assert int(words[2]) >= len(deltas)  # published by the steps
+    assert texts(seen) == ANSWER
+    last_delta = max(i for i, e in enumerate(seen) if e.type == "text_delta")
+    answered = max(i for i, e in enumerate(seen) if e.type == "model_completed")
+    assert last_delta < answered  # the deltas came before the commit of the answer
+    assert [e for e in seen if e.persisted] == list(stored)
     assert events.dropped == 0
 
 
