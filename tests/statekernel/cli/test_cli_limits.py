@@ -144,26 +144,22 @@ def test_a_limit_is_refused_for_a_run_that_is_not_paused(store: str) -> None:
     assert "completed" in again.stderr
 
 
-@attrs.frozen
-class Priced:
-    """Limits as a class with a float field has them."""
-
-    tool_calls: int | None = None
-    cost: float | None = None
-
-
 def test_a_float_limit_takes_a_number_and_the_others_whole_ones() -> None:
     assert limit_names() == tuple(f.name for f in attrs.fields(sk.Limits))
     assert not any(limit_is_float(name) for name in ("input_tokens", "tool_calls"))
-    assert limit_is_float("cost", Priced)
-    assert parse_limit("cost=2.5", Priced) == ("cost", 2.5)
-    assert parse_limit("cost=3", Priced) == ("cost", 3.0)
-    assert type(parse_limit("cost=3", Priced)[1]) is float
-    assert parse_limit("tool_calls=3", Priced) == ("tool_calls", 3)
+    assert limit_is_float("cost")
+    assert parse_limit("cost=2.5") == ("cost", 2.5)
+    assert parse_limit("cost=3") == ("cost", 3.0)
+    assert type(parse_limit("cost=3")[1]) is float
+    assert parse_limit("tool_calls=3") == ("tool_calls", 3)
     for bad in ("cost=nan", "cost=inf", "cost=-1", "cost=", "tool_calls=3.0"):
         with pytest.raises(InvalidArgument):
-            parse_limit(bad, Priced)
+            parse_limit(bad)
     assert suggested_limit(LimitReached("tool_calls", 7, 3)) == 8
+    assert suggested_limit(LimitReached("cost", 0.31, 0.3)) == pytest.approx(1.31)
+    assert raised_limits(sk.Limits(tool_calls=2), {"cost": 1.5}) == sk.Limits(
+        tool_calls=2, cost=1.5
+    )
     assert raised_limits(None, {"tool_calls": 4}) == sk.Limits(tool_calls=4)
     with pytest.raises(InvalidArgument, match="no limit 'budget'"):
         raised_limits(sk.Limits(tool_calls=1), {"budget": 1})
