@@ -7,8 +7,10 @@ SIGKILLed mid-tool to show what Temporal's retry does and what statekernel decid
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -144,7 +146,7 @@ async def test_a_run_completes_through_its_workflow_whose_history_holds_no_trans
         async with serving(temporal_address, kernel) as (client, queue):
             handle = await start_run_workflow(client, run.run_id, task_queue=queue)
             result = await handle.result()
-            history = (await handle.fetch_history()).to_json()
+            history = payload_text((await handle.fetch_history()).to_json())
         final = await kernel.get(run.run_id)
     assert handle.id == workflow_id(run.run_id)
     assert (result.state, result.revision) == ("completed", final.revision)
@@ -152,9 +154,16 @@ async def test_a_run_completes_through_its_workflow_whose_history_holds_no_trans
     (paid,) = ledger_lines(ledger)
     assert paid.split()[:3] == ["pay", run.run_id, final.turns[0].completed[0].id]
     assert int(paid.split()[3]) > 0, "the tool got the lease's fencing token"
-    assert run.run_id in history
+    assert f'"{run.run_id}"' in history  # the payloads were read: the run id is in them
     assert "plum-secret-ask" not in history
     assert "zebra-quartz-answer" not in history
+
+
+def payload_text(history: str) -> str:
+    """A workflow history's JSON with the data of each payload decoded (the JSON holds
+    it in base64), so that what the payloads carry can be looked for."""
+    found = re.findall(r'"data":\s*"([A-Za-z0-9+/=]*)"', history)
+    return history + "\n".join(base64.b64decode(d).decode("utf-8", "replace") for d in found)
 
 
 async def test_a_worker_with_the_plugin_drives_runs(temporal_address: str, tmp_path: Path) -> None:
