@@ -17,7 +17,7 @@ from statekernel._records.run import TraceParent
 
 try:
     from opentelemetry import context as _context
-    from opentelemetry.trace import get_current_span
+    from opentelemetry.trace import get_current_span, set_span_in_context
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # the otel extra is not installed: runs carry no trace context
     ENABLED = False
@@ -57,13 +57,14 @@ def extracted(trace: TraceParent | None) -> Context | None:
 
 @contextlib.contextmanager
 def attached(trace: TraceParent | None) -> Iterator[None]:
-    """Make the span ``trace`` names the current one inside the block (in this task);
-    nothing changes for no trace context, or one that does not parse."""
+    """Make the span ``trace`` names the current one inside the block (in this task; the
+    rest of the current context is kept); nothing changes for no trace context, or one
+    that does not parse."""
     context = extracted(trace)
     if context is None:
         yield
         return
-    token = _context.attach(context)
+    token = _context.attach(set_span_in_context(get_current_span(context)))
     try:
         yield
     finally:

@@ -4,8 +4,8 @@ look at their depth and entries, put dead letters back, drop entries.
 Each is one statement or one transaction: putting dead letters back deletes them and
 inserts one entry per run (with the trace context of the run's first dead letter's
 entry; notifying the queue's readers when it commits), so two operators doing it at
-once put a run back once; dropping deletes only entries no worker
-has taken (a taken one is left to its worker) and the run's dead letters.
+once put a run back once; dropping deletes only entries no worker has taken (a taken
+one is left to its worker) and the run's dead letters.
 """
 
 from __future__ import annotations

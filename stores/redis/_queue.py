@@ -37,7 +37,7 @@ from statekernel.stores.redis import _queue_scripts as scripts
 from statekernel.stores.redis._fencing import RedisBacked
 from statekernel.stores.redis._wire import FAILURES, transaction
 
-__all__ = ["GROUP", "RedisRunQueue", "read_trace", "trace_fields", "waiting_member"]
+__all__ = ["GROUP", "RedisRunQueue"]
 
 T = TypeVar("T")
 GROUP = scripts.GROUP
@@ -56,12 +56,12 @@ def _entry(item: Any, deliveries: int = 1) -> QueueEntry:
     fields = {k: _text(v) for k, v in raw.items() if k not in ("tp", "ts")}
     at = _number(fields.get("at", "0"))
     key, limit = fields.get("key"), max(_number(fields.get("limit", "1")), 1)
-    trace = read_trace(raw.get("tp"), raw.get("ts"))
+    trace = _read_trace(raw.get("tp"), raw.get("ts"))
     run_id = fields.get("run", "")
     return QueueEntry(_text(entry_id), run_id, at, deliveries, key, limit, trace)
 
 
-def read_trace(traceparent: Any, tracestate: Any) -> TraceParent | None:
+def _read_trace(traceparent: Any, tracestate: Any) -> TraceParent | None:
     """The trace context of an entry's ``tp`` and ``ts`` (None without ``tp``); text that
     is not UTF-8 is read with replacement characters (a worker ignores what does not
     parse as a trace context)."""
@@ -71,7 +71,7 @@ def read_trace(traceparent: Any, tracestate: Any) -> TraceParent | None:
     return TraceParent(admin.loose_text(traceparent), state)
 
 
-def trace_fields(trace: TraceParent | None) -> dict[Any, Any]:
+def _trace_fields(trace: TraceParent | None) -> dict[Any, Any]:
     """The stream fields of an entry's trace context (none without one)."""
     if trace is None:
         return {}
@@ -79,7 +79,7 @@ def trace_fields(trace: TraceParent | None) -> dict[Any, Any]:
     return fields if trace.tracestate is None else fields | {"ts": trace.tracestate}
 
 
-def waiting_member(
+def _waiting_member(
     run_id: str, at: int, entry_id: str, key: str | None, limit: int, trace: TraceParent | None
 ) -> str:
     """The JSON of an entry kept aside (``_queue_scripts``): ``[run, at, id, key,
@@ -134,10 +134,10 @@ class RedisRunQueue:
         at = submitted_ms if submitted_ms is not None else int(time.time() * 1000)
         limit = queue_key(key, key_limit)
         if delay_ms <= 0 and key is None:
-            fields: dict[Any, Any] = {"run": run_id, "at": at, **trace_fields(trace)}
+            fields: dict[Any, Any] = {"run": run_id, "at": at, **_trace_fields(trace)}
             return _text(await self._call(self.client.xadd(self.key, fields)))
         entry_id = f"waiting-{uuid.uuid4().hex}"
-        member = waiting_member(run_id, at, entry_id, key, limit, trace)
+        member = _waiting_member(run_id, at, entry_id, key, limit, trace)
         if delay_ms > 0:
             await self._call(self._delay(keys=[self.delayed_key], args=[delay_ms, member]))
         else:
@@ -214,13 +214,13 @@ class RedisRunQueue:
         key's list), with its trace context, atomically."""
         if entry.key is not None:
             entry_id = f"waiting-{uuid.uuid4().hex}"
-            again = waiting_member(
+            again = _waiting_member(
                 entry.run_id, entry.submitted_ms, entry_id, entry.key, entry.key_limit, entry.trace
             )
             await self._settle_keyed(entry, "requeue", again)
             return entry_id
         fields: dict[Any, Any] = {"run": entry.run_id, "at": entry.submitted_ms}
-        fields |= trace_fields(entry.trace)
+        fields |= _trace_fields(entry.trace)
         pipe = await self._call(transaction(self.client))
         pipe.xadd(self.key, fields)
         pipe.xack(self.key, GROUP, entry.id)
@@ -233,7 +233,7 @@ class RedisRunQueue:
         putting it back keeps) and acknowledge the entry, atomically."""
         fields: dict[Any, Any] = {"run": entry.run_id, "entry": entry.id, "reason": reason}
         fields |= {"detail": detail[:2000], "worker": worker, "at": int(time.time() * 1000)}
-        fields |= trace_fields(entry.trace)
+        fields |= _trace_fields(entry.trace)
         if entry.key is not None:
             flat = [part for pair in fields.items() for part in pair]
             await self._settle_keyed(entry, "dead", DEAD_MAXLEN, *flat)
