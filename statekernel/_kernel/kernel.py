@@ -539,9 +539,9 @@ class Kernel(Closing):
         key: str | None = None,
         key_limit: int = 1,
     ) -> str:
-        """Hand the run to workers (``statekernel worker``) on ``queue`` of a store with
-        run queues (Redis, PostgreSQL), taken after ``delay`` seconds and, with a ``key``
-        (a tenant, a user), while fewer than ``key_limit`` of its runs are in flight.
+        """Hand the run to workers on ``queue`` of a store with run queues (Redis, PostgreSQL),
+        taken after ``delay`` seconds and, with a ``key`` (a tenant, a user), while fewer than
+        ``key_limit`` of its runs are in flight; the worker's drive is a child of the current span.
 
         Returns:
             The id of the queue entry.

@@ -14,10 +14,11 @@ Spans of the tracer ``statekernel`` (``set_tracer_provider`` picks its provider)
     ``none``); when the drive ends ``gen_ai.usage.input_tokens`` and
     ``gen_ai.usage.output_tokens`` (the drive's model answers), ``statekernel.cost``
     (with a price table), ``statekernel.run.state`` and ``statekernel.run.revision``.
-    Its parent is the caller's current span; without one, the span the run was created
-    under (``Run.trace_context``, in any process) for the run's first drive; a later
-    drive starts a trace of its own with a link to that span (as does a drive under a
-    caller's span of another trace).
+    Its parent is the caller's current span (a worker's: the span of the request that
+    submitted the run, carried by the queue entry); without one, the span the run was
+    created under (``Run.trace_context``, in any process) for the run's first drive; a
+    later drive starts a trace of its own with a link to that span (as does a drive
+    under a caller's span of another trace).
 ``statekernel.commit``
     one per commit a driver lands (a batch of transitions, or a command's change):
     ``statekernel.run.id``, ``statekernel.revision`` (the new one), ``statekernel.run.state``,

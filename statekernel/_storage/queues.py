@@ -21,6 +21,7 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
+from statekernel._records.run import TraceParent
 from statekernel.errors import InvalidArgument
 
 __all__ = [
@@ -67,8 +68,10 @@ def queue_key(key: object, key_limit: object) -> int:
 @attrs.frozen
 class QueueEntry:
     """One queue entry: the run to drive, when it was submitted (ms since the epoch),
-    how often it was delivered, and its ``key`` (with at most ``key_limit`` entries of
-    that key in flight on the queue at once), if it was submitted with one."""
+    how often it was delivered, its ``key`` (with at most ``key_limit`` entries of
+    that key in flight on the queue at once), if it was submitted with one, and the
+    W3C trace context of the span current where it was submitted (``trace``: the
+    worker's drive of the run is a child of that span), if there was one."""
 
     id: str
     run_id: str
@@ -76,6 +79,7 @@ class QueueEntry:
     deliveries: int = 1
     key: str | None = None
     key_limit: int = 1
+    trace: TraceParent | None = None
 
 
 @attrs.frozen
@@ -139,10 +143,12 @@ class RunQueue(Protocol):
         delay_ms: int = 0,
         key: str | None = None,
         key_limit: int = 1,
+        trace: TraceParent | None = None,
     ) -> str:
         """Append an entry for ``run_id``, taken no sooner than ``delay_ms`` from now and,
         with a ``key``, only while fewer than ``key_limit`` entries of that key are in
-        flight (taken and not settled); the entry id.
+        flight (taken and not settled); the entry id. ``trace``: the trace context the
+        entry carries to the worker that drives it (``QueueEntry.trace``).
 
         Returns:
             The id of the new entry.
@@ -179,7 +185,8 @@ class RunQueue(Protocol):
         ...
 
     async def requeue(self, entry: QueueEntry) -> str:
-        """Replace an entry by a new one at the end of the queue, atomically; its id.
+        """Replace an entry by a new one at the end of the queue, atomically (with the
+        entry's key and trace context); its id.
 
         Returns:
             The id of the new entry.
@@ -232,7 +239,8 @@ class RunQueue(Protocol):
 
     async def revive(self, run_id: str | None = None) -> int:
         """Put the runs of the dead letters (of ``run_id``, or all) back on the queue, one
-        new entry per run, and remove those dead letters, atomically.
+        new entry per run (with the trace context of its entry), and remove those dead
+        letters, atomically.
 
         Returns:
             How many runs were put back (0: no such dead letter).
@@ -271,11 +279,13 @@ class RunQueues(Protocol):
         delay_ms: int = 0,
         key: str | None = None,
         key_limit: int = 1,
+        trace: TraceParent | None = None,
     ) -> str:
         """Enqueue the existing run on ``queue``, for workers to take no sooner than
         ``delay_ms`` from now and, with a ``key``, only while fewer than ``key_limit``
-        entries of that key are in flight; the entry id. ``RunNotFound`` if the run does
-        not exist, ``InvalidArgument`` for a bad queue name.
+        entries of that key are in flight; the entry id. ``trace``: the trace context
+        the entry carries (``QueueEntry.trace``). ``RunNotFound`` if the run does not
+        exist, ``InvalidArgument`` for a bad queue name.
 
         Returns:
             The id of the queue entry.

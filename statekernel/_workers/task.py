@@ -11,6 +11,11 @@ Settling follows the run's outcome:
   transaction);
 * the lease was lost (``LeaseLost``): nothing; the entry belongs to whoever reclaims it;
 * the store is unreachable: nothing; the entry stays pending and is reclaimed later.
+
+An entry that carries the trace context of the request that submitted it
+(``QueueEntry.trace``) is driven with that context current: the drive's ``invoke_agent``
+span is a child of the submitter's span (linked to the span the run was created under,
+when that is another trace). A trace context that does not parse is ignored.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 import attrs
 
+from statekernel._kernel import propagation
 from statekernel._records.events import Event
 from statekernel._records.run import Run
 from statekernel._secrets import logger
@@ -163,19 +169,21 @@ class RunTask:
         in_flight: set[object] = set()
         rest: Rest | None = None
         run = cast("AsyncGenerator[Event, None]", w.kernel.run(self.run_id))
-        async with contextlib.aclosing(run) as events:
-            async for event in events:
-                if not event.persisted:
-                    continue
-                call_id = event.data.get("call_id") if isinstance(event.data, dict) else None
-                if event.type == "tool_call_started":
-                    in_flight.add(call_id)
-                elif event.type == "tool_call_completed":
-                    in_flight.discard(call_id)
-                elif event.type in _REST:
-                    rest = _rest(event)
-                if w.stopping and not in_flight and event.type != "model_started":
-                    return rest or await self._rest_or_stopped()
+        with propagation.attached(self.entry.trace):  # the drive: under the submitter's span
+            async with contextlib.aclosing(run) as events:
+                async for event in events:
+                    if not event.persisted:
+                        continue
+                    data = event.data
+                    call_id = data.get("call_id") if isinstance(data, dict) else None
+                    if event.type == "tool_call_started":
+                        in_flight.add(call_id)
+                    elif event.type == "tool_call_completed":
+                        in_flight.discard(call_id)
+                    elif event.type in _REST:
+                        rest = _rest(event)
+                    if w.stopping and not in_flight and event.type != "model_started":
+                        return rest or await self._rest_or_stopped()
         return rest or Rest.of(await w.kernel.get(self.run_id))
 
     async def _rest_or_stopped(self) -> Rest | None:

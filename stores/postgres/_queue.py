@@ -10,7 +10,10 @@ server's ``now()``) and counts the delivery. A worker refreshes the claim time o
 entries it works on; an entry whose claim time is older than the idle limit belongs
 to a worker that stopped, and a reclaim takes it over the same way. Acknowledging
 deletes the row; handing back deletes it and inserts a new one at the end; a dead
-letter is inserted and the entry deleted in one transaction.
+letter is inserted and the entry deleted in one transaction. An entry carries the trace
+context of its submit (``traceparent``, ``tracestate``; NULL: none) to the worker;
+handing it back and a dead letter keep it, and so does the entry that puts the dead
+letter back.
 
 A submit notifies the queue's channel in its own transaction (the notice is sent when
 it commits). A reader that found nothing waits for a notice on a connection that
@@ -31,6 +34,7 @@ from typing import Any
 
 import attrs
 
+from statekernel._records.run import TraceParent
 from statekernel._storage.queues import (
     DeadLetter,
     QueueDepth,
@@ -70,7 +74,18 @@ def channel_of(schema: str, name: str) -> str:
 def _entry(row: Any) -> QueueEntry:
     run_id = bytes(row["run_id"]).decode("utf-8", "replace")
     at, deliveries, limit = int(row["submitted_ms"]), int(row["deliveries"]), row["key_limit"]
-    return QueueEntry(str(row["id"]), run_id, at, deliveries, row["key"], int(limit or 1))
+    trace = _trace(row["traceparent"], row["tracestate"])
+    key = row["key"]
+    return QueueEntry(str(row["id"]), run_id, at, deliveries, key, int(limit or 1), trace)
+
+
+def _trace(traceparent: str | None, tracestate: str | None) -> TraceParent | None:
+    """The trace context of a row's columns (None without ``traceparent``)."""
+    return TraceParent(traceparent, tracestate or None) if traceparent else None
+
+
+def _trace_columns(trace: TraceParent | None) -> tuple[str | None, str | None]:
+    return (None, None) if trace is None else (trace.traceparent, trace.tracestate)
 
 
 def _entry_id(entry: QueueEntry) -> int:
@@ -114,20 +129,28 @@ class PostgresRunQueue:
         delay_ms: int = 0,
         key: str | None = None,
         key_limit: int = 1,
+        trace: TraceParent | None = None,
     ) -> str:
         """Append an entry for ``run_id`` (taken no sooner than ``delay_ms`` from now, on
         the server's clock; with a ``key``, while fewer than ``key_limit`` entries of it
-        are taken) and notify the readers; the entry id."""
+        are taken; carrying ``trace``) and notify the readers; the entry id."""
         at = submitted_ms if submitted_ms is not None else int(time.time() * 1000)
-        new = _New(self.name, run_key(run_id), at, delay_ms, key, queue_key(key, key_limit))
+        limit = queue_key(key, key_limit)
+        new = _New(self.name, run_key(run_id), at, delay_ms, key, limit, trace)
         found = await self._run(_insert, new, self.channel, False)
         return str(found)
 
     async def submit_existing(
-        self, run_id: str, delay_ms: int = 0, key: str | None = None, key_limit: int = 1
+        self,
+        run_id: str,
+        delay_ms: int = 0,
+        key: str | None = None,
+        key_limit: int = 1,
+        trace: TraceParent | None = None,
     ) -> int | None:
         """Append an entry if the run exists (one statement); its id, or None."""
-        new = _New(self.name, run_key(run_id), int(time.time() * 1000), delay_ms, key, key_limit)
+        at = int(time.time() * 1000)
+        new = _New(self.name, run_key(run_id), at, delay_ms, key, key_limit, trace)
         found: int | None = await self._run(_insert, new, self.channel, True)
         return found
 
@@ -185,7 +208,7 @@ class PostgresRunQueue:
         letter = DeadLetter(
             entry.run_id, entry.id, reason, detail[:2000], worker, int(time.time() * 1000)
         )
-        await self._run(_bury, self.name, _entry_id(entry), letter)
+        await self._run(_bury, self.name, _entry_id(entry), letter, entry.trace)
 
     # -- looking ----------------------------------------------------------------------
 
@@ -286,7 +309,8 @@ class PostgresRunQueue:
 
 @attrs.frozen
 class _New:
-    """A new entry's row: queue, run key, submit time, delay and key (with its limit)."""
+    """A new entry's row: queue, run key, submit time, delay, key (with its limit) and
+    trace context."""
 
     queue: str
     run: bytes
@@ -294,6 +318,7 @@ class _New:
     delay_ms: int = 0
     key: str | None = None
     key_limit: int = 1
+    trace: TraceParent | None = None
 
 
 async def _insert(conn: Any, t: Tables, new: _New, channel: str, checked: bool) -> int | None:
@@ -301,16 +326,17 @@ async def _insert(conn: Any, t: Tables, new: _New, channel: str, checked: bool) 
     ready = "CASE WHEN $5::bigint > 0 THEN now() + make_interval(secs => $5::bigint / 1000.0) END"
     sql = (
         f"WITH e AS (INSERT INTO {t.queue} (queue, run_id, submitted_ms, ready_at, key,"
-        f" key_limit) SELECT $1, $2, $3, {ready}, $6::text, $7::integer{exists} RETURNING id)"
+        f" key_limit, traceparent, tracestate) SELECT $1, $2, $3, {ready}, $6::text,"
+        f" $7::integer, $8::text, $9::text{exists} RETURNING id)"
         " SELECT id, pg_notify($4, '') FROM e"
     )
     key_limit = new.key_limit if new.key is not None else None
     args = (new.queue, new.run, new.at, channel, new.delay_ms, new.key, key_limit)
-    row = await conn.fetchrow(sql, *args)
+    row = await conn.fetchrow(sql, *args, *_trace_columns(new.trace))
     return None if row is None else int(row[0])
 
 
-_TAKEN = "RETURNING id, run_id, submitted_ms, deliveries, key, key_limit"
+_TAKEN = "RETURNING id, run_id, submitted_ms, deliveries, key, key_limit, traceparent, tracestate"
 
 _TAKE_NEW = """
 WITH busy AS (
@@ -380,19 +406,20 @@ async def _delete(conn: Any, t: Tables, entry_id: int) -> None:
 async def _requeue(conn: Any, t: Tables, queue: str, entry: QueueEntry, channel: str) -> int:
     async with conn.transaction():
         await conn.execute(f"DELETE FROM {t.queue} WHERE id = $1", _entry_id(entry))
-        again = _New(
-            queue, run_key(entry.run_id), entry.submitted_ms, 0, entry.key, entry.key_limit
-        )
+        run, at = run_key(entry.run_id), entry.submitted_ms
+        again = _New(queue, run, at, 0, entry.key, entry.key_limit, entry.trace)
         new_id = await _insert(conn, t, again, channel, False)
     assert new_id is not None
     return new_id
 
 
-async def _bury(conn: Any, t: Tables, queue: str, entry_id: int, letter: DeadLetter) -> None:
+async def _bury(
+    conn: Any, t: Tables, queue: str, entry_id: int, letter: DeadLetter, trace: TraceParent | None
+) -> None:
     async with conn.transaction():
         await conn.execute(
-            f"INSERT INTO {t.dead} (queue, run_id, entry, reason, detail, worker, at_ms)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            f"INSERT INTO {t.dead} (queue, run_id, entry, reason, detail, worker, at_ms,"
+            " traceparent, tracestate) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             queue,
             run_key(letter.run_id),
             letter.entry,
@@ -400,6 +427,7 @@ async def _bury(conn: Any, t: Tables, queue: str, entry_id: int, letter: DeadLet
             letter.detail,
             letter.worker,
             letter.at_ms,
+            *_trace_columns(trace),
         )
         await conn.execute(f"DELETE FROM {t.queue} WHERE id = $1", entry_id)
         await conn.execute(

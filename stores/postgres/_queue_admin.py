@@ -2,9 +2,10 @@
 look at their depth and entries, put dead letters back, drop entries.
 
 Each is one statement or one transaction: putting dead letters back deletes them and
-inserts one entry per run (notifying the queue's readers when it commits), so two
-operators doing it at once put a run back once; dropping deletes only entries no worker
-has taken (a taken one is left to its worker) and the run's dead letters.
+inserts one entry per run (with the trace context of the run's first dead letter's
+entry; notifying the queue's readers when it commits), so two operators doing it at
+once put a run back once; dropping deletes only entries no worker has taken (a taken
+one is left to its worker) and the run's dead letters.
 """
 
 from __future__ import annotations
@@ -84,17 +85,22 @@ async def revive(conn: Any, t: Tables, queue: str, run_id: str | None, channel: 
     args: list[Any] = [queue] if run_id is None else [queue, run_key(run_id)]
     async with conn.transaction():
         rows = await conn.fetch(
-            f"WITH d AS (DELETE FROM {t.dead} WHERE queue = $1{which} RETURNING id, run_id)"
-            " SELECT run_id, min(id) AS first FROM d GROUP BY run_id ORDER BY first",
+            f"WITH d AS (DELETE FROM {t.dead} WHERE queue = $1{which}"
+            " RETURNING id, run_id, traceparent, tracestate)"
+            " SELECT * FROM (SELECT DISTINCT ON (run_id) run_id, id AS first, traceparent,"
+            " tracestate FROM d ORDER BY run_id, id) f ORDER BY first",
             *args,
         )
         now = int(time.time() * 1000)
         for r in rows:
             await conn.execute(
-                f"INSERT INTO {t.queue} (queue, run_id, submitted_ms) VALUES ($1, $2, $3)",
+                f"INSERT INTO {t.queue} (queue, run_id, submitted_ms, traceparent, tracestate)"
+                " VALUES ($1, $2, $3, $4, $5)",
                 queue,
                 r["run_id"],
                 now,
+                r["traceparent"],
+                r["tracestate"],
             )
         if rows:
             await conn.execute("SELECT pg_notify($1, '')", channel)

@@ -41,14 +41,15 @@ COMMITTING = "committing"
 ends: a store that starts watching takes it once, exclusive, to wait for the commits
 that found no watcher."""
 
-STORE_VERSION = 8
+STORE_VERSION = 9
 """The layout version of the Postgres store written by this release (2: run queues and
 commit notices; 3: commit notices a client can turn off; 4: lease rows that say how
 their owner proves it is alive, and a run's largest fencing token kept with its row;
 5: commit notices only while a store watches; 6: a run's cancel request kept with its
 row; 7: queue entries taken no sooner than a time, ``ready_at``, and keyed ones, taken
 while fewer than their ``key_limit`` of their ``key`` are; 8: runs' tags indexed in
-``run_tags``)."""
+``run_tags``; 9: queue entries and dead letters that carry the trace context of their
+submit, ``traceparent`` and ``tracestate``)."""
 
 CANCELS_VERSION = 6
 """The first layout that keeps cancel requests (``runs.cancel``): a store opened
@@ -292,6 +293,25 @@ async def _version_8(conn: Any, schema: str) -> None:
         await conn.execute(statement)
 
 
+QUEUE_TRACES = """
+ALTER TABLE {s}.queue_entries ADD COLUMN IF NOT EXISTS traceparent text;
+ALTER TABLE {s}.queue_entries ADD COLUMN IF NOT EXISTS tracestate text;
+ALTER TABLE {s}.dead_letters ADD COLUMN IF NOT EXISTS traceparent text;
+ALTER TABLE {s}.dead_letters ADD COLUMN IF NOT EXISTS tracestate text
+"""
+"""Queue entries' trace contexts (layout version 9): the W3C ``traceparent`` and
+``tracestate`` of the span current where the entry was submitted (NULL: none), which
+the worker's drive continues; a dead letter keeps its entry's, for the entry that puts
+it back. Entries of older layouts have none. Nullable columns without a default rewrite
+no row."""
+
+
+async def _version_9(conn: Any, schema: str) -> None:
+    """Queue entries that carry a trace context."""
+    for statement in _statements(QUEUE_TRACES, schema):
+        await conn.execute(statement)
+
+
 _MIGRATIONS: dict[int, Callable[[Any, str], Awaitable[None]]] = {
     1: _version_2,
     2: _version_3,
@@ -300,6 +320,7 @@ _MIGRATIONS: dict[int, Callable[[Any, str], Awaitable[None]]] = {
     5: _version_6,
     6: _version_7,
     7: _version_8,
+    8: _version_9,
 }
 """What upgrades the store from a version to the next one."""
 

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from statekernel._records.events import Event
-from statekernel._records.run import STATE_IDS, Cancellation, Run, StateId
+from statekernel._records.run import STATE_IDS, Cancellation, Run, StateId, TraceParent
 from statekernel._records.tags import check_tag_filter
 from statekernel._secrets import logger, redact, redact_url, remember_url
 from statekernel._storage.closing import Closing
@@ -689,14 +689,16 @@ class PostgresStore(Closing):
         delay_ms: int = 0,
         key: str | None = None,
         key_limit: int = 1,
+        trace: TraceParent | None = None,
     ) -> str:
         """Enqueue the existing run on the run queue ``queue`` for workers, taken no
         sooner than ``delay_ms`` from now, and with a ``key`` only while fewer than
-        ``key_limit`` entries of that key are taken; the entry id."""
+        ``key_limit`` entries of that key are taken, carrying ``trace``; the entry id."""
         checked_run_id(run_id)
         self._writable()
         limit = queue_key(key, key_limit)
-        found = await self.run_queue(queue).submit_existing(run_id, delay_ms, key, limit)
+        run_queue = self.run_queue(queue)
+        found = await run_queue.submit_existing(run_id, delay_ms, key, limit, trace)
         if found is None:
             raise RunNotFound(run_id)
         return str(found)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
+from statekernel._records.run import TraceParent
 from statekernel._storage.protocol import CheckpointStore
 from statekernel.errors import ConfigError
 
@@ -65,6 +66,7 @@ class RedisBacked(CheckpointStore, Protocol):
         delay_ms: int = 0,
         key: str | None = None,
         key_limit: int = 1,
+        trace: TraceParent | None = None,
     ) -> str:
         """Enqueue the run on the run queue ``queue``; the entry id."""
         ...

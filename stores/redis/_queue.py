@@ -2,10 +2,13 @@
 
 Keys (the queue name is the hash tag, so a queue's keys share one Cluster slot):
 ``<prefix>:queue:{name}`` (the stream; each entry names a run: fields ``run`` and
-``at``, the submit time in ms; a keyed one also ``key`` and ``limit``), the delayed and
-keyed entries waiting aside (``_queue_scripts``: a read moves those that may go to the
-stream) and ``<prefix>:queue:{name}:dead`` (failures: runs that ended ``failed`` and
-entries that could not be driven, capped at about 10,000).
+``at``, the submit time in ms; a keyed one also ``key`` and ``limit``; one submitted
+under a span also ``tp`` and ``ts``, its W3C ``traceparent`` and ``tracestate``), the
+delayed and keyed entries waiting aside (``_queue_scripts``: a read moves those that may
+go to the stream) and ``<prefix>:queue:{name}:dead`` (failures: runs that ended
+``failed`` and entries that could not be driven, with the entry's ``tp`` and ``ts``,
+capped at about 10,000). Entries written without ``tp`` (by an earlier release) read as
+entries without a trace context.
 Entries are deleted once acknowledged, so the stream holds only work not yet done:
 new entries and the consumer group's pending list.
 """
@@ -18,6 +21,7 @@ import uuid
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
+from statekernel._records.run import TraceParent
 from statekernel._secrets import redact
 from statekernel._storage.queues import (
     DeadLetter,
@@ -47,11 +51,44 @@ def _text(value: Any) -> str:
 
 
 def _entry(item: Any, deliveries: int = 1) -> QueueEntry:
-    entry_id, fields = item
-    fields = {_text(k): _text(v) for k, v in (fields or {}).items()}
+    entry_id, raw = item
+    raw = {_text(k): v for k, v in (raw or {}).items()}
+    fields = {k: _text(v) for k, v in raw.items() if k not in ("tp", "ts")}
     at = _number(fields.get("at", "0"))
     key, limit = fields.get("key"), max(_number(fields.get("limit", "1")), 1)
-    return QueueEntry(_text(entry_id), fields.get("run", ""), at, deliveries, key, limit)
+    trace = _read_trace(raw.get("tp"), raw.get("ts"))
+    run_id = fields.get("run", "")
+    return QueueEntry(_text(entry_id), run_id, at, deliveries, key, limit, trace)
+
+
+def _read_trace(traceparent: Any, tracestate: Any) -> TraceParent | None:
+    """The trace context of an entry's ``tp`` and ``ts`` (None without ``tp``); text that
+    is not UTF-8 is read with replacement characters (a worker ignores what does not
+    parse as a trace context)."""
+    if not traceparent:
+        return None
+    state = admin.loose_text(tracestate) if tracestate else None
+    return TraceParent(admin.loose_text(traceparent), state)
+
+
+def _trace_fields(trace: TraceParent | None) -> dict[Any, Any]:
+    """The stream fields of an entry's trace context (none without one)."""
+    if trace is None:
+        return {}
+    fields = {"tp": trace.traceparent}
+    return fields if trace.tracestate is None else fields | {"ts": trace.tracestate}
+
+
+def _waiting_member(
+    run_id: str, at: int, entry_id: str, key: str | None, limit: int, trace: TraceParent | None
+) -> str:
+    """The JSON of an entry kept aside (``_queue_scripts``): ``[run, at, id, key,
+    limit]``, and ``traceparent`` and ``tracestate`` after them when it has a trace
+    context."""
+    member: list[Any] = [run_id, at, entry_id, key, limit]
+    if trace is not None:
+        member += [trace.traceparent, trace.tracestate]
+    return json.dumps(member, ensure_ascii=False)
 
 
 def _number(value: str) -> int:
@@ -88,18 +125,19 @@ class RedisRunQueue:
         delay_ms: int = 0,
         key: str | None = None,
         key_limit: int = 1,
+        trace: TraceParent | None = None,
     ) -> str:
         """Append an entry for ``run_id`` (kept aside until ``delay_ms`` from now, on the
         server's clock; with a ``key``, in its key's list until fewer than ``key_limit``
-        of that key are in flight); returns the entry id (one kept aside:
-        ``waiting-<uuid>``)."""
+        of that key are in flight; carrying ``trace``); returns the entry id (one kept
+        aside: ``waiting-<uuid>``)."""
         at = submitted_ms if submitted_ms is not None else int(time.time() * 1000)
         limit = queue_key(key, key_limit)
         if delay_ms <= 0 and key is None:
-            fields: dict[Any, Any] = {"run": run_id, "at": at}
+            fields: dict[Any, Any] = {"run": run_id, "at": at, **_trace_fields(trace)}
             return _text(await self._call(self.client.xadd(self.key, fields)))
         entry_id = f"waiting-{uuid.uuid4().hex}"
-        member = json.dumps([run_id, at, entry_id, key, limit], ensure_ascii=False)
+        member = _waiting_member(run_id, at, entry_id, key, limit, trace)
         if delay_ms > 0:
             await self._call(self._delay(keys=[self.delayed_key], args=[delay_ms, member]))
         else:
@@ -173,13 +211,16 @@ class RedisRunQueue:
 
     async def requeue(self, entry: QueueEntry) -> str:
         """Replace an entry by a new one at the end of the queue (a keyed one: of its
-        key's list), atomically."""
+        key's list), with its trace context, atomically."""
         if entry.key is not None:
             entry_id = f"waiting-{uuid.uuid4().hex}"
-            again = [entry.run_id, entry.submitted_ms, entry_id, entry.key, entry.key_limit]
-            await self._settle_keyed(entry, "requeue", json.dumps(again, ensure_ascii=False))
+            again = _waiting_member(
+                entry.run_id, entry.submitted_ms, entry_id, entry.key, entry.key_limit, entry.trace
+            )
+            await self._settle_keyed(entry, "requeue", again)
             return entry_id
         fields: dict[Any, Any] = {"run": entry.run_id, "at": entry.submitted_ms}
+        fields |= _trace_fields(entry.trace)
         pipe = await self._call(transaction(self.client))
         pipe.xadd(self.key, fields)
         pipe.xack(self.key, GROUP, entry.id)
@@ -188,9 +229,11 @@ class RedisRunQueue:
         return _text(new_id)
 
     async def dead(self, entry: QueueEntry, reason: str, detail: str, worker: str) -> None:
-        """Record a failure on the dead-letter stream and acknowledge the entry, atomically."""
+        """Record a failure on the dead-letter stream (with the entry's trace context, which
+        putting it back keeps) and acknowledge the entry, atomically."""
         fields: dict[Any, Any] = {"run": entry.run_id, "entry": entry.id, "reason": reason}
         fields |= {"detail": detail[:2000], "worker": worker, "at": int(time.time() * 1000)}
+        fields |= _trace_fields(entry.trace)
         if entry.key is not None:
             flat = [part for pair in fields.items() for part in pair]
             await self._settle_keyed(entry, "dead", DEAD_MAXLEN, *flat)

@@ -49,6 +49,7 @@ __all__ = [
     "depth",
     "drop",
     "entries",
+    "loose_text",
     "queue_names",
     "revive",
 ]
@@ -58,17 +59,27 @@ PAGE = 1000
 
 REVIVE = """local seen = {}
 local n = 0
-for i = 2, #ARGV, 2 do
+for i = 2, #ARGV, 4 do
   if redis.call('XDEL', KEYS[2], ARGV[i]) == 1 and not seen[ARGV[i + 1]] then
     seen[ARGV[i + 1]] = true
-    redis.call('XADD', KEYS[1], '*', 'run', ARGV[i + 1], 'at', ARGV[1])
+    local fields = {'run', ARGV[i + 1], 'at', ARGV[1]}
+    if ARGV[i + 2] ~= '' then
+      fields[#fields + 1] = 'tp'
+      fields[#fields + 1] = ARGV[i + 2]
+      if ARGV[i + 3] ~= '' then
+        fields[#fields + 1] = 'ts'
+        fields[#fields + 1] = ARGV[i + 3]
+      end
+    end
+    redis.call('XADD', KEYS[1], '*', unpack(fields))
     n = n + 1
   end
 end
 return n"""
 """``KEYS[1]`` the stream, ``KEYS[2]`` its dead letters; ``ARGV[1]`` the submit time,
-then pairs of a dead letter's id and its run: each dead letter still there is removed,
-and its run gets one new entry (once per run)."""
+then for each dead letter its id, its run, and its entry's ``traceparent`` and
+``tracestate`` ('' for none): each dead letter still there is removed, and its run gets
+one new entry (once per run) with that trace context."""
 
 DROP = """local found = cjson.decode(ARGV[2])
 local n = 0
@@ -112,8 +123,15 @@ def _client(queue: Inspected) -> Any:
     return queue.client
 
 
+def loose_text(value: Any) -> str:
+    """A trace context field as text (bytes that are not UTF-8 with replacement
+    characters: a worker ignores a trace context that does not parse)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 def _fields(raw: Any) -> dict[str, str]:
-    return {_text(k): _text(v) for k, v in (raw or {}).items()}
+    fields = {_text(k): v for k, v in (raw or {}).items()}
+    return {k: loose_text(v) if k in ("tp", "ts") else _text(v) for k, v in fields.items()}
 
 
 async def queue_names(client: Any, prefix: str) -> list[str]:
@@ -156,12 +174,12 @@ async def _aside(queue: Inspected, limit: int) -> list[QueuedRun]:
     """The delayed entries, then the keyed ones waiting for their turn."""
     found = []
     for member in await _client(queue).zrange(queue.delayed_key, 0, limit - 1):
-        run_id, at, entry_id, key, _ = json.loads(_text(member))
+        run_id, at, entry_id, key = json.loads(_text(member))[:4]  # a trace context after
         found.append(QueuedRun(entry_id, run_id, int(at), 0, "delayed", None, key))
     for key in await _client(queue).zrange(queue.key + ":keys", 0, limit - 1):
         listed = await _client(queue).lrange(f"{queue.key}:kq:{_text(key)}", 0, limit - 1)
         for member in listed:
-            run_id, at, entry_id, key_, _ = json.loads(_text(member))
+            run_id, at, entry_id, key_ = json.loads(_text(member))[:4]
             found.append(QueuedRun(entry_id, run_id, int(at), 0, "waiting", None, key_))
     return found
 
@@ -201,20 +219,27 @@ async def depth(queue: Inspected) -> QueueDepth:
     return QueueDepth(queue.name, waiting, taken, dead, min(oldest) if oldest else None)
 
 
-async def _dead_ids(queue: Inspected, run_id: str | None) -> list[tuple[str, str]]:
-    """(id, run) of the dead letters (of ``run_id``, or all)."""
+async def _dead_ids(queue: Inspected, run_id: str | None) -> list[tuple[str, str, str, str]]:
+    """(id, run, traceparent, tracestate) of the dead letters (of ``run_id``, or all;
+    '' for a trace context they do not have)."""
     rows = await _client(queue).xrange(queue.dead_key)
-    pairs = [(_text(i), _fields(raw).get("run", "")) for i, raw in rows]
-    return [(i, run) for i, run in pairs if run_id is None or run == run_id]
+    found = []
+    for i, raw in rows:
+        fields = _fields(raw)
+        run, tp, ts = fields.get("run", ""), fields.get("tp", ""), fields.get("ts", "")
+        if run_id is None or run == run_id:
+            found.append((_text(i), run, tp, ts if tp else ""))
+    return found
 
 
 async def revive(queue: Inspected, run_id: str | None) -> int:
-    """Dead letters (of ``run_id``, or all) back on the queue, one entry per run."""
-    pairs = await _dead_ids(queue, run_id)
-    if not pairs:
+    """Dead letters (of ``run_id``, or all) back on the queue, one entry per run, with
+    the trace context of its entry."""
+    letters = await _dead_ids(queue, run_id)
+    if not letters:
         return 0
     args: list[Any] = [int(time.time() * 1000)]
-    args += [part for pair in pairs for part in pair]
+    args += [part for letter in letters for part in letter]
     script = _client(queue).register_script(REVIVE)
     return int(await script(keys=[queue.key, queue.dead_key], args=args))
 
@@ -239,7 +264,7 @@ async def drop(queue: Inspected, run_id: str) -> int:
         for member in await _client(queue).lrange(f"{queue.key}:kq:{_text(key)}", 0, -1):
             if json.loads(_text(member))[0] == run_id:
                 keyed.append([_text(key), _text(member)])
-    dead = [i for i, _ in await _dead_ids(queue, run_id)]
+    dead = [letter[0] for letter in await _dead_ids(queue, run_id)]
     if not (stream or delayed or keyed or dead):
         return 0
     found = json.dumps(

@@ -6,7 +6,9 @@ when they are due, in ms on the server's clock), ``Q:keys`` (the keys with entri
 waiting, scored by when their first one came), ``Q:kq:<key>`` (a list per key of its
 waiting entries, oldest first) and ``Q:busy`` (a hash: a key's entries in flight, moved
 to the stream and not settled). A waiting entry is the JSON ``[run, at, id, key,
-limit]`` (``key`` null for an entry without one).
+limit]`` (``key`` null for an entry without one), followed by ``traceparent`` and
+``tracestate`` (null: none) for an entry with a trace context; moved to the stream, these
+are its fields ``tp`` and ``ts``.
 
 A read first runs ``READY``: due delayed entries go to the stream (or to their key's
 list), then each waiting key's oldest entries go to the stream while fewer than their
@@ -38,6 +40,27 @@ local function wait_keyed(entry, member)
 end
 """
 
+_TO_STREAM = """
+local function to_stream(entry, key)
+  local fields = {'run', entry[1], 'at', entry[2]}
+  if key then
+    fields[#fields + 1] = 'key'
+    fields[#fields + 1] = key
+    fields[#fields + 1] = 'limit'
+    fields[#fields + 1] = entry[5]
+  end
+  if type(entry[6]) == 'string' then
+    fields[#fields + 1] = 'tp'
+    fields[#fields + 1] = entry[6]
+    if type(entry[7]) == 'string' then
+      fields[#fields + 1] = 'ts'
+      fields[#fields + 1] = entry[7]
+    end
+  end
+  redis.call('XADD', KEYS[1], '*', unpack(fields))
+end
+"""
+
 KEYED = (
     _NOW_MS
     + _WAIT_KEYED
@@ -49,12 +72,13 @@ return 1"""
 READY = (
     _NOW_MS
     + _WAIT_KEYED
+    + _TO_STREAM
     + """local due = redis.call('ZRANGEBYSCORE', KEYS[1] .. ':delayed', '-inf', now,
   'LIMIT', 0, tonumber(ARGV[1]))
 for _, member in ipairs(due) do
   local entry = cjson.decode(member)
   if entry[4] == cjson.null then
-    redis.call('XADD', KEYS[1], '*', 'run', entry[1], 'at', entry[2])
+    to_stream(entry, nil)
   else
     wait_keyed(entry, member)
   end
@@ -72,8 +96,7 @@ for _, key in ipairs(redis.call('ZRANGE', KEYS[1] .. ':keys', 0, tonumber(ARGV[2
     local entry = cjson.decode(head)
     if busy >= tonumber(entry[5]) then break end
     redis.call('LPOP', list)
-    redis.call('XADD', KEYS[1], '*', 'run', entry[1], 'at', entry[2], 'key', key,
-      'limit', entry[5])
+    to_stream(entry, key)
     busy = busy + 1
     moved = moved + 1
   end

@@ -307,7 +307,7 @@ class RedisStore(Closing):
 
     async def submit(self, run_id: str, queue: str = "default", **how: Any) -> str:
         """Enqueue the existing run on the run queue ``queue`` for workers (``how``: its
-        ``delay_ms``, ``key`` and ``key_limit``, see ``RedisRunQueue.submit``)."""
+        ``delay_ms``, ``key``, ``key_limit`` and ``trace``: ``RedisRunQueue.submit``)."""
         run_queue = RedisRunQueue(self, queue)
         await self.load(run_id)  # RunNotFound for a run that does not exist
         return await run_queue.submit(run_id, **how)

@@ -1,7 +1,8 @@
 """Run queues on the Postgres store: entries taken once by readers racing on two pools
 (``SKIP LOCKED``), a waiting reader woken by the submit's ``NOTIFY``, polling behind
-PgBouncer, reclaim on the server's clock, dead letters kept to their bound, and a
-layout of version 1 upgraded to hold queues."""
+PgBouncer, reclaim on the server's clock, dead letters kept to their bound, and
+layouts of versions 1, 6 and 8 upgraded to hold queues, delayed and keyed entries, and
+entries' trace contexts."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from statekernel.stores.postgres import _queue
 from statekernel.stores.postgres._queue import PostgresRunQueue
 from statekernel.stores.postgres._schema import SCHEMA, STORE_VERSION
 from statekernel.stores.postgres._url import parse_postgres_url
+from statekernel.telemetry import TraceParent
 from statekernel.testing._store_cases import sample_run
 
 from .conftest import HeldUnlisten
@@ -192,7 +194,7 @@ async def test_a_version_1_layout_is_upgraded_to_hold_queues(postgres_store_url:
         version = await conn.fetchval(f'SELECT version FROM "{schema}".statekernel_schema')
     finally:
         await conn.close()
-    assert version == STORE_VERSION == 8
+    assert version == STORE_VERSION == 9
 
 
 async def test_a_layout_6_store_gets_delayed_entries_and_keeps_its_waiting_ones(
@@ -221,6 +223,58 @@ async def test_a_layout_6_store_gets_delayed_entries_and_keeps_its_waiting_ones(
         assert await queue.waiting() == 1
     finally:
         await upgraded.aclose()
+
+
+async def test_a_layout_8_store_is_listed_read_only_and_upgraded_to_carry_traces(
+    postgres_store_url: str,
+) -> None:
+    """A store of layout 8 (queue entries and dead letters without a trace context): a
+    read-only store lists its queues as they are; the first writer adds the columns, the
+    entries and dead letters from before read without a trace context, new ones carry
+    theirs."""
+    store = PostgresStore(postgres_store_url)
+    try:
+        old, dead, new = await _runs(store, 3)
+        await store.submit(dead)
+        queue = store.run_queue("default")
+        (taken,) = await queue.read("w", 10, 0)
+        await queue.dead(taken, "failed", "it failed", "w")
+        await store.submit(old)  # waits in the queue across the upgrade
+    finally:
+        await store.aclose()
+    schema = parse_postgres_url(postgres_store_url).schema
+    conn = await asyncpg.connect(parse_postgres_url(postgres_store_url).dsn)
+    try:  # as the release before left it
+        for table in ("queue_entries", "dead_letters"):
+            for column in ("traceparent", "tracestate"):
+                await conn.execute(f'ALTER TABLE "{schema}".{table} DROP COLUMN {column}')
+        await conn.execute(f'UPDATE "{schema}".statekernel_schema SET version = 8')
+    finally:
+        await conn.close()
+    reader = PostgresStore(postgres_store_url, read_only=True)
+    try:
+        listed = reader.run_queue("default")
+        assert [e.run_id for e in await listed.entries()] == [old]
+        assert (await listed.depth()).dead == 1
+        assert [d.run_id for d in await listed.dead_letters()] == [dead]
+    finally:
+        await reader.aclose()
+    trace = TraceParent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "k=v")
+    upgraded = PostgresStore(postgres_store_url)
+    try:
+        await upgraded.submit(new, trace=trace)
+        queue = upgraded.run_queue("default")
+        assert await queue.revive(dead) == 1
+        traces = {e.run_id: e.trace for e in await queue.read("w", 10, 0)}
+        assert traces == {old: None, new: trace, dead: None}
+    finally:
+        await upgraded.aclose()
+    conn = await asyncpg.connect(parse_postgres_url(postgres_store_url).dsn)
+    try:
+        version = await conn.fetchval(f'SELECT version FROM "{schema}".statekernel_schema')
+    finally:
+        await conn.close()
+    assert version == STORE_VERSION == 9
 
 
 async def test_a_dead_connection_to_listen_on_is_a_store_error(

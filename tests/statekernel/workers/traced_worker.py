@@ -1,8 +1,10 @@
-"""A worker process whose spans go to a file, for ``test_worker_telemetry.py``:
-``python traced_worker.py STORE_URL QUEUE SPANS_FILE RUN_ID`` serves ``QUEUE`` until run
-``RUN_ID`` is completed, then stops. Each finished span is a JSON line: its name, trace
-id, span id, parent span id, linked span ids and attributes. The agent asks a
-``researcher`` delegate (a child run, driven in this process) and answers."""
+"""A worker process whose spans go to a file, for ``test_worker_telemetry.py`` and
+``test_worker_submit_trace.py``: ``python traced_worker.py STORE_URL QUEUE SPANS_FILE
+RUN_ID [CHILD_QUEUE]`` serves ``QUEUE`` until run ``RUN_ID`` exists and is completed,
+then stops. Each finished span is a JSON line: its name, trace id, span id, parent span
+id, linked span ids and attributes. The agent asks a ``researcher`` delegate and
+answers; the delegate's child run is driven in this process, or with ``CHILD_QUEUE`` by
+the workers of that queue (another such process)."""
 
 from __future__ import annotations
 
@@ -42,11 +44,13 @@ class FileExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-async def main(url: str, queue: str, spans: Path, run_id: str) -> None:
+async def main(url: str, queue: str, spans: Path, run_id: str, child_queue: str | None) -> None:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(FileExporter(spans)))
     set_tracer_provider(provider)
-    researcher = sk.delegate("researcher", "Find a fact.", model="helper/small")
+    researcher = sk.delegate(
+        "researcher", "Find a fact.", model="helper/small", queue=child_queue, poll=0.05
+    )
     providers = {
         "scripted": ScriptedProvider([call("researcher", {"task": "?"}, id="d1"), "It is 42."]),
         "helper": ScriptedProvider(["found: 42"]),
@@ -60,7 +64,7 @@ async def main(url: str, queue: str, spans: Path, run_id: str) -> None:
     )
     serving = asyncio.create_task(worker.serve())
     async with sk.Kernel(url, providers=providers) as kernel:
-        while (await kernel.get(run_id)).state != "completed":
+        while not await _completed(kernel, run_id):
             assert not serving.done(), "the worker stopped"
             await asyncio.sleep(0.05)
     worker.stop()
@@ -68,5 +72,13 @@ async def main(url: str, queue: str, spans: Path, run_id: str) -> None:
     provider.shutdown()
 
 
+async def _completed(kernel: sk.Kernel, run_id: str) -> bool:
+    try:
+        return (await kernel.get(run_id)).state == "completed"
+    except sk.RunNotFound:  # a child run its parent's worker has not started yet
+        return False
+
+
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]))
+    child_queue = sys.argv[5] if len(sys.argv) > 5 else None
+    asyncio.run(main(sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4], child_queue))
