@@ -159,3 +159,26 @@ def test_a_wsgi_application_drives_runs_over_http(kernel: SyncKernel) -> None:
         server.shutdown()
         server.server_close()
         serving.join()
+
+
+def test_a_call_sees_the_callers_span_so_a_run_records_its_trace(
+    kernel: SyncKernel, spans: Any
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    app = TracerProvider()
+    app.add_span_processor(SimpleSpanProcessor(spans))
+    with app.get_tracer("app").start_as_current_span("request") as request:
+        run = kernel.start(model="scripted/m", messages=["hi"])
+        events = list(kernel.run(run.run_id))
+    untraced = kernel.start(model="scripted/m", messages=["hi"])
+    assert events[-1].type == "run_completed"
+    context = request.get_span_context()
+    assert run.trace_context is not None
+    ids = f"00-{context.trace_id:032x}-{context.span_id:016x}-"
+    assert run.trace_context.traceparent.startswith(ids)
+    assert untraced.trace_context is None
+    [drive] = [s for s in spans.get_finished_spans() if s.name.startswith("invoke_agent")]
+    assert drive.parent is not None
+    assert drive.parent.span_id == context.span_id  # the drive ran under the caller's span
