@@ -445,7 +445,18 @@ def _embedded_server(folder: Path) -> Generator[str, None, None] | None:
         return None
 
     def serve() -> Generator[str, None, None]:
-        server = get_server(folder / "data", cleanup_mode="delete")
+        import fcntl
+
+        # As root the wheel runs the server as a user it adds when missing (``useradd``):
+        # the test processes of one machine (pytest-xdist workers) add it one at a time,
+        # or two ``useradd`` at once can each write /etc/passwd and leave one of them
+        # running as a user id that no longer exists.
+        with open(Path(tempfile.gettempdir()) / "statekernel-embedded-pg.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                server = get_server(folder / "data", cleanup_mode="delete")
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
         try:
             url = server.get_uri("postgres")
             _pg_ready(url)

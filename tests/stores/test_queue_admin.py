@@ -6,27 +6,17 @@ on the queue, drop entries. The command line and the web view over them:
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
 import statekernel as sk
 from statekernel._storage.queues import ListsQueues, RunQueue
-from statekernel.testing import ScriptedProvider
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("redis_cluster", marks=pytest.mark.redis),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
-async def kernel(request: pytest.FixtureRequest) -> AsyncIterator[sk.Kernel]:
-    url = str(request.getfixturevalue(f"{request.param}_store_url"))
-    k = sk.Kernel(url, providers={"scripted": ScriptedProvider([])})
-    yield k
-    await k.aclose()
+@pytest.fixture
+def kernel(queue_kernel: sk.Kernel) -> sk.Kernel:
+    """A kernel on each store with run queues."""
+    return queue_kernel
 
 
 def _queues(kernel: sk.Kernel) -> ListsQueues:

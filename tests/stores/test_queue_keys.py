@@ -5,28 +5,17 @@ waits aside. Workers keeping the limit: ``tests/statekernel/workers/test_worker_
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 import statekernel as sk
 from statekernel._storage.queues import RunQueue, RunQueues
 from statekernel.errors import InvalidArgument
-from statekernel.testing import ScriptedProvider
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("redis_cluster", marks=pytest.mark.redis),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
-async def kernel(request: pytest.FixtureRequest) -> AsyncIterator[sk.Kernel]:
-    url = str(request.getfixturevalue(f"{request.param}_store_url"))
-    k = sk.Kernel(url, providers={"scripted": ScriptedProvider([])})
-    yield k
-    await k.aclose()
+@pytest.fixture
+def kernel(queue_kernel: sk.Kernel) -> sk.Kernel:
+    """A kernel on each store with run queues."""
+    return queue_kernel
 
 
 async def _queue(kernel: sk.Kernel) -> RunQueue:

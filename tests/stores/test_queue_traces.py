@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -20,24 +19,15 @@ from statekernel._storage.queues import ListsQueues, QueueEntry, RunQueue
 from statekernel.stores.postgres._url import parse_postgres_url
 from statekernel.stores.redis._queue import RedisRunQueue
 from statekernel.telemetry import TraceParent
-from statekernel.testing import ScriptedProvider
 
 TRACE = TraceParent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "vendor=v1")
 OTHER = TraceParent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("redis_cluster", marks=pytest.mark.redis),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
-async def kernel(request: pytest.FixtureRequest) -> AsyncIterator[sk.Kernel]:
-    url = str(request.getfixturevalue(f"{request.param}_store_url"))
-    k = sk.Kernel(url, providers={"scripted": ScriptedProvider([])})
-    yield k
-    await k.aclose()
+@pytest.fixture
+def kernel(queue_kernel: sk.Kernel) -> sk.Kernel:
+    """A kernel on each store with run queues."""
+    return queue_kernel
 
 
 async def _queue(kernel: sk.Kernel, name: str = "default") -> RunQueue:
