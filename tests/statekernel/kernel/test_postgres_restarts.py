@@ -95,10 +95,16 @@ class Traffic:
         self.succeeded = 0
         self.failed = 0
         self.wrong: list[str] = []
+        self.last: BaseException | None = None
+        self.cancelled_into: list[str] = []
+        """What calls of a cancelled loop raised instead of the cancellation."""
         self._changed = asyncio.Event()
 
     async def loop(self) -> None:
-        """One drive loop."""
+        """One drive loop, until its task is cancelled (a call that raised instead of the
+        cancellation ends it too: ``cancelled_into`` keeps what it raised)."""
+        task = asyncio.current_task()
+        assert task is not None
         while True:
             try:
                 await self._once()
@@ -108,6 +114,9 @@ class Traffic:
                 self._failure(exc, True)
             except Exception as exc:
                 self._failure(exc, False)
+            if task.cancelling():
+                self.cancelled_into.append(repr(self.last))
+                return
 
     async def _once(self) -> None:
         run = await self.kernel.start(model="scripted/restarts", messages=["go"])
@@ -124,6 +133,7 @@ class Traffic:
 
     def _failure(self, exc: BaseException, right: bool) -> None:
         self.failed += 1
+        self.last = exc
         if not right:
             self.wrong.append("".join(traceback.format_exception(exc)))
         self._changed.set()
