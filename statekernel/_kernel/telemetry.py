@@ -70,6 +70,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, Self, TypeAlias
 
 from statekernel._kernel import metrics, propagation
+from statekernel._records.prices import priced
 from statekernel._secrets import redact
 from statekernel.errors import ProviderError
 
@@ -432,8 +433,7 @@ class ModelSpan(_Scope):
         """Record the response: its model, finish reason and token usage, and its cost
         at ``prices`` (when they have the model's price)."""
         usage = result.usage
-        price = None if prices is None else prices.get(self._model)
-        cost = None if price is None else price.cost(usage)
+        cost = usage.cost if prices is None else priced(usage, self._model, prices).cost
         if isinstance(self._drive, DriveSpan):
             self._drive.answered(usage, cost)
         input_tokens = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens

@@ -189,12 +189,16 @@ async def test_a_version_1_layout_is_upgraded_to_hold_queues(postgres_store_url:
         assert [e.run_id for e in await store.run_queue("default").read("w", 1, 0)] == [run_id]
     finally:
         await store.aclose()
-    conn = await asyncpg.connect(parse_postgres_url(postgres_store_url).dsn)
+    assert await _layout(postgres_store_url, schema) == STORE_VERSION == 9
+
+
+async def _layout(url: str, schema: str) -> int:
+    """The layout version stored in ``schema``."""
+    conn = await asyncpg.connect(parse_postgres_url(url).dsn)
     try:
-        version = await conn.fetchval(f'SELECT version FROM "{schema}".statekernel_schema')
+        return int(await conn.fetchval(f'SELECT version FROM "{schema}".statekernel_schema'))
     finally:
         await conn.close()
-    assert version == STORE_VERSION == 9
 
 
 async def test_a_layout_6_store_gets_delayed_entries_and_keeps_its_waiting_ones(
@@ -269,12 +273,7 @@ async def test_a_layout_8_store_is_listed_read_only_and_upgraded_to_carry_traces
         assert traces == {old: None, new: trace, dead: None}
     finally:
         await upgraded.aclose()
-    conn = await asyncpg.connect(parse_postgres_url(postgres_store_url).dsn)
-    try:
-        version = await conn.fetchval(f'SELECT version FROM "{schema}".statekernel_schema')
-    finally:
-        await conn.close()
-    assert version == STORE_VERSION == 9
+    assert await _layout(postgres_store_url, schema) == STORE_VERSION == 9
 
 
 async def test_a_dead_connection_to_listen_on_is_a_store_error(
