@@ -163,6 +163,7 @@ async def stream_events(run_id: str, after: int = -1) -> StreamingResponse:
                 if rested:
                     return
                 with contextlib.suppress(TimeoutError):  # a notice can be missed: look anyway
-                    await asyncio.wait_for(anext(feed), timeout=2.0)
+                    async with asyncio.timeout(2.0):
+                        await anext(feed)
 
     return StreamingResponse(events(), media_type="text/event-stream")

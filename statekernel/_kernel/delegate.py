@@ -340,7 +340,8 @@ async def _on_workers(kernel: Parent, run_id: str, queue: str, poll: float) -> R
         delay = 0.05
         while not run.is_terminal:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(anext(notices), delay)
+                async with asyncio.timeout(delay):
+                    await anext(notices)
             delay = min(delay * 1.5, poll)
             run = await kernel.get(run_id)
         return run

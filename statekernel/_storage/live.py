@@ -266,6 +266,7 @@ class LiveFeed:
             if left <= 0:
                 return None
             try:
-                await asyncio.wait_for(self._wake.wait(), left)
+                async with asyncio.timeout(left):
+                    await self._wake.wait()
             except TimeoutError:
                 return None

@@ -99,7 +99,8 @@ class Publisher:
         """Return once what the buffer held is sent, or after ``FLUSH_WITHIN`` seconds."""
         if not self._idle.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), FLUSH_WITHIN)
+                async with asyncio.timeout(FLUSH_WITHIN):
+                    await self._idle.wait()
 
     async def close(self) -> None:
         """Send what the buffer holds (for ``FLUSH_WITHIN`` seconds at most), then stop."""

@@ -87,7 +87,8 @@ async def _depth(worker: Worker) -> tuple[int, dict[str, Any]]:
     if queue is None:
         return 503, {"error": "the worker has not opened its queue yet"}
     try:
-        depth = await asyncio.wait_for(queue.depth(), 10)
+        async with asyncio.timeout(10):
+            depth = await queue.depth()
     except (StoreError, TimeoutError) as exc:
         return 503, {"error": str(exc) or type(exc).__name__}
     now = int(time.time() * 1000)

@@ -332,7 +332,8 @@ class Worker:
         """Until a run finishes, ``stop()`` is called or ``seconds`` pass."""
         self._wake.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
@@ -382,7 +383,8 @@ class Worker:
 
     async def _stopped_within(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._stop.wait()
 
     async def _refresh_loop(self) -> None:
         while True:

@@ -99,7 +99,8 @@ async def next_notice(
     until = loop.time() + wait
     while (left := until - loop.time()) > 0:
         try:
-            notice = await asyncio.wait_for(queue.get(), left)
+            async with asyncio.timeout(left):
+                notice = await queue.get()
         except TimeoutError:
             return
         if notice is None or run_id is None or notice.run_id == run_id:

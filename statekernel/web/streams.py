@@ -120,7 +120,8 @@ async def list_stream(request: Request) -> Response:
             yield sse("hello", "{}")
             while not await request.is_disconnected():
                 try:
-                    notice = await asyncio.wait_for(queue.get(), LOOK_EVERY)
+                    async with asyncio.timeout(LOOK_EVERY):
+                        notice = await queue.get()
                 except TimeoutError:
                     yield ": still here\n\n"
                     continue

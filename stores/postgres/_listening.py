@@ -146,11 +146,14 @@ class Listening:
                 conn.remove_termination_listener(self._ended)
                 if not lost(conn):
                     unlisten = conn.remove_listener(self.channel, self._notified)
-                    await asyncio.wait_for(unlisten, STOP_WITHIN)
+                    async with asyncio.timeout(STOP_WITHIN):
+                        await unlisten
                     watching = lock_key(WATCHING, self.store.schema)
                     unlock = conn.execute("SELECT pg_advisory_unlock_shared($1)", watching)
-                    await asyncio.wait_for(unlock, STOP_WITHIN)
-            await asyncio.wait_for(self.store._listener_done(conn), STOP_WITHIN)
+                    async with asyncio.timeout(STOP_WITHIN):
+                        await unlock
+            async with asyncio.timeout(STOP_WITHIN):
+                await self.store._listener_done(conn)
         except TimeoutError:
             discard(conn)
 

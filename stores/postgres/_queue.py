@@ -176,7 +176,8 @@ class PostgresRunQueue:
                 return []
             with contextlib.suppress(TimeoutError):
                 wait = left if listening else min(left, POLL_SECONDS)
-                await asyncio.wait_for(self._wake.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
 
     async def reclaim(
         self, consumer: str, count: int, min_idle_ms: int, cursor: str = "0-0"

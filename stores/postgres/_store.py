@@ -814,7 +814,8 @@ async def _close(pool: asyncpg.Pool) -> None:
     (its task stuck on a server that died) held ``aclose`` forever (asyncpg advises
     bounding it so)."""
     try:
-        await asyncio.wait_for(pool.close(), _listening.STOP_WITHIN)
+        async with asyncio.timeout(_listening.STOP_WITHIN):
+            await pool.close()
     except TimeoutError:
         log.warning(
             "the PostgreSQL pool did not close within %.0f s: its connections are cut",

@@ -82,3 +82,44 @@ async def test_a_publisher_never_waits_for_its_store_and_counts_what_it_drops() 
     assert publisher.dropped == 500  # at once: the buffer was full
     await publisher.close()  # within FLUSH_WITHIN: what it held is dropped
     assert publisher.dropped == BUFFERED + 500
+
+
+async def test_a_commit_waiting_for_the_sender_is_cancelled_whenever_the_cancel_comes() -> None:
+    """A drive cancelled while its commit waits for the live events to be sent stops with
+    the cancellation, even when it comes in the loop turn the sending ends in (on Python
+    3.11, ``asyncio.wait_for`` returned then, and the drive went on to the end of the run
+    as if never cancelled). Each round cancels one loop turn later."""
+
+    class Gated:
+        limit: int | None = None
+
+        def __init__(self) -> None:
+            self.gate = asyncio.Event()
+
+        async def send(self, run_id: str, payloads: list[str]) -> None:
+            await self.gate.wait()
+
+        def subscribe(
+            self, run_id: str, put: Callable[[str], None]
+        ) -> AbstractAsyncContextManager[None]:
+            raise NotImplementedError
+
+    cancelled_in_time = 0
+    for turns in range(12):
+        transport = Gated()
+        publisher = Publisher(MemoryStore(), "r1", transport)
+        publisher.publish(delta("a"))
+        await asyncio.sleep(0)  # the sender holds it
+        waiting = asyncio.create_task(publisher.settled())
+        await asyncio.sleep(0)  # the commit waits for the sender
+        transport.gate.set()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        if waiting.cancel():
+            cancelled_in_time += 1
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+        else:
+            assert waiting.done() and waiting.exception() is None
+        await publisher.close()
+    assert 0 < cancelled_in_time < 12  # the rounds span the sending's end

@@ -97,7 +97,8 @@ class Traffic:
         self.wrong: list[str] = []
         self.last: BaseException | None = None
         self.cancelled_into: list[str] = []
-        """What calls of a cancelled loop raised instead of the cancellation."""
+        """What calls of a cancelled loop raised instead of the cancellation (or that they
+        returned)."""
         self._changed = asyncio.Event()
 
     async def loop(self) -> None:
@@ -106,16 +107,20 @@ class Traffic:
         task = asyncio.current_task()
         assert task is not None
         while True:
+            ended = "it returned"
             try:
                 await self._once()
             except StoreError as exc:
                 self._failure(exc, "Postgres store" in str(exc))
+                ended = repr(exc)
             except StatekernelError as exc:
                 self._failure(exc, True)
+                ended = repr(exc)
             except Exception as exc:
                 self._failure(exc, False)
+                ended = repr(exc)
             if task.cancelling():
-                self.cancelled_into.append(repr(self.last))
+                self.cancelled_into.append(ended)
                 return
 
     async def _once(self) -> None:
@@ -181,6 +186,7 @@ async def test_driver_errors_after_server_crashes_are_typed(owned_server: OwnedS
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         assert traffic.wrong == [], traffic.wrong[0]
+        assert traffic.cancelled_into == []  # every cancelled loop ended with its cancellation
         run = await kernel.start(model="scripted/restarts", messages=["go"])
         async for _ in kernel.run(run.run_id):
             pass
