@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from statekernel.errors import ConfigError
+from statekernel.stores.redis._cancelling import guard_client
 
 __all__ = ["CLUSTER_NEEDS", "check_cluster_support", "client_for", "cluster_for"]
 
@@ -40,6 +41,7 @@ def cluster_for(url: str) -> RedisCluster:
     url = urlunsplit(urlsplit(url)._replace(path=""))
     client = RedisCluster.from_url(url, decode_responses=False)  # connects on first use
     check_cluster_support(redis.__version__)
+    guard_client(client)
     return client
 
 
@@ -47,6 +49,7 @@ def client_for(url: str) -> aioredis.Redis:
     """A client for ``url``; its options are checked now (``redis-py`` would raise a
     ``TypeError`` for an unknown one at the first connection)."""
     client = aioredis.from_url(url, decode_responses=False)
+    guard_client(client)
     pool: Any = client.connection_pool
     pool.make_connection()  # builds the connection object, no I/O
     return client

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import threading
 from collections.abc import AsyncGenerator
 from typing import Any, cast
@@ -16,6 +18,16 @@ from ..conftest import MakeKernel, RecordingStore, drain, start
 
 EFFECTS: list[tuple[str, str]] = []
 GATE: dict[str, asyncio.Event] = {}
+
+
+ROUNDS = 60
+"""Drives cancelled at a random moment, per store."""
+
+
+@sk.tool(idempotent=True)
+async def look(what: str) -> str:
+    """Look at something (idempotent)."""
+    return f"saw {what}"
 
 
 def setup_function() -> None:
@@ -335,3 +347,45 @@ async def test_aclose_waits_for_a_sync_tool_thread(make_kernel: MakeKernel) -> N
     blocking.release.set()
     await closing
     assert blocking.ended.is_set()
+
+
+async def test_a_drive_cancelled_at_any_moment_stops_with_the_cancellation(
+    every_store_url: str,
+) -> None:
+    """Drives cancelled after a random number of loop turns, on every store: each one
+    either ended before the cancellation or raises it, never goes on as if not
+    cancelled (a cancellation lost in a store's client let a drive run to the end of
+    its run). The stores' own tests cancel in every turn of one call; this one covers
+    the calls a drive makes."""
+    rng = random.Random(5)
+    script: list[object] = []
+    for _ in range(ROUNDS):
+        script += [call("look", {"what": "x"}), "seen"]
+    providers = {"scripted": ScriptedProvider(script)}
+    async with sk.Kernel(every_store_url, tools=[look], providers=providers) as kernel:
+        lost: list[str] = []
+
+        async def drive() -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            run = await kernel.start(model="scripted/m", messages=["go"])
+            async for event in kernel.run(run.run_id):
+                if task.cancelling():
+                    lost.append(f"{event.type} yielded after the cancellation")
+                    return
+            if task.cancelling():
+                lost.append("the drive ended as if not cancelled")
+
+        cancelled = 0
+        for _ in range(ROUNDS):
+            task = asyncio.create_task(drive())
+            for _ in range(rng.randrange(200)):
+                await asyncio.sleep(0)
+            if task.cancel():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                cancelled += 1
+            else:
+                await task
+        assert lost == []
+        assert cancelled > 0
