@@ -40,7 +40,7 @@ from temporalio.exceptions import (
     CancelledError,
     WorkflowAlreadyStartedError,
 )
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import (
     ActivityInboundInterceptor,
     ExecuteActivityInput,
@@ -126,7 +126,14 @@ def position_is(
     handle: WorkflowHandle[RunWorkflow, Segment], state: str, reason: str = ""
 ) -> Callable[[], Awaitable[bool]]:
     async def check() -> bool:
-        seen = await handle.query(RunWorkflow.position)
+        try:
+            seen = await handle.query(RunWorkflow.position)
+        except RPCError as error:
+            # A query needs a worker: while the one that held the workflow is dead and no
+            # other has taken it over yet, the server gives up on the query.
+            if error.status in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
+                return False
+            raise
         return seen is not None and (seen.state, seen.reason) == (state, reason)
 
     return check
