@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 import pytest
@@ -82,9 +82,22 @@ async def test_a_waiting_reader_is_woken_by_the_notice_of_a_submit(
         notices.append(args)
         q._wake.set()
 
+    class Parked(asyncio.Event):
+        """The reader's wake-up, which says when the reader waits on it."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.waited = asyncio.Event()
+
+        async def wait(self) -> Literal[True]:
+            self.waited.set()
+            return await super().wait()
+
     q._notified = notified  # type: ignore[method-assign]
+    q._wake = parked = Parked()
     await q.prepare()
     reader = asyncio.create_task(q.read("reader", 10, 600_000))
+    await asyncio.wait_for(parked.waited.wait(), 60)  # it looked, found nothing, and waits
     submitter = PostgresStore(postgres_store_url)  # another pool: the notice crosses the server
     try:
         await submitter.submit(run_id)
