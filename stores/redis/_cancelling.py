@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.connection import Connection
 
 __all__ = ["guard_client", "guarded"]
 
@@ -58,6 +58,6 @@ def guard_client(client: Any) -> None:
         return
     nodes = client.nodes_manager
     kwargs = nodes.connection_kwargs
-    kwargs["connection_class"] = guarded(kwargs.get("connection_class", AbstractConnection))
+    kwargs["connection_class"] = guarded(kwargs.get("connection_class", Connection))
     for node in nodes.startup_nodes.values():
         node.connection_class = guarded(node.connection_class)

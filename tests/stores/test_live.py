@@ -120,6 +120,7 @@ async def test_a_commit_waiting_for_the_sender_is_cancelled_whenever_the_cancel_
             with pytest.raises(asyncio.CancelledError):
                 await waiting
         else:
-            assert waiting.done() and waiting.exception() is None
+            assert waiting.done()
+            assert waiting.exception() is None
         await publisher.close()
     assert 0 < cancelled_in_time < 12  # the rounds span the sending's end

@@ -8,9 +8,6 @@ not parse is driven as before: under the run's creation."""
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
-from asyncio.subprocess import DEVNULL, PIPE
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +30,8 @@ from statekernel.stores.postgres._url import parse_postgres_url
 from statekernel.stores.redis._queue import RedisRunQueue
 from statekernel.testing import ScriptedProvider
 
-HERE = Path(__file__).parent
+from .traced import exported, serve_traced
+
 UPSTREAM_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 UPSTREAM_SPAN = "00f067aa0ba902b7"
 
@@ -84,20 +82,6 @@ def runs_app(kernel: sk.Kernel, provider: TracerProvider) -> FastAPI:
     return app
 
 
-async def _serve(url: str, queue: str, spans: Path, run_id: str, *more: str) -> None:
-    """Run ``traced_worker.py`` until ``run_id`` is completed."""
-    args = [str(HERE / "traced_worker.py"), url, queue, str(spans), run_id, *more]
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable, "-P", *args, stdout=DEVNULL, stderr=PIPE
-    )
-    _, err = await worker.communicate()
-    assert worker.returncode == 0, err.decode()[-3000:]
-
-
-def _exported(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
 def _ids(span: ReadableSpan) -> tuple[str, str]:
     assert span.context is not None
     return f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}"
@@ -133,10 +117,10 @@ async def test_a_worker_drives_a_run_under_the_request_that_submitted_it(
 
     leads, kids = tmp_path / "leads.jsonl", tmp_path / "kids.jsonl"
     await asyncio.gather(
-        _serve(store_url, "leads", leads, "lead", "kids"),
-        _serve(store_url, "kids", kids, "lead.d1"),
+        serve_traced(store_url, "leads", leads, "lead", "kids"),
+        serve_traced(store_url, "kids", kids, "lead.d1"),
     )
-    lead_spans, kid_spans = _exported(leads), _exported(kids)
+    lead_spans, kid_spans = exported(leads), exported(kids)
     [lead] = [s for s in lead_spans if s["name"].startswith("invoke_agent")]
     assert lead["attributes"]["statekernel.run.id"] == "lead"
     assert (lead["trace_id"], lead["parent_id"]) == (second_trace, second)

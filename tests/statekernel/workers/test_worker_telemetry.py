@@ -5,9 +5,6 @@ entries waited and how deep its queue is."""
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
-from asyncio.subprocess import DEVNULL, PIPE
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +18,7 @@ import statekernel as sk
 from statekernel.testing import ScriptedProvider
 
 from ..kernel.test_metrics import points
-
-HERE = Path(__file__).parent
+from .traced import exported, serve_traced
 
 pytestmark = pytest.mark.redis
 
@@ -39,28 +35,22 @@ async def test_a_worker_in_another_process_continues_the_trace_of_the_request(
             await k.submit(run.run_id, queue="traced")
     origin = request.get_span_context()
     written = tmp_path / "spans.jsonl"
-    script = str(HERE / "traced_worker.py")
-    args = [script, redis_store_url, "traced", str(written), "lead"]
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable, "-P", *args, stdout=DEVNULL, stderr=PIPE
-    )
-    _, err = await worker.communicate()
-    assert worker.returncode == 0, err.decode()[-3000:]
-    exported = [json.loads(line) for line in written.read_text().splitlines()]
+    await serve_traced(redis_store_url, "traced", written, "lead")
+    spans_of_worker = exported(written)
     drives = {
         s["attributes"]["statekernel.run.id"]: s
-        for s in exported
+        for s in spans_of_worker
         if s["name"].startswith("invoke_agent")
     }
     trace_id, span_id = f"{origin.trace_id:032x}", f"{origin.span_id:016x}"
     lead = drives["lead"]
     assert (lead["trace_id"], lead["parent_id"]) == (trace_id, span_id)
     assert lead["attributes"]["gen_ai.conversation.id"] == "lead"
-    assert {s["trace_id"] for s in exported} == {trace_id}  # every span of the worker's
-    [tool] = [s for s in exported if s["name"] == "execute_tool researcher"]
+    assert {s["trace_id"] for s in spans_of_worker} == {trace_id}  # every span of the worker's
+    [tool] = [s for s in spans_of_worker if s["name"] == "execute_tool researcher"]
     child = drives["lead.d1"]
     assert child["parent_id"] == tool["span_id"]  # the child run's drive, under its call
-    chats = [s for s in exported if s["name"].startswith("chat ")]
+    chats = [s for s in spans_of_worker if s["name"].startswith("chat ")]
     assert {s["parent_id"] for s in chats} == {lead["span_id"], child["span_id"]}
 
 
