@@ -28,8 +28,8 @@ async def store(redis_store_url: str) -> AsyncIterator[RedisStore]:
 
 
 async def started(store: RedisStore, run_id: str = "r1") -> sk.Run:
-    kernel = sk.Kernel(store, providers={"scripted": ScriptedProvider([])})
-    return await kernel.start(model="scripted/x", messages=["hi"], run_id=run_id)
+    async with sk.Kernel(store, providers={"scripted": ScriptedProvider([])}) as kernel:
+        return await kernel.start(model="scripted/x", messages=["hi"], run_id=run_id)
 
 
 def touched(run: sk.Run, note: str) -> Checkpoint:
