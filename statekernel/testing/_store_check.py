@@ -29,6 +29,7 @@ from statekernel._storage.protocol import (
 from statekernel.testing import _store_cases as c
 from statekernel.testing._clock import ManualClock
 from statekernel.testing._raw import RawCopies, RawDocuments, RawRecords
+from statekernel.testing._store_cancelling import check_cancellations
 from statekernel.testing._store_cancels import check_cancels_runs
 from statekernel.testing._store_damage import (
     check_damaged_copies,
@@ -94,6 +95,7 @@ async def check_store(
         ("non-ASCII text", c.check_non_ascii),
         ("leases", lambda s: c.check_leases(s, clock)),
         ("whose lease an acquire took over", lambda s: c.check_taken_from(s, clock)),
+        ("a cancelled call raises its cancellation", check_cancellations),
     ]
     probe = await _open(factory)
     if isinstance(probe, RevisionHistory):

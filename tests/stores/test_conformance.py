@@ -99,8 +99,9 @@ async def test_store_conformance(kind: str, tmp_path: Path, request: pytest.Fixt
     }
     damage = ["damaged records", "missing records", "commit log gaps"]
     damage += [] if kind == "memory" else ["damaged copies"]  # copies outside the checksums
-    assert len(names) == 19 + len(declared[kind]) + len(damage)
+    assert len(names) == 20 + len(declared[kind]) + len(damage)
     assert "listing by tags" in names
     assert "whose lease an acquire took over" in names
-    assert names[18 : -len(damage) - 1] == declared[kind]
+    assert "a cancelled call raises its cancellation" in names
+    assert names[19 : -len(damage) - 1] == declared[kind]
     assert names[-len(damage) - 1 :] == [*damage, "persisting migrations"]
