@@ -520,6 +520,19 @@ class SyncKernel:
         """
         return self._call(lambda k: k.events(run_id, after_revision=after_revision))
 
+    def watch(
+        self, run_id: str, *, after_revision: int = -1, until_rest: bool = True
+    ) -> Generator[Event, None, None]:
+        """``Kernel.watch``: the run's events as they happen, whichever process drives it
+        (leaving the loop early stops watching).
+
+        Returns:
+            The run's events, committed and live.
+        """
+        return self._iterate(
+            lambda k: k.watch(run_id, after_revision=after_revision, until_rest=until_rest)
+        )
+
     def tree(self, run_id: str) -> list[tuple[int, Run]]:
         """``Kernel.tree``: the run and its descendants with their depths.
 

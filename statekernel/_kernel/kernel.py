@@ -77,6 +77,7 @@ from statekernel._records.tags import check_tags
 from statekernel._records.values import check_messages, checked
 from statekernel._secrets import logger
 from statekernel._storage.closing import Closing
+from statekernel._storage.following import follow
 from statekernel._storage.protocol import (
     Checkpoint,
     CheckpointStore,
@@ -265,30 +266,10 @@ class Kernel(Closing):
         await _create_run(self.store, Checkpoint.between(None, run))
         return run
 
-    async def _create(
-        self,
-        *,
-        model: str | Fallback,
-        messages: Iterable[Message | str],
-        context: JSON,
-        run_id: str | None,
-        max_turns: int | None,
-        parent_run_id: str | None,
-        parent_call_id: str | None,
-        deadline: datetime | None = None,
-        output_type: object = None,
-        limits: Limits | None = None,
-        tags: Mapping[str, str] | None = None,
-    ) -> Run:
+    async def _create(self, **options: Any) -> Run:
         """``start`` without asking whether this kernel can call the model (a run that
-        other processes drive, with providers of their own)."""
-        args = (model, messages, context, run_id, max_turns, parent_run_id, parent_call_id)
-        spec = _output_spec(output_type, DEFAULT_RETRIES)  # a delegate's, made already
-        run = _new_run(
-            self.max_turns, *args, deadline=deadline, output_spec=spec, limits=limits, tags=tags
-        )
-        await _create_run(self.store, Checkpoint.between(None, run))
-        return run
+        other processes drive, with providers of their own: ``_create_unchecked``)."""
+        return await _create_unchecked(self, **options)
 
     async def start_and_run(
         self,
@@ -582,6 +563,25 @@ class Kernel(Closing):
         """
         return await self.store.events(run_id_arg(run_id), after_revision=after_revision)
 
+    async def watch(
+        self, run_id: str, *, after_revision: int = -1, until_rest: bool = True
+    ) -> AsyncIterator[Event]:
+        """The run's events as they happen, whichever process drives it: the committed ones
+        after ``after_revision``, each once committed, and the live ones (``text_delta``
+        ...) as the driving process publishes them (from another process on Redis and
+        PostgreSQL). With ``until_rest`` it ends once the run rests and every committed
+        event was given. What ``statekernel.stores.follow`` gives (its bounds too).
+
+        Raises:
+            RunNotFound: no run has this id.
+            StoreError: the store failed to subscribe or to read the run.
+        """
+        run_id_arg(run_id)
+        following = follow(self.store, run_id, after_revision=after_revision, until_rest=until_rest)
+        async with following as events:
+            async for event in events:
+                yield event
+
     async def tree(self, run_id: str) -> list[tuple[int, Run]]:
         """The run and its child runs (delegations), depth first, each with its depth
         (the run's is 0)."""
@@ -776,6 +776,31 @@ class Kernel(Closing):
             RunBusy: a live owner held the run for longer than ``busy_timeout``.
         """
         return await update_tags(self._tenancy, run_id, set, remove, expected_revision)
+
+
+async def _create_unchecked(
+    kernel: Kernel,
+    *,
+    model: str | Fallback,
+    messages: Iterable[Message | str],
+    context: JSON,
+    run_id: str | None,
+    max_turns: int | None,
+    parent_run_id: str | None,
+    parent_call_id: str | None,
+    deadline: datetime | None = None,
+    output_type: object = None,
+    limits: Limits | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> Run:
+    """``Kernel.start`` without the check that ``kernel`` has the model's provider."""
+    args = (model, messages, context, run_id, max_turns, parent_run_id, parent_call_id)
+    spec = _output_spec(output_type, DEFAULT_RETRIES)  # a delegate's, made already
+    run = _new_run(
+        kernel.max_turns, *args, deadline=deadline, output_spec=spec, limits=limits, tags=tags
+    )
+    await _create_run(kernel.store, Checkpoint.between(None, run))
+    return run
 
 
 async def _create_run(store: CheckpointStore, checkpoint: Checkpoint) -> None:

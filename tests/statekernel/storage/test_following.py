@@ -19,6 +19,7 @@ import pytest
 
 import statekernel as sk
 from statekernel import Event
+from statekernel.blocking import SyncKernel
 from statekernel.stores import follow, open_store, watch
 from statekernel.testing import Reply, ScriptedProvider
 
@@ -235,3 +236,36 @@ async def test_a_run_a_worker_process_drives_streams_its_deltas(
                 await asyncio.wait_for(worker.wait(), 120)
     assert texts(seen) == ANSWER
     assert seen[-1].type == "run_completed"
+
+
+async def test_kernel_watch_and_its_sync_twin_see_the_deltas_of_a_run_driven_elsewhere(
+    feed_store_url: str, tmp_path: Path
+) -> None:
+    """``Kernel.watch`` (and ``SyncKernel.watch`` from a thread) give what ``follow``
+    gives; they subscribe when first iterated, so each reads one event before the
+    driver goes on."""
+    providers = {"scripted": ScriptedProvider([])}
+    async with (
+        driven_elsewhere(feed_store_url, "watched", tmp_path) as (driver, pipe),
+        sk.Kernel(feed_store_url, providers=providers) as kernel,
+    ):
+        events = kernel.watch("watched")
+        seen = [await anext(events)]
+        await go_on(pipe)
+        seen += [event async for event in events]
+        await done(driver)
+        stored = await kernel.events("watched")
+    assert texts(seen) == ANSWER
+    assert len([e for e in seen if e.type == "text_delta"]) > 100
+    assert [e for e in seen if e.persisted] == list(stored)
+
+    async with driven_elsewhere(feed_store_url, "watched-sync", tmp_path) as (driver, pipe):
+        with SyncKernel(lambda: sk.Kernel(feed_store_url, providers=providers)) as blocking:
+            watched = blocking.watch("watched-sync")
+            first = await asyncio.to_thread(next, watched)
+            await go_on(pipe)
+            rest = await asyncio.to_thread(list, watched)
+            await done(driver)
+            stored = blocking.events("watched-sync")
+    assert texts([first, *rest]) == ANSWER
+    assert [e for e in [first, *rest] if e.persisted] == list(stored)
