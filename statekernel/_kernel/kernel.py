@@ -778,27 +778,11 @@ class Kernel(Closing):
         return await update_tags(self._tenancy, run_id, set, remove, expected_revision)
 
 
-async def _create_unchecked(
-    kernel: Kernel,
-    *,
-    model: str | Fallback,
-    messages: Iterable[Message | str],
-    context: JSON,
-    run_id: str | None,
-    max_turns: int | None,
-    parent_run_id: str | None,
-    parent_call_id: str | None,
-    deadline: datetime | None = None,
-    output_type: object = None,
-    limits: Limits | None = None,
-    tags: Mapping[str, str] | None = None,
-) -> Run:
-    """``Kernel.start`` without the check that ``kernel`` has the model's provider."""
-    args = (model, messages, context, run_id, max_turns, parent_run_id, parent_call_id)
+async def _create_unchecked(kernel: Kernel, output_type: object = None, **options: Any) -> Run:
+    """``Kernel.start`` without the check that ``kernel`` has the model's provider (a
+    delegate's queued child: its workers bring it); ``options`` are ``CreateRun``'s."""
     spec = _output_spec(output_type, DEFAULT_RETRIES)  # a delegate's, made already
-    run = _new_run(
-        kernel.max_turns, *args, deadline=deadline, output_spec=spec, limits=limits, tags=tags
-    )
+    run = _new_run(kernel.max_turns, output_spec=spec, **options)
     await _create_run(kernel.store, Checkpoint.between(None, run))
     return run
 
