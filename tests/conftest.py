@@ -34,13 +34,15 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
+import statekernel as sk
+from statekernel.testing import ScriptedProvider
 from statekernel.testing._servers import PORT_TRIES, free_port, redis_server_path, start_redis
 
 
@@ -273,6 +275,33 @@ def every_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "redis-cluster":
         return str(request.getfixturevalue("redis_cluster_store_url"))
     return str(request.getfixturevalue("redis_store_url"))
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
+def feed_store_url(request: pytest.FixtureRequest) -> str:
+    """A URL of each store that carries notices and live events between processes and
+    has run queues, in turn: Redis, PostgreSQL."""
+    return str(request.getfixturevalue(f"{request.param}_store_url"))
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis_cluster", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
+async def queue_kernel(request: pytest.FixtureRequest) -> AsyncIterator[sk.Kernel]:
+    """A kernel on each store with run queues (Redis, a Redis Cluster, PostgreSQL)."""
+    url = str(request.getfixturevalue(f"{request.param}_store_url"))
+    k = sk.Kernel(url, providers={"scripted": ScriptedProvider([])})
+    yield k
+    await k.aclose()
 
 
 MCP_SERVER = Path(__file__).resolve().parent / "statekernel" / "kernel" / "mcp_server.py"

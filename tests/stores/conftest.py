@@ -8,7 +8,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,7 @@ import attrs
 import pytest
 import redis as redis_sync
 
-import statekernel as sk
-from statekernel.testing import ScriptedProvider, redis_server_path
+from statekernel.testing import redis_server_path
 from statekernel.testing._servers import start_redis, stop_server
 
 REDIS_PASSWORD = "pw-RECOGNISABLE-7f3a9c"
@@ -135,18 +134,3 @@ def held_unlisten(monkeypatch: pytest.MonkeyPatch) -> HeldUnlisten:
 
     monkeypatch.setattr(asyncpg.connection.Connection, "remove_listener", remove_listener)
     return held
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("redis_cluster", marks=pytest.mark.redis),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
-async def queue_kernel(request: pytest.FixtureRequest) -> AsyncIterator[sk.Kernel]:
-    """A kernel on each store with run queues (Redis, a Redis Cluster, PostgreSQL)."""
-    url = str(request.getfixturevalue(f"{request.param}_store_url"))
-    k = sk.Kernel(url, providers={"scripted": ScriptedProvider([])})
-    yield k
-    await k.aclose()

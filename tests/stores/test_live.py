@@ -16,16 +16,6 @@ from statekernel._storage.publishing import BUFFERED, Publisher
 from statekernel.stores import MemoryStore, RedisStore, open_store
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
-def feed_store_url(request: pytest.FixtureRequest) -> str:
-    return str(request.getfixturevalue(f"{request.param}_store_url"))
-
-
 def delta(text: str, revision: int = 3) -> Event:
     return Event("text_delta", "r1", revision, data={"text": text})
 

@@ -9,22 +9,10 @@ import json
 import os
 from asyncio.subprocess import PIPE
 
-import pytest
-
 import statekernel as sk
 from statekernel.testing import ScriptedProvider
 
 from .test_cli_runs import EXE
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
-def feed_store_url(request: pytest.FixtureRequest) -> str:
-    return str(request.getfixturevalue(f"{request.param}_store_url"))
 
 
 async def test_follow_prints_each_commit_when_its_notice_comes(feed_store_url: str) -> None:

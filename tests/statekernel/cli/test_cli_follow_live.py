@@ -11,22 +11,10 @@ import sys
 from asyncio.subprocess import PIPE
 from pathlib import Path
 
-import pytest
-
 from .test_cli_runs import EXE
 
 DRIVER = Path(__file__).resolve().parent.parent / "storage" / "live_driver.py"
 ANSWER: str = runpy.run_path(str(DRIVER))["ANSWER"]
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
-def feed_store_url(request: pytest.FixtureRequest) -> str:
-    return str(request.getfixturevalue(f"{request.param}_store_url"))
 
 
 async def test_follow_prints_the_deltas_of_a_run_driven_elsewhere(

@@ -28,16 +28,6 @@ from .live_driver import ANSWER
 DRIVER = Path(__file__).resolve().parent / "live_driver.py"
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
-def feed_store_url(request: pytest.FixtureRequest) -> str:
-    return str(request.getfixturevalue(f"{request.param}_store_url"))
-
-
 @asynccontextmanager
 async def driven_elsewhere(
     url: str, run_id: str, folder: Path, chunk: int = 4, mode: str = "run"

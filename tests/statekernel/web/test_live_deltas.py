@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import httpx
-import pytest
 
 from statekernel.web import create_app
 
@@ -20,16 +19,6 @@ from .test_live import sse_events
 
 DRIVER = Path(__file__).resolve().parent.parent / "storage" / "live_driver.py"
 ANSWER: str = runpy.run_path(str(DRIVER))["ANSWER"]
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
-def feed_store_url(request: pytest.FixtureRequest) -> str:
-    return str(request.getfixturevalue(f"{request.param}_store_url"))
 
 
 def test_a_run_page_streams_the_deltas_of_a_run_driven_elsewhere(

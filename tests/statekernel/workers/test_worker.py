@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
 import pytest
@@ -31,19 +31,10 @@ SUBMITTER = {"scripted": ScriptedProvider([])}
 """What a process that only starts runs for the workers needs: the provider's name."""
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("redis_cluster", marks=pytest.mark.redis),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
-async def kernel(request: pytest.FixtureRequest) -> AsyncIterator[sk.Kernel]:
+@pytest.fixture
+def kernel(queue_kernel: sk.Kernel) -> sk.Kernel:
     """A kernel on each store with run queues in turn (Redis also on a Redis Cluster)."""
-    url = str(request.getfixturevalue(f"{request.param}_store_url"))
-    k = sk.Kernel(url, providers=SUBMITTER)
-    yield k
-    await k.aclose()
+    return queue_kernel
 
 
 def queue_of(kernel: sk.Kernel, name: str = "default") -> RunQueue:

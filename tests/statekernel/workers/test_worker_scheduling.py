@@ -27,17 +27,6 @@ from .test_worker import FAST, serve, until
 SUBMITTER = {"scripted": ScriptedProvider([])}
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
-def url(request: pytest.FixtureRequest) -> str:
-    """A store with run queues: Redis, PostgreSQL."""
-    return str(request.getfixturevalue(f"{request.param}_store_url"))
-
-
 def agent(script: list[object], ran: Counter[str], **ask: Any) -> Callable[[], Mapping[str, Any]]:
     """A scripted model, an ``ask_user`` tool with ``ask`` and a ``note`` tool whose
     executions ``ran`` counts (not idempotent)."""
@@ -65,9 +54,9 @@ def agent(script: list[object], ran: Counter[str], **ask: Any) -> Callable[[], M
     return lambda: {"tools": tools, "providers": {"scripted": ScriptedProvider(script)}}
 
 
-async def paused_with_nobody(url: str, options: Mapping[str, Any], **start: Any) -> str:
+async def paused_with_nobody(feed_store_url: str, options: Mapping[str, Any], **start: Any) -> str:
     """Drive a new run to its pause, then close its kernel: nobody watches it."""
-    async with sk.Kernel(url, **options) as kernel:
+    async with sk.Kernel(feed_store_url, **options) as kernel:
         run = await kernel.start(model="scripted/m", messages=["go"], **start)
         async for _ in kernel.run(run.run_id):
             pass
@@ -76,21 +65,22 @@ async def paused_with_nobody(url: str, options: Mapping[str, Any], **start: Any)
 
 
 @pytest.fixture
-async def reader(url: str) -> AsyncIterator[sk.Kernel]:
-    kernel = sk.Kernel(url, providers=SUBMITTER)
+async def reader(feed_store_url: str) -> AsyncIterator[sk.Kernel]:
+    kernel = sk.Kernel(feed_store_url, providers=SUBMITTER)
     yield kernel
     await kernel.aclose()
 
 
 async def test_a_question_times_out_with_nobody_watching_fired_once_by_three_workers(
-    url: str, reader: sk.Kernel
+    feed_store_url: str, reader: sk.Kernel
 ) -> None:
     ran: Counter[str] = Counter()
     script = [call("ask_user", {"question": "Ship?"}), call("note", {"text": "after"}), "done"]
     options = agent(script, ran, timeout=0, on_timeout="no answer: ship")
-    run_id = await paused_with_nobody(url, options())
+    run_id = await paused_with_nobody(feed_store_url, options())
     workers = [
-        sk.Worker(url, agent=options, timers=True, timer_every=0.05, **FAST) for _ in range(3)
+        sk.Worker(feed_store_url, agent=options, timers=True, timer_every=0.05, **FAST)
+        for _ in range(3)
     ]
     tasks = [await serve(w) for w in workers]
     await until(lambda: _state_is(reader, run_id, "completed"))
@@ -106,13 +96,13 @@ async def test_a_question_times_out_with_nobody_watching_fired_once_by_three_wor
     assert done.turns[0].completed[0].output == "no answer: ship"
 
 
-async def test_a_durable_sleep_outlives_its_worker(url: str, reader: sk.Kernel) -> None:
+async def test_a_durable_sleep_outlives_its_worker(feed_store_url: str, reader: sk.Kernel) -> None:
     ran: Counter[str] = Counter()
     script = [call("nap", {"seconds": 0.3}), call("note", {"text": "woke"}), "done"]
     options = agent(script, ran)
     run = await reader.start(model="scripted/m", messages=["go"])
     await reader.submit(run.run_id)
-    first = sk.Worker(url, agent=options, timers=True, timer_every=0.05, **FAST)
+    first = sk.Worker(feed_store_url, agent=options, timers=True, timer_every=0.05, **FAST)
     task = await serve(first)
     await until(lambda: _state_is(reader, run.run_id, "paused"))
     asleep = await reader.get(run.run_id)
@@ -121,7 +111,7 @@ async def test_a_durable_sleep_outlives_its_worker(url: str, reader: sk.Kernel) 
     assert asleep.pause is not None
     timer = asleep.pause.timer
     assert timer is not None
-    second = sk.Worker(url, agent=options, timers=True, timer_every=0.05, **FAST)
+    second = sk.Worker(feed_store_url, agent=options, timers=True, timer_every=0.05, **FAST)
     task = await serve(second)
     await until(lambda: _state_is(reader, run.run_id, "completed"))
     second.stop()
@@ -132,12 +122,14 @@ async def test_a_durable_sleep_outlives_its_worker(url: str, reader: sk.Kernel) 
 
 
 async def test_a_paused_run_past_its_deadline_fails_by_a_worker(
-    url: str, reader: sk.Kernel
+    feed_store_url: str, reader: sk.Kernel
 ) -> None:
     ran: Counter[str] = Counter()
     options = agent([call("ask_user", {"question": "?"}), "done"], ran)
-    run_id = await paused_with_nobody(url, options(), deadline=utcnow() + timedelta(seconds=1))
-    worker = sk.Worker(url, agent=options, timers=True, timer_every=0.05, **FAST)
+    run_id = await paused_with_nobody(
+        feed_store_url, options(), deadline=utcnow() + timedelta(seconds=1)
+    )
+    worker = sk.Worker(feed_store_url, agent=options, timers=True, timer_every=0.05, **FAST)
     task = await serve(worker)
     await until(lambda: _state_is(reader, run_id, "failed"))
     worker.stop()
@@ -152,7 +144,9 @@ async def _state_is(kernel: sk.Kernel, run_id: str, state: str) -> bool:
     return (await kernel.get(run_id)).state == state
 
 
-async def test_a_delayed_submit_is_taken_no_sooner_than_asked(url: str, reader: sk.Kernel) -> None:
+async def test_a_delayed_submit_is_taken_no_sooner_than_asked(
+    feed_store_url: str, reader: sk.Kernel
+) -> None:
     later = await reader.start(model="scripted/m", messages=["go"], run_id="later")
     soon = await reader.start(model="scripted/m", messages=["go"], run_id="soon")
     await reader.submit(later.run_id, delay=3600)  # not within this test
@@ -172,7 +166,9 @@ async def test_a_delayed_submit_is_taken_no_sooner_than_asked(url: str, reader: 
         await reader.submit(soon.run_id, delay=-1)
 
 
-async def test_workers_keep_a_keys_limit_of_runs_in_flight(url: str, reader: sk.Kernel) -> None:
+async def test_workers_keep_a_keys_limit_of_runs_in_flight(
+    feed_store_url: str, reader: sk.Kernel
+) -> None:
     active: set[str] = set()
     peak = 0
 
@@ -193,7 +189,7 @@ async def test_workers_keep_a_keys_limit_of_runs_in_flight(url: str, reader: sk.
         await reader.start(model="scripted/m", messages=["go"], run_id=run_id)
         await reader.submit(run_id, key="tenant-1", key_limit=2)
     options = lambda: {**base(), "middleware": [track]}  # noqa: E731
-    workers = [sk.Worker(url, agent=options, concurrency=5, **FAST) for _ in range(3)]
+    workers = [sk.Worker(feed_store_url, agent=options, concurrency=5, **FAST) for _ in range(3)]
     tasks = [await serve(w) for w in workers]
     await until(lambda: _all_completed(reader, ids))
     for w in workers:
@@ -229,12 +225,12 @@ class SubmitFailsOnce(StoreWrapper):
 
 
 async def test_a_run_a_timer_moved_on_is_handed_to_the_queue_past_a_store_failure(
-    url: str, reader: sk.Kernel
+    feed_store_url: str, reader: sk.Kernel
 ) -> None:
     ran: Counter[str] = Counter()
     script = [call("ask_user", {"question": "?"}), call("note", {"text": "on"}), "done"]
     options = agent(script, ran, timeout=0, on_timeout="late")
-    run_id = await paused_with_nobody(url, options())
+    run_id = await paused_with_nobody(feed_store_url, options())
     flaky = SubmitFailsOnce(reader.store)
     worker = sk.Worker(flaky, agent=options, timers=True, timer_every=0.05, **FAST)
     task = await serve(worker)

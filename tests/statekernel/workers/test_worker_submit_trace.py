@@ -36,16 +36,6 @@ UPSTREAM_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 UPSTREAM_SPAN = "00f067aa0ba902b7"
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("redis", marks=pytest.mark.redis),
-        pytest.param("postgres", marks=pytest.mark.postgres),
-    ]
-)
-def store_url(request: pytest.FixtureRequest) -> str:
-    return str(request.getfixturevalue(f"{request.param}_store_url"))
-
-
 class Traced:
     """ASGI middleware: each HTTP request runs under a server span of ``tracer``, the
     child of the request's ``traceparent`` header when it has one."""
@@ -88,7 +78,7 @@ def _ids(span: ReadableSpan) -> tuple[str, str]:
 
 
 async def test_a_worker_drives_a_run_under_the_request_that_submitted_it(
-    store_url: str, tmp_path: Path
+    feed_store_url: str, tmp_path: Path
 ) -> None:
     """Request 1 starts the run, request 2 (of another trace, continued from its
     ``traceparent`` header) submits it. The worker's drive is request 2's child, linked
@@ -97,7 +87,7 @@ async def test_a_worker_drives_a_run_under_the_request_that_submitted_it(
     requests = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(requests))
-    async with sk.Kernel(store_url, providers={"scripted": ScriptedProvider([])}) as kernel:
+    async with sk.Kernel(feed_store_url, providers={"scripted": ScriptedProvider([])}) as kernel:
         app = runs_app(kernel, provider)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
@@ -117,8 +107,8 @@ async def test_a_worker_drives_a_run_under_the_request_that_submitted_it(
 
     leads, kids = tmp_path / "leads.jsonl", tmp_path / "kids.jsonl"
     await asyncio.gather(
-        serve_traced(store_url, "leads", leads, "lead", "kids"),
-        serve_traced(store_url, "kids", kids, "lead.d1"),
+        serve_traced(feed_store_url, "leads", leads, "lead", "kids"),
+        serve_traced(feed_store_url, "kids", kids, "lead.d1"),
     )
     lead_spans, kid_spans = exported(leads), exported(kids)
     [lead] = [s for s in lead_spans if s["name"].startswith("invoke_agent")]
@@ -184,20 +174,20 @@ async def _worked(kernel: sk.Kernel, queue: str, run_ids: list[str]) -> sk.Worke
 
 
 @pytest.fixture
-async def kernel(store_url: str) -> AsyncIterator[sk.Kernel]:
-    k = sk.Kernel(store_url, providers={"scripted": ScriptedProvider([])})
+async def kernel(feed_store_url: str) -> AsyncIterator[sk.Kernel]:
+    k = sk.Kernel(feed_store_url, providers={"scripted": ScriptedProvider([])})
     yield k
     await k.aclose()
 
 
 async def test_an_entry_without_a_trace_context_or_with_a_damaged_one_is_driven_as_before(
-    kernel: sk.Kernel, store_url: str, spans: InMemorySpanExporter
+    kernel: sk.Kernel, feed_store_url: str, spans: InMemorySpanExporter
 ) -> None:
     with TracerProvider().get_tracer("app").start_as_current_span("request") as request:
         for run_id in ("old", "damaged", "half"):
             await kernel.start(model="scripted/m", messages=["go"], run_id=run_id)
     entries = {"old": "", "damaged": "not a traceparent", "half": "00-0af7651916cd43dd"}
-    await _raw_entries(kernel.store, store_url, entries)
+    await _raw_entries(kernel.store, feed_store_url, entries)
     assert (await _worked(kernel, "raw", list(entries))).completed == 3
     created = request.get_span_context()
     drives = [_placed(s) for s in spans.get_finished_spans() if s.name.startswith("invoke")]
